@@ -1,0 +1,1 @@
+//! swimlb configuration: the standalone file, the CRD types, and their validation.

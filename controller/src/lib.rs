@@ -1,0 +1,1 @@
+//! swimlb controller: assigns LoadBalancer Service IPs from address pools.

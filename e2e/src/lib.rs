@@ -1,0 +1,1 @@
+//! swimlb lab: network namespaces, the membership simulation, the fake Kubernetes API server.

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command of the README: everything CI checks, runnable on a fresh Debian machine.
+#
+# As root it installs the Debian packages the tests use when they are missing (tshark and scapy
+# decode our frames independently; iproute2 and nftables build the network-namespace lab;
+# keepalived is the comparison peer). Tests that need root say so and skip without it.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need=()
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
+python3 -c 'import scapy' >/dev/null 2>&1 || dpkg -s python3-scapy >/dev/null 2>&1 || need+=(python3-scapy)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "test.sh: not root, cannot install ${need[*]}; tests that need them will fail or say why they skip" >&2
+  fi
+fi
+
+cargo test --workspace --all-targets --locked "$@"
