@@ -2,6 +2,8 @@
 //!
 //! - [`config_report`]: what `check-config` prints.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
+//! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
 
 pub mod config_report;
 pub mod membership;
+pub mod packet_socket;
