@@ -89,3 +89,40 @@ fn a_dead_run_is_cleaned_up_by_the_next() {
     netns::cleanup_stale().unwrap();
     assert!(!netns::list_namespaces().unwrap().contains(&stale));
 }
+
+#[test]
+fn the_prober_records_which_node_answers() {
+    use std::time::Duration;
+    use swimlb_e2e::probe::{self, PROBE_PORT, Prober};
+    if !root_or_skip("the_prober_records_which_node_answers") {
+        return;
+    }
+    let id = format!("{}x3", std::process::id());
+    let lab = Lab::create_with_id(2, &id).unwrap();
+    let _r1 = probe::spawn_responder(&lab.node(1).netns, "node1").unwrap();
+    let _r2 = probe::spawn_responder(&lab.node(2).netns, "node2").unwrap();
+    for target in [lab.node(2).v4.to_string(), format!("[{}]", lab.node(2).v6)] {
+        let addr = format!("{target}:{PROBE_PORT}").parse().unwrap();
+        let prober = Prober::start(&lab.client_netns, addr, Duration::from_millis(10)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let records = prober.stop();
+        assert!(records.len() >= 10, "{} probes in 300 ms", records.len());
+        let answered: Vec<_> = records.iter().filter_map(|r| r.answer.as_ref()).collect();
+        let lost: Vec<u64> = records
+            .iter()
+            .filter(|r| r.answer.is_none())
+            .map(|r| r.seq)
+            .collect();
+        assert!(
+            answered.len() + 2 >= records.len(),
+            "{target}: {} probes, lost {lost:?}",
+            records.len()
+        );
+        let others: Vec<&String> = answered
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| *n != "node2")
+            .collect();
+        assert!(others.is_empty(), "{target}: answers from {others:?}");
+    }
+}
