@@ -3,6 +3,7 @@
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
 //! - [`config_report`]: what `check-config` prints.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! - [`local`]: the metadata this node gossips about itself.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
@@ -10,6 +11,7 @@
 pub mod checks;
 pub mod config_report;
 pub mod http;
+pub mod local;
 pub mod membership;
 pub mod notify;
 pub mod packet_socket;
