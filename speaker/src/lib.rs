@@ -7,6 +7,7 @@
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
+//! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 
 pub mod checks;
 pub mod config_report;
@@ -15,3 +16,4 @@ pub mod local;
 pub mod membership;
 pub mod notify;
 pub mod packet_socket;
+pub mod responder;
