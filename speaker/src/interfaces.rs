@@ -20,7 +20,9 @@ use std::net::IpAddr;
 
 use futures::{StreamExt, TryStreamExt};
 use rtnetlink::packet_route::{
-    link::{InfoKind, InfoPortKind, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage},
+    link::{
+        InfoKind, InfoPortKind, LinkAttribute, LinkFlags, LinkInfo, LinkLayerType, LinkMessage,
+    },
     route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType},
 };
 use rtnetlink::{MulticastGroup, RouteMessageBuilder};
@@ -343,8 +345,10 @@ fn ip_of(addr: &RouteAddress) -> Option<IpAddr> {
 /// Dumps the links and the main-table unicast routes (IPv4 and IPv6) of the calling thread's
 /// network namespace. Opens and closes its own rtnetlink socket.
 pub async fn snapshot() -> Result<(Vec<Link>, Vec<Route>), Error> {
-    let (connection, handle, _) =
-        rtnetlink::new_connection().map_err(|source| Error::Socket { what: "dump", source })?;
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(|source| Error::Socket {
+        what: "dump",
+        source,
+    })?;
     let task = tokio::spawn(connection);
     let result = async {
         let mut links: Vec<Link> = handle
@@ -354,12 +358,21 @@ pub async fn snapshot() -> Result<(Vec<Link>, Vec<Route>), Error> {
             .map_ok(|msg| link_from_message(&msg))
             .try_collect()
             .await
-            .map_err(|source| Error::Dump { what: "link", source })?;
+            .map_err(|source| Error::Dump {
+                what: "link",
+                source,
+            })?;
         mark_bond_ports(&mut links);
         let mut routes = Vec::new();
         let requests = [
-            ("ipv4 route", RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()),
-            ("ipv6 route", RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()),
+            (
+                "ipv4 route",
+                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+            ),
+            (
+                "ipv6 route",
+                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+            ),
         ];
         for (what, request) in requests {
             let messages: Vec<RouteMessage> = handle
@@ -406,7 +419,10 @@ impl InterfaceWatch {
             MulticastGroup::Ipv6Route,
         ];
         let (connection, _handle, messages) = rtnetlink::new_multicast_connection(&groups)
-            .map_err(|source| Error::Socket { what: "watch", source })?;
+            .map_err(|source| Error::Socket {
+                what: "watch",
+                source,
+            })?;
         let task = tokio::spawn(connection);
         Ok(Self { messages, task })
     }
@@ -472,9 +488,18 @@ mod tests {
     #[test]
     fn the_longest_connected_prefix_wins() {
         let links = [link(2, "eth0"), link(3, "eth1")];
-        let routes = [connected("198.51.0.0", 16, 2), connected("198.51.100.0", 24, 3)];
-        assert_eq!(name_of(choose(ip("198.51.100.7"), None, &links, &routes)), Ok("eth1"));
-        assert_eq!(name_of(choose(ip("198.51.7.7"), None, &links, &routes)), Ok("eth0"));
+        let routes = [
+            connected("198.51.0.0", 16, 2),
+            connected("198.51.100.0", 24, 3),
+        ];
+        assert_eq!(
+            name_of(choose(ip("198.51.100.7"), None, &links, &routes)),
+            Ok("eth1")
+        );
+        assert_eq!(
+            name_of(choose(ip("198.51.7.7"), None, &links, &routes)),
+            Ok("eth0")
+        );
     }
 
     #[test]
@@ -485,24 +510,45 @@ mod tests {
         let mut other_table = connected("198.51.100.0", 24, 3);
         other_table.table = 100;
         let routes = [via, other_table];
-        assert_eq!(choose(ip("198.51.100.7"), None, &links, &routes), Err(NoInterface::NoRoute));
+        assert_eq!(
+            choose(ip("198.51.100.7"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
     }
 
     #[test]
     fn an_ip_outside_every_route_has_no_route() {
         let links = [link(2, "eth0")];
         let routes = [connected("198.51.100.0", 24, 2)];
-        assert_eq!(choose(ip("203.0.113.1"), None, &links, &routes), Err(NoInterface::NoRoute));
-        assert_eq!(choose(ip("2001:db8::1"), None, &links, &routes), Err(NoInterface::NoRoute));
+        assert_eq!(
+            choose(ip("203.0.113.1"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
+        assert_eq!(
+            choose(ip("2001:db8::1"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
     }
 
     #[test]
     fn ipv6_routes_match_ipv6_addresses_by_prefix() {
         let links = [link(2, "eth0"), link(3, "eth1")];
-        let routes = [connected("2001:db8:100::", 64, 2), connected("2001:db8::", 32, 3)];
-        assert_eq!(name_of(choose(ip("2001:db8:100::9"), None, &links, &routes)), Ok("eth0"));
-        assert_eq!(name_of(choose(ip("2001:db8:200::9"), None, &links, &routes)), Ok("eth1"));
-        assert_eq!(choose(ip("198.51.100.1"), None, &links, &routes), Err(NoInterface::NoRoute));
+        let routes = [
+            connected("2001:db8:100::", 64, 2),
+            connected("2001:db8::", 32, 3),
+        ];
+        assert_eq!(
+            name_of(choose(ip("2001:db8:100::9"), None, &links, &routes)),
+            Ok("eth0")
+        );
+        assert_eq!(
+            name_of(choose(ip("2001:db8:200::9"), None, &links, &routes)),
+            Ok("eth1")
+        );
+        assert_eq!(
+            choose(ip("198.51.100.1"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
     }
 
     #[test]
@@ -519,7 +565,10 @@ mod tests {
             let mut best = link(3, "eth1");
             spoil(&mut best);
             let links = [link(2, "eth0"), best];
-            let routes = [connected("198.51.0.0", 16, 2), connected("198.51.100.0", 24, 3)];
+            let routes = [
+                connected("198.51.0.0", 16, 2),
+                connected("198.51.100.0", 24, 3),
+            ];
             assert_eq!(
                 name_of(choose(ip("198.51.100.7"), None, &links, &routes)),
                 Ok("eth0"),
@@ -538,15 +587,25 @@ mod tests {
         let links = [link(2, "eth0"), link(3, "eth1"), link(4, "eth2")];
         let mut high = connected("198.51.100.0", 24, 2);
         high.metric = 100;
-        let routes = [high, connected("198.51.100.0", 24, 4), connected("198.51.100.0", 24, 3)];
-        assert_eq!(name_of(choose(ip("198.51.100.7"), None, &links, &routes)), Ok("eth1"));
+        let routes = [
+            high,
+            connected("198.51.100.0", 24, 4),
+            connected("198.51.100.0", 24, 3),
+        ];
+        assert_eq!(
+            name_of(choose(ip("198.51.100.7"), None, &links, &routes)),
+            Ok("eth1")
+        );
     }
 
     #[test]
     fn a_named_interface_is_used_without_a_route_or_says_why_not() {
         let routes = [];
         let links = [link(2, "eth0")];
-        assert_eq!(name_of(choose(ip("203.0.113.1"), Some("eth0"), &links, &routes)), Ok("eth0"));
+        assert_eq!(
+            name_of(choose(ip("203.0.113.1"), Some("eth0"), &links, &routes)),
+            Ok("eth0")
+        );
         assert_eq!(
             choose(ip("203.0.113.1"), Some("eth9"), &links, &routes),
             Err(NoInterface::NamedMissing)
@@ -562,7 +621,10 @@ mod tests {
             let mut named = link(2, "eth0");
             spoil(&mut named);
             let routes = [connected("203.0.113.0", 24, 2)];
-            assert_eq!(choose(ip("203.0.113.1"), Some("eth0"), &[named], &routes), Err(verdict));
+            assert_eq!(
+                choose(ip("203.0.113.1"), Some("eth0"), &[named], &routes),
+                Err(verdict)
+            );
         }
     }
 
@@ -570,8 +632,14 @@ mod tests {
     fn a_gateway_less_default_route_covers_everything_but_loses_to_a_subnet() {
         let links = [link(2, "eth0"), link(3, "eth1")];
         let routes = [connected("0.0.0.0", 0, 2), connected("198.51.100.0", 24, 3)];
-        assert_eq!(name_of(choose(ip("198.51.100.7"), None, &links, &routes)), Ok("eth1"));
-        assert_eq!(name_of(choose(ip("203.0.113.7"), None, &links, &routes)), Ok("eth0"));
+        assert_eq!(
+            name_of(choose(ip("198.51.100.7"), None, &links, &routes)),
+            Ok("eth1")
+        );
+        assert_eq!(
+            name_of(choose(ip("203.0.113.7"), None, &links, &routes)),
+            Ok("eth0")
+        );
     }
 
     #[test]
