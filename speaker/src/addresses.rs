@@ -59,7 +59,7 @@ pub enum Error {
         /// What was attempted: "dump links", "create dummy", "set up", "delete".
         op: &'static str,
         /// The netlink error.
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// A link with the dummy's name exists and is not a dummy: swimlb will not manage it.
     #[error("interface {name:?} exists and is of kind {kind:?}, not dummy; refusing to manage it")]
@@ -85,7 +85,7 @@ pub enum Error {
         /// What was attempted: "add", "delete".
         op: &'static str,
         /// The netlink error.
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// Dumping the addresses of the dummy failed.
     #[error("interface {name:?}: address dump failed: {source}")]
@@ -93,7 +93,7 @@ pub enum Error {
         /// The interface.
         name: String,
         /// The netlink error.
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// The name cannot be an interface name (empty, longer than 15 bytes, `/`, `.`, `..`).
     #[error("{name:?} is not a valid interface name")]
@@ -426,7 +426,7 @@ impl Addresses {
                 name: self.dummy_name.clone(),
                 addr: vip,
                 op: "add",
-                source,
+                source: Box::new(source),
             })?;
         }
         let mut unique = Vec::new();
@@ -464,7 +464,7 @@ impl Addresses {
                 first_error.get_or_insert(Error::Link {
                     name: self.dummy_name.clone(),
                     op: "delete",
-                    source,
+                    source: Box::new(source),
                 });
             }
         }
@@ -486,7 +486,7 @@ impl Addresses {
             .map_err(|source| Error::Link {
                 name: self.dummy_name.clone(),
                 op: "dump links",
-                source,
+                source: Box::new(source),
             })?;
         Ok(links.into_iter().find(|link| {
             link.attributes
@@ -514,7 +514,7 @@ impl Addresses {
             .map_err(|source| Error::Link {
                 name: self.dummy_name.clone(),
                 op: "create dummy",
-                source,
+                source: Box::new(source),
             })?;
         match self.find_link().await? {
             Some(link) => Ok(link.header.index),
@@ -533,7 +533,7 @@ impl Addresses {
             .map_err(|source| Error::Link {
                 name: self.dummy_name.clone(),
                 op: "set up",
-                source,
+                source: Box::new(source),
             })
     }
 
@@ -558,7 +558,7 @@ impl Addresses {
                 name: self.dummy_name.clone(),
                 addr,
                 op: "delete",
-                source,
+                source: Box::new(source),
             })
     }
 }
@@ -583,7 +583,7 @@ async fn present_messages(
         .await
         .map_err(|source| Error::AddressDump {
             name: name.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     // The kernel ignores the index filter in dumps; rtnetlink filters, but be explicit.
     Ok(messages

@@ -226,7 +226,7 @@ pub enum Error {
         /// What was dumped: "link", "ipv4 route", "ipv6 route".
         what: &'static str,
         /// The netlink error.
-        source: rtnetlink::Error,
+        source: Box<rtnetlink::Error>,
     },
     /// The watch's netlink connection ended; subscribe again.
     #[error("the rtnetlink change subscription closed")]
@@ -360,7 +360,7 @@ pub async fn snapshot() -> Result<(Vec<Link>, Vec<Route>), Error> {
             .await
             .map_err(|source| Error::Dump {
                 what: "link",
-                source,
+                source: Box::new(source),
             })?;
         mark_bond_ports(&mut links);
         let mut routes = Vec::new();
@@ -381,7 +381,10 @@ pub async fn snapshot() -> Result<(Vec<Link>, Vec<Route>), Error> {
                 .execute()
                 .try_collect()
                 .await
-                .map_err(|source| Error::Dump { what, source })?;
+                .map_err(|source| Error::Dump {
+                    what,
+                    source: Box::new(source),
+                })?;
             routes.extend(
                 messages
                     .iter()
@@ -485,6 +488,8 @@ mod tests {
         result.map(|l| l.name.as_str())
     }
 
+    type Spoil = fn(&mut Link);
+
     #[test]
     fn the_longest_connected_prefix_wins() {
         let links = [link(2, "eth0"), link(3, "eth1")];
@@ -553,7 +558,7 @@ mod tests {
 
     #[test]
     fn unusable_links_are_skipped_for_the_next_best_route() {
-        let cases: [(&str, fn(&mut Link)); 6] = [
+        let cases: [(&str, Spoil); 6] = [
             ("down", |l| l.up = false),
             ("noarp", |l| l.noarp = true),
             ("slave", |l| l.slave = true),
@@ -610,7 +615,7 @@ mod tests {
             choose(ip("203.0.113.1"), Some("eth9"), &links, &routes),
             Err(NoInterface::NamedMissing)
         );
-        let cases: [(NoInterface, fn(&mut Link)); 5] = [
+        let cases: [(NoInterface, Spoil); 5] = [
             (NoInterface::NamedDown, |l| l.up = false),
             (NoInterface::NamedNoArp, |l| l.noarp = true),
             (NoInterface::NamedSlave, |l| l.slave = true),
