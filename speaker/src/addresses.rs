@@ -34,10 +34,42 @@ use rtnetlink::packet_route::{
     address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
     link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
 };
-use rtnetlink::{Handle, LinkDummy, LinkUnspec};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
+
+/// `EOPNOTSUPP`: the kernel's answer to an unknown link type.
+const EOPNOTSUPP: i32 = 95;
 
 /// The dummy interface's name when the configuration names none.
 pub const DEFAULT_DUMMY_NAME: &str = "swimlb0";
+
+/// The link type that holds the VIPs. `dummy` is the standard; `ifb` is a fallback for kernels
+/// built without the dummy driver (both are quiet, carrier-up, ARP-less virtual devices on which
+/// local addresses can be bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum HolderKind {
+    /// `ip link add NAME type dummy`.
+    #[default]
+    Dummy,
+    /// `ip link add NAME type ifb`.
+    Ifb,
+}
+
+impl HolderKind {
+    /// The kernel's name of the link type (`IFLA_INFO_KIND`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dummy => "dummy",
+            Self::Ifb => "ifb",
+        }
+    }
+
+    fn info_kind(self) -> InfoKind {
+        match self {
+            Self::Dummy => InfoKind::Dummy,
+            Self::Ifb => InfoKind::Ifb,
+        }
+    }
+}
 
 /// Where the kernel's sysctls live.
 pub const PROC_SYS: &str = "/proc/sys";
@@ -61,13 +93,27 @@ pub enum Error {
         /// The netlink error.
         source: Box<rtnetlink::Error>,
     },
-    /// A link with the dummy's name exists and is not a dummy: swimlb will not manage it.
-    #[error("interface {name:?} exists and is of kind {kind:?}, not dummy; refusing to manage it")]
+    /// A link with the dummy's name exists and is of another kind: swimlb will not manage it.
+    #[error(
+        "interface {name:?} exists and is of kind {kind:?}, not {wanted}; refusing to manage it"
+    )]
     NotDummy {
         /// The interface.
         name: String,
         /// Its `IFLA_INFO_KIND`, or "none".
         kind: String,
+        /// The kind swimlb creates.
+        wanted: &'static str,
+    },
+    /// The kernel does not know the link type (driver not built or module not loaded).
+    #[error(
+        "interface {name:?}: the kernel has no {kind:?} link type (load its module, or use another holder kind)"
+    )]
+    KindUnsupported {
+        /// The interface.
+        name: String,
+        /// The link type.
+        kind: &'static str,
     },
     /// The dummy was created but a dump does not show it.
     #[error("interface {name:?} is missing right after it was created")]
@@ -322,6 +368,7 @@ fn write_sysctl(path: &Path, value: &str) -> Result<(), Error> {
 pub struct Addresses {
     handle: Handle,
     task: tokio::task::JoinHandle<()>,
+    kind: HolderKind,
     dummy_name: String,
     dummy_index: u32,
     vips: Vec<IpAddr>,
@@ -338,15 +385,15 @@ impl Addresses {
         vips: &[IpAddr],
         announce_ifaces: &[String],
     ) -> Result<Self, Error> {
-        Self::setup_with_sysctl_root(dummy_name, vips, announce_ifaces, PROC_SYS).await
+        Self::setup_with(HolderKind::Dummy, dummy_name, vips, announce_ifaces).await
     }
 
-    /// [`Self::setup`] with sysctls under another root than `/proc/sys`.
-    pub async fn setup_with_sysctl_root(
+    /// [`Self::setup`] with another link type than `dummy` holding the VIPs.
+    pub async fn setup_with(
+        kind: HolderKind,
         dummy_name: &str,
         vips: &[IpAddr],
         announce_ifaces: &[String],
-        sysctl_root: impl Into<PathBuf>,
     ) -> Result<Self, Error> {
         check_interface_name(dummy_name)?;
         for iface in announce_ifaces {
@@ -357,10 +404,11 @@ impl Addresses {
         let mut this = Self {
             handle,
             task,
+            kind,
             dummy_name: dummy_name.to_string(),
             dummy_index: 0,
             vips: Vec::new(),
-            sysctls: ArpSysctls::new(sysctl_root),
+            sysctls: ArpSysctls::new(PROC_SYS),
         };
         let result = async {
             this.dummy_index = this.ensure_dummy().await?;
@@ -380,6 +428,11 @@ impl Addresses {
     /// The dummy link's name.
     pub fn dummy_name(&self) -> &str {
         &self.dummy_name
+    }
+
+    /// The link type holding the VIPs.
+    pub fn kind(&self) -> HolderKind {
+        self.kind
     }
 
     /// The dummy link's interface index.
@@ -499,22 +552,35 @@ impl Addresses {
     async fn ensure_dummy(&self) -> Result<u32, Error> {
         if let Some(link) = self.find_link().await? {
             return match link_kind(&link) {
-                Some(InfoKind::Dummy) => Ok(link.header.index),
+                Some(kind) if kind == self.kind.info_kind() => Ok(link.header.index),
                 other => Err(Error::NotDummy {
                     name: self.dummy_name.clone(),
                     kind: other.map_or_else(|| "none".to_string(), |k| k.to_string()),
+                    wanted: self.kind.as_str(),
                 }),
             };
         }
+        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(self.kind.info_kind())
+            .name(self.dummy_name.clone())
+            .up()
+            .build();
         self.handle
             .link()
-            .add(LinkDummy::new(&self.dummy_name).up().build())
+            .add(message)
             .execute()
             .await
-            .map_err(|source| Error::Link {
-                name: self.dummy_name.clone(),
-                op: "create dummy",
-                source: Box::new(source),
+            .map_err(|source| match source {
+                rtnetlink::Error::NetlinkError(ref e) if e.raw_code() == -EOPNOTSUPP => {
+                    Error::KindUnsupported {
+                        name: self.dummy_name.clone(),
+                        kind: self.kind.as_str(),
+                    }
+                }
+                source => Error::Link {
+                    name: self.dummy_name.clone(),
+                    op: "create",
+                    source: Box::new(source),
+                },
             })?;
         match self.find_link().await? {
             Some(link) => Ok(link.header.index),
