@@ -17,7 +17,9 @@
 //! Guarantees: [`Addresses::setup`] and [`Addresses::reload`] are idempotent (they converge the
 //! dummy's addresses to the configured set, removing stale ones, keeping kernel link-local
 //! ones); the sysctl values found before the first write are remembered and restored by
-//! [`Addresses::teardown`] or when an interface leaves the announcing set. A link with the
+//! [`Addresses::teardown`], and only then: an interface that leaves the announcing set on a
+//! reload keeps `arp_ignore`/`arp_announce` while the VIPs stay on this node, so the kernel
+//! never answers for a VIP on it either. A link with the
 //! dummy's name that is not a dummy is never touched. If the process dies without teardown,
 //! the dummy and the sysctls stay: the kernel stays silent, which is the safe side.
 //!
@@ -268,21 +270,13 @@ impl ArpSysctls {
     }
 
     /// Sets [`ARP_SYSCTLS`] on every interface of `ifaces` (remembering the previous values the
-    /// first time), and restores the interfaces set before that are no longer in `ifaces`.
+    /// first time). Interfaces set before and missing from `ifaces` keep their values until
+    /// [`Self::restore_all`]: the VIPs are still local, so the kernel must stay silent there too.
     /// Nothing is written for an invalid name (checked first, for all). On a read or write
     /// error, the sysctls already written stay remembered, so [`Self::restore_all`] undoes them.
     pub fn apply(&mut self, ifaces: &[String]) -> Result<(), Error> {
         for iface in ifaces {
             check_interface_name(iface)?;
-        }
-        let gone: Vec<String> = self
-            .interfaces()
-            .into_iter()
-            .filter(|set| !ifaces.iter().any(|i| i == set))
-            .map(str::to_string)
-            .collect();
-        for iface in &gone {
-            self.restore(iface)?;
         }
         for iface in ifaces {
             for (name, value) in ARP_SYSCTLS {
@@ -446,8 +440,9 @@ impl Addresses {
     }
 
     /// Converges to a new configuration: adds missing VIPs, removes the ones no longer
-    /// configured, sets the sysctls on new announcing interfaces and restores those of
-    /// interfaces that left the set. The dummy is set up again if someone set it down.
+    /// configured, sets the sysctls on the announcing interfaces (again, in case someone reset
+    /// them; interfaces that left the set keep theirs until teardown). The dummy is set up again
+    /// if someone set it down.
     pub async fn reload(
         &mut self,
         vips: &[IpAddr],
@@ -791,16 +786,19 @@ mod tests {
     }
 
     #[test]
-    fn an_interface_leaving_the_set_gets_its_values_back_at_once() {
+    fn an_interface_leaving_the_set_keeps_its_values_until_teardown() {
         let proc_sys = FakeProcSys::new("leave", &["eth0", "eth1"]);
         let mut sysctls = ArpSysctls::new(&proc_sys.0);
         sysctls
             .apply(&["eth0".to_string(), "eth1".to_string()])
             .expect("apply");
         sysctls.apply(&["eth1".to_string()]).expect("reload");
-        assert_eq!(proc_sys.value("eth0", "arp_ignore"), "0");
+        assert_eq!(proc_sys.value("eth0", "arp_ignore"), "1");
         assert_eq!(proc_sys.value("eth1", "arp_ignore"), "1");
-        assert_eq!(sysctls.interfaces(), vec!["eth1"]);
+        assert_eq!(sysctls.interfaces(), vec!["eth0", "eth1"]);
+        sysctls.restore_all().expect("restore");
+        assert_eq!(proc_sys.value("eth0", "arp_ignore"), "0");
+        assert_eq!(proc_sys.value("eth1", "arp_ignore"), "0");
     }
 
     #[test]

@@ -401,12 +401,26 @@ fn standalone_vips_sit_on_the_holder_while_the_kernel_stays_silent_and_teardown_
         assert_eq!(global_addresses(&a, "swimlb0"), ["inet 198.51.100.12/32"]);
         assert_eq!(addresses.vips(), &[ip("198.51.100.12")]);
 
-        // A reload that drops the announcing interface restores its sysctls at once.
+        // A reload that drops the announcing interface keeps it silent while the VIPs stay;
+        // a sysctl someone reset is set again by the next reload.
         addresses
             .reload(&[ip("198.51.100.12")], &[])
             .await
             .expect("reload, no interface");
-        assert_eq!(sysctl(&a, &va, "arp_ignore"), "0");
+        assert_eq!(sysctl(&a, &va, "arp_ignore"), "1");
+        assert!(
+            !arp_answered(&b, &vb, "198.51.100.12"),
+            "the kernel answered for a VIP"
+        );
+        must(&[
+            "ip",
+            "netns",
+            "exec",
+            &a,
+            "sh",
+            "-c",
+            &format!("echo 0 > /proc/sys/net/ipv4/conf/{va}/arp_ignore"),
+        ]);
         addresses
             .reload(&[ip("198.51.100.12")], &announce)
             .await
