@@ -1,17 +1,21 @@
 //! swimlb speaker: membership, election and announcements for virtual IPs.
 //!
+//! - [`addresses`]: standalone mode: VIPs on a dummy interface, ARP sysctls on announcing ones.
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
 //! - [`config_report`]: what `check-config` prints.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! - [`interfaces`]: which interface announces an IP; link and route change notifications.
 //! - [`local`]: the metadata this node gossips about itself.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 
+pub mod addresses;
 pub mod checks;
 pub mod config_report;
 pub mod http;
+pub mod interfaces;
 pub mod local;
 pub mod membership;
 pub mod notify;
