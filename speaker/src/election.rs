@@ -11,6 +11,17 @@
 //!   owned or now wins.
 //! - **Incremental equals full.** [`Election::apply_live`] and [`Election::apply_snapshot`] give the
 //!   same result as [`elect`] over the new facts (a property test checks this).
+//! - **Total.** Every input has an answer (an [`Outcome`] per IP, a [`Verdict`] for this node):
+//!   nothing here can fail, so the module has no error type.
+//!
+//! # Cost
+//!
+//! A full election hashes every (candidate, IP) pair whose `(settled, priority)` ties the best
+//! so far: with 1,000 equal members and 10,000 IPs, 10 million SHA-256 compressions (sha2 uses
+//! the SHA-NI instructions when the CPU has them). A membership change visits every IP once,
+//! checks the member's standing there, hashes it only where it ties the owner's tier, and scans
+//! all candidates again only for the IPs it owned and no longer wins. The state kept is one
+//! [`Outcome`] per IP (no per-IP candidate lists).
 //!
 //! # Candidates
 //!
@@ -272,7 +283,52 @@ pub fn standing(meta: &MemberMeta, served: &ServedIp) -> Result<u8, Exclusion> {
 }
 
 /// `sha256(node + "#" + ip_text)`, MetalLB's order key.
+///
+/// Messages of at most 55 bytes (every IP with a node name up to 15 characters for IPv6, 39 for
+/// IPv4, i.e. almost always) fit one padded block and go straight to the compression function,
+/// skipping the streaming hasher's buffering; longer ones take the streaming path. Both give
+/// the standard SHA-256 (a test compares them).
 pub fn order_hash(node: &str, ip_text: &str) -> [u8; 32] {
+    let len = node.len() + 1 + ip_text.len();
+    if len > ONE_BLOCK_MESSAGE {
+        return order_hash_streaming(node, ip_text);
+    }
+    let mut block = [0u8; 64];
+    block[..node.len()].copy_from_slice(node.as_bytes());
+    block[node.len()] = b'#';
+    block[node.len() + 1..len].copy_from_slice(ip_text.as_bytes());
+    block[len] = 0x80;
+    // len <= 55, so the bit length fits easily.
+    block[56..].copy_from_slice(&((len as u64) * 8).to_be_bytes());
+    let mut state = SHA256_INITIAL_STATE;
+    sha2::compress256(
+        &mut state,
+        std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(&block)),
+    );
+    let mut hash = [0u8; 32];
+    for (out, word) in hash.chunks_exact_mut(4).zip(state) {
+        out.copy_from_slice(&word.to_be_bytes());
+    }
+    hash
+}
+
+/// The longest message that fits one SHA-256 block with its padding (64 - 1 - 8).
+const ONE_BLOCK_MESSAGE: usize = 55;
+
+/// SHA-256's initial hash value (FIPS 180-4, section 5.3.3).
+const SHA256_INITIAL_STATE: [u32; 8] = [
+    0x6a09_e667,
+    0xbb67_ae85,
+    0x3c6e_f372,
+    0xa54f_f53a,
+    0x510e_527f,
+    0x9b05_688c,
+    0x1f83_d9ab,
+    0x5be0_cd19,
+];
+
+/// [`order_hash`] through the streaming hasher (any length).
+fn order_hash_streaming(node: &str, ip_text: &str) -> [u8; 32] {
     let mut hasher = Sha256::new();
     hasher.update(node.as_bytes());
     hasher.update(b"#");
@@ -677,6 +733,20 @@ mod tests {
         let hash = order_hash("node-a", "192.0.2.1");
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, REFERENCE_NODE_A_192_0_2_1);
+    }
+
+    #[test]
+    fn the_one_block_hash_equals_the_streaming_hash_at_every_length() {
+        for node_len in 0..70 {
+            let node: String = (0..node_len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+            for ip_text in ["192.0.2.1", "2001:db8::1", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"] {
+                assert_eq!(
+                    order_hash(&node, ip_text),
+                    order_hash_streaming(&node, ip_text),
+                    "node of {node_len} bytes, {ip_text}"
+                );
+            }
+        }
     }
 
     const REFERENCE_NODE_A_192_0_2_1: &str =
