@@ -2,7 +2,8 @@
 //! 500 ms, incremental recomputation after one member dies at most 5 ms, state at most 50 MB).
 //!
 //! Run: `cargo bench -p swimlb-speaker --bench election`. Before criterion runs, it prints the
-//! memory of the election state, counted from its structures and as the growth of VmRSS.
+//! memory of the election state (counted from its structures, and as the growth of VmRSS) and
+//! the on-CPU time of a one-thread full election (unaffected by other load on the machine).
 //! Numbers only: nothing here fails on a timing.
 
 use std::hint::black_box;
@@ -10,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group};
-use swimlb_speaker::election::{Election, order_hash};
+use swimlb_speaker::election::{Election, elect_with_threads, order_hash};
 use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
 use swimlb_speaker::snapshot::{ServedIp, Snapshot};
 
@@ -56,6 +57,41 @@ fn vm_rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Nanoseconds this thread has spent on a CPU (first field of /proc/thread-self/schedstat): a
+/// figure that, unlike wall time, does not grow when other processes share the cores.
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+fn report_cpu_time() {
+    let live = live_set();
+    let snapshot = snapshot();
+    for round in 1..=3 {
+        let wall = tokio::time::Instant::now();
+        let cpu = thread_cpu_ns();
+        let outcomes = elect_with_threads(&snapshot, &live, 1);
+        let cpu = thread_cpu_ns().zip(cpu).map(|(after, before)| after - before);
+        println!(
+            "full election on one thread, round {round}: wall {:.0} ms, on-CPU {} ({} IPs)",
+            wall.elapsed().as_secs_f64() * 1e3,
+            cpu.map_or("unavailable".to_string(), |ns| format!("{:.0} ms", ns as f64 / 1e6)),
+            outcomes.len()
+        );
+    }
+    let names: Vec<String> = (0..MEMBERS).map(node).collect();
+    let cpu = thread_cpu_ns();
+    for ip in 0..100 {
+        let text = format!("2001:db8::{ip:x}");
+        for name in &names {
+            black_box(order_hash(name, &text));
+        }
+    }
+    if let Some(ns) = thread_cpu_ns().zip(cpu).map(|(after, before)| after - before) {
+        println!("order_hash: {:.1} ns on-CPU per hash (100,000 hashes)", ns as f64 / 1e5);
+    }
+}
+
 fn report_memory() {
     let before = vm_rss_kib();
     let live = live_set();
@@ -90,6 +126,10 @@ fn benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("election_10k_ips_1k_members");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(8));
+
+    group.bench_function("full_one_thread", |b| {
+        b.iter(|| elect_with_threads(black_box(&snapshot), black_box(&live), 1))
+    });
 
     group.bench_function("full", |b| {
         b.iter(|| Election::new(node(0), black_box(snapshot.clone()), black_box(&live)))
@@ -156,6 +196,12 @@ criterion_group!(election, benches);
 
 fn main() {
     report_memory();
+    report_cpu_time();
+    println!(
+        "available parallelism: {:?}; load average: {}",
+        std::thread::available_parallelism().map(usize::from),
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+    );
     election();
     Criterion::default().configure_from_args().final_summary();
 }

@@ -429,13 +429,69 @@ fn narrowest_set(served: &ServedIp) -> Option<&std::collections::BTreeSet<NodeNa
 
 /// The full election: the outcome of every IP in `snapshot`, from `live`.
 ///
-/// Group standings (draining, fault, effective priority) are computed once per group and
-/// member, then each IP scans its candidates.
+/// IPs are independent, so a large election (at least [`PARALLEL_MIN_PAIRS`] IP x member pairs)
+/// is split over [`std::thread::available_parallelism`] scoped threads (at most
+/// [`PARALLEL_MAX_THREADS`]; it respects a cgroup CPU quota). The result does not depend on the
+/// split.
 pub fn elect(snapshot: &Snapshot, live: &LiveSet) -> BTreeMap<IpAddr, Outcome> {
+    let pairs = snapshot.len().saturating_mul(live.len());
+    let threads = if pairs < PARALLEL_MIN_PAIRS {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(PARALLEL_MAX_THREADS)
+    };
+    elect_with_threads(snapshot, live, threads)
+}
+
+/// Below this many IP x member pairs, [`elect`] stays on the calling thread.
+pub const PARALLEL_MIN_PAIRS: usize = 1_000_000;
+/// At most this many threads for one [`elect`].
+pub const PARALLEL_MAX_THREADS: usize = 8;
+
+/// [`elect`] on `threads` threads (0 and 1: the calling thread only). A thread that cannot be
+/// spawned is replaced by the calling thread doing its share.
+pub fn elect_with_threads(
+    snapshot: &Snapshot,
+    live: &LiveSet,
+    threads: usize,
+) -> BTreeMap<IpAddr, Outcome> {
+    let entries: Vec<(&IpAddr, &ServedIp)> = snapshot.iter().collect();
+    if threads <= 1 || entries.len() < 2 {
+        return elect_entries(&entries, live).into_iter().collect();
+    }
+    let chunk = entries.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let mut outcomes = BTreeMap::new();
+        let mut handles = Vec::new();
+        for part in entries.chunks(chunk) {
+            match std::thread::Builder::new()
+                .name("swimlb-elect".into())
+                .spawn_scoped(scope, move || elect_entries(part, live))
+            {
+                Ok(handle) => handles.push(handle),
+                Err(_) => outcomes.extend(elect_entries(part, live)),
+            }
+        }
+        for handle in handles {
+            match handle.join() {
+                Ok(part) => outcomes.extend(part),
+                // elect_entries does not panic; if it ever did, the panic goes on.
+                Err(payload) => std::panic::resume_unwind(payload),
+            }
+        }
+        outcomes
+    })
+}
+
+/// Elects `entries` on the calling thread. Group standings (draining, fault, effective
+/// priority) are computed once per group and member, then each IP scans its candidates.
+fn elect_entries(entries: &[(&IpAddr, &ServedIp)], live: &LiveSet) -> Vec<(IpAddr, Outcome)> {
     let mut tables: HashMap<Option<&str>, Vec<(&MemberMeta, u8)>> = HashMap::new();
     let mut text = String::with_capacity(48);
-    let mut outcomes = BTreeMap::new();
-    for (ip, served) in snapshot.iter() {
+    let mut outcomes = Vec::with_capacity(entries.len());
+    for (ip, served) in entries {
         let group = served.group.as_deref();
         let outcome = match narrowest_set(served) {
             Some(names) if names.len() < live.len() => elect_one(ip, served, live, &mut text),
@@ -455,7 +511,7 @@ pub fn elect(snapshot: &Snapshot, live: &LiveSet) -> BTreeMap<IpAddr, Outcome> {
                 best.outcome(served)
             }
         };
-        outcomes.insert(*ip, outcome);
+        outcomes.push((**ip, outcome));
     }
     outcomes
 }
@@ -767,6 +823,22 @@ mod tests {
             ip_text(&ip(input), &mut text);
             assert_eq!(text, go, "{input}");
         }
+    }
+
+    #[test]
+    fn the_election_does_not_depend_on_how_many_threads_compute_it() {
+        let set = live((0..20).map(|i| member(&format!("n{i}"), i % 3 != 0)));
+        let mut snapshot = Snapshot::new();
+        for i in 0..50u8 {
+            snapshot
+                .insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns/s"))
+                .unwrap();
+        }
+        let one = elect_with_threads(&snapshot, &set, 1);
+        for threads in [0, 2, 3, 7, 64] {
+            assert_eq!(elect_with_threads(&snapshot, &set, threads), one, "{threads} threads");
+        }
+        assert_eq!(one.len(), 50);
     }
 
     #[test]
