@@ -1,8 +1,10 @@
 //! swimlb speaker: membership, election and announcements for virtual IPs.
 //!
 //! - [`addresses`]: standalone mode: VIPs on a dummy interface, ARP sysctls on announcing ones.
+//! - [`announcer`]: when to start, stop and announce ([`announcer::Announcer`]), sans-IO.
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
 //! - [`config_report`]: what `check-config` prints.
+//! - [`election`]: who owns each IP ([`election::Election`]), pure.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
 //! - [`local`]: the metadata this node gossips about itself.
@@ -10,10 +12,13 @@
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
+//! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
 
 pub mod addresses;
+pub mod announcer;
 pub mod checks;
 pub mod config_report;
+pub mod election;
 pub mod http;
 pub mod interfaces;
 pub mod local;
@@ -21,3 +26,4 @@ pub mod membership;
 pub mod notify;
 pub mod packet_socket;
 pub mod responder;
+pub mod snapshot;
