@@ -344,6 +344,7 @@ impl Core {
             join_retry_pending: false,
         };
         core.publish_own_record()?;
+        core.metrics.set_members(0, 0, 0);
         core.live.upsert(own.clone());
         core.changes.push(LiveChange::Up(own.node));
         core.schedule_join_retry(now);
