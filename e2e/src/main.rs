@@ -11,7 +11,11 @@ use swimlb_e2e::sim::{self, SimOptions};
 use swimlb_speaker::gossip::Profile;
 
 #[derive(Debug, Parser)]
-#[command(name = "swimlb-lab", version, about = "swimlb lab: simulations and benchmarks")]
+#[command(
+    name = "swimlb-lab",
+    version,
+    about = "swimlb lab: simulations and benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -85,7 +89,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let profile = Profile::parse(profile)?;
         for &nodes in &args.nodes {
             for &loss in &args.loss {
-                let mut timing = profile.timing(nodes);
+                let mut timing = profile.timing();
                 if let Some(v) = args.probe_ms {
                     timing.probe_period = ms(v);
                 }

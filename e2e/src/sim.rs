@@ -157,20 +157,20 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     };
     let mut samples_ms = Vec::new();
     let mut undetected = 0usize;
-    let mut next_victim = SEEDS;
+    // Every member but node 0 takes its turn (seeds included: a restarted seed rejoins through
+    // the other seeds).
+    let mut next_victim = 1;
     while net.now() + cap.min(Duration::from_secs(2)) + settle <= end {
         let victim = next_victim;
         next_victim = if next_victim + 1 >= n {
-            SEEDS.min(n - 1)
+            1
         } else {
             next_victim + 1
         };
         let victim_name = node_name(victim);
         // Only survivors that know the victim can report it down.
         let mut waiting: Vec<bool> = (0..n)
-            .map(|i| {
-                i != victim && net.core(i).is_some_and(|c| c.live().contains(&victim_name))
-            })
+            .map(|i| i != victim && net.core(i).is_some_and(|c| c.live().contains(&victim_name)))
             .collect();
         let mut left = waiting.iter().filter(|w| **w).count();
         let crashed_at = net.now();

@@ -83,7 +83,10 @@ async fn three_drivers_over_udp_join_share_metadata_and_see_a_leave() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains("swimlb_member_down_total 1"), "{text}");
-    assert!(text.contains("swimlb_gossip_packets_total{direction=\"in\"}"), "{text}");
+    assert!(
+        text.contains("swimlb_gossip_packets_total{direction=\"in\"}"),
+        "{text}"
+    );
     assert!(text.contains("swimlb_members{state=\"alive\"}"), "{text}");
     a.leave().await.unwrap();
     c.leave().await.unwrap();

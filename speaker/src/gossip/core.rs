@@ -272,6 +272,8 @@ pub struct Core {
     last_heard: HashMap<SocketAddr, Duration>,
     phase: Phase,
     join_retry_pending: bool,
+    /// The (suspicion, transmissions) foca currently runs with.
+    scaled: (Duration, u8),
 }
 
 impl std::fmt::Debug for Core {
@@ -294,7 +296,7 @@ impl Core {
         metrics: GossipMetrics,
         now: Duration,
     ) -> Result<Core, GossipError> {
-        let config = settings.timing.foca_config()?;
+        let config = settings.timing.foca_config(1)?;
         if meta.node != settings.node {
             return Err(GossipError::WrongNode {
                 expected: settings.node,
@@ -342,7 +344,9 @@ impl Core {
             last_heard: HashMap::new(),
             phase: Phase::Joining,
             join_retry_pending: false,
+            scaled: (Duration::ZERO, 0),
         };
+        core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
         core.metrics.set_members(0, 0, 0);
         core.live.upsert(own.clone());
@@ -670,6 +674,22 @@ impl Core {
         let changed = self.book.lock().take_changed();
         for node in changed {
             self.apply_record(&node);
+        }
+        self.rescale();
+    }
+
+    /// Re-applies the size-dependent timings when the member count moved them.
+    fn rescale(&mut self) {
+        let scaled = self.timing.scaled(self.members.len() + 1);
+        if scaled == self.scaled {
+            return;
+        }
+        match self.timing.foca_config(self.members.len() + 1) {
+            Ok(config) => match self.foca.set_config(config) {
+                Ok(()) => self.scaled = scaled,
+                Err(err) => tracing::warn!(error = %err, "foca refused the rescaled timings"),
+            },
+            Err(err) => tracing::warn!(error = %err, "rescaled timings"),
         }
     }
 

@@ -42,12 +42,11 @@ impl Profile {
         }
     }
 
-    /// The profile's timings for a cluster of about `cluster_size` members (only `lan` scales
-    /// its suspicion timeout with the size, as memberlist does).
-    pub fn timing(&self, cluster_size: usize) -> Timing {
+    /// The profile's timings.
+    pub fn timing(&self) -> Timing {
         match self {
             Profile::Fast => Timing::fast(),
-            Profile::Lan => Timing::lan(cluster_size),
+            Profile::Lan => Timing::lan(),
         }
     }
 }
@@ -61,10 +60,16 @@ pub struct Timing {
     pub probe_rtt: Duration,
     /// Members asked to probe indirectly (and fan-out of foca's own gossip calls).
     pub indirect_probes: usize,
-    /// How long a suspect stays alive before it is declared down.
+    /// How long a suspect stays alive before it is declared down (for up to 10 members; see
+    /// `scale_with_members`).
     pub suspect_to_down_after: Duration,
-    /// How many times each update is piggybacked before it is dropped.
+    /// How many times each update is piggybacked before it is dropped (at least; see
+    /// `scale_with_members`).
     pub max_transmissions: u8,
+    /// Scale suspicion and transmissions with the number of members, as memberlist does:
+    /// suspicion x max(1, log10 n), transmissions at least ceil(4 x log10(n + 1)). The core
+    /// re-applies them as members come and go.
+    pub scale_with_members: bool,
     /// Period of the extra gossip rounds that spread updates between probes.
     pub gossip_period: Duration,
     /// Members each gossip round goes to.
@@ -100,6 +105,7 @@ impl Timing {
             indirect_probes: 3,
             suspect_to_down_after: Duration::from_millis(150),
             max_transmissions: 8,
+            scale_with_members: true,
             gossip_period: Duration::from_millis(40),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(2),
@@ -113,15 +119,14 @@ impl Timing {
 
     /// memberlist's LAN defaults (probe 1 s, timeout 500 ms, suspicion 4 x max(1, log10 n) s,
     /// gossip every 200 ms to 3).
-    pub fn lan(cluster_size: usize) -> Timing {
-        let log = (cluster_size.max(1) as f64).log10().max(1.0);
+    pub fn lan() -> Timing {
         Timing {
             probe_period: Duration::from_secs(1),
             probe_rtt: Duration::from_millis(500),
             indirect_probes: 3,
-            suspect_to_down_after: Duration::from_secs_f64(4.0 * log),
-            max_transmissions: (4.0 * ((cluster_size.max(1) + 1) as f64).log10().ceil())
-                .clamp(4.0, 15.0) as u8,
+            suspect_to_down_after: Duration::from_secs(4),
+            max_transmissions: 4,
+            scale_with_members: true,
             gossip_period: Duration::from_millis(200),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(10),
@@ -180,8 +185,22 @@ impl Timing {
         }
     }
 
-    /// The foca configuration for these timings, after [`Timing::validate`].
-    pub fn foca_config(&self) -> Result<foca::Config, TimingError> {
+    /// Suspicion timeout and transmissions for `members` known members (self included).
+    pub fn scaled(&self, members: usize) -> (Duration, u8) {
+        if !self.scale_with_members {
+            return (self.suspect_to_down_after, self.max_transmissions);
+        }
+        let log = (members.max(1) as f64).log10().max(1.0);
+        let suspicion = self.suspect_to_down_after.mul_f64(log);
+        let transmissions = (4.0 * ((members + 1) as f64).log10())
+            .ceil()
+            .clamp(1.0, 255.0) as u8;
+        (suspicion, self.max_transmissions.max(transmissions))
+    }
+
+    /// The foca configuration for these timings with `members` known members, after
+    /// [`Timing::validate`].
+    pub fn foca_config(&self, members: usize) -> Result<foca::Config, TimingError> {
         self.validate()?;
         let count = |name: &str, n: usize| {
             NonZeroUsize::new(n).ok_or_else(|| TimingError::Invalid(format!("{name} is zero")))
@@ -190,9 +209,10 @@ impl Timing {
         config.probe_period = self.probe_period;
         config.probe_rtt = self.probe_rtt;
         config.num_indirect_probes = count("indirect_probes", self.indirect_probes)?;
-        config.max_transmissions = NonZeroU8::new(self.max_transmissions)
+        let (suspicion, transmissions) = self.scaled(members);
+        config.max_transmissions = NonZeroU8::new(transmissions)
             .ok_or_else(|| TimingError::Invalid("max_transmissions is zero".into()))?;
-        config.suspect_to_down_after = self.suspect_to_down_after;
+        config.suspect_to_down_after = suspicion;
         config.max_packet_size = count("max_packet_size", self.max_packet_size)?;
         // A node learns it was declared down from the gossip, or from our answer to its announce
         // (see `core`); telling every down sender costs spurious renewals under loss.
@@ -231,8 +251,7 @@ mod tests {
     #[test]
     fn both_profiles_are_valid() {
         assert_eq!(Timing::fast().validate(), Ok(()));
-        assert_eq!(Timing::lan(3).validate(), Ok(()));
-        assert_eq!(Timing::lan(1000).validate(), Ok(()));
+        assert_eq!(Timing::lan().validate(), Ok(()));
     }
 
     #[test]
@@ -256,15 +275,19 @@ mod tests {
         assert!(err.contains("gossip_fanout"), "{err}");
         assert!(err.contains("max_packet_size"), "{err}");
         assert!(err.contains("join_retry"), "{err}");
-        assert!(timing.foca_config().is_err());
+        assert!(timing.foca_config(3).is_err());
     }
 
     #[test]
-    fn lan_suspicion_grows_with_cluster_size() {
-        assert_eq!(Timing::lan(3).suspect_to_down_after, Duration::from_secs(4));
+    fn suspicion_and_transmissions_grow_with_cluster_size_like_memberlist() {
+        let lan = Timing::lan();
+        assert_eq!(lan.scaled(3), (Duration::from_secs(4), 4));
+        assert_eq!(lan.scaled(1000), (Duration::from_secs(12), 13));
+        let mut fixed = Timing::fast();
+        fixed.scale_with_members = false;
         assert_eq!(
-            Timing::lan(1000).suspect_to_down_after,
-            Duration::from_secs(12)
+            fixed.scaled(1000),
+            (fixed.suspect_to_down_after, fixed.max_transmissions)
         );
     }
 
