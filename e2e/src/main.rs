@@ -65,6 +65,12 @@ struct SimArgs {
     /// Override: max transmissions per update.
     #[arg(long)]
     max_tx: Option<u8>,
+    /// Override: do not tell a suspect at once after a failed probe.
+    #[arg(long)]
+    no_notify_suspects: bool,
+    /// Override: do not scale suspicion and transmissions with the member count.
+    #[arg(long)]
+    no_scale: bool,
     /// Write the report as JSON (an object for one run, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -110,6 +116,12 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 }
                 if let Some(v) = args.max_tx {
                     timing.max_transmissions = v;
+                }
+                if args.no_notify_suspects {
+                    timing.notify_suspects = false;
+                }
+                if args.no_scale {
+                    timing.scale_with_members = false;
                 }
                 let opts = SimOptions {
                     nodes,

@@ -227,7 +227,11 @@ struct CallIo<'a> {
 
 impl foca::Runtime<NodeIdentity> for CallIo<'_> {
     fn notify(&mut self, notification: foca::Notification<'_, NodeIdentity>) {
-        self.notes.push(notification.to_owned());
+        match notification {
+            // Per-packet notifications: not needed, and copying them would allocate per packet.
+            foca::Notification::DataReceived(_) | foca::Notification::DataSent(_) => {}
+            other => self.notes.push(other.to_owned()),
+        }
     }
 
     fn send_to(&mut self, to: NodeIdentity, data: &[u8]) {
@@ -490,6 +494,39 @@ impl Core {
         }
     }
 
+    /// Tells a member our probe of it just failed, with a foca gossip message carrying the one
+    /// update "you are suspect". SWIM lets the suspect learn this from the gossip, which in a
+    /// large cluster takes several rounds; told at once, it refutes (raises its incarnation)
+    /// while the suspicion is still spreading, so short suspicion timeouts stay safe under loss.
+    /// (Lifeguard's "buddy system" does the same by piggybacking the suspicion on the
+    /// next ping to the suspect; foca has no such extension.)
+    fn send_suspicion_notice(&mut self, member: NodeIdentity) {
+        let Some(incarnation) = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id() == &member)
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.incarnation())
+        else {
+            return;
+        };
+        let header = Header {
+            src: self.foca.identity().clone(),
+            src_incarnation: 0,
+            dst: member.clone(),
+            message: Message::Gossip,
+        };
+        let mut body = Vec::with_capacity(256);
+        if self.codec.encode_header(&header, &mut body).is_err() {
+            return;
+        }
+        body.extend_from_slice(&1u16.to_be_bytes());
+        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
+        if self.codec.encode_member(&update, &mut body).is_ok() {
+            self.seal(member.addr, KIND_FOCA, &body);
+        }
+    }
+
     fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
         seal_into(
             &self.ring,
@@ -749,6 +786,12 @@ impl Core {
                 );
                 self.offer_own_record();
             }
+            OwnedNotification::ProbeFailed(_, member) => {
+                if self.timing.notify_suspects {
+                    self.send_suspicion_notice(member);
+                }
+            }
+            OwnedNotification::DataReceived(_) | OwnedNotification::DataSent(_) => {}
             OwnedNotification::Defunct => {
                 if self.phase != Phase::Left {
                     tracing::warn!("identity declared down and not renewed");

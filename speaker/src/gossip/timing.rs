@@ -70,6 +70,9 @@ pub struct Timing {
     /// suspicion x max(1, log10 n), transmissions at least ceil(4 x log10(n + 1)). The core
     /// re-applies them as members come and go.
     pub scale_with_members: bool,
+    /// After a failed probe, tell the suspect at once (it then refutes before the suspicion
+    /// times out) instead of waiting for the gossip to reach it.
+    pub notify_suspects: bool,
     /// Period of the extra gossip rounds that spread updates between probes.
     pub gossip_period: Duration,
     /// Members each gossip round goes to.
@@ -106,6 +109,7 @@ impl Timing {
             suspect_to_down_after: Duration::from_millis(150),
             max_transmissions: 8,
             scale_with_members: true,
+            notify_suspects: true,
             gossip_period: Duration::from_millis(40),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(2),
@@ -127,6 +131,7 @@ impl Timing {
             suspect_to_down_after: Duration::from_secs(4),
             max_transmissions: 4,
             scale_with_members: true,
+            notify_suspects: true,
             gossip_period: Duration::from_millis(200),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(10),
