@@ -5,6 +5,7 @@
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
 //! - [`config_report`]: what `check-config` prints.
 //! - [`election`]: who owns each IP ([`election::Election`]), pure.
+//! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
 //! - [`local`]: the metadata this node gossips about itself.
@@ -19,6 +20,7 @@ pub mod announcer;
 pub mod checks;
 pub mod config_report;
 pub mod election;
+pub mod gossip;
 pub mod http;
 pub mod interfaces;
 pub mod local;
