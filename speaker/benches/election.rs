@@ -71,11 +71,16 @@ fn report_cpu_time() {
         let wall = tokio::time::Instant::now();
         let cpu = thread_cpu_ns();
         let outcomes = elect_with_threads(&snapshot, &live, 1);
-        let cpu = thread_cpu_ns().zip(cpu).map(|(after, before)| after - before);
+        let cpu = thread_cpu_ns()
+            .zip(cpu)
+            .map(|(after, before)| after - before);
         println!(
             "full election on one thread, round {round}: wall {:.0} ms, on-CPU {} ({} IPs)",
             wall.elapsed().as_secs_f64() * 1e3,
-            cpu.map_or("unavailable".to_string(), |ns| format!("{:.0} ms", ns as f64 / 1e6)),
+            cpu.map_or("unavailable".to_string(), |ns| format!(
+                "{:.0} ms",
+                ns as f64 / 1e6
+            )),
             outcomes.len()
         );
     }
@@ -87,8 +92,14 @@ fn report_cpu_time() {
             black_box(order_hash(name, &text));
         }
     }
-    if let Some(ns) = thread_cpu_ns().zip(cpu).map(|(after, before)| after - before) {
-        println!("order_hash: {:.1} ns on-CPU per hash (100,000 hashes)", ns as f64 / 1e5);
+    if let Some(ns) = thread_cpu_ns()
+        .zip(cpu)
+        .map(|(after, before)| after - before)
+    {
+        println!(
+            "order_hash: {:.1} ns on-CPU per hash (100,000 hashes)",
+            ns as f64 / 1e5
+        );
     }
 }
 
@@ -107,7 +118,11 @@ fn report_memory() {
             _ => "unavailable".to_string(),
         }
     );
-    let owners = election.outcomes().values().filter(|o| o.owner().is_some()).count();
+    let owners = election
+        .outcomes()
+        .values()
+        .filter(|o| o.owner().is_some())
+        .count();
     println!("owned IPs: {owners}");
 }
 
@@ -200,7 +215,9 @@ fn main() {
     println!(
         "available parallelism: {:?}; load average: {}",
         std::thread::available_parallelism().map(usize::from),
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
     election();
     Criterion::default().configure_from_args().final_summary();

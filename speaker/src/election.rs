@@ -171,9 +171,12 @@ pub struct Rank {
 
 impl Ord for Rank {
     fn cmp(&self, other: &Rank) -> Ordering {
-        tier_cmp((self.settled, self.priority), (other.settled, other.priority))
-            .then_with(|| self.hash.cmp(&other.hash))
-            .then_with(|| self.node.cmp(&other.node))
+        tier_cmp(
+            (self.settled, self.priority),
+            (other.settled, other.priority),
+        )
+        .then_with(|| self.hash.cmp(&other.hash))
+        .then_with(|| self.node.cmp(&other.node))
     }
 }
 
@@ -303,7 +306,9 @@ pub fn order_hash(node: &str, ip_text: &str) -> [u8; 32] {
     let mut state = SHA256_INITIAL_STATE;
     sha2::compress256(
         &mut state,
-        std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(&block)),
+        std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(
+            &block,
+        )),
     );
     let mut hash = [0u8; 32];
     for (out, word) in hash.chunks_exact_mut(4).zip(state) {
@@ -701,7 +706,10 @@ impl Election {
                 .get(&ip)
                 .and_then(Outcome::owner)
                 .map(str::to_string);
-            let to = outcome.as_ref().and_then(Outcome::owner).map(str::to_string);
+            let to = outcome
+                .as_ref()
+                .and_then(Outcome::owner)
+                .map(str::to_string);
             match outcome {
                 Some(outcome) => self.outcomes.insert(ip, outcome),
                 None => self.outcomes.remove(&ip),
@@ -794,8 +802,14 @@ mod tests {
     #[test]
     fn the_one_block_hash_equals_the_streaming_hash_at_every_length() {
         for node_len in 0..70 {
-            let node: String = (0..node_len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
-            for ip_text in ["192.0.2.1", "2001:db8::1", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"] {
+            let node: String = (0..node_len)
+                .map(|i| (b'a' + (i % 26) as u8) as char)
+                .collect();
+            for ip_text in [
+                "192.0.2.1",
+                "2001:db8::1",
+                "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff",
+            ] {
                 assert_eq!(
                     order_hash(&node, ip_text),
                     order_hash_streaming(&node, ip_text),
@@ -836,7 +850,11 @@ mod tests {
         }
         let one = elect_with_threads(&snapshot, &set, 1);
         for threads in [0, 2, 3, 7, 64] {
-            assert_eq!(elect_with_threads(&snapshot, &set, threads), one, "{threads} threads");
+            assert_eq!(
+                elect_with_threads(&snapshot, &set, threads),
+                one,
+                "{threads} threads"
+            );
         }
         assert_eq!(one.len(), 50);
     }

@@ -3,6 +3,7 @@
 //! - [`addresses`]: standalone mode: VIPs on a dummy interface, ARP sysctls on announcing ones.
 //! - [`announcer`]: when to start, stop and announce ([`announcer::Announcer`]), sans-IO.
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
+//! - [`cli`]: the command line (`check-config`, `keygen`, `standalone`).
 //! - [`config_report`]: what `check-config` prints.
 //! - [`election`]: who owns each IP ([`election::Election`]), pure.
 //! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
@@ -14,10 +15,12 @@
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 //! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
+//! - [`standalone`]: the standalone daemon: one task wiring every part together.
 
 pub mod addresses;
 pub mod announcer;
 pub mod checks;
+pub mod cli;
 pub mod config_report;
 pub mod election;
 pub mod gossip;
@@ -29,3 +32,4 @@ pub mod notify;
 pub mod packet_socket;
 pub mod responder;
 pub mod snapshot;
+pub mod standalone;

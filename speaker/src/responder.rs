@@ -291,41 +291,45 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers every counter into `registry` (prefix `swimlb_` comes from the registry).
+    /// Registers every counter into `registry` under its `swimlb_` name.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "arp_requests",
+            "swimlb_arp_requests",
             "ARP requests received for owned addresses",
             self.arp_requests.clone(),
         );
-        registry.register("arp_replies", "ARP replies sent", self.arp_replies.clone());
         registry.register(
-            "gratuitous_sent",
+            "swimlb_arp_replies",
+            "ARP replies sent",
+            self.arp_replies.clone(),
+        );
+        registry.register(
+            "swimlb_gratuitous_sent",
             "Gratuitous ARP and unsolicited neighbor advertisements sent",
             self.gratuitous_sent.clone(),
         );
         registry.register(
-            "ndp_solicitations",
+            "swimlb_ndp_solicitations",
             "Neighbor solicitations received for owned addresses",
             self.ndp_solicitations.clone(),
         );
         registry.register(
-            "ndp_adverts",
+            "swimlb_ndp_adverts",
             "Neighbor advertisements sent in reply",
             self.ndp_adverts.clone(),
         );
         registry.register(
-            "conflicts",
+            "swimlb_conflicts",
             "Other MACs seen claiming an owned address",
             self.conflicts.clone(),
         );
         registry.register(
-            "responder_dropped_frames",
+            "swimlb_responder_dropped_frames",
             "Received frames not answered, by reason",
             self.dropped.clone(),
         );
         registry.register(
-            "responder_send_errors",
+            "swimlb_responder_send_errors",
             "Frames the responder could not send",
             self.send_errors.clone(),
         );

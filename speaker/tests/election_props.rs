@@ -28,13 +28,13 @@ fn config() -> Config {
 }
 
 fn check() -> impl Strategy<Value = CheckResult> {
-    (any::<bool>(), prop_oneof![Just(0), -60..60i32], 0..3usize).prop_map(
-        |(passing, weight, n)| CheckResult {
+    (any::<bool>(), prop_oneof![Just(0), -60..60i32], 0..3usize).prop_map(|(passing, weight, n)| {
+        CheckResult {
             name: format!("check-{n}"),
             passing,
             weight,
-        },
-    )
+        }
+    })
 }
 
 fn health() -> impl Strategy<Value = GroupHealth> {
@@ -75,8 +75,7 @@ fn members() -> impl Strategy<Value = Vec<MemberMeta>> {
 }
 
 fn node_set() -> impl Strategy<Value = Arc<BTreeSet<String>>> {
-    prop::collection::btree_set((0..NODES + 2).prop_map(node_name), 0..NODES)
-        .prop_map(Arc::new)
+    prop::collection::btree_set((0..NODES + 2).prop_map(node_name), 0..NODES).prop_map(Arc::new)
 }
 
 fn served() -> impl Strategy<Value = ServedIp> {
