@@ -164,6 +164,110 @@ impl Daemons for KeepalivedDaemons {
     }
 }
 
+/// swimlb's standalone speaker on every node, run through the lab binary's `speaker`
+/// command (the same entry point as `swimlb-speaker`).
+#[derive(Debug)]
+pub struct SwimlbDaemons {
+    program: PathBuf,
+    dir: PathBuf,
+    children: Vec<Option<usize>>,
+    /// Extra YAML lines for every node's file (for example a gossip profile).
+    pub extra: String,
+}
+
+/// The gossip port of the lab's speakers.
+pub const GOSSIP_PORT: u16 = 7946;
+/// The HTTP port of the lab's speakers.
+pub const HTTP_PORT: u16 = 7572;
+
+impl SwimlbDaemons {
+    /// Speakers run as `program speaker standalone --config FILE`; files go to a directory named
+    /// after the lab's run, with one fresh key shared by all nodes.
+    pub fn new(lab: &Lab, program: PathBuf) -> Result<SwimlbDaemons> {
+        let dir = std::env::temp_dir().join(format!("swimlb-lab-{}", lab.run_id()));
+        std::fs::create_dir_all(&dir)?;
+        let mut key = [0u8; 32];
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+        std::fs::write(
+            dir.join("keys"),
+            format!("{}\n", swimlb_config::keyfile::encode_key(&key)),
+        )?;
+        Ok(SwimlbDaemons {
+            program,
+            dir,
+            children: vec![None; lab.nodes.len() + 1],
+            extra: String::new(),
+        })
+    }
+
+    /// The configuration file of node `index`.
+    pub fn config(&self, lab: &Lab, index: usize) -> String {
+        let node = lab.node(index);
+        let peers: Vec<String> = lab
+            .nodes
+            .iter()
+            .filter(|n| n.index != index)
+            .map(|n| format!("{}:{GOSSIP_PORT}", n.v4))
+            .collect();
+        format!(
+            "cluster: lab-{run}\nnode: {name}\nbind: {ip}:{GOSSIP_PORT}\npeers: [{peers}]\nkeyFile: {keys}\nlisten: {ip}:{HTTP_PORT}\n{extra}groups:\n  - name: vip\n    addresses: [{v4}, {v6}]\n    interface: eth0\n",
+            run = lab.run_id(),
+            name = node.name,
+            ip = node.v4,
+            peers = peers.join(", "),
+            keys = self.dir.join("keys").display(),
+            extra = self.extra,
+            v4 = netns::vip_v4(0),
+            v6 = netns::vip_v6(0),
+        )
+    }
+
+    /// Where node `index`'s log goes.
+    pub fn log_path(&self, lab: &Lab, index: usize) -> PathBuf {
+        self.dir.join(format!("{}.log", lab.node(index).name))
+    }
+}
+
+impl Daemons for SwimlbDaemons {
+    fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
+        std::fs::write(&path, self.config(lab, index))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(lab, index))?;
+        let program = self.program.to_string_lossy().into_owned();
+        let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
+        cmd.args(["speaker", "standalone", "--config"])
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        self.children[index] = Some(lab.spawn(cmd)?);
+        Ok(())
+    }
+
+    fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
+        let Some(child) = self.children[index].take() else {
+            return Ok(());
+        };
+        // `ip netns exec` execs the program: the child's pid is the speaker's.
+        let pid = lab.child(child).id().to_string();
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lab.child(child).try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = lab.child(child).kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
 /// Percentiles of a sample set.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct Percentiles {
@@ -310,7 +414,7 @@ pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) ->
 /// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
 pub fn run(
     options: &Options,
-    make_daemons: &dyn Fn(&Lab) -> Box<dyn Daemons>,
+    make_daemons: &dyn Fn(&Lab) -> Result<Box<dyn Daemons>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     let mut lab = Lab::create(options.nodes).context("building the lab")?;
@@ -323,7 +427,7 @@ pub fn run(
             lab.set_loss(i, options.loss)?;
         }
     }
-    let mut daemons = make_daemons(&lab);
+    let mut daemons = make_daemons(&lab)?;
     for i in 1..=options.nodes {
         daemons.start(&mut lab, i)?;
     }

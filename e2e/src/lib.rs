@@ -1,5 +1,6 @@
 //! swimlb lab: network namespaces, the membership simulation, the fake Kubernetes API server.
 //!
+//! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
@@ -7,6 +8,7 @@
 //!   records.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 
+pub mod demo;
 pub mod failover;
 pub mod keepalived;
 pub mod netns;

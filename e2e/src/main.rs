@@ -1,6 +1,12 @@
-//! `swimlb-lab`: the swimlb lab. For now one command, `sim`: the deterministic membership
-//! simulation (see `swimlb_e2e::sim`). The network-namespace commands (`demo`, `failover`) arrive
-//! with the standalone speaker.
+//! `swimlb-lab`: the swimlb lab.
+//!
+//! - `demo`: three nodes in network namespaces, the VIP's owner powered off, the timeline.
+//! - `failover`: repeated failover trials, swimlb or keepalived, with a JSON report.
+//! - `sim`: the deterministic membership simulation (see `swimlb_e2e::sim`).
+//! - `speaker ...`: the speaker's own command line (`swimlb-speaker ...`), so the lab runs the
+//!   real speaker in its namespaces without a second binary.
+//!
+//! The network commands need root (CAP_NET_ADMIN); without it they say so and exit 77.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,8 +29,36 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Three nodes, one VIP: power the owner off and show the failover's timeline.
+    Demo,
+    /// Repeated failover trials in network namespaces.
+    Failover(FailoverArgs),
     /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
     Sim(SimArgs),
+    /// Run the speaker (same arguments as `swimlb-speaker`).
+    Speaker,
+}
+
+#[derive(Debug, clap::Args)]
+struct FailoverArgs {
+    /// Which load balancer: swimlb or keepalived.
+    #[arg(long = "impl", default_value = "swimlb")]
+    implementation: String,
+    /// The fault: poweroff, kill or sigterm.
+    #[arg(long, default_value = "poweroff")]
+    scenario: String,
+    /// Nodes in the lab.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Trials.
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Random loss on every node link, percent.
+    #[arg(long, default_value_t = 0)]
+    loss: u8,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,11 +110,135 @@ struct SimArgs {
     json: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Sim(args) => run_sim(args),
+/// sysexits-style "skipped": the lab needs root.
+const EXIT_NEEDS_ROOT: u8 = 77;
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "speaker") {
+        let mut speaker_args = vec![std::ffi::OsString::from("swimlb-speaker")];
+        speaker_args.extend(args.into_iter().skip(2));
+        return swimlb_speaker::cli::main_with_args(speaker_args);
     }
+    let cli = Cli::parse();
+    let needs_root = matches!(cli.command, Command::Demo | Command::Failover(_));
+    if needs_root && !swimlb_e2e::netns::is_root() {
+        eprintln!(
+            "swimlb-lab: this command builds network namespaces and needs root (CAP_NET_ADMIN); run it with sudo"
+        );
+        return std::process::ExitCode::from(EXIT_NEEDS_ROOT);
+    }
+    let result = match cli.command {
+        Command::Demo => run_demo(),
+        Command::Failover(args) => run_failover(args),
+        Command::Sim(args) => run_sim(args),
+        Command::Speaker => unreachable!("handled before parsing"),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("swimlb-lab: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Tears the lab down on Ctrl-C: the namespaces are deleted by the next run's cleanup too, but
+/// a user who interrupts a run expects a clean machine at once.
+fn cleanup_on_interrupt() {
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+        eprintln!("swimlb-lab: interrupted, tearing the lab down");
+        let me = std::process::id().to_string();
+        if let Ok(names) = swimlb_e2e::netns::list_namespaces() {
+            for ns in names
+                .iter()
+                .filter(|n| n.starts_with(&format!("{}{me}", swimlb_e2e::netns::PREFIX)))
+            {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "pids", ns])
+                    .output()
+                    .map(|o| {
+                        for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                            let _ = std::process::Command::new("kill")
+                                .args(["-9", pid])
+                                .status();
+                        }
+                    });
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", ns])
+                    .status();
+            }
+        }
+        std::process::exit(130);
+    });
+}
+
+fn run_demo() -> anyhow::Result<()> {
+    cleanup_on_interrupt();
+    let program = std::env::current_exe()?;
+    swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))?;
+    Ok(())
+}
+
+fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
+    use swimlb_e2e::failover::{
+        self, Implementation, KeepalivedDaemons, Options, Scenario, SwimlbDaemons,
+    };
+    cleanup_on_interrupt();
+    let implementation = match args.implementation.as_str() {
+        "swimlb" => Implementation::Swimlb,
+        "keepalived" => Implementation::Keepalived,
+        other => anyhow::bail!("--impl {other}: expected swimlb or keepalived"),
+    };
+    let scenario = match args.scenario.as_str() {
+        "poweroff" => Scenario::Poweroff,
+        "kill" => Scenario::Kill,
+        "sigterm" => Scenario::Sigterm,
+        other => anyhow::bail!("--scenario {other}: expected poweroff, kill or sigterm"),
+    };
+    anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
+    if implementation == Implementation::Keepalived && which("keepalived").is_none() {
+        anyhow::bail!("keepalived is not installed: apt-get install keepalived");
+    }
+    let options = Options {
+        implementation,
+        scenario,
+        nodes: args.nodes,
+        trials: args.trials,
+        loss: args.loss,
+        probe_interval: Duration::from_millis(10),
+        json: args.json,
+    };
+    let program = std::env::current_exe()?;
+    let report =
+        failover::run(
+            &options,
+            &|lab| match implementation {
+                Implementation::Swimlb => Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
+                    as Box<dyn failover::Daemons>),
+                Implementation::Keepalived => Ok(Box::new(KeepalivedDaemons::new(lab))),
+            },
+            &mut |line| println!("{line}"),
+        )?;
+    println!("{}", report.table());
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_string_lossy()
+        .split(':')
+        .map(|d| PathBuf::from(d).join(program))
+        .find(|p| p.exists())
 }
 
 fn run_sim(args: SimArgs) -> anyhow::Result<()> {

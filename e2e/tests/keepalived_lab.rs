@@ -22,7 +22,7 @@ fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
     };
     let report = failover::run(
         &options,
-        &|lab| Box::new(KeepalivedDaemons::new(lab)),
+        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab))),
         &mut |line| eprintln!("{line}"),
     )
     .unwrap();

@@ -421,6 +421,12 @@ pub async fn run(
                     }
                     Err(broadcast::error::RecvError::Closed) => break,
                 };
+                match &change {
+                    Some(LiveChange::Up(n)) => tracing::info!(member = %n, "member up"),
+                    Some(LiveChange::Down(n)) => tracing::info!(member = %n, "member down"),
+                    Some(LiveChange::Meta(n)) => tracing::debug!(member = %n, "member metadata changed"),
+                    None => {}
+                }
                 let live = live_rx.borrow().clone();
                 match &change {
                     Some(c) => {
