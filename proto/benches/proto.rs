@@ -46,7 +46,9 @@ fn envelope(c: &mut Criterion) {
     group.bench_function("open", |b| {
         b.iter(|| {
             buf.copy_from_slice(&sealed);
-            ring.open(black_box(&mut buf)).map(|p| p.len()).expect("open")
+            ring.open(black_box(&mut buf))
+                .map(|p| p.len())
+                .expect("open")
         })
     });
     group.finish();

@@ -458,7 +458,8 @@ mod tests {
         let ring = KeyRing::new("edge-1", &[K1]).unwrap();
         let nonce: [u8; NONCE_LEN] = core::array::from_fn(|i| i as u8);
         let mut out = Vec::new();
-        ring.seal_with_nonce(nonce, b"hello gossip", &mut out).unwrap();
+        ring.seal_with_nonce(nonce, b"hello gossip", &mut out)
+            .unwrap();
         assert_eq!(out, crate::golden::ENVELOPE);
     }
 

@@ -7,12 +7,12 @@
 //! breaks a rule is an [`Error`]. Parsing never panics and never allocates (the VRRP address list
 //! borrows the frame).
 
+use crate::Result;
 use crate::arp::ArpRepr;
 use crate::ethernet::{EtherType, EthernetRepr};
 use crate::ip::IPV6_HEADER_LEN;
 use crate::ndp::{self, NdpFrame, NdpRepr};
 use crate::vrrp::{self, VrrpFrame, VrrpPacket};
-use crate::Result;
 
 /// A received frame, by protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,12 +154,20 @@ mod tests {
         let mut f = golden::NS_MULTICAST;
         f[21] = 64;
         assert_eq!(Frame::parse(&f), Err(Error::HopLimit(64)));
-        assert_eq!(Frame::parse(&golden::VRRP_V6[..60]), Err(Error::MalformedIpHeader("ipv6 payload length")));
+        assert_eq!(
+            Frame::parse(&golden::VRRP_V6[..60]),
+            Err(Error::MalformedIpHeader("ipv6 payload length"))
+        );
     }
 
     #[test]
     fn every_prefix_of_every_golden_frame_parses_or_fails_without_panic() {
-        for bytes in [&golden::NS_MULTICAST[..], &golden::VRRP_V4, &golden::VRRP_V6, &golden::ARP_REQUEST] {
+        for bytes in [
+            &golden::NS_MULTICAST[..],
+            &golden::VRRP_V4,
+            &golden::VRRP_V6,
+            &golden::ARP_REQUEST,
+        ] {
             for len in 0..bytes.len() {
                 let _ = Frame::parse(&bytes[..len]);
             }

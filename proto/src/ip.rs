@@ -186,7 +186,10 @@ mod tests {
         let (h, payload) = Ipv4Header::parse(ip(&golden::VRRP_V4)).unwrap();
         assert_eq!(h.src, Ipv4Addr::new(192, 0, 2, 1));
         assert_eq!(h.dst, Ipv4Addr::new(224, 0, 0, 18));
-        assert_eq!((h.protocol, h.ttl, h.tos, h.payload_len), (112, 255, 0xc0, 16));
+        assert_eq!(
+            (h.protocol, h.ttl, h.tos, h.payload_len),
+            (112, 255, 0xc0, 16)
+        );
         assert_eq!(payload.len(), 16);
         let mut buf = [0xa5u8; IPV4_HEADER_LEN];
         h.emit(&mut buf).unwrap();
@@ -196,7 +199,10 @@ mod tests {
     #[test]
     fn ipv6_header_of_the_vrrp_golden_vector_reads_and_writes_back() {
         let (h, payload) = Ipv6Header::parse(ip(&golden::VRRP_V6)).unwrap();
-        assert_eq!((h.next_header, h.hop_limit, h.traffic_class), (112, 255, 0xc0));
+        assert_eq!(
+            (h.next_header, h.hop_limit, h.traffic_class),
+            (112, 255, 0xc0)
+        );
         assert_eq!(payload.len(), 40);
         let mut buf = [0xa5u8; IPV6_HEADER_LEN];
         h.emit(&mut buf).unwrap();

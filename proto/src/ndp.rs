@@ -121,9 +121,8 @@ impl NdpMessage {
     /// The target address of either message.
     pub const fn target(&self) -> Ipv6Addr {
         match *self {
-            NdpMessage::NeighborSolicit { target, .. } | NdpMessage::NeighborAdvert { target, .. } => {
-                target
-            }
+            NdpMessage::NeighborSolicit { target, .. }
+            | NdpMessage::NeighborAdvert { target, .. } => target,
         }
     }
 

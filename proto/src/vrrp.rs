@@ -466,7 +466,10 @@ mod tests {
         assert_eq!(m[field::PRIORITY], 100);
         assert_eq!(m[field::COUNT], 2);
         assert_eq!(&m[field::INTERVAL], &[0, 100]);
-        assert_eq!(&m[field::ADDRESSES..field::ADDRESSES + 4], &[192, 0, 2, 100]);
+        assert_eq!(
+            &m[field::ADDRESSES..field::ADDRESSES + 4],
+            &[192, 0, 2, 100]
+        );
     }
 
     #[test]
@@ -474,7 +477,10 @@ mod tests {
         let f = VrrpFrame::parse(&golden::VRRP_V4).unwrap();
         assert_eq!(f, v4());
         let addrs: Vec<IpAddr> = f.packet.vrrp.addresses.iter().collect();
-        assert_eq!(addrs, vec![IpAddr::V4(V4_ADDRS[0]), IpAddr::V4(V4_ADDRS[1])]);
+        assert_eq!(
+            addrs,
+            vec![IpAddr::V4(V4_ADDRS[0]), IpAddr::V4(V4_ADDRS[1])]
+        );
     }
 
     #[test]
@@ -597,7 +603,10 @@ mod tests {
     #[test]
     fn wire_and_value_address_lists_compare_by_content() {
         let wire = [192, 0, 2, 100, 192, 0, 2, 101];
-        assert_eq!(VrrpAddresses::Ipv4Wire(&wire), VrrpAddresses::Ipv4(&V4_ADDRS));
+        assert_eq!(
+            VrrpAddresses::Ipv4Wire(&wire),
+            VrrpAddresses::Ipv4(&V4_ADDRS)
+        );
         assert_ne!(
             VrrpAddresses::Ipv4Wire(&wire[..4]),
             VrrpAddresses::Ipv4(&V4_ADDRS)

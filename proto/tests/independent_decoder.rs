@@ -222,7 +222,10 @@ fn cases() -> Vec<Case> {
             "gratuitous arp request",
             ArpRepr::gratuitous_request(A_MAC, A_IP4),
         ),
-        arp_case("gratuitous arp reply", ArpRepr::gratuitous_reply(A_MAC, A_IP4)),
+        arp_case(
+            "gratuitous arp reply",
+            ArpRepr::gratuitous_reply(A_MAC, A_IP4),
+        ),
         ndp_case("multicast solicitation", ns),
         ndp_case("dad solicitation", dad),
         ndp_case("solicited advert", ns.reply_to(A_MAC).unwrap()),
@@ -291,7 +294,9 @@ fn normalize(value: &str) -> String {
 fn tshark_decodes_emitted_frames_with_the_same_fields() {
     if Command::new("tshark").arg("-v").output().is_err() {
         if std::env::var("SWIMLB_SKIP_TSHARK").as_deref() == Ok("1") {
-            eprintln!("tshark not found and SWIMLB_SKIP_TSHARK=1: independent decoder test skipped");
+            eprintln!(
+                "tshark not found and SWIMLB_SKIP_TSHARK=1: independent decoder test skipped"
+            );
             return;
         }
         panic!(
@@ -310,7 +315,14 @@ fn tshark_decodes_emitted_frames_with_the_same_fields() {
     cmd.arg("-r")
         .arg(&path)
         .args(["-o", "ip.check_checksum:TRUE", "-T", "fields"])
-        .args(["-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"]);
+        .args([
+            "-E",
+            "separator=|",
+            "-E",
+            "occurrence=a",
+            "-E",
+            "aggregator=,",
+        ]);
     for f in FIELDS {
         cmd.args(["-e", f]);
     }

@@ -67,7 +67,11 @@ fn ndp_frame() -> impl Strategy<Value = NdpFrame> {
     )
         .prop_map(|(target, peer, [r, s, o], multicast, link)| NdpRepr {
             src_addr: target,
-            dst_addr: if multicast && !s { ndp::ALL_NODES } else { peer },
+            dst_addr: if multicast && !s {
+                ndp::ALL_NODES
+            } else {
+                peer
+            },
             message: NdpMessage::NeighborAdvert {
                 flags: NeighborFlags {
                     router: r,
