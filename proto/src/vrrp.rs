@@ -594,6 +594,15 @@ mod tests {
     }
 
     #[test]
+    fn more_than_255_addresses_are_refused_on_emit() {
+        let many = [Ipv4Addr::new(192, 0, 2, 1); 256];
+        let mut f = v4();
+        f.packet.vrrp.addresses = VrrpAddresses::Ipv4(&many);
+        let mut buf = vec![0u8; f.frame_len()];
+        assert!(matches!(f.emit(&mut buf), Err(Error::OutOfRange(_))));
+    }
+
+    #[test]
     fn frame_of_another_ethertype_is_not_vrrp() {
         assert_eq!(
             VrrpFrame::parse(&golden::ARP_REQUEST),
