@@ -47,6 +47,9 @@ pub enum Error {
     /// ARP opcode is neither request (1) nor reply (2).
     #[error("arp opcode {0} is neither request nor reply")]
     ArpOperation(u16),
+    /// A frame parsed as one protocol carries another EtherType.
+    #[error("unexpected ethertype {0:#06x}")]
+    UnexpectedEtherType(u16),
     /// An IPv4 or IPv6 header is malformed: wrong version, header length, or total length.
     #[error("malformed ip header: {0}")]
     MalformedIpHeader(&'static str),
@@ -120,6 +123,7 @@ impl Error {
             Error::ArpHardwareLength(_) => "arp_hardware_length",
             Error::ArpProtocolLength(_) => "arp_protocol_length",
             Error::ArpOperation(_) => "arp_operation",
+            Error::UnexpectedEtherType(_) => "unexpected_ethertype",
             Error::MalformedIpHeader(_) => "malformed_ip_header",
             Error::Fragmented => "fragmented",
             Error::BadIpv4HeaderChecksum => "bad_ipv4_header_checksum",
@@ -143,3 +147,56 @@ impl Error {
 
 /// The result type of `swimlb-proto`.
 pub type Result<T> = core::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_distinct_snake_case() {
+        let all = [
+            Error::Truncated,
+            Error::BufferTooSmall,
+            Error::TooLarge,
+            Error::WrongMagic,
+            Error::UnsupportedVersion(0),
+            Error::UnknownKey([0; 4]),
+            Error::AuthenticationFailed,
+            Error::InvalidKeyRing(""),
+            Error::ArpHardwareType(0),
+            Error::ArpProtocolType(0),
+            Error::ArpHardwareLength(0),
+            Error::ArpProtocolLength(0),
+            Error::ArpOperation(0),
+            Error::UnexpectedEtherType(0),
+            Error::MalformedIpHeader(""),
+            Error::Fragmented,
+            Error::BadIpv4HeaderChecksum,
+            Error::HopLimit(0),
+            Error::IpProtocol(0),
+            Error::BadChecksum,
+            Error::Icmpv6Type(0),
+            Error::Icmpv6Code(0),
+            Error::NdpMulticastTarget,
+            Error::NdpZeroLengthOption,
+            Error::NdpUnspecifiedSourceWithLinkAddr,
+            Error::NdpDadNotSolicitedNode,
+            Error::NdpSolicitedToMulticast,
+            Error::VrrpVersion(0),
+            Error::VrrpType(0),
+            Error::VrrpAddressCount(0),
+            Error::OutOfRange(""),
+        ];
+        let mut labels: Vec<&str> = all.iter().map(Error::as_str).collect();
+        for l in &labels {
+            assert!(
+                l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "{l}"
+            );
+        }
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), all.len());
+    }
+}

@@ -4,7 +4,7 @@
 //! A frame none of those modules owns (another EtherType, an IPv4 packet that is not VRRP, an
 //! IPv6 packet that is neither VRRP nor an NS / NA) is [`Frame::Other`], not an error: it is
 //! ordinary traffic for the caller to count and ignore. A frame that claims to be one of ours and
-//! breaks a rule is an [`Error`]. Parsing never panics and never allocates (the VRRP address list
+//! breaks a rule is an [`Error`](crate::Error). Parsing never panics and never allocates (the VRRP address list
 //! borrows the frame).
 
 use crate::Result;
@@ -38,6 +38,21 @@ pub enum Frame<'a> {
 impl<'a> Frame<'a> {
     /// Reads `frame`. Errors are those of [`ArpRepr::parse`], [`NdpRepr::parse`] and
     /// [`VrrpPacket`]'s parsers, plus [`crate::Error::Truncated`] for fewer than 14 bytes.
+    ///
+    /// ```
+    /// use swimlb_proto::arp::{self, ArpRepr};
+    /// use swimlb_proto::ethernet::MacAddr;
+    /// use swimlb_proto::Frame;
+    ///
+    /// let mac = MacAddr(2, 0, 0, 0, 0, 1);
+    /// let garp = ArpRepr::gratuitous_request(mac, "192.0.2.10".parse().unwrap());
+    /// let mut buf = [0u8; arp::FRAME_LEN];
+    /// garp.emit_frame(&mut buf).unwrap();
+    /// match Frame::parse(&buf) {
+    ///     Ok(Frame::Arp { arp, .. }) => assert!(arp.is_gratuitous()),
+    ///     other => panic!("unexpected {other:?}"),
+    /// }
+    /// ```
     pub fn parse(frame: &'a [u8]) -> Result<Frame<'a>> {
         let (ethernet, payload) = EthernetRepr::parse(frame)?;
         match ethernet.ethertype {

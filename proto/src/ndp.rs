@@ -343,11 +343,11 @@ pub struct NdpFrame {
 
 impl NdpFrame {
     /// Reads an Ethernet frame carrying an NS or NA; see [`NdpRepr::parse`]. An EtherType other
-    /// than IPv6 is [`Error::MalformedIpHeader`].
+    /// than IPv6 is [`Error::UnexpectedEtherType`].
     pub fn parse(frame: &[u8]) -> Result<NdpFrame> {
         let (ethernet, payload) = EthernetRepr::parse(frame)?;
         if ethernet.ethertype != EtherType::Ipv6 {
-            return Err(Error::MalformedIpHeader("ethertype is not ipv6"));
+            return Err(Error::UnexpectedEtherType(ethernet.ethertype.into()));
         }
         Ok(NdpFrame {
             ethernet,
@@ -719,6 +719,14 @@ mod tests {
         let mut p = ipv6(&golden::NS_MULTICAST).to_vec();
         p[6] = 17;
         assert_eq!(NdpRepr::parse(&p), Err(Error::IpProtocol(17)));
+    }
+
+    #[test]
+    fn frame_of_another_ethertype_is_not_ndp() {
+        assert_eq!(
+            NdpFrame::parse(&golden::ARP_REQUEST),
+            Err(Error::UnexpectedEtherType(0x0806))
+        );
     }
 
     #[test]

@@ -383,13 +383,13 @@ impl<'a> VrrpFrame<'a> {
     }
 
     /// Reads an Ethernet frame carrying VRRP over IPv4 or IPv6; any other EtherType is
-    /// [`Error::MalformedIpHeader`].
+    /// [`Error::UnexpectedEtherType`].
     pub fn parse(frame: &'a [u8]) -> Result<VrrpFrame<'a>> {
         let (ethernet, payload) = EthernetRepr::parse(frame)?;
         let packet = match ethernet.ethertype {
             EtherType::Ipv4 => VrrpPacket::parse_ipv4(payload)?,
             EtherType::Ipv6 => VrrpPacket::parse_ipv6(payload)?,
-            _ => return Err(Error::MalformedIpHeader("ethertype is not ip")),
+            other => return Err(Error::UnexpectedEtherType(other.into())),
         };
         Ok(VrrpFrame { ethernet, packet })
     }
@@ -591,6 +591,23 @@ mod tests {
         f.packet.vrrp.addresses = VrrpAddresses::Ipv6(&V6_ADDRS);
         let mut buf = vec![0u8; 200];
         assert!(matches!(f.emit(&mut buf), Err(Error::OutOfRange(_))));
+    }
+
+    #[test]
+    fn more_than_255_addresses_are_refused_on_emit() {
+        let many = [Ipv4Addr::new(192, 0, 2, 1); 256];
+        let mut f = v4();
+        f.packet.vrrp.addresses = VrrpAddresses::Ipv4(&many);
+        let mut buf = vec![0u8; f.frame_len()];
+        assert!(matches!(f.emit(&mut buf), Err(Error::OutOfRange(_))));
+    }
+
+    #[test]
+    fn frame_of_another_ethertype_is_not_vrrp() {
+        assert_eq!(
+            VrrpFrame::parse(&golden::ARP_REQUEST),
+            Err(Error::UnexpectedEtherType(0x0806))
+        );
     }
 
     #[test]
