@@ -145,7 +145,11 @@ impl Announcer {
     /// Sets the IPs this node should own. Returns, in order: `StopAnswering` for every IP no
     /// longer desired (or moving to another interface), then `StartAnswering` for every new one,
     /// then the announcements due at `now` (a new IP's first burst starts at `now`).
-    pub fn set_desired(&mut self, now: Instant, desired: &BTreeMap<IpAddr, Interface>) -> Vec<Effect> {
+    pub fn set_desired(
+        &mut self,
+        now: Instant,
+        desired: &BTreeMap<IpAddr, Interface>,
+    ) -> Vec<Effect> {
         let mut effects = Vec::new();
         self.answering.retain(|ip, state| match desired.get(ip) {
             Some(iface) if *iface == state.iface => true,
@@ -432,10 +436,7 @@ mod tests {
         };
         let mut announcer = Announcer::new(schedule);
         let a = "2001:db8::1";
-        assert_eq!(
-            announcer.set_desired(t0, &desired(&[(a, eth0())])).len(),
-            6
-        );
+        assert_eq!(announcer.set_desired(t0, &desired(&[(a, eth0())])).len(), 6);
         for round in 1..=3u64 {
             assert_eq!(announcer.next_deadline(), Some(t0 + ms(60_000 * round)));
             assert_eq!(announcer.tick(t0 + ms(60_000 * round)), announces(a, 2));
@@ -470,7 +471,10 @@ mod tests {
             announcer.conflict(t0 + ms(1000), ip("192.0.2.2")),
             announces("192.0.2.2", 5)
         );
-        assert_eq!(announcer.conflict(t0 + ms(1000), ip("198.51.100.9")), vec![]);
+        assert_eq!(
+            announcer.conflict(t0 + ms(1000), ip("198.51.100.9")),
+            vec![]
+        );
         // The takeover's second burst is still due (for .1 at 5 s; .2's moved after its extra one).
         assert_eq!(announcer.tick(t0 + ms(5000)), announces("192.0.2.1", 5));
         assert_eq!(announcer.tick(t0 + ms(6000)), announces("192.0.2.2", 5));

@@ -164,16 +164,19 @@ pub struct Rank {
     /// Effective priority for the IP.
     pub priority: u8,
     /// `sha256(node + "#" + ip)`.
-    pub hash: [u8; 32],
+    pub hash: OrderHash,
     /// The member.
     pub node: NodeName,
 }
 
 impl Ord for Rank {
     fn cmp(&self, other: &Rank) -> Ordering {
-        tier_cmp((self.settled, self.priority), (other.settled, other.priority))
-            .then_with(|| self.hash.cmp(&other.hash))
-            .then_with(|| self.node.cmp(&other.node))
+        tier_cmp(
+            (self.settled, self.priority),
+            (other.settled, other.priority),
+        )
+        .then_with(|| self.hash.cmp(&other.hash))
+        .then_with(|| self.node.cmp(&other.node))
     }
 }
 
@@ -288,7 +291,7 @@ pub fn standing(meta: &MemberMeta, served: &ServedIp) -> Result<u8, Exclusion> {
 /// IPv4, i.e. almost always) fit one padded block and go straight to the compression function,
 /// skipping the streaming hasher's buffering; longer ones take the streaming path. Both give
 /// the standard SHA-256 (a test compares them).
-pub fn order_hash(node: &str, ip_text: &str) -> [u8; 32] {
+pub fn order_hash(node: &str, ip_text: &str) -> OrderHash {
     let len = node.len() + 1 + ip_text.len();
     if len > ONE_BLOCK_MESSAGE {
         return order_hash_streaming(node, ip_text);
@@ -303,13 +306,36 @@ pub fn order_hash(node: &str, ip_text: &str) -> [u8; 32] {
     let mut state = SHA256_INITIAL_STATE;
     sha2::compress256(
         &mut state,
-        std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(&block)),
+        std::slice::from_ref(sha2::digest::generic_array::GenericArray::from_slice(
+            &block,
+        )),
     );
-    let mut hash = [0u8; 32];
-    for (out, word) in hash.chunks_exact_mut(4).zip(state) {
-        out.copy_from_slice(&word.to_be_bytes());
+    OrderHash(state)
+}
+
+/// A SHA-256 value as its eight big-endian 32-bit words, the form the compression function
+/// leaves it in. Words compare in the same order as the 32 bytes they spell, so the byte order
+/// MetalLB sorts by is kept without converting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OrderHash(pub [u32; 8]);
+
+impl OrderHash {
+    /// The 32 bytes of the hash.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut bytes = [0u8; 32];
+        for (out, word) in bytes.chunks_exact_mut(4).zip(self.0) {
+            out.copy_from_slice(&word.to_be_bytes());
+        }
+        bytes
     }
-    hash
+
+    fn from_bytes(bytes: [u8; 32]) -> OrderHash {
+        let mut words = [0u32; 8];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+            *word = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        }
+        OrderHash(words)
+    }
 }
 
 /// The longest message that fits one SHA-256 block with its padding (64 - 1 - 8).
@@ -328,12 +354,12 @@ const SHA256_INITIAL_STATE: [u32; 8] = [
 ];
 
 /// [`order_hash`] through the streaming hasher (any length).
-fn order_hash_streaming(node: &str, ip_text: &str) -> [u8; 32] {
+fn order_hash_streaming(node: &str, ip_text: &str) -> OrderHash {
     let mut hasher = Sha256::new();
     hasher.update(node.as_bytes());
     hasher.update(b"#");
     hasher.update(ip_text.as_bytes());
-    hasher.finalize().into()
+    OrderHash::from_bytes(hasher.finalize().into())
 }
 
 /// The IP as hashed: Rust's `Display`, the same text as Go's `net.IP.String()` (module docs).
@@ -346,7 +372,7 @@ fn ip_text(ip: &IpAddr, buffer: &mut String) {
 /// Running best while scanning candidates; the hash is computed only for candidates whose
 /// `(settled, priority)` is at least the best's.
 struct BestSoFar<'a> {
-    best: Option<(bool, u8, [u8; 32], &'a str)>,
+    best: Option<(bool, u8, OrderHash, &'a str)>,
 }
 
 impl<'a> BestSoFar<'a> {
@@ -364,10 +390,12 @@ impl<'a> BestSoFar<'a> {
                     Ordering::Less => order_hash(&meta.node, ip_text),
                     Ordering::Equal => {
                         let hash = order_hash(&meta.node, ip_text);
-                        if (hash, meta.node.as_str()) >= (*best_hash, *best_node) {
-                            return;
+                        match hash.cmp(best_hash) {
+                            Ordering::Less => hash,
+                            Ordering::Greater => return,
+                            Ordering::Equal if meta.node.as_str() < *best_node => hash,
+                            Ordering::Equal => return,
                         }
-                        hash
                     }
                 }
             }
@@ -503,8 +531,10 @@ fn elect_entries(entries: &[(&IpAddr, &ServedIp)], live: &LiveSet) -> Vec<(IpAdd
                 });
                 ip_text(ip, &mut text);
                 let mut best = BestSoFar::new();
+                let unfiltered =
+                    served.nodes == NodeFilter::All && served.ready_endpoints.is_none();
                 for (meta, priority) in table.iter() {
-                    if ip_filters(&meta.node, served).is_ok() {
+                    if unfiltered || ip_filters(&meta.node, served).is_ok() {
                         best.offer(meta, *priority, &text);
                     }
                 }
@@ -701,7 +731,10 @@ impl Election {
                 .get(&ip)
                 .and_then(Outcome::owner)
                 .map(str::to_string);
-            let to = outcome.as_ref().and_then(Outcome::owner).map(str::to_string);
+            let to = outcome
+                .as_ref()
+                .and_then(Outcome::owner)
+                .map(str::to_string);
             match outcome {
                 Some(outcome) => self.outcomes.insert(ip, outcome),
                 None => self.outcomes.remove(&ip),
@@ -787,15 +820,21 @@ mod tests {
     fn order_hash_is_sha256_of_node_hash_sign_ip() {
         // Reference value: printf 'node-a#192.0.2.1' | sha256sum
         let hash = order_hash("node-a", "192.0.2.1");
-        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = hash.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, REFERENCE_NODE_A_192_0_2_1);
     }
 
     #[test]
     fn the_one_block_hash_equals_the_streaming_hash_at_every_length() {
         for node_len in 0..70 {
-            let node: String = (0..node_len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
-            for ip_text in ["192.0.2.1", "2001:db8::1", "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"] {
+            let node: String = (0..node_len)
+                .map(|i| (b'a' + (i % 26) as u8) as char)
+                .collect();
+            for ip_text in [
+                "192.0.2.1",
+                "2001:db8::1",
+                "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff",
+            ] {
                 assert_eq!(
                     order_hash(&node, ip_text),
                     order_hash_streaming(&node, ip_text),
@@ -836,7 +875,11 @@ mod tests {
         }
         let one = elect_with_threads(&snapshot, &set, 1);
         for threads in [0, 2, 3, 7, 64] {
-            assert_eq!(elect_with_threads(&snapshot, &set, threads), one, "{threads} threads");
+            assert_eq!(
+                elect_with_threads(&snapshot, &set, threads),
+                one,
+                "{threads} threads"
+            );
         }
         assert_eq!(one.len(), 50);
     }
@@ -856,7 +899,8 @@ mod tests {
     #[test]
     fn effective_priority_follows_keepalived_weights() {
         // (base, checks, expected)
-        let cases: &[(u8, &[(bool, i32)], Result<u8, Exclusion>)] = &[
+        type Case = (u8, &'static [(bool, i32)], Result<u8, Exclusion>);
+        let cases: &[Case] = &[
             (100, &[], Ok(100)),
             (100, &[(true, 20)], Ok(120)),
             (100, &[(false, 20)], Ok(100)),

@@ -279,9 +279,12 @@ mod tests {
     #[test]
     fn diff_lists_added_removed_and_changed_ips_in_order() {
         let mut old = Snapshot::new();
-        old.insert(ip("192.0.2.1"), ServedIp::service("ns/a")).unwrap();
-        old.insert(ip("192.0.2.2"), ServedIp::service("ns/b")).unwrap();
-        old.insert(ip("192.0.2.3"), ServedIp::service("ns/c")).unwrap();
+        old.insert(ip("192.0.2.1"), ServedIp::service("ns/a"))
+            .unwrap();
+        old.insert(ip("192.0.2.2"), ServedIp::service("ns/b"))
+            .unwrap();
+        old.insert(ip("192.0.2.3"), ServedIp::service("ns/c"))
+            .unwrap();
         let mut new = old.clone();
         new.remove(&ip("192.0.2.1"));
         let mut local = ServedIp::service("ns/b");
