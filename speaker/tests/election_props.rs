@@ -84,8 +84,9 @@ fn served() -> impl Strategy<Value = ServedIp> {
         prop::option::weighted(0.3, node_set()),
         prop::option::weighted(0.3, node_set()),
         prop::bool::ANY,
+        prop::option::weighted(0.2, (0..200u16).prop_map(ip)),
     )
-        .prop_map(|(group, only, ready, named)| {
+        .prop_map(|(group, only, ready, named, order_ip)| {
             let interface = if named {
                 Interface::Named("eth0".into())
             } else {
@@ -99,6 +100,7 @@ fn served() -> impl Strategy<Value = ServedIp> {
                 served.nodes = NodeFilter::Only(set);
             }
             served.ready_endpoints = ready;
+            served.order_ip = order_ip;
             served
         })
 }
