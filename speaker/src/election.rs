@@ -676,27 +676,30 @@ impl Election {
                 let Some((settled, priority)) = tier else {
                     continue;
                 };
-                match &*outcome {
+                let hash = |text: &mut String| {
+                    ip_text(served.order_ip.as_ref().unwrap_or(ip), text);
+                    order_hash(node, text)
+                };
+                let hash = match &*outcome {
                     Outcome::Owned(held) => {
                         match tier_cmp((settled, priority), (held.settled, held.priority)) {
                             Ordering::Greater => continue,
-                            Ordering::Less => {}
+                            Ordering::Less => hash(&mut text),
                             Ordering::Equal => {
-                                ip_text(served.order_ip.as_ref().unwrap_or(ip), &mut text);
-                                let hash = order_hash(node, &text);
+                                let hash = hash(&mut text);
                                 if (hash, node) >= (held.hash, held.node.as_str()) {
                                     continue;
                                 }
+                                hash
                             }
                         }
                     }
-                    Outcome::NoCandidates | Outcome::NoReadyEndpoints => {}
-                }
-                ip_text(served.order_ip.as_ref().unwrap_or(ip), &mut text);
+                    Outcome::NoCandidates | Outcome::NoReadyEndpoints => hash(&mut text),
+                };
                 Outcome::Owned(Rank {
                     settled,
                     priority,
-                    hash: order_hash(node, &text),
+                    hash,
                     node: node.to_string(),
                 })
             };
