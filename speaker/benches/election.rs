@@ -38,7 +38,7 @@ fn live_set() -> LiveSet {
 fn snapshot() -> Snapshot {
     let mut snapshot = Snapshot::new();
     for n in 0..IPS {
-        let ip = if n % 2 == 0 {
+        let ip = if n.is_multiple_of(2) {
             let v = n / 2;
             IpAddr::V4(Ipv4Addr::new(198, 18, (v >> 8) as u8, (v & 0xff) as u8))
         } else {
@@ -49,6 +49,11 @@ fn snapshot() -> Snapshot {
             .expect("distinct IPs");
     }
     snapshot
+}
+
+/// The first IP of [`snapshot`].
+fn election_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(198, 18, 0, 0))
 }
 
 fn vm_rss_kib() -> Option<u64> {
@@ -82,6 +87,40 @@ fn report_cpu_time() {
                 ns as f64 / 1e6
             )),
             outcomes.len()
+        );
+    }
+    // schedstat advances at scheduler ticks, so time 100 rounds of clone + apply and subtract
+    // 100 clones.
+    let election = Election::new(node(0), snapshot, &live);
+    let victim = election
+        .owner(&election_ip())
+        .unwrap_or_default()
+        .to_string();
+    let mut without = live.clone();
+    without.remove(&victim);
+    let cpu = thread_cpu_ns();
+    for _ in 0..100 {
+        black_box(election.clone());
+    }
+    let clones = thread_cpu_ns()
+        .zip(cpu)
+        .map(|(after, before)| after - before);
+    let mut moved = 0;
+    let cpu = thread_cpu_ns();
+    for _ in 0..100 {
+        let mut copy = election.clone();
+        moved = copy
+            .apply_live(&without, &LiveChange::Down(victim.clone()))
+            .len();
+        black_box(copy);
+    }
+    let both = thread_cpu_ns()
+        .zip(cpu)
+        .map(|(after, before)| after - before);
+    if let (Some(clones), Some(both)) = (clones, both) {
+        println!(
+            "incremental after {victim} dies: on-CPU {:.2} ms per change, {moved} IPs moved",
+            both.saturating_sub(clones) as f64 / 1e8
         );
     }
     let names: Vec<String> = (0..MEMBERS).map(node).collect();

@@ -72,6 +72,10 @@ pub struct ServedIp {
     /// `externalTrafficPolicy: Local`: the nodes with a ready endpoint. `None` for `Cluster`
     /// policy and for standalone groups.
     pub ready_endpoints: Option<NodeSet>,
+    /// The IP whose text goes into the election's order hash; `None`: this IP. MetalLB hashes
+    /// a Service's first ingress IP for all of its IPs; set this to that IP to place a
+    /// dual-stack Service exactly as MetalLB does.
+    pub order_ip: Option<IpAddr>,
 }
 
 impl ServedIp {
@@ -83,6 +87,7 @@ impl ServedIp {
             interface: Interface::Default,
             nodes: NodeFilter::All,
             ready_endpoints: None,
+            order_ip: None,
         }
     }
 
@@ -95,6 +100,7 @@ impl ServedIp {
             interface,
             nodes: NodeFilter::All,
             ready_endpoints: None,
+            order_ip: None,
         }
     }
 
@@ -118,6 +124,7 @@ impl ServedIp {
             && self.belongs_to == other.belongs_to
             && self.group == other.group
             && self.interface == other.interface
+            && self.order_ip == other.order_ip
     }
 }
 
