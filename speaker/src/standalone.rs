@@ -172,9 +172,14 @@ pub fn snapshot(config: &Standalone) -> Snapshot {
             Some(name) => Interface::Named(name.clone()),
             None => Interface::Default,
         };
+        // A group moves as one: every address is ranked by the group's first address, so all
+        // of them elect the same owner (keepalived's VRRP instance, MetalLB's first ingress IP).
+        let order_ip = group.addresses.first().copied();
         for ip in &group.addresses {
+            let mut served = ServedIp::group(group.name.clone(), iface.clone());
+            served.order_ip = order_ip;
             // Duplicates across groups are rejected by the configuration's validation.
-            let _ = snapshot.insert(*ip, ServedIp::group(group.name.clone(), iface.clone()));
+            let _ = snapshot.insert(*ip, served);
         }
     }
     snapshot
@@ -874,6 +879,32 @@ mod tests {
             s.get(&"192.0.2.101".parse().unwrap()).unwrap().interface,
             Interface::Default
         );
+    }
+
+    #[test]
+    fn every_address_of_a_group_elects_the_same_owner() {
+        use crate::membership::{GroupHealth, LiveSet, MemberMeta};
+        let config = config("");
+        let mut live = LiveSet::new();
+        for n in ["n1", "n2", "n3", "n4", "n5"] {
+            let mut m = MemberMeta::new(n);
+            m.settled = true;
+            for g in ["api", "web"] {
+                m.groups.insert(
+                    g.into(),
+                    GroupHealth {
+                        priority: 100,
+                        checks: vec![],
+                    },
+                );
+            }
+            live.upsert(m);
+        }
+        let election = Election::new("n1", snapshot(&config), &live);
+        let a = election.owner(&"192.0.2.100".parse().unwrap());
+        let b = election.owner(&"2001:db8::100".parse().unwrap());
+        assert!(a.is_some());
+        assert_eq!(a, b);
     }
 
     #[test]
