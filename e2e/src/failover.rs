@@ -223,6 +223,15 @@ impl SwimlbDaemons {
         )
     }
 
+    /// The process id of node `index`'s speaker, while it runs.
+    pub fn pid(&self, lab: &mut Lab, index: usize) -> Option<u32> {
+        self.children
+            .get(index)
+            .copied()
+            .flatten()
+            .map(|c| lab.child(c).id())
+    }
+
     /// Where node `index`'s log goes.
     pub fn log_path(&self, lab: &Lab, index: usize) -> PathBuf {
         self.dir.join(format!("{}.log", lab.node(index).name))

@@ -7,6 +7,7 @@
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
+//! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
 pub mod demo;
 pub mod failover;
@@ -14,3 +15,4 @@ pub mod keepalived;
 pub mod netns;
 pub mod probe;
 pub mod sim;
+pub mod soak;
