@@ -6,9 +6,11 @@
 //! speed; every wait is bounded (`WAIT`) so a broken server fails the test instead of hanging it.
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -28,8 +30,13 @@ async fn bounded<F: std::future::Future>(what: &str, f: F) -> F::Output {
 }
 
 async fn start(config: FakeApiConfig) -> (FakeApi, Client) {
-    let api = FakeApi::start_with(config).await.expect("fake API server starts");
-    let client = api.client().await.expect("client from the generated kubeconfig");
+    let api = FakeApi::start_with(config)
+        .await
+        .expect("fake API server starts");
+    let client = api
+        .client()
+        .await
+        .expect("client from the generated kubeconfig");
     (api, client)
 }
 
@@ -58,11 +65,20 @@ fn api_error(err: kube::Error) -> (u16, String) {
 }
 
 fn pool_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("swimlb.io", "v1beta1", "IPAddressPool"), "ipaddresspools")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("swimlb.io", "v1beta1", "IPAddressPool"),
+        "ipaddresspools",
+    )
 }
 
 /// Sends a raw request (for content types kube's typed API does not produce).
-async fn raw(client: &Client, method: &str, path: &str, content_type: &str, body: Value) -> Result<Value, kube::Error> {
+async fn raw(
+    client: &Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Value,
+) -> Result<Value, kube::Error> {
     let req = hyper::Request::builder()
         .method(method)
         .uri(path)
@@ -76,43 +92,80 @@ async fn raw(client: &Client, method: &str, path: &str, content_type: &str, body
 async fn create_get_list_work_and_a_replace_with_a_stale_resource_version_is_a_conflict() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let created = services.create(&PostParams::default(), &service("web", json!({"app": "web"}))).await.unwrap();
+    let created = services
+        .create(
+            &PostParams::default(),
+            &service("web", json!({"app": "web"})),
+        )
+        .await
+        .unwrap();
     assert!(created.uid().is_some());
     assert_eq!(created.metadata.generation, Some(1));
     let spec = created.spec.clone().unwrap();
     assert_eq!(spec.cluster_ip.as_deref(), Some("192.0.2.1"));
-    assert!(spec.ports.unwrap()[0].node_port.is_some_and(|p| (30000..=32767).contains(&p)));
+    assert!(
+        spec.ports.unwrap()[0]
+            .node_port
+            .is_some_and(|p| (30000..=32767).contains(&p))
+    );
 
     let fetched = services.get("web").await.unwrap();
     assert_eq!(fetched.resource_version(), created.resource_version());
     let all: Api<Service> = Api::all(client.clone());
-    assert_eq!(all.list(&ListParams::default()).await.unwrap().items.len(), 1);
+    assert_eq!(
+        all.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
 
     let mut first = fetched.clone();
     first.labels_mut().insert("tier".into(), "front".into());
-    let updated = services.replace("web", &PostParams::default(), &first).await.unwrap();
+    let updated = services
+        .replace("web", &PostParams::default(), &first)
+        .await
+        .unwrap();
     assert_ne!(updated.resource_version(), fetched.resource_version());
-    assert_eq!(updated.metadata.generation, Some(1), "a label change is not a spec change");
+    assert_eq!(
+        updated.metadata.generation,
+        Some(1),
+        "a label change is not a spec change"
+    );
 
     let mut stale = fetched.clone();
     stale.labels_mut().insert("tier".into(), "back".into());
-    let err = services.replace("web", &PostParams::default(), &stale).await.unwrap_err();
+    let err = services
+        .replace("web", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
     assert_eq!(api_error(err), (409, "Conflict".into()));
 
-    let again = services.create(&PostParams::default(), &service("web", json!({}))).await.unwrap_err();
+    let again = services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap_err();
     assert_eq!(api_error(again), (409, "AlreadyExists".into()));
     let missing = services.get("nope").await.unwrap_err();
     assert_eq!(api_error(missing), (404, "NotFound".into()));
 }
 
 #[tokio::test]
-async fn merge_json_and_strategic_patches_change_what_they_say_and_bump_generation_on_spec_changes() {
+async fn merge_json_and_strategic_patches_change_what_they_say_and_bump_generation_on_spec_changes()
+{
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services.create(&PostParams::default(), &service("web", json!({"app": "web"}))).await.unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &service("web", json!({"app": "web"})),
+        )
+        .await
+        .unwrap();
 
     let merged = services
-        .patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": null, "team": "net"}}})))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": null, "team": "net"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(merged.labels().get("team").map(String::as_str), Some("net"));
@@ -120,34 +173,68 @@ async fn merge_json_and_strategic_patches_change_what_they_say_and_bump_generati
     assert_eq!(merged.metadata.generation, Some(1));
 
     let path = "/api/v1/namespaces/default/services/web";
-    let patched = raw(&client, "PATCH", path, "application/json-patch+json", json!([
-        {"op": "test", "path": "/metadata/labels/team", "value": "net"},
-        {"op": "add", "path": "/spec/ports/-", "value": {"name": "https", "port": 443}},
-    ]))
+    let patched = raw(
+        &client,
+        "PATCH",
+        path,
+        "application/json-patch+json",
+        json!([
+            {"op": "test", "path": "/metadata/labels/team", "value": "net"},
+            {"op": "add", "path": "/spec/ports/-", "value": {"name": "https", "port": 443}},
+        ]),
+    )
     .await
     .unwrap();
     assert_eq!(patched["spec"]["ports"].as_array().map(Vec::len), Some(2));
     assert_eq!(patched["metadata"]["generation"], 2);
 
-    let failed = raw(&client, "PATCH", path, "application/json-patch+json", json!([{"op": "test", "path": "/metadata/labels/team", "value": "other"}])).await;
+    let failed = raw(
+        &client,
+        "PATCH",
+        path,
+        "application/json-patch+json",
+        json!([{"op": "test", "path": "/metadata/labels/team", "value": "other"}]),
+    )
+    .await;
     assert_eq!(api_error(failed.unwrap_err()).0, 422);
 
     let strategic = services
-        .patch("web", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"ports": [{"port": 443, "name": "tls"}]}})))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ports": [{"port": 443, "name": "tls"}]}})),
+        )
         .await
         .unwrap();
-    let names: Vec<String> = strategic.spec.unwrap().ports.unwrap().into_iter().filter_map(|p| p.name).collect();
-    assert_eq!(names, vec!["http".to_string(), "tls".to_string()], "ports merge by port");
+    let names: Vec<String> = strategic
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .filter_map(|p| p.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["http".to_string(), "tls".to_string()],
+        "ports merge by port"
+    );
 
     let unsupported = raw(&client, "PATCH", path, "application/x-yaml", json!({})).await;
-    assert_eq!(api_error(unsupported.unwrap_err()), (415, "UnsupportedMediaType".into()));
+    assert_eq!(
+        api_error(unsupported.unwrap_err()),
+        (415, "UnsupportedMediaType".into())
+    );
     let malformed = hyper::Request::builder()
         .method("PATCH")
         .uri(path)
         .header("content-type", "application/merge-patch+json")
         .body(b"{not json".to_vec())
         .unwrap();
-    assert_eq!(api_error(client.request::<Value>(malformed).await.unwrap_err()), (400, "BadRequest".into()));
+    assert_eq!(
+        api_error(client.request::<Value>(malformed).await.unwrap_err()),
+        (400, "BadRequest".into())
+    );
 }
 
 #[tokio::test]
@@ -161,27 +248,86 @@ async fn apply_creates_records_owners_conflicts_between_managers_and_force_takes
         }
         v
     };
-    let created = leases.patch("leader", &PatchParams::apply("alpha"), &Patch::Apply(doc("a", json!({"leaseDurationSeconds": 15})))).await.unwrap();
-    assert_eq!(created.spec.as_ref().unwrap().holder_identity.as_deref(), Some("a"));
-    let managers: Vec<String> = created.metadata.managed_fields.clone().unwrap().into_iter().filter_map(|m| m.manager).collect();
+    let created = leases
+        .patch(
+            "leader",
+            &PatchParams::apply("alpha"),
+            &Patch::Apply(doc("a", json!({"leaseDurationSeconds": 15}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("a")
+    );
+    let managers: Vec<String> = created
+        .metadata
+        .managed_fields
+        .clone()
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
     assert_eq!(managers, vec!["alpha".to_string()]);
 
-    let conflict = leases.patch("leader", &PatchParams::apply("beta"), &Patch::Apply(doc("b", json!({})))).await.unwrap_err();
+    let conflict = leases
+        .patch(
+            "leader",
+            &PatchParams::apply("beta"),
+            &Patch::Apply(doc("b", json!({}))),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(api_error(conflict), (409, "Conflict".into()));
 
-    let same = leases.patch("leader", &PatchParams::apply("beta"), &Patch::Apply(doc("a", json!({})))).await.unwrap();
-    assert_ne!(same.resource_version(), created.resource_version(), "beta now co-owns the field");
+    let same = leases
+        .patch(
+            "leader",
+            &PatchParams::apply("beta"),
+            &Patch::Apply(doc("a", json!({}))),
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        same.resource_version(),
+        created.resource_version(),
+        "beta now co-owns the field"
+    );
     assert_eq!(same.metadata.managed_fields.map(|m| m.len()), Some(2));
 
-    let forced = leases.patch("leader", &PatchParams::apply("beta").force(), &Patch::Apply(doc("b", json!({})))).await.unwrap();
-    assert_eq!(forced.spec.as_ref().unwrap().holder_identity.as_deref(), Some("b"));
+    let forced = leases
+        .patch(
+            "leader",
+            &PatchParams::apply("beta").force(),
+            &Patch::Apply(doc("b", json!({}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        forced.spec.as_ref().unwrap().holder_identity.as_deref(),
+        Some("b")
+    );
 
     let dropped = leases.patch("leader", &PatchParams::apply("alpha"), &Patch::Apply(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "leader"}}))).await.unwrap();
     let spec = dropped.spec.unwrap();
-    assert_eq!(spec.lease_duration_seconds, None, "a field alpha stopped applying is removed");
-    assert_eq!(spec.holder_identity.as_deref(), Some("b"), "a field beta owns stays");
+    assert_eq!(
+        spec.lease_duration_seconds, None,
+        "a field alpha stopped applying is removed"
+    );
+    assert_eq!(
+        spec.holder_identity.as_deref(),
+        Some("b"),
+        "a field beta owns stays"
+    );
 
-    let no_manager = raw(&client, "PATCH", "/apis/coordination.k8s.io/v1/namespaces/default/leases/leader", "application/apply-patch+yaml", doc("c", json!({}))).await;
+    let no_manager = raw(
+        &client,
+        "PATCH",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases/leader",
+        "application/apply-patch+yaml",
+        doc("c", json!({})),
+    )
+    .await;
     assert_eq!(api_error(no_manager.unwrap_err()).0, 422);
 }
 
@@ -189,22 +335,60 @@ async fn apply_creates_records_owners_conflicts_between_managers_and_force_takes
 async fn the_status_subresource_ignores_spec_and_the_main_resource_ignores_status() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services.create(&PostParams::default(), &service("web", json!({}))).await.unwrap();
+    services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
     let status_patch = json!({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
         "spec": {"type": "NodePort"},
         "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}}
     });
-    let after = services.patch_status("web", &PatchParams::apply("swimlb-controller"), &Patch::Apply(&status_patch)).await.unwrap();
-    assert_eq!(after.spec.as_ref().unwrap().type_.as_deref(), Some("LoadBalancer"));
-    assert_eq!(after.status.as_ref().unwrap().load_balancer.as_ref().unwrap().ingress.as_ref().unwrap()[0].ip.as_deref(), Some("198.51.100.10"));
+    let after = services
+        .patch_status(
+            "web",
+            &PatchParams::apply("swimlb-controller"),
+            &Patch::Apply(&status_patch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        after.spec.as_ref().unwrap().type_.as_deref(),
+        Some("LoadBalancer")
+    );
+    assert_eq!(
+        after
+            .status
+            .as_ref()
+            .unwrap()
+            .load_balancer
+            .as_ref()
+            .unwrap()
+            .ingress
+            .as_ref()
+            .unwrap()[0]
+            .ip
+            .as_deref(),
+        Some("198.51.100.10")
+    );
     assert_eq!(after.metadata.generation, Some(1));
 
     let main = services
         .patch("web", &PatchParams::default(), &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": []}}, "metadata": {"labels": {"x": "y"}}})))
         .await
         .unwrap();
-    assert_eq!(main.status.clone().unwrap().load_balancer.unwrap().ingress.unwrap().len(), 1, "status is unchanged through the main resource");
+    assert_eq!(
+        main.status
+            .clone()
+            .unwrap()
+            .load_balancer
+            .unwrap()
+            .ingress
+            .unwrap()
+            .len(),
+        1,
+        "status is unchanged through the main resource"
+    );
     assert_eq!(main.labels().get("x").map(String::as_str), Some("y"));
 
     let pools = Api::<DynamicObject>::namespaced_with(client.clone(), "default", &pool_resource());
@@ -214,13 +398,21 @@ async fn the_status_subresource_ignores_spec_and_the_main_resource_ignores_statu
     }))
     .unwrap();
     let created = pools.create(&PostParams::default(), &pool).await.unwrap();
-    assert!(created.data.get("status").is_none(), "status is dropped on create of a custom resource");
+    assert!(
+        created.data.get("status").is_none(),
+        "status is dropped on create of a custom resource"
+    );
     let replaced = pools
-        .replace_status("lab", &PostParams::default(), &serde_json::from_value(json!({
-            "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
-            "metadata": {"name": "lab", "resourceVersion": created.resource_version()},
-            "spec": {"addresses": ["203.0.113.0/24"]}, "status": {"assigned": 3}
-        })).unwrap())
+        .replace_status(
+            "lab",
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+                "metadata": {"name": "lab", "resourceVersion": created.resource_version()},
+                "spec": {"addresses": ["203.0.113.0/24"]}, "status": {"assigned": 3}
+            }))
+            .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(replaced.data["spec"]["addresses"][0], "198.51.100.0/24");
@@ -231,15 +423,41 @@ async fn the_status_subresource_ignores_spec_and_the_main_resource_ignores_statu
 async fn a_watcher_sees_added_modified_and_deleted_in_order() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let start_rv = services.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = services.watch(&WatchParams::default().disable_bookmarks(), &start_rv).await.unwrap().boxed();
-    services.create(&PostParams::default(), &service("web", json!({}))).await.unwrap();
-    services.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}}))).await.unwrap();
-    services.delete("web", &DeleteParams::default()).await.unwrap();
+    let start_rv = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = services
+        .watch(&WatchParams::default().disable_bookmarks(), &start_rv)
+        .await
+        .unwrap()
+        .boxed();
+    services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
+    services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let mut last_rv = 0u64;
     while seen.len() < 3 {
-        let event = bounded("watch events", stream.try_next()).await.unwrap().expect("stream open");
+        let event = bounded("watch events", stream.try_next())
+            .await
+            .unwrap()
+            .expect("stream open");
         let (kind, obj) = match event {
             WatchEvent::Added(o) => ("ADDED", o),
             WatchEvent::Modified(o) => ("MODIFIED", o),
@@ -258,21 +476,52 @@ async fn a_watcher_sees_added_modified_and_deleted_in_order() {
 async fn a_reflector_store_converges_to_the_server_state() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services.create(&PostParams::default(), &service("before", json!({}))).await.unwrap();
+    services
+        .create(&PostParams::default(), &service("before", json!({})))
+        .await
+        .unwrap();
     let (reader, writer) = reflector::store::<Service>();
-    let stream = reflector(writer, watcher(services.clone(), watcher::Config::default()));
+    let stream = reflector(
+        writer,
+        watcher(services.clone(), watcher::Config::default()),
+    );
     let task = tokio::spawn(stream.applied_objects().for_each(|_| async {}));
-    bounded("the store to be ready", reader.wait_until_ready()).await.unwrap();
+    bounded("the store to be ready", reader.wait_until_ready())
+        .await
+        .unwrap();
     for name in ["a", "b", "c"] {
-        services.create(&PostParams::default(), &service(name, json!({}))).await.unwrap();
+        services
+            .create(&PostParams::default(), &service(name, json!({})))
+            .await
+            .unwrap();
     }
-    services.delete("b", &DeleteParams::default()).await.unwrap();
-    services.patch("c", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"v": "2"}}}))).await.unwrap();
+    services
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    services
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"v": "2"}}})),
+        )
+        .await
+        .unwrap();
     bounded("convergence", async {
         loop {
-            let mut names: Vec<(String, Option<String>)> = reader.state().iter().map(|s| (s.name_any(), s.labels().get("v").cloned())).collect();
+            let mut names: Vec<(String, Option<String>)> = reader
+                .state()
+                .iter()
+                .map(|s| (s.name_any(), s.labels().get("v").cloned()))
+                .collect();
             names.sort();
-            if names == [("a".into(), None), ("before".into(), None), ("c".into(), Some("2".into()))] {
+            if names
+                == [
+                    ("a".into(), None),
+                    ("before".into(), None),
+                    ("c".into(), Some("2".into())),
+                ]
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -290,16 +539,44 @@ async fn a_watch_from_a_too_old_resource_version_gets_410_and_the_kube_watcher_r
     };
     let (_server, client) = start(config).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap()).await.unwrap();
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap(),
+        )
+        .await
+        .unwrap();
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     let others: Api<Service> = Api::namespaced(client.clone(), "other");
-    services.create(&PostParams::default(), &service("web", json!({}))).await.unwrap();
-    let old_rv = services.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
+    let old_rv = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     for i in 0..6 {
-        others.create(&PostParams::default(), &service(&format!("s{i}"), json!({}))).await.unwrap();
+        others
+            .create(
+                &PostParams::default(),
+                &service(&format!("s{i}"), json!({})),
+            )
+            .await
+            .unwrap();
     }
-    let mut raw_watch = services.watch(&WatchParams::default(), &old_rv).await.unwrap().boxed();
-    match bounded("the expiry event", raw_watch.try_next()).await.unwrap() {
+    let mut raw_watch = services
+        .watch(&WatchParams::default(), &old_rv)
+        .await
+        .unwrap()
+        .boxed();
+    match bounded("the expiry event", raw_watch.try_next())
+        .await
+        .unwrap()
+    {
         Some(WatchEvent::Error(status)) => {
             assert_eq!(status.code, 410);
             assert_eq!(status.reason, "Expired");
@@ -309,21 +586,37 @@ async fn a_watch_from_a_too_old_resource_version_gets_410_and_the_kube_watcher_r
 
     // The kube watcher: its watch ends after 1 s; meanwhile writes it cannot see push its
     // resourceVersion out of the history, so its next watch gets 410 and it lists again.
-    let mut events = watcher(services.clone(), watcher::Config::default().timeout(1).disable_bookmarks()).boxed();
+    let mut events = watcher(
+        services.clone(),
+        watcher::Config::default().timeout(1).disable_bookmarks(),
+    )
+    .boxed();
     let mut init_done = 0;
     while init_done == 0 {
-        if let watcher::Event::InitDone = bounded("the first list", events.try_next()).await.unwrap().unwrap() {
+        if let watcher::Event::InitDone = bounded("the first list", events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
             init_done += 1;
         }
     }
     for i in 6..12 {
-        others.create(&PostParams::default(), &service(&format!("s{i}"), json!({}))).await.unwrap();
+        others
+            .create(
+                &PostParams::default(),
+                &service(&format!("s{i}"), json!({})),
+            )
+            .await
+            .unwrap();
     }
     let mut saw_gone = false;
     bounded("a relist after 410", async {
         loop {
             match events.next().await {
-                Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => saw_gone = true,
+                Some(Err(watcher::Error::WatchError(status))) if status.code == 410 => {
+                    saw_gone = true
+                }
                 Some(Ok(watcher::Event::InitDone)) if saw_gone => break,
                 Some(_) => {}
                 None => panic!("watcher stream ended"),
@@ -338,32 +631,126 @@ async fn a_watch_from_a_too_old_resource_version_gets_410_and_the_kube_watcher_r
 async fn label_selectors_filter_lists_and_watches() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    services.create(&PostParams::default(), &service("web", json!({"app": "web", "tier": "front"}))).await.unwrap();
-    services.create(&PostParams::default(), &service("db", json!({"app": "db"}))).await.unwrap();
-    services.create(&PostParams::default(), &service("bare", json!({}))).await.unwrap();
-    let names = |list: kube::core::ObjectList<Service>| list.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>();
-    assert_eq!(names(services.list(&ListParams::default().labels("app=web")).await.unwrap()), ["web"]);
-    assert_eq!(names(services.list(&ListParams::default().labels("app in (web,db),tier!=front")).await.unwrap()), ["db"]);
-    assert_eq!(names(services.list(&ListParams::default().labels("!app")).await.unwrap()), ["bare"]);
-    assert_eq!(names(services.list(&ListParams::default().fields("metadata.name=db")).await.unwrap()), ["db"]);
-    let bad = services.list(&ListParams::default().labels("app in web")).await.unwrap_err();
+    services
+        .create(
+            &PostParams::default(),
+            &service("web", json!({"app": "web", "tier": "front"})),
+        )
+        .await
+        .unwrap();
+    services
+        .create(&PostParams::default(), &service("db", json!({"app": "db"})))
+        .await
+        .unwrap();
+    services
+        .create(&PostParams::default(), &service("bare", json!({})))
+        .await
+        .unwrap();
+    let names = |list: kube::core::ObjectList<Service>| {
+        list.items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(
+            services
+                .list(&ListParams::default().labels("app=web"))
+                .await
+                .unwrap()
+        ),
+        ["web"]
+    );
+    assert_eq!(
+        names(
+            services
+                .list(&ListParams::default().labels("app in (web,db),tier!=front"))
+                .await
+                .unwrap()
+        ),
+        ["db"]
+    );
+    assert_eq!(
+        names(
+            services
+                .list(&ListParams::default().labels("!app"))
+                .await
+                .unwrap()
+        ),
+        ["bare"]
+    );
+    assert_eq!(
+        names(
+            services
+                .list(&ListParams::default().fields("metadata.name=db"))
+                .await
+                .unwrap()
+        ),
+        ["db"]
+    );
+    let bad = services
+        .list(&ListParams::default().labels("app in web"))
+        .await
+        .unwrap_err();
     assert_eq!(api_error(bad).0, 400);
 
-    let rv = services.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = services.watch(&WatchParams::default().labels("app=web").disable_bookmarks(), &rv).await.unwrap().boxed();
-    services.patch("db", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}}))).await.unwrap();
-    services.patch("bare", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}}))).await.unwrap();
-    services.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"app": "old"}}}))).await.unwrap();
+    let rv = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = services
+        .watch(
+            &WatchParams::default().labels("app=web").disable_bookmarks(),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    services
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "bare",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+        )
+        .await
+        .unwrap();
+    services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app": "old"}}})),
+        )
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        match bounded("selected events", stream.try_next()).await.unwrap().unwrap() {
+        match bounded("selected events", stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
             WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.name_any())),
             WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.name_any())),
             WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.name_any())),
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(seen, ["ADDED bare", "DELETED web"], "entering and leaving the selection");
+    assert_eq!(
+        seen,
+        ["ADDED bare", "DELETED web"],
+        "entering and leaving the selection"
+    );
 }
 
 #[tokio::test]
@@ -379,11 +766,35 @@ async fn finalizers_delay_deletion_until_the_last_one_is_removed() {
     pods.delete("p", &DeleteParams::default()).await.unwrap();
     let marked = pods.get("p").await.unwrap();
     assert!(marked.metadata.deletion_timestamp.is_some());
-    let add = pods.patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["swimlb.io/a", "swimlb.io/b", "swimlb.io/c"]}}))).await;
-    assert_eq!(api_error(add.unwrap_err()).0, 422, "no new finalizers on a deleting object");
-    pods.patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["swimlb.io/b"]}}))).await.unwrap();
+    let add = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"finalizers": ["swimlb.io/a", "swimlb.io/b", "swimlb.io/c"]}}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        api_error(add.unwrap_err()).0,
+        422,
+        "no new finalizers on a deleting object"
+    );
+    pods.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["swimlb.io/b"]}})),
+    )
+    .await
+    .unwrap();
     assert!(pods.get("p").await.is_ok());
-    pods.patch("p", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    pods.patch(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     assert_eq!(api_error(pods.get("p").await.unwrap_err()).0, 404);
     assert!(server.objects("pods").unwrap().is_empty());
 }
@@ -392,8 +803,18 @@ async fn finalizers_delay_deletion_until_the_last_one_is_removed() {
 async fn timeout_seconds_ends_the_watch_and_bookmarks_are_sent() {
     let (_server, client) = start(quick()).await;
     let nodes: Api<Node> = Api::all(client.clone());
-    let rv = nodes.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = nodes.watch(&WatchParams::default().timeout(1), &rv).await.unwrap().boxed();
+    let rv = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = nodes
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap()
+        .boxed();
     let mut bookmarks = 0;
     bounded("the end of the watch", async {
         while let Some(event) = stream.try_next().await.unwrap() {
@@ -409,8 +830,14 @@ async fn timeout_seconds_ends_the_watch_and_bookmarks_are_sent() {
     .await;
     assert!(bookmarks >= 1, "a bookmark arrives within the watch");
 
-    let mut quiet = nodes.watch(&WatchParams::default().timeout(1).disable_bookmarks(), &rv).await.unwrap().boxed();
-    let ended = bounded("the end of the quiet watch", quiet.try_next()).await.unwrap();
+    let mut quiet = nodes
+        .watch(&WatchParams::default().timeout(1).disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let ended = bounded("the end of the quiet watch", quiet.try_next())
+        .await
+        .unwrap();
     assert!(ended.is_none(), "no bookmarks without allowWatchBookmarks");
 }
 
@@ -419,20 +846,67 @@ async fn invalid_names_are_422_and_a_namespace_mismatch_is_rejected() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     for bad in ["Web", "1web", "web.svc", "-web"] {
-        let err = services.create(&PostParams::default(), &service(bad, json!({}))).await.unwrap_err();
+        let err = services
+            .create(&PostParams::default(), &service(bad, json!({})))
+            .await
+            .unwrap_err();
         assert_eq!(api_error(err), (422, "Invalid".into()), "{bad}");
     }
     let mut elsewhere = service("web", json!({}));
     elsewhere.metadata.namespace = Some("kube-system".into());
-    let err = services.create(&PostParams::default(), &elsewhere).await.unwrap_err();
-    assert_eq!(api_error(err), (400, "BadRequest".into()), "the real server answers BadRequest");
+    let err = services
+        .create(&PostParams::default(), &elsewhere)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        api_error(err),
+        (400, "BadRequest".into()),
+        "the real server answers BadRequest"
+    );
     let in_missing_ns: Api<Service> = Api::namespaced(client.clone(), "nowhere");
-    assert_eq!(api_error(in_missing_ns.create(&PostParams::default(), &service("web", json!({}))).await.unwrap_err()).0, 404);
-    let bad_port: Service = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"ports": [{"port": 70000}]}})).unwrap();
-    assert_eq!(api_error(services.create(&PostParams::default(), &bad_port).await.unwrap_err()).0, 422);
+    assert_eq!(
+        api_error(
+            in_missing_ns
+                .create(&PostParams::default(), &service("web", json!({})))
+                .await
+                .unwrap_err()
+        )
+        .0,
+        404
+    );
+    let bad_port: Service = serde_json::from_value(
+        json!({"metadata": {"name": "p"}, "spec": {"ports": [{"port": 70000}]}}),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(
+            services
+                .create(&PostParams::default(), &bad_port)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
     let bad_label = service("l", json!({"bad key": "x"}));
-    assert_eq!(api_error(services.create(&PostParams::default(), &bad_label).await.unwrap_err()).0, 422);
-    let unknown = raw(&client, "GET", "/api/v1/namespaces/default/configmaps", "application/json", Value::Null).await;
+    assert_eq!(
+        api_error(
+            services
+                .create(&PostParams::default(), &bad_label)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+    let unknown = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        Value::Null,
+    )
+    .await;
     assert_eq!(api_error(unknown.unwrap_err()).0, 404);
 }
 
@@ -448,11 +922,26 @@ async fn custom_resources_are_served_as_dynamic_objects_and_need_a_resource_vers
     let created = pools.create(&PostParams::default(), &pool).await.unwrap();
     let mut unconditional = created.clone();
     unconditional.metadata.resource_version = None;
-    assert_eq!(api_error(pools.replace("lab", &PostParams::default(), &unconditional).await.unwrap_err()).0, 422);
+    assert_eq!(
+        api_error(
+            pools
+                .replace("lab", &PostParams::default(), &unconditional)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
     let listed = pools.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 1);
     assert_eq!(server.objects("ipaddresspools.swimlb.io").unwrap().len(), 1);
-    let strategic = pools.patch("lab", &PatchParams::default(), &Patch::Strategic(json!({"spec": {}}))).await;
+    let strategic = pools
+        .patch(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {}})),
+        )
+        .await;
     assert_eq!(api_error(strategic.unwrap_err()).0, 415);
 }
 
@@ -461,17 +950,43 @@ async fn lists_paginate_and_streaming_list_watchers_get_the_initial_events() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     for i in 0..5 {
-        services.create(&PostParams::default(), &service(&format!("s{i}"), json!({}))).await.unwrap();
+        services
+            .create(
+                &PostParams::default(),
+                &service(&format!("s{i}"), json!({})),
+            )
+            .await
+            .unwrap();
     }
-    let first = services.list(&ListParams::default().limit(2)).await.unwrap();
+    let first = services
+        .list(&ListParams::default().limit(2))
+        .await
+        .unwrap();
     assert_eq!(first.items.len(), 2);
     let token = first.metadata.continue_.clone().expect("a continue token");
-    services.create(&PostParams::default(), &service("late", json!({}))).await.unwrap();
-    let second = services.list(&ListParams::default().limit(10).continue_token(&token)).await.unwrap();
-    assert_eq!(second.items.len(), 3, "pages come from the first page's snapshot");
-    assert_eq!(second.metadata.resource_version, first.metadata.resource_version);
+    services
+        .create(&PostParams::default(), &service("late", json!({})))
+        .await
+        .unwrap();
+    let second = services
+        .list(&ListParams::default().limit(10).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(
+        second.items.len(),
+        3,
+        "pages come from the first page's snapshot"
+    );
+    assert_eq!(
+        second.metadata.resource_version,
+        first.metadata.resource_version
+    );
 
-    let mut events = watcher(services.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut events = watcher(
+        services.clone(),
+        watcher::Config::default().streaming_lists(),
+    )
+    .boxed();
     let mut initial = 0;
     bounded("the streaming list", async {
         loop {
@@ -495,12 +1010,18 @@ struct Context {
 }
 
 async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &service.namespace().unwrap_or_default());
+    let api: Api<Service> =
+        Api::namespaced(ctx.client.clone(), &service.namespace().unwrap_or_default());
     let status = json!({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": service.name_any()},
         "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}
     });
-    api.patch_status(&service.name_any(), &PatchParams::apply("swimlb-test").force(), &Patch::Apply(&status)).await?;
+    api.patch_status(
+        &service.name_any(),
+        &PatchParams::apply("swimlb-test").force(),
+        &Patch::Apply(&status),
+    )
+    .await?;
     Ok(Action::await_change())
 }
 
@@ -512,16 +1033,25 @@ fn error_policy(_: Arc<Service>, _: &ReconcileError, _: Arc<Context>) -> Action 
 async fn a_kube_runtime_controller_reconciles_services_against_the_fake_server() {
     let (_server, client) = start(quick()).await;
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let ctx = Arc::new(Context { client: client.clone() });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+    });
     let controller = Controller::new(services.clone(), watcher::Config::default())
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
     let task = tokio::spawn(controller);
-    services.create(&PostParams::default(), &service("web", json!({}))).await.unwrap();
+    services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
     bounded("the controller to set the status", async {
         loop {
             let svc = services.get("web").await.unwrap();
-            let ip = svc.status.and_then(|s| s.load_balancer).and_then(|lb| lb.ingress).and_then(|i| i.first().and_then(|x| x.ip.clone()));
+            let ip = svc
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .and_then(|i| i.first().and_then(|x| x.ip.clone()));
             if ip.as_deref() == Some("198.51.100.7") {
                 break;
             }

@@ -44,7 +44,13 @@ pub enum ApiError {
 fn render_field_errors(errors: &[FieldError]) -> String {
     match errors {
         [one] => one.to_string(),
-        many => format!("[{}]", many.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+        many => format!(
+            "[{}]",
+            many.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

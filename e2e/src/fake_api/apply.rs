@@ -101,7 +101,9 @@ pub fn scoped(object: &Value, scope: Scope) -> Value {
             }
             if k == "metadata" {
                 let mut meta = v.as_object().cloned().unwrap_or_default();
-                meta.retain(|mk, _| !SYSTEM_METADATA.contains(&mk.as_str()) && mk != "generateName");
+                meta.retain(|mk, _| {
+                    !SYSTEM_METADATA.contains(&mk.as_str()) && mk != "generateName"
+                });
                 if !meta.is_empty() {
                     out.insert(k.clone(), Value::Object(meta));
                 }
@@ -240,7 +242,10 @@ fn fields_from_json(value: &Value, path: &mut FieldPath, out: &mut BTreeSet<Fiel
 
 /// Reads the entries of `metadata.managedFields` (malformed entries are skipped).
 pub fn read_managed(object: &Value) -> Vec<ManagedEntry> {
-    let Some(list) = object.pointer("/metadata/managedFields").and_then(Value::as_array) else {
+    let Some(list) = object
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+    else {
         return Vec::new();
     };
     list.iter()
@@ -257,9 +262,21 @@ pub fn read_managed(object: &Value) -> Vec<ManagedEntry> {
             Some(ManagedEntry {
                 manager: e.get("manager").and_then(Value::as_str)?.to_string(),
                 operation,
-                subresource: e.get("subresource").and_then(Value::as_str).unwrap_or_default().to_string(),
-                api_version: e.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string(),
-                time: e.get("time").and_then(Value::as_str).unwrap_or_default().to_string(),
+                subresource: e
+                    .get("subresource")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                api_version: e
+                    .get("apiVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                time: e
+                    .get("time")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
                 fields,
             })
         })
@@ -274,7 +291,10 @@ pub fn write_managed(object: &mut Value, entries: &[ManagedEntry]) {
         .map(|e| {
             let mut m = Map::new();
             m.insert("manager".into(), Value::String(e.manager.clone()));
-            m.insert("operation".into(), Value::String(e.operation.as_str().into()));
+            m.insert(
+                "operation".into(),
+                Value::String(e.operation.as_str().into()),
+            );
             m.insert("apiVersion".into(), Value::String(e.api_version.clone()));
             m.insert("time".into(), Value::String(e.time.clone()));
             m.insert("fieldsType".into(), Value::String("FieldsV1".into()));
@@ -335,7 +355,11 @@ fn upsert_entry<'a>(
 /// Server-side apply of `applied` (already checked for kind and name) onto `live` (`None` when
 /// the object does not exist yet; then the result starts from `applied`'s identity).
 /// Returns the new object with managedFields updated, or the conflicts.
-pub fn apply(live: Option<&Value>, applied: &Value, req: ApplyRequest<'_>) -> Result<Value, Vec<Conflict>> {
+pub fn apply(
+    live: Option<&Value>,
+    applied: &Value,
+    req: ApplyRequest<'_>,
+) -> Result<Value, Vec<Conflict>> {
     let applied_scoped = scoped(applied, req.scope);
     let new_fields = leaf_paths(&applied_scoped);
     let base = live.cloned().unwrap_or_else(|| {
@@ -356,8 +380,14 @@ pub fn apply(live: Option<&Value>, applied: &Value, req: ApplyRequest<'_>) -> Re
     });
     let mut entries = read_managed(&base);
     let sub = req.scope.subresource();
-    let mine = |e: &ManagedEntry| e.manager == req.manager && e.operation == Operation::Apply && e.subresource == sub;
-    let previous: BTreeSet<FieldPath> = entries.iter().filter(|e| mine(e)).flat_map(|e| e.fields.clone()).collect();
+    let mine = |e: &ManagedEntry| {
+        e.manager == req.manager && e.operation == Operation::Apply && e.subresource == sub
+    };
+    let previous: BTreeSet<FieldPath> = entries
+        .iter()
+        .filter(|e| mine(e))
+        .flat_map(|e| e.fields.clone())
+        .collect();
 
     let mut result = base.clone();
     for gone in previous.difference(&new_fields) {
@@ -374,7 +404,9 @@ pub fn apply(live: Option<&Value>, applied: &Value, req: ApplyRequest<'_>) -> Re
     let mut conflicts = Vec::new();
     for e in entries.iter().filter(|e| e.manager != req.manager) {
         for q in &e.fields {
-            if new_fields.iter().any(|p| related(p, q)) && get_path(&base, q) != get_path(&result, q) {
+            if new_fields.iter().any(|p| related(p, q))
+                && get_path(&base, q) != get_path(&result, q)
+            {
                 conflicts.push(Conflict {
                     manager: e.manager.clone(),
                     path: dotted(q),
@@ -388,12 +420,20 @@ pub fn apply(live: Option<&Value>, applied: &Value, req: ApplyRequest<'_>) -> Re
         }
         for e in entries.iter_mut().filter(|e| e.manager != req.manager) {
             e.fields.retain(|q| {
-                !(new_fields.iter().any(|p| related(p, q)) && get_path(&base, q) != get_path(&result, q))
+                !(new_fields.iter().any(|p| related(p, q))
+                    && get_path(&base, q) != get_path(&result, q))
             });
         }
     }
-    let unchanged = live.is_some_and(|l| scoped(l, Scope::All) == scoped(&result, Scope::All)) && previous == new_fields;
-    let entry = upsert_entry(&mut entries, req.manager, Operation::Apply, req.scope, req.api_version);
+    let unchanged = live.is_some_and(|l| scoped(l, Scope::All) == scoped(&result, Scope::All))
+        && previous == new_fields;
+    let entry = upsert_entry(
+        &mut entries,
+        req.manager,
+        Operation::Apply,
+        req.scope,
+        req.api_version,
+    );
     entry.fields = new_fields;
     if !unchanged || entry.time.is_empty() {
         entry.time = req.now.to_string();
@@ -406,9 +446,18 @@ pub fn apply(live: Option<&Value>, applied: &Value, req: ApplyRequest<'_>) -> Re
 
 /// Records an update (PUT, non-apply patch, create) by `manager`: it takes ownership of every
 /// field it changed; fields it removed are owned by nobody.
-pub fn record_update(old: Option<&Value>, new: &mut Value, manager: &str, scope: Scope, api_version: &str, now: &str) {
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    scope: Scope,
+    api_version: &str,
+    now: &str,
+) {
     let mut entries = old.map(read_managed).unwrap_or_default();
-    let old_scoped = old.map(|o| scoped(o, scope)).unwrap_or(Value::Object(Map::new()));
+    let old_scoped = old
+        .map(|o| scoped(o, scope))
+        .unwrap_or(Value::Object(Map::new()));
     let new_scoped = scoped(new, scope);
     let old_leaves = leaf_paths(&old_scoped);
     let new_leaves = leaf_paths(&new_scoped);
@@ -422,7 +471,9 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, manager: &str, scope:
             e.fields.retain(|q| !changed.iter().any(|p| related(p, q)));
         }
         let entry = upsert_entry(&mut entries, manager, Operation::Update, scope, api_version);
-        entry.fields.extend(changed.into_iter().filter(|p| new_leaves.contains(p)));
+        entry
+            .fields
+            .extend(changed.into_iter().filter(|p| new_leaves.contains(p)));
         entry.time = now.to_string();
         entry.api_version = api_version.to_string();
     }
@@ -460,7 +511,13 @@ mod tests {
     fn changing_a_field_owned_by_another_manager_conflicts_unless_forced() {
         let a = apply(None, &cm(json!({"x": "1"})), req("a", false)).unwrap();
         let err = apply(Some(&a), &cm(json!({"x": "2"})), req("b", false)).unwrap_err();
-        assert_eq!(err, vec![Conflict { manager: "a".into(), path: ".data.x".into() }]);
+        assert_eq!(
+            err,
+            vec![Conflict {
+                manager: "a".into(),
+                path: ".data.x".into()
+            }]
+        );
         let b = apply(Some(&a), &cm(json!({"x": "2"})), req("b", true)).unwrap();
         assert_eq!(b["data"]["x"], "2");
         let owners: Vec<String> = read_managed(&b).into_iter().map(|e| e.manager).collect();
@@ -492,7 +549,14 @@ mod tests {
     fn managed_fields_round_trip_through_fields_v1() {
         let a = apply(None, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "b"}}, "data": {"x": "1"}}), req("a", false)).unwrap();
         let fields = &read_managed(&a)[0].fields;
-        assert!(fields.contains(&vec!["metadata".to_string(), "labels".to_string(), "a".to_string()]));
-        assert_eq!(a["metadata"]["managedFields"][0]["fieldsV1"], json!({"f:data": {"f:x": {}}, "f:metadata": {"f:labels": {"f:a": {}}}}));
+        assert!(fields.contains(&vec![
+            "metadata".to_string(),
+            "labels".to_string(),
+            "a".to_string()
+        ]));
+        assert_eq!(
+            a["metadata"]["managedFields"][0]["fieldsV1"],
+            json!({"f:data": {"f:x": {}}, "f:metadata": {"f:labels": {"f:a": {}}}})
+        );
     }
 }

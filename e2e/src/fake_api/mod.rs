@@ -81,7 +81,9 @@ impl FakeApi {
 
     /// Starts a server with `config` on 127.0.0.1 (a free port) and writes its kubeconfig.
     pub async fn start_with(config: FakeApiConfig) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await.context("binding 127.0.0.1:0")?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding 127.0.0.1:0")?;
         let addr = listener.local_addr().context("reading the bound address")?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let now = store::rfc3339(
@@ -96,8 +98,13 @@ impl FakeApi {
             shutdown: shutdown_rx.clone(),
             server_address: addr.to_string(),
         });
-        let kubeconfig = std::env::temp_dir().join(format!("swimlb-fake-api-{}-{}.kubeconfig", std::process::id(), addr.port()));
-        std::fs::write(&kubeconfig, kubeconfig_yaml(addr)).with_context(|| format!("writing {}", kubeconfig.display()))?;
+        let kubeconfig = std::env::temp_dir().join(format!(
+            "swimlb-fake-api-{}-{}.kubeconfig",
+            std::process::id(),
+            addr.port()
+        ));
+        std::fs::write(&kubeconfig, kubeconfig_yaml(addr))
+            .with_context(|| format!("writing {}", kubeconfig.display()))?;
         let task = tokio::spawn(accept_loop(listener, shared.clone(), shutdown_rx));
         Ok(Self {
             addr,
@@ -120,10 +127,14 @@ impl FakeApi {
 
     /// A client built from the kubeconfig through kube's ordinary configuration path.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).context("reading the fake kubeconfig")?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .context("loading the fake kubeconfig")?;
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
+            .context("reading the fake kubeconfig")?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .context("loading the fake kubeconfig")?;
         kube::Client::try_from(config).context("building a client for the fake API server")
     }
 
@@ -143,7 +154,10 @@ impl FakeApi {
     }
 
     fn lock_store(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.shared.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.shared
+            .store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Stops accepting connections, ends every watch and waits for the accept loop.
@@ -168,7 +182,11 @@ fn kubeconfig_yaml(addr: SocketAddr) -> String {
     )
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             _ = shutdown.changed() => return,
@@ -181,7 +199,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut shutdown: w
         let mut conn_shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| server::handle(shared.clone(), req));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
                 _ = conn_shutdown.changed() => {}

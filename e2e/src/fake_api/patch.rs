@@ -74,7 +74,11 @@ fn array_index(token: &str, len: usize, allow_end: bool) -> Option<usize> {
         return None;
     }
     let i: usize = token.parse().ok()?;
-    let limit = if allow_end { len } else { len.saturating_sub(1) };
+    let limit = if allow_end {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
     (i <= limit && (allow_end || len > 0)).then_some(i)
 }
 
@@ -138,8 +142,14 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, PatchError> {
             index,
             reason: reason.to_string(),
         };
-        let name = op.get("op").and_then(Value::as_str).ok_or_else(|| bad("missing \"op\""))?;
-        let path_str = op.get("path").and_then(Value::as_str).ok_or_else(|| bad("missing \"path\""))?;
+        let name = op
+            .get("op")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("missing \"op\""))?;
+        let path_str = op
+            .get("path")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("missing \"path\""))?;
         let path = split_pointer(path_str).ok_or_else(|| bad("path is not a JSON pointer"))?;
         let cannot = |reason: String| PatchError::CannotApply {
             index,
@@ -147,7 +157,11 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, PatchError> {
             path: path_str.to_string(),
             reason,
         };
-        let value = || op.get("value").cloned().ok_or_else(|| bad("missing \"value\""));
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| bad("missing \"value\""))
+        };
         let from = || {
             op.get("from")
                 .and_then(Value::as_str)
@@ -161,13 +175,16 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, PatchError> {
             }
             "replace" => {
                 let v = value()?;
-                let slot = get_mut(&mut doc, &path).ok_or_else(|| cannot("path does not exist".into()))?;
+                let slot =
+                    get_mut(&mut doc, &path).ok_or_else(|| cannot("path does not exist".into()))?;
                 *slot = v;
             }
             "move" => {
                 let from = from()?;
                 if path.len() > from.len() && path[..from.len()] == from[..] {
-                    return Err(cannot("cannot move a value into one of its children".into()));
+                    return Err(cannot(
+                        "cannot move a value into one of its children".into(),
+                    ));
                 }
                 let v = remove(&mut doc, &from).map_err(cannot)?;
                 add(&mut doc, &path, v).map_err(cannot)?;
@@ -181,9 +198,12 @@ pub fn json_patch(target: &Value, patch: &Value) -> Result<Value, PatchError> {
             }
             "test" => {
                 let want = value()?;
-                let have = get_mut(&mut doc, &path).ok_or_else(|| cannot("path does not exist".into()))?;
+                let have =
+                    get_mut(&mut doc, &path).ok_or_else(|| cannot("path does not exist".into()))?;
                 if *have != want {
-                    return Err(cannot(format!("testing value {have} failed, expected {want}")));
+                    return Err(cannot(format!(
+                        "testing value {have} failed, expected {want}"
+                    )));
                 }
             }
             other => return Err(bad(&format!("unknown op {other:?}"))),
@@ -216,7 +236,11 @@ pub fn merge_key_for(field: &str, sample: Option<&Value>) -> ListStrategy {
         "conditions" | "addresses" if sample.is_none_or(|s| s.get("type").is_some()) => {
             ListStrategy::MergeByKey("type")
         }
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes"
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
         | "imagePullSecrets" => ListStrategy::MergeByKey("name"),
         "volumeMounts" => ListStrategy::MergeByKey("mountPath"),
         "ownerReferences" => ListStrategy::MergeByKey("uid"),
@@ -301,7 +325,12 @@ fn strategic_object(target: &Value, patch: &Value, path: &str) -> Result<Value, 
     Ok(Value::Object(out))
 }
 
-fn merge_keyed_list(old: &[Value], new: &[Value], key: &str, path: &str) -> Result<Value, PatchError> {
+fn merge_keyed_list(
+    old: &[Value],
+    new: &[Value],
+    key: &str,
+    path: &str,
+) -> Result<Value, PatchError> {
     let mut list: Vec<Value> = old.to_vec();
     for item in new {
         let id = item.get(key);
@@ -338,8 +367,14 @@ mod tests {
     fn merge_patch_follows_the_rfc_7386_examples() {
         let target = json!({"a": "b", "c": {"d": "e", "f": "g"}});
         let patch = json!({"a": "z", "c": {"f": null}});
-        assert_eq!(merge_patch(&target, &patch), json!({"a": "z", "c": {"d": "e"}}));
-        assert_eq!(merge_patch(&json!({"a": [1]}), &json!({"a": [2]})), json!({"a": [2]}));
+        assert_eq!(
+            merge_patch(&target, &patch),
+            json!({"a": "z", "c": {"d": "e"}})
+        );
+        assert_eq!(
+            merge_patch(&json!({"a": [1]}), &json!({"a": [2]})),
+            json!({"a": [2]})
+        );
     }
 
     #[test]
@@ -354,7 +389,10 @@ mod tests {
             {"op": "test", "path": "/e", "value": 5},
             {"op": "add", "path": "/a/x~1y", "value": true},
         ]);
-        assert_eq!(json_patch(&doc, &patch).unwrap(), json!({"a": {"b": [2, 3], "x/y": true}, "c": 5, "e": 5}));
+        assert_eq!(
+            json_patch(&doc, &patch).unwrap(),
+            json!({"a": {"b": [2, 3], "x/y": true}, "c": 5, "e": 5})
+        );
     }
 
     #[test]
@@ -362,7 +400,13 @@ mod tests {
         let doc = json!({"a": 1});
         assert!(json_patch(&doc, &json!([{"op": "test", "path": "/a", "value": 2}])).is_err());
         assert!(json_patch(&doc, &json!([{"op": "remove", "path": "/b"}])).is_err());
-        assert!(json_patch(&doc, &json!([{"op": "replace", "path": "/b/c", "value": 1}])).is_err());
+        assert!(
+            json_patch(
+                &doc,
+                &json!([{"op": "replace", "path": "/b/c", "value": 1}])
+            )
+            .is_err()
+        );
         assert!(json_patch(&doc, &json!([{"op": "frobnicate", "path": "/a"}])).is_err());
         assert!(json_patch(&doc, &json!({"op": "add"})).is_err());
     }
@@ -374,16 +418,27 @@ mod tests {
         let patch = json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}, {"port": 443, "$patch": "delete"}]},
                            "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Other", "status": "True"}]}});
         let out = strategic_merge_patch(&doc, &patch).unwrap();
-        assert_eq!(out["spec"]["ports"], json!([{"port": 80, "name": "http", "targetPort": 8080}]));
-        assert_eq!(out["status"]["conditions"], json!([{"type": "Ready", "status": "True"}, {"type": "Other", "status": "True"}]));
+        assert_eq!(
+            out["spec"]["ports"],
+            json!([{"port": 80, "name": "http", "targetPort": 8080}])
+        );
+        assert_eq!(
+            out["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"}, {"type": "Other", "status": "True"}])
+        );
     }
 
     #[test]
     fn strategic_merge_adds_finalizers_as_a_set_and_rejects_unknown_directives() {
         let doc = json!({"metadata": {"finalizers": ["a"]}});
-        let out = strategic_merge_patch(&doc, &json!({"metadata": {"finalizers": ["a", "b"]}})).unwrap();
+        let out =
+            strategic_merge_patch(&doc, &json!({"metadata": {"finalizers": ["a", "b"]}})).unwrap();
         assert_eq!(out["metadata"]["finalizers"], json!(["a", "b"]));
-        let out = strategic_merge_patch(&out, &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}})).unwrap();
+        let out = strategic_merge_patch(
+            &out,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["finalizers"], json!(["b"]));
         assert!(strategic_merge_patch(&doc, &json!({"metadata": {"$retainKeys": ["a"]}})).is_err());
     }

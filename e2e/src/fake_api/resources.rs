@@ -121,7 +121,15 @@ const fn grouped(
 
 /// Every served resource. Index into this table is the store's resource id.
 pub static RESOURCES: &[ResourceKind] = &[
-    core("namespaces", "namespace", "Namespace", false, true, NameRule::Label1123, &["status.phase"]),
+    core(
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        true,
+        NameRule::Label1123,
+        &["status.phase"],
+    ),
     core(
         "services",
         "service",
@@ -131,7 +139,15 @@ pub static RESOURCES: &[ResourceKind] = &[
         NameRule::Label1035,
         &["spec.clusterIP", "spec.type"],
     ),
-    core("nodes", "node", "Node", false, true, NameRule::Subdomain, &["spec.unschedulable"]),
+    core(
+        "nodes",
+        "node",
+        "Node",
+        false,
+        true,
+        NameRule::Subdomain,
+        &["spec.unschedulable"],
+    ),
     core(
         "pods",
         "pod",
@@ -139,7 +155,15 @@ pub static RESOURCES: &[ResourceKind] = &[
         true,
         true,
         NameRule::Subdomain,
-        &["spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP", "status.nominatedNodeName"],
+        &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
     ),
     core(
         "events",
@@ -162,12 +186,60 @@ pub static RESOURCES: &[ResourceKind] = &[
             "type",
         ],
     ),
-    grouped("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", false, NameRule::Subdomain),
-    grouped("coordination.k8s.io", "v1", "leases", "lease", "Lease", false, NameRule::Subdomain),
-    grouped("events.k8s.io", "v1", "events", "event", "Event", false, NameRule::PathSegment),
-    grouped(SWIMLB_GROUP, "v1beta1", "ipaddresspools", "ipaddresspool", "IPAddressPool", true, NameRule::Subdomain),
-    grouped(SWIMLB_GROUP, "v1beta1", "l2advertisements", "l2advertisement", "L2Advertisement", false, NameRule::Subdomain),
-    grouped(SWIMLB_GROUP, "v1beta1", "servicel2statuses", "servicel2status", "ServiceL2Status", true, NameRule::Subdomain),
+    grouped(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        false,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "lease",
+        "Lease",
+        false,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "event",
+        "Event",
+        false,
+        NameRule::PathSegment,
+    ),
+    grouped(
+        SWIMLB_GROUP,
+        "v1beta1",
+        "ipaddresspools",
+        "ipaddresspool",
+        "IPAddressPool",
+        true,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        SWIMLB_GROUP,
+        "v1beta1",
+        "l2advertisements",
+        "l2advertisement",
+        "L2Advertisement",
+        false,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        SWIMLB_GROUP,
+        "v1beta1",
+        "servicel2statuses",
+        "servicel2status",
+        "ServiceL2Status",
+        true,
+        NameRule::Subdomain,
+    ),
 ];
 
 /// Index of the namespaces resource in [`RESOURCES`].
@@ -236,7 +308,9 @@ pub fn parse_path(path: &str) -> Option<Route> {
 }
 
 fn group_exists(group: &str, version: &str) -> bool {
-    RESOURCES.iter().any(|r| r.group == group && r.version == version)
+    RESOURCES
+        .iter()
+        .any(|r| r.group == group && r.version == version)
 }
 
 fn parse_resource(group: &str, version: &str, rest: &[&str]) -> Option<ResourcePath> {

@@ -12,7 +12,10 @@ use std::collections::BTreeSet;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SelectorError {
     #[error("unable to parse requirement {requirement:?}: {reason}")]
-    Malformed { requirement: String, reason: &'static str },
+    Malformed {
+        requirement: String,
+        reason: &'static str,
+    },
     #[error("field label not supported: {field}")]
     UnsupportedField { field: String },
 }
@@ -202,7 +205,9 @@ impl FieldSelector {
                 return Err(malformed(req, "field selector needs = or !="));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" && !supported.contains(&field)
+            if field != "metadata.name"
+                && field != "metadata.namespace"
+                && !supported.contains(&field)
             {
                 return Err(SelectorError::UnsupportedField {
                     field: field.to_string(),
@@ -243,20 +248,58 @@ mod tests {
     #[test]
     fn every_label_operator_selects_what_the_real_server_selects() {
         let o = obj(json!({"app": "web", "tier": "front", "n": "5"}));
-        let yes = ["app=web", "app==web", "app!=db", "tier in (front,back)", "tier notin (back)", "app", "!missing", "n>3", "n<9", "app=web,tier=front"];
+        let yes = [
+            "app=web",
+            "app==web",
+            "app!=db",
+            "tier in (front,back)",
+            "tier notin (back)",
+            "app",
+            "!missing",
+            "n>3",
+            "n<9",
+            "app=web,tier=front",
+        ];
         for s in yes {
-            assert!(LabelSelector::parse(s).unwrap().matches(&o), "{s} should match");
+            assert!(
+                LabelSelector::parse(s).unwrap().matches(&o),
+                "{s} should match"
+            );
         }
-        let no = ["app=db", "app!=web", "tier in (back)", "tier notin (front)", "missing", "!app", "n>5", "app=web,tier=back", "missing in (x)"];
+        let no = [
+            "app=db",
+            "app!=web",
+            "tier in (back)",
+            "tier notin (front)",
+            "missing",
+            "!app",
+            "n>5",
+            "app=web,tier=back",
+            "missing in (x)",
+        ];
         for s in no {
-            assert!(!LabelSelector::parse(s).unwrap().matches(&o), "{s} should not match");
+            assert!(
+                !LabelSelector::parse(s).unwrap().matches(&o),
+                "{s} should not match"
+            );
         }
-        assert!(LabelSelector::parse("missing notin (x)").unwrap().matches(&o));
+        assert!(
+            LabelSelector::parse("missing notin (x)")
+                .unwrap()
+                .matches(&o)
+        );
     }
 
     #[test]
     fn malformed_label_selectors_are_rejected() {
-        for s in ["app in x", "app=web,", "bad key!=x", "app=a b", "n>x", "app foo (x)"] {
+        for s in [
+            "app in x",
+            "app=web,",
+            "bad key!=x",
+            "app=a b",
+            "n>x",
+            "app foo (x)",
+        ] {
             assert!(LabelSelector::parse(s).is_err(), "{s} should be rejected");
         }
     }
@@ -264,7 +307,8 @@ mod tests {
     #[test]
     fn field_selectors_match_paths_and_reject_unsupported_fields() {
         let o = json!({"metadata": {"name": "a", "namespace": "ns"}, "spec": {"nodeName": "n1"}});
-        let sel = FieldSelector::parse("metadata.name=a,spec.nodeName!=n2", &["spec.nodeName"]).unwrap();
+        let sel =
+            FieldSelector::parse("metadata.name=a,spec.nodeName!=n2", &["spec.nodeName"]).unwrap();
         assert!(sel.matches(&o));
         let sel = FieldSelector::parse("metadata.namespace=other", &[]).unwrap();
         assert!(!sel.matches(&o));

@@ -19,7 +19,10 @@ use tokio::time::Instant;
 use super::api_error::ApiError;
 use super::resources::{self, RESOURCES, ResourceKind, ResourcePath, Route};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, PatchKind, Store, WatchBegin, WatchFilter, WatchRecord, WatchStart, WriteContext, rfc3339};
+use super::store::{
+    EventType, PatchKind, Store, WatchBegin, WatchFilter, WatchRecord, WatchStart, WriteContext,
+    rfc3339,
+};
 
 /// Response body type.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -58,7 +61,9 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         // A panic while holding the lock would poison it; the store itself stays consistent
         // because every write either completes or returns before mutating.
-        self.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -66,7 +71,10 @@ fn json_response(code: u16, value: &Value) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = Response::new(Full::new(Bytes::from(body)).boxed());
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     resp
 }
 
@@ -90,27 +98,38 @@ struct Query {
 
 impl Query {
     fn get(&self, key: &str) -> Option<&str> {
-        self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     fn flag(&self, key: &str) -> Result<bool, ApiError> {
         match self.get(key) {
             None | Some("") | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") => Ok(true),
-            Some(other) => Err(ApiError::BadRequest(format!("invalid boolean for {key}: {other:?}"))),
+            Some(other) => Err(ApiError::BadRequest(format!(
+                "invalid boolean for {key}: {other:?}"
+            ))),
         }
     }
 
     fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
         self.get(key)
             .filter(|v| !v.is_empty())
-            .map(|v| v.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("invalid integer for {key}: {v:?}"))))
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| ApiError::BadRequest(format!("invalid integer for {key}: {v:?}")))
+            })
             .transpose()
     }
 }
 
 /// Handles one request; never fails (errors become `Status` responses).
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = Query {
@@ -130,7 +149,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Respo
         .to_string();
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return Ok(error_response(&ApiError::BadRequest(format!("reading the request body: {e}")))),
+        Err(e) => {
+            return Ok(error_response(&ApiError::BadRequest(format!(
+                "reading the request body: {e}"
+            ))));
+        }
     };
     tracing::debug!(%method, %path, "fake api request");
     let response = match resources::parse_path(&path) {
@@ -139,18 +162,28 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Respo
             name: path.clone(),
         }),
         Some(route) if method != Method::GET && !matches!(route, Route::Resource(_)) => {
-            error_response(&ApiError::MethodNotAllowed(format!("{method} is not supported on {path}")))
+            error_response(&ApiError::MethodNotAllowed(format!(
+                "{method} is not supported on {path}"
+            )))
         }
-        Some(Route::Version) => json_response(200, &json!({
-            "major": "1", "minor": "37", "gitVersion": "v1.37.0-swimlb-fake", "gitCommit": "0000000000000000000000000000000000000000",
-            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "none", "compiler": "rustc", "platform": "linux/amd64"
-        })),
-        Some(Route::CoreVersions) => json_response(200, &json!({
-            "kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.server_address}]
-        })),
+        Some(Route::Version) => json_response(
+            200,
+            &json!({
+                "major": "1", "minor": "37", "gitVersion": "v1.37.0-swimlb-fake", "gitCommit": "0000000000000000000000000000000000000000",
+                "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "none", "compiler": "rustc", "platform": "linux/amd64"
+            }),
+        ),
+        Some(Route::CoreVersions) => json_response(
+            200,
+            &json!({
+                "kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.server_address}]
+            }),
+        ),
         Some(Route::GroupList) => json_response(200, &group_list()),
-        Some(Route::ResourceList { group, version }) => json_response(200, &resource_list(&group, &version)),
+        Some(Route::ResourceList { group, version }) => {
+            json_response(200, &resource_list(&group, &version))
+        }
         Some(Route::Resource(rp)) => {
             let ctx = WriteContext {
                 now: now(),
@@ -192,7 +225,10 @@ fn group_list() -> Value {
 
 fn resource_list(group: &str, version: &str) -> Value {
     let mut list = Vec::new();
-    for r in RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
         list.push(json!({
             "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -204,7 +240,11 @@ fn resource_list(group: &str, version: &str) -> Value {
             }));
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list})
 }
 
@@ -234,55 +274,108 @@ fn serve_resource(
         }
     };
     if query.get("dryRun").is_some_and(|v| !v.is_empty()) && *method != Method::GET {
-        return Err(ApiError::BadRequest("the fake API server does not support dryRun".into()));
+        return Err(ApiError::BadRequest(
+            "the fake API server does not support dryRun".into(),
+        ));
     }
     let ns = rp.namespace.as_deref();
     let parse_body = || -> Result<Value, ApiError> {
-        serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("error decoding the request body as JSON: {e}")))
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::BadRequest(format!("error decoding the request body as JSON: {e}"))
+        })
     };
     match (method.clone(), rp.name.as_deref()) {
         (Method::GET, None) => {
             let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())
                 .map_err(|e| ApiError::BadRequest(format!("unable to parse labelSelector: {e}")))?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").unwrap_or_default(), kind.extra_field_selectors)
-                .map_err(|e| ApiError::BadRequest(format!("unable to parse fieldSelector: {e}")))?;
+            let fields = FieldSelector::parse(
+                query.get("fieldSelector").unwrap_or_default(),
+                kind.extra_field_selectors,
+            )
+            .map_err(|e| ApiError::BadRequest(format!("unable to parse fieldSelector: {e}")))?;
             if query.flag("watch")? {
                 return start_watch(shared, kind, rp, query, labels, fields).map(Served::Watch);
             }
             if query.flag("sendInitialEvents")? {
-                return Err(list_options_invalid("sendInitialEvents", "sendInitialEvents is forbidden for list"));
+                return Err(list_options_invalid(
+                    "sendInitialEvents",
+                    "sendInitialEvents is forbidden for list",
+                ));
             }
             let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
             let version_match = query.get("resourceVersionMatch").filter(|v| !v.is_empty());
             if version_match.is_some() && rv.is_none() {
-                return Err(list_options_invalid("resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"));
+                return Err(list_options_invalid(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
             }
-            let limit = query.number("limit")?.map(|l| usize::try_from(l).unwrap_or(usize::MAX));
-            let list = shared.lock().list(rp.resource, ns, &labels, &fields, rv, version_match, limit, query.get("continue"))?;
+            let limit = query
+                .number("limit")?
+                .map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+            let list = shared.lock().list(
+                rp.resource,
+                ns,
+                &labels,
+                &fields,
+                rv,
+                version_match,
+                limit,
+                query.get("continue"),
+            )?;
             Ok(Served::Object(200, list))
         }
         (_, None) if kind.namespaced && ns.is_none() => Err(ApiError::MethodNotAllowed(format!(
             "{method} is not supported on the cluster-wide collection of {}",
             kind.qualified_name()
         ))),
-        (Method::POST, None) => Ok(Served::Object(201, shared.lock().create(rp.resource, ns, parse_body()?, ctx)?)),
-        (Method::DELETE, None) => Err(ApiError::MethodNotAllowed("the fake API server does not support deletecollection".into())),
-        (_, None) => Err(ApiError::MethodNotAllowed(format!("{method} is not supported on a collection"))),
+        (Method::POST, None) => Ok(Served::Object(
+            201,
+            shared.lock().create(rp.resource, ns, parse_body()?, ctx)?,
+        )),
+        (Method::DELETE, None) => Err(ApiError::MethodNotAllowed(
+            "the fake API server does not support deletecollection".into(),
+        )),
+        (_, None) => Err(ApiError::MethodNotAllowed(format!(
+            "{method} is not supported on a collection"
+        ))),
         (_, Some(name)) if kind.namespaced && ns.is_none() => Err(ApiError::NotFound {
             resource: kind.qualified_name(),
             name: name.to_string(),
         }),
-        (Method::GET, Some(name)) => Ok(Served::Object(200, shared.lock().get(rp.resource, ns, name)?)),
-        (Method::PUT, Some(name)) => Ok(Served::Object(200, shared.lock().replace(rp.resource, ns, name, parse_body()?, status, ctx)?)),
+        (Method::GET, Some(name)) => Ok(Served::Object(
+            200,
+            shared.lock().get(rp.resource, ns, name)?,
+        )),
+        (Method::PUT, Some(name)) => Ok(Served::Object(
+            200,
+            shared
+                .lock()
+                .replace(rp.resource, ns, name, parse_body()?, status, ctx)?,
+        )),
         (Method::PATCH, Some(name)) => {
             let patch_kind = PatchKind::from_content_type(content_type)?;
-            Ok(Served::Object(200, shared.lock().patch(rp.resource, ns, name, patch_kind, body, status, ctx)?))
+            Ok(Served::Object(
+                200,
+                shared
+                    .lock()
+                    .patch(rp.resource, ns, name, patch_kind, body, status, ctx)?,
+            ))
         }
         (Method::DELETE, Some(name)) if !status => {
-            let options = if body.is_empty() { Value::Null } else { parse_body()? };
-            Ok(Served::Object(200, shared.lock().delete(rp.resource, ns, name, &options, ctx)?))
+            let options = if body.is_empty() {
+                Value::Null
+            } else {
+                parse_body()?
+            };
+            Ok(Served::Object(
+                200,
+                shared.lock().delete(rp.resource, ns, name, &options, ctx)?,
+            ))
         }
-        (m, Some(_)) => Err(ApiError::MethodNotAllowed(format!("{m} is not supported here"))),
+        (m, Some(_)) => Err(ApiError::MethodNotAllowed(format!(
+            "{m} is not supported here"
+        ))),
     }
 }
 
@@ -309,14 +402,22 @@ fn start_watch(
     let rv = query.get("resourceVersion").filter(|v| !v.is_empty());
     let start = if send_initial {
         if version_match != Some("NotOlderThan") {
-            return Err(list_options_invalid("resourceVersionMatch", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+            return Err(list_options_invalid(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
         }
         if !bookmarks {
-            return Err(list_options_invalid("allowWatchBookmarks", "sendInitialEvents requires setting allowWatchBookmarks to true"));
+            return Err(list_options_invalid(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
+            ));
         }
         match rv {
             Some(v) if v != "0" => {
-                let n = v.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {v:?}")))?;
+                let n = v.parse::<u64>().map_err(|_| {
+                    ApiError::BadRequest(format!("invalid resource version: {v:?}"))
+                })?;
                 if n > shared.lock().resource_version() {
                     return Err(ApiError::TooLargeResourceVersion {
                         requested: n,
@@ -329,11 +430,18 @@ fn start_watch(
         }
     } else {
         if version_match.is_some() {
-            return Err(list_options_invalid("resourceVersionMatch", "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"));
+            return Err(list_options_invalid(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
         }
         match rv {
             None | Some("0") => WatchStart::FromNow,
-            Some(v) => WatchStart::After(v.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("invalid resource version: {v:?}")))?),
+            Some(v) => {
+                WatchStart::After(v.parse::<u64>().map_err(|_| {
+                    ApiError::BadRequest(format!("invalid resource version: {v:?}"))
+                })?)
+            }
         }
     };
     let timeout = match query.number("timeoutSeconds")? {
@@ -358,10 +466,15 @@ fn start_watch(
     };
     tokio::spawn(job.run(begin));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
     let mut resp = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -376,7 +489,8 @@ struct WatchJob {
 }
 
 fn event_line(event: &str, object: &Value) -> Bytes {
-    let mut line = serde_json::to_vec(&json!({"type": event, "object": object})).unwrap_or_default();
+    let mut line =
+        serde_json::to_vec(&json!({"type": event, "object": object})).unwrap_or_default();
     line.push(b'\n');
     Bytes::from(line)
 }
@@ -387,7 +501,10 @@ impl WatchJob {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        event_line("BOOKMARK", &json!({"kind": self.kind.kind, "apiVersion": self.kind.api_version(), "metadata": meta}))
+        event_line(
+            "BOOKMARK",
+            &json!({"kind": self.kind.kind, "apiVersion": self.kind.api_version(), "metadata": meta}),
+        )
     }
 
     async fn send(&self, line: Bytes) -> bool {

@@ -159,7 +159,9 @@ pub struct WriteContext {
 
 impl WriteContext {
     fn manager(&self) -> &str {
-        self.field_manager.as_deref().unwrap_or(&self.default_manager)
+        self.field_manager
+            .as_deref()
+            .unwrap_or(&self.default_manager)
     }
 }
 
@@ -210,7 +212,9 @@ fn meta_mut(object: &mut Value) -> &mut Map<String, Value> {
     let Value::Object(root) = object else {
         unreachable!("the value was just made an object")
     };
-    let meta = root.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let meta = root
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !meta.is_object() {
         *meta = Value::Object(Map::new());
     }
@@ -294,7 +298,11 @@ impl Store {
     }
 
     fn key(resource: usize, namespace: Option<&str>, name: &str) -> ObjectKey {
-        (resource, namespace.unwrap_or_default().to_string(), name.to_string())
+        (
+            resource,
+            namespace.unwrap_or_default().to_string(),
+            name.to_string(),
+        )
     }
 
     fn not_found(kind: &ResourceKind, name: &str) -> ApiError {
@@ -321,7 +329,12 @@ impl Store {
     }
 
     /// Reads one object.
-    pub fn get(&self, resource: usize, namespace: Option<&str>, name: &str) -> Result<Value, ApiError> {
+    pub fn get(
+        &self,
+        resource: usize,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         self.objects
             .get(&Self::key(resource, namespace, name))
@@ -365,14 +378,19 @@ impl Store {
                     });
                 }
                 if version_match == Some("Exact") && rv != self.resource_version {
-                    return Err(ApiError::Expired(format!("too old resource version: {rv} ({})", self.resource_version)));
+                    return Err(ApiError::Expired(format!(
+                        "too old resource version: {rv} ({})",
+                        self.resource_version
+                    )));
                 }
             }
             if let Some(m) = version_match
                 && m != "NotOlderThan"
                 && m != "Exact"
             {
-                return Err(ApiError::BadRequest(format!("resourceVersionMatch: Unsupported value: {m:?}")));
+                return Err(ApiError::BadRequest(format!(
+                    "resourceVersionMatch: Unsupported value: {m:?}"
+                )));
             }
             let items = self
                 .objects
@@ -394,10 +412,13 @@ impl Store {
             self.next_continue += 1;
             metadata["continue"] = Value::String(token.clone());
             metadata["remainingItemCount"] = json!(remaining.len());
-            self.continues.push_back((token, ContinueSnapshot {
-                resource_version: list_rv,
-                remaining,
-            }));
+            self.continues.push_back((
+                token,
+                ContinueSnapshot {
+                    resource_version: list_rv,
+                    remaining,
+                },
+            ));
             while self.continues.len() > CONTINUE_SNAPSHOTS {
                 self.continues.pop_front();
             }
@@ -430,7 +451,10 @@ impl Store {
     /// Checks `apiVersion`/`kind` of a body (filling them when absent) and that it is an object.
     fn check_type(kind: &ResourceKind, body: &mut Value) -> Result<(), ApiError> {
         let Some(m) = body.as_object_mut() else {
-            return Err(ApiError::BadRequest(format!("the body of a {} must be a JSON object", kind.kind)));
+            return Err(ApiError::BadRequest(format!(
+                "the body of a {} must be a JSON object",
+                kind.kind
+            )));
         };
         let api_version = kind.api_version();
         match m.get("apiVersion").and_then(Value::as_str) {
@@ -439,7 +463,9 @@ impl Store {
             }
             Some(v) if v == api_version => {}
             Some(v) => {
-                return Err(ApiError::BadRequest(format!("the API version in the data ({v}) does not match the expected API version ({api_version})")));
+                return Err(ApiError::BadRequest(format!(
+                    "the API version in the data ({v}) does not match the expected API version ({api_version})"
+                )));
             }
         }
         match m.get("kind").and_then(Value::as_str) {
@@ -448,20 +474,29 @@ impl Store {
             }
             Some(k) if k == kind.kind => {}
             Some(k) => {
-                return Err(ApiError::BadRequest(format!("the kind in the data ({k}) does not match the expected kind ({})", kind.kind)));
+                return Err(ApiError::BadRequest(format!(
+                    "the kind in the data ({k}) does not match the expected kind ({})",
+                    kind.kind
+                )));
             }
         }
         if let Some(meta) = m.get("metadata")
             && !meta.is_object()
             && !meta.is_null()
         {
-            return Err(ApiError::BadRequest("metadata must be a JSON object".into()));
+            return Err(ApiError::BadRequest(
+                "metadata must be a JSON object".into(),
+            ));
         }
         Ok(())
     }
 
     /// Makes the body's namespace agree with the URL's (400 when they differ, as the real server).
-    fn check_namespace(kind: &ResourceKind, body: &mut Value, namespace: Option<&str>) -> Result<(), ApiError> {
+    fn check_namespace(
+        kind: &ResourceKind,
+        body: &mut Value,
+        namespace: Option<&str>,
+    ) -> Result<(), ApiError> {
         let meta = meta_mut(body);
         if !kind.namespaced {
             meta.remove("namespace");
@@ -488,14 +523,20 @@ impl Store {
                 Ok(())
             }
             Some(n) if n == name => Ok(()),
-            Some(n) => Err(ApiError::BadRequest(format!("the name of the object ({n}) does not match the name on the URL ({name})"))),
+            Some(n) => Err(ApiError::BadRequest(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            ))),
         }
     }
 
     fn used_cluster_ips(&self) -> BTreeSet<String> {
         self.objects(resource_index("services"))
             .iter()
-            .filter_map(|s| s.pointer("/spec/clusterIP").and_then(Value::as_str).map(str::to_string))
+            .filter_map(|s| {
+                s.pointer("/spec/clusterIP")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
             .collect()
     }
 
@@ -504,46 +545,89 @@ impl Store {
         self.objects
             .iter()
             .filter(|(k, _)| k.0 == svc && Some(*k) != except)
-            .flat_map(|(_, s)| s.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default())
+            .flat_map(|(_, s)| {
+                s.pointer("/spec/ports")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .filter_map(|p| p.get("nodePort").and_then(Value::as_i64))
             .collect()
     }
 
     /// Service defaults and allocations (clusterIP from 192.0.2.0/24, nodePorts from
     /// 30000-32767), carrying allocated values over from `old` on update.
-    fn prepare_service(&self, service: &mut Value, old: Option<&Value>, key: &ObjectKey) -> Vec<FieldError> {
+    fn prepare_service(
+        &self,
+        service: &mut Value,
+        old: Option<&Value>,
+        key: &ObjectKey,
+    ) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        let old_spec = old.and_then(|o| o.get("spec")).cloned().unwrap_or(Value::Null);
+        let old_spec = old
+            .and_then(|o| o.get("spec"))
+            .cloned()
+            .unwrap_or(Value::Null);
         let Some(spec) = service.get_mut("spec").and_then(Value::as_object_mut) else {
             errs.push(FieldError::new("spec", FieldErrorKind::Required, ""));
             return errs;
         };
-        let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+        let ty = spec
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("ClusterIP")
+            .to_string();
         spec.insert("type".into(), Value::String(ty.clone()));
         spec.entry("sessionAffinity").or_insert(json!("None"));
-        spec.entry("internalTrafficPolicy").or_insert(json!("Cluster"));
+        spec.entry("internalTrafficPolicy")
+            .or_insert(json!("Cluster"));
         let needs_node_ports = ty == "NodePort"
-            || (ty == "LoadBalancer" && spec.get("allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false));
+            || (ty == "LoadBalancer"
+                && spec
+                    .get("allocateLoadBalancerNodePorts")
+                    .and_then(Value::as_bool)
+                    != Some(false));
         if ty == "NodePort" || ty == "LoadBalancer" {
-            spec.entry("externalTrafficPolicy").or_insert(json!("Cluster"));
+            spec.entry("externalTrafficPolicy")
+                .or_insert(json!("Cluster"));
             if ty == "LoadBalancer" {
-                spec.entry("allocateLoadBalancerNodePorts").or_insert(json!(true));
+                spec.entry("allocateLoadBalancerNodePorts")
+                    .or_insert(json!(true));
             }
         }
         if ty != "ExternalName" {
-            let old_ip = old_spec.get("clusterIP").and_then(Value::as_str).unwrap_or_default().to_string();
-            let new_ip = spec.get("clusterIP").and_then(Value::as_str).unwrap_or_default().to_string();
+            let old_ip = old_spec
+                .get("clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let new_ip = spec
+                .get("clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             let ip = if old.is_some() && !old_ip.is_empty() {
                 if !new_ip.is_empty() && new_ip != old_ip {
-                    errs.push(FieldError::new("spec.clusterIPs[0]", FieldErrorKind::Invalid, format!("{new_ip:?}: may not change once set")));
+                    errs.push(FieldError::new(
+                        "spec.clusterIPs[0]",
+                        FieldErrorKind::Invalid,
+                        format!("{new_ip:?}: may not change once set"),
+                    ));
                 }
                 old_ip
             } else if new_ip.is_empty() {
                 let used = self.used_cluster_ips();
-                match (1..=254u16).map(|h| format!("192.0.2.{h}")).find(|ip| !used.contains(ip)) {
+                match (1..=254u16)
+                    .map(|h| format!("192.0.2.{h}"))
+                    .find(|ip| !used.contains(ip))
+                {
                     Some(ip) => ip,
                     None => {
-                        errs.push(FieldError::new("spec.clusterIPs", FieldErrorKind::Invalid, "failed to allocate IP: range 192.0.2.0/24 is full"));
+                        errs.push(FieldError::new(
+                            "spec.clusterIPs",
+                            FieldErrorKind::Invalid,
+                            "failed to allocate IP: range 192.0.2.0/24 is full",
+                        ));
                         String::new()
                     }
                 }
@@ -562,7 +646,11 @@ impl Store {
                 spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
             }
         }
-        let old_ports = old_spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+        let old_ports = old_spec
+            .get("ports")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let mut used = self.used_node_ports(Some(key));
         if let Some(Value::Array(ports)) = spec.get_mut("ports") {
             for port in ports.iter_mut() {
@@ -576,11 +664,18 @@ impl Store {
                 if !needs_node_ports {
                     continue;
                 }
-                let has = p.get("nodePort").and_then(Value::as_i64).is_some_and(|n| n != 0);
+                let has = p
+                    .get("nodePort")
+                    .and_then(Value::as_i64)
+                    .is_some_and(|n| n != 0);
                 if !has {
                     let carried = old_ports
                         .iter()
-                        .find(|o| o.get("port") == p.get("port") && o.get("protocol").unwrap_or(&json!("TCP")) == p.get("protocol").unwrap_or(&json!("TCP")))
+                        .find(|o| {
+                            o.get("port") == p.get("port")
+                                && o.get("protocol").unwrap_or(&json!("TCP"))
+                                    == p.get("protocol").unwrap_or(&json!("TCP"))
+                        })
                         .and_then(|o| o.get("nodePort").and_then(Value::as_i64));
                     let n = carried.or_else(|| (30000..=32767).find(|n| !used.contains(n)));
                     if let Some(n) = n {
@@ -594,7 +689,13 @@ impl Store {
     }
 
     /// Kind-specific defaults before validation; returns field errors found while defaulting.
-    fn prepare(&self, kind: &ResourceKind, object: &mut Value, old: Option<&Value>, key: &ObjectKey) -> Vec<FieldError> {
+    fn prepare(
+        &self,
+        kind: &ResourceKind,
+        object: &mut Value,
+        old: Option<&Value>,
+        key: &ObjectKey,
+    ) -> Vec<FieldError> {
         match (kind.group, kind.plural) {
             ("", "services") => self.prepare_service(object, old, key),
             _ => Vec::new(),
@@ -613,26 +714,71 @@ impl Store {
     }
 
     /// Creates an object (POST to a collection).
-    pub fn create(&mut self, resource: usize, namespace: Option<&str>, body: Value, ctx: &WriteContext) -> Result<Value, ApiError> {
-        self.create_with(resource, namespace, body, ctx, Ownership::Update(ctx.manager()))
+    pub fn create(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        body: Value,
+        ctx: &WriteContext,
+    ) -> Result<Value, ApiError> {
+        self.create_with(
+            resource,
+            namespace,
+            body,
+            ctx,
+            Ownership::Update(ctx.manager()),
+        )
     }
 
-    fn create_with(&mut self, resource: usize, namespace: Option<&str>, mut body: Value, ctx: &WriteContext, ownership: Ownership<'_>) -> Result<Value, ApiError> {
+    fn create_with(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        mut body: Value,
+        ctx: &WriteContext,
+        ownership: Ownership<'_>,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         Self::check_type(kind, &mut body)?;
         Self::check_namespace(kind, &mut body, namespace)?;
         let meta = meta_mut(&mut body);
-        if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|rv| !rv.is_empty()) {
-            return Err(ApiError::Internal("resourceVersion should not be set on objects to be created".into()));
+        if meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|rv| !rv.is_empty())
+        {
+            return Err(ApiError::Internal(
+                "resourceVersion should not be set on objects to be created".into(),
+            ));
         }
-        let name_empty = meta.get("name").and_then(Value::as_str).is_none_or(str::is_empty);
-        if name_empty && let Some(prefix) = meta.get("generateName").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+        let name_empty = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty);
+        if name_empty
+            && let Some(prefix) = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+        {
             let suffix = generated_suffix(self.next_uid);
             meta.insert("name".into(), Value::String(format!("{prefix}{suffix}")));
         }
-        let name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         if name.is_empty() {
-            return Err(Self::invalid(kind, "", vec![FieldError::new("metadata.name", FieldErrorKind::Required, "name or generateName is required")]));
+            return Err(Self::invalid(
+                kind,
+                "",
+                vec![FieldError::new(
+                    "metadata.name",
+                    FieldErrorKind::Required,
+                    "name or generateName is required",
+                )],
+            ));
         }
         let ns = kind.namespaced.then(|| namespace.unwrap_or_default());
         if let Some(ns) = ns
@@ -682,8 +828,19 @@ impl Store {
             return Err(Self::invalid(kind, &name, errs));
         }
         if let Ownership::Update(manager) = ownership {
-            let scope = if kind.status_subresource { Scope::AllButStatus } else { Scope::All };
-            apply::record_update(None, &mut body, manager, scope, &kind.api_version(), &ctx.now);
+            let scope = if kind.status_subresource {
+                Scope::AllButStatus
+            } else {
+                Scope::All
+            };
+            apply::record_update(
+                None,
+                &mut body,
+                manager,
+                scope,
+                &kind.api_version(),
+                &ctx.now,
+            );
         }
         let rv = self.next_resource_version();
         meta_mut(&mut body).insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -700,7 +857,15 @@ impl Store {
     }
 
     /// Replaces an object (PUT), on the main resource or on `/status`.
-    pub fn replace(&mut self, resource: usize, namespace: Option<&str>, name: &str, mut body: Value, status: bool, ctx: &WriteContext) -> Result<Value, ApiError> {
+    pub fn replace(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        name: &str,
+        mut body: Value,
+        status: bool,
+        ctx: &WriteContext,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         Self::check_type(kind, &mut body)?;
         Self::check_name(&mut body, name)?;
@@ -708,20 +873,55 @@ impl Store {
         let old = self.get(resource, namespace, name)?;
         match meta_str(&body, "resourceVersion").filter(|rv| !rv.is_empty()) {
             None if !kind.unconditional_update => {
-                return Err(Self::invalid(kind, name, vec![FieldError::new("metadata.resourceVersion", FieldErrorKind::Invalid, "0x0: must be specified for an update")]));
+                return Err(Self::invalid(
+                    kind,
+                    name,
+                    vec![FieldError::new(
+                        "metadata.resourceVersion",
+                        FieldErrorKind::Invalid,
+                        "0x0: must be specified for an update",
+                    )],
+                ));
             }
-            Some(rv) if Some(rv) != meta_str(&old, "resourceVersion") => return Err(Self::stale(kind, name)),
+            Some(rv) if Some(rv) != meta_str(&old, "resourceVersion") => {
+                return Err(Self::stale(kind, name));
+            }
             _ => {}
         }
-        self.commit_update(resource, namespace, old, body, status, ctx, Ownership::Update(ctx.manager()))
+        self.commit_update(
+            resource,
+            namespace,
+            old,
+            body,
+            status,
+            ctx,
+            Ownership::Update(ctx.manager()),
+        )
     }
 
     /// Patches an object; an apply patch creates it when absent.
     #[allow(clippy::too_many_arguments)]
-    pub fn patch(&mut self, resource: usize, namespace: Option<&str>, name: &str, patch_kind: PatchKind, body: &[u8], status: bool, ctx: &WriteContext) -> Result<Value, ApiError> {
+    pub fn patch(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        name: &str,
+        patch_kind: PatchKind,
+        body: &[u8],
+        status: bool,
+        ctx: &WriteContext,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         if patch_kind != PatchKind::Apply && ctx.force {
-            return Err(Self::invalid(kind, name, vec![FieldError::new("force", FieldErrorKind::Forbidden, "may not be specified for non-apply patch")]));
+            return Err(Self::invalid(
+                kind,
+                name,
+                vec![FieldError::new(
+                    "force",
+                    FieldErrorKind::Forbidden,
+                    "may not be specified for non-apply patch",
+                )],
+            ));
         }
         let document: Value = serde_json::from_slice(body).map_err(|e| match patch_kind {
             PatchKind::Apply => ApiError::BadRequest(format!("error decoding apply patch: the fake API server accepts apply patches only as JSON (JSON is YAML; YAML syntax is not supported): {e}")),
@@ -731,23 +931,40 @@ impl Store {
             return self.apply_patch(resource, namespace, name, document, status, ctx);
         }
         if patch_kind == PatchKind::Strategic && kind.is_custom() {
-            return Err(ApiError::UnsupportedMediaType(format!("strategic merge patch is not supported for {}", kind.qualified_name())));
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "strategic merge patch is not supported for {}",
+                kind.qualified_name()
+            )));
         }
         let old = self.get(resource, namespace, name)?;
         let patched = match patch_kind {
             PatchKind::Merge => {
                 if !document.is_object() {
-                    return Err(ApiError::BadRequest("merge patch must be a JSON object".into()));
+                    return Err(ApiError::BadRequest(
+                        "merge patch must be a JSON object".into(),
+                    ));
                 }
                 Ok(patch::merge_patch(&old, &document))
             }
             PatchKind::Json => patch::json_patch(&old, &document),
             PatchKind::Strategic => patch::strategic_merge_patch(&old, &document),
-            PatchKind::Apply => Err(PatchError::WrongShape { expected: "an apply document" }),
+            PatchKind::Apply => Err(PatchError::WrongShape {
+                expected: "an apply document",
+            }),
         }
         .map_err(|e| match e {
-            PatchError::WrongShape { .. } | PatchError::BadOperation { .. } => ApiError::BadRequest(e.to_string()),
-            _ => Self::invalid(kind, name, vec![FieldError::new("patch", FieldErrorKind::Invalid, e.to_string())]),
+            PatchError::WrongShape { .. } | PatchError::BadOperation { .. } => {
+                ApiError::BadRequest(e.to_string())
+            }
+            _ => Self::invalid(
+                kind,
+                name,
+                vec![FieldError::new(
+                    "patch",
+                    FieldErrorKind::Invalid,
+                    e.to_string(),
+                )],
+            ),
         })?;
         let mut patched = patched;
         Self::check_type(kind, &mut patched)?;
@@ -756,24 +973,52 @@ impl Store {
         if meta_str(&patched, "resourceVersion") != meta_str(&old, "resourceVersion") {
             return Err(Self::stale(kind, name));
         }
-        self.commit_update(resource, namespace, old, patched, status, ctx, Ownership::Update(ctx.manager()))
+        self.commit_update(
+            resource,
+            namespace,
+            old,
+            patched,
+            status,
+            ctx,
+            Ownership::Update(ctx.manager()),
+        )
     }
 
-    fn apply_patch(&mut self, resource: usize, namespace: Option<&str>, name: &str, mut document: Value, status: bool, ctx: &WriteContext) -> Result<Value, ApiError> {
+    fn apply_patch(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        name: &str,
+        mut document: Value,
+        status: bool,
+        ctx: &WriteContext,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         let Some(manager) = ctx.field_manager.as_deref().filter(|m| !m.is_empty()) else {
             return Err(ApiError::Invalid {
                 kind: "PatchOptions.meta.k8s.io".into(),
                 name: String::new(),
-                errors: vec![FieldError::new("fieldManager", FieldErrorKind::Required, "is required for apply patch")],
+                errors: vec![FieldError::new(
+                    "fieldManager",
+                    FieldErrorKind::Required,
+                    "is required for apply patch",
+                )],
             });
         };
         if !document.is_object() {
-            return Err(ApiError::BadRequest("apply patch must be a JSON object".into()));
+            return Err(ApiError::BadRequest(
+                "apply patch must be a JSON object".into(),
+            ));
         }
         for field in ["apiVersion", "kind"] {
-            if document.get(field).and_then(Value::as_str).is_none_or(str::is_empty) {
-                return Err(ApiError::BadRequest(format!("{field} must be set in an apply patch")));
+            if document
+                .get(field)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                return Err(ApiError::BadRequest(format!(
+                    "{field} must be set in an apply patch"
+                )));
             }
         }
         Self::check_type(kind, &mut document)?;
@@ -792,12 +1037,20 @@ impl Store {
             api_version: &api_version,
             now: &ctx.now,
         };
-        let live = self.objects.get(&Self::key(resource, kind.namespaced.then(|| namespace.unwrap_or_default()), name)).cloned();
+        let live = self
+            .objects
+            .get(&Self::key(
+                resource,
+                kind.namespaced.then(|| namespace.unwrap_or_default()),
+                name,
+            ))
+            .cloned();
         let Some(live) = live else {
             if status {
                 return Err(Self::not_found(kind, name));
             }
-            let created = apply::apply(None, &document, req).map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
+            let created = apply::apply(None, &document, req)
+                .map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
             return self.create_with(resource, namespace, created, ctx, Ownership::Applied);
         };
         if let Some(rv) = meta_str(&document, "resourceVersion").filter(|rv| !rv.is_empty())
@@ -805,12 +1058,30 @@ impl Store {
         {
             return Err(Self::stale(kind, name));
         }
-        let applied = apply::apply(Some(&live), &document, req).map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
-        self.commit_update(resource, namespace, live, applied, status, ctx, Ownership::Applied)
+        let applied = apply::apply(Some(&live), &document, req)
+            .map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
+        self.commit_update(
+            resource,
+            namespace,
+            live,
+            applied,
+            status,
+            ctx,
+            Ownership::Applied,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn commit_update(&mut self, resource: usize, namespace: Option<&str>, old: Value, new: Value, status: bool, ctx: &WriteContext, ownership: Ownership<'_>) -> Result<Value, ApiError> {
+    fn commit_update(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        old: Value,
+        new: Value,
+        status: bool,
+        ctx: &WriteContext,
+        ownership: Ownership<'_>,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         let name = meta_str(&old, "name").unwrap_or_default().to_string();
         if !kind.status_subresource && status {
@@ -822,7 +1093,10 @@ impl Store {
             return Err(ApiError::Conflict {
                 resource: kind.qualified_name(),
                 name,
-                detail: format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old, "uid").unwrap_or_default()),
+                detail: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(&old, "uid").unwrap_or_default()
+                ),
             });
         }
         let mut result = if status {
@@ -853,9 +1127,20 @@ impl Store {
                     None => m.remove("status"),
                 };
             }
-            let old_meta = old.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+            let old_meta = old
+                .get("metadata")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
             let meta = meta_mut(&mut r);
-            for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "resourceVersion",
+            ] {
                 match old_meta.get(field) {
                     Some(v) => meta.insert(field.into(), v.clone()),
                     None => meta.remove(field),
@@ -870,13 +1155,33 @@ impl Store {
             r
         };
         if meta_str(&old, "deletionTimestamp").is_some() {
-            let before: Vec<Value> = old.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
-            let after: Vec<Value> = result.pointer("/metadata/finalizers").and_then(Value::as_array).cloned().unwrap_or_default();
+            let before: Vec<Value> = old
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let after: Vec<Value> = result
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             if after.iter().any(|f| !before.contains(f)) {
-                return Err(Self::invalid(kind, &name, vec![FieldError::new("metadata.finalizers", FieldErrorKind::Forbidden, "no new finalizers can be added if the object is being deleted")]));
+                return Err(Self::invalid(
+                    kind,
+                    &name,
+                    vec![FieldError::new(
+                        "metadata.finalizers",
+                        FieldErrorKind::Forbidden,
+                        "no new finalizers can be added if the object is being deleted",
+                    )],
+                ));
             }
         }
-        let key = Self::key(resource, kind.namespaced.then(|| namespace.unwrap_or_default()), &name);
+        let key = Self::key(
+            resource,
+            kind.namespaced.then(|| namespace.unwrap_or_default()),
+            &name,
+        );
         let mut errs = self.prepare(kind, &mut result, Some(&old), &key);
         errs.extend(Self::validate(kind, &result));
         if !errs.is_empty() {
@@ -888,18 +1193,32 @@ impl Store {
                 (false, true) => Scope::AllButStatus,
                 (false, false) => Scope::All,
             };
-            apply::record_update(Some(&old), &mut result, manager, scope, &kind.api_version(), &ctx.now);
+            apply::record_update(
+                Some(&old),
+                &mut result,
+                manager,
+                scope,
+                &kind.api_version(),
+                &ctx.now,
+            );
         }
         if without_resource_version(&result) == without_resource_version(&old) {
             return Ok(old);
         }
         if without_meta_and_status(&result) != without_meta_and_status(&old) {
-            let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+            let generation = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+                + 1;
             meta_mut(&mut result).insert("generation".into(), json!(generation));
         }
         let rv = self.next_resource_version();
         meta_mut(&mut result).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        let finalizers_left = result.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+        let finalizers_left = result
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
         let event = if meta_str(&result, "deletionTimestamp").is_some() && !finalizers_left {
             self.objects.remove(&key);
             EventType::Deleted
@@ -919,7 +1238,14 @@ impl Store {
     }
 
     /// Deletes an object, honouring finalizers and `DeleteOptions.preconditions`.
-    pub fn delete(&mut self, resource: usize, namespace: Option<&str>, name: &str, options: &Value, ctx: &WriteContext) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        resource: usize,
+        namespace: Option<&str>,
+        name: &str,
+        options: &Value,
+        ctx: &WriteContext,
+    ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
         let old = self.get(resource, namespace, name)?;
         if let Some(pre) = options.get("preconditions") {
@@ -929,7 +1255,10 @@ impl Store {
                 return Err(ApiError::Conflict {
                     resource: kind.qualified_name(),
                     name: name.into(),
-                    detail: format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old, "uid").unwrap_or_default()),
+                    detail: format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        meta_str(&old, "uid").unwrap_or_default()
+                    ),
                 });
             }
             if let Some(rv) = pre.get("resourceVersion").and_then(Value::as_str)
@@ -938,7 +1267,10 @@ impl Store {
                 return Err(ApiError::Conflict {
                     resource: kind.qualified_name(),
                     name: name.into(),
-                    detail: format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", meta_str(&old, "resourceVersion").unwrap_or_default()),
+                    detail: format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        meta_str(&old, "resourceVersion").unwrap_or_default()
+                    ),
                 });
             }
         }
@@ -948,17 +1280,35 @@ impl Store {
             return Err(ApiError::Invalid {
                 kind: "DeleteOptions".into(),
                 name: String::new(),
-                errors: vec![FieldError::new("propagationPolicy", FieldErrorKind::NotSupported, format!("{policy:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""))],
+                errors: vec![FieldError::new(
+                    "propagationPolicy",
+                    FieldErrorKind::NotSupported,
+                    format!(
+                        "{policy:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    ),
+                )],
             });
         }
-        let key = Self::key(resource, kind.namespaced.then(|| namespace.unwrap_or_default()), name);
+        let key = Self::key(
+            resource,
+            kind.namespaced.then(|| namespace.unwrap_or_default()),
+            name,
+        );
         if resource == NAMESPACES {
-            let contained: Vec<ObjectKey> = self.objects.keys().filter(|(r, ns, _)| *r != NAMESPACES && *ns == name).cloned().collect();
+            let contained: Vec<ObjectKey> = self
+                .objects
+                .keys()
+                .filter(|(r, ns, _)| *r != NAMESPACES && *ns == name)
+                .cloned()
+                .collect();
             for (r, ns, n) in contained {
                 self.delete(r, Some(&ns), &n, &Value::Null, ctx)?;
             }
         }
-        let has_finalizers = old.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+        let has_finalizers = old
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
         if has_finalizers {
             if meta_str(&old, "deletionTimestamp").is_some() {
                 return Ok(old);
@@ -1003,7 +1353,9 @@ impl Store {
         let initial = || -> Vec<(EventType, Value)> {
             self.objects
                 .iter()
-                .filter(|((r, ns, _), _)| *r == filter.resource && filter.namespace.as_ref().is_none_or(|n| n == ns))
+                .filter(|((r, ns, _), _)| {
+                    *r == filter.resource && filter.namespace.as_ref().is_none_or(|n| n == ns)
+                })
                 .map(|(_, v)| v)
                 .filter(|v| filter.matches(v))
                 .map(|v| (EventType::Added, v.clone()))
@@ -1022,12 +1374,17 @@ impl Store {
                 resource_version: current,
                 live,
             },
-            WatchStart::After(rv) if rv > current => WatchBegin::Error(ApiError::TooLargeResourceVersion {
-                requested: rv,
-                current,
-            }),
+            WatchStart::After(rv) if rv > current => {
+                WatchBegin::Error(ApiError::TooLargeResourceVersion {
+                    requested: rv,
+                    current,
+                })
+            }
             WatchStart::After(rv) if rv < self.compacted_through => {
-                WatchBegin::Error(ApiError::Expired(format!("too old resource version: {rv} ({})", self.compacted_through + 1)))
+                WatchBegin::Error(ApiError::Expired(format!(
+                    "too old resource version: {rv} ({})",
+                    self.compacted_through + 1
+                )))
             }
             WatchStart::After(rv) => {
                 let backlog = self
@@ -1080,7 +1437,12 @@ pub fn rfc3339(unix_seconds: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
 }
 
 #[cfg(test)]
@@ -1114,9 +1476,20 @@ mod tests {
     #[test]
     fn a_noop_update_keeps_the_resource_version_and_records_no_event() {
         let mut store = Store::new(100, "t");
-        let created = store.create(svc_index(), Some("default"), svc("web"), &ctx()).unwrap();
+        let created = store
+            .create(svc_index(), Some("default"), svc("web"), &ctx())
+            .unwrap();
         let rv = store.resource_version();
-        let same = store.replace(svc_index(), Some("default"), "web", created.clone(), false, &ctx()).unwrap();
+        let same = store
+            .replace(
+                svc_index(),
+                Some("default"),
+                "web",
+                created.clone(),
+                false,
+                &ctx(),
+            )
+            .unwrap();
         assert_eq!(same, created);
         assert_eq!(store.resource_version(), rv);
     }
@@ -1124,8 +1497,12 @@ mod tests {
     #[test]
     fn services_get_a_cluster_ip_from_the_documentation_range_and_default_ports() {
         let mut store = Store::new(100, "t");
-        let a = store.create(svc_index(), Some("default"), svc("a"), &ctx()).unwrap();
-        let b = store.create(svc_index(), Some("default"), svc("b"), &ctx()).unwrap();
+        let a = store
+            .create(svc_index(), Some("default"), svc("a"), &ctx())
+            .unwrap();
+        let b = store
+            .create(svc_index(), Some("default"), svc("b"), &ctx())
+            .unwrap();
         assert_eq!(a["spec"]["clusterIP"], "192.0.2.1");
         assert_eq!(b["spec"]["clusterIP"], "192.0.2.2");
         assert_eq!(a["spec"]["ports"][0]["protocol"], "TCP");
@@ -1143,11 +1520,17 @@ mod tests {
         };
         let start = store.resource_version();
         for n in ["a", "b", "c"] {
-            store.create(svc_index(), Some("default"), svc(n), &ctx()).unwrap();
+            store
+                .create(svc_index(), Some("default"), svc(n), &ctx())
+                .unwrap();
         }
-        assert!(matches!(store.watch(&filter, WatchStart::After(start)), WatchBegin::Error(ApiError::Expired(_))));
+        assert!(matches!(
+            store.watch(&filter, WatchStart::After(start)),
+            WatchBegin::Error(ApiError::Expired(_))
+        ));
         let recent = store.resource_version() - 1;
-        let WatchBegin::Stream { backlog, .. } = store.watch(&filter, WatchStart::After(recent)) else {
+        let WatchBegin::Stream { backlog, .. } = store.watch(&filter, WatchStart::After(recent))
+        else {
             panic!("a recent resourceVersion must be served");
         };
         assert_eq!(backlog.len(), 1);

@@ -155,13 +155,19 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
         if p.is_empty() {
             errs.push("prefix part must be non-empty".to_string());
         } else {
-            errs.extend(dns1123_subdomain_errors(p).into_iter().map(|e| format!("prefix part {e}")));
+            errs.extend(
+                dns1123_subdomain_errors(p)
+                    .into_iter()
+                    .map(|e| format!("prefix part {e}")),
+            );
         }
     }
     let alnum = |c: char| c.is_ascii_alphanumeric();
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.chars().all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
+        && name
+            .chars()
+            .all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
         && name.chars().next().is_some_and(alnum)
         && name.chars().last().is_some_and(alnum);
     if !ok {
@@ -178,13 +184,17 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
     }
     let alnum = |c: char| c.is_ascii_alphanumeric();
     let ok = value.len() <= 63
-        && value.chars().all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
+        && value
+            .chars()
+            .all(|c| alnum(c) || c == '-' || c == '_' || c == '.')
         && value.chars().next().is_some_and(alnum)
         && value.chars().last().is_some_and(alnum);
     if ok {
         Vec::new()
     } else {
-        vec![format!("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, at most 63 characters (value {value:?})")]
+        vec![format!(
+            "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, at most 63 characters (value {value:?})"
+        )]
     }
 }
 
@@ -192,7 +202,10 @@ pub fn label_value_errors(value: &str) -> Vec<String> {
 pub fn metadata_errors(kind: &ResourceKind, object: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let meta = object.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if name.is_empty() {
         errs.push(FieldError::new(
             "metadata.name",
@@ -201,7 +214,11 @@ pub fn metadata_errors(kind: &ResourceKind, object: &Value) -> Vec<FieldError> {
         ));
     } else {
         for e in name_errors(kind.name_rule, name) {
-            errs.push(FieldError::new("metadata.name", FieldErrorKind::Invalid, format!("{name:?}: {e}")));
+            errs.push(FieldError::new(
+                "metadata.name",
+                FieldErrorKind::Invalid,
+                format!("{name:?}: {e}"),
+            ));
         }
     }
     match meta.and_then(|m| m.get("labels")) {
@@ -209,33 +226,61 @@ pub fn metadata_errors(kind: &ResourceKind, object: &Value) -> Vec<FieldError> {
         Some(Value::Object(labels)) => {
             for (k, v) in labels {
                 for e in qualified_name_errors(k) {
-                    errs.push(FieldError::new("metadata.labels", FieldErrorKind::Invalid, format!("{k:?}: {e}")));
+                    errs.push(FieldError::new(
+                        "metadata.labels",
+                        FieldErrorKind::Invalid,
+                        format!("{k:?}: {e}"),
+                    ));
                 }
                 match v.as_str() {
                     Some(s) => {
                         for e in label_value_errors(s) {
-                            errs.push(FieldError::new(format!("metadata.labels.{k}"), FieldErrorKind::Invalid, e));
+                            errs.push(FieldError::new(
+                                format!("metadata.labels.{k}"),
+                                FieldErrorKind::Invalid,
+                                e,
+                            ));
                         }
                     }
-                    None => errs.push(FieldError::new(format!("metadata.labels.{k}"), FieldErrorKind::Invalid, "label values must be strings")),
+                    None => errs.push(FieldError::new(
+                        format!("metadata.labels.{k}"),
+                        FieldErrorKind::Invalid,
+                        "label values must be strings",
+                    )),
                 }
             }
         }
-        Some(_) => errs.push(FieldError::new("metadata.labels", FieldErrorKind::Invalid, "must be a map of strings")),
+        Some(_) => errs.push(FieldError::new(
+            "metadata.labels",
+            FieldErrorKind::Invalid,
+            "must be a map of strings",
+        )),
     }
     match meta.and_then(|m| m.get("annotations")) {
         None | Some(Value::Null) => {}
         Some(Value::Object(annotations)) => {
             for (k, v) in annotations {
                 for e in qualified_name_errors(&k.to_ascii_lowercase()) {
-                    errs.push(FieldError::new("metadata.annotations", FieldErrorKind::Invalid, format!("{k:?}: {e}")));
+                    errs.push(FieldError::new(
+                        "metadata.annotations",
+                        FieldErrorKind::Invalid,
+                        format!("{k:?}: {e}"),
+                    ));
                 }
                 if !v.is_string() {
-                    errs.push(FieldError::new(format!("metadata.annotations.{k}"), FieldErrorKind::Invalid, "annotation values must be strings"));
+                    errs.push(FieldError::new(
+                        format!("metadata.annotations.{k}"),
+                        FieldErrorKind::Invalid,
+                        "annotation values must be strings",
+                    ));
                 }
             }
         }
-        Some(_) => errs.push(FieldError::new("metadata.annotations", FieldErrorKind::Invalid, "must be a map of strings")),
+        Some(_) => errs.push(FieldError::new(
+            "metadata.annotations",
+            FieldErrorKind::Invalid,
+            "must be a map of strings",
+        )),
     }
     match meta.and_then(|m| m.get("finalizers")) {
         None | Some(Value::Null) => {}
@@ -243,11 +288,19 @@ pub fn metadata_errors(kind: &ResourceKind, object: &Value) -> Vec<FieldError> {
             for (i, f) in fins.iter().enumerate() {
                 match f.as_str() {
                     Some(s) if qualified_name_errors(s).is_empty() => {}
-                    _ => errs.push(FieldError::new(format!("metadata.finalizers[{i}]"), FieldErrorKind::Invalid, format!("{f}: must be a qualified name"))),
+                    _ => errs.push(FieldError::new(
+                        format!("metadata.finalizers[{i}]"),
+                        FieldErrorKind::Invalid,
+                        format!("{f}: must be a qualified name"),
+                    )),
                 }
             }
         }
-        Some(_) => errs.push(FieldError::new("metadata.finalizers", FieldErrorKind::Invalid, "must be a list of strings")),
+        Some(_) => errs.push(FieldError::new(
+            "metadata.finalizers",
+            FieldErrorKind::Invalid,
+            "must be a list of strings",
+        )),
     }
     errs
 }
@@ -259,11 +312,18 @@ const SERVICE_TYPES: [&str; 4] = ["ClusterIP", "NodePort", "LoadBalancer", "Exte
 pub fn service_errors(object: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let spec = object.get("spec").cloned().unwrap_or(Value::Null);
-    let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP");
+    let ty = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
     if !SERVICE_TYPES.contains(&ty) {
         errs.push(FieldError::new("spec.type", FieldErrorKind::NotSupported, format!("{ty:?}: supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\"")));
     }
-    let ports = spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let ports = spec
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if ports.is_empty() && ty != "ExternalName" {
         errs.push(FieldError::new("spec.ports", FieldErrorKind::Required, ""));
     }
@@ -272,12 +332,20 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
         let at = |f: &str| format!("spec.ports[{i}].{f}");
         match p.get("port").and_then(Value::as_i64) {
             Some(n) if (1..=65535).contains(&n) => {}
-            Some(n) => errs.push(FieldError::new(at("port"), FieldErrorKind::Invalid, format!("{n}: must be between 1 and 65535, inclusive"))),
+            Some(n) => errs.push(FieldError::new(
+                at("port"),
+                FieldErrorKind::Invalid,
+                format!("{n}: must be between 1 and 65535, inclusive"),
+            )),
             None => errs.push(FieldError::new(at("port"), FieldErrorKind::Required, "")),
         }
         let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
         if !["TCP", "UDP", "SCTP"].contains(&proto) {
-            errs.push(FieldError::new(at("protocol"), FieldErrorKind::NotSupported, format!("{proto:?}: supported values: \"SCTP\", \"TCP\", \"UDP\"")));
+            errs.push(FieldError::new(
+                at("protocol"),
+                FieldErrorKind::NotSupported,
+                format!("{proto:?}: supported values: \"SCTP\", \"TCP\", \"UDP\""),
+            ));
         }
         let name = p.get("name").and_then(Value::as_str).unwrap_or_default();
         if ports.len() > 1 && name.is_empty() {
@@ -288,14 +356,22 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
                 errs.push(FieldError::new(at("name"), FieldErrorKind::Invalid, e));
             }
             if !names.insert(name.to_string()) {
-                errs.push(FieldError::new(at("name"), FieldErrorKind::Invalid, format!("{name:?}: duplicate port name")));
+                errs.push(FieldError::new(
+                    at("name"),
+                    FieldErrorKind::Invalid,
+                    format!("{name:?}: duplicate port name"),
+                ));
             }
         }
         if let Some(np) = p.get("nodePort").and_then(Value::as_i64)
             && np != 0
         {
             if ty == "ClusterIP" {
-                errs.push(FieldError::new(at("nodePort"), FieldErrorKind::Forbidden, "may not be used when `type` is 'ClusterIP'"));
+                errs.push(FieldError::new(
+                    at("nodePort"),
+                    FieldErrorKind::Forbidden,
+                    "may not be used when `type` is 'ClusterIP'",
+                ));
             } else if !(30000..=32767).contains(&np) {
                 errs.push(FieldError::new(at("nodePort"), FieldErrorKind::Invalid, format!("{np}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
             }
@@ -304,7 +380,11 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
     if let Some(policy) = spec.get("externalTrafficPolicy").and_then(Value::as_str)
         && !["Cluster", "Local"].contains(&policy)
     {
-        errs.push(FieldError::new("spec.externalTrafficPolicy", FieldErrorKind::NotSupported, format!("{policy:?}: supported values: \"Cluster\", \"Local\"")));
+        errs.push(FieldError::new(
+            "spec.externalTrafficPolicy",
+            FieldErrorKind::NotSupported,
+            format!("{policy:?}: supported values: \"Cluster\", \"Local\""),
+        ));
     }
     for field in ["clusterIP", "loadBalancerIP"] {
         if let Some(ip) = spec.get(field).and_then(Value::as_str)
@@ -312,7 +392,11 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
             && ip != "None"
             && ip.parse::<std::net::IpAddr>().is_err()
         {
-            errs.push(FieldError::new(format!("spec.{field}"), FieldErrorKind::Invalid, format!("{ip:?}: must be a valid IP address")));
+            errs.push(FieldError::new(
+                format!("spec.{field}"),
+                FieldErrorKind::Invalid,
+                format!("{ip:?}: must be a valid IP address"),
+            ));
         }
     }
     errs
@@ -321,19 +405,46 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
 /// `events.k8s.io/v1` Event checks the real server applies to new events.
 pub fn events_v1_errors(object: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    for field in ["eventTime", "reportingController", "reportingInstance", "action", "reason"] {
-        if object.get(field).and_then(Value::as_str).is_none_or(str::is_empty) {
+    for field in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        if object
+            .get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             errs.push(FieldError::new(field, FieldErrorKind::Required, ""));
         }
     }
-    let ty = object.get("type").and_then(Value::as_str).unwrap_or_default();
+    let ty = object
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if ty != "Normal" && ty != "Warning" {
-        errs.push(FieldError::new("type", FieldErrorKind::Invalid, format!("{ty:?}: has invalid value, must be Normal or Warning")));
+        errs.push(FieldError::new(
+            "type",
+            FieldErrorKind::Invalid,
+            format!("{ty:?}: has invalid value, must be Normal or Warning"),
+        ));
     }
-    if let Some(n) = object.pointer("/regarding/namespace").and_then(Value::as_str) {
-        let ns = object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+    if let Some(n) = object
+        .pointer("/regarding/namespace")
+        .and_then(Value::as_str)
+    {
+        let ns = object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if !n.is_empty() && n != ns {
-            errs.push(FieldError::new("regarding.namespace", FieldErrorKind::Invalid, format!("{n:?}: does not match event.namespace")));
+            errs.push(FieldError::new(
+                "regarding.namespace",
+                FieldErrorKind::Invalid,
+                format!("{n:?}: does not match event.namespace"),
+            ));
         }
     }
     errs
@@ -342,10 +453,20 @@ pub fn events_v1_errors(object: &Value) -> Vec<FieldError> {
 /// core/v1 Event checks: the involved object's namespace must match the event's.
 pub fn events_core_errors(object: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let ns = object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-    match object.pointer("/involvedObject/namespace").and_then(Value::as_str) {
+    let ns = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    match object
+        .pointer("/involvedObject/namespace")
+        .and_then(Value::as_str)
+    {
         Some(n) if !n.is_empty() && n != ns => {
-            errs.push(FieldError::new("involvedObject.namespace", FieldErrorKind::Invalid, format!("{n:?}: does not match event.namespace")));
+            errs.push(FieldError::new(
+                "involvedObject.namespace",
+                FieldErrorKind::Invalid,
+                format!("{n:?}: does not match event.namespace"),
+            ));
         }
         _ => {}
     }
