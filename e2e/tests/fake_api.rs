@@ -14,7 +14,7 @@ use kube::api::{
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -1060,4 +1060,67 @@ async fn a_kube_runtime_controller_reconciles_services_against_the_fake_server()
     })
     .await;
     task.abort();
+}
+
+#[tokio::test]
+async fn the_kube_event_recorder_creates_and_then_patches_an_event_series() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let (_server, client) = start(quick()).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let svc = services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "swimlb-controller".into(),
+            instance: Some("test-0".into()),
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "IPAllocated".into(),
+        note: Some("198.51.100.7 from pool lab".into()),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    let reference = svc.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(listed[0].reason.as_deref(), Some("IPAllocated"));
+}
+
+#[tokio::test]
+async fn kube_lease_manager_elects_one_holder_and_hands_over_on_release() {
+    use kube_lease_manager::LeaseManagerBuilder;
+    let (_server, client) = start(quick()).await;
+    let build = |identity: &str| {
+        LeaseManagerBuilder::new(client.clone(), "swimlb-controller")
+            .with_namespace("default")
+            .with_identity(identity)
+            .with_duration(5)
+            .with_grace(2)
+            .build()
+    };
+    let a = build("a").await.unwrap();
+    let b = build("b").await.unwrap();
+    assert!(bounded("a to lead", a.changed()).await.unwrap());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = |l: Lease| l.spec.and_then(|s| s.holder_identity);
+    assert_eq!(
+        holder(leases.get("swimlb-controller").await.unwrap()).as_deref(),
+        Some("a")
+    );
+    a.release().await.unwrap();
+    assert!(bounded("b to lead", b.changed()).await.unwrap());
+    assert_eq!(
+        holder(leases.get("swimlb-controller").await.unwrap()).as_deref(),
+        Some("b")
+    );
 }
