@@ -1124,3 +1124,148 @@ async fn kube_lease_manager_elects_one_holder_and_hands_over_on_release() {
         Some("b")
     );
 }
+
+#[tokio::test]
+async fn pods_keep_their_spec_and_endpoint_slices_need_valid_addresses() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let (_server, client) = start(quick()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(created.status.unwrap().phase.as_deref(), Some("Pending"));
+    let moved = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "n1"}})),
+        )
+        .await;
+    assert_eq!(
+        api_error(moved.unwrap_err()).0,
+        422,
+        "a pod's spec is immutable"
+    );
+    let image = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "c", "image": "busybox:2"}]}}),
+            ),
+        )
+        .await;
+    assert!(image.is_ok(), "container images may change: {image:?}");
+    let ready = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "203.0.113.5"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ready.status.unwrap().pod_ip.as_deref(), Some("203.0.113.5"));
+    let no_image: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "q"}, "spec": {"containers": [{"name": "c"}]}}),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(
+            pods.create(&PostParams::default(), &no_image)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let slice = |addr: &str| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-abc", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [addr], "conditions": {"ready": true}, "nodeName": "n1"}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+        }))
+        .unwrap()
+    };
+    assert_eq!(
+        api_error(
+            slices
+                .create(&PostParams::default(), &slice("2001:db8::1"))
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422
+    );
+    let created = slices
+        .create(&PostParams::default(), &slice("203.0.113.5"))
+        .await
+        .unwrap();
+    let listed = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let mut v6 = created.clone();
+    v6.address_type = "IPv6".into();
+    if let Some(eps) = v6.endpoints.as_mut() {
+        eps[0].addresses = vec!["2001:db8::1".into()];
+    }
+    assert_eq!(
+        api_error(
+            slices
+                .replace("web-abc", &PostParams::default(), &v6)
+                .await
+                .unwrap_err()
+        )
+        .0,
+        422,
+        "addressType is immutable"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_watches_and_an_any_semantic_watcher_lists_from_resource_version_zero() {
+    let (server, client) = start(quick()).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    services
+        .create(&PostParams::default(), &service("web", json!({})))
+        .await
+        .unwrap();
+    let mut events = watcher(services.clone(), watcher::Config::default().any_semantic()).boxed();
+    let mut applied = 0;
+    bounded("the initial list", async {
+        loop {
+            match events.try_next().await.unwrap().unwrap() {
+                watcher::Event::InitApply(_) => applied += 1,
+                watcher::Event::InitDone => break,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(applied, 1);
+    let rv = services
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = services
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    server.shutdown().await;
+    let end = bounded("the watch to end at shutdown", stream.next()).await;
+    assert!(
+        !matches!(end, Some(Ok(_))),
+        "no more events after shutdown: {end:?}"
+    );
+}

@@ -413,21 +413,16 @@ fn start_watch(
                 "sendInitialEvents requires setting allowWatchBookmarks to true",
             ));
         }
-        match rv {
-            Some(v) if v != "0" => {
-                let n = v.parse::<u64>().map_err(|_| {
-                    ApiError::BadRequest(format!("invalid resource version: {v:?}"))
-                })?;
-                if n > shared.lock().resource_version() {
-                    return Err(ApiError::TooLargeResourceVersion {
-                        requested: n,
-                        current: shared.lock().resource_version(),
-                    });
-                }
-                WatchStart::InitialEvents
+        if let Some(v) = rv.filter(|v| *v != "0") {
+            let requested = v
+                .parse::<u64>()
+                .map_err(|_| ApiError::BadRequest(format!("invalid resource version: {v:?}")))?;
+            let current = shared.lock().resource_version();
+            if requested > current {
+                return Err(ApiError::TooLargeResourceVersion { requested, current });
             }
-            _ => WatchStart::InitialEvents,
         }
+        WatchStart::InitialEvents
     } else {
         if version_match.is_some() {
             return Err(list_options_invalid(

@@ -702,10 +702,15 @@ impl Store {
         }
     }
 
-    fn validate(kind: &ResourceKind, object: &Value) -> Vec<FieldError> {
+    fn validate(kind: &ResourceKind, object: &Value, old: Option<&Value>) -> Vec<FieldError> {
         let mut errs = validation::metadata_errors(kind, object);
         match (kind.group, kind.plural) {
             ("", "services") => errs.extend(validation::service_errors(object)),
+            ("", "pods") => errs.extend(validation::pod_errors(object, old)),
+            ("discovery.k8s.io", "endpointslices") => {
+                errs.extend(validation::endpoint_slice_errors(object, old))
+            }
+            ("coordination.k8s.io", "leases") => errs.extend(validation::lease_errors(object)),
             ("", "events") => errs.extend(validation::events_core_errors(object)),
             ("events.k8s.io", "events") => errs.extend(validation::events_v1_errors(object)),
             _ => {}
@@ -823,7 +828,7 @@ impl Store {
             }
         }
         let mut errs = self.prepare(kind, &mut body, None, &key);
-        errs.extend(Self::validate(kind, &body));
+        errs.extend(Self::validate(kind, &body, None));
         if !errs.is_empty() {
             return Err(Self::invalid(kind, &name, errs));
         }
@@ -1183,7 +1188,7 @@ impl Store {
             &name,
         );
         let mut errs = self.prepare(kind, &mut result, Some(&old), &key);
-        errs.extend(Self::validate(kind, &result));
+        errs.extend(Self::validate(kind, &result, Some(&old)));
         if !errs.is_empty() {
             return Err(Self::invalid(kind, &name, errs));
         }

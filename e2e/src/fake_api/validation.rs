@@ -4,7 +4,7 @@
 //! Owns: the pure checks, each returning the list of field errors (empty = valid), in the
 //! wording of the real server's `field.ErrorList`. Guarantees: what is rejected here is rejected
 //! by a real server too; the converse is not complete (custom resources get no OpenAPI schema
-//! validation, and core kinds only get the checks listed in the module of each function).
+//! validation, and core kinds only get the checks listed in the doc of each function).
 
 use serde_json::Value;
 use std::fmt;
@@ -469,6 +469,184 @@ pub fn events_core_errors(object: &Value) -> Vec<FieldError> {
             ));
         }
         _ => {}
+    }
+    errs
+}
+
+/// `discovery.k8s.io/v1` EndpointSlice checks: `addressType` (IPv4, IPv6, FQDN; immutable),
+/// 1..100 addresses per endpoint, valid for the address type, ports 1..65535 when set.
+pub fn endpoint_slice_errors(object: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let ty = object
+        .get("addressType")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if ty.is_empty() {
+        errs.push(FieldError::new("addressType", FieldErrorKind::Required, ""));
+    } else if !["IPv4", "IPv6", "FQDN"].contains(&ty) {
+        errs.push(FieldError::new(
+            "addressType",
+            FieldErrorKind::NotSupported,
+            format!("{ty:?}: supported values: \"FQDN\", \"IPv4\", \"IPv6\""),
+        ));
+    }
+    if let Some(old_ty) = old
+        .and_then(|o| o.get("addressType"))
+        .and_then(Value::as_str)
+        && old_ty != ty
+    {
+        errs.push(FieldError::new(
+            "addressType",
+            FieldErrorKind::Invalid,
+            format!("{ty:?}: field is immutable"),
+        ));
+    }
+    let endpoints = object
+        .get("endpoints")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (i, ep) in endpoints.iter().enumerate() {
+        let addresses = ep
+            .get("addresses")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if addresses.is_empty() || addresses.len() > 100 {
+            errs.push(FieldError::new(
+                format!("endpoints[{i}].addresses"),
+                FieldErrorKind::Invalid,
+                "must contain at least 1 and at most 100 addresses",
+            ));
+        }
+        for (j, a) in addresses.iter().enumerate() {
+            let a = a.as_str().unwrap_or_default();
+            let ok = match ty {
+                "IPv4" => a.parse::<std::net::Ipv4Addr>().is_ok(),
+                "IPv6" => a.parse::<std::net::Ipv6Addr>().is_ok(),
+                _ => dns1123_subdomain_errors(a).is_empty(),
+            };
+            if !ok {
+                errs.push(FieldError::new(
+                    format!("endpoints[{i}].addresses[{j}]"),
+                    FieldErrorKind::Invalid,
+                    format!("{a:?}: must be a valid {ty} address"),
+                ));
+            }
+        }
+    }
+    let ports = object
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (i, p) in ports.iter().enumerate() {
+        if let Some(n) = p.get("port").and_then(Value::as_i64)
+            && !(1..=65535).contains(&n)
+        {
+            errs.push(FieldError::new(
+                format!("ports[{i}].port"),
+                FieldErrorKind::Invalid,
+                format!("{n}: must be between 1 and 65535, inclusive"),
+            ));
+        }
+    }
+    errs
+}
+
+/// `coordination.k8s.io/v1` Lease checks: durations and transitions are not negative or zero.
+pub fn lease_errors(object: &Value) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if let Some(d) = object
+        .pointer("/spec/leaseDurationSeconds")
+        .and_then(Value::as_i64)
+        && d <= 0
+    {
+        errs.push(FieldError::new(
+            "spec.leaseDurationSeconds",
+            FieldErrorKind::Invalid,
+            format!("{d}: must be greater than 0"),
+        ));
+    }
+    if let Some(t) = object
+        .pointer("/spec/leaseTransitions")
+        .and_then(Value::as_i64)
+        && t < 0
+    {
+        errs.push(FieldError::new(
+            "spec.leaseTransitions",
+            FieldErrorKind::Invalid,
+            format!("{t}: must be greater than or equal to 0"),
+        ));
+    }
+    errs
+}
+
+fn without_pod_mutable_fields(spec: &Value) -> Value {
+    let mut spec = spec.clone();
+    if let Some(m) = spec.as_object_mut() {
+        m.remove("activeDeadlineSeconds");
+        m.remove("tolerations");
+        for list in ["containers", "initContainers"] {
+            if let Some(Value::Array(cs)) = m.get_mut(list) {
+                for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                    c.remove("image");
+                }
+            }
+        }
+    }
+    spec
+}
+
+/// Pod checks: at least one container, each with a DNS-1123 label name and an image; on update,
+/// the spec may only change container images, `activeDeadlineSeconds` and tolerations.
+pub fn pod_errors(object: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let containers = object
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if containers.is_empty() {
+        errs.push(FieldError::new(
+            "spec.containers",
+            FieldErrorKind::Required,
+            "",
+        ));
+    }
+    for (i, c) in containers.iter().enumerate() {
+        let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
+        if name.is_empty() {
+            errs.push(FieldError::new(
+                format!("spec.containers[{i}].name"),
+                FieldErrorKind::Required,
+                "",
+            ));
+        } else {
+            for e in dns1123_label_errors(name) {
+                errs.push(FieldError::new(
+                    format!("spec.containers[{i}].name"),
+                    FieldErrorKind::Invalid,
+                    e,
+                ));
+            }
+        }
+        if c.get("image")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            errs.push(FieldError::new(
+                format!("spec.containers[{i}].image"),
+                FieldErrorKind::Required,
+                "",
+            ));
+        }
+    }
+    if let Some(old_spec) = old.and_then(|o| o.get("spec")) {
+        let new_spec = object.get("spec").cloned().unwrap_or(Value::Null);
+        if without_pod_mutable_fields(old_spec) != without_pod_mutable_fields(&new_spec) {
+            errs.push(FieldError::new("spec", FieldErrorKind::Forbidden, "pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing tolerations)"));
+        }
     }
     errs
 }
