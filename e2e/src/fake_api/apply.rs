@@ -355,10 +355,15 @@ fn upsert_entry<'a>(
 /// Server-side apply of `applied` (already checked for kind and name) onto `live` (`None` when
 /// the object does not exist yet; then the result starts from `applied`'s identity).
 /// Returns the new object with managedFields updated, or the conflicts.
+///
+/// `normalize` applies the server's defaulting to a candidate result, so that a value that only
+/// differs from the live one before defaulting (a port without its default protocol) is neither a
+/// conflict nor a change, as in the real server, which compares defaulted objects.
 pub fn apply(
     live: Option<&Value>,
     applied: &Value,
     req: ApplyRequest<'_>,
+    normalize: &dyn Fn(&mut Value),
 ) -> Result<Value, Vec<Conflict>> {
     let applied_scoped = scoped(applied, req.scope);
     let new_fields = leaf_paths(&applied_scoped);
@@ -400,12 +405,14 @@ pub fn apply(
         }
     }
     merge_applied(&mut result, &applied_scoped);
+    let mut normalized = result.clone();
+    normalize(&mut normalized);
 
     let mut conflicts = Vec::new();
     for e in entries.iter().filter(|e| e.manager != req.manager) {
         for q in &e.fields {
             if new_fields.iter().any(|p| related(p, q))
-                && get_path(&base, q) != get_path(&result, q)
+                && get_path(&base, q) != get_path(&normalized, q)
             {
                 conflicts.push(Conflict {
                     manager: e.manager.clone(),
@@ -421,11 +428,11 @@ pub fn apply(
         for e in entries.iter_mut().filter(|e| e.manager != req.manager) {
             e.fields.retain(|q| {
                 !(new_fields.iter().any(|p| related(p, q))
-                    && get_path(&base, q) != get_path(&result, q))
+                    && get_path(&base, q) != get_path(&normalized, q))
             });
         }
     }
-    let unchanged = live.is_some_and(|l| scoped(l, Scope::All) == scoped(&result, Scope::All))
+    let unchanged = live.is_some_and(|l| scoped(l, Scope::All) == scoped(&normalized, Scope::All))
         && previous == new_fields;
     let entry = upsert_entry(
         &mut entries,
@@ -502,15 +509,15 @@ mod tests {
 
     #[test]
     fn two_managers_applying_the_same_value_share_the_field() {
-        let a = apply(None, &cm(json!({"x": "1"})), req("a", false)).unwrap();
-        let b = apply(Some(&a), &cm(json!({"x": "1"})), req("b", false)).unwrap();
+        let a = apply(None, &cm(json!({"x": "1"})), req("a", false), &|_| {}).unwrap();
+        let b = apply(Some(&a), &cm(json!({"x": "1"})), req("b", false), &|_| {}).unwrap();
         assert_eq!(read_managed(&b).len(), 2);
     }
 
     #[test]
     fn changing_a_field_owned_by_another_manager_conflicts_unless_forced() {
-        let a = apply(None, &cm(json!({"x": "1"})), req("a", false)).unwrap();
-        let err = apply(Some(&a), &cm(json!({"x": "2"})), req("b", false)).unwrap_err();
+        let a = apply(None, &cm(json!({"x": "1"})), req("a", false), &|_| {}).unwrap();
+        let err = apply(Some(&a), &cm(json!({"x": "2"})), req("b", false), &|_| {}).unwrap_err();
         assert_eq!(
             err,
             vec![Conflict {
@@ -518,7 +525,7 @@ mod tests {
                 path: ".data.x".into()
             }]
         );
-        let b = apply(Some(&a), &cm(json!({"x": "2"})), req("b", true)).unwrap();
+        let b = apply(Some(&a), &cm(json!({"x": "2"})), req("b", true), &|_| {}).unwrap();
         assert_eq!(b["data"]["x"], "2");
         let owners: Vec<String> = read_managed(&b).into_iter().map(|e| e.manager).collect();
         assert_eq!(owners, vec!["b".to_string()]);
@@ -526,28 +533,40 @@ mod tests {
 
     #[test]
     fn fields_a_manager_stops_applying_are_removed_unless_someone_else_owns_them() {
-        let a = apply(None, &cm(json!({"x": "1", "y": "1"})), req("a", false)).unwrap();
-        let b = apply(Some(&a), &cm(json!({"y": "1"})), req("b", false)).unwrap();
-        let a2 = apply(Some(&b), &cm(json!({})), req("a", false)).unwrap();
+        let a = apply(
+            None,
+            &cm(json!({"x": "1", "y": "1"})),
+            req("a", false),
+            &|_| {},
+        )
+        .unwrap();
+        let b = apply(Some(&a), &cm(json!({"y": "1"})), req("b", false), &|_| {}).unwrap();
+        let a2 = apply(Some(&b), &cm(json!({})), req("a", false), &|_| {}).unwrap();
         assert_eq!(a2["data"], json!({"y": "1"}));
     }
 
     #[test]
     fn an_update_takes_ownership_of_the_fields_it_changes() {
-        let a = apply(None, &cm(json!({"x": "1"})), req("a", false)).unwrap();
+        let a = apply(None, &cm(json!({"x": "1"})), req("a", false), &|_| {}).unwrap();
         let mut updated = a.clone();
         updated["data"]["x"] = json!("2");
         record_update(Some(&a), &mut updated, "kubectl", Scope::All, "v1", "t");
         let entries = read_managed(&updated);
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].manager, "kubectl");
-        let err = apply(Some(&updated), &cm(json!({"x": "3"})), req("a", false)).unwrap_err();
+        let err = apply(
+            Some(&updated),
+            &cm(json!({"x": "3"})),
+            req("a", false),
+            &|_| {},
+        )
+        .unwrap_err();
         assert_eq!(err[0].manager, "kubectl");
     }
 
     #[test]
     fn managed_fields_round_trip_through_fields_v1() {
-        let a = apply(None, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "b"}}, "data": {"x": "1"}}), req("a", false)).unwrap();
+        let a = apply(None, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "b"}}, "data": {"x": "1"}}), req("a", false), &|_| {}).unwrap();
         let fields = &read_managed(&a)[0].fields;
         assert!(fields.contains(&vec![
             "metadata".to_string(),

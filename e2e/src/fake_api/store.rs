@@ -363,11 +363,8 @@ impl Store {
             let pos = self.continues.iter().position(|(t, _)| t == token).ok_or_else(|| {
                 ApiError::Expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into())
             })?;
-            let (_, snap) = self
-                .continues
-                .remove(pos)
-                .ok_or_else(|| ApiError::Internal("continue snapshot vanished".into()))?;
-            (snap.resource_version, snap.remaining)
+            let snap = &self.continues[pos].1;
+            (snap.resource_version, snap.remaining.clone())
         } else {
             if let Some(rv) = resource_version.filter(|rv| !rv.is_empty() && *rv != "0") {
                 let rv = parse_resource_version(rv)?;
@@ -1054,7 +1051,15 @@ impl Store {
             if status {
                 return Err(Self::not_found(kind, name));
             }
-            let created = apply::apply(None, &document, req)
+            let key = Self::key(
+                resource,
+                kind.namespaced.then(|| namespace.unwrap_or_default()),
+                name,
+            );
+            let normalize = |v: &mut Value| {
+                let _ = self.prepare(kind, v, None, &key);
+            };
+            let created = apply::apply(None, &document, req, &normalize)
                 .map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
             return self.create_with(resource, namespace, created, ctx, Ownership::Applied);
         };
@@ -1063,7 +1068,15 @@ impl Store {
         {
             return Err(Self::stale(kind, name));
         }
-        let applied = apply::apply(Some(&live), &document, req)
+        let key = Self::key(
+            resource,
+            kind.namespaced.then(|| namespace.unwrap_or_default()),
+            name,
+        );
+        let normalize = |v: &mut Value| {
+            let _ = self.prepare(kind, v, Some(&live), &key);
+        };
+        let applied = apply::apply(Some(&live), &document, req, &normalize)
             .map_err(|conflicts| ApiError::ApplyConflict { conflicts })?;
         self.commit_update(
             resource,
@@ -1512,6 +1525,66 @@ mod tests {
         assert_eq!(b["spec"]["clusterIP"], "192.0.2.2");
         assert_eq!(a["spec"]["ports"][0]["protocol"], "TCP");
         assert_eq!(a["spec"]["ports"][0]["targetPort"], 80);
+    }
+
+    #[test]
+    fn applying_the_same_service_again_is_a_noop_and_defaults_are_no_conflict() {
+        let mut store = Store::new(100, "t");
+        let apply_as = |manager: &str| WriteContext {
+            field_manager: Some(manager.into()),
+            ..ctx()
+        };
+        let body = serde_json::to_vec(&svc("web")).unwrap();
+        let first = store
+            .patch(
+                svc_index(),
+                Some("default"),
+                "web",
+                PatchKind::Apply,
+                &body,
+                false,
+                &apply_as("a"),
+            )
+            .unwrap();
+        let again = store
+            .patch(
+                svc_index(),
+                Some("default"),
+                "web",
+                PatchKind::Apply,
+                &body,
+                false,
+                &apply_as("a"),
+            )
+            .unwrap();
+        assert_eq!(
+            again["metadata"]["resourceVersion"],
+            first["metadata"]["resourceVersion"]
+        );
+        let shared = store.patch(
+            svc_index(),
+            Some("default"),
+            "web",
+            PatchKind::Apply,
+            &body,
+            false,
+            &apply_as("b"),
+        );
+        assert!(
+            shared.is_ok(),
+            "the same ports, defaulted, are no conflict: {shared:?}"
+        );
+        let other = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 81}]}})).unwrap();
+        let conflict = store.patch(
+            svc_index(),
+            Some("default"),
+            "web",
+            PatchKind::Apply,
+            &other,
+            false,
+            &apply_as("c"),
+        );
+        assert!(matches!(conflict, Err(ApiError::ApplyConflict { .. })));
     }
 
     #[test]
