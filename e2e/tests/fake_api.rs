@@ -1269,3 +1269,40 @@ async fn shutdown_ends_open_watches_and_an_any_semantic_watcher_lists_from_resou
         "no more events after shutdown: {end:?}"
     );
 }
+
+#[tokio::test]
+async fn discovery_finds_every_served_resource() {
+    let (_server, client) = start(quick()).await;
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.major, "1");
+    let discovery = bounded(
+        "discovery",
+        kube::discovery::Discovery::new(client.clone()).run(),
+    )
+    .await
+    .unwrap();
+    let gvk = GroupVersionKind::gvk("swimlb.io", "v1beta1", "ServiceL2Status");
+    let (resource, caps) = discovery
+        .resolve_gvk(&gvk)
+        .expect("swimlb.io resources are discoverable");
+    assert_eq!(resource.plural, "servicel2statuses");
+    let subresources: Vec<String> = caps
+        .subresources
+        .iter()
+        .map(|(r, _)| r.plural.clone())
+        .collect();
+    assert_eq!(subresources, ["status"]);
+    for (group, version, kind) in [
+        ("", "v1", "Service"),
+        ("discovery.k8s.io", "v1", "EndpointSlice"),
+        ("coordination.k8s.io", "v1", "Lease"),
+        ("events.k8s.io", "v1", "Event"),
+    ] {
+        assert!(
+            discovery
+                .resolve_gvk(&GroupVersionKind::gvk(group, version, kind))
+                .is_some(),
+            "{kind}"
+        );
+    }
+}
