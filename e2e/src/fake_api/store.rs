@@ -526,15 +526,194 @@ impl Store {
         }
     }
 
-    fn used_cluster_ips(&self) -> BTreeSet<String> {
+    fn used_cluster_ips(&self) -> BTreeSet<std::net::IpAddr> {
         self.objects(resource_index("services"))
             .iter()
-            .filter_map(|s| {
-                s.pointer("/spec/clusterIP")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
+            .flat_map(|s| string_list(s.pointer("/spec/clusterIPs")))
+            .filter_map(|ip| ip.parse().ok())
             .collect()
+    }
+
+    /// Cluster IPs for a Service: `ipFamilyPolicy` (SingleStack, PreferDualStack,
+    /// RequireDualStack; the fake cluster is dual-stack), `ipFamilies`, and one clusterIP per
+    /// family, from 192.0.2.0/24 and 2001:db8:ffff::/112. The primary clusterIP is immutable.
+    fn assign_cluster_ips(
+        &self,
+        spec: &mut Map<String, Value>,
+        old_spec: &Value,
+        updating: bool,
+    ) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        let old_ips = string_list(old_spec.get("clusterIPs"));
+        let mut requested = string_list(spec.get("clusterIPs"));
+        let single = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if requested.is_empty() && !single.is_empty() {
+            requested.push(single.clone());
+        }
+        if !single.is_empty() && requested.first() != Some(&single) {
+            errs.push(FieldError::new(
+                "spec.clusterIPs[0]",
+                FieldErrorKind::Invalid,
+                format!(
+                    "{:?}: must match `clusterIP` when present",
+                    requested.first().cloned().unwrap_or_default()
+                ),
+            ));
+        }
+        if updating && !old_ips.is_empty() {
+            if requested.len() < old_ips.len() && old_ips.starts_with(&requested) {
+                requested = old_ips.clone();
+            } else if requested.first() != old_ips.first() {
+                errs.push(FieldError::new(
+                    "spec.clusterIPs[0]",
+                    FieldErrorKind::Invalid,
+                    format!(
+                        "{:?}: may not change once set",
+                        requested.first().cloned().unwrap_or_default()
+                    ),
+                ));
+                return errs;
+            }
+        }
+        let policy = spec
+            .get("ipFamilyPolicy")
+            .and_then(Value::as_str)
+            .or_else(|| old_spec.get("ipFamilyPolicy").and_then(Value::as_str))
+            .unwrap_or("SingleStack")
+            .to_string();
+        if !["SingleStack", "PreferDualStack", "RequireDualStack"].contains(&policy.as_str()) {
+            errs.push(FieldError::new("spec.ipFamilyPolicy", FieldErrorKind::NotSupported, format!("{policy:?}: supported values: \"PreferDualStack\", \"RequireDualStack\", \"SingleStack\"")));
+            return errs;
+        }
+        let headless = requested.first().is_some_and(|ip| ip == "None");
+        let mut families = string_list(spec.get("ipFamilies"));
+        if families.is_empty() {
+            families = if !headless && !requested.is_empty() {
+                requested
+                    .iter()
+                    .map(|ip| {
+                        if ip.contains(':') {
+                            "IPv6".to_string()
+                        } else {
+                            "IPv4".to_string()
+                        }
+                    })
+                    .collect()
+            } else {
+                string_list(old_spec.get("ipFamilies"))
+            };
+        }
+        if families.is_empty() {
+            families.push("IPv4".into());
+        }
+        if policy != "SingleStack" && families.len() == 1 {
+            let other = if families[0] == "IPv4" {
+                "IPv6"
+            } else {
+                "IPv4"
+            };
+            families.push(other.into());
+        }
+        for (i, f) in families.iter().enumerate() {
+            if f != "IPv4" && f != "IPv6" {
+                errs.push(FieldError::new(
+                    format!("spec.ipFamilies[{i}]"),
+                    FieldErrorKind::NotSupported,
+                    format!("{f:?}: supported values: \"IPv4\", \"IPv6\""),
+                ));
+            }
+        }
+        if families.len() > 2 || (families.len() == 2 && families[0] == families[1]) {
+            errs.push(FieldError::new(
+                "spec.ipFamilies",
+                FieldErrorKind::Invalid,
+                "may contain at most one IPv4 and one IPv6 family",
+            ));
+        }
+        if policy == "SingleStack" && families.len() > 1 {
+            errs.push(FieldError::new("spec.ipFamilyPolicy", FieldErrorKind::Invalid, "\"SingleStack\": must be RequireDualStack or PreferDualStack when multiple 'ipFamilies' are specified"));
+        }
+        if requested.len() > families.len() && !headless {
+            errs.push(FieldError::new(
+                "spec.clusterIPs",
+                FieldErrorKind::Invalid,
+                "may not have more IPs than ipFamilies",
+            ));
+        }
+        if !errs.is_empty() {
+            return errs;
+        }
+        let ips = if headless {
+            vec!["None".to_string()]
+        } else {
+            let mut used = self.used_cluster_ips();
+            let mut ips = Vec::new();
+            for (i, family) in families.iter().enumerate() {
+                let v6 = family == "IPv6";
+                match requested.get(i) {
+                    Some(ip) if old_ips.get(i) == Some(ip) => ips.push(ip.clone()),
+                    Some(ip) => {
+                        let parsed: Option<std::net::IpAddr> = ip.parse().ok();
+                        let in_range = match parsed {
+                            Some(std::net::IpAddr::V4(a)) => !v6 && a.octets()[..3] == [192, 0, 2],
+                            Some(std::net::IpAddr::V6(a)) => {
+                                v6 && a.segments()[..7] == [0x2001, 0xdb8, 0xffff, 0, 0, 0, 0]
+                            }
+                            None => false,
+                        };
+                        if !in_range {
+                            let range = if v6 {
+                                "2001:db8:ffff::/112"
+                            } else {
+                                "192.0.2.0/24"
+                            };
+                            errs.push(FieldError::new(format!("spec.clusterIPs[{i}]"), FieldErrorKind::Invalid, format!("{ip:?}: failed to allocate IP {ip}: provided IP is not in the valid range. The range of valid IPs is {range}")));
+                        } else if parsed.is_some_and(|p| !used.insert(p)) {
+                            errs.push(FieldError::new(format!("spec.clusterIPs[{i}]"), FieldErrorKind::Invalid, format!("{ip:?}: failed to allocate IP {ip}: provided IP is already allocated")));
+                        }
+                        ips.push(ip.clone());
+                    }
+                    None => {
+                        let limit: u32 = if v6 { 0xfffe } else { 254 };
+                        let candidate = (1..=limit)
+                            .map(|h| {
+                                if v6 {
+                                    format!("2001:db8:ffff::{h:x}")
+                                } else {
+                                    format!("192.0.2.{h}")
+                                }
+                            })
+                            .find(|c| c.parse().is_ok_and(|p| !used.contains(&p)));
+                        match candidate {
+                            Some(ip) => {
+                                if let Ok(p) = ip.parse() {
+                                    used.insert(p);
+                                }
+                                ips.push(ip);
+                            }
+                            None => errs.push(FieldError::new(
+                                format!("spec.clusterIPs[{i}]"),
+                                FieldErrorKind::Invalid,
+                                "failed to allocate IP: the range is full",
+                            )),
+                        }
+                    }
+                }
+            }
+            ips
+        };
+        spec.insert(
+            "clusterIP".into(),
+            Value::String(ips.first().cloned().unwrap_or_default()),
+        );
+        spec.insert("clusterIPs".into(), json!(ips));
+        spec.insert("ipFamilies".into(), json!(families));
+        spec.insert("ipFamilyPolicy".into(), Value::String(policy));
+        errs
     }
 
     fn used_node_ports(&self, except: Option<&ObjectKey>) -> BTreeSet<i64> {
@@ -593,55 +772,7 @@ impl Store {
             }
         }
         if ty != "ExternalName" {
-            let old_ip = old_spec
-                .get("clusterIP")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let new_ip = spec
-                .get("clusterIP")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let ip = if old.is_some() && !old_ip.is_empty() {
-                if !new_ip.is_empty() && new_ip != old_ip {
-                    errs.push(FieldError::new(
-                        "spec.clusterIPs[0]",
-                        FieldErrorKind::Invalid,
-                        format!("{new_ip:?}: may not change once set"),
-                    ));
-                }
-                old_ip
-            } else if new_ip.is_empty() {
-                let used = self.used_cluster_ips();
-                match (1..=254u16)
-                    .map(|h| format!("192.0.2.{h}"))
-                    .find(|ip| !used.contains(ip))
-                {
-                    Some(ip) => ip,
-                    None => {
-                        errs.push(FieldError::new(
-                            "spec.clusterIPs",
-                            FieldErrorKind::Invalid,
-                            "failed to allocate IP: range 192.0.2.0/24 is full",
-                        ));
-                        String::new()
-                    }
-                }
-            } else {
-                if new_ip != "None" && !new_ip.starts_with("192.0.2.") {
-                    errs.push(FieldError::new("spec.clusterIPs", FieldErrorKind::Invalid, format!("{new_ip:?}: failed to allocate IP {new_ip}: provided IP is not in the valid range. The range of valid IPs is 192.0.2.0/24")));
-                } else if new_ip != "None" && self.used_cluster_ips().contains(&new_ip) {
-                    errs.push(FieldError::new("spec.clusterIPs", FieldErrorKind::Invalid, format!("{new_ip:?}: failed to allocate IP {new_ip}: provided IP is already allocated")));
-                }
-                new_ip
-            };
-            if !ip.is_empty() {
-                spec.insert("clusterIP".into(), Value::String(ip.clone()));
-                spec.insert("clusterIPs".into(), json!([ip]));
-                spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
-                spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
-            }
+            errs.extend(self.assign_cluster_ips(spec, &old_spec, old.is_some()));
         }
         let old_ports = old_spec
             .get("ports")
@@ -1422,6 +1553,19 @@ impl Store {
     }
 }
 
+/// The strings of a JSON list (non-strings and a missing list give nothing).
+fn string_list(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Index of a core/v1 resource by plural (the table is static; absent names map past its end).
 fn resource_index(plural: &str) -> usize {
     super::resources::find("", "v1", plural).unwrap_or(usize::MAX)
@@ -1585,6 +1729,49 @@ mod tests {
             &apply_as("c"),
         );
         assert!(matches!(conflict, Err(ApiError::ApplyConflict { .. })));
+    }
+
+    #[test]
+    fn dual_stack_services_get_one_cluster_ip_per_family_and_keep_them() {
+        let mut store = Store::new(100, "t");
+        let mut body = svc("dual");
+        body["spec"]["ipFamilyPolicy"] = json!("RequireDualStack");
+        let created = store
+            .create(svc_index(), Some("default"), body, &ctx())
+            .unwrap();
+        assert_eq!(
+            created["spec"]["clusterIPs"],
+            json!(["192.0.2.1", "2001:db8:ffff::1"])
+        );
+        assert_eq!(created["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+        let mut put = created.clone();
+        put["spec"]["clusterIPs"] = json!(null);
+        put["metadata"]["labels"] = json!({"a": "b"});
+        let updated = store
+            .replace(svc_index(), Some("default"), "dual", put, false, &ctx())
+            .unwrap();
+        assert_eq!(updated["spec"]["clusterIPs"], created["spec"]["clusterIPs"]);
+        let mut v6 = svc("v6");
+        v6["spec"]["ipFamilies"] = json!(["IPv6"]);
+        let v6 = store
+            .create(svc_index(), Some("default"), v6, &ctx())
+            .unwrap();
+        assert_eq!(v6["spec"]["clusterIP"], "2001:db8:ffff::2");
+        let mut bad = svc("bad");
+        bad["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+        assert!(
+            matches!(
+                store.create(svc_index(), Some("default"), bad, &ctx()),
+                Err(ApiError::Invalid { .. })
+            ),
+            "SingleStack with two families"
+        );
+        let mut outside = svc("outside");
+        outside["spec"]["clusterIP"] = json!("10.96.0.1");
+        assert!(matches!(
+            store.create(svc_index(), Some("default"), outside, &ctx()),
+            Err(ApiError::Invalid { .. })
+        ));
     }
 
     #[test]
