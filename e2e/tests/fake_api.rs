@@ -371,6 +371,44 @@ async fn the_status_subresource_ignores_spec_and_the_main_resource_ignores_statu
             .as_deref(),
         Some("198.51.100.10")
     );
+    let ingress = after
+        .status
+        .as_ref()
+        .unwrap()
+        .load_balancer
+        .as_ref()
+        .unwrap()
+        .ingress
+        .as_ref()
+        .unwrap()[0]
+        .clone();
+    assert_eq!(
+        ingress.ip_mode.as_deref(),
+        Some("VIP"),
+        "ipMode is defaulted as by Kubernetes 1.32+"
+    );
+    let again = services
+        .patch_status(
+            "web",
+            &PatchParams::apply("swimlb-controller"),
+            &Patch::Apply(&status_patch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.resource_version(),
+        after.resource_version(),
+        "re-applying the same status is a no-op"
+    );
+    let bad_ip = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "status": {"loadBalancer": {"ingress": [{"ip": "not-an-ip"}]}}});
+    let rejected = services
+        .patch_status(
+            "web",
+            &PatchParams::apply("swimlb-controller"),
+            &Patch::Apply(&bad_ip),
+        )
+        .await;
+    assert_eq!(api_error(rejected.unwrap_err()).0, 422);
     assert_eq!(after.metadata.generation, Some(1));
 
     let main = services

@@ -740,10 +740,35 @@ impl Store {
         key: &ObjectKey,
     ) -> Vec<FieldError> {
         let mut errs = Vec::new();
+        // Since Kubernetes 1.32 (LoadBalancerIPMode GA) an ingress entry with an IP gets
+        // `ipMode: VIP` by default.
+        if let Some(Value::Array(ingress)) = service.pointer_mut("/status/loadBalancer/ingress") {
+            for entry in ingress.iter_mut().filter_map(Value::as_object_mut) {
+                if entry
+                    .get("ip")
+                    .and_then(Value::as_str)
+                    .is_some_and(|ip| !ip.is_empty())
+                {
+                    entry.entry("ipMode").or_insert(json!("VIP"));
+                }
+            }
+        }
         let old_spec = old
             .and_then(|o| o.get("spec"))
             .cloned()
             .unwrap_or(Value::Null);
+        let old_class = old_spec.get("loadBalancerClass").cloned();
+        if old.is_some()
+            && service.pointer("/spec/type").and_then(Value::as_str) == Some("LoadBalancer")
+            && old_spec.get("type").and_then(Value::as_str) == Some("LoadBalancer")
+            && service.pointer("/spec/loadBalancerClass").cloned() != old_class
+        {
+            errs.push(FieldError::new(
+                "spec.loadBalancerClass",
+                FieldErrorKind::Invalid,
+                "may not change once set",
+            ));
+        }
         let Some(spec) = service.get_mut("spec").and_then(Value::as_object_mut) else {
             errs.push(FieldError::new("spec", FieldErrorKind::Required, ""));
             return errs;

@@ -386,6 +386,51 @@ pub fn service_errors(object: &Value) -> Vec<FieldError> {
             format!("{policy:?}: supported values: \"Cluster\", \"Local\""),
         ));
     }
+    if let Some(class) = spec.get("loadBalancerClass").and_then(Value::as_str) {
+        if ty != "LoadBalancer" {
+            errs.push(FieldError::new(
+                "spec.loadBalancerClass",
+                FieldErrorKind::Forbidden,
+                "may only be used when `type` is 'LoadBalancer'",
+            ));
+        }
+        for e in qualified_name_errors(class) {
+            errs.push(FieldError::new(
+                "spec.loadBalancerClass",
+                FieldErrorKind::Invalid,
+                e,
+            ));
+        }
+    }
+    let ingress = object
+        .pointer("/status/loadBalancer/ingress")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (i, entry) in ingress.iter().enumerate() {
+        let ip = entry.get("ip").and_then(Value::as_str).unwrap_or_default();
+        if !ip.is_empty() && ip.parse::<std::net::IpAddr>().is_err() {
+            errs.push(FieldError::new(
+                format!("status.loadBalancer.ingress[{i}].ip"),
+                FieldErrorKind::Invalid,
+                format!("{ip:?}: must be a valid IP address"),
+            ));
+        }
+        match entry.get("ipMode").and_then(Value::as_str) {
+            None => {}
+            Some(_) if ip.is_empty() => errs.push(FieldError::new(
+                format!("status.loadBalancer.ingress[{i}].ipMode"),
+                FieldErrorKind::Required,
+                "must be specified when `ipMode` is set",
+            )),
+            Some("VIP" | "Proxy") => {}
+            Some(other) => errs.push(FieldError::new(
+                format!("status.loadBalancer.ingress[{i}].ipMode"),
+                FieldErrorKind::NotSupported,
+                format!("{other:?}: supported values: \"Proxy\", \"VIP\""),
+            )),
+        }
+    }
     for field in ["clusterIP", "loadBalancerIP"] {
         if let Some(ip) = spec.get(field).and_then(Value::as_str)
             && !ip.is_empty()
