@@ -15,29 +15,46 @@
 //! discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}/{v}`, `/version`).
 //!
 //! It rejects what a real server rejects, with the same code and reason: invalid names (422),
-//! a body name or namespace that differs from the URL (400 BadRequest, as the real server), a
-//! create with a resourceVersion (500, as the real server), an existing name (409 AlreadyExists),
-//! a missing namespace (404), unknown resources (404), a malformed body (400), unsupported patch
-//! types (415), bad selectors (400), invalid Services (ports, type, nodePorts) and
-//! events.k8s.io Events (422).
+//! a body name or namespace that differs from the URL (400 BadRequest: the real server answers
+//! BadRequest here, not 422), a create with a resourceVersion (500, as the real server), an
+//! existing name (409 AlreadyExists), a stale resourceVersion (409 Conflict), a PUT of a custom
+//! resource without resourceVersion (422), a missing namespace (404), unknown resources (404), a
+//! malformed body (400), unsupported patch types and strategic merge on custom resources (415),
+//! bad selectors or unsupported field selectors (400), new finalizers on a deleting object (422),
+//! and the kind-specific checks in [`validation`]: Services (type, ports, nodePorts, clusterIPs and
+//! IP families, loadBalancerClass, ingress IPs), Pods (containers; the spec is immutable except
+//! images, as in the real server), EndpointSlices, Leases, Events, labels, annotations and
+//! finalizers everywhere. Defaults the real server applies and controllers see: Service
+//! clusterIP(s), ipFamilies/ipFamilyPolicy, nodePorts, port protocol and targetPort,
+//! sessionAffinity, traffic policies, `status.loadBalancer.ingress[].ipMode: VIP`; Pod phase
+//! Pending; Namespace phase Active; a status given on create is dropped for Services and custom
+//! resources with a status subresource.
 //!
 //! Simplified, compared with a real server:
 //! - Custom resources are not validated against an OpenAPI schema and unknown fields are kept
 //!   (the real server prunes them); `fieldValidation` is ignored.
-//! - Server-side apply treats every list as atomic (see [`apply`]); strategic merge knows a fixed
-//!   table of merge keys (see [`patch`]).
-//! - `limit`/`continue` paginate over a snapshot taken by the first page; a list at an older
-//!   `resourceVersion` with `Exact` matching is 410 instead of served from history; a watch from a
-//!   resourceVersion newer than the server's is an immediate 504 ERROR event (the real server
-//!   waits up to 3 s first).
-//! - Service clusterIPs come from 192.0.2.0/24 (documentation range) and nodePorts from
-//!   30000-32767; there is no IPv6 or dual-stack allocation.
+//! - Server-side apply treats every list as atomic (see [`apply`]): right for custom resources
+//!   without list markers and for `status.loadBalancer.ingress`, coarser than the real server for
+//!   core lists with merge keys (ports, conditions). Strategic merge knows a fixed table of merge
+//!   keys (see [`patch`]).
+//! - `limit`/`continue` paginate over a snapshot taken by the first page (the last 32 snapshots
+//!   are kept; an older token is 410); a list at an older `resourceVersion` with `Exact` matching
+//!   is 410 instead of served from history; a watch from a resourceVersion newer than the
+//!   server's is an immediate 504 ERROR event (the real server waits up to 3 s first).
+//! - Service clusterIPs come from 192.0.2.0/24 and 2001:db8:ffff::/112 (documentation ranges;
+//!   the fake cluster is dual-stack) and nodePorts from 30000-32767.
 //! - Pods are deleted at once (no graceful termination); deleting a Namespace deletes its objects
 //!   at once (no Terminating phase); `propagationPolicy` is checked but there is no garbage
-//!   collector; `deletecollection` and `dryRun` are answered with 405 and 400.
-//! - PUT of a missing object is 404 (some real kinds create on update); no authentication,
-//!   authorization, admission or protobuf.
-//! - `generation` is kept for every kind.
+//!   collector; `deletecollection` is 405 and `dryRun` is 400.
+//! - PUT of a missing object is 404 (some real kinds create on update); an apply that creates
+//!   answers 200, not 201; no authentication, authorization, admission webhooks or protobuf.
+//! - `generation` is kept for every kind (it grows when anything outside metadata and status
+//!   changes).
+//!
+//! Use: `FakeApi::start().await?` binds 127.0.0.1 on a free port and writes a kubeconfig;
+//! `client()` builds a `kube::Client` from that kubeconfig through kube's ordinary config path.
+//! Tests talk over real sockets, so they run on real time (a paused tokio clock would auto-advance
+//! while waiting on I/O and fire kube's timeouts).
 
 pub mod api_error;
 pub mod apply;

@@ -1448,6 +1448,15 @@ impl Store {
                 });
             }
         }
+        if options
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| !d.is_empty())
+        {
+            return Err(ApiError::BadRequest(
+                "the fake API server does not support dryRun".into(),
+            ));
+        }
         if let Some(policy) = options.get("propagationPolicy").and_then(Value::as_str)
             && !["Orphan", "Background", "Foreground"].contains(&policy)
         {
