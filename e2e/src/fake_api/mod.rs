@@ -46,8 +46,8 @@
 //! - Pods are deleted at once (no graceful termination); deleting a Namespace deletes its objects
 //!   at once (no Terminating phase); `propagationPolicy` is checked but there is no garbage
 //!   collector; `deletecollection` is 405 and `dryRun` is 400.
-//! - PUT of a missing object is 404 (some real kinds create on update); an apply that creates
-//!   answers 200, not 201; no authentication, authorization, admission webhooks or protobuf.
+//! - PUT of a missing object is 404 (some real kinds create on update); no authentication,
+//!   authorization, admission webhooks or protobuf.
 //! - `generation` is kept for every kind (it grows when anything outside metadata and status
 //!   changes).
 //!

@@ -355,12 +355,11 @@ fn serve_resource(
         )),
         (Method::PATCH, Some(name)) => {
             let patch_kind = PatchKind::from_content_type(content_type)?;
-            Ok(Served::Object(
-                200,
-                shared
-                    .lock()
-                    .patch(rp.resource, ns, name, patch_kind, body, status, ctx)?,
-            ))
+            let mut store = shared.lock();
+            // An apply that creates the object answers 201 Created, as the real server.
+            let existed = store.get(rp.resource, ns, name).is_ok();
+            let object = store.patch(rp.resource, ns, name, patch_kind, body, status, ctx)?;
+            Ok(Served::Object(if existed { 200 } else { 201 }, object))
         }
         (Method::DELETE, Some(name)) if !status => {
             let options = if body.is_empty() {
