@@ -970,6 +970,27 @@ async fn custom_resources_are_served_as_dynamic_objects_and_need_a_resource_vers
         .0,
         422
     );
+    server
+        .create(json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "all"}, "spec": {}}))
+        .expect("seeding through the store");
+    let ads = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "swimlb.io",
+            "v1beta1",
+            "L2Advertisement",
+        )),
+    );
+    assert_eq!(
+        ads.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+    assert!(
+        server
+            .create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}))
+            .is_err()
+    );
     let listed = pools.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 1);
     assert_eq!(server.objects("ipaddresspools.swimlb.io").unwrap().len(), 1);

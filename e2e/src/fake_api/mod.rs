@@ -165,6 +165,42 @@ impl FakeApi {
         Ok(self.lock_store().objects(index))
     }
 
+    /// Creates `object` directly in the store (same validation and defaults as a POST), found by
+    /// its `apiVersion` and `kind`; for seeding test fixtures without a client.
+    pub fn create(&self, object: Value) -> anyhow::Result<Value> {
+        let field = |name: &str| {
+            object
+                .get(name)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (api_version, kind) = (field("apiVersion"), field("kind"));
+        let index = resources::find_kind(&api_version, &kind)
+            .with_context(|| format!("the fake API server does not serve {api_version}/{kind}"))?;
+        let namespace = resources::RESOURCES[index].namespaced.then(|| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("default")
+                .to_string()
+        });
+        let ctx = store::WriteContext {
+            now: store::rfc3339(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+            ),
+            field_manager: Some("swimlb-fake-api-seed".into()),
+            default_manager: "swimlb-fake-api-seed".into(),
+            force: false,
+        };
+        self.lock_store()
+            .create(index, namespace.as_deref(), object, &ctx)
+            .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
+    }
+
     /// The current resourceVersion of the store.
     pub fn resource_version(&self) -> u64 {
         self.lock_store().resource_version()

@@ -534,6 +534,7 @@ impl WatchJob {
             tokio::select! {
                 () = tokio::time::sleep_until(self.deadline) => return,
                 _ = self.shutdown.changed() => return,
+                () = self.tx.closed() => return,
                 _ = ticker.tick(), if self.bookmark_interval.is_some() => {
                     if !self.send(self.bookmark(last_rv, false)).await {
                         return;
