@@ -901,6 +901,17 @@ async fn invalid_names_are_422_and_a_namespace_mismatch_is_rejected() {
         (400, "BadRequest".into()),
         "the real server answers BadRequest"
     );
+    let mut with_rv = service("rv", json!({}));
+    with_rv.metadata.resource_version = Some("5".into());
+    let err = services
+        .create(&PostParams::default(), &with_rv)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        api_error(err),
+        (500, "Unknown".into()),
+        "the real server's storage error for a create with a resourceVersion"
+    );
     let in_missing_ns: Api<Service> = Api::namespaced(client.clone(), "nowhere");
     assert_eq!(
         api_error(

@@ -39,6 +39,9 @@ pub enum ApiError {
     TooLargeResourceVersion { requested: u64, current: u64 },
     #[error("Internal error occurred: {0}")]
     Internal(String),
+    /// A plain storage error the real server passes through as 500 with reason `Unknown`.
+    #[error("{0}")]
+    Unknown(String),
 }
 
 fn render_field_errors(errors: &[FieldError]) -> String {
@@ -65,7 +68,7 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => 415,
             Self::MethodNotAllowed(_) => 405,
             Self::TooLargeResourceVersion { .. } => 504,
-            Self::Internal(_) => 500,
+            Self::Internal(_) | Self::Unknown(_) => 500,
         }
     }
 
@@ -82,6 +85,7 @@ impl ApiError {
             Self::MethodNotAllowed(_) => "MethodNotAllowed",
             Self::TooLargeResourceVersion { .. } => "Timeout",
             Self::Internal(_) => "InternalError",
+            Self::Unknown(_) => "Unknown",
         }
     }
 

@@ -905,7 +905,7 @@ impl Store {
             .and_then(Value::as_str)
             .is_some_and(|rv| !rv.is_empty())
         {
-            return Err(ApiError::Internal(
+            return Err(ApiError::Unknown(
                 "resourceVersion should not be set on objects to be created".into(),
             ));
         }
