@@ -11,6 +11,8 @@ need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 python3 -c 'import scapy' >/dev/null 2>&1 || dpkg -s python3-scapy >/dev/null 2>&1 || need+=(python3-scapy)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+command -v arping >/dev/null 2>&1 || need+=(arping)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,11 +1,309 @@
-//! `swimlb-lab`: not runnable yet; the lab commands arrive with the
-//! gossip, election and standalone issues. It says so instead of pretending to work.
+//! `swimlb-lab`: the swimlb lab.
+//!
+//! - `demo`: three nodes in network namespaces, the VIP's owner powered off, the timeline.
+//! - `failover`: repeated failover trials, swimlb or keepalived, with a JSON report.
+//! - `sim`: the deterministic membership simulation (see `swimlb_e2e::sim`).
+//! - `speaker ...`: the speaker's own command line (`swimlb-speaker ...`), so the lab runs the
+//!   real speaker in its namespaces without a second binary.
+//!
+//! The network commands need root (CAP_NET_ADMIN); without it they say so and exit 77.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use swimlb_e2e::sim::{self, SimOptions};
+use swimlb_speaker::gossip::Profile;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "swimlb-lab",
+    version,
+    about = "swimlb lab: simulations and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Three nodes, one VIP: power the owner off and show the failover's timeline.
+    Demo,
+    /// Repeated failover trials in network namespaces.
+    Failover(FailoverArgs),
+    /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
+    Sim(SimArgs),
+    /// Run the speaker (same arguments as `swimlb-speaker`).
+    Speaker,
+}
+
+#[derive(Debug, clap::Args)]
+struct FailoverArgs {
+    /// Which load balancer: swimlb or keepalived.
+    #[arg(long = "impl", default_value = "swimlb")]
+    implementation: String,
+    /// The fault: poweroff, kill or sigterm.
+    #[arg(long, default_value = "poweroff")]
+    scenario: String,
+    /// Nodes in the lab.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Trials.
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Random loss on every node link, percent.
+    #[arg(long, default_value_t = 0)]
+    loss: u8,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct SimArgs {
+    /// Cluster sizes (comma-separated runs several).
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    nodes: Vec<usize>,
+    /// Uniform datagram loss in percent (comma-separated runs several).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    loss: Vec<f64>,
+    /// Simulated seconds per run, warm-up included.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Timing profile: fast or lan (comma-separated runs several).
+    #[arg(long, value_delimiter = ',', default_value = "fast")]
+    profile: Vec<String>,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Override: probe period in milliseconds.
+    #[arg(long)]
+    probe_ms: Option<u64>,
+    /// Override: probe rtt in milliseconds.
+    #[arg(long)]
+    rtt_ms: Option<u64>,
+    /// Override: suspicion timeout in milliseconds.
+    #[arg(long)]
+    suspect_ms: Option<u64>,
+    /// Override: periodic gossip period in milliseconds.
+    #[arg(long)]
+    gossip_ms: Option<u64>,
+    /// Override: periodic gossip fan-out.
+    #[arg(long)]
+    gossip_fanout: Option<usize>,
+    /// Override: indirect probes.
+    #[arg(long)]
+    indirect: Option<usize>,
+    /// Override: max transmissions per update.
+    #[arg(long)]
+    max_tx: Option<u8>,
+    /// Override: do not tell a suspect at once after a failed probe.
+    #[arg(long)]
+    no_notify_suspects: bool,
+    /// Override: do not scale suspicion and transmissions with the member count.
+    #[arg(long)]
+    no_scale: bool,
+    /// Write the report as JSON (an object for one run, an array for several).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// sysexits-style "skipped": the lab needs root.
+const EXIT_NEEDS_ROOT: u8 = 77;
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "swimlb-lab {}: no run mode is built yet (the lab arrives with the standalone speaker)",
-        env!("CARGO_PKG_VERSION")
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "speaker") {
+        let mut speaker_args = vec![std::ffi::OsString::from("swimlb-speaker")];
+        speaker_args.extend(args.into_iter().skip(2));
+        return swimlb_speaker::cli::main_with_args(speaker_args);
+    }
+    let cli = Cli::parse();
+    let needs_root = matches!(cli.command, Command::Demo | Command::Failover(_));
+    if needs_root && !swimlb_e2e::netns::is_root() {
+        eprintln!(
+            "swimlb-lab: this command builds network namespaces and needs root (CAP_NET_ADMIN); run it with sudo"
+        );
+        return std::process::ExitCode::from(EXIT_NEEDS_ROOT);
+    }
+    let result = match cli.command {
+        Command::Demo => run_demo(),
+        Command::Failover(args) => run_failover(args),
+        Command::Sim(args) => run_sim(args),
+        Command::Speaker => unreachable!("handled before parsing"),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("swimlb-lab: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Tears the lab down on Ctrl-C: the namespaces are deleted by the next run's cleanup too, but
+/// a user who interrupts a run expects a clean machine at once.
+fn cleanup_on_interrupt() {
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+        eprintln!("swimlb-lab: interrupted, tearing the lab down");
+        let me = std::process::id().to_string();
+        if let Ok(names) = swimlb_e2e::netns::list_namespaces() {
+            for ns in names
+                .iter()
+                .filter(|n| n.starts_with(&format!("{}{me}", swimlb_e2e::netns::PREFIX)))
+            {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "pids", ns])
+                    .output()
+                    .map(|o| {
+                        for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                            let _ = std::process::Command::new("kill")
+                                .args(["-9", pid])
+                                .status();
+                        }
+                    });
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", ns])
+                    .status();
+            }
+        }
+        std::process::exit(130);
+    });
+}
+
+fn run_demo() -> anyhow::Result<()> {
+    cleanup_on_interrupt();
+    let program = std::env::current_exe()?;
+    swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))?;
+    Ok(())
+}
+
+fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
+    use swimlb_e2e::failover::{
+        self, Implementation, KeepalivedDaemons, Options, Scenario, SwimlbDaemons,
+    };
+    cleanup_on_interrupt();
+    let implementation = match args.implementation.as_str() {
+        "swimlb" => Implementation::Swimlb,
+        "keepalived" => Implementation::Keepalived,
+        other => anyhow::bail!("--impl {other}: expected swimlb or keepalived"),
+    };
+    let scenario = match args.scenario.as_str() {
+        "poweroff" => Scenario::Poweroff,
+        "kill" => Scenario::Kill,
+        "sigterm" => Scenario::Sigterm,
+        other => anyhow::bail!("--scenario {other}: expected poweroff, kill or sigterm"),
+    };
+    anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
+    if implementation == Implementation::Keepalived && which("keepalived").is_none() {
+        anyhow::bail!("keepalived is not installed: apt-get install keepalived");
+    }
+    let options = Options {
+        implementation,
+        scenario,
+        nodes: args.nodes,
+        trials: args.trials,
+        loss: args.loss,
+        probe_interval: Duration::from_millis(10),
+        json: args.json,
+    };
+    let program = std::env::current_exe()?;
+    let report =
+        failover::run(
+            &options,
+            &|lab| match implementation {
+                Implementation::Swimlb => Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
+                    as Box<dyn failover::Daemons>),
+                Implementation::Keepalived => Ok(Box::new(KeepalivedDaemons::new(lab))),
+            },
+            &mut |line| println!("{line}"),
+        )?;
+    println!("{}", report.table());
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_string_lossy()
+        .split(':')
+        .map(|d| PathBuf::from(d).join(program))
+        .find(|p| p.exists())
+}
+
+fn run_sim(args: SimArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.duration.is_finite() && args.duration > 0.0,
+        "--duration must be a positive number of seconds"
     );
-    // EX_UNAVAILABLE
-    std::process::ExitCode::from(69)
+    let ms = Duration::from_millis;
+    let mut reports = Vec::new();
+    println!("{}", sim::table_header());
+    for profile in &args.profile {
+        let profile = Profile::parse(profile)?;
+        for &nodes in &args.nodes {
+            for &loss in &args.loss {
+                let mut timing = profile.timing();
+                if let Some(v) = args.probe_ms {
+                    timing.probe_period = ms(v);
+                }
+                if let Some(v) = args.rtt_ms {
+                    timing.probe_rtt = ms(v);
+                }
+                if let Some(v) = args.suspect_ms {
+                    timing.suspect_to_down_after = ms(v);
+                }
+                if let Some(v) = args.gossip_ms {
+                    timing.gossip_period = ms(v);
+                }
+                if let Some(v) = args.gossip_fanout {
+                    timing.gossip_fanout = v;
+                }
+                if let Some(v) = args.indirect {
+                    timing.indirect_probes = v;
+                }
+                if let Some(v) = args.max_tx {
+                    timing.max_transmissions = v;
+                }
+                if args.no_notify_suspects {
+                    timing.notify_suspects = false;
+                }
+                if args.no_scale {
+                    timing.scale_with_members = false;
+                }
+                let opts = SimOptions {
+                    nodes,
+                    loss_pct: loss,
+                    duration: Duration::from_secs_f64(args.duration),
+                    profile,
+                    timing,
+                    seed: args.seed,
+                };
+                let started = tokio::time::Instant::now();
+                let report = sim::run(&opts)?;
+                println!("{}", sim::table_row(&report, started.elapsed()));
+                reports.push(report);
+            }
+        }
+    }
+    if let Some(path) = args.json {
+        let text = if reports.len() == 1 {
+            serde_json::to_string_pretty(&reports[0])?
+        } else {
+            serde_json::to_string_pretty(&reports)?
+        };
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }

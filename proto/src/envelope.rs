@@ -181,8 +181,21 @@ impl KeyRing {
         if payload.len() > MAX_PAYLOAD_LEN {
             return Err(Error::TooLarge);
         }
+        self.seal_with_nonce(self.next_nonce(), payload, out)
+    }
+
+    /// [`KeyRing::seal`] with a given nonce. Crate-private: a repeated nonce breaks AES-GCM, so
+    /// only the golden-vector test chooses one.
+    pub(crate) fn seal_with_nonce(
+        &self,
+        nonce: [u8; NONCE_LEN],
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        if payload.len() > MAX_PAYLOAD_LEN {
+            return Err(Error::TooLarge);
+        }
         let key = &self.keys[0];
-        let nonce = self.next_nonce();
         let start = out.len();
         out.reserve(OVERHEAD + payload.len());
         out.extend_from_slice(&MAGIC);
@@ -437,6 +450,24 @@ mod tests {
         assert!(KeyRing::new("", &[K1]).is_err());
         assert!(KeyRing::new(&"a".repeat(254), &[K1]).is_err());
         assert!(KeyRing::new(&"a".repeat(253), &[K1]).is_ok());
+    }
+
+    #[test]
+    fn seal_with_a_fixed_nonce_matches_python_cryptography() {
+        // `crate::golden::ENVELOPE` was sealed by Python `cryptography`'s AESGCM (see its doc).
+        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
+        let nonce: [u8; NONCE_LEN] = core::array::from_fn(|i| i as u8);
+        let mut out = Vec::new();
+        ring.seal_with_nonce(nonce, b"hello gossip", &mut out)
+            .unwrap();
+        assert_eq!(out, crate::golden::ENVELOPE);
+    }
+
+    #[test]
+    fn envelope_sealed_by_python_cryptography_opens() {
+        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
+        let mut d = crate::golden::ENVELOPE;
+        assert_eq!(ring.open(&mut d).unwrap(), b"hello gossip");
     }
 
     #[test]

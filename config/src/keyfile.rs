@@ -1,0 +1,122 @@
+//! The gossip key file: one base64-encoded 32-byte key per line, the first seals.
+//!
+//! Blank lines and lines starting with `#` are ignored. Every bad line is reported with its line
+//! number; a key is never printed in an error.
+
+use base64::Engine as _;
+
+/// Length of a gossip key in bytes (AES-256).
+pub const KEY_LEN: usize = 32;
+
+/// A rejected line of a key file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyFileError {
+    /// The line is not base64.
+    #[error("line {line}: not base64")]
+    NotBase64 {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// The line decodes to the wrong number of bytes.
+    #[error(
+        "line {line}: key is {len} bytes, expected 32 (generate one with `swimlb-speaker keygen`)"
+    )]
+    WrongLength {
+        /// 1-based line number.
+        line: usize,
+        /// Decoded length.
+        len: usize,
+    },
+    /// The same key appears twice.
+    #[error("line {line}: same key as line {first}")]
+    Duplicate {
+        /// 1-based line number of the repetition.
+        line: usize,
+        /// 1-based line number of the first occurrence.
+        first: usize,
+    },
+    /// No key at all.
+    #[error("no key in the file")]
+    Empty,
+}
+
+/// Parses a key file, reporting every bad line.
+pub fn parse_key_file(text: &str) -> Result<Vec<[u8; KEY_LEN]>, Vec<KeyFileError>> {
+    let mut keys: Vec<([u8; KEY_LEN], usize)> = Vec::new();
+    let mut errors = Vec::new();
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(trimmed) else {
+            errors.push(KeyFileError::NotBase64 { line });
+            continue;
+        };
+        let Ok(key) = <[u8; KEY_LEN]>::try_from(bytes.as_slice()) else {
+            errors.push(KeyFileError::WrongLength {
+                line,
+                len: bytes.len(),
+            });
+            continue;
+        };
+        if let Some((_, first)) = keys.iter().find(|(k, _)| *k == key) {
+            errors.push(KeyFileError::Duplicate {
+                line,
+                first: *first,
+            });
+            continue;
+        }
+        keys.push((key, line));
+    }
+    if keys.is_empty() && errors.is_empty() {
+        errors.push(KeyFileError::Empty);
+    }
+    if errors.is_empty() {
+        Ok(keys.into_iter().map(|(k, _)| k).collect())
+    } else {
+        Err(errors)
+    }
+}
+
+/// Encodes a key as one line of a key file.
+pub fn encode_key(key: &[u8; KEY_LEN]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_read_in_order_with_comments_skipped() {
+        let a = encode_key(&[1; 32]);
+        let b = encode_key(&[2; 32]);
+        let text = format!("# rotation in progress\n{b}\n\n{a}\n");
+        assert_eq!(parse_key_file(&text), Ok(vec![[2; 32], [1; 32]]));
+    }
+
+    #[test]
+    fn every_bad_line_is_reported() {
+        let a = encode_key(&[1; 32]);
+        let short = base64::engine::general_purpose::STANDARD.encode([0u8; 16]);
+        let text = format!("{a}\nnot*base64\n{short}\n{a}\n");
+        assert_eq!(
+            parse_key_file(&text),
+            Err(vec![
+                KeyFileError::NotBase64 { line: 2 },
+                KeyFileError::WrongLength { line: 3, len: 16 },
+                KeyFileError::Duplicate { line: 4, first: 1 },
+            ])
+        );
+    }
+
+    #[test]
+    fn a_file_without_keys_is_an_error() {
+        assert_eq!(
+            parse_key_file("# nothing\n\n"),
+            Err(vec![KeyFileError::Empty])
+        );
+    }
+}

@@ -1,0 +1,1256 @@
+//! The standalone speaker's configuration file, and its validation.
+//!
+//! The file is YAML (a JSON file is YAML too). Parsing happens in two steps that never stop at
+//! the first problem: the YAML becomes a tree, then [`Standalone::from_tree`] walks the whole tree
+//! and either returns the validated model or every error found, each with its path
+//! (`groups[0].checks[1].interval: ...`). Unknown keys are errors, so a typo never silently falls
+//! back to a default.
+//!
+//! The validated model uses parsed types only: socket addresses, IP addresses, [`Duration`]s,
+//! `NonZeroU32`. Defaults follow keepalived where it has one (check interval 1 s, timeout = interval,
+//! rise 1, fall 1, priority 100, gratuitous ARP 5 at once and 5 more after 5 s, refresh off).
+//!
+//! ```
+//! let text = "
+//! cluster: edge-1
+//! node: master-0
+//! bind: 192.0.2.10:7946
+//! peers: [192.0.2.11:7946]
+//! keyFile: /etc/swimlb/keys
+//! groups:
+//!   - name: api
+//!     addresses: [192.0.2.100/32]
+//!     checks:
+//!       - {name: api, tcp: \"127.0.0.1:6443\", interval: 1s, fall: 2}
+//! ";
+//! let config = swimlb_config::standalone::Standalone::parse(text).unwrap();
+//! assert_eq!(config.groups[0].checks[0].worst_case_detection().as_millis(), 3000);
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::duration::parse_duration;
+
+/// The default gossip port.
+pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
+/// The default address of the HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/status`).
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:7572";
+/// keepalived's default priority.
+pub const DEFAULT_PRIORITY: u8 = 100;
+
+/// One problem in a configuration file, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// Where: `groups[0].checks[1].interval`, or `(file)` for the whole file.
+    pub path: String,
+    /// What is wrong, and what would be right.
+    pub message: String,
+}
+
+/// All problems found in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// The validated standalone configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standalone {
+    /// Gossip cluster name; also the envelope's associated data.
+    pub cluster: String,
+    /// This node's name; `None` means "the hostname", resolved by the speaker.
+    pub node: Option<String>,
+    /// Gossip socket address.
+    pub bind: SocketAddr,
+    /// Seeds to announce to.
+    pub peers: Vec<SocketAddr>,
+    /// Key file (one base64 key per line). `None` only with `insecure: true`.
+    pub key_file: Option<PathBuf>,
+    /// Gossip without encryption or authentication. Must be set explicitly.
+    pub insecure: bool,
+    /// HTTP listener for metrics, health and status.
+    pub listen: SocketAddr,
+    /// Gossip timing.
+    pub gossip: GossipSettings,
+    /// Gratuitous ARP / unsolicited NA schedule.
+    pub announce: AnnounceSettings,
+    /// VIP groups.
+    pub groups: Vec<Group>,
+}
+
+/// Named gossip timing profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// Sub-second detection on a LAN (the default).
+    #[default]
+    Fast,
+    /// memberlist-like timings, for noisy networks.
+    Lan,
+}
+
+impl Profile {
+    /// The profile's name in files and on the command line.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Profile::Fast => "fast",
+            Profile::Lan => "lan",
+        }
+    }
+}
+
+/// Gossip timing: a profile plus optional overrides. The speaker validates the combination.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GossipSettings {
+    /// Base profile.
+    pub profile: Profile,
+    /// Probe period override.
+    pub probe_period: Option<Duration>,
+    /// Probe round-trip timeout override.
+    pub probe_rtt: Option<Duration>,
+    /// Suspicion timeout override.
+    pub suspect_to_down: Option<Duration>,
+    /// Periodic gossip interval override.
+    pub periodic_gossip: Option<Duration>,
+    /// Periodic gossip fan-out override.
+    pub gossip_fanout: Option<NonZeroU32>,
+}
+
+/// When gratuitous ARP and unsolicited neighbor advertisements are sent after a takeover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnounceSettings {
+    /// Announcements per burst (keepalived's `garp_master_repeat`, 5).
+    pub burst: NonZeroU32,
+    /// Delay before the second burst (keepalived's `garp_master_delay`, 5 s); `None` disables it.
+    pub second_burst_after: Option<Duration>,
+    /// Periodic refresh (keepalived's `garp_master_refresh`, off).
+    pub refresh: Option<Duration>,
+}
+
+impl Default for AnnounceSettings {
+    fn default() -> Self {
+        AnnounceSettings {
+            burst: NonZeroU32::new(5).expect("5 is not zero"),
+            second_burst_after: Some(Duration::from_secs(5)),
+            refresh: None,
+        }
+    }
+}
+
+/// A group of VIPs that move together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    /// Unique name; appears in metrics, `/status` and notify calls.
+    pub name: String,
+    /// The virtual addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Interface to announce on; `None` = the interface holding a route to the address.
+    pub interface: Option<String>,
+    /// Base priority per node.
+    pub priority: PriorityMap,
+    /// How long a node must be up before it may take the group over (keepalived `preempt_delay`).
+    pub preempt_delay: Duration,
+    /// Health checks, in file order.
+    pub checks: Vec<Check>,
+    /// Program run on every state change with the group name and the new state.
+    pub notify: Option<PathBuf>,
+}
+
+/// Base priorities: per node, with a default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriorityMap {
+    /// Explicit priorities.
+    pub nodes: BTreeMap<String, u8>,
+    /// Priority of every other node.
+    pub default: u8,
+}
+
+impl PriorityMap {
+    /// The base priority of `node`.
+    pub fn of(&self, node: &str) -> u8 {
+        self.nodes.get(node).copied().unwrap_or(self.default)
+    }
+}
+
+impl Default for PriorityMap {
+    fn default() -> Self {
+        PriorityMap {
+            nodes: BTreeMap::new(),
+            default: DEFAULT_PRIORITY,
+        }
+    }
+}
+
+/// A health check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    /// Unique within the group.
+    pub name: String,
+    /// What is checked.
+    pub kind: CheckKind,
+    /// Time between two runs.
+    pub interval: Duration,
+    /// Time a run may take before it counts as a failure.
+    pub timeout: Duration,
+    /// Consecutive passes to become passing.
+    pub rise: NonZeroU32,
+    /// Consecutive failures to become failing.
+    pub fall: NonZeroU32,
+    /// keepalived's weight: `> 0` adds while passing, `< 0` subtracts while failing, `0` means a
+    /// failure makes the node ineligible for the group (FAULT).
+    pub weight: i32,
+}
+
+impl Check {
+    /// The longest time from a failure to the check reporting it: `interval x fall + timeout`.
+    pub fn worst_case_detection(&self) -> Duration {
+        self.interval
+            .saturating_mul(self.fall.get())
+            .saturating_add(self.timeout)
+    }
+}
+
+/// The kinds of health check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckKind {
+    /// HTTP(S) GET; passes on the expected status (any 2xx when `expect_status` is `None`).
+    Http {
+        /// `http://` or `https://` URL.
+        url: String,
+        /// Accept any TLS certificate.
+        insecure: bool,
+        /// Exact status to expect.
+        expect_status: Option<u16>,
+    },
+    /// TCP connect to `host:port`.
+    Tcp {
+        /// Host (name or address) and port.
+        target: String,
+    },
+    /// Run a program; exit status 0 passes. No shell is involved.
+    Exec {
+        /// Program and arguments.
+        argv: Vec<String>,
+    },
+}
+
+impl CheckKind {
+    /// The kind's name as written in files.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            CheckKind::Http { .. } => "http",
+            CheckKind::Tcp { .. } => "tcp",
+            CheckKind::Exec { .. } => "exec",
+        }
+    }
+}
+
+impl Standalone {
+    /// Parses and validates a YAML (or JSON) file's text.
+    pub fn parse(text: &str) -> Result<Standalone, ConfigErrors> {
+        let tree: Value = serde_saphyr::from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: "(file)".into(),
+                message: e.to_string(),
+            }])
+        })?;
+        Standalone::from_tree(&tree)
+    }
+
+    /// Validates an already-parsed tree, reporting every error.
+    pub fn from_tree(tree: &Value) -> Result<Standalone, ConfigErrors> {
+        let mut w = Walker::default();
+        let config = w.standalone(tree);
+        match config {
+            Some(c) if w.errors.is_empty() => Ok(c),
+            _ => Err(ConfigErrors(w.errors)),
+        }
+    }
+
+    /// Every address of every group, with the group's index.
+    pub fn addresses(&self) -> impl Iterator<Item = (usize, IpAddr)> + '_ {
+        self.groups
+            .iter()
+            .enumerate()
+            .flat_map(|(i, g)| g.addresses.iter().map(move |a| (i, *a)))
+    }
+}
+
+/// Collects errors while reading a tree; each reader returns `None` after recording an error.
+#[derive(Default)]
+struct Walker {
+    errors: Vec<ConfigError>,
+}
+
+impl Walker {
+    fn error(&mut self, path: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    /// The value as a mapping whose keys are all in `known`; unknown keys are reported.
+    fn object<'v>(
+        &mut self,
+        path: &str,
+        v: &'v Value,
+        known: &[&str],
+    ) -> Option<&'v Map<String, Value>> {
+        let Some(map) = v.as_object() else {
+            self.error(path, format!("expected a mapping, found {}", kind(v)));
+            return None;
+        };
+        for key in map.keys() {
+            if !known.contains(&key.as_str()) {
+                self.error(
+                    &join(path, key),
+                    format!("unknown field; expected one of: {}", known.join(", ")),
+                );
+            }
+        }
+        Some(map)
+    }
+
+    fn string(&mut self, path: &str, v: &Value) -> Option<String> {
+        match v {
+            Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+            Value::String(_) => {
+                self.error(path, "must not be empty");
+                None
+            }
+            other => {
+                self.error(path, format!("expected a string, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    fn bool(&mut self, path: &str, v: &Value) -> Option<bool> {
+        match v {
+            Value::Bool(b) => Some(*b),
+            other => {
+                self.error(
+                    path,
+                    format!("expected true or false, found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn integer(&mut self, path: &str, v: &Value, min: i64, max: i64) -> Option<i64> {
+        match v.as_i64() {
+            Some(n) if (min..=max).contains(&n) => Some(n),
+            Some(n) => {
+                self.error(path, format!("{n} is out of range {min}..={max}"));
+                None
+            }
+            None => {
+                self.error(path, format!("expected an integer, found {}", kind(v)));
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, path: &str, v: &Value) -> Option<Duration> {
+        let text = match v {
+            Value::String(s) => s.as_str(),
+            Value::Number(n) => {
+                self.error(
+                    path,
+                    crate::duration::DurationError::MissingUnit(n.to_string()).to_string(),
+                );
+                return None;
+            }
+            other => {
+                self.error(
+                    path,
+                    format!(
+                        "expected a duration such as `1s` or `900ms`, found {}",
+                        kind(other)
+                    ),
+                );
+                return None;
+            }
+        };
+        match parse_duration(text) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.error(path, e.to_string());
+                None
+            }
+        }
+    }
+
+    fn socket_addr(
+        &mut self,
+        path: &str,
+        v: &Value,
+        default_port: Option<u16>,
+    ) -> Option<SocketAddr> {
+        let text = self.string(path, v)?;
+        if let Ok(addr) = text.parse::<SocketAddr>() {
+            return Some(addr);
+        }
+        if let (Some(port), Ok(ip)) = (default_port, text.parse::<IpAddr>()) {
+            return Some(SocketAddr::new(ip, port));
+        }
+        self.error(
+            path,
+            format!(
+                "`{text}` is not an address with a port (`192.0.2.10:7946`, `[2001:db8::1]:7946`)"
+            ),
+        );
+        None
+    }
+
+    fn list<'v>(&mut self, path: &str, v: &'v Value) -> Option<&'v [Value]> {
+        match v {
+            Value::Array(items) => Some(items),
+            other => {
+                self.error(path, format!("expected a list, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    fn standalone(&mut self, tree: &Value) -> Option<Standalone> {
+        const KNOWN: &[&str] = &[
+            "cluster", "node", "bind", "peers", "keyFile", "insecure", "listen", "gossip",
+            "announce", "groups",
+        ];
+        let map = self.object("(file)", tree, KNOWN)?;
+        let cluster = match map.get("cluster") {
+            Some(v) => self.string("cluster", v).and_then(|c| self.cluster_name(c)),
+            None => {
+                self.error(
+                    "cluster",
+                    "required: the gossip cluster name, the same on every node",
+                );
+                None
+            }
+        };
+        let node = match map.get("node") {
+            Some(v) => self.string("node", v),
+            None => None,
+        };
+        let bind = match map.get("bind") {
+            Some(v) => self.socket_addr("bind", v, Some(DEFAULT_GOSSIP_PORT)),
+            None => {
+                self.error(
+                    "bind",
+                    "required: this node's gossip address, for example `192.0.2.10:7946`",
+                );
+                None
+            }
+        };
+        let mut peers = Vec::new();
+        if let Some(v) = map.get("peers")
+            && let Some(items) = self.list("peers", v)
+        {
+            for (i, item) in items.iter().enumerate() {
+                if let Some(p) =
+                    self.socket_addr(&format!("peers[{i}]"), item, Some(DEFAULT_GOSSIP_PORT))
+                {
+                    peers.push(p);
+                }
+            }
+        }
+        let insecure = map
+            .get("insecure")
+            .and_then(|v| self.bool("insecure", v))
+            .unwrap_or(false);
+        let key_file = map
+            .get("keyFile")
+            .and_then(|v| self.string("keyFile", v))
+            .map(PathBuf::from);
+        match (&key_file, insecure) {
+            (None, false) if !map.contains_key("keyFile") => self.error(
+                "keyFile",
+                "required: gossip is authenticated; set `insecure: true` to run without a key (test setups only)",
+            ),
+            (Some(_), true) => self.error("insecure", "`insecure: true` and a `keyFile` contradict each other"),
+            _ => {}
+        }
+        let listen = match map.get("listen") {
+            Some(v) => self.socket_addr("listen", v, None),
+            None => DEFAULT_LISTEN.parse().ok(),
+        };
+        let gossip = map
+            .get("gossip")
+            .map(|v| self.gossip(v))
+            .unwrap_or_default();
+        let announce = map
+            .get("announce")
+            .map(|v| self.announce(v))
+            .unwrap_or_default();
+        let groups = match map.get("groups") {
+            Some(v) => self.groups(v),
+            None => {
+                self.error(
+                    "groups",
+                    "required: at least one group of virtual addresses",
+                );
+                Vec::new()
+            }
+        };
+        Some(Standalone {
+            cluster: cluster?,
+            node,
+            bind: bind?,
+            peers,
+            key_file,
+            insecure,
+            listen: listen?,
+            gossip,
+            announce,
+            groups,
+        })
+    }
+
+    fn cluster_name(&mut self, name: String) -> Option<String> {
+        if name.len() > 253
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        {
+            self.error(
+                "cluster",
+                format!("`{name}`: use at most 253 letters, digits, `-` and `.`"),
+            );
+            return None;
+        }
+        Some(name)
+    }
+
+    fn gossip(&mut self, v: &Value) -> GossipSettings {
+        const KNOWN: &[&str] = &[
+            "profile",
+            "probePeriod",
+            "probeRtt",
+            "suspectToDown",
+            "periodicGossip",
+            "gossipFanout",
+        ];
+        let mut g = GossipSettings::default();
+        let Some(map) = self.object("gossip", v, KNOWN) else {
+            return g;
+        };
+        if let Some(v) = map.get("profile") {
+            match v.as_str() {
+                Some("fast") => g.profile = Profile::Fast,
+                Some("lan") => g.profile = Profile::Lan,
+                _ => self.error(
+                    "gossip.profile",
+                    format!("expected `fast` or `lan`, found {}", show(v)),
+                ),
+            }
+        }
+        let dur = |w: &mut Walker, key: &str| {
+            map.get(key)
+                .and_then(|v| w.duration(&format!("gossip.{key}"), v))
+        };
+        g.probe_period = dur(self, "probePeriod");
+        g.probe_rtt = dur(self, "probeRtt");
+        g.suspect_to_down = dur(self, "suspectToDown");
+        g.periodic_gossip = dur(self, "periodicGossip");
+        g.gossip_fanout = map
+            .get("gossipFanout")
+            .and_then(|v| self.integer("gossip.gossipFanout", v, 1, 64))
+            .and_then(|n| NonZeroU32::new(n as u32));
+        g
+    }
+
+    fn announce(&mut self, v: &Value) -> AnnounceSettings {
+        const KNOWN: &[&str] = &["burst", "secondBurstAfter", "refresh"];
+        let mut a = AnnounceSettings::default();
+        let Some(map) = self.object("announce", v, KNOWN) else {
+            return a;
+        };
+        if let Some(n) = map
+            .get("burst")
+            .and_then(|v| self.integer("announce.burst", v, 1, 100))
+        {
+            a.burst = NonZeroU32::new(n as u32).unwrap_or(a.burst);
+        }
+        if let Some(v) = map.get("secondBurstAfter") {
+            a.second_burst_after = self.optional_duration("announce.secondBurstAfter", v);
+        }
+        if let Some(v) = map.get("refresh") {
+            a.refresh = self.optional_duration("announce.refresh", v);
+            if a.refresh.is_some_and(|d| d < Duration::from_secs(1)) {
+                self.error(
+                    "announce.refresh",
+                    "a refresh faster than 1s floods the segment; use at least `1s`",
+                );
+            }
+        }
+        a
+    }
+
+    /// `off`, `null`/`~` or `0s` disable; otherwise a duration.
+    fn optional_duration(&mut self, path: &str, v: &Value) -> Option<Duration> {
+        match v {
+            Value::Null => None,
+            Value::Bool(false) => None,
+            Value::String(s) if s == "off" => None,
+            _ => self.duration(path, v).filter(|d| !d.is_zero()),
+        }
+    }
+
+    fn groups(&mut self, v: &Value) -> Vec<Group> {
+        let Some(items) = self.list("groups", v) else {
+            return Vec::new();
+        };
+        if items.is_empty() {
+            self.error("groups", "at least one group is needed");
+        }
+        let mut groups: Vec<Group> = Vec::new();
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut owners: BTreeMap<IpAddr, String> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("groups[{i}]");
+            let Some(group) = self.group(&path, item) else {
+                continue;
+            };
+            if let Some(first) = names.insert(group.name.clone(), i) {
+                self.error(
+                    &format!("{path}.name"),
+                    format!("`{}` is also the name of groups[{first}]", group.name),
+                );
+            }
+            for (j, addr) in group.addresses.iter().enumerate() {
+                let here = format!("{path}.addresses[{j}]");
+                if let Some(other) = owners.insert(*addr, here.clone()) {
+                    self.error(&here, format!("{addr} is already listed at {other}"));
+                }
+            }
+            groups.push(group);
+        }
+        groups
+    }
+
+    fn group(&mut self, path: &str, v: &Value) -> Option<Group> {
+        const KNOWN: &[&str] = &[
+            "name",
+            "addresses",
+            "interface",
+            "priority",
+            "preemptDelay",
+            "checks",
+            "notify",
+        ];
+        let map = self.object(path, v, KNOWN)?;
+        let name = match map.get("name") {
+            Some(v) => self
+                .string(&join(path, "name"), v)
+                .and_then(|n| self.label(&join(path, "name"), n)),
+            None => {
+                self.error(&join(path, "name"), "required");
+                None
+            }
+        };
+        let mut addresses = Vec::new();
+        match map.get("addresses") {
+            Some(v) => {
+                if let Some(items) = self.list(&join(path, "addresses"), v) {
+                    if items.is_empty() {
+                        self.error(&join(path, "addresses"), "at least one address is needed");
+                    }
+                    for (j, item) in items.iter().enumerate() {
+                        if let Some(a) = self.vip(&format!("{path}.addresses[{j}]"), item) {
+                            addresses.push(a);
+                        }
+                    }
+                }
+            }
+            None => self.error(
+                &join(path, "addresses"),
+                "required: the virtual addresses of the group",
+            ),
+        }
+        let interface = map
+            .get("interface")
+            .and_then(|v| self.string(&join(path, "interface"), v));
+        if let Some(ifname) = &interface
+            && (ifname.len() > 15 || ifname.contains('/') || ifname.contains(char::is_whitespace))
+        {
+            self.error(
+                &join(path, "interface"),
+                format!("`{ifname}` is not a Linux interface name"),
+            );
+        }
+        let priority = map
+            .get("priority")
+            .map(|v| self.priority(&join(path, "priority"), v))
+            .unwrap_or_default();
+        let preempt_delay = map
+            .get("preemptDelay")
+            .and_then(|v| self.duration(&join(path, "preemptDelay"), v))
+            .unwrap_or(Duration::ZERO);
+        let mut checks: Vec<Check> = Vec::new();
+        if let Some(v) = map.get("checks")
+            && let Some(items) = self.list(&join(path, "checks"), v)
+        {
+            for (j, item) in items.iter().enumerate() {
+                let cpath = format!("{path}.checks[{j}]");
+                if let Some(c) = self.check(&cpath, item) {
+                    if let Some(k) = checks.iter().position(|o| o.name == c.name) {
+                        self.error(
+                            &join(&cpath, "name"),
+                            format!("`{}` is also the name of checks[{k}]", c.name),
+                        );
+                    }
+                    checks.push(c);
+                }
+            }
+        }
+        let notify = map
+            .get("notify")
+            .and_then(|v| self.string(&join(path, "notify"), v))
+            .map(PathBuf::from);
+        if let Some(p) = &notify
+            && !p.is_absolute()
+        {
+            self.error(
+                &join(path, "notify"),
+                format!("`{}` must be an absolute path", p.display()),
+            );
+        }
+        Some(Group {
+            name: name?,
+            addresses,
+            interface,
+            priority,
+            preempt_delay,
+            checks,
+            notify,
+        })
+    }
+
+    /// Group and check names appear in metric labels: keep them short and plain.
+    fn label(&mut self, path: &str, name: String) -> Option<String> {
+        let ok = name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+        if ok {
+            Some(name)
+        } else {
+            self.error(
+                path,
+                format!("`{name}`: use at most 63 letters, digits, `-`, `_` and `.`"),
+            );
+            None
+        }
+    }
+
+    fn vip(&mut self, path: &str, v: &Value) -> Option<IpAddr> {
+        let text = self.string(path, v)?;
+        let (ip_text, prefix) = match text.split_once('/') {
+            Some((ip, p)) => (ip, Some(p)),
+            None => (text.as_str(), None),
+        };
+        let Ok(ip) = ip_text.parse::<IpAddr>() else {
+            self.error(path, format!("`{text}` is not an IP address"));
+            return None;
+        };
+        let host_len = if ip.is_ipv4() { "32" } else { "128" };
+        if let Some(p) = prefix
+            && p != host_len
+        {
+            self.error(
+                path,
+                format!(
+                    "`{text}`: a virtual address is one address; write `{ip}` or `{ip}/{host_len}`"
+                ),
+            );
+            return None;
+        }
+        if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+            self.error(
+                path,
+                format!("`{ip}` cannot be a virtual address (unspecified, loopback or multicast)"),
+            );
+            return None;
+        }
+        if let IpAddr::V4(v4) = ip
+            && v4.is_broadcast()
+        {
+            self.error(path, "the broadcast address cannot be a virtual address");
+            return None;
+        }
+        Some(ip)
+    }
+
+    fn priority(&mut self, path: &str, v: &Value) -> PriorityMap {
+        let mut map = PriorityMap::default();
+        match v {
+            Value::Number(_) => {
+                if let Some(n) = self.integer(path, v, 1, 254) {
+                    map.default = n as u8;
+                }
+            }
+            Value::Object(entries) => {
+                for (node, p) in entries {
+                    let here = join(path, node);
+                    if let Some(n) = self.integer(&here, p, 1, 254) {
+                        if node == "default" {
+                            map.default = n as u8;
+                        } else {
+                            map.nodes.insert(node.clone(), n as u8);
+                        }
+                    }
+                }
+            }
+            other => self.error(
+                path,
+                format!("expected a number or a mapping such as `{{master-0: 50, default: 40}}`, found {}", kind(other)),
+            ),
+        }
+        map
+    }
+
+    fn check(&mut self, path: &str, v: &Value) -> Option<Check> {
+        const KNOWN: &[&str] = &[
+            "name",
+            "http",
+            "https",
+            "tcp",
+            "exec",
+            "insecure",
+            "expectStatus",
+            "interval",
+            "timeout",
+            "rise",
+            "fall",
+            "weight",
+        ];
+        let map = self.object(path, v, KNOWN)?;
+        let name = match map.get("name") {
+            Some(v) => self
+                .string(&join(path, "name"), v)
+                .and_then(|n| self.label(&join(path, "name"), n)),
+            None => {
+                self.error(&join(path, "name"), "required");
+                None
+            }
+        };
+        let kinds: Vec<&str> = ["http", "https", "tcp", "exec"]
+            .into_iter()
+            .filter(|k| map.contains_key(*k))
+            .collect();
+        let kind = match kinds.as_slice() {
+            [] => {
+                self.error(path, "needs one of `http`, `tcp` or `exec`");
+                None
+            }
+            [one] => self.check_kind(path, one, map),
+            many => {
+                self.error(
+                    path,
+                    format!("has {}: a check is exactly one of them", many.join(" and ")),
+                );
+                None
+            }
+        };
+        if !matches!(kind, Some(CheckKind::Http { .. })) {
+            for key in ["insecure", "expectStatus"] {
+                if map.contains_key(key) && kind.is_some() {
+                    self.error(&join(path, key), "applies to `http` checks only");
+                }
+            }
+        }
+        let interval = match map.get("interval") {
+            Some(v) => self.duration(&join(path, "interval"), v),
+            None => Some(Duration::from_secs(1)),
+        };
+        if interval.is_some_and(|d| d < Duration::from_millis(10)) {
+            self.error(&join(path, "interval"), "must be at least `10ms`");
+        }
+        let timeout = match map.get("timeout") {
+            Some(v) => self.duration(&join(path, "timeout"), v),
+            None => interval,
+        };
+        if timeout.is_some_and(|d| d.is_zero()) {
+            self.error(&join(path, "timeout"), "must be more than `0s`");
+        }
+        if let (Some(i), Some(t)) = (interval, timeout)
+            && t > i
+        {
+            self.error(
+                &join(path, "timeout"),
+                format!(
+                    "{} is longer than the interval ({}): runs would overlap",
+                    crate::duration::format_duration(t),
+                    crate::duration::format_duration(i)
+                ),
+            );
+        }
+        let count = |w: &mut Walker, key: &str| match map.get(key) {
+            Some(v) => w
+                .integer(&join(path, key), v, 1, 1000)
+                .and_then(|n| NonZeroU32::new(n as u32)),
+            None => NonZeroU32::new(1),
+        };
+        let rise = count(self, "rise");
+        let fall = count(self, "fall");
+        let weight = match map.get("weight") {
+            Some(v) => self
+                .integer(&join(path, "weight"), v, -253, 253)
+                .map(|n| n as i32),
+            None => Some(0),
+        };
+        Some(Check {
+            name: name?,
+            kind: kind?,
+            interval: interval?,
+            timeout: timeout?,
+            rise: rise?,
+            fall: fall?,
+            weight: weight?,
+        })
+    }
+
+    fn check_kind(&mut self, path: &str, key: &str, map: &Map<String, Value>) -> Option<CheckKind> {
+        let here = join(path, key);
+        let v = map.get(key)?;
+        match key {
+            "http" | "https" => {
+                let url = self.string(&here, v)?;
+                let url = if key == "https" && !url.contains("://") {
+                    format!("https://{url}")
+                } else {
+                    url
+                };
+                let rest = url
+                    .strip_prefix("http://")
+                    .or_else(|| url.strip_prefix("https://"));
+                let Some(rest) = rest else {
+                    self.error(
+                        &here,
+                        format!("`{url}` must start with http:// or https://"),
+                    );
+                    return None;
+                };
+                let authority = rest.split('/').next().unwrap_or("");
+                if authority.is_empty() {
+                    self.error(&here, format!("`{url}` has no host"));
+                    return None;
+                }
+                let insecure = map
+                    .get("insecure")
+                    .and_then(|v| self.bool(&join(path, "insecure"), v))
+                    .unwrap_or(false);
+                let expect_status = map
+                    .get("expectStatus")
+                    .and_then(|v| self.integer(&join(path, "expectStatus"), v, 100, 599))
+                    .map(|n| n as u16);
+                Some(CheckKind::Http {
+                    url,
+                    insecure,
+                    expect_status,
+                })
+            }
+            "tcp" => {
+                let target = self.string(&here, v)?;
+                match target.rsplit_once(':') {
+                    Some((host, port))
+                        if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) =>
+                    {
+                        Some(CheckKind::Tcp { target })
+                    }
+                    _ => {
+                        self.error(&here, format!("`{target}` is not `host:port`"));
+                        None
+                    }
+                }
+            }
+            "exec" => {
+                let argv: Vec<String> = match v {
+                    Value::String(s) => s.split_whitespace().map(str::to_string).collect(),
+                    Value::Array(items) => {
+                        let mut argv = Vec::new();
+                        for (k, item) in items.iter().enumerate() {
+                            argv.push(self.string(&format!("{here}[{k}]"), item)?);
+                        }
+                        argv
+                    }
+                    other => {
+                        self.error(
+                            &here,
+                            format!("expected a command line or a list, found {}", kind(other)),
+                        );
+                        return None;
+                    }
+                };
+                if argv.is_empty() {
+                    self.error(&here, "empty command");
+                    return None;
+                }
+                Some(CheckKind::Exec { argv })
+            }
+            _ => None,
+        }
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path == "(file)" {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("`{s}`"),
+        other => kind(other).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SKETCH: &str = r#"
+cluster: edge-1
+node: master-0
+bind: 192.0.2.10:7946
+peers: [192.0.2.11:7946, 192.0.2.12:7946]
+keyFile: /etc/swimlb/keys
+groups:
+  - name: api
+    addresses: [192.0.2.100/32, 2001:db8::100/128]
+    interface: eth0
+    priority: {master-0: 50, default: 40}
+    preemptDelay: 0s
+    checks:
+      - {name: lb, http: "https://localhost:9443/readyz", interval: 1s, timeout: 900ms, rise: 3, fall: 2, weight: 20}
+      - {name: api, http: "https://localhost:6443/readyz", interval: 1s, timeout: 900ms, rise: 3, fall: 2, weight: 5}
+    notify: /etc/swimlb/notify.sh
+"#;
+
+    #[test]
+    fn the_design_sketch_is_valid() {
+        let c = Standalone::parse(SKETCH).unwrap();
+        assert_eq!(c.cluster, "edge-1");
+        assert_eq!(c.node.as_deref(), Some("master-0"));
+        assert_eq!(c.peers.len(), 2);
+        assert_eq!(c.listen, DEFAULT_LISTEN.parse().unwrap());
+        let g = &c.groups[0];
+        assert_eq!(
+            g.addresses,
+            vec![
+                "192.0.2.100".parse::<IpAddr>().unwrap(),
+                "2001:db8::100".parse().unwrap()
+            ]
+        );
+        assert_eq!(g.priority.of("master-0"), 50);
+        assert_eq!(g.priority.of("master-1"), 40);
+        assert_eq!(g.checks[0].rise.get(), 3);
+        assert_eq!(g.checks[0].weight, 20);
+        assert_eq!(
+            g.checks[0].worst_case_detection(),
+            Duration::from_millis(2_900)
+        );
+        assert_eq!(
+            g.notify.as_deref(),
+            Some(std::path::Path::new("/etc/swimlb/notify.sh"))
+        );
+        assert_eq!(c.announce, AnnounceSettings::default());
+    }
+
+    #[test]
+    fn check_defaults_follow_keepalived() {
+        let c = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: g, addresses: [192.0.2.100], checks: [{name: x, exec: /bin/true}]}]",
+        )
+        .unwrap();
+        let check = &c.groups[0].checks[0];
+        assert_eq!(check.interval, Duration::from_secs(1));
+        assert_eq!(check.timeout, Duration::from_secs(1));
+        assert_eq!(
+            (check.rise.get(), check.fall.get(), check.weight),
+            (1, 1, 0)
+        );
+        assert_eq!(c.bind.port(), DEFAULT_GOSSIP_PORT);
+        assert_eq!(c.groups[0].priority.of("anyone"), DEFAULT_PRIORITY);
+        assert_eq!(
+            check.kind,
+            CheckKind::Exec {
+                argv: vec!["/bin/true".into()]
+            }
+        );
+    }
+
+    fn errors_of(text: &str) -> Vec<String> {
+        Standalone::parse(text)
+            .unwrap_err()
+            .0
+            .into_iter()
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path() {
+        let errors = errors_of(
+            r#"
+cluster: edge-1
+bind: 192.0.2.10:7946
+keyFile: /etc/swimlb/keys
+gossip: {profile: quick}
+groups:
+  - name: api
+    addresses: [192.0.2.100/24, not-an-ip]
+    priority: {master-0: 300}
+    checks:
+      - {name: lb, http: "localhost:9443/readyz", intervl: 1s}
+      - {name: lb, tcp: "localhost:6443", interval: 1, timeout: 2s, rise: 0}
+  - name: api
+    addresses: [192.0.2.100]
+"#,
+        );
+        let expected = [
+            "gossip.profile: expected `fast` or `lan`, found `quick`",
+            "groups[0].addresses[0]: `192.0.2.100/24`: a virtual address is one address; write `192.0.2.100` or `192.0.2.100/32`",
+            "groups[0].addresses[1]: `not-an-ip` is not an IP address",
+            "groups[0].priority.master-0: 300 is out of range 1..=254",
+            "groups[0].checks[0].intervl: unknown field; expected one of: name, http, https, tcp, exec, insecure, expectStatus, interval, timeout, rise, fall, weight",
+            "groups[0].checks[0].http: `localhost:9443/readyz` must start with http:// or https://",
+            "groups[0].checks[1].interval: `1` has no unit (use ms, s, m or h, for example `1s`)",
+            "groups[0].checks[1].rise: 0 is out of range 1..=1000",
+            "groups[1].name: `api` is also the name of groups[0]",
+        ];
+        assert_eq!(errors, expected);
+    }
+
+    #[test]
+    fn missing_required_fields_are_named() {
+        assert_eq!(
+            errors_of("{}"),
+            [
+                "cluster: required: the gossip cluster name, the same on every node",
+                "bind: required: this node's gossip address, for example `192.0.2.10:7946`",
+                "keyFile: required: gossip is authenticated; set `insecure: true` to run without a key (test setups only)",
+                "groups: required: at least one group of virtual addresses",
+            ]
+        );
+    }
+
+    #[test]
+    fn timeout_longer_than_interval_is_rejected() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: g, addresses: [192.0.2.100], checks: [{name: x, tcp: 'h:1', interval: 1s, timeout: 2s}]}]",
+        );
+        assert_eq!(
+            errors,
+            [
+                "groups[0].checks[0].timeout: 2s is longer than the interval (1s): runs would overlap"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_same_address_in_two_groups_is_rejected() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: a, addresses: [192.0.2.100]}, {name: b, addresses: ['192.0.2.100/32']}]",
+        );
+        assert_eq!(
+            errors,
+            ["groups[1].addresses[0]: 192.0.2.100 is already listed at groups[0].addresses[0]"]
+        );
+    }
+
+    #[test]
+    fn a_check_of_two_kinds_is_rejected() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: a, addresses: [192.0.2.100], checks: [{name: x, tcp: 'h:1', exec: /bin/true}]}]",
+        );
+        assert_eq!(
+            errors,
+            ["groups[0].checks[0]: has tcp and exec: a check is exactly one of them"]
+        );
+    }
+
+    #[test]
+    fn insecure_and_key_file_together_are_rejected() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\nkeyFile: /k\ngroups: [{name: a, addresses: [192.0.2.100]}]",
+        );
+        assert_eq!(
+            errors,
+            ["insecure: `insecure: true` and a `keyFile` contradict each other"]
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_errors_carry_the_line() {
+        let errors = errors_of("cluster: [c\nbind: x\n");
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].starts_with("(file): "), "{}", errors[0]);
+        assert!(errors[0].contains("line"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        let errors = errors_of("cluster: 5\nbind: [x]\ninsecure: 'yes please'\ngroups: {}\n");
+        assert_eq!(
+            errors,
+            [
+                "cluster: expected a string, found a number",
+                "bind: expected a string, found a list",
+                "insecure: expected true or false, found a string",
+                "keyFile: required: gossip is authenticated; set `insecure: true` to run without a key (test setups only)",
+                "groups: expected a list, found a mapping",
+            ]
+        );
+    }
+
+    #[test]
+    fn announce_and_gossip_overrides_are_read() {
+        let c = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\nannounce: {burst: 3, secondBurstAfter: off, refresh: 60s}\ngossip: {profile: lan, probePeriod: 500ms, gossipFanout: 4}\ngroups: [{name: a, addresses: [2001:db8::1]}]",
+        )
+        .unwrap();
+        assert_eq!(c.announce.burst.get(), 3);
+        assert_eq!(c.announce.second_burst_after, None);
+        assert_eq!(c.announce.refresh, Some(Duration::from_secs(60)));
+        assert_eq!(c.gossip.profile, Profile::Lan);
+        assert_eq!(c.gossip.probe_period, Some(Duration::from_millis(500)));
+        assert_eq!(c.gossip.gossip_fanout.map(NonZeroU32::get), Some(4));
+    }
+}

@@ -1,0 +1,320 @@
+//! `swimlb-lab demo`: three nodes, one VIP, the owner powered off, and the timeline of the
+//! failover as the network saw it.
+//!
+//! Three observers run in the client's namespace, each a thread on the lab's clock:
+//! - the prober (who answers the VIP, every 10 ms);
+//! - an announcement watcher: a filtered packet socket that records every gratuitous ARP and
+//!   unsolicited neighbor advertisement for the VIP;
+//! - a membership watcher that polls every survivor's `/status` and records when the old owner
+//!   left its member list (the gossip's detection).
+
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use swimlb_proto::Frame;
+use swimlb_proto::arp::ArpOperation;
+use swimlb_proto::ethernet::MacAddr;
+use swimlb_proto::ndp::NdpMessage;
+use tokio::time::Instant;
+
+use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use crate::netns::{self, Lab};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+
+/// One announcement seen by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announcement {
+    /// When it arrived.
+    pub at: Instant,
+    /// The MAC that claimed the VIP.
+    pub mac: MacAddr,
+    /// The VIP.
+    pub ip: IpAddr,
+}
+
+/// Records gratuitous ARP and unsolicited NA frames for `vips` arriving in `netns` on `eth0`.
+#[derive(Debug)]
+pub struct AnnouncementWatcher {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<Announcement>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AnnouncementWatcher {
+    /// Starts watching.
+    pub fn start(netns: &str, vips: Vec<IpAddr>) -> Result<AnnouncementWatcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (ns, flag, log) = (netns.to_string(), stop.clone(), seen.clone());
+        let thread = std::thread::Builder::new()
+            .name("announcements".into())
+            .spawn(move || {
+                let channel = (|| -> Result<_> {
+                    enter_netns(&ns)?;
+                    let iface = pnet_datalink::interfaces()
+                        .into_iter()
+                        .find(|i| i.name == "eth0")
+                        .context("no eth0 in the client namespace")?;
+                    Ok(swimlb_speaker::packet_socket::open(
+                        &iface,
+                        Duration::from_millis(20),
+                    )?)
+                })();
+                let mut channel = match channel {
+                    Ok(c) => {
+                        let _ = ready_tx.send(Ok(()));
+                        c
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while !flag.load(Ordering::Relaxed) {
+                    let Ok(frame) = channel.rx.next() else {
+                        continue;
+                    };
+                    let at = Instant::now();
+                    let claim = match Frame::parse(frame) {
+                        Ok(Frame::Arp { arp, .. })
+                            if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
+                        {
+                            Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
+                        }
+                        Ok(Frame::Ndp(f)) => match f.ndp.message {
+                            NdpMessage::NeighborAdvert {
+                                target,
+                                target_link_addr,
+                                flags,
+                            } if !flags.solicited => Some((
+                                target_link_addr.unwrap_or(f.ethernet.src),
+                                IpAddr::V6(target),
+                            )),
+                            _ => None,
+                        },
+                        _ => None,
+                    };
+                    if let Some((mac, ip)) = claim
+                        && vips.contains(&ip)
+                    {
+                        log.lock()
+                            .expect("announcement log")
+                            .push(Announcement { at, mac, ip });
+                    }
+                }
+            })?;
+        ready_rx.recv().context("announcement watcher died")??;
+        Ok(AnnouncementWatcher {
+            stop,
+            seen,
+            thread: Some(thread),
+        })
+    }
+
+    /// Everything seen so far.
+    pub fn seen(&self) -> Vec<Announcement> {
+        self.seen.lock().expect("announcement log").clone()
+    }
+}
+
+impl Drop for AnnouncementWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `GET path` on `addr` from the current thread's namespace, with a short timeout.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: lab\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    Some(body.to_string())
+}
+
+/// Polls `/status` of `nodes` from `netns` until each has dropped `gone` from its members;
+/// returns when each did (or `None` within `limit`).
+pub fn watch_member_gone(
+    netns: &str,
+    nodes: Vec<(String, SocketAddr)>,
+    gone: String,
+    limit: Duration,
+) -> std::thread::JoinHandle<Vec<(String, Option<Instant>)>> {
+    let ns = netns.to_string();
+    std::thread::spawn(move || {
+        if enter_netns(&ns).is_err() {
+            return nodes.into_iter().map(|(n, _)| (n, None)).collect();
+        }
+        let deadline = Instant::now() + limit;
+        let mut result: Vec<(String, Option<Instant>)> =
+            nodes.iter().map(|(n, _)| (n.clone(), None)).collect();
+        while Instant::now() < deadline && result.iter().any(|(_, t)| t.is_none()) {
+            for (i, (_, addr)) in nodes.iter().enumerate() {
+                if result[i].1.is_some() {
+                    continue;
+                }
+                if let Some(body) = http_get(*addr, "/status")
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&body)
+                {
+                    let members = v["members"].as_array().cloned().unwrap_or_default();
+                    if !members.iter().any(|m| m["node"] == gone.as_str()) {
+                        result[i].1 = Some(Instant::now());
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        result
+    })
+}
+
+/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers).
+pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
+    out(
+        "swimlb demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms",
+    );
+    let mut lab = Lab::create(3).context("building the lab (needs root)")?;
+    let mut workers = Vec::new();
+    for node in lab.nodes.clone() {
+        workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    let mut daemons = SwimlbDaemons::new(&lab, program)?;
+    for i in 1..=3 {
+        daemons.start(&mut lab, i)?;
+    }
+    let vip = netns::vip_v4(0);
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((vip, PROBE_PORT)),
+        Duration::from_millis(10),
+    )?;
+    let owner = failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(30))
+        .context("no steady owner (see the speaker logs in the lab directory)")?;
+    let old = lab
+        .nodes
+        .iter()
+        .find(|n| n.name == owner)
+        .cloned()
+        .context("owner is not a lab node")?;
+    out(&format!(
+        "{owner} owns 198.51.100.100 (MAC {})",
+        netns::mac_text(old.mac)
+    ));
+
+    let watcher = AnnouncementWatcher::start(
+        &lab.client_netns,
+        vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
+    )?;
+    let survivors: Vec<(String, SocketAddr)> = lab
+        .nodes
+        .iter()
+        .filter(|n| n.name != owner)
+        .map(|n| (n.name.clone(), SocketAddr::from((n.v4, HTTP_PORT))))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let members = watch_member_gone(
+        &lab.client_netns,
+        survivors,
+        owner.clone(),
+        Duration::from_secs(20),
+    );
+    out(&format!("powering {owner} off (its link goes down)"));
+    let fault = Instant::now();
+    lab.set_link(old.index, false)?;
+
+    let deadline = fault + Duration::from_secs(20);
+    let sample = loop {
+        if let Some(s) = probe::failover(&prober.snapshot(), fault, &owner) {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let records = prober.stop();
+    let detections = members.join().unwrap_or_default();
+    let announcements = watcher.seen();
+    let ms = |t: Instant| t.duration_since(fault).as_secs_f64() * 1e3;
+
+    out("timeline (ms after the fault):");
+    out(&format!("  {:>7.1}  fault: {owner}'s link down", 0.0));
+    for (node, at) in &detections {
+        match at {
+            Some(t) => out(&format!(
+                "  {:>7.1}  {node} declares {owner} down (gossip)",
+                ms(*t)
+            )),
+            None => out(&format!(
+                "     ---   {node} never declared {owner} down within 20 s"
+            )),
+        }
+    }
+    if let Some(a) = announcements
+        .iter()
+        .filter(|a| a.at >= fault && a.mac != mac(old.mac))
+        .min_by_key(|a| a.at)
+    {
+        let from = lab
+            .nodes
+            .iter()
+            .find(|n| mac(n.mac) == a.mac)
+            .map(|n| n.name.clone())
+            .unwrap_or_else(|| a.mac.to_string());
+        out(&format!(
+            "  {:>7.1}  first gratuitous ARP / unsolicited NA for {} from {from}",
+            ms(a.at),
+            a.ip
+        ));
+    }
+    let failover_ms = match sample {
+        Some(s) => {
+            let first = records
+                .iter()
+                .filter_map(|r| r.answer.as_ref())
+                .filter(|(n, at)| *at >= fault && *n != owner)
+                .min_by_key(|(_, at)| *at)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default();
+            out(&format!(
+                "  {:>7.1}  first answer from {first}",
+                s.failover_ms
+            ));
+            out(&format!(
+                "failover: {:.0} ms, {} probes lost",
+                s.failover_ms, s.lost_probes
+            ));
+            Some(s.failover_ms)
+        }
+        None => {
+            out("failover: no other node answered within 20 s");
+            None
+        }
+    };
+    out(
+        "(keepalived with its defaults takes about 3 s here: swimlb-lab failover --impl keepalived)",
+    );
+    drop(workers);
+    lab.teardown();
+    Ok(failover_ms)
+}
+
+fn mac(m: [u8; 6]) -> MacAddr {
+    MacAddr(m[0], m[1], m[2], m[3], m[4], m[5])
+}

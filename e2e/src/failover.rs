@@ -1,0 +1,560 @@
+//! `swimlb-lab failover`: repeated failover trials on real kernel networking.
+//!
+//! One lab (see [`crate::netns`]) serves every trial. Each trial waits until one node answers
+//! the client's probes steadily, faults that owner (link down, SIGKILL or SIGTERM of its
+//! daemon), waits for another node to answer, records the sample, then restores the old owner
+//! and waits for the lab to be steady again. Every wait is bounded.
+//!
+//! The figures follow DESIGN.md: `failover_ms` runs from the fault to the first answer from a
+//! node other than the old owner; `lost_probes` counts the unanswered probes in between; a
+//! change of the answering node while no fault is in progress is a false failover.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::keepalived;
+use crate::netns::{self, Lab};
+use crate::probe::{self, PROBE_PORT, Prober, Worker};
+
+/// Which load balancer the trials run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implementation {
+    /// swimlb's standalone speaker.
+    Swimlb,
+    /// Debian's keepalived with its defaults.
+    Keepalived,
+}
+
+impl Implementation {
+    /// Name in the CLI and the JSON.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Implementation::Swimlb => "swimlb",
+            Implementation::Keepalived => "keepalived",
+        }
+    }
+}
+
+/// How the owner is faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// The owner's link goes down: as the network sees a power-off.
+    Poweroff,
+    /// SIGKILL to the owner's daemon.
+    Kill,
+    /// SIGTERM to the owner's daemon: a graceful stop.
+    Sigterm,
+}
+
+impl Scenario {
+    /// Name in the CLI and the JSON.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Scenario::Poweroff => "poweroff",
+            Scenario::Kill => "kill",
+            Scenario::Sigterm => "sigterm",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The implementation.
+    pub implementation: Implementation,
+    /// The fault.
+    pub scenario: Scenario,
+    /// Nodes in the lab.
+    pub nodes: usize,
+    /// Trials.
+    pub trials: usize,
+    /// Random loss on every node link, percent.
+    pub loss: u8,
+    /// Probe interval.
+    pub probe_interval: Duration,
+    /// Where to write the JSON report.
+    pub json: Option<PathBuf>,
+}
+
+/// Starts, signals and restarts the daemon of each node.
+pub trait Daemons {
+    /// Starts the daemon of node `index` (1-based).
+    fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()>;
+    /// Sends `signal` (`KILL` or `TERM`) to the daemon of node `index` and waits for it to exit.
+    fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()>;
+    /// Undoes what a killed daemon left on its node before a restart.
+    fn clean_after_kill(&mut self, _lab: &mut Lab, _index: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// keepalived on every node.
+#[derive(Debug)]
+pub struct KeepalivedDaemons {
+    dir: PathBuf,
+    children: Vec<Option<usize>>,
+}
+
+impl KeepalivedDaemons {
+    /// Files go to a directory named after the lab's run.
+    pub fn new(lab: &Lab) -> KeepalivedDaemons {
+        KeepalivedDaemons {
+            dir: std::env::temp_dir().join(format!("swimlb-lab-{}", lab.run_id())),
+            children: vec![None; lab.nodes.len() + 1],
+        }
+    }
+}
+
+impl Daemons for KeepalivedDaemons {
+    fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        let node = lab.node(index).clone();
+        let instance =
+            keepalived::Instance::write(&self.dir, &node.name, netns::vip_v4(0), netns::PREFIX_V4)?;
+        let mut cmd = Lab::command_in(&node.netns, "keepalived");
+        cmd.args(instance.args())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        self.children[index] = Some(lab.spawn(cmd)?);
+        Ok(())
+    }
+
+    fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
+        let netns = lab.node(index).netns.clone();
+        if signal == "KILL" {
+            // The parent and its VRRP child: everything in the namespace.
+            let out = std::process::Command::new("ip")
+                .args(["netns", "pids", &netns])
+                .output()?;
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", pid])
+                    .status();
+            }
+        } else if let Some(child) = self.children[index] {
+            let pid = lab.child(child).id().to_string();
+            std::process::Command::new("kill")
+                .args([&format!("-{signal}"), &pid])
+                .status()?;
+        }
+        if let Some(child) = self.children[index].take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while lab.child(child).try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    let _ = lab.child(child).kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    fn clean_after_kill(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        // A killed keepalived leaves the VIP on eth0 (and the kernel keeps answering ARP for it:
+        // the split brain the seeds describe). Remove it before the restart.
+        let netns = lab.node(index).netns.clone();
+        let vip = format!("{}/{}", netns::vip_v4(0), netns::PREFIX_V4);
+        let _ = lab.run_in(&netns, "ip", &["addr", "del", &vip, "dev", "eth0"]);
+        Ok(())
+    }
+}
+
+/// swimlb's standalone speaker on every node, run through the lab binary's `speaker`
+/// command (the same entry point as `swimlb-speaker`).
+#[derive(Debug)]
+pub struct SwimlbDaemons {
+    program: PathBuf,
+    dir: PathBuf,
+    children: Vec<Option<usize>>,
+    /// Extra YAML lines for every node's file (for example a gossip profile).
+    pub extra: String,
+}
+
+/// The gossip port of the lab's speakers.
+pub const GOSSIP_PORT: u16 = 7946;
+/// The HTTP port of the lab's speakers.
+pub const HTTP_PORT: u16 = 7572;
+
+impl SwimlbDaemons {
+    /// Speakers run as `program speaker standalone --config FILE`; files go to a directory named
+    /// after the lab's run, with one fresh key shared by all nodes.
+    pub fn new(lab: &Lab, program: PathBuf) -> Result<SwimlbDaemons> {
+        let dir = std::env::temp_dir().join(format!("swimlb-lab-{}", lab.run_id()));
+        std::fs::create_dir_all(&dir)?;
+        let mut key = [0u8; 32];
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+        std::fs::write(
+            dir.join("keys"),
+            format!("{}\n", swimlb_config::keyfile::encode_key(&key)),
+        )?;
+        Ok(SwimlbDaemons {
+            program,
+            dir,
+            children: vec![None; lab.nodes.len() + 1],
+            extra: String::new(),
+        })
+    }
+
+    /// The configuration file of node `index`.
+    pub fn config(&self, lab: &Lab, index: usize) -> String {
+        let node = lab.node(index);
+        let peers: Vec<String> = lab
+            .nodes
+            .iter()
+            .filter(|n| n.index != index)
+            .map(|n| format!("{}:{GOSSIP_PORT}", n.v4))
+            .collect();
+        format!(
+            "cluster: lab-{run}\nnode: {name}\nbind: {ip}:{GOSSIP_PORT}\npeers: [{peers}]\nkeyFile: {keys}\nlisten: {ip}:{HTTP_PORT}\n{extra}groups:\n  - name: vip\n    addresses: [{v4}, {v6}]\n    interface: eth0\n",
+            run = lab.run_id(),
+            name = node.name,
+            ip = node.v4,
+            peers = peers.join(", "),
+            keys = self.dir.join("keys").display(),
+            extra = self.extra,
+            v4 = netns::vip_v4(0),
+            v6 = netns::vip_v6(0),
+        )
+    }
+
+    /// Where node `index`'s log goes.
+    pub fn log_path(&self, lab: &Lab, index: usize) -> PathBuf {
+        self.dir.join(format!("{}.log", lab.node(index).name))
+    }
+}
+
+impl Daemons for SwimlbDaemons {
+    fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
+        std::fs::write(&path, self.config(lab, index))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(lab, index))?;
+        let program = self.program.to_string_lossy().into_owned();
+        let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
+        cmd.args(["speaker", "standalone", "--config"])
+            .arg(&path)
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        self.children[index] = Some(lab.spawn(cmd)?);
+        Ok(())
+    }
+
+    fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
+        let Some(child) = self.children[index].take() else {
+            return Ok(());
+        };
+        // `ip netns exec` execs the program: the child's pid is the speaker's.
+        let pid = lab.child(child).id().to_string();
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lab.child(child).try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = lab.child(child).kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+/// Percentiles of a sample set.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Nearest-rank percentiles of `values`.
+pub fn percentiles(values: &[f64]) -> Percentiles {
+    if values.is_empty() {
+        return Percentiles::default();
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = |p: f64| {
+        let i = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+        sorted[i.clamp(1, sorted.len()) - 1]
+    };
+    Percentiles {
+        p50: rank(50.0),
+        p90: rank(90.0),
+        p99: rank(99.0),
+        max: sorted[sorted.len() - 1],
+    }
+}
+
+/// Lost-probe summary.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct LostProbes {
+    /// Median.
+    pub p50: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// One trial's result.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Sample {
+    /// Fault to first answer from another node.
+    pub failover_ms: f64,
+    /// Probes lost in between.
+    pub lost_probes: u64,
+}
+
+/// The JSON report (DESIGN.md's contract).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// `swimlb` or `keepalived`.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// `poweroff`, `kill` or `sigterm`.
+    pub scenario: &'static str,
+    /// Nodes.
+    pub nodes: usize,
+    /// Trials that produced a sample.
+    pub trials: usize,
+    /// Loss on every link, percent.
+    pub loss: u8,
+    /// Failover time summary.
+    pub failover_ms: Percentiles,
+    /// Lost probes summary.
+    pub lost_probes: LostProbes,
+    /// Owner changes while no fault was in progress.
+    pub false_failovers: usize,
+    /// Every sample.
+    pub samples: Vec<Sample>,
+}
+
+impl Report {
+    /// Summarizes `samples`.
+    pub fn new(options: &Options, samples: Vec<Sample>, false_failovers: usize) -> Report {
+        let ms: Vec<f64> = samples.iter().map(|s| s.failover_ms).collect();
+        let mut lost: Vec<u64> = samples.iter().map(|s| s.lost_probes).collect();
+        lost.sort_unstable();
+        Report {
+            implementation: options.implementation.as_str(),
+            scenario: options.scenario.as_str(),
+            nodes: options.nodes,
+            trials: samples.len(),
+            loss: options.loss,
+            failover_ms: percentiles(&ms),
+            lost_probes: LostProbes {
+                p50: lost
+                    .get(lost.len().saturating_sub(1) / 2)
+                    .copied()
+                    .unwrap_or(0),
+                max: lost.last().copied().unwrap_or(0),
+            },
+            false_failovers,
+            samples,
+        }
+    }
+
+    /// A table for the terminal.
+    pub fn table(&self) -> String {
+        format!(
+            "{:<10} {:<8} nodes {:>2} trials {:>2} loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
+            self.implementation,
+            self.scenario,
+            self.nodes,
+            self.trials,
+            self.loss,
+            self.failover_ms.p50,
+            self.failover_ms.p90,
+            self.failover_ms.p99,
+            self.failover_ms.max,
+            self.lost_probes.p50,
+            self.lost_probes.max,
+            self.false_failovers
+        )
+    }
+}
+
+/// Waits until the last `steady` probes were all answered by one node; returns it.
+pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) -> Result<String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let records = prober.snapshot();
+        // Ignore the newest few: their answers may still be in flight.
+        let settled = records.len().saturating_sub(3);
+        if settled >= steady {
+            let window = &records[settled - steady..settled];
+            if let Some((first, _)) = window[0].answer.as_ref()
+                && window
+                    .iter()
+                    .all(|r| r.answer.as_ref().is_some_and(|(n, _)| n == first))
+            {
+                return Ok(first.clone());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no node answered the VIP steadily within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
+pub fn run(
+    options: &Options,
+    make_daemons: &dyn Fn(&Lab) -> Result<Box<dyn Daemons>>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report> {
+    let mut lab = Lab::create(options.nodes).context("building the lab")?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    if options.loss > 0 {
+        for i in 1..=options.nodes {
+            lab.set_loss(i, options.loss)?;
+        }
+    }
+    let mut daemons = make_daemons(&lab)?;
+    for i in 1..=options.nodes {
+        daemons.start(&mut lab, i)?;
+    }
+    let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
+    let mut samples = Vec::new();
+    let mut false_failovers = 0;
+    for trial in 1..=options.trials {
+        let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
+        let owner = wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+        let quiet = prober.snapshot();
+        false_failovers += probe::owner_changes(&quiet);
+        let index = lab
+            .nodes
+            .iter()
+            .find(|n| n.name == owner)
+            .map(|n| n.index)
+            .context("owner is not a lab node")?;
+        let fault = Instant::now();
+        match options.scenario {
+            Scenario::Poweroff => lab.set_link(index, false)?,
+            Scenario::Kill => daemons.signal(&mut lab, index, "KILL")?,
+            Scenario::Sigterm => daemons.signal(&mut lab, index, "TERM")?,
+        }
+        let deadline = fault + Duration::from_secs(30);
+        let sample = loop {
+            let records = prober.snapshot();
+            if let Some(s) = probe::failover(&records, fault, &owner) {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        prober.stop();
+        match sample {
+            Some(s) => {
+                progress(&format!(
+                    "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost",
+                    options.trials, s.failover_ms, s.lost_probes
+                ));
+                samples.push(Sample {
+                    failover_ms: s.failover_ms,
+                    lost_probes: s.lost_probes,
+                });
+            }
+            None => progress(&format!(
+                "trial {trial}/{}: {owner} faulted, no other node answered within 30 s",
+                options.trials
+            )),
+        }
+        // Restore the old owner as a backup.
+        match options.scenario {
+            Scenario::Poweroff => lab.set_link(index, true)?,
+            Scenario::Kill => {
+                daemons.clean_after_kill(&mut lab, index)?;
+                daemons.start(&mut lab, index)?;
+            }
+            Scenario::Sigterm => daemons.start(&mut lab, index)?,
+        }
+        // Let it rejoin before the next fault.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    drop(responders);
+    lab.teardown();
+    let report = Report::new(options, samples, false_failovers);
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let values: Vec<f64> = (1..=20).map(f64::from).collect();
+        let p = percentiles(&values);
+        assert_eq!((p.p50, p.p90, p.p99, p.max), (10.0, 18.0, 20.0, 20.0));
+        assert_eq!(percentiles(&[]), Percentiles::default());
+        assert_eq!(percentiles(&[7.0]).p99, 7.0);
+    }
+
+    #[test]
+    fn report_json_has_the_contract_fields() {
+        let options = Options {
+            implementation: Implementation::Keepalived,
+            scenario: Scenario::Poweroff,
+            nodes: 3,
+            trials: 2,
+            loss: 0,
+            probe_interval: Duration::from_millis(10),
+            json: None,
+        };
+        let report = Report::new(
+            &options,
+            vec![
+                Sample {
+                    failover_ms: 3000.0,
+                    lost_probes: 300,
+                },
+                Sample {
+                    failover_ms: 3400.0,
+                    lost_probes: 340,
+                },
+            ],
+            0,
+        );
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        for key in [
+            "impl",
+            "scenario",
+            "nodes",
+            "trials",
+            "failover_ms",
+            "lost_probes",
+            "false_failovers",
+            "samples",
+        ] {
+            assert!(json.get(key).is_some(), "{key} missing: {json}");
+        }
+        assert_eq!(json["impl"], "keepalived");
+        assert_eq!(json["failover_ms"]["p50"], 3000.0);
+        assert_eq!(json["lost_probes"]["max"], 340);
+    }
+}

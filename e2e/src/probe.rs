@@ -1,0 +1,336 @@
+//! What the lab measures with: a UDP responder on every node that answers with its node name,
+//! and a prober in the client namespace that sends to the VIP every few milliseconds and records
+//! who answered.
+//!
+//! Both run as threads of the lab process, each moved into its namespace with `setns`, so the
+//! fault (taken by the lab's main thread) and every probe are timed on one clock.
+//!
+//! Failover time is measured as DESIGN.md defines it: from the fault to the first answer from a
+//! node other than the old owner.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio::time::Instant;
+
+/// The UDP port of the responders.
+pub const PROBE_PORT: u16 = 5599;
+
+/// Moves the calling thread into network namespace `netns` (a name from `ip netns`).
+#[allow(unsafe_code)]
+pub fn enter_netns(netns: &str) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(format!("/var/run/netns/{netns}"))
+        .with_context(|| format!("opening namespace {netns}"))?;
+    // SAFETY: setns only reads the descriptor, which `file` keeps open for the call; it changes
+    // the network namespace of the calling thread alone (CLONE_NEWNET), which is what we want.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("entering namespace {netns}"));
+    }
+    Ok(())
+}
+
+/// A background thread; stops when dropped.
+#[derive(Debug)]
+pub struct Worker {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Stops the thread and waits for it.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Starts a responder in `netns` that answers every datagram on [`PROBE_PORT`] (IPv4 and IPv6)
+/// with `name`, echoing the first 8 bytes (the probe's sequence number) before it.
+pub fn spawn_responder(netns: &str, name: &str) -> Result<Vec<Worker>> {
+    let v4 = spawn_responder_family(netns, name, false)?;
+    let v6 = spawn_responder_family(netns, name, true)?;
+    Ok(vec![v4, v6])
+}
+
+fn spawn_responder_family(netns: &str, name: &str, v6: bool) -> Result<Worker> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (netns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
+    let handle = std::thread::Builder::new()
+        .name(format!("responder-{name}"))
+        .spawn(move || {
+            let socket = (|| -> Result<UdpSocket> {
+                enter_netns(&netns)?;
+                let s = if v6 {
+                    socket_v6_only(PROBE_PORT)?
+                } else {
+                    UdpSocket::bind(("0.0.0.0", PROBE_PORT))?
+                };
+                // Only bounds how long a stop request waits.
+                s.set_read_timeout(Some(Duration::from_millis(50)))?;
+                Ok(s)
+            })();
+            let socket = match socket {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut buf = [0u8; 64];
+            let mut reply = Vec::with_capacity(64);
+            while !flag.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = socket.recv_from(&mut buf)
+                    && n >= 8
+                {
+                    reply.clear();
+                    reply.extend_from_slice(&buf[..8]);
+                    reply.extend_from_slice(name.as_bytes());
+                    let _ = socket.send_to(&reply, from);
+                }
+            }
+        })?;
+    ready_rx.recv().context("responder thread died")??;
+    Ok(Worker {
+        stop,
+        handle: Some(handle),
+    })
+}
+
+fn socket_v6_only(port: u16) -> Result<UdpSocket> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV6, Type::DGRAM, None)?;
+    s.set_only_v6(true)?;
+    s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    Ok(s.into())
+}
+
+/// One probe's fate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeRecord {
+    /// Sequence number.
+    pub seq: u64,
+    /// When it was sent.
+    pub sent: Instant,
+    /// Who answered and when (`None`: lost).
+    pub answer: Option<(String, Instant)>,
+}
+
+/// A running prober.
+#[derive(Debug)]
+pub struct Prober {
+    worker: Worker,
+    log: Arc<Mutex<Vec<ProbeRecord>>>,
+}
+
+impl Prober {
+    /// Starts probing `target` from `netns` every `interval`. Answers arriving more than
+    /// `interval x 50` after their probe count as lost.
+    pub fn start(netns: &str, target: SocketAddr, interval: Duration) -> Result<Prober> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<ProbeRecord>>> = Arc::default();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (netns, flag, records) = (netns.to_string(), stop.clone(), log.clone());
+        let handle = std::thread::Builder::new()
+            .name("prober".into())
+            .spawn(move || {
+                let socket = (|| -> Result<UdpSocket> {
+                    enter_netns(&netns)?;
+                    let bind: SocketAddr = if target.is_ipv4() {
+                        "0.0.0.0:0".parse()?
+                    } else {
+                        "[::]:0".parse()?
+                    };
+                    let s = UdpSocket::bind(bind)?;
+                    s.set_read_timeout(Some(Duration::from_millis(1)))?;
+                    Ok(s)
+                })();
+                let socket = match socket {
+                    Ok(s) => {
+                        let _ = ready_tx.send(Ok(()));
+                        s
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let start = Instant::now();
+                let mut seq: u64 = 0;
+                let mut buf = [0u8; 128];
+                while !flag.load(Ordering::Relaxed) {
+                    let due = start + interval * (seq as u32);
+                    let now = Instant::now();
+                    if now >= due {
+                        // A send error (no route while the owner moves) is a lost probe, not a stop.
+                        let _ = socket.send_to(&seq.to_be_bytes(), target);
+                        records.lock().expect("probe log").push(ProbeRecord {
+                            seq,
+                            sent: now,
+                            answer: None,
+                        });
+                        seq += 1;
+                        continue;
+                    }
+                    // Wait for answers until the next probe is due.
+                    let wait = due.duration_since(now).max(Duration::from_micros(100));
+                    if socket.set_read_timeout(Some(wait)).is_err() {
+                        continue;
+                    }
+                    if let Ok((n, _)) = socket.recv_from(&mut buf)
+                        && n >= 8
+                    {
+                        let now = Instant::now();
+                        let answered = u64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
+                        let name = String::from_utf8_lossy(&buf[8..n]).into_owned();
+                        let mut log = records.lock().expect("probe log");
+                        if let Some(r) = log.get_mut(answered as usize)
+                            && r.answer.is_none()
+                            && now.duration_since(r.sent) <= interval * 50
+                        {
+                            r.answer = Some((name, now));
+                        }
+                    }
+                }
+            })?;
+        ready_rx.recv().context("prober thread died")??;
+        Ok(Prober {
+            worker: Worker {
+                stop,
+                handle: Some(handle),
+            },
+            log,
+        })
+    }
+
+    /// A copy of the records so far.
+    pub fn snapshot(&self) -> Vec<ProbeRecord> {
+        self.log.lock().expect("probe log").clone()
+    }
+
+    /// The node that answered the latest answered probe.
+    pub fn current_owner(&self) -> Option<String> {
+        let log = self.log.lock().expect("probe log");
+        log.iter()
+            .rev()
+            .find_map(|r| r.answer.as_ref().map(|(n, _)| n.clone()))
+    }
+
+    /// Stops probing and returns every record.
+    pub fn stop(self) -> Vec<ProbeRecord> {
+        self.worker.stop();
+        std::mem::take(&mut *self.log.lock().expect("probe log"))
+    }
+}
+
+/// What one fault cost, from the probe records.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FailoverSample {
+    /// From the fault to the first answer from a node other than `old_owner`.
+    pub failover_ms: f64,
+    /// Probes sent after the fault (and before that first answer) that got no answer.
+    pub lost_probes: u64,
+}
+
+/// Measures a failover in `records`: the fault happened at `fault`, `old_owner` answered before.
+/// `None` when no other node answered.
+pub fn failover(
+    records: &[ProbeRecord],
+    fault: Instant,
+    old_owner: &str,
+) -> Option<FailoverSample> {
+    let first_new = records
+        .iter()
+        .filter_map(|r| r.answer.as_ref().map(|(n, at)| (n, *at)))
+        .filter(|(n, at)| *at >= fault && n.as_str() != old_owner)
+        .map(|(_, at)| at)
+        .min()?;
+    let lost_probes = records
+        .iter()
+        .filter(|r| r.sent >= fault && r.sent < first_new && r.answer.is_none())
+        .count() as u64;
+    Some(FailoverSample {
+        failover_ms: first_new.duration_since(fault).as_secs_f64() * 1e3,
+        lost_probes,
+    })
+}
+
+/// How many times the answering node changed in `records` (a change with no fault is a false
+/// failover).
+pub fn owner_changes(records: &[ProbeRecord]) -> usize {
+    let mut changes = 0;
+    let mut last: Option<&str> = None;
+    for r in records {
+        if let Some((n, _)) = &r.answer {
+            if last.is_some_and(|l| l != n) {
+                changes += 1;
+            }
+            last = Some(n);
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64, t0: Instant, sent_ms: u64, answer: Option<(&str, u64)>) -> ProbeRecord {
+        ProbeRecord {
+            seq,
+            sent: t0 + Duration::from_millis(sent_ms),
+            answer: answer.map(|(n, ms)| (n.to_string(), t0 + Duration::from_millis(ms))),
+        }
+    }
+
+    #[test]
+    fn failover_runs_from_fault_to_first_answer_of_another_node() {
+        let t0 = Instant::now();
+        let records = vec![
+            record(0, t0, 0, Some(("node1", 1))),
+            record(1, t0, 10, Some(("node1", 11))),
+            record(2, t0, 20, None),
+            record(3, t0, 30, None),
+            record(4, t0, 40, Some(("node2", 42))),
+            record(5, t0, 50, Some(("node2", 51))),
+        ];
+        let fault = t0 + Duration::from_millis(15);
+        let s = failover(&records, fault, "node1").unwrap();
+        assert!((s.failover_ms - 27.0).abs() < 1e-6, "{s:?}");
+        assert_eq!(s.lost_probes, 2);
+        assert_eq!(owner_changes(&records), 1);
+    }
+
+    #[test]
+    fn no_new_owner_means_no_sample() {
+        let t0 = Instant::now();
+        let records = vec![
+            record(0, t0, 0, Some(("node1", 1))),
+            record(1, t0, 10, None),
+        ];
+        assert_eq!(failover(&records, t0, "node1"), None);
+        assert_eq!(owner_changes(&records), 0);
+    }
+}

@@ -1,0 +1,316 @@
+//! `swimlb-lab sim`: the membership simulation. N real gossip cores
+//! ([`swimlb_speaker::gossip::Core`]) on the deterministic simulated network
+//! ([`swimlb_speaker::gossip::simnet::SimNet`]): virtual clock, seeded RNG, uniform loss, random
+//! delay. No sockets, no tokio, no wall clock in the protocol.
+//!
+//! A run: all nodes start and join through three seeds (warm-up, until every node sees every
+//! node or 30 s pass). Then members crash one after another: crash, wait until every survivor
+//! that knew the member has marked it down (or a cap), restart it under a new identity, let it
+//! rejoin, next. Detection time runs from the crash to the last survivor's `MemberDown`. A false
+//! down is a `MemberDown` of any member that was not crashed. Traffic counts datagrams and
+//! sealed bytes sent per member per second after the warm-up.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use swimlb_proto::KeyRing;
+use swimlb_speaker::gossip::simnet::{Links, SimNet};
+use swimlb_speaker::gossip::{Core, GossipMetrics, GossipSettings, Profile, Timing};
+use swimlb_speaker::membership::{LiveChange, MemberMeta};
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Cluster size (at least 3).
+    pub nodes: usize,
+    /// Uniform datagram loss in percent.
+    pub loss_pct: f64,
+    /// Simulated seconds, warm-up included.
+    pub duration: Duration,
+    /// Timing profile.
+    pub profile: Profile,
+    /// Timings (the profile's, possibly overridden).
+    pub timing: Timing,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+/// Percentiles of the detection time, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest sample.
+    pub max: f64,
+}
+
+/// The result of one run (the JSON `sim --json` writes).
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// Cluster size.
+    pub nodes: usize,
+    /// Loss in percent.
+    pub loss: f64,
+    /// Profile name.
+    pub profile: &'static str,
+    /// Crash-to-last-survivor detection time.
+    pub detection_ms: Quantiles,
+    /// MemberDown of members that were not crashed, summed over all observers.
+    pub false_downs: u64,
+    /// Datagrams sent per member per second after warm-up.
+    pub packets_per_member_per_s: f64,
+    /// Sealed bytes sent per member per second after warm-up.
+    pub bytes_per_member_per_s: f64,
+    /// Crashes measured.
+    pub crashes: usize,
+    /// Crashes not seen by every survivor within the cap (counted at the cap in the quantiles).
+    pub undetected: usize,
+    /// Simulated seconds until every node saw every node.
+    pub warmup_s: f64,
+    /// Simulated seconds.
+    pub duration_s: f64,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+const KEY: [u8; 32] = [7; 32];
+const SEEDS: usize = 3;
+const STEP: Duration = Duration::from_millis(5);
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:04}")
+}
+
+fn new_core(opts: &SimOptions, i: usize, bump: u64, now: Duration) -> anyhow::Result<Core> {
+    let settings = GossipSettings {
+        node: node_name(i),
+        addr: SimNet::addr(i),
+        seeds: (0..SEEDS).map(SimNet::addr).collect(),
+        timing: opts.timing.clone(),
+        bump,
+        rng_seed: opts
+            .seed
+            .wrapping_mul(1_000_003)
+            .wrapping_add((i as u64) << 20)
+            .wrapping_add(bump),
+    };
+    let ring = KeyRing::new("swimlb-sim", &[KEY])?;
+    Ok(Core::new(
+        settings,
+        ring,
+        MemberMeta::new(node_name(i)),
+        GossipMetrics::default(),
+        now,
+    )?)
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Runs one simulation.
+pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
+    anyhow::ensure!(opts.nodes >= 3, "--nodes must be at least 3");
+    anyhow::ensure!(
+        (0.0..100.0).contains(&opts.loss_pct),
+        "--loss must be in [0, 100)"
+    );
+    opts.timing.validate()?;
+    let n = opts.nodes;
+    let end = opts.duration;
+    let links = Links {
+        loss: opts.loss_pct / 100.0,
+        ..Links::default()
+    };
+    let mut net = SimNet::new(opts.seed, links);
+    let mut bumps = vec![1u64; n];
+    for i in 0..n {
+        let core = new_core(opts, i, bumps[i], net.now())?;
+        net.start(i, core);
+    }
+
+    // Warm-up: until every node sees every node (or 30 s, or the end).
+    let warmup_cap = Duration::from_secs(30).min(end);
+    let mut false_downs = 0u64;
+    while net.now() < warmup_cap {
+        net.run_for(Duration::from_millis(100));
+        false_downs += net
+            .drain_changes()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+            .count() as u64;
+        if (0..n).all(|i| net.core(i).is_some_and(|c| c.live().len() == n)) {
+            break;
+        }
+    }
+    let warmup = net.now();
+    let traffic_start: Vec<_> = (0..n).map(|i| net.traffic(i)).collect();
+
+    let (cap, settle) = match opts.profile {
+        Profile::Fast => (Duration::from_secs(5), Duration::from_secs(2)),
+        Profile::Lan => (Duration::from_secs(60), Duration::from_secs(10)),
+    };
+    let mut samples_ms = Vec::new();
+    let mut undetected = 0usize;
+    // Every member but node 0 takes its turn (seeds included: a restarted seed rejoins through
+    // the other seeds).
+    let mut next_victim = 1;
+    while net.now() + cap.min(Duration::from_secs(2)) + settle <= end {
+        let victim = next_victim;
+        next_victim = if next_victim + 1 >= n {
+            1
+        } else {
+            next_victim + 1
+        };
+        let victim_name = node_name(victim);
+        // Only survivors that know the victim can report it down.
+        let mut waiting: Vec<bool> = (0..n)
+            .map(|i| i != victim && net.core(i).is_some_and(|c| c.live().contains(&victim_name)))
+            .collect();
+        let mut left = waiting.iter().filter(|w| **w).count();
+        let crashed_at = net.now();
+        net.crash(victim);
+        let mut last = crashed_at;
+        while left > 0 && net.now() < crashed_at + cap && net.now() < end {
+            net.run_for(STEP);
+            for (at, observer, change) in net.drain_changes() {
+                if let LiveChange::Down(node) = change {
+                    if node == victim_name {
+                        if waiting[observer] {
+                            waiting[observer] = false;
+                            left -= 1;
+                            last = last.max(at);
+                        }
+                    } else {
+                        false_downs += 1;
+                    }
+                }
+            }
+        }
+        if left > 0 {
+            undetected += 1;
+            samples_ms.push(cap.as_secs_f64() * 1e3);
+        } else {
+            samples_ms.push((last - crashed_at).as_secs_f64() * 1e3);
+        }
+        bumps[victim] += 1;
+        let core = new_core(opts, victim, bumps[victim], net.now())?;
+        net.start(victim, core);
+        let settle_end = (net.now() + settle).min(end);
+        while net.now() < settle_end {
+            net.run_for(Duration::from_millis(50));
+            false_downs += net
+                .drain_changes()
+                .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+                .count() as u64;
+        }
+    }
+    // Whatever time is left: steady state.
+    while net.now() < end {
+        net.run_for(Duration::from_millis(100));
+        false_downs += net
+            .drain_changes()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+            .count() as u64;
+    }
+
+    let measured = (net.now() - warmup).as_secs_f64().max(1e-9);
+    let (mut packets, mut bytes) = (0u64, 0u64);
+    for (i, start) in traffic_start.iter().enumerate() {
+        let t = net.traffic(i);
+        packets += t.packets - start.packets;
+        bytes += t.bytes - start.bytes;
+    }
+    samples_ms.sort_by(f64::total_cmp);
+    Ok(SimReport {
+        nodes: n,
+        loss: opts.loss_pct,
+        profile: opts.profile.as_str(),
+        detection_ms: Quantiles {
+            p50: quantile(&samples_ms, 0.5),
+            p99: quantile(&samples_ms, 0.99),
+            max: samples_ms.last().copied().unwrap_or(0.0),
+        },
+        false_downs,
+        packets_per_member_per_s: packets as f64 / n as f64 / measured,
+        bytes_per_member_per_s: bytes as f64 / n as f64 / measured,
+        crashes: samples_ms.len(),
+        undetected,
+        warmup_s: warmup.as_secs_f64(),
+        duration_s: net.now().as_secs_f64(),
+        seed: opts.seed,
+    })
+}
+
+/// The table header matching [`table_row`].
+pub fn table_header() -> String {
+    format!(
+        "{:>6} {:>5} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6} {:>9} {:>11} {:>7}",
+        "nodes",
+        "loss%",
+        "profile",
+        "crashes",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "undet",
+        "false",
+        "pkts/m/s",
+        "bytes/m/s",
+        "wall_s"
+    )
+}
+
+/// One table row.
+pub fn table_row(r: &SimReport, wall: Duration) -> String {
+    format!(
+        "{:>6} {:>5} {:>7} {:>7} {:>8.0} {:>8.0} {:>8.0} {:>6} {:>6} {:>9.1} {:>11.0} {:>7.1}",
+        r.nodes,
+        r.loss,
+        r.profile,
+        r.crashes,
+        r.detection_ms.p50,
+        r.detection_ms.p99,
+        r.detection_ms.max,
+        r.undetected,
+        r.false_downs,
+        r.packets_per_member_per_s,
+        r.bytes_per_member_per_s,
+        wall.as_secs_f64()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_lossless_run_detects_every_crash_without_false_downs() {
+        let opts = SimOptions {
+            nodes: 5,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(20),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 1,
+        };
+        let report = run(&opts).unwrap();
+        assert!(report.crashes >= 3, "{report:?}");
+        assert_eq!(report.undetected, 0);
+        assert_eq!(report.false_downs, 0);
+        assert!(report.detection_ms.max <= 1000.0, "{report:?}");
+    }
+
+    #[test]
+    fn quantiles_pick_the_ranked_sample() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&s, 0.5), 50.0);
+        assert_eq!(quantile(&s, 0.99), 99.0);
+        assert_eq!(quantile(&[3.0], 0.99), 3.0);
+    }
+}

@@ -1,0 +1,198 @@
+//! The command line of `swimlb-speaker`, callable as a function so the lab can run the very same
+//! entry point in its namespaces (`swimlb-lab speaker ...`).
+//!
+//! `main` stays short (STYLE.md, linkerd2-proxy): parse, set up tracing, read and validate the
+//! configuration (every error, exit 64), run until a signal, drain, exit.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use swimlb_config::keyfile::{encode_key, parse_key_file};
+use swimlb_config::standalone::Standalone;
+
+/// sysexits.h: the configuration is invalid.
+pub const EX_CONFIG: u8 = 64;
+/// sysexits.h: the service is unavailable (a fatal runtime error).
+pub const EX_UNAVAILABLE: u8 = 69;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "swimlb-speaker",
+    version,
+    about = "swimlb speaker: virtual IPs that fail over in under a second"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate a standalone configuration file: print every error with its path, or the
+    /// worst-case detection time of each check.
+    CheckConfig {
+        /// The file to check.
+        file: PathBuf,
+    },
+    /// Print a new random gossip key (one line of a key file).
+    Keygen,
+    /// Run the standalone speaker from a file until SIGTERM or SIGINT (then drain); SIGHUP
+    /// reloads the file.
+    Standalone {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Log format.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+        /// Log filter (tracing's EnvFilter syntax), also from RUST_LOG.
+        #[arg(long, default_value = "info")]
+        log: String,
+    },
+}
+
+/// Runs the command line `args` (the program name first) and returns the exit status.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Keygen => keygen(),
+        Command::Standalone {
+            config,
+            log_format,
+            log,
+        } => standalone(&config, log_format, &log),
+    }
+}
+
+fn read_config(file: &Path) -> Result<Standalone, ExitCode> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        eprintln!("{}: {e}", file.display());
+        ExitCode::from(EX_CONFIG)
+    })?;
+    Standalone::parse(&text).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("{}: {e}", file.display());
+        }
+        eprintln!("{}: {} error(s)", file.display(), errors.0.len());
+        ExitCode::from(EX_CONFIG)
+    })
+}
+
+fn check_config(file: &Path) -> ExitCode {
+    let config = match read_config(file) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(key_file) = &config.key_file {
+        let problems: Vec<String> = match std::fs::read_to_string(key_file) {
+            Ok(text) => parse_key_file(&text)
+                .err()
+                .unwrap_or_default()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            Err(e) => vec![e.to_string()],
+        };
+        if !problems.is_empty() {
+            for p in &problems {
+                eprintln!("{}: keyFile {}: {p}", file.display(), key_file.display());
+            }
+            return ExitCode::from(EX_CONFIG);
+        }
+    }
+    print!("{}", crate::config_report::report(&config));
+    ExitCode::SUCCESS
+}
+
+fn keygen() -> ExitCode {
+    use std::io::Read as _;
+    let mut key = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .is_err()
+    {
+        eprintln!("swimlb-speaker: no system randomness");
+        return ExitCode::FAILURE;
+    }
+    println!("{}", encode_key(&key));
+    ExitCode::SUCCESS
+}
+
+fn init_tracing(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
+    init_tracing(format, filter);
+    let config = match read_config(file) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("swimlb-speaker: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let result = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = reload_tx.try_send(());
+            }
+        });
+        let shutdown = Box::pin(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        });
+        crate::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "speaker stopped");
+            eprintln!("swimlb-speaker: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+    }
+}

@@ -1,0 +1,823 @@
+//! The sans-IO gossip core: one [`Core`] owns the `Foca` instance, one ordered timer heap, the
+//! [`LiveSet`], the join and identity-renewal logic, the metadata records and the envelope.
+//!
+//! The core never reads a clock, opens a socket or spawns a task. Time is a [`Duration`] since an
+//! origin the caller picks, passed into every call. Each call may queue datagrams
+//! ([`Core::drain_outgoing`]) and [`LiveChange`]s ([`Core::drain_changes`]) and move the next
+//! wake-up ([`Core::next_deadline`]). The tokio driver and the lab's simulator run this same code.
+//!
+//! Guarantees:
+//! - Nothing a peer sends can panic the core: a datagram that does not open, does not decode, or
+//!   comes from ourselves is dropped and counted by [`RejectReason`].
+//! - A member is in the [`LiveSet`] from foca's `MemberUp` until its `MemberDown`: suspicion is
+//!   not death. The local node is always in its own `LiveSet`.
+//! - Timers fire in deadline order (ties in the order they were set).
+//! - The node keeps announcing to its seeds until foca reports `Active`, and again after `Idle`.
+//!   A member that announces to us while we hold it as down is told so (foca's `TurnUndead`), so
+//!   it renews its identity and both sides of a healed partition merge without operator help.
+//!
+//! Datagram payload (inside the envelope): one kind byte, then the body.
+//! `0`: a foca packet. `1`: a metadata record sent straight to one member. `2`: a request for the
+//! receiver's metadata record (sent for alive members whose record has not arrived).
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Timer};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use swimlb_proto::KeyRing;
+
+use super::identity::NodeIdentity;
+use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
+use super::metrics::{Direction, GossipMetrics, RejectReason};
+use super::timing::{Timing, TimingError};
+use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
+
+const KIND_FOCA: u8 = 0;
+const KIND_META: u8 = 1;
+const KIND_META_PULL: u8 = 2;
+
+/// How often member gauges are refreshed and missing metadata records are asked for.
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
+
+type FocaInstance = foca::Foca<NodeIdentity, PostcardCodec, StdRng, MetaBroadcasts>;
+
+/// What a core needs to start.
+#[derive(Debug, Clone)]
+pub struct GossipSettings {
+    /// This node's name (its metadata's `node`).
+    pub node: NodeName,
+    /// The gossip address peers reach this node at (part of its identity).
+    pub addr: SocketAddr,
+    /// Addresses to announce to until the node has joined. Its own address is skipped.
+    pub seeds: Vec<SocketAddr>,
+    /// Protocol timings.
+    pub timing: Timing,
+    /// The identity's starting bump: larger than any previous life of this node (for example
+    /// milliseconds since the Unix epoch at start-up).
+    pub bump: u64,
+    /// Seed of the protocol's random choices.
+    pub rng_seed: u64,
+}
+
+/// Why the core refused to start or to take new metadata.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    /// The timings are invalid.
+    #[error(transparent)]
+    Timing(#[from] TimingError),
+    /// The metadata is for another node.
+    #[error("metadata is for node {got:?}, but this speaker is node {expected:?}")]
+    WrongNode {
+        /// This speaker's node name.
+        expected: NodeName,
+        /// The node named in the metadata.
+        got: NodeName,
+    },
+    /// The metadata record is invalid (too large).
+    #[error(transparent)]
+    Metadata(#[from] MetaError),
+    /// foca refused the metadata record.
+    #[error("foca refused the metadata record of node {node:?}: {reason}")]
+    Broadcast {
+        /// This speaker's node name.
+        node: NodeName,
+        /// foca's error.
+        reason: String,
+    },
+    /// The gossip socket failed (driver only).
+    #[error("gossip socket {addr}: {source}")]
+    Socket {
+        /// The address bound or used.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The gossip task has stopped (driver only).
+    #[error("the gossip task has stopped")]
+    Stopped,
+}
+
+/// A sealed datagram to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Destination.
+    pub to: SocketAddr,
+    /// The sealed envelope.
+    pub bytes: Vec<u8>,
+}
+
+/// Where the node is in its life in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Announcing to the seeds; no member has acknowledged us yet (or all left).
+    Joining,
+    /// At least one member knows our current identity.
+    Active,
+    /// We left the cluster; the core does nothing more.
+    Left,
+}
+
+impl Phase {
+    /// The phase's name for logs.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Joining => "joining",
+            Phase::Active => "active",
+            Phase::Left => "left",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Task {
+    Foca(Timer<NodeIdentity>),
+    JoinRetry,
+    MetaRefresh,
+    Housekeeping,
+}
+
+#[derive(Debug)]
+struct Scheduled {
+    at: Duration,
+    seq: u64,
+    task: Task,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.seq == other.seq
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    // Reversed: BinaryHeap is a max-heap, the earliest deadline (then the first set) must pop.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Default)]
+struct TimerHeap {
+    heap: BinaryHeap<Scheduled>,
+    seq: u64,
+}
+
+impl TimerHeap {
+    fn push(&mut self, at: Duration, task: Task) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            task,
+        });
+    }
+
+    fn pop_due(&mut self, now: Duration) -> Option<Task> {
+        if self.heap.peek().is_some_and(|s| s.at <= now) {
+            self.heap.pop().map(|s| s.task)
+        } else {
+            None
+        }
+    }
+}
+
+/// Seals `kind` + `body` into a datagram for `to` and counts it.
+fn seal_into(
+    ring: &KeyRing,
+    metrics: &GossipMetrics,
+    scratch: &mut Vec<u8>,
+    outbox: &mut Vec<Outgoing>,
+    to: SocketAddr,
+    kind: u8,
+    body: &[u8],
+) {
+    scratch.clear();
+    scratch.push(kind);
+    scratch.extend_from_slice(body);
+    let mut bytes = Vec::with_capacity(scratch.len() + swimlb_proto::envelope::OVERHEAD);
+    match ring.seal(scratch, &mut bytes) {
+        Ok(()) => {
+            metrics.packet(Direction::Out, bytes.len());
+            outbox.push(Outgoing { to, bytes });
+        }
+        // Unreachable with validated timings (foca packets are bounded below the envelope's
+        // payload bound); never send a partial envelope.
+        Err(err) => tracing::warn!(%to, error = %err, "gossip datagram not sealed"),
+    }
+}
+
+/// foca's window to the world during one call: queues sends, timers and notifications.
+struct CallIo<'a> {
+    now: Duration,
+    ring: &'a KeyRing,
+    metrics: &'a GossipMetrics,
+    timers: &'a mut TimerHeap,
+    outbox: &'a mut Vec<Outgoing>,
+    notes: &'a mut Vec<OwnedNotification<NodeIdentity>>,
+    scratch: &'a mut Vec<u8>,
+}
+
+impl foca::Runtime<NodeIdentity> for CallIo<'_> {
+    fn notify(&mut self, notification: foca::Notification<'_, NodeIdentity>) {
+        match notification {
+            // Per-packet notifications: not needed, and copying them would allocate per packet.
+            foca::Notification::DataReceived(_) | foca::Notification::DataSent(_) => {}
+            other => self.notes.push(other.to_owned()),
+        }
+    }
+
+    fn send_to(&mut self, to: NodeIdentity, data: &[u8]) {
+        seal_into(
+            self.ring,
+            self.metrics,
+            self.scratch,
+            self.outbox,
+            to.addr,
+            KIND_FOCA,
+            data,
+        );
+    }
+
+    fn submit_after(&mut self, event: Timer<NodeIdentity>, after: Duration) {
+        self.timers.push(self.now + after, Task::Foca(event));
+    }
+}
+
+/// The gossip state machine. See the module docs.
+pub struct Core {
+    foca: FocaInstance,
+    codec: PostcardCodec,
+    ring: KeyRing,
+    timing: Timing,
+    seeds: Vec<SocketAddr>,
+    metrics: GossipMetrics,
+    timers: TimerHeap,
+    outbox: Vec<Outgoing>,
+    notes: Vec<OwnedNotification<NodeIdentity>>,
+    changes: Vec<LiveChange>,
+    scratch: Vec<u8>,
+    book: SharedBook,
+    own: MemberMeta,
+    own_record: Vec<u8>,
+    live: LiveSet,
+    /// Alive members (foca's MemberUp until MemberDown), by address.
+    members: HashMap<SocketAddr, NodeIdentity>,
+    by_node: HashMap<NodeName, SocketAddr>,
+    /// Alive members whose metadata record has not arrived yet.
+    missing_meta: HashSet<NodeName>,
+    last_heard: HashMap<SocketAddr, Duration>,
+    phase: Phase,
+    join_retry_pending: bool,
+    /// The (suspicion, transmissions) foca currently runs with.
+    scaled: (Duration, u8),
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("identity", self.foca.identity())
+            .field("phase", &self.phase)
+            .field("live", &self.live.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// A core for `settings`, sealing with `ring`, gossiping `meta` (its `node` must be
+    /// `settings.node`; its version is managed by the core from here on).
+    pub fn new(
+        settings: GossipSettings,
+        ring: KeyRing,
+        meta: MemberMeta,
+        metrics: GossipMetrics,
+        now: Duration,
+    ) -> Result<Core, GossipError> {
+        let config = settings.timing.foca_config(1)?;
+        if meta.node != settings.node {
+            return Err(GossipError::WrongNode {
+                expected: settings.node,
+                got: meta.node,
+            });
+        }
+        let identity = NodeIdentity {
+            node: settings.node.clone(),
+            addr: settings.addr,
+            bump: settings.bump,
+        };
+        let book = SharedBook::default();
+        let foca = foca::Foca::with_custom_broadcast(
+            identity,
+            config,
+            StdRng::seed_from_u64(settings.rng_seed),
+            PostcardCodec,
+            MetaBroadcasts::new(book.clone()),
+        );
+        let mut own = meta;
+        own.version = own.version.max(1);
+        let mut core = Core {
+            foca,
+            codec: PostcardCodec,
+            ring,
+            seeds: settings
+                .seeds
+                .into_iter()
+                .filter(|s| *s != settings.addr)
+                .collect(),
+            timing: settings.timing,
+            metrics,
+            timers: TimerHeap::default(),
+            outbox: Vec::new(),
+            notes: Vec::new(),
+            changes: Vec::new(),
+            scratch: Vec::with_capacity(2048),
+            book,
+            own: own.clone(),
+            own_record: Vec::new(),
+            live: LiveSet::new(),
+            members: HashMap::new(),
+            by_node: HashMap::new(),
+            missing_meta: HashSet::new(),
+            last_heard: HashMap::new(),
+            phase: Phase::Joining,
+            join_retry_pending: false,
+            scaled: (Duration::ZERO, 0),
+        };
+        core.scaled = core.timing.scaled(1);
+        core.publish_own_record()?;
+        core.metrics.set_members(0, 0, 0);
+        core.live.upsert(own.clone());
+        core.changes.push(LiveChange::Up(own.node));
+        core.schedule_join_retry(now);
+        core.timers
+            .push(now + core.timing.meta_refresh, Task::MetaRefresh);
+        core.timers
+            .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
+        core.handle_due_timers(now);
+        Ok(core)
+    }
+
+    /// The current identity (changes when the node renews itself).
+    pub fn identity(&self) -> &NodeIdentity {
+        self.foca.identity()
+    }
+
+    /// The alive members and their metadata, this node included.
+    pub fn live(&self) -> &LiveSet {
+        &self.live
+    }
+
+    /// Where the node is in its life in the cluster.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The metrics this core counts into.
+    pub fn metrics(&self) -> &GossipMetrics {
+        &self.metrics
+    }
+
+    /// This node's own metadata, as last published.
+    pub fn own_meta(&self) -> &MemberMeta {
+        &self.own
+    }
+
+    /// Replaces the key ring (key rotation): the new ring's first key seals from now on.
+    pub fn set_key_ring(&mut self, ring: KeyRing) {
+        self.ring = ring;
+    }
+
+    /// When [`Core::handle_due_timers`] should be called next.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.timers.heap.peek().map(|s| s.at)
+    }
+
+    /// Takes the datagrams queued for sending, in order.
+    pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
+        self.outbox.drain(..)
+    }
+
+    /// Takes the changes to the [`LiveSet`] since the last call, in order.
+    pub fn drain_changes(&mut self) -> std::vec::Drain<'_, LiveChange> {
+        self.changes.drain(..)
+    }
+
+    /// Handles one received datagram (opened in place, hence `&mut`).
+    pub fn handle_datagram(&mut self, now: Duration, from: SocketAddr, datagram: &mut [u8]) {
+        self.metrics.packet(Direction::In, datagram.len());
+        if self.phase == Phase::Left {
+            return;
+        }
+        if from == self.foca.identity().addr {
+            self.metrics.rejected(RejectReason::FromSelf);
+            return;
+        }
+        let payload = match self.ring.open(datagram) {
+            Ok(payload) => payload,
+            Err(err) => {
+                self.metrics.rejected(RejectReason::envelope(&err));
+                return;
+            }
+        };
+        self.last_heard.insert(from, now);
+        match payload.split_first() {
+            Some((&KIND_FOCA, body)) => self.handle_foca_packet(now, body),
+            Some((&KIND_META, body)) => match MetaRecord::decode(body) {
+                Ok(record) => {
+                    self.book.lock().offer(record);
+                }
+                Err(_) => self.metrics.rejected(RejectReason::Metadata),
+            },
+            Some((&KIND_META_PULL, [])) => {
+                let record = std::mem::take(&mut self.own_record);
+                self.seal(from, KIND_META, &record);
+                self.own_record = record;
+            }
+            _ => self.metrics.rejected(RejectReason::Decode),
+        }
+        self.settle(now);
+    }
+
+    fn handle_foca_packet(&mut self, now: Duration, body: &[u8]) {
+        let mut peek = body;
+        if let Ok(header) = self.codec.decode_header(&mut peek)
+            && header.message == Message::Announce
+            && self.holds_as_down(&header.src)
+        {
+            self.send_turn_undead(header.src);
+        }
+        let mut io = CallIo {
+            now,
+            ring: &self.ring,
+            metrics: &self.metrics,
+            timers: &mut self.timers,
+            outbox: &mut self.outbox,
+            notes: &mut self.notes,
+            scratch: &mut self.scratch,
+        };
+        match self.foca.handle_data(body, &mut io) {
+            Ok(()) => {}
+            Err(foca::Error::DataFromOurselves) => self.metrics.rejected(RejectReason::FromSelf),
+            Err(foca::Error::Decode(_) | foca::Error::MalformedPacket) => {
+                self.metrics.rejected(RejectReason::Decode)
+            }
+            Err(foca::Error::CustomBroadcast(_)) => self.metrics.rejected(RejectReason::Metadata),
+            Err(_) => self.metrics.rejected(RejectReason::Protocol),
+        }
+    }
+
+    fn holds_as_down(&self, id: &NodeIdentity) -> bool {
+        self.foca
+            .iter_membership_state()
+            .any(|m| m.state() == State::Down && m.id() == id)
+    }
+
+    /// Tells `to` that we hold it as down, as foca's `notify_down_members` would, but only in
+    /// answer to an announce: it then renews its identity and rejoins.
+    fn send_turn_undead(&mut self, to: NodeIdentity) {
+        let header = Header {
+            src: self.foca.identity().clone(),
+            src_incarnation: 0,
+            dst: to.clone(),
+            message: Message::TurnUndead,
+        };
+        let mut body = Vec::with_capacity(128);
+        if self.codec.encode_header(&header, &mut body).is_ok() {
+            self.seal(to.addr, KIND_FOCA, &body);
+        }
+    }
+
+    /// Tells a member our probe of it just failed, with a foca gossip message carrying the one
+    /// update "you are suspect". SWIM lets the suspect learn this from the gossip, which in a
+    /// large cluster takes several rounds; told at once, it refutes (raises its incarnation)
+    /// while the suspicion is still spreading, so short suspicion timeouts stay safe under loss.
+    /// (Lifeguard's "buddy system" does the same by piggybacking the suspicion on the
+    /// next ping to the suspect; foca has no such extension.)
+    fn send_suspicion_notice(&mut self, member: NodeIdentity) {
+        let Some(incarnation) = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id() == &member)
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.incarnation())
+        else {
+            return;
+        };
+        let header = Header {
+            src: self.foca.identity().clone(),
+            src_incarnation: 0,
+            dst: member.clone(),
+            message: Message::Gossip,
+        };
+        let mut body = Vec::with_capacity(256);
+        if self.codec.encode_header(&header, &mut body).is_err() {
+            return;
+        }
+        body.extend_from_slice(&1u16.to_be_bytes());
+        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
+        if self.codec.encode_member(&update, &mut body).is_ok() {
+            self.seal(member.addr, KIND_FOCA, &body);
+        }
+    }
+
+    fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
+        seal_into(
+            &self.ring,
+            &self.metrics,
+            &mut self.scratch,
+            &mut self.outbox,
+            to,
+            kind,
+            body,
+        );
+    }
+
+    /// Runs every timer due at `now`, in deadline order.
+    pub fn handle_due_timers(&mut self, now: Duration) {
+        while let Some(task) = self.timers.pop_due(now) {
+            if self.phase == Phase::Left {
+                continue;
+            }
+            match task {
+                Task::Foca(timer) => {
+                    let mut io = CallIo {
+                        now,
+                        ring: &self.ring,
+                        metrics: &self.metrics,
+                        timers: &mut self.timers,
+                        outbox: &mut self.outbox,
+                        notes: &mut self.notes,
+                        scratch: &mut self.scratch,
+                    };
+                    if let Err(err) = self.foca.handle_timer(timer, &mut io) {
+                        tracing::debug!(error = %err, "foca timer");
+                    }
+                }
+                Task::JoinRetry => {
+                    self.join_retry_pending = false;
+                    if self.phase == Phase::Joining {
+                        self.announce_to_seeds(now);
+                        self.schedule_join_retry(now + self.timing.join_retry);
+                    }
+                }
+                Task::MetaRefresh => {
+                    self.offer_own_record();
+                    self.timers
+                        .push(now + self.timing.meta_refresh, Task::MetaRefresh);
+                }
+                Task::Housekeeping => {
+                    self.housekeeping();
+                    self.timers
+                        .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
+                }
+            }
+            self.settle(now);
+        }
+    }
+
+    fn schedule_join_retry(&mut self, at: Duration) {
+        if !self.join_retry_pending {
+            self.join_retry_pending = true;
+            self.timers.push(at, Task::JoinRetry);
+        }
+    }
+
+    fn announce_to_seeds(&mut self, now: Duration) {
+        for i in 0..self.seeds.len() {
+            let seed = NodeIdentity::seed(self.seeds[i]);
+            let mut io = CallIo {
+                now,
+                ring: &self.ring,
+                metrics: &self.metrics,
+                timers: &mut self.timers,
+                outbox: &mut self.outbox,
+                notes: &mut self.notes,
+                scratch: &mut self.scratch,
+            };
+            if let Err(err) = self.foca.announce(seed, &mut io) {
+                tracing::debug!(error = %err, "announce");
+            }
+        }
+    }
+
+    fn housekeeping(&mut self) {
+        let (mut alive, mut suspect, mut down) = (0, 0, 0);
+        for member in self.foca.iter_membership_state() {
+            match member.state() {
+                State::Alive => alive += 1,
+                State::Suspect => suspect += 1,
+                State::Down => down += 1,
+            }
+        }
+        self.metrics.set_members(alive, suspect, down);
+        // Ask alive members for records that neither their push nor the gossip brought.
+        let missing: Vec<SocketAddr> = self
+            .missing_meta
+            .iter()
+            .filter_map(|node| self.by_node.get(node).copied())
+            .collect();
+        for addr in missing {
+            self.seal(addr, KIND_META_PULL, &[]);
+        }
+    }
+
+    /// Replaces this node's metadata (everything but `version`, which the core bumps) and
+    /// gossips it. Unchanged metadata is a no-op.
+    pub fn set_meta(&mut self, now: Duration, meta: MemberMeta) -> Result<(), GossipError> {
+        if meta.node != self.own.node {
+            return Err(GossipError::WrongNode {
+                expected: self.own.node.clone(),
+                got: meta.node,
+            });
+        }
+        let mut next = meta;
+        next.version = self.own.version;
+        if next == self.own {
+            return Ok(());
+        }
+        next.version = self.own.version + 1;
+        let previous = std::mem::replace(&mut self.own, next);
+        if let Err(err) = self.publish_own_record() {
+            self.own = previous;
+            return Err(err);
+        }
+        self.live.remove(&self.own.node);
+        self.live.upsert(self.own.clone());
+        self.changes.push(LiveChange::Meta(self.own.node.clone()));
+        self.settle(now);
+        Ok(())
+    }
+
+    /// Leaves the cluster: a few members are told at once (their datagrams are queued now; send
+    /// them before exiting). The core is inert afterwards.
+    pub fn leave(&mut self, now: Duration) {
+        if self.phase == Phase::Left {
+            return;
+        }
+        let mut io = CallIo {
+            now,
+            ring: &self.ring,
+            metrics: &self.metrics,
+            timers: &mut self.timers,
+            outbox: &mut self.outbox,
+            notes: &mut self.notes,
+            scratch: &mut self.scratch,
+        };
+        if let Err(err) = self.foca.leave_cluster(&mut io) {
+            tracing::debug!(error = %err, "leave");
+        }
+        self.phase = Phase::Left;
+        self.notes.clear();
+        self.timers.heap.clear();
+    }
+
+    /// Encodes our record under the current identity and hands it to foca's dissemination.
+    fn publish_own_record(&mut self) -> Result<(), GossipError> {
+        let record = MetaRecord {
+            bump: self.foca.identity().bump,
+            meta: self.own.clone(),
+        };
+        self.own_record = record.encode()?;
+        self.foca
+            .add_broadcast(&self.own_record)
+            .map_err(|err| GossipError::Broadcast {
+                node: self.own.node.clone(),
+                reason: err.to_string(),
+            })?;
+        Ok(())
+    }
+
+    fn offer_own_record(&mut self) {
+        if let Err(err) = self.publish_own_record() {
+            tracing::warn!(error = %err, "own metadata record");
+        }
+    }
+
+    /// Reacts to foca's notifications until there are none, then applies new metadata.
+    fn settle(&mut self, now: Duration) {
+        while !self.notes.is_empty() {
+            let notes = std::mem::take(&mut self.notes);
+            for note in notes {
+                self.react(now, note);
+            }
+        }
+        let changed = self.book.lock().take_changed();
+        for node in changed {
+            self.apply_record(&node);
+        }
+        self.rescale();
+    }
+
+    /// Re-applies the size-dependent timings when the member count moved them.
+    fn rescale(&mut self) {
+        let scaled = self.timing.scaled(self.members.len() + 1);
+        if scaled == self.scaled {
+            return;
+        }
+        match self.timing.foca_config(self.members.len() + 1) {
+            Ok(config) => match self.foca.set_config(config) {
+                Ok(()) => self.scaled = scaled,
+                Err(err) => tracing::warn!(error = %err, "foca refused the rescaled timings"),
+            },
+            Err(err) => tracing::warn!(error = %err, "rescaled timings"),
+        }
+    }
+
+    fn react(&mut self, now: Duration, note: OwnedNotification<NodeIdentity>) {
+        match note {
+            OwnedNotification::MemberUp(id) => {
+                let node = id.node.clone();
+                self.by_node.insert(node.clone(), id.addr);
+                let addr = id.addr;
+                self.members.insert(addr, id);
+                self.live.remove(&node);
+                let mut placeholder = MemberMeta::new(node.clone());
+                placeholder.version = 0;
+                self.live.upsert(placeholder);
+                self.missing_meta.insert(node.clone());
+                self.changes.push(LiveChange::Up(node.clone()));
+                self.apply_record(&node);
+                // Push our record to the newcomer: the gossip only carries records that are
+                // new to the whole cluster.
+                let record = std::mem::take(&mut self.own_record);
+                self.seal(addr, KIND_META, &record);
+                self.own_record = record;
+            }
+            OwnedNotification::MemberDown(id) => {
+                if self.members.remove(&id.addr).is_none() {
+                    return;
+                }
+                if self.by_node.get(&id.node) == Some(&id.addr) {
+                    self.by_node.remove(&id.node);
+                }
+                self.missing_meta.remove(&id.node);
+                self.live.remove(&id.node);
+                let since_heard = self
+                    .last_heard
+                    .get(&id.addr)
+                    .map(|heard| now.saturating_sub(*heard).as_secs_f64());
+                self.metrics.member_down(since_heard);
+                self.changes.push(LiveChange::Down(id.node));
+            }
+            OwnedNotification::Rename(_, new) => {
+                if let Some(held) = self.members.get_mut(&new.addr) {
+                    *held = new.clone();
+                    self.apply_record(&new.node);
+                }
+            }
+            OwnedNotification::Active => self.phase = Phase::Active,
+            OwnedNotification::Idle => {
+                if self.phase != Phase::Left {
+                    self.phase = Phase::Joining;
+                    self.schedule_join_retry(now);
+                }
+            }
+            OwnedNotification::Rejoin(id) => {
+                tracing::info!(
+                    bump = id.bump,
+                    "declared down; rejoined under a renewed identity"
+                );
+                self.offer_own_record();
+            }
+            OwnedNotification::ProbeFailed(_, member) => {
+                if self.timing.notify_suspects {
+                    self.send_suspicion_notice(member);
+                }
+            }
+            OwnedNotification::DataReceived(_) | OwnedNotification::DataSent(_) => {}
+            OwnedNotification::Defunct => {
+                if self.phase != Phase::Left {
+                    tracing::warn!("identity declared down and not renewed");
+                }
+            }
+        }
+    }
+
+    /// Puts the newest record of `node` into the LiveSet if it was written by the identity we
+    /// hold alive for that node.
+    fn apply_record(&mut self, node: &str) {
+        let Some(id) = self.by_node.get(node).and_then(|a| self.members.get(a)) else {
+            return;
+        };
+        let book = self.book.lock();
+        let Some(record) = book.get(node) else {
+            return;
+        };
+        if !record.written_by(id) || self.live.get(node) == Some(&record.meta) {
+            return;
+        }
+        let meta = record.meta.clone();
+        drop(book);
+        self.live.remove(node);
+        self.live.upsert(meta);
+        self.missing_meta.remove(node);
+        self.changes.push(LiveChange::Meta(node.to_string()));
+    }
+}

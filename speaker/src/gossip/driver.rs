@@ -1,0 +1,234 @@
+//! The tokio task around a gossip [`Core`]: it owns the UDP socket, sleeps until the core's next
+//! deadline, and publishes the [`LiveSet`] (a `watch`) and every [`LiveChange`] (a `broadcast`).
+//!
+//! One task owns the core; callers talk to it through [`GossipHandle`]. Sends go through a
+//! separate sender task (a fresh tokio socket's first immediate `try_send_to` was observed to be
+//! lost; awaiting `send_to` from a dedicated task avoids both that and blocking the core).
+//! [`GossipHandle::leave`] sends the leave datagrams itself and returns only once they are out.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use swimlb_proto::KeyRing;
+use swimlb_proto::envelope::MAX_DATAGRAM_LEN;
+use tokio::net::UdpSocket;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::core::{Core, GossipError, GossipSettings, Outgoing};
+use super::identity::NodeIdentity;
+use super::metrics::GossipMetrics;
+use crate::membership::{LiveChange, LiveSet, MemberMeta};
+
+/// How many changes a slow subscriber may fall behind before it sees `Lagged`.
+const CHANGE_BACKLOG: usize = 4096;
+/// Datagrams queued for the sender task before new ones are dropped.
+const SEND_QUEUE: usize = 4096;
+
+#[derive(Debug)]
+enum Command {
+    SetMeta(MemberMeta, oneshot::Sender<Result<(), GossipError>>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// The caller's side of a running gossip task.
+#[derive(Debug)]
+pub struct GossipHandle {
+    live: watch::Receiver<LiveSet>,
+    changes: broadcast::Sender<LiveChange>,
+    identity: watch::Receiver<NodeIdentity>,
+    commands: mpsc::Sender<Command>,
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl GossipHandle {
+    /// The alive members and their metadata, updated after every event.
+    pub fn live(&self) -> watch::Receiver<LiveSet> {
+        self.live.clone()
+    }
+
+    /// Every change to the live set from now on, in order.
+    pub fn subscribe(&self) -> broadcast::Receiver<LiveChange> {
+        self.changes.subscribe()
+    }
+
+    /// The node's current identity (renewed when it learns it was declared down).
+    pub fn identity(&self) -> NodeIdentity {
+        self.identity.borrow().clone()
+    }
+
+    /// The address the socket is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Replaces this node's metadata and gossips it.
+    pub async fn set_meta(&self, meta: MemberMeta) -> Result<(), GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::SetMeta(meta, reply))
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)?
+    }
+
+    /// Leaves the cluster: returns once the leave datagrams are sent and the task has stopped.
+    pub async fn leave(self) -> Result<(), GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Leave(reply))
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)?;
+        let _ = self.task.await;
+        Ok(())
+    }
+
+    /// Stops the task without leaving (peers will detect a crash).
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+/// Binds `bind`, starts a core for `settings` and runs it in a new task. `settings.addr` is
+/// the address peers know this node by (usually `bind`; when `bind` has port 0, the bound
+/// address is used instead).
+pub async fn spawn(
+    mut settings: GossipSettings,
+    bind: SocketAddr,
+    ring: KeyRing,
+    meta: MemberMeta,
+    metrics: GossipMetrics,
+) -> Result<GossipHandle, GossipError> {
+    let socket = UdpSocket::bind(bind)
+        .await
+        .map_err(|source| GossipError::Socket { addr: bind, source })?;
+    let local_addr = socket
+        .local_addr()
+        .map_err(|source| GossipError::Socket { addr: bind, source })?;
+    if bind.port() == 0 {
+        settings.addr = local_addr;
+    }
+    let origin = Instant::now();
+    let core = Core::new(settings, ring, meta, metrics, Duration::ZERO)?;
+    let socket = Arc::new(socket);
+    let (live_tx, live_rx) = watch::channel(core.live().clone());
+    let (identity_tx, identity_rx) = watch::channel(core.identity().clone());
+    let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
+    let (commands_tx, commands_rx) = mpsc::channel(16);
+    let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
+    tokio::spawn(send_loop(socket.clone(), send_rx));
+    let task = tokio::spawn(run(
+        core,
+        origin,
+        socket,
+        send_tx,
+        commands_rx,
+        live_tx,
+        identity_tx,
+        changes_tx.clone(),
+    ));
+    Ok(GossipHandle {
+        live: live_rx,
+        changes: changes_tx,
+        identity: identity_rx,
+        commands: commands_tx,
+        local_addr,
+        task,
+    })
+}
+
+async fn send_loop(socket: Arc<UdpSocket>, mut queue: mpsc::Receiver<Outgoing>) {
+    while let Some(out) = queue.recv().await {
+        if let Err(err) = socket.send_to(&out.bytes, out.to).await {
+            tracing::debug!(to = %out.to, error = %err, "gossip send");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    mut core: Core,
+    origin: Instant,
+    socket: Arc<UdpSocket>,
+    send: mpsc::Sender<Outgoing>,
+    mut commands: mpsc::Receiver<Command>,
+    live: watch::Sender<LiveSet>,
+    identity: watch::Sender<NodeIdentity>,
+    changes: broadcast::Sender<LiveChange>,
+) {
+    // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
+    // such instead of silently truncated.
+    let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
+    publish(&mut core, &send, &live, &identity, &changes);
+    loop {
+        let deadline = core
+            .next_deadline()
+            .map(|at| origin + at)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            received = socket.recv_from(&mut buf) => match received {
+                Ok((len, from)) => {
+                    let now = origin.elapsed();
+                    core.handle_datagram(now, from, &mut buf[..len]);
+                }
+                Err(err) => tracing::debug!(error = %err, "gossip receive"),
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                core.handle_due_timers(origin.elapsed());
+            }
+            command = commands.recv() => match command {
+                Some(Command::SetMeta(meta, reply)) => {
+                    let _ = reply.send(core.set_meta(origin.elapsed(), meta));
+                }
+                Some(Command::Leave(reply)) => {
+                    core.leave(origin.elapsed());
+                    for out in core.drain_outgoing() {
+                        if let Err(err) = socket.send_to(&out.bytes, out.to).await {
+                            tracing::debug!(to = %out.to, error = %err, "gossip leave send");
+                        }
+                    }
+                    let _ = reply.send(());
+                    return;
+                }
+                None => {
+                    // Every handle is gone: leave, as on shutdown.
+                    core.leave(origin.elapsed());
+                    for out in core.drain_outgoing() {
+                        let _ = socket.send_to(&out.bytes, out.to).await;
+                    }
+                    return;
+                }
+            },
+        }
+        publish(&mut core, &send, &live, &identity, &changes);
+    }
+}
+
+fn publish(
+    core: &mut Core,
+    send: &mpsc::Sender<Outgoing>,
+    live: &watch::Sender<LiveSet>,
+    identity: &watch::Sender<NodeIdentity>,
+    changes: &broadcast::Sender<LiveChange>,
+) {
+    for out in core.drain_outgoing() {
+        if send.try_send(out).is_err() {
+            tracing::debug!("gossip send queue full; datagram dropped");
+        }
+    }
+    let mut changed = false;
+    for change in core.drain_changes() {
+        changed = true;
+        let _ = changes.send(change);
+    }
+    if changed {
+        live.send_replace(core.live().clone());
+    }
+    if *identity.borrow() != *core.identity() {
+        identity.send_replace(core.identity().clone());
+    }
+}

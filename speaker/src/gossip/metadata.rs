@@ -1,0 +1,203 @@
+//! Member metadata on the wire: the versioned record each member gossips about itself, the book
+//! of the newest record seen per node, and the foca broadcast handler that fills it.
+//!
+//! Records are ordered by `(bump, version)`: a record from a newer identity of the node (a
+//! restart or a renewal) beats any record of an older one, and within one identity a higher
+//! version wins. The order is total, so a stale record can never flip back and forth.
+//! A record is at most [`MAX_META_RECORD_LEN`] bytes; larger or undecodable ones are rejected.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use super::identity::NodeIdentity;
+use crate::membership::{MemberMeta, NodeName};
+
+/// The largest encoded metadata record.
+pub const MAX_META_RECORD_LEN: usize = 1024;
+
+/// What travels: the member's metadata and the bump of the identity that wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRecord {
+    /// The writer's identity bump (see [`NodeIdentity::bump`]).
+    pub bump: u64,
+    /// The metadata.
+    pub meta: MemberMeta,
+}
+
+impl MetaRecord {
+    /// The order key: newer identity first, then newer version.
+    pub fn order(&self) -> (u64, u64) {
+        (self.bump, self.meta.version)
+    }
+
+    /// Encodes the record; fails when it exceeds [`MAX_META_RECORD_LEN`].
+    pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
+        let bytes = postcard::to_allocvec(self).map_err(|_| MetaError::Encode)?;
+        if bytes.len() > MAX_META_RECORD_LEN {
+            return Err(MetaError::TooLarge {
+                node: self.meta.node.clone(),
+                len: bytes.len(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Decodes a record received from a peer.
+    pub fn decode(bytes: &[u8]) -> Result<MetaRecord, MetaError> {
+        if bytes.len() > MAX_META_RECORD_LEN {
+            return Err(MetaError::TooLarge {
+                node: String::new(),
+                len: bytes.len(),
+            });
+        }
+        postcard::from_bytes(bytes).map_err(|_| MetaError::Decode)
+    }
+
+    /// Whether this record was written by `identity` (same node, same bump).
+    pub fn written_by(&self, identity: &NodeIdentity) -> bool {
+        self.bump == identity.bump && self.meta.node == identity.node
+    }
+}
+
+/// Why a metadata record was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// The record could not be encoded.
+    #[error("metadata record could not be encoded")]
+    Encode,
+    /// The record is not a valid encoding.
+    #[error("metadata record could not be decoded")]
+    Decode,
+    /// The record is larger than the bound.
+    #[error("metadata record of node {node:?} is {len} bytes, more than {MAX_META_RECORD_LEN}")]
+    TooLarge {
+        /// The node whose record it is (empty when it could not be decoded).
+        node: NodeName,
+        /// Its encoded length.
+        len: usize,
+    },
+}
+
+/// The newest record seen per node, and the nodes whose record changed since the last drain.
+#[derive(Debug, Default)]
+pub struct MetaBook {
+    latest: BTreeMap<NodeName, MetaRecord>,
+    changed: Vec<NodeName>,
+}
+
+impl MetaBook {
+    /// Keeps `record` if it is newer than the one held; returns whether it was kept.
+    pub fn offer(&mut self, record: MetaRecord) -> bool {
+        match self.latest.get(&record.meta.node) {
+            Some(held) if held.order() >= record.order() => false,
+            _ => {
+                self.changed.push(record.meta.node.clone());
+                self.latest.insert(record.meta.node.clone(), record);
+                true
+            }
+        }
+    }
+
+    /// The newest record of `node`.
+    pub fn get(&self, node: &str) -> Option<&MetaRecord> {
+        self.latest.get(node)
+    }
+
+    /// Takes the nodes whose record changed.
+    pub fn take_changed(&mut self) -> Vec<NodeName> {
+        std::mem::take(&mut self.changed)
+    }
+}
+
+/// A [`MetaBook`] shared between the core and the broadcast handler foca owns.
+#[derive(Debug, Clone, Default)]
+pub struct SharedBook(Arc<Mutex<MetaBook>>);
+
+impl SharedBook {
+    /// Locks the book (a poisoned lock still holds consistent data: every update is one insert).
+    pub fn lock(&self) -> MutexGuard<'_, MetaBook> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The key foca uses to replace a record still being disseminated by a newer one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaKey {
+    node: NodeName,
+    order: (u64, u64),
+}
+
+impl foca::Invalidates for MetaKey {
+    fn invalidates(&self, other: &Self) -> bool {
+        self.node == other.node && self.order >= other.order
+    }
+}
+
+/// foca's custom broadcast handler: decodes records, keeps and re-disseminates the newer ones.
+#[derive(Debug, Clone)]
+pub struct MetaBroadcasts {
+    book: SharedBook,
+}
+
+impl MetaBroadcasts {
+    /// A handler writing into `book`.
+    pub fn new(book: SharedBook) -> MetaBroadcasts {
+        MetaBroadcasts { book }
+    }
+}
+
+impl foca::BroadcastHandler<NodeIdentity> for MetaBroadcasts {
+    type Key = MetaKey;
+    type Error = MetaError;
+
+    fn receive_item(
+        &mut self,
+        data: &[u8],
+        sender: Option<&NodeIdentity>,
+    ) -> Result<Option<MetaKey>, MetaError> {
+        let record = MetaRecord::decode(data)?;
+        let key = MetaKey {
+            node: record.meta.node.clone(),
+            order: record.order(),
+        };
+        // Our own record (no sender) is always (re)disseminated: it is how late joiners and
+        // lost broadcasts are caught up.
+        let kept = self.book.lock().offer(record);
+        Ok((kept || sender.is_none()).then_some(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(node: &str, bump: u64, version: u64) -> MetaRecord {
+        let mut meta = MemberMeta::new(node);
+        meta.version = version;
+        MetaRecord { bump, meta }
+    }
+
+    #[test]
+    fn newer_identity_beats_higher_version_of_older_identity() {
+        let mut book = MetaBook::default();
+        assert!(book.offer(record("a", 1, 9)));
+        assert!(book.offer(record("a", 2, 1)));
+        assert!(!book.offer(record("a", 1, 10)));
+        assert_eq!(book.get("a").unwrap().order(), (2, 1));
+        assert_eq!(book.take_changed(), vec!["a".to_string(), "a".to_string()]);
+    }
+
+    #[test]
+    fn record_round_trips_and_oversized_record_is_rejected() {
+        let rec = record("node-1", 7, 3);
+        assert_eq!(MetaRecord::decode(&rec.encode().unwrap()), Ok(rec));
+        let mut big = record("b", 1, 1);
+        big.meta.node = "x".repeat(MAX_META_RECORD_LEN);
+        assert!(matches!(big.encode(), Err(MetaError::TooLarge { .. })));
+        assert_eq!(MetaRecord::decode(&[0xff; 3]), Err(MetaError::Decode));
+    }
+}

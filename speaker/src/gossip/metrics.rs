@@ -1,0 +1,227 @@
+//! The gossip module's metrics, registered into a registry the caller hands in.
+//!
+//! Every label is a closed enum ([`MemberState`], [`Direction`], [`RejectReason`]), so the
+//! series count is bounded whatever peers send.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+macro_rules! label_value {
+    ($ty:ty) => {
+        impl EncodeLabelValue for $ty {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+                EncodeLabelValue::encode(&self.as_str(), encoder)
+            }
+        }
+    };
+}
+
+/// A member's state as foca sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemberState {
+    /// Alive.
+    Alive,
+    /// Suspected, still counted alive by swimlb.
+    Suspect,
+    /// Declared down.
+    Down,
+}
+
+impl MemberState {
+    /// The label value.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            MemberState::Alive => "alive",
+            MemberState::Suspect => "suspect",
+            MemberState::Down => "down",
+        }
+    }
+}
+label_value!(MemberState);
+
+/// Traffic direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Received.
+    In,
+    /// Sent.
+    Out,
+}
+
+impl Direction {
+    /// The label value.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        }
+    }
+}
+label_value!(Direction);
+
+/// Why a received datagram was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The envelope did not open: the `as_str()` of the [`swimlb_proto::Error`] (truncated,
+    /// wrong_magic, unsupported_version, unknown_key, authentication_failed, too_large). Kept as
+    /// the label string so errors carrying data (a key id) still map to one series.
+    Envelope(&'static str),
+    /// Sent from our own address or identity.
+    FromSelf,
+    /// The payload inside a valid envelope did not decode.
+    Decode,
+    /// The payload decoded but was not acceptable to foca (malformed, too big, stray).
+    Protocol,
+    /// A metadata record in the payload was undecodable or too large.
+    Metadata,
+}
+
+impl RejectReason {
+    /// The reason for an envelope that did not open.
+    pub const fn envelope(err: &swimlb_proto::Error) -> RejectReason {
+        RejectReason::Envelope(err.as_str())
+    }
+
+    /// The label value.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            RejectReason::Envelope(label) => label,
+            RejectReason::FromSelf => "from_self",
+            RejectReason::Decode => "decode",
+            RejectReason::Protocol => "protocol",
+            RejectReason::Metadata => "metadata",
+        }
+    }
+}
+label_value!(RejectReason);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: MemberState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: Direction,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: RejectReason,
+}
+
+/// The gossip metrics. Cloning shares the same series.
+#[derive(Debug, Clone)]
+pub struct GossipMetrics {
+    members: Family<StateLabels, Gauge>,
+    member_down: Counter,
+    detect_seconds: Histogram,
+    packets: Family<DirectionLabels, Counter>,
+    bytes: Family<DirectionLabels, Counter>,
+    rejected: Family<ReasonLabels, Counter>,
+}
+
+impl Default for GossipMetrics {
+    fn default() -> GossipMetrics {
+        GossipMetrics {
+            members: Family::default(),
+            member_down: Counter::default(),
+            // 10 ms .. ~82 s
+            detect_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            packets: Family::default(),
+            bytes: Family::default(),
+            rejected: Family::default(),
+        }
+    }
+}
+
+impl GossipMetrics {
+    /// Metrics registered into `registry` (names get the registry's prefix, if any, after
+    /// `swimlb_`).
+    pub fn register(registry: &mut Registry) -> GossipMetrics {
+        let metrics = GossipMetrics::default();
+        registry.register(
+            "swimlb_members",
+            "Gossip members by state",
+            metrics.members.clone(),
+        );
+        registry.register(
+            "swimlb_member_down",
+            "Members declared down",
+            metrics.member_down.clone(),
+        );
+        registry.register(
+            "swimlb_failover_detect_seconds",
+            "From the last datagram heard from a member to its MemberDown",
+            metrics.detect_seconds.clone(),
+        );
+        registry.register(
+            "swimlb_gossip_packets",
+            "Gossip datagrams",
+            metrics.packets.clone(),
+        );
+        registry.register(
+            "swimlb_gossip_bytes",
+            "Gossip bytes (sealed datagrams)",
+            metrics.bytes.clone(),
+        );
+        registry.register(
+            "swimlb_gossip_rejected",
+            "Received gossip datagrams dropped, by reason",
+            metrics.rejected.clone(),
+        );
+        metrics
+    }
+
+    pub(crate) fn set_members(&self, alive: usize, suspect: usize, down: usize) {
+        for (state, n) in [
+            (MemberState::Alive, alive),
+            (MemberState::Suspect, suspect),
+            (MemberState::Down, down),
+        ] {
+            self.members
+                .get_or_create(&StateLabels { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub(crate) fn member_down(&self, detect_seconds: Option<f64>) {
+        self.member_down.inc();
+        if let Some(seconds) = detect_seconds {
+            self.detect_seconds.observe(seconds);
+        }
+    }
+
+    pub(crate) fn packet(&self, direction: Direction, len: usize) {
+        let labels = DirectionLabels { direction };
+        self.packets.get_or_create(&labels).inc();
+        self.bytes.get_or_create(&labels).inc_by(len as u64);
+    }
+
+    pub(crate) fn rejected(&self, reason: RejectReason) {
+        self.rejected.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// How many datagrams were dropped for `reason` (for tests and the lab).
+    pub fn rejected_count(&self, reason: RejectReason) -> u64 {
+        self.rejected.get_or_create(&ReasonLabels { reason }).get()
+    }
+
+    /// Total datagrams and bytes in `direction`.
+    pub fn traffic(&self, direction: Direction) -> (u64, u64) {
+        let labels = DirectionLabels { direction };
+        (
+            self.packets.get_or_create(&labels).get(),
+            self.bytes.get_or_create(&labels).get(),
+        )
+    }
+
+    /// Members declared down so far.
+    pub fn member_downs(&self) -> u64 {
+        self.member_down.get()
+    }
+}

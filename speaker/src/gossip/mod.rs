@@ -1,0 +1,28 @@
+//! SWIM gossip membership on foca 2: who is alive, and what each member says about itself.
+//!
+//! - [`core`]: the sans-IO state machine ([`Core`]): foca, timers, join, renewal, metadata,
+//!   envelope, metrics.
+//! - [`driver`]: the tokio task around a core and a UDP socket ([`spawn`], [`GossipHandle`]).
+//! - [`simnet`]: a deterministic simulated network of cores (tests, `swimlb-lab sim`).
+//! - [`timing`]: the `fast` and `lan` profiles and their validation.
+//! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
+//!
+//! The module's output is a [`LiveSet`](crate::membership::LiveSet) (alive members with their
+//! metadata) and a stream of [`LiveChange`](crate::membership::LiveChange)s.
+
+pub mod core;
+pub mod driver;
+pub mod identity;
+pub mod metadata;
+pub mod metrics;
+pub mod simnet;
+pub mod timing;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
+pub use driver::{GossipHandle, spawn};
+pub use identity::NodeIdentity;
+pub use metrics::{Direction, GossipMetrics, RejectReason};
+pub use timing::{Profile, Timing, TimingError};

@@ -1,0 +1,312 @@
+//! A deterministic in-process network for gossip [`Core`]s: a virtual clock, one ordered event
+//! queue, seeded loss and delay, crashes and partitions. No sockets, no tokio, no wall clock.
+//!
+//! It runs the real core: the tests of this module and `swimlb-lab sim` drive the same code the
+//! speaker runs. Given the same seed and the same calls it produces the same run (the envelope's
+//! random nonces change the bytes, never their length or the protocol's behaviour).
+
+use std::collections::{BinaryHeap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use super::core::Core;
+use crate::membership::LiveChange;
+
+/// Link behaviour for every datagram.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Links {
+    /// Probability in [0, 1] that a datagram is lost.
+    pub loss: f64,
+    /// Shortest one-way delay.
+    pub delay_min: Duration,
+    /// Longest one-way delay (uniform between the two).
+    pub delay_max: Duration,
+}
+
+impl Default for Links {
+    fn default() -> Links {
+        Links {
+            loss: 0.0,
+            delay_min: Duration::from_micros(200),
+            delay_max: Duration::from_millis(2),
+        }
+    }
+}
+
+/// Traffic one node sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Datagrams sent.
+    pub packets: u64,
+    /// Sealed bytes sent.
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+enum EventKind {
+    Deliver {
+        to: usize,
+        from: SocketAddr,
+        bytes: Vec<u8>,
+    },
+    Wake {
+        node: usize,
+    },
+}
+
+#[derive(Debug)]
+struct Event {
+    at: Duration,
+    seq: u64,
+    kind: EventKind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.seq == other.seq
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    core: Option<Core>,
+    wake: Option<Duration>,
+    group: u32,
+    traffic: Traffic,
+}
+
+/// The simulated network. Node `i` lives at [`SimNet::addr`]`(i)`.
+#[derive(Debug)]
+pub struct SimNet {
+    now: Duration,
+    slots: Vec<Slot>,
+    by_addr: HashMap<SocketAddr, usize>,
+    events: BinaryHeap<Event>,
+    seq: u64,
+    rng: StdRng,
+    links: Links,
+    changes: Vec<(Duration, usize, LiveChange)>,
+    record_changes: bool,
+}
+
+impl SimNet {
+    /// An empty network with `links`, its loss and delays drawn from `seed`.
+    pub fn new(seed: u64, links: Links) -> SimNet {
+        SimNet {
+            now: Duration::ZERO,
+            slots: Vec::new(),
+            by_addr: HashMap::new(),
+            events: BinaryHeap::new(),
+            seq: 0,
+            rng: StdRng::seed_from_u64(seed),
+            links,
+            changes: Vec::new(),
+            record_changes: true,
+        }
+    }
+
+    /// The gossip address of node `i` (127.0.0.1, port 10000 + i; never bound).
+    pub fn addr(i: usize) -> SocketAddr {
+        let port = u16::try_from(10_000 + i).unwrap_or(u16::MAX);
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Changes the link behaviour from now on.
+    pub fn set_links(&mut self, links: Links) {
+        self.links = links;
+    }
+
+    /// Whether [`LiveChange`]s are recorded for [`SimNet::drain_changes`] (on by default).
+    pub fn record_changes(&mut self, on: bool) {
+        self.record_changes = on;
+    }
+
+    /// Starts (or restarts) node `i` with `core`, which must have been built with
+    /// `SimNet::addr(i)` and the current [`SimNet::now`].
+    pub fn start(&mut self, i: usize, core: Core) {
+        if self.slots.len() <= i {
+            self.slots.resize_with(i + 1, Slot::default);
+        }
+        self.by_addr.insert(Self::addr(i), i);
+        self.slots[i].core = Some(core);
+        self.slots[i].wake = None;
+        self.flush(i);
+    }
+
+    /// Crashes node `i`: it stops at once, without a word to anyone.
+    pub fn crash(&mut self, i: usize) -> Option<Core> {
+        let slot = self.slots.get_mut(i)?;
+        slot.wake = None;
+        slot.core.take()
+    }
+
+    /// Whether node `i` is running.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.slots.get(i).is_some_and(|s| s.core.is_some())
+    }
+
+    /// Node `i`'s core, if it runs.
+    pub fn core(&self, i: usize) -> Option<&Core> {
+        self.slots.get(i)?.core.as_ref()
+    }
+
+    /// Calls `f` on node `i`'s core at the current time, then sends what it queued.
+    pub fn with_core<R>(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(&mut Core, Duration) -> R,
+    ) -> Option<R> {
+        let now = self.now;
+        let result = f(self.slots.get_mut(i)?.core.as_mut()?, now);
+        self.flush(i);
+        Some(result)
+    }
+
+    /// Puts node `i` in partition group `group`; datagrams cross only within a group (all
+    /// nodes start in group 0).
+    pub fn set_group(&mut self, i: usize, group: u32) {
+        if let Some(slot) = self.slots.get_mut(i) {
+            slot.group = group;
+        }
+    }
+
+    /// Heals every partition.
+    pub fn heal(&mut self) {
+        for slot in &mut self.slots {
+            slot.group = 0;
+        }
+    }
+
+    /// What node `i` has sent so far.
+    pub fn traffic(&self, i: usize) -> Traffic {
+        self.slots.get(i).map(|s| s.traffic).unwrap_or_default()
+    }
+
+    /// Takes the recorded changes: (time, node index that saw it, change).
+    pub fn drain_changes(&mut self) -> std::vec::Drain<'_, (Duration, usize, LiveChange)> {
+        self.changes.drain(..)
+    }
+
+    /// Runs every event up to and including `until`, then sets the clock to `until`.
+    pub fn run_until(&mut self, until: Duration) {
+        while self.events.peek().is_some_and(|e| e.at <= until) {
+            let Some(event) = self.events.pop() else {
+                break;
+            };
+            self.now = event.at;
+            match event.kind {
+                EventKind::Deliver {
+                    to,
+                    from,
+                    mut bytes,
+                } => {
+                    let now = self.now;
+                    if let Some(core) = self.slots[to].core.as_mut() {
+                        core.handle_datagram(now, from, &mut bytes);
+                        self.flush(to);
+                    }
+                }
+                EventKind::Wake { node } => {
+                    let now = self.now;
+                    let slot = &mut self.slots[node];
+                    if slot.wake != Some(now) {
+                        continue;
+                    }
+                    slot.wake = None;
+                    if let Some(core) = slot.core.as_mut() {
+                        core.handle_due_timers(now);
+                        self.flush(node);
+                    }
+                }
+            }
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Runs for `span` of virtual time.
+    pub fn run_for(&mut self, span: Duration) {
+        let until = self.now + span;
+        self.run_until(until);
+    }
+
+    fn push(&mut self, at: Duration, kind: EventKind) {
+        self.seq += 1;
+        self.events.push(Event {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// Sends what node `i` queued, records its changes and schedules its next wake-up.
+    fn flush(&mut self, i: usize) {
+        let Some(core) = self.slots[i].core.as_mut() else {
+            return;
+        };
+        let from = core.identity().addr;
+        let outgoing: Vec<_> = core.drain_outgoing().collect();
+        if self.record_changes {
+            for change in core.drain_changes() {
+                self.changes.push((self.now, i, change));
+            }
+        } else {
+            core.drain_changes().for_each(drop);
+        }
+        let deadline = core.next_deadline();
+        let group = self.slots[i].group;
+        for out in outgoing {
+            self.slots[i].traffic.packets += 1;
+            self.slots[i].traffic.bytes += out.bytes.len() as u64;
+            if self.links.loss > 0.0 && self.rng.random_bool(self.links.loss.clamp(0.0, 1.0)) {
+                continue;
+            }
+            let Some(&to) = self.by_addr.get(&out.to) else {
+                continue;
+            };
+            if self.slots[to].group != group {
+                continue;
+            }
+            let span = self.links.delay_max.saturating_sub(self.links.delay_min);
+            let jitter = if span.is_zero() {
+                Duration::ZERO
+            } else {
+                span.mul_f64(self.rng.random::<f64>())
+            };
+            let at = self.now + self.links.delay_min + jitter;
+            self.push(
+                at,
+                EventKind::Deliver {
+                    to,
+                    from,
+                    bytes: out.bytes,
+                },
+            );
+        }
+        if let Some(at) = deadline {
+            let at = at.max(self.now);
+            if self.slots[i].wake != Some(at) {
+                self.slots[i].wake = Some(at);
+                self.push(at, EventKind::Wake { node: i });
+            }
+        }
+    }
+}

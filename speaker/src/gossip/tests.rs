@@ -1,0 +1,331 @@
+//! Deterministic tests of the gossip core over the simulated network: seeded RNG, virtual clock.
+
+use std::time::Duration;
+
+use swimlb_proto::KeyRing;
+
+use super::core::{Core, GossipSettings, Phase};
+use super::metrics::{GossipMetrics, RejectReason};
+use super::simnet::{Links, SimNet};
+use super::timing::Timing;
+use crate::membership::{LiveChange, MemberMeta};
+
+const K1: [u8; 32] = [1; 32];
+const K2: [u8; 32] = [2; 32];
+const K9: [u8; 32] = [9; 32];
+
+fn name(i: usize) -> String {
+    format!("node-{i}")
+}
+
+fn ring(keys: &[[u8; 32]]) -> KeyRing {
+    KeyRing::new("test-cluster", keys).unwrap()
+}
+
+fn core_with(net: &SimNet, i: usize, bump: u64, keys: &[[u8; 32]], timing: Timing) -> Core {
+    let settings = GossipSettings {
+        node: name(i),
+        addr: SimNet::addr(i),
+        seeds: vec![SimNet::addr(0)],
+        timing,
+        bump,
+        rng_seed: 1000 + i as u64 + bump,
+    };
+    Core::new(
+        settings,
+        ring(keys),
+        MemberMeta::new(name(i)),
+        GossipMetrics::default(),
+        net.now(),
+    )
+    .unwrap()
+}
+
+fn cluster(n: usize, seed: u64, links: Links) -> SimNet {
+    let mut net = SimNet::new(seed, links);
+    for i in 0..n {
+        let core = core_with(&net, i, 1, &[K1], Timing::fast());
+        net.start(i, core);
+    }
+    net.run_for(Duration::from_secs(3));
+    for i in 0..n {
+        assert_eq!(live_len(&net, i), n, "node {i} sees everyone after joining");
+    }
+    net.drain_changes().for_each(drop);
+    net
+}
+
+fn live_len(net: &SimNet, i: usize) -> usize {
+    net.core(i).map_or(0, |c| c.live().len())
+}
+
+/// Runs in 10 ms steps until `done` holds or `limit` passes; returns the time it took.
+fn run_until(
+    net: &mut SimNet,
+    limit: Duration,
+    mut done: impl FnMut(&SimNet) -> bool,
+) -> Option<Duration> {
+    let start = net.now();
+    while net.now() - start <= limit {
+        if done(net) {
+            return Some(net.now() - start);
+        }
+        net.run_for(Duration::from_millis(10));
+    }
+    None
+}
+
+fn downs_of(net: &mut SimNet, node: &str) -> Vec<usize> {
+    net.drain_changes()
+        .filter(|(_, _, c)| *c == LiveChange::Down(node.to_string()))
+        .map(|(_, i, _)| i)
+        .collect()
+}
+
+#[test]
+fn crashed_member_is_marked_down_by_every_survivor_within_a_second() {
+    let mut net = cluster(5, 7, Links::default());
+    net.crash(3);
+    let took = run_until(&mut net, Duration::from_secs(5), |net| {
+        [0, 1, 2, 4]
+            .iter()
+            .all(|&i| !net.core(i).unwrap().live().contains(&name(3)))
+    });
+    let took = took.expect("every survivor marks the crashed member down");
+    assert!(took <= Duration::from_secs(1), "detection took {took:?}");
+    let mut seen = downs_of(&mut net, &name(3));
+    seen.sort_unstable();
+    assert_eq!(seen, vec![0, 1, 2, 4]);
+}
+
+#[test]
+fn suspicion_alone_does_not_remove_a_member_under_loss() {
+    let links = Links {
+        loss: 0.05,
+        ..Links::default()
+    };
+    let mut net = cluster(5, 11, links);
+    net.run_for(Duration::from_secs(60));
+    let false_downs = net
+        .drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+        .count();
+    assert_eq!(false_downs, 0);
+    for i in 0..5 {
+        assert_eq!(live_len(&net, i), 5);
+    }
+}
+
+#[test]
+fn graceful_leave_is_seen_by_every_member_at_once() {
+    let mut net = cluster(5, 3, Links::default());
+    net.with_core(2, |core, now| core.leave(now));
+    assert_eq!(net.core(2).unwrap().phase(), Phase::Left);
+    let took = run_until(&mut net, Duration::from_secs(2), |net| {
+        [0, 1, 3, 4]
+            .iter()
+            .all(|&i| !net.core(i).unwrap().live().contains(&name(2)))
+    })
+    .expect("every member sees the leave");
+    // Far below a probe period plus suspicion: the leave is gossiped, not detected.
+    assert!(took <= Duration::from_millis(100), "leave took {took:?}");
+}
+
+#[test]
+fn partition_heals_into_one_membership() {
+    let mut net = cluster(6, 5, Links::default());
+    for i in 3..6 {
+        net.set_group(i, 1);
+    }
+    net.run_for(Duration::from_secs(5));
+    for i in 0..6 {
+        assert_eq!(live_len(&net, i), 3, "node {i} sees only its side");
+    }
+    net.heal();
+    // Merged when every node sees all six with their real records (no placeholder left).
+    let healed = run_until(&mut net, Duration::from_secs(30), |net| {
+        (0..6).all(|i| {
+            let live = net.core(i).unwrap().live();
+            live.len() == 6 && live.iter().all(|m| m.version >= 1)
+        })
+    });
+    assert!(healed.is_some(), "both sides merge again without help");
+    // Everyone agrees on the same members and metadata.
+    let first: Vec<_> = net.core(0).unwrap().live().iter().cloned().collect();
+    for i in 1..6 {
+        let other: Vec<_> = net.core(i).unwrap().live().iter().cloned().collect();
+        assert_eq!(first, other, "node {i} holds the same live set");
+    }
+}
+
+#[test]
+fn keys_rotate_without_a_member_going_down() {
+    let mut net = cluster(3, 13, Links::default());
+    // Step by step, one node at a time: add k2 (k1 still seals), make k2 seal, drop k1.
+    for keys in [&[K1, K2][..], &[K2, K1][..], &[K2][..]] {
+        for i in 0..3 {
+            net.with_core(i, |core, _| core.set_key_ring(ring(keys)));
+            net.run_for(Duration::from_secs(2));
+        }
+    }
+    let downs = net
+        .drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+        .count();
+    assert_eq!(downs, 0);
+    for i in 0..3 {
+        assert_eq!(live_len(&net, i), 3);
+    }
+    // A node still on the retired key alone cannot join, and is counted.
+    let stale = core_with(&net, 3, 1, &[K1], Timing::fast());
+    net.start(3, stale);
+    net.run_for(Duration::from_secs(3));
+    assert_eq!(live_len(&net, 3), 1);
+    assert!(!net.core(0).unwrap().live().contains(&name(3)));
+    let unknown = net
+        .core(0)
+        .unwrap()
+        .metrics()
+        .rejected_count(RejectReason::Envelope("unknown_key"));
+    assert!(unknown > 0);
+}
+
+#[test]
+fn node_with_a_wrong_key_never_joins_and_is_counted() {
+    let mut net = cluster(3, 17, Links::default());
+    let intruder = core_with(&net, 3, 1, &[K9], Timing::fast());
+    net.start(3, intruder);
+    net.run_for(Duration::from_secs(10));
+    assert_eq!(live_len(&net, 3), 1, "the intruder only sees itself");
+    assert_eq!(net.core(3).unwrap().phase(), Phase::Joining);
+    for i in 0..3 {
+        assert!(!net.core(i).unwrap().live().contains(&name(3)));
+    }
+    let rejected = net
+        .core(0)
+        .unwrap()
+        .metrics()
+        .rejected_count(RejectReason::Envelope("unknown_key"));
+    // It keeps retrying its join (every 250 ms) and each attempt is counted.
+    assert!(rejected >= 30, "rejected {rejected}");
+}
+
+#[test]
+fn metadata_change_reaches_every_member_and_late_joiners_get_everyones_record() {
+    let mut net = cluster(4, 19, Links::default());
+    let mut meta = MemberMeta::new(name(1));
+    meta.settled = true;
+    net.with_core(1, |core, now| core.set_meta(now, meta))
+        .unwrap()
+        .unwrap();
+    net.run_for(Duration::from_secs(1));
+    for i in 0..4 {
+        let seen = net.core(i).unwrap().live().get(&name(1)).cloned().unwrap();
+        assert!(seen.settled, "node {i} sees the new record");
+        assert_eq!(seen.version, 2);
+    }
+    let late = core_with(&net, 4, 1, &[K1], Timing::fast());
+    net.start(4, late);
+    net.run_for(Duration::from_secs(3));
+    let view = net.core(4).unwrap().live();
+    assert_eq!(view.len(), 5);
+    assert!(view.iter().all(|m| m.version >= 1), "no placeholder left");
+    assert!(view.get(&name(1)).unwrap().settled);
+}
+
+#[test]
+fn restarted_member_comes_back_under_a_new_identity_with_fresh_metadata() {
+    let mut net = cluster(4, 23, Links::default());
+    let mut meta = MemberMeta::new(name(2));
+    meta.settled = true;
+    net.with_core(2, |core, now| core.set_meta(now, meta))
+        .unwrap()
+        .unwrap();
+    net.run_for(Duration::from_secs(1));
+    net.crash(2);
+    net.run_for(Duration::from_secs(2));
+    let restarted = core_with(&net, 2, 2, &[K1], Timing::fast());
+    net.start(2, restarted);
+    net.run_for(Duration::from_secs(3));
+    for i in 0..4 {
+        let seen = net.core(i).unwrap().live().get(&name(2)).cloned().unwrap();
+        assert!(
+            !seen.settled,
+            "node {i} holds the restarted node's own record"
+        );
+        assert_eq!(seen.version, 1);
+    }
+}
+
+#[test]
+fn garbage_and_own_datagrams_are_dropped_and_counted() {
+    let mut net = cluster(2, 29, Links::default());
+    let own = SimNet::addr(0);
+    let peer = SimNet::addr(1);
+    net.with_core(0, |core, now| {
+        core.handle_datagram(now, own, &mut [0u8; 64]);
+        core.handle_datagram(now, peer, &mut [1u8; 10]);
+        core.handle_datagram(now, peer, &mut vec![0u8; 9000]);
+        let mut wrong_magic = vec![0u8; 64];
+        core.handle_datagram(now, peer, &mut wrong_magic);
+        let mut sealed = Vec::new();
+        ring(&[K1]).seal(&[7, 1, 2, 3], &mut sealed).unwrap();
+        core.handle_datagram(now, peer, &mut sealed);
+        let mut sealed = Vec::new();
+        ring(&[K1])
+            .seal(&[0, 0xff, 0xff, 0xff], &mut sealed)
+            .unwrap();
+        core.handle_datagram(now, peer, &mut sealed);
+        let mut sealed = Vec::new();
+        ring(&[K1]).seal(&[1, 0xff], &mut sealed).unwrap();
+        core.handle_datagram(now, peer, &mut sealed);
+        let mut flipped = Vec::new();
+        ring(&[K1]).seal(&[0, 1, 2], &mut flipped).unwrap();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        core.handle_datagram(now, peer, &mut flipped);
+    });
+    let metrics = net.core(0).unwrap().metrics().clone();
+    assert_eq!(metrics.rejected_count(RejectReason::FromSelf), 1);
+    assert_eq!(
+        metrics.rejected_count(RejectReason::Envelope("truncated")),
+        1
+    );
+    assert_eq!(
+        metrics.rejected_count(RejectReason::Envelope("too_large")),
+        1
+    );
+    assert_eq!(
+        metrics.rejected_count(RejectReason::Envelope("wrong_magic")),
+        1
+    );
+    assert_eq!(metrics.rejected_count(RejectReason::Decode), 2);
+    assert_eq!(metrics.rejected_count(RejectReason::Metadata), 1);
+    assert_eq!(
+        metrics.rejected_count(RejectReason::Envelope("authentication_failed")),
+        1
+    );
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(live_len(&net, 0), 2, "the node keeps working");
+}
+
+#[test]
+fn random_bytes_under_the_right_key_never_panic() {
+    use rand::{RngExt, SeedableRng};
+    let mut net = cluster(2, 31, Links::default());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    let peer = SimNet::addr(1);
+    let key = ring(&[K1]);
+    for _ in 0..2000 {
+        let len = rng.random_range(0..300);
+        let mut payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        if let Some(first) = payload.first_mut() {
+            *first %= 3;
+        }
+        let mut sealed = Vec::new();
+        key.seal(&payload, &mut sealed).unwrap();
+        net.with_core(0, |core, now| core.handle_datagram(now, peer, &mut sealed));
+    }
+    net.run_for(Duration::from_secs(1));
+    assert_eq!(live_len(&net, 0), 2);
+}

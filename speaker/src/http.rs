@@ -1,0 +1,274 @@
+//! The speaker's HTTP listener: `/metrics` (OpenMetrics text), `/healthz`, `/readyz` and
+//! `/status` (JSON).
+//!
+//! The daemon publishes its state through a [`tokio::sync::watch`] channel; this module only
+//! reads it. [`route`] is the pure part (path and state in, response out) and is tested without
+//! a socket.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::watch;
+
+/// What `/status` shows and `/readyz` decides from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Status {
+    /// This node.
+    pub node: String,
+    /// Whether the speaker has joined the mesh and computed its first election.
+    pub ready: bool,
+    /// Whether the speaker is draining (SIGTERM received).
+    pub draining: bool,
+    /// Alive members, with their metadata.
+    pub members: Vec<MemberStatus>,
+    /// Every VIP, its group and owner.
+    pub addresses: Vec<AddressStatus>,
+    /// This node's checks.
+    pub checks: Vec<CheckStatus>,
+}
+
+/// One alive member.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberStatus {
+    /// Node name.
+    pub node: String,
+    /// Up for at least its preemption delay.
+    pub settled: bool,
+    /// Shutting down.
+    pub draining: bool,
+}
+
+/// One VIP.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AddressStatus {
+    /// The address.
+    pub ip: String,
+    /// Group (standalone) or `namespace/service`.
+    pub group: String,
+    /// The elected owner, if any.
+    pub owner: Option<String>,
+    /// This node's verdict (`owner`, `not_owner`, `no_candidates`, ...).
+    pub verdict: String,
+    /// Interface it is announced on, when this node owns it.
+    pub interface: Option<String>,
+}
+
+/// One health check on this node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckStatus {
+    /// Group.
+    pub group: String,
+    /// Check.
+    pub check: String,
+    /// Passing after hysteresis.
+    pub passing: bool,
+    /// The last outcome (`pass`, `timeout`, `status`, ...).
+    pub last: String,
+}
+
+/// A response: status code, content type, body.
+pub type Reply = (StatusCode, &'static str, Bytes);
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Answers `method path` from `status` and `registry`.
+pub fn route(method: &Method, path: &str, status: &Status, registry: &Registry) -> Reply {
+    if method != Method::GET && method != Method::HEAD {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            Bytes::from_static(b"GET only\n"),
+        );
+    }
+    match path {
+        "/metrics" => {
+            let mut text = String::new();
+            match prometheus_client::encoding::text::encode(&mut text, registry) {
+                Ok(()) => (StatusCode::OK, OPENMETRICS, Bytes::from(text)),
+                Err(_) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    Bytes::from_static(b"encoding failed\n"),
+                ),
+            }
+        }
+        "/healthz" => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
+        "/readyz" if status.ready && !status.draining => {
+            (StatusCode::OK, "text/plain", Bytes::from_static(b"ready\n"))
+        }
+        "/readyz" if status.draining => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            Bytes::from_static(b"draining\n"),
+        ),
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            Bytes::from_static(b"joining\n"),
+        ),
+        "/status" => match serde_json::to_vec_pretty(status) {
+            Ok(body) => (StatusCode::OK, "application/json", Bytes::from(body)),
+            Err(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                Bytes::from_static(b"encoding failed\n"),
+            ),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            Bytes::from_static(b"not found\n"),
+        ),
+    }
+}
+
+/// Serves on `listener` until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    status: watch::Receiver<Status>,
+    registry: Arc<Registry>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let status = status.clone();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let current = status.borrow().clone();
+                let (code, content_type, body) =
+                    route(req.method(), req.uri().path(), &current, &registry);
+                let body = if req.method() == Method::HEAD {
+                    Bytes::new()
+                } else {
+                    body
+                };
+                let response = Response::builder()
+                    .status(code)
+                    .header(hyper::header::CONTENT_TYPE, content_type)
+                    .body(Full::new(body))
+                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+/// Binds `addr` and serves in a background task.
+pub async fn spawn(
+    addr: SocketAddr,
+    status: watch::Receiver<Status>,
+    registry: Arc<Registry>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((local, tokio::spawn(serve(listener, status, registry))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+
+    fn registry() -> Registry {
+        let mut r = Registry::with_prefix("swimlb");
+        let c: Counter = Counter::default();
+        c.inc();
+        r.register("gratuitous_sent", "Gratuitous ARP sent", c);
+        r
+    }
+
+    #[test]
+    fn metrics_are_openmetrics_text() {
+        let (code, ct, body) = route(&Method::GET, "/metrics", &Status::default(), &registry());
+        assert_eq!(code, StatusCode::OK);
+        assert!(ct.starts_with("application/openmetrics-text"));
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(text.contains("swimlb_gratuitous_sent_total 1"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn readyz_follows_ready_and_draining() {
+        let r = registry();
+        let mut s = Status::default();
+        assert_eq!(
+            route(&Method::GET, "/readyz", &s, &r).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        s.ready = true;
+        assert_eq!(route(&Method::GET, "/readyz", &s, &r).0, StatusCode::OK);
+        s.draining = true;
+        assert_eq!(
+            route(&Method::GET, "/readyz", &s, &r).2,
+            Bytes::from_static(b"draining\n")
+        );
+        assert_eq!(route(&Method::GET, "/healthz", &s, &r).0, StatusCode::OK);
+    }
+
+    #[test]
+    fn status_is_json_with_owners() {
+        let s = Status {
+            node: "node1".into(),
+            ready: true,
+            addresses: vec![AddressStatus {
+                ip: "198.51.100.100".into(),
+                group: "api".into(),
+                owner: Some("node2".into()),
+                verdict: "not_owner".into(),
+                interface: None,
+            }],
+            ..Status::default()
+        };
+        let (code, ct, body) = route(&Method::GET, "/status", &s, &registry());
+        assert_eq!((code, ct), (StatusCode::OK, "application/json"));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["addresses"][0]["owner"], "node2");
+        assert_eq!(v["node"], "node1");
+    }
+
+    #[test]
+    fn unknown_paths_and_methods_are_refused() {
+        let r = registry();
+        assert_eq!(
+            route(&Method::GET, "/nope", &Status::default(), &r).0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            route(&Method::POST, "/status", &Status::default(), &r).0,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+    }
+
+    #[tokio::test]
+    async fn serves_over_tcp() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (_tx, rx) = watch::channel(Status {
+            ready: true,
+            ..Status::default()
+        });
+        let (addr, task) = spawn("127.0.0.1:0".parse().unwrap(), rx, Arc::new(registry()))
+            .await
+            .unwrap();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.ends_with("ready\n"), "{text}");
+        task.abort();
+    }
+}

@@ -1,0 +1,320 @@
+//! What should be served: every virtual IP, what it belongs to, and who may serve it.
+//!
+//! A [`Snapshot`] is built by a source (the standalone file or the Kubernetes reflectors) and
+//! handed to the election as a plain value. It owns no I/O and no clock. It guarantees:
+//!
+//! - each IP appears at most once ([`Snapshot::insert`] refuses a second claim on an IP by a
+//!   different owner key, naming both);
+//! - two snapshots can be diffed cheaply ([`Snapshot::diff`]): node sets are shared behind
+//!   [`Arc`], so the IPs of one Service or group compare by pointer first.
+//!
+//! The snapshot says nothing about who is alive: that is the [`LiveSet`](crate::membership::LiveSet).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::membership::NodeName;
+
+/// A set of node names, shared between the IPs of one Service or group.
+pub type NodeSet = Arc<BTreeSet<NodeName>>;
+
+/// Where the IP is answered for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Interface {
+    /// No interface named: the responder uses its default interface(s).
+    Default,
+    /// A named interface (`eth0`).
+    Named(String),
+}
+
+impl fmt::Display for Interface {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Interface::Default => f.write_str("(default)"),
+            Interface::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+/// Which nodes may serve an IP, before liveness, health and endpoints are considered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeFilter {
+    /// Every member of the cluster.
+    All,
+    /// Only these nodes (node selectors applied, exclusions removed).
+    Only(NodeSet),
+}
+
+impl NodeFilter {
+    /// Whether `node` passes the filter.
+    pub fn admits(&self, node: &str) -> bool {
+        match self {
+            NodeFilter::All => true,
+            NodeFilter::Only(set) => set.contains(node),
+        }
+    }
+}
+
+/// One IP to serve and the rules for who may serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedIp {
+    /// What the IP belongs to: the standalone group name, or `namespace/service`.
+    pub belongs_to: String,
+    /// The group whose [`GroupHealth`](crate::membership::GroupHealth) applies (standalone). `None`
+    /// for Kubernetes Services: every member has priority 0 and no checks for them.
+    pub group: Option<String>,
+    /// Where to answer for it.
+    pub interface: Interface,
+    /// Which nodes may serve it.
+    pub nodes: NodeFilter,
+    /// `externalTrafficPolicy: Local`: the nodes with a ready endpoint. `None` for `Cluster`
+    /// policy and for standalone groups.
+    pub ready_endpoints: Option<NodeSet>,
+    /// The IP whose text goes into the election's order hash; `None`: this IP. MetalLB hashes
+    /// a Service's first ingress IP for all of its IPs; set this to that IP to place a
+    /// dual-stack Service exactly as MetalLB does.
+    pub order_ip: Option<IpAddr>,
+}
+
+impl ServedIp {
+    /// A Kubernetes-style entry: no group, default interface, every node, `Cluster` policy.
+    pub fn service(belongs_to: impl Into<String>) -> ServedIp {
+        ServedIp {
+            belongs_to: belongs_to.into(),
+            group: None,
+            interface: Interface::Default,
+            nodes: NodeFilter::All,
+            ready_endpoints: None,
+            order_ip: None,
+        }
+    }
+
+    /// A standalone-style entry for `group` on `interface`, every node.
+    pub fn group(group: impl Into<String>, interface: Interface) -> ServedIp {
+        let group = group.into();
+        ServedIp {
+            belongs_to: group.clone(),
+            group: Some(group),
+            interface,
+            nodes: NodeFilter::All,
+            ready_endpoints: None,
+            order_ip: None,
+        }
+    }
+
+    /// Whether two entries are the same, comparing shared sets by pointer first.
+    fn same_as(&self, other: &ServedIp) -> bool {
+        fn same_set(a: &NodeSet, b: &NodeSet) -> bool {
+            Arc::ptr_eq(a, b) || a == b
+        }
+        let nodes_same = match (&self.nodes, &other.nodes) {
+            (NodeFilter::All, NodeFilter::All) => true,
+            (NodeFilter::Only(a), NodeFilter::Only(b)) => same_set(a, b),
+            _ => false,
+        };
+        let endpoints_same = match (&self.ready_endpoints, &other.ready_endpoints) {
+            (None, None) => true,
+            (Some(a), Some(b)) => same_set(a, b),
+            _ => false,
+        };
+        nodes_same
+            && endpoints_same
+            && self.belongs_to == other.belongs_to
+            && self.group == other.group
+            && self.interface == other.interface
+            && self.order_ip == other.order_ip
+    }
+}
+
+/// Why a snapshot could not be built. The snapshot is unchanged when an error is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Two owners claim the same IP.
+    #[error("IP {ip} is claimed by both {first:?} and {second:?}")]
+    DuplicateIp {
+        /// The contested IP.
+        ip: IpAddr,
+        /// The owner key that claimed it first (kept).
+        first: String,
+        /// The owner key that claimed it second (refused).
+        second: String,
+    },
+}
+
+/// Everything that should be served, keyed by IP.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    ips: BTreeMap<IpAddr, ServedIp>,
+}
+
+/// How one IP differs between two snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SnapshotChange {
+    /// New in the second snapshot.
+    Added(IpAddr),
+    /// Gone from the second snapshot.
+    Removed(IpAddr),
+    /// In both, with a different entry.
+    Changed(IpAddr),
+}
+
+impl Snapshot {
+    /// An empty snapshot.
+    pub fn new() -> Snapshot {
+        Snapshot::default()
+    }
+
+    /// Adds `ip`. Re-inserting an IP for the same `belongs_to` replaces its entry; an IP already
+    /// held by a different `belongs_to` is refused and the snapshot is unchanged.
+    pub fn insert(&mut self, ip: IpAddr, served: ServedIp) -> Result<(), SnapshotError> {
+        if let Some(held) = self.ips.get(&ip)
+            && held.belongs_to != served.belongs_to
+        {
+            return Err(SnapshotError::DuplicateIp {
+                ip,
+                first: held.belongs_to.clone(),
+                second: served.belongs_to,
+            });
+        }
+        self.ips.insert(ip, served);
+        Ok(())
+    }
+
+    /// Builds a snapshot from entries, stopping at the first IP claimed twice.
+    pub fn from_entries(
+        entries: impl IntoIterator<Item = (IpAddr, ServedIp)>,
+    ) -> Result<Snapshot, SnapshotError> {
+        let mut snapshot = Snapshot::new();
+        for (ip, served) in entries {
+            snapshot.insert(ip, served)?;
+        }
+        Ok(snapshot)
+    }
+
+    /// Removes `ip`; returns its entry.
+    pub fn remove(&mut self, ip: &IpAddr) -> Option<ServedIp> {
+        self.ips.remove(ip)
+    }
+
+    /// The entry for `ip`.
+    pub fn get(&self, ip: &IpAddr) -> Option<&ServedIp> {
+        self.ips.get(ip)
+    }
+
+    /// All entries in IP order.
+    pub fn iter(&self) -> impl Iterator<Item = (&IpAddr, &ServedIp)> {
+        self.ips.iter()
+    }
+
+    /// Number of IPs.
+    pub fn len(&self) -> usize {
+        self.ips.len()
+    }
+
+    /// Whether there is nothing to serve.
+    pub fn is_empty(&self) -> bool {
+        self.ips.is_empty()
+    }
+
+    /// The IPs that differ from `self` to `next`, in IP order (one merge pass).
+    pub fn diff(&self, next: &Snapshot) -> Vec<SnapshotChange> {
+        let mut changes = Vec::new();
+        let mut old = self.ips.iter().peekable();
+        let mut new = next.ips.iter().peekable();
+        loop {
+            match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some((ip, _)), None) => {
+                    changes.push(SnapshotChange::Removed(**ip));
+                    old.next();
+                }
+                (None, Some((ip, _))) => {
+                    changes.push(SnapshotChange::Added(**ip));
+                    new.next();
+                }
+                (Some((old_ip, old_entry)), Some((new_ip, new_entry))) => {
+                    match old_ip.cmp(new_ip) {
+                        std::cmp::Ordering::Less => {
+                            changes.push(SnapshotChange::Removed(**old_ip));
+                            old.next();
+                        }
+                        std::cmp::Ordering::Greater => {
+                            changes.push(SnapshotChange::Added(**new_ip));
+                            new.next();
+                        }
+                        std::cmp::Ordering::Equal => {
+                            if !old_entry.same_as(new_entry) {
+                                changes.push(SnapshotChange::Changed(**old_ip));
+                            }
+                            old.next();
+                            new.next();
+                        }
+                    }
+                }
+            }
+        }
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_ip_claimed_by_two_services_is_refused_naming_both() {
+        let mut snapshot = Snapshot::new();
+        snapshot
+            .insert(ip("192.0.2.1"), ServedIp::service("ns/a"))
+            .unwrap();
+        let err = snapshot
+            .insert(ip("192.0.2.1"), ServedIp::service("ns/b"))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "IP 192.0.2.1 is claimed by both \"ns/a\" and \"ns/b\""
+        );
+        assert_eq!(snapshot.get(&ip("192.0.2.1")).unwrap().belongs_to, "ns/a");
+    }
+
+    #[test]
+    fn diff_lists_added_removed_and_changed_ips_in_order() {
+        let mut old = Snapshot::new();
+        old.insert(ip("192.0.2.1"), ServedIp::service("ns/a"))
+            .unwrap();
+        old.insert(ip("192.0.2.2"), ServedIp::service("ns/b"))
+            .unwrap();
+        old.insert(ip("192.0.2.3"), ServedIp::service("ns/c"))
+            .unwrap();
+        let mut new = old.clone();
+        new.remove(&ip("192.0.2.1"));
+        let mut local = ServedIp::service("ns/b");
+        local.ready_endpoints = Some(Arc::new(BTreeSet::from(["n1".to_string()])));
+        new.insert(ip("192.0.2.2"), local).unwrap();
+        new.insert(ip("2001:db8::1"), ServedIp::service("ns/d"))
+            .unwrap();
+        assert_eq!(
+            old.diff(&new),
+            vec![
+                SnapshotChange::Removed(ip("192.0.2.1")),
+                SnapshotChange::Changed(ip("192.0.2.2")),
+                SnapshotChange::Added(ip("2001:db8::1")),
+            ]
+        );
+        assert!(new.diff(&new.clone()).is_empty());
+    }
+
+    #[test]
+    fn node_filter_admits_only_listed_nodes() {
+        let only = NodeFilter::Only(Arc::new(BTreeSet::from(["a".to_string()])));
+        assert!(only.admits("a"));
+        assert!(!only.admits("b"));
+        assert!(NodeFilter::All.admits("b"));
+    }
+}

@@ -1,0 +1,932 @@
+//! The standalone speaker: VIP groups from a file, on plain Linux hosts.
+//!
+//! One task owns every state machine of the node and is fed by its inputs in turn (STYLE.md
+//! practice 5): gossip changes, check results, the announcer's and the settle timers, conflicts
+//! seen by the responders, SIGHUP and the shutdown signal. Each input runs the pure parts
+//! ([`LocalState`], [`Election`], [`Announcer`]) and the loop only carries out their effects:
+//! gossip the node's metadata, tell the responder threads what to answer and announce, run
+//! notify hooks, publish `/status` and metrics.
+//!
+//! Start-up order: the VIPs go onto the holder interface and the ARP sysctls are set before the
+//! first answer can be given (so the kernel never answers for a VIP); then the responders, the
+//! gossip, the checks, the HTTP listener. Shutdown (SIGTERM): the node marks itself draining,
+//! so the peers elect a successor at once; it keeps answering each VIP until the successor's
+//! gratuitous ARP / NA is seen (a "conflict" from the successor's MAC) or the drain deadline
+//! passes, then leaves the mesh, removes the addresses and exits.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use swimlb_config::keyfile::parse_key_file;
+use swimlb_config::standalone::{Profile as ConfigProfile, Standalone};
+use swimlb_proto::KeyRing;
+use swimlb_proto::ethernet::MacAddr;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::addresses::{self, Addresses, HolderKind};
+use crate::announcer::{Announcer, Effect, Schedule};
+use crate::checks::{self, CheckEvent, Tls};
+use crate::election::{Election, Verdict};
+use crate::gossip::{self, GossipMetrics, GossipSettings, Profile, Timing};
+use crate::http::{self, AddressStatus, CheckStatus, MemberStatus, Status};
+use crate::interfaces::{self, Link, Route};
+use crate::local::LocalState;
+use crate::membership::{LiveChange, LiveSet};
+use crate::notify::{GroupState, HookResult, Notifier};
+use crate::packet_socket;
+use crate::responder::{self, Conflict, Control, Owned, Responder};
+use crate::snapshot::{Interface, ServedIp, Snapshot};
+
+/// How long a draining speaker keeps answering at most, waiting for its successors.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
+/// Time a notify hook may run.
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Name of the interface holding the VIPs.
+pub const HOLDER_NAME: &str = addresses::DEFAULT_DUMMY_NAME;
+
+/// Why the speaker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The key file could not be read or parsed.
+    #[error("keyFile {path}: {message}")]
+    Keys {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The key ring refused the keys.
+    #[error("key ring: {0}")]
+    KeyRing(swimlb_proto::Error),
+    /// Gossip timings are invalid, or its socket could not be bound.
+    #[error("gossip: {0}")]
+    Gossip(#[from] gossip::GossipError),
+    /// Addresses or sysctls could not be set.
+    #[error("addresses: {0}")]
+    Addresses(#[from] addresses::Error),
+    /// Links and routes could not be read.
+    #[error("interfaces: {0}")]
+    Interfaces(#[from] interfaces::Error),
+    /// An IP has no interface to announce on.
+    #[error("{ip}: no interface to announce on: {reason}")]
+    NoInterface {
+        /// The IP.
+        ip: IpAddr,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A packet socket could not be opened.
+    #[error("interface {iface}: packet socket: {source}")]
+    PacketSocket {
+        /// The interface.
+        iface: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The HTTP listener could not be bound.
+    #[error("listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The key ring for `config`: from its key file, or the insecure well-known key.
+pub fn key_ring(config: &Standalone) -> Result<KeyRing, DaemonError> {
+    let keys = match &config.key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| DaemonError::Keys {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            parse_key_file(&text).map_err(|errors| DaemonError::Keys {
+                path: path.clone(),
+                message: errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?
+        }
+        None => vec![insecure_key(&config.cluster)],
+    };
+    KeyRing::new(&config.cluster, &keys).map_err(DaemonError::KeyRing)
+}
+
+/// `insecure: true`: a key everybody can derive from the cluster name. Datagrams still carry
+/// the envelope (so a misconfigured peer is rejected, not parsed), but they are not secret and
+/// anyone on the network can forge them.
+fn insecure_key(cluster: &str) -> [u8; 32] {
+    let digest = ring_digest(format!("swimlb insecure key for {cluster}").as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&digest);
+    key
+}
+
+fn ring_digest(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
+}
+
+/// The gossip timings of `config`: the profile, then every override.
+pub fn timing(config: &Standalone) -> Result<Timing, gossip::TimingError> {
+    let profile = match config.gossip.profile {
+        ConfigProfile::Fast => Profile::Fast,
+        ConfigProfile::Lan => Profile::Lan,
+    };
+    let mut t = profile.timing();
+    if let Some(d) = config.gossip.probe_period {
+        t.probe_period = d;
+    }
+    if let Some(d) = config.gossip.probe_rtt {
+        t.probe_rtt = d;
+    }
+    if let Some(d) = config.gossip.suspect_to_down {
+        t.suspect_to_down_after = d;
+    }
+    if let Some(d) = config.gossip.periodic_gossip {
+        t.gossip_period = d;
+    }
+    if let Some(n) = config.gossip.gossip_fanout {
+        t.gossip_fanout = n.get() as usize;
+    }
+    t.validate()?;
+    Ok(t)
+}
+
+/// What the election serves: every address of every group.
+pub fn snapshot(config: &Standalone) -> Snapshot {
+    let mut snapshot = Snapshot::new();
+    for group in &config.groups {
+        let iface = match &group.interface {
+            Some(name) => Interface::Named(name.clone()),
+            None => Interface::Default,
+        };
+        // A group moves as one: every address is ranked by the group's first address, so all
+        // of them elect the same owner (keepalived's VRRP instance, MetalLB's first ingress IP).
+        let order_ip = group.addresses.first().copied();
+        for ip in &group.addresses {
+            let mut served = ServedIp::group(group.name.clone(), iface.clone());
+            served.order_ip = order_ip;
+            // Duplicates across groups are rejected by the configuration's validation.
+            let _ = snapshot.insert(*ip, served);
+        }
+    }
+    snapshot
+}
+
+/// The announcement schedule of `config`.
+pub fn schedule(config: &Standalone) -> Schedule {
+    Schedule {
+        burst: config.announce.burst.get(),
+        second_burst_after: config.announce.second_burst_after,
+        refresh: config.announce.refresh,
+        ..Schedule::default()
+    }
+}
+
+/// This node's name: the file's `node`, else the hostname.
+pub fn node_name(config: &Standalone) -> String {
+    config.node.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into())
+    })
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnnouncedLabels {
+    ip: String,
+    group_or_service: String,
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    group: String,
+    check: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnerLabels {
+    ip: String,
+    group_or_service: String,
+    owner: String,
+}
+
+/// The daemon's own metrics (gossip and responder register theirs).
+#[derive(Debug, Clone, Default)]
+struct Metrics {
+    announced: Family<AnnouncedLabels, Gauge>,
+    owner: Family<OwnerLabels, Gauge>,
+    check_up: Family<CheckLabels, Gauge>,
+    notify_failures: prometheus_client::metrics::counter::Counter,
+}
+
+impl Metrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "swimlb_announced",
+            "1 while this node answers for the IP",
+            self.announced.clone(),
+        );
+        registry.register(
+            "swimlb_owner",
+            "1 for the owner this node elected for each IP",
+            self.owner.clone(),
+        );
+        registry.register(
+            "swimlb_check_up",
+            "1 while a health check passes on this node",
+            self.check_up.clone(),
+        );
+        registry.register(
+            "swimlb_notify_failures",
+            "Notify hook calls that failed",
+            self.notify_failures.clone(),
+        );
+    }
+}
+
+/// One interface the speaker answers on.
+struct Link2 {
+    mac: MacAddr,
+    responder: Responder,
+    owned: BTreeSet<IpAddr>,
+}
+
+/// Runs the standalone speaker until `shutdown` resolves (then drains) or a fatal error.
+pub async fn run(
+    config: Standalone,
+    config_path: PathBuf,
+    mut shutdown: impl std::future::Future<Output = ()> + Unpin,
+    mut reload: mpsc::Receiver<()>,
+) -> Result<(), DaemonError> {
+    let node = node_name(&config);
+    let ring = key_ring(&config)?;
+    if config.insecure {
+        tracing::warn!("insecure: gossip is neither secret nor authenticated");
+    }
+    let timing = timing(&config).map_err(gossip::GossipError::from)?;
+    let mut registry = Registry::default();
+    let gossip_metrics = GossipMetrics::register(&mut registry);
+    let responder_metrics = responder::Metrics::default();
+    responder_metrics.register(&mut registry);
+    let metrics = Metrics::default();
+    metrics.register(&mut registry);
+
+    // Links and routes: which interface announces each VIP.
+    let (links, routes) = interfaces::snapshot().await?;
+    let served = snapshot(&config);
+    let placement = place(&served, &links, &routes)?;
+    let announce_ifaces: Vec<String> = placement
+        .values()
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+
+    // The kernel must never answer for a VIP: sysctls and addresses before any responder.
+    let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+    let mut holder = match Addresses::setup(HOLDER_NAME, &vips, &announce_ifaces).await {
+        Err(addresses::Error::KindUnsupported { .. }) => {
+            tracing::warn!(
+                holder = HOLDER_NAME,
+                "this kernel has no dummy links: holding the VIPs on an ifb link"
+            );
+            Addresses::setup_with(HolderKind::Ifb, HOLDER_NAME, &vips, &announce_ifaces).await?
+        }
+        other => other?,
+    };
+
+    let (conflict_tx, mut conflicts) = mpsc::unbounded_channel::<Conflict>();
+    let mut answering: BTreeMap<String, Link2> = BTreeMap::new();
+    for name in &announce_ifaces {
+        let link = open_link(name, &links, responder_metrics.clone(), conflict_tx.clone())?;
+        answering.insert(name.clone(), link);
+    }
+
+    let now = Instant::now();
+    let mut local = LocalState::new(&node, &config, now);
+    let settings = GossipSettings {
+        node: node.clone(),
+        addr: config.bind,
+        seeds: config.peers.clone(),
+        timing,
+        bump: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(1),
+        rng_seed: u64::from_le_bytes(
+            ring_digest(node.as_bytes())[..8]
+                .try_into()
+                .unwrap_or([7; 8]),
+        ) ^ std::process::id() as u64,
+    };
+    let gossip = gossip::spawn(
+        settings,
+        config.bind,
+        ring,
+        local.meta().clone(),
+        gossip_metrics,
+    )
+    .await?;
+    let mut changes = gossip.subscribe();
+    let live_rx = gossip.live();
+
+    let (check_tx, mut check_events) = mpsc::channel::<CheckEvent>(64);
+    let tls = Tls::new();
+    let mut check_tasks = spawn_checks(&config, &tls, &check_tx);
+    let mut last_outcome: BTreeMap<(usize, usize), &'static str> = BTreeMap::new();
+
+    let (hook_tx, mut hook_results) = mpsc::unbounded_channel::<(String, GroupState, HookResult)>();
+    let mut notifiers = notifiers(&config, &hook_tx);
+    let mut group_states: BTreeMap<String, GroupState> = BTreeMap::new();
+
+    let live = live_rx.borrow().clone();
+    let mut election = Election::new(node.clone(), served, &live);
+    let mut announcer = Announcer::new(schedule(&config));
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let registry = Arc::new(registry);
+    let (_http_addr, http_task) = http::spawn(config.listen, status_rx, registry.clone())
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+
+    let mut config = config;
+    let mut placement = placement;
+    let effects = announcer.set_desired(Instant::now(), &election.desired());
+    apply(&effects, &placement, &mut answering);
+    let ctx = Publish {
+        node: &node,
+        metrics: &metrics,
+    };
+    publish(
+        &ctx,
+        &status_tx,
+        &election,
+        &live,
+        &local,
+        &config,
+        &last_outcome,
+        false,
+    );
+    update_groups(
+        &config,
+        &election,
+        &local,
+        &mut group_states,
+        &notifiers,
+        false,
+    );
+
+    // The drain, once started: successors still to be seen, and the deadline.
+    let mut draining: Option<(Instant, BTreeSet<IpAddr>)> = None;
+
+    loop {
+        let announce_at = announcer.next_deadline();
+        let settle_at = local.settles_at();
+        let drain_at = draining.as_ref().map(|(deadline, _)| *deadline);
+        tokio::select! {
+            _ = &mut shutdown, if draining.is_none() => {
+                tracing::info!("draining: handing the VIPs over");
+                local.drain();
+                let _ = gossip.set_meta(local.meta().clone()).await;
+                let owned: BTreeSet<IpAddr> = answering.values().flat_map(|l| l.owned.iter().copied()).collect();
+                draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
+                for n in notifiers.values() {
+                    n.notify(GroupState::Fault);
+                }
+                if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
+                    break;
+                }
+            }
+            _ = sleep_until(drain_at) => {
+                tracing::warn!("drain deadline passed before every successor announced");
+                break;
+            }
+            change = changes.recv() => {
+                let change = match change {
+                    Ok(c) => Some(c),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "gossip changes lagged: full re-election");
+                        None
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                };
+                match &change {
+                    Some(LiveChange::Up(n)) => tracing::info!(member = %n, "member up"),
+                    Some(LiveChange::Down(n)) => tracing::info!(member = %n, "member down"),
+                    Some(LiveChange::Meta(n)) => tracing::debug!(member = %n, "member metadata changed"),
+                    None => {}
+                }
+                let live = live_rx.borrow().clone();
+                match &change {
+                    Some(c) => {
+                        let _ = election.apply_live(&live, c);
+                    }
+                    None => election = Election::new(node.clone(), election.snapshot().clone(), &live),
+                }
+                let now = Instant::now();
+                let mut effects = Vec::new();
+                if draining.is_none() {
+                    effects = announcer.set_desired(now, &election.desired());
+                    if matches!(change, Some(LiveChange::Up(_))) {
+                        // A member (re)appeared, perhaps a healed partition: make sure it has
+                        // our MAC for what we own.
+                        effects.extend(announcer.member_joined(now));
+                    }
+                }
+                apply(&effects, &placement, &mut answering);
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
+            }
+            Some(event) = check_events.recv() => {
+                let Some(group) = config.groups.get(event.group) else { continue };
+                let check_name = group.checks.get(event.check).map(|c| c.name.clone()).unwrap_or_default();
+                tracing::info!(group = %group.name, check = %check_name, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
+                last_outcome.insert((event.group, event.check), event.outcome.as_str());
+                if local.set_check(&group.name, event.check, event.passing) {
+                    let _ = gossip.set_meta(local.meta().clone()).await;
+                }
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
+            }
+            _ = sleep_until(settle_at) => {
+                if local.tick(Instant::now()) {
+                    tracing::info!("settled: may now take over from lower-priority owners");
+                    let _ = gossip.set_meta(local.meta().clone()).await;
+                }
+            }
+            _ = sleep_until(announce_at) => {
+                let effects = announcer.tick(Instant::now());
+                apply(&effects, &placement, &mut answering);
+            }
+            Some(conflict) = conflicts.recv() => {
+                if let Some((_, left)) = draining.as_mut() {
+                    // The successor announced: stop answering for that IP now.
+                    if left.remove(&conflict.ip) {
+                        tracing::info!(ip = %conflict.ip, successor = %conflict.mac, "successor announced");
+                        let desired: BTreeMap<IpAddr, Interface> = announcer
+                            .answering()
+                            .filter(|(ip, _)| left.contains(*ip))
+                            .map(|(ip, i)| (*ip, i.clone()))
+                            .collect();
+                        let effects = announcer.set_desired(Instant::now(), &desired);
+                        apply(&effects, &placement, &mut answering);
+                    }
+                    if left.is_empty() {
+                        break;
+                    }
+                    continue;
+                }
+                tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
+                let effects = announcer.conflict(Instant::now(), conflict.ip);
+                apply(&effects, &placement, &mut answering);
+            }
+            Some((group, state, result)) = hook_results.recv() => {
+                if result != HookResult::Ok {
+                    metrics.notify_failures.inc();
+                    tracing::warn!(%group, state = state.as_str(), result = result.as_str(), "notify hook failed");
+                }
+            }
+            Some(()) = reload.recv(), if draining.is_none() => {
+                match reload_config(&config_path) {
+                    Ok(next) if next.cluster == config.cluster && next.bind == config.bind => {
+                        let (links, routes) = interfaces::snapshot().await?;
+                        let served = snapshot(&next);
+                        match place(&served, &links, &routes) {
+                            Ok(next_placement) => {
+                                let ifaces: Vec<String> = next_placement.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
+                                let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+                                holder.reload(&vips, &ifaces).await?;
+                                for name in &ifaces {
+                                    if !answering.contains_key(name) {
+                                        let link = open_link(name, &links, responder_metrics.clone(), conflict_tx.clone())?;
+                                        answering.insert(name.clone(), link);
+                                    }
+                                }
+                                if local.reload(&next) {
+                                    let _ = gossip.set_meta(local.meta().clone()).await;
+                                }
+                                let live = live_rx.borrow().clone();
+                                let _ = election.apply_snapshot(served, &live);
+                                placement = next_placement;
+                                let effects = announcer.set_desired(Instant::now(), &election.desired());
+                                apply(&effects, &placement, &mut answering);
+                                for task in check_tasks.drain(..) {
+                                    task.abort();
+                                }
+                                check_tasks = spawn_checks(&next, &tls, &check_tx);
+                                notifiers = self::notifiers(&next, &hook_tx);
+                                config = next;
+                                tracing::info!("configuration reloaded");
+                            }
+                            Err(e) => tracing::error!(error = %e, "reload refused"),
+                        }
+                    }
+                    Ok(_) => tracing::error!("reload refused: cluster and bind cannot change without a restart"),
+                    Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration"),
+                }
+            }
+        }
+    }
+
+    // Leave: peers see us go at once. Then stop answering and clean up.
+    let _ = gossip.leave().await;
+    for task in check_tasks {
+        task.abort();
+    }
+    for (_, link) in answering {
+        link.responder.stop();
+    }
+    http_task.abort();
+    holder.teardown().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn reload_config(path: &Path) -> Result<Standalone, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    Standalone::parse(&text).map_err(|e| e.to_string())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The interface of every IP: the named one, or the one with a connected route to it.
+fn place(
+    served: &Snapshot,
+    links: &[Link],
+    routes: &[Route],
+) -> Result<BTreeMap<IpAddr, String>, DaemonError> {
+    let mut placement = BTreeMap::new();
+    for (ip, entry) in served.iter() {
+        let named = match &entry.interface {
+            Interface::Named(n) => Some(n.as_str()),
+            Interface::Default => None,
+        };
+        let link = interfaces::choose(*ip, named, links, routes).map_err(|reason| {
+            DaemonError::NoInterface {
+                ip: *ip,
+                reason: reason.as_str(),
+            }
+        })?;
+        placement.insert(*ip, link.name.clone());
+    }
+    Ok(placement)
+}
+
+fn open_link(
+    name: &str,
+    links: &[Link],
+    metrics: responder::Metrics,
+    conflicts: mpsc::UnboundedSender<Conflict>,
+) -> Result<Link2, DaemonError> {
+    let link = links
+        .iter()
+        .find(|l| l.name == name)
+        .ok_or(DaemonError::NoInterface {
+            ip: IpAddr::from([0, 0, 0, 0]),
+            reason: "named_missing",
+        })?;
+    let iface = pnet_datalink::interfaces()
+        .into_iter()
+        .find(|i| i.index == link.index)
+        .ok_or(DaemonError::NoInterface {
+            ip: IpAddr::from([0, 0, 0, 0]),
+            reason: "named_missing",
+        })?;
+    let channel = packet_socket::open(&iface, Duration::from_millis(50)).map_err(|source| {
+        DaemonError::PacketSocket {
+            iface: name.to_string(),
+            source,
+        }
+    })?;
+    let [a, b, c, d, e, f] = link.mac;
+    let mac = MacAddr(a, b, c, d, e, f);
+    let responder = Responder::spawn(
+        name,
+        mac,
+        channel.tx,
+        channel.rx,
+        Some(channel.membership),
+        metrics,
+        conflicts,
+    )
+    .map_err(|source| DaemonError::PacketSocket {
+        iface: name.to_string(),
+        source,
+    })?;
+    tracing::info!(interface = name, %mac, "answering ARP and neighbor solicitations");
+    Ok(Link2 {
+        mac,
+        responder,
+        owned: BTreeSet::new(),
+    })
+}
+
+/// Carries out the announcer's effects on the responder threads.
+fn apply(
+    effects: &[Effect],
+    placement: &BTreeMap<IpAddr, String>,
+    answering: &mut BTreeMap<String, Link2>,
+) {
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for effect in effects {
+        let (Effect::StartAnswering { ip, .. }
+        | Effect::StopAnswering { ip, .. }
+        | Effect::Announce { ip, .. }) = effect;
+        let Some(name) = placement.get(ip) else {
+            continue;
+        };
+        let Some(link) = answering.get_mut(name) else {
+            continue;
+        };
+        match effect {
+            Effect::StartAnswering { .. } => {
+                link.owned.insert(*ip);
+                touched.insert(name.clone());
+                tracing::info!(%ip, interface = %name, mac = %link.mac, "now owner");
+            }
+            Effect::StopAnswering { .. } => {
+                link.owned.remove(ip);
+                // Stopping is immediate: tell the thread before anything else happens.
+                link.responder
+                    .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+                tracing::info!(%ip, interface = %name, "no longer owner");
+            }
+            Effect::Announce { .. } => {
+                if touched.remove(name) {
+                    link.responder
+                        .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+                }
+                link.responder.send(Control::Announce(*ip));
+            }
+        }
+    }
+    for name in touched {
+        if let Some(link) = answering.get(&name) {
+            link.responder
+                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+        }
+    }
+}
+
+fn spawn_checks(
+    config: &Standalone,
+    tls: &Tls,
+    events: &mpsc::Sender<CheckEvent>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (g, group) in config.groups.iter().enumerate() {
+        for (c, check) in group.checks.iter().enumerate() {
+            tasks.push(checks::spawn(
+                g,
+                c,
+                check.clone(),
+                tls.clone(),
+                events.clone(),
+            ));
+        }
+    }
+    tasks
+}
+
+fn notifiers(
+    config: &Standalone,
+    done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
+) -> BTreeMap<String, Notifier> {
+    config
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let program = g.notify.clone()?;
+            Some((
+                g.name.clone(),
+                Notifier::spawn(program, g.name.clone(), NOTIFY_TIMEOUT, done.clone()),
+            ))
+        })
+        .collect()
+}
+
+/// Each group's state on this node, and a notify call for each change.
+fn update_groups(
+    config: &Standalone,
+    election: &Election,
+    local: &LocalState,
+    states: &mut BTreeMap<String, GroupState>,
+    notifiers: &BTreeMap<String, Notifier>,
+    draining: bool,
+) {
+    for group in &config.groups {
+        let owns = group
+            .addresses
+            .iter()
+            .any(|ip| election.owner(ip) == Some(election.local()));
+        let fault = draining
+            || local
+                .meta()
+                .groups
+                .get(&group.name)
+                .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
+        let state = if owns {
+            GroupState::Owner
+        } else if fault {
+            GroupState::Fault
+        } else {
+            GroupState::Backup
+        };
+        if states.insert(group.name.clone(), state) != Some(state) {
+            tracing::info!(group = %group.name, state = state.as_str(), "group state");
+            if let Some(n) = notifiers.get(&group.name) {
+                n.notify(state);
+            }
+        }
+    }
+}
+
+struct Publish<'a> {
+    node: &'a str,
+    metrics: &'a Metrics,
+}
+
+/// Refreshes `/status` and the owner gauges.
+#[allow(clippy::too_many_arguments)]
+fn publish(
+    ctx: &Publish<'_>,
+    status: &watch::Sender<Status>,
+    election: &Election,
+    live: &LiveSet,
+    local: &LocalState,
+    config: &Standalone,
+    outcomes: &BTreeMap<(usize, usize), &'static str>,
+    draining: bool,
+) {
+    let verdicts = election.verdicts(live);
+    ctx.metrics.announced.clear();
+    ctx.metrics.owner.clear();
+    let mut addresses = Vec::new();
+    for (ip, served) in election.snapshot().iter() {
+        let owner = election.owner(ip).map(str::to_string);
+        let verdict = verdicts.get(ip).map(Verdict::as_str).unwrap_or("unknown");
+        if let Some(o) = &owner {
+            ctx.metrics
+                .owner
+                .get_or_create(&OwnerLabels {
+                    ip: ip.to_string(),
+                    group_or_service: served.belongs_to.clone(),
+                    owner: o.clone(),
+                })
+                .set(1);
+        }
+        if owner.as_deref() == Some(ctx.node) && !draining {
+            ctx.metrics
+                .announced
+                .get_or_create(&AnnouncedLabels {
+                    ip: ip.to_string(),
+                    group_or_service: served.belongs_to.clone(),
+                    node: ctx.node.to_string(),
+                })
+                .set(1);
+        }
+        addresses.push(AddressStatus {
+            ip: ip.to_string(),
+            group: served.belongs_to.clone(),
+            owner,
+            verdict: verdict.to_string(),
+            interface: None,
+        });
+    }
+    let mut checks = Vec::new();
+    for (g, group) in config.groups.iter().enumerate() {
+        for (c, check) in group.checks.iter().enumerate() {
+            let passing = local
+                .meta()
+                .groups
+                .get(&group.name)
+                .and_then(|h| h.checks.get(c))
+                .is_some_and(|r| r.passing);
+            ctx.metrics
+                .check_up
+                .get_or_create(&CheckLabels {
+                    group: group.name.clone(),
+                    check: check.name.clone(),
+                })
+                .set(i64::from(passing));
+            checks.push(CheckStatus {
+                group: group.name.clone(),
+                check: check.name.clone(),
+                passing,
+                last: outcomes.get(&(g, c)).copied().unwrap_or("none").to_string(),
+            });
+        }
+    }
+    let members = live
+        .iter()
+        .map(|m| MemberStatus {
+            node: m.node.clone(),
+            settled: m.settled,
+            draining: m.draining,
+        })
+        .collect();
+    status.send_replace(Status {
+        node: ctx.node.to_string(),
+        ready: true,
+        draining,
+        members,
+        addresses,
+        checks,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Standalone {
+        Standalone::parse(&format!(
+            "cluster: lab\nnode: n1\nbind: 192.0.2.10\ninsecure: true\n{extra}groups: [{{name: api, addresses: [192.0.2.100, '2001:db8::100'], interface: eth0}}, {{name: web, addresses: [192.0.2.101]}}]"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn snapshot_has_every_address_with_its_group_and_interface() {
+        let s = snapshot(&config(""));
+        assert_eq!(s.len(), 3);
+        let api = s.get(&"2001:db8::100".parse().unwrap()).unwrap();
+        assert_eq!(api.group.as_deref(), Some("api"));
+        assert_eq!(api.interface, Interface::Named("eth0".into()));
+        assert_eq!(
+            s.get(&"192.0.2.101".parse().unwrap()).unwrap().interface,
+            Interface::Default
+        );
+    }
+
+    #[test]
+    fn every_address_of_a_group_elects_the_same_owner() {
+        use crate::membership::{GroupHealth, LiveSet, MemberMeta};
+        let config = config("");
+        let mut live = LiveSet::new();
+        for n in ["n1", "n2", "n3", "n4", "n5"] {
+            let mut m = MemberMeta::new(n);
+            m.settled = true;
+            for g in ["api", "web"] {
+                m.groups.insert(
+                    g.into(),
+                    GroupHealth {
+                        priority: 100,
+                        checks: vec![],
+                    },
+                );
+            }
+            live.upsert(m);
+        }
+        let election = Election::new("n1", snapshot(&config), &live);
+        let a = election.owner(&"192.0.2.100".parse().unwrap());
+        let b = election.owner(&"2001:db8::100".parse().unwrap());
+        assert!(a.is_some());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn timing_overrides_apply_and_bad_combinations_are_refused() {
+        let t = timing(&config("gossip: {probePeriod: 300ms}\n")).unwrap();
+        assert_eq!(t.probe_period, Duration::from_millis(300));
+        assert!(timing(&config("gossip: {probePeriod: 100ms, probeRtt: 200ms}\n")).is_err());
+    }
+
+    #[test]
+    fn insecure_rings_of_one_cluster_interoperate_and_differ_across_clusters() {
+        let a = key_ring(&config("")).unwrap();
+        let b = key_ring(&config("")).unwrap();
+        let mut sealed = Vec::new();
+        a.seal(b"hello", &mut sealed).unwrap();
+        assert_eq!(b.open(&mut sealed).unwrap(), b"hello");
+        assert_ne!(insecure_key("lab"), insecure_key("other"));
+    }
+
+    #[test]
+    fn schedule_follows_the_file() {
+        let s = schedule(&config("announce: {burst: 3, secondBurstAfter: off}\n"));
+        assert_eq!((s.burst, s.second_burst_after), (3, None));
+    }
+}

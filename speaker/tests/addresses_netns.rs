@@ -1,0 +1,440 @@
+//! Interface choice and standalone addresses against a real kernel, in network namespaces.
+//!
+//! Each test builds two namespaces joined by a veth pair (198.51.100.0/24, 2001:db8:100::/64;
+//! names carry the process id), runs the code under test on a thread that entered namespace A
+//! (`setns`), and probes from namespace B with `arping` and `ping`. Root only: without root each
+//! test says why and returns. Needs iproute2, arping (Thomas Habets' 2.x) and iputils-ping.
+//! The namespaces are deleted by a guard, also when an assertion fails.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use swimlb_speaker::addresses::{Addresses, Error as AddressError, HolderKind};
+use swimlb_speaker::interfaces::{InterfaceWatch, NoInterface, choose, snapshot};
+
+fn is_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        true
+    } else {
+        eprintln!("skipped: network namespaces need root (euid 0)");
+        false
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"))
+}
+
+fn must(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Two namespaces and a veth pair between them; deleted on drop.
+struct Lab {
+    a: String,
+    b: String,
+    veth_a: String,
+    veth_b: String,
+}
+
+impl Lab {
+    fn new(tag: char) -> Self {
+        let pid = std::process::id();
+        let lab = Lab {
+            a: format!("swlb-{tag}a-{pid}"),
+            b: format!("swlb-{tag}b-{pid}"),
+            veth_a: format!("v{tag}a{pid}"),
+            veth_b: format!("v{tag}b{pid}"),
+        };
+        // The guard exists before the first command, so a failure below still cleans up.
+        let (a, b, va, vb) = (&lab.a, &lab.b, &lab.veth_a, &lab.veth_b);
+        must(&["ip", "netns", "add", a]);
+        must(&["ip", "netns", "add", b]);
+        must(&[
+            "ip", "-n", a, "link", "add", va, "type", "veth", "peer", "name", vb, "netns", b,
+        ]);
+        for (ns, dev, v4, v6) in [
+            (a, va, "198.51.100.1/24", "2001:db8:100::1/64"),
+            (b, vb, "198.51.100.2/24", "2001:db8:100::2/64"),
+        ] {
+            must(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+            must(&["ip", "-n", ns, "addr", "add", v4, "dev", dev]);
+            must(&["ip", "-n", ns, "addr", "add", v6, "dev", dev, "nodad"]);
+            must(&["ip", "-n", ns, "link", "set", dev, "up"]);
+        }
+        lab
+    }
+
+    /// Whether the kernel knows the `dummy` link type (some VM kernels are built without it).
+    fn kernel_has_dummy(&self) -> bool {
+        let probe = run(&[
+            "ip",
+            "-n",
+            &self.a,
+            "link",
+            "add",
+            "swlprobe0",
+            "type",
+            "dummy",
+        ]);
+        if probe.status.success() {
+            must(&["ip", "-n", &self.a, "link", "del", "swlprobe0"]);
+        }
+        probe.status.success()
+    }
+
+    /// Runs `body` on a thread inside namespace A, on a current-thread tokio runtime.
+    fn run_in_a<T, F, Fut>(&self, body: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+    {
+        let path = format!("/run/netns/{}", self.a);
+        let thread = std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime")
+                .block_on(body())
+        });
+        match thread.join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and with it the peer.
+        let _ = run(&["ip", "netns", "del", &self.a]);
+        let _ = run(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+/// Probes from namespace B whether anything answers ARP for `target` on the veth.
+fn arp_answered(b: &str, veth_b: &str, target: &str) -> bool {
+    let _ = run(&["ip", "-n", b, "neigh", "flush", "dev", veth_b]);
+    run(&[
+        "ip", "netns", "exec", b, "arping", "-c", "1", "-w", "1", "-I", veth_b, target,
+    ])
+    .status
+    .success()
+}
+
+/// Pings `target` over IPv6 from namespace B: a reply needs a neighbor advertisement first.
+fn ns_answered(b: &str, veth_b: &str, target: &str) -> bool {
+    let _ = run(&["ip", "-n", b, "-6", "neigh", "flush", "dev", veth_b]);
+    let pinged = run(&[
+        "ip", "netns", "exec", b, "ping", "-6", "-c", "1", "-W", "1", target,
+    ]);
+    let neigh = must(&["ip", "-n", b, "-6", "neigh", "show", target, "dev", veth_b]);
+    assert_eq!(
+        pinged.status.success(),
+        neigh.contains("lladdr"),
+        "ping and neighbour table disagree about {target}: {neigh}"
+    );
+    pinged.status.success()
+}
+
+/// The global addresses of `dev` in `ns`, as `inet 198.51.100.10/32` lines (link-local ones
+/// change state on their own while DAD runs, so they are left out).
+fn global_addresses(ns: &str, dev: &str) -> Vec<String> {
+    must(&["ip", "-n", ns, "addr", "show", "dev", dev])
+        .lines()
+        .filter(|line| line.contains("scope global"))
+        .map(|line| {
+            line.split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+fn sysctl(ns: &str, iface: &str, name: &str) -> String {
+    let path = format!("/proc/sys/net/ipv4/conf/{iface}/{name}");
+    must(&["ip", "netns", "exec", ns, "cat", &path])
+        .trim()
+        .to_string()
+}
+
+async fn change_within_5s(watch: &mut InterfaceWatch) {
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("a link or route change notification within 5 s")
+        .expect("the watch stays open");
+}
+
+async fn drain(watch: &mut InterfaceWatch) {
+    for _ in 0..20 {
+        if tokio::time::timeout(Duration::from_millis(200), watch.changed())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+#[test]
+fn the_veth_holding_the_route_is_chosen_until_it_turns_noarp_or_down() {
+    if !is_root() {
+        return;
+    }
+    let lab = Lab::new('c');
+    let (a, va) = (lab.a.clone(), lab.veth_a.clone());
+    lab.run_in_a(move || async move {
+        let mut watch = InterfaceWatch::subscribe().expect("subscribe to link and route changes");
+        let (links, routes) = snapshot().await.expect("snapshot");
+        let chosen = choose(ip("198.51.100.50"), None, &links, &routes).expect("an IPv4 choice");
+        assert_eq!(chosen.name, va);
+        assert!(chosen.up && chosen.ethernet && !chosen.noarp && chosen.mac != [0; 6]);
+        assert_eq!(chosen.kind.as_deref(), Some("veth"));
+        let chosen6 = choose(ip("2001:db8:100::50"), None, &links, &routes).expect("IPv6 choice");
+        assert_eq!(chosen6.name, va);
+        assert_eq!(
+            choose(ip("203.0.113.1"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
+        assert_eq!(
+            choose(ip("203.0.113.1"), Some("lo"), &links, &routes),
+            Err(NoInterface::NamedLoopback)
+        );
+
+        // NOARP keeps the route but makes the link unusable: the next best route (none) is tried.
+        drain(&mut watch).await;
+        must(&["ip", "-n", &a, "link", "set", &va, "arp", "off"]);
+        change_within_5s(&mut watch).await;
+        let (links, routes) = snapshot().await.expect("snapshot");
+        assert_eq!(
+            choose(ip("198.51.100.50"), None, &links, &routes),
+            Err(NoInterface::NoUsableRoute)
+        );
+        assert_eq!(
+            choose(ip("198.51.100.50"), Some(&va), &links, &routes),
+            Err(NoInterface::NamedNoArp)
+        );
+        must(&["ip", "-n", &a, "link", "set", &va, "arp", "on"]);
+
+        // Down: the kernel drops the connected routes, and the named link says it is down.
+        drain(&mut watch).await;
+        must(&["ip", "-n", &a, "link", "set", &va, "down"]);
+        change_within_5s(&mut watch).await;
+        let (links, routes) = snapshot().await.expect("snapshot");
+        assert_eq!(
+            choose(ip("198.51.100.50"), None, &links, &routes),
+            Err(NoInterface::NoRoute)
+        );
+        assert_eq!(
+            choose(ip("198.51.100.50"), Some(&va), &links, &routes),
+            Err(NoInterface::NamedDown)
+        );
+
+        // Up again: the choice comes back without a restart.
+        must(&["ip", "-n", &a, "link", "set", &va, "up"]);
+        change_within_5s(&mut watch).await;
+        let mut back = false;
+        for _ in 0..50 {
+            let (links, routes) = snapshot().await.expect("snapshot");
+            if choose(ip("198.51.100.50"), None, &links, &routes).map(|l| l.name.clone())
+                == Ok(va.clone())
+            {
+                back = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(back, "the veth is chosen again after it came back up");
+    });
+}
+
+#[test]
+fn standalone_vips_sit_on_the_holder_while_the_kernel_stays_silent_and_teardown_removes_them() {
+    if !is_root() {
+        return;
+    }
+    let lab = Lab::new('a');
+    let kind = if lab.kernel_has_dummy() {
+        HolderKind::Dummy
+    } else {
+        eprintln!("this kernel has no dummy link type: the VIPs sit on an ifb link instead");
+        HolderKind::Ifb
+    };
+    let (a, b, va, vb) = (
+        lab.a.clone(),
+        lab.b.clone(),
+        lab.veth_a.clone(),
+        lab.veth_b.clone(),
+    );
+    lab.run_in_a(move || async move {
+        let announce = [va.clone()];
+
+        // Control: with the default sysctls the kernel answers ARP on the veth for an address
+        // that sits on another interface (weak host model). This is what arp_ignore must stop.
+        must(&["ip", "-n", &a, "link", "add", "ctl0", "type", kind.as_str()]);
+        must(&["ip", "-n", &a, "link", "set", "ctl0", "up"]);
+        must(&[
+            "ip",
+            "-n",
+            &a,
+            "addr",
+            "add",
+            "198.51.100.11/32",
+            "dev",
+            "ctl0",
+        ]);
+        must(&[
+            "ip",
+            "-n",
+            &a,
+            "addr",
+            "add",
+            "2001:db8:100::11/128",
+            "dev",
+            "ctl0",
+            "nodad",
+        ]);
+        assert!(
+            arp_answered(&b, &vb, "198.51.100.11"),
+            "control: by default the kernel answers ARP for an address on another interface"
+        );
+        // IPv6 needs no sysctl: the kernel answers an NS only for the receiving interface's
+        // own addresses (proxy_ndp is off).
+        assert!(
+            !ns_answered(&b, &vb, "2001:db8:100::11"),
+            "the kernel answered an NS on the veth for an address on another interface"
+        );
+
+        if kind == HolderKind::Ifb {
+            let refused = Addresses::setup("swimlb0", &[], &announce).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(AddressError::KindUnsupported { kind: "dummy", .. })
+                ),
+                "a kernel without dummy gives a typed error: {refused:?}"
+            );
+        }
+        let not_ours = Addresses::setup_with(kind, &va, &[ip("198.51.100.10")], &announce).await;
+        assert!(
+            matches!(&not_ours, Err(AddressError::NotDummy { kind, .. }) if kind == "veth"),
+            "a link of another kind is refused: {not_ours:?}"
+        );
+        must(&["ip", "-n", &a, "link", "show", &va]);
+        assert_eq!(
+            sysctl(&a, &va, "arp_ignore"),
+            "0",
+            "a refused setup changes nothing"
+        );
+
+        let vips = [ip("198.51.100.10"), ip("2001:db8:100::10")];
+        let mut addresses = Addresses::setup_with(kind, "swimlb0", &vips, &announce)
+            .await
+            .expect("setup");
+        let shown = must(&["ip", "-n", &a, "addr", "show", "dev", "swimlb0"]);
+        assert!(shown.contains("inet 198.51.100.10/32"), "{shown}");
+        assert!(shown.contains("inet6 2001:db8:100::10/128"), "{shown}");
+        assert!(shown.contains("nodad"), "{shown}");
+        assert!(shown.contains(",UP"), "{shown}");
+        assert_eq!(sysctl(&a, &va, "arp_ignore"), "1");
+        assert_eq!(sysctl(&a, &va, "arp_announce"), "2");
+
+        assert!(
+            arp_answered(&b, &vb, "198.51.100.1"),
+            "control: the veth's own address"
+        );
+        assert!(
+            !arp_answered(&b, &vb, "198.51.100.10"),
+            "the kernel answered ARP for the VIP"
+        );
+        assert!(
+            !arp_answered(&b, &vb, "198.51.100.11"),
+            "arp_ignore covers every other address"
+        );
+        assert!(
+            ns_answered(&b, &vb, "2001:db8:100::1"),
+            "control: the veth's own IPv6 address"
+        );
+        assert!(
+            !ns_answered(&b, &vb, "2001:db8:100::10"),
+            "the kernel answered an NS for the VIP"
+        );
+
+        // Services can bind the VIPs at once (IPv6 without DAD).
+        for vip in vips {
+            std::net::TcpListener::bind((vip, 0))
+                .unwrap_or_else(|e| panic!("bind a service to {vip}: {e}"));
+        }
+
+        // Reload with the same configuration changes nothing; with a new one it converges.
+        let before = global_addresses(&a, "swimlb0");
+        assert_eq!(before.len(), 2, "{before:?}");
+        addresses
+            .reload(&vips, &announce)
+            .await
+            .expect("reload, same");
+        assert_eq!(global_addresses(&a, "swimlb0"), before);
+        addresses
+            .reload(&[ip("198.51.100.12")], &announce)
+            .await
+            .expect("reload, new set");
+        assert_eq!(global_addresses(&a, "swimlb0"), ["inet 198.51.100.12/32"]);
+        assert_eq!(addresses.vips(), &[ip("198.51.100.12")]);
+
+        // A reload that drops the announcing interface keeps it silent while the VIPs stay;
+        // a sysctl someone reset is set again by the next reload.
+        addresses
+            .reload(&[ip("198.51.100.12")], &[])
+            .await
+            .expect("reload, no interface");
+        assert_eq!(sysctl(&a, &va, "arp_ignore"), "1");
+        assert!(
+            !arp_answered(&b, &vb, "198.51.100.12"),
+            "the kernel answered for a VIP"
+        );
+        must(&[
+            "ip",
+            "netns",
+            "exec",
+            &a,
+            "sh",
+            "-c",
+            &format!("echo 0 > /proc/sys/net/ipv4/conf/{va}/arp_ignore"),
+        ]);
+        addresses
+            .reload(&[ip("198.51.100.12")], &announce)
+            .await
+            .expect("reload, back");
+        assert_eq!(sysctl(&a, &va, "arp_ignore"), "1");
+
+        addresses.teardown().await.expect("teardown");
+        let gone = run(&["ip", "-n", &a, "link", "show", "swimlb0"]);
+        assert!(!gone.status.success(), "the holder link is deleted");
+        assert_eq!(sysctl(&a, &va, "arp_ignore"), "0");
+        assert_eq!(sysctl(&a, &va, "arp_announce"), "0");
+        assert!(
+            arp_answered(&b, &vb, "198.51.100.11"),
+            "with the sysctls restored the kernel answers as before"
+        );
+    });
+}
