@@ -1,8 +1,8 @@
 //! swimlb lab: network namespaces, the membership simulation, the fake Kubernetes API server.
 //!
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
-//! - [`fake_api`]: the fake Kubernetes API server for controller tests.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
+//! - [`fake_api`]: the fake Kubernetes API server for controller tests.
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
@@ -10,8 +10,8 @@
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 
 pub mod demo;
-pub mod fake_api;
 pub mod failover;
+pub mod fake_api;
 pub mod keepalived;
 pub mod netns;
 pub mod probe;
