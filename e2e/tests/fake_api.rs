@@ -1106,9 +1106,12 @@ async fn a_kube_runtime_controller_reconciles_services_against_the_fake_server()
     let ctx = Arc::new(Context {
         client: client.clone(),
     });
-    let controller = Controller::new(services.clone(), watcher::Config::default())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
+    let controller = Controller::new(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .run(reconcile, error_policy, ctx)
+    .for_each(|_| async {});
     let task = tokio::spawn(controller);
     services
         .create(&PostParams::default(), &service("web", json!({})))
