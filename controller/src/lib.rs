@@ -1,1 +1,3 @@
 //! swimlb controller: assigns LoadBalancer Service IPs from address pools.
+
+pub mod allocator;
