@@ -329,6 +329,9 @@ impl RangeState {
     fn lowest_free(&mut self, avoid_buggy: bool) -> Option<u128> {
         let end = self.range.end;
         let mut n = self.cursor;
+        if n > end {
+            return None;
+        }
         let mut used = self.used.range(n..=end).peekable();
         let found = loop {
             if n > end {
@@ -957,3 +960,6 @@ impl Allocator {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;
