@@ -418,24 +418,27 @@ struct Request {
 }
 
 fn annotation(svc: &ServiceView, name: &str) -> Result<Option<String>, AllocationError> {
-    let mut found: Option<(String, String)> = None;
+    let mut found: Option<(&str, &str)> = None;
     for prefix in ANNOTATION_PREFIXES {
-        let key = format!("{prefix}{name}");
-        if let Some(value) = svc.annotations.get(&key) {
-            let value = value.trim().to_string();
-            match &found {
-                Some((first, v)) if *v != value => {
+        let spelled = svc
+            .annotations
+            .iter()
+            .find(|(k, _)| k.strip_prefix(prefix).is_some_and(|rest| rest == name));
+        if let Some((key, value)) = spelled {
+            let value = value.trim();
+            match found {
+                Some((first, v)) if v != value => {
                     return Err(AllocationError::ConflictingAnnotations {
-                        first: first.clone(),
-                        second: key,
+                        first: first.to_string(),
+                        second: key.clone(),
                     });
                 }
                 Some(_) => {}
-                None => found = Some((key, value)),
+                None => found = Some((key.as_str(), value)),
             }
         }
     }
-    Ok(found.map(|(_, v)| v).filter(|v| !v.is_empty()))
+    Ok(found.map(|(_, v)| v.to_string()).filter(|v| !v.is_empty()))
 }
 
 fn parse_ip_list(field: &str, value: &str) -> Result<Vec<IpAddr>, AllocationError> {

@@ -1,3 +1,4 @@
 //! swimlb controller: assigns LoadBalancer Service IPs from address pools.
 
 pub mod allocator;
+pub mod metrics;
