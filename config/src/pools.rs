@@ -717,7 +717,11 @@ mod tests {
 
     #[test]
     fn address_entries_parse_to_inclusive_intervals() {
-        let cases: &[(&str, Result<(Family, &str, &str), &str>)] = &[
+        type Case = (
+            &'static str,
+            Result<(Family, &'static str, &'static str), &'static str>,
+        );
+        let cases: &[Case] = &[
             ("192.0.2.0/24", Ok((Family::V4, "192.0.2.0", "192.0.2.255"))),
             ("192.0.2.7/32", Ok((Family::V4, "192.0.2.7", "192.0.2.7"))),
             ("0.0.0.0/0", Ok((Family::V4, "0.0.0.0", "255.255.255.255"))),
@@ -776,8 +780,7 @@ mod tests {
         ];
         for (entry, want) in cases {
             let got = parse_addresses(entry).map_err(|e| e.to_string());
-            let want = want
-                .clone()
+            let want = (*want)
                 .map(|(f, a, b)| AddressRange {
                     family: f,
                     start: ip_to_u128(a.parse().expect("test address")),

@@ -179,7 +179,12 @@ mod tests {
 
     #[test]
     fn each_operator_matches_as_kubernetes_does() {
-        let cases: &[(LabelSelectorRequirement, &[(&str, &str)], bool)] = &[
+        type Case = (
+            LabelSelectorRequirement,
+            &'static [(&'static str, &'static str)],
+            bool,
+        );
+        let cases: &[Case] = &[
             (expr("app", "In", &["a", "b"]), &[("app", "b")], true),
             (expr("app", "In", &["a", "b"]), &[("app", "c")], false),
             (expr("app", "In", &["a"]), &[], false),
