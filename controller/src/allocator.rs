@@ -929,6 +929,22 @@ impl Allocator {
         true
     }
 
+    /// Releases every Service for which `present` is false (deleted while not watched).
+    /// Returns the released Services, sorted.
+    pub fn release_missing(&mut self, present: impl Fn(&ServiceKey) -> bool) -> Vec<ServiceKey> {
+        let mut gone: Vec<ServiceKey> = self
+            .holdings
+            .keys()
+            .filter(|k| !present(k))
+            .cloned()
+            .collect();
+        gone.sort();
+        for key in &gone {
+            self.release(key);
+        }
+        gone
+    }
+
     /// The addresses a Service holds and their pool.
     pub fn holding(&self, key: &ServiceKey) -> Option<(&str, &[IpAddr])> {
         self.holdings
