@@ -7,10 +7,13 @@
 //! [`FIELD_MANAGER`], records an Event, and updates the metrics. It never holds the allocator
 //! lock across an await. Services of another class are never written to.
 //!
+//! Pool status (assigned and available counts per family) is computed by [`pool_statuses`]
+//! (pure) and written by [`apply_pool_status`].
+//!
 //! Not here yet: the watch loop (Controller with reflectors over Services, Namespaces, pools and
-//! advertisements), leader election, pool status updates, and release on deletion (the loop
-//! must call [`Context::forget`] on a watcher delete event, or [`Context::forget_missing`]
-//! after a resync).
+//! advertisements, calling [`apply_pool_status`] after changes), leader election, and release
+//! on deletion (the loop must call [`Context::forget`] on a watcher delete event, or
+//! [`Context::forget_missing`] after a resync).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,10 +27,11 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use swimlb_config::crd::{IPAddressPool, IPAddressPoolStatus};
 use swimlb_config::pools::Family;
 
 use crate::allocator::{
-    Allocator, IpFamilyPolicy, LoadConflict, NotOurs, Protocol, ServiceKey, ServicePort,
+    Allocator, IpFamilyPolicy, LoadConflict, NotOurs, PoolUsage, Protocol, ServiceKey, ServicePort,
     ServiceView, TrafficPolicy, Verdict,
 };
 use crate::metrics::ControllerMetrics;
@@ -52,6 +56,17 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// The pool status patch failed.
+    #[error("IPAddressPool {namespace}/{name}: status: apply failed: {source}")]
+    ApplyPoolStatus {
+        /// The pool's namespace.
+        namespace: String,
+        /// The pool's name.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
     /// A previous holder of the allocator lock panicked.
     #[error("Service {0}: the allocator lock is poisoned")]
     Poisoned(ServiceKey),
@@ -62,6 +77,7 @@ impl ReconcileError {
     pub fn as_str(&self) -> &'static str {
         match self {
             ReconcileError::ApplyStatus { .. } => "apply_status",
+            ReconcileError::ApplyPoolStatus { .. } => "apply_pool_status",
             ReconcileError::Poisoned(_) => "poisoned",
         }
     }
@@ -242,6 +258,52 @@ async fn publish(ctx: &Context, svc: &Service, type_: EventType, reason: &str, n
     if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
         tracing::warn!(service = %svc.name_any(), error = %e, "cannot publish event");
     }
+}
+
+fn saturate(n: u128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The status of every pool from the allocator's usage (pure): assigned and available
+/// addresses per family, saturated at `i64::MAX`.
+pub fn pool_statuses(usage: &[PoolUsage]) -> BTreeMap<String, IPAddressPoolStatus> {
+    let mut out: BTreeMap<String, IPAddressPoolStatus> = BTreeMap::new();
+    for u in usage {
+        let status = out.entry(u.pool.clone()).or_default();
+        let (assigned, available) = (
+            saturate(u.in_use),
+            saturate(u.size.saturating_sub(u.in_use)),
+        );
+        match u.family {
+            Family::V4 => (status.assigned_ipv4, status.available_ipv4) = (assigned, available),
+            Family::V6 => (status.assigned_ipv6, status.available_ipv6) = (assigned, available),
+        }
+    }
+    out
+}
+
+/// Writes a pool's status by server-side apply with [`FIELD_MANAGER`].
+pub async fn apply_pool_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    status: &IPAddressPoolStatus,
+) -> Result<(), ReconcileError> {
+    let api: Api<IPAddressPool> = Api::namespaced(client.clone(), namespace);
+    let body = json!({
+        "apiVersion": "swimlb.io/v1beta1",
+        "kind": "IPAddressPool",
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(name, &params, &Patch::Apply(body))
+        .await
+        .map(|_| ())
+        .map_err(|source| ReconcileError::ApplyPoolStatus {
+            namespace: namespace.into(),
+            name: name.into(),
+            source,
+        })
 }
 
 /// Decides and writes one Service's addresses.

@@ -341,3 +341,74 @@ async fn loading_existing_services_reports_conflicts_and_forget_missing_releases
     let gone = ctx.forget_missing(&store).expect("lock");
     assert_eq!(gone, vec![ServiceKey::new("default", "a")]);
 }
+
+#[test]
+fn pool_statuses_count_assigned_and_available_per_family() {
+    let usage = vec![
+        PoolUsage {
+            pool: "a".into(),
+            family: Family::V4,
+            size: 254,
+            in_use: 4,
+        },
+        PoolUsage {
+            pool: "a".into(),
+            family: Family::V6,
+            size: u128::MAX,
+            in_use: 1,
+        },
+        PoolUsage {
+            pool: "b".into(),
+            family: Family::V4,
+            size: 0,
+            in_use: 0,
+        },
+    ];
+    let statuses = pool_statuses(&usage);
+    assert_eq!(
+        statuses["a"],
+        IPAddressPoolStatus {
+            assigned_ipv4: 4,
+            available_ipv4: 250,
+            assigned_ipv6: 1,
+            available_ipv6: i64::MAX
+        }
+    );
+    assert_eq!(statuses["b"], IPAddressPoolStatus::default());
+}
+
+#[tokio::test]
+async fn a_pool_status_is_written_by_server_side_apply() {
+    let (ctx, mut handle, _registry) = context(&["192.0.2.0/30"]);
+    let status = IPAddressPoolStatus {
+        assigned_ipv4: 1,
+        available_ipv4: 3,
+        ..Default::default()
+    };
+    let client = ctx.client.clone();
+    let task =
+        tokio::spawn(
+            async move { apply_pool_status(&client, "swimlb-system", "p", &status).await },
+        );
+    let (request, send) = handle.next_request().await.expect("a pool status apply");
+    assert_eq!(request.method(), Method::PATCH);
+    let uri = request.uri().to_string();
+    assert!(
+        uri.starts_with(
+            "/apis/swimlb.io/v1beta1/namespaces/swimlb-system/ipaddresspools/p/status?"
+        ),
+        "{uri}"
+    );
+    assert!(uri.contains("fieldManager=swimlb-controller"), "{uri}");
+    let body = body_json(request).await;
+    assert_eq!(
+        body["status"],
+        json!({"assignedIPv4": 1, "assignedIPv6": 0, "availableIPv4": 3, "availableIPv6": 0})
+    );
+    let mut pool = IPAddressPool::new("p", IPAddressPoolSpec::default());
+    pool.metadata.namespace = Some("swimlb-system".into());
+    send.send_response(Response::new(Body::from(
+        serde_json::to_vec(&pool).expect("serializable"),
+    )));
+    task.await.expect("joins").expect("applied");
+}
