@@ -12,6 +12,8 @@
 //! no address belongs to two pools or twice to one pool; when two pools overlap, the one that
 //! sorts later by (namespace, name) is rejected. An advertisement with no pool names and no pool
 //! selectors covers every pool; one naming a pool that does not exist is rejected.
+//! Overlaps are checked against accepted pools only, so a rejected pool never causes another
+//! rejection.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -522,8 +524,7 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
             ),
         });
         if own.is_empty() {
-            let (mut rs, fields): (Vec<_>, Vec<_>) = sorted.into_iter().unzip();
-            rs.dedup();
+            let (rs, fields): (Vec<_>, Vec<_>) = sorted.into_iter().unzip();
             candidates.push((
                 Pool {
                     name,
@@ -541,52 +542,47 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
         }
     }
 
-    // Overlaps between pools: sweep all ranges sorted by (family, start); a range that starts
-    // at or before the furthest end seen so far overlaps the range that reached that end. The
-    // pool that sorts later is rejected.
-    let mut all: Vec<(AddressRange, usize, usize)> = Vec::new();
-    for (p, (pool, _)) in candidates.iter().enumerate() {
-        for (r, range) in pool.ranges.iter().enumerate() {
-            all.push((*range, p, r));
+    // Overlaps between pools: pools are taken in (namespace, name) order, and one that
+    // overlaps an already accepted pool is rejected (so a rejected pool never causes another
+    // rejection). Accepted ranges are kept by (family, start); two accepted ranges never
+    // overlap, so the one starting at or before a range's end, nearest to it, is the only
+    // candidate to check.
+    let mut accepted: BTreeMap<(Family, u128), (u128, usize)> = BTreeMap::new();
+    let mut model = Model::default();
+    for (i, (pool, fields)) in candidates.iter().enumerate() {
+        let mut overlap = None;
+        for (range, field) in pool.ranges.iter().zip(fields) {
+            let hit = accepted
+                .range((range.family, 0)..=(range.family, range.end))
+                .next_back()
+                .filter(|(_, (end, _))| *end >= range.start);
+            if let Some((&(family, start), &(end, owner))) = hit {
+                let other = AddressRange { family, start, end };
+                overlap = Some((field.clone(), *range, owner, other));
+                break;
+            }
         }
-    }
-    all.sort();
-    let mut rejected: BTreeMap<usize, ConfigError> = BTreeMap::new();
-    let mut reach: Option<(AddressRange, usize, usize)> = None;
-    for &(range, p, r) in &all {
-        if let Some((prev, pp, pr)) = reach
-            && prev.family == range.family
-            && range.start <= prev.end
-            && pp != p
-        {
-            let ((lp, lr, lrange), (ep, _er, erange)) = if p > pp {
-                ((p, r, range), (pp, pr, prev))
-            } else {
-                ((pp, pr, prev), (p, r, range))
-            };
-            let (later, _) = &candidates[lp];
-            rejected.entry(lp).or_insert_with(|| ConfigError {
-                kind: ObjectKind::IPAddressPool,
-                namespace: later.namespace.clone(),
-                name: later.name.clone(),
-                field: candidates[lp]
-                    .1
-                    .get(lr)
-                    .cloned()
-                    .unwrap_or_else(|| "spec.addresses".into()),
-                problem: Problem::PoolOverlap {
-                    range: lrange.to_string(),
-                    pool: format!("{}/{}", candidates[ep].0.namespace, candidates[ep].0.name),
-                    other: erange.to_string(),
-                },
-            });
-        }
-        let extend = match reach {
-            Some((prev, _, _)) => prev.family != range.family || range.end > prev.end,
-            None => true,
-        };
-        if extend {
-            reach = Some((range, p, r));
+        match overlap {
+            Some((field, range, owner, other)) => {
+                let owner = &candidates[owner].0;
+                errors.push(ConfigError {
+                    kind: ObjectKind::IPAddressPool,
+                    namespace: pool.namespace.clone(),
+                    name: pool.name.clone(),
+                    field,
+                    problem: Problem::PoolOverlap {
+                        range: range.to_string(),
+                        pool: format!("{}/{}", owner.namespace, owner.name),
+                        other: other.to_string(),
+                    },
+                });
+            }
+            None => {
+                for range in &pool.ranges {
+                    accepted.insert((range.family, range.start), (range.end, i));
+                }
+                model.pools.insert(pool.name.clone(), pool.clone());
+            }
         }
     }
     let all_pool_names: BTreeSet<String> = pools
@@ -602,15 +598,6 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
             ))
         })
         .collect();
-    let mut model = Model::default();
-    for (i, (pool, _)) in candidates.into_iter().enumerate() {
-        match rejected.remove(&i) {
-            Some(e) => errors.push(e),
-            None => {
-                model.pools.insert(pool.name.clone(), pool);
-            }
-        }
-    }
 
     let mut advs: Vec<&L2Advertisement> = advertisements.iter().collect();
     advs.sort_by(|a, b| {
@@ -923,6 +910,76 @@ mod tests {
         let rejected: Vec<&str> = v.errors.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(rejected, vec!["b", "c"]);
         assert_eq!(v.model.pools.keys().collect::<Vec<_>>(), vec!["a", "d"]);
+    }
+
+    #[test]
+    fn a_rejected_pool_does_not_cause_another_rejection() {
+        // a overlaps b, b overlaps c, a and c are disjoint: only b is rejected.
+        let v = validate(
+            &[
+                pool("a", &["192.0.2.0-192.0.2.10"]),
+                pool("b", &["192.0.2.5-192.0.2.20"]),
+                pool("c", &["192.0.2.15-192.0.2.30", "2001:db8::/64"]),
+            ],
+            &[],
+        );
+        assert_eq!(
+            messages(&v),
+            vec![
+                "IPAddressPool default/b: spec.addresses[0]: 192.0.2.5-192.0.2.20 overlaps pool default/a (192.0.2.0-192.0.2.10)"
+            ]
+        );
+        assert_eq!(v.model.pools.keys().collect::<Vec<_>>(), vec!["a", "c"]);
+    }
+
+    #[test]
+    fn accepted_pools_never_overlap_and_a_rejected_pool_overlaps_an_accepted_one() {
+        // Deterministic pseudo-random pools of small ranges in 192.0.2.0/24.
+        let mut seed: u64 = 6;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..200 {
+            let pools: Vec<IPAddressPool> = (0..5)
+                .map(|i| {
+                    let a = next(250);
+                    let b = a + next(6);
+                    pool(&format!("p{i}"), &[&format!("192.0.2.{a}-192.0.2.{b}")])
+                })
+                .collect();
+            let v = validate(&pools, &[]);
+            let ranges: Vec<&AddressRange> =
+                v.model.pools.values().flat_map(|p| &p.ranges).collect();
+            for (i, x) in ranges.iter().enumerate() {
+                for y in &ranges[i + 1..] {
+                    assert!(
+                        x.end < y.start || y.end < x.start,
+                        "accepted {x} and {y} overlap"
+                    );
+                }
+            }
+            for e in &v.errors {
+                let rejected = parse_addresses(
+                    &pools
+                        .iter()
+                        .find(|p| p.metadata.name.as_deref() == Some(&e.name))
+                        .expect("named")
+                        .spec
+                        .addresses[0],
+                )
+                .expect("valid");
+                assert!(
+                    ranges
+                        .iter()
+                        .any(|r| !(rejected.end < r.start || r.end < rejected.start)),
+                    "{} was rejected without overlapping an accepted pool",
+                    e.name
+                );
+            }
+        }
     }
 
     #[test]
