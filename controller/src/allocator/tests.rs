@@ -756,14 +756,80 @@ enum Op {
     Release {
         service: u8,
     },
+    /// Switch between the wide and the narrow pool set.
+    Reconfigure {
+        narrow: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u8..24, proptest::option::of(0u8..20), proptest::option::of(0u8..2), 0u8..3)
+        6 => (0u8..24, proptest::option::of(0u8..20), proptest::option::of(0u8..2), 0u8..3)
             .prop_map(|(service, requested, key, port)| Op::Assign { service, requested, key, port }),
-        1 => (0u8..24).prop_map(|service| Op::Release { service }),
+        2 => (0u8..24).prop_map(|service| Op::Release { service }),
+        1 => any::<bool>().prop_map(|narrow| Op::Reconfigure { narrow }),
     ]
+}
+
+fn pools_for(narrow: bool) -> swimlb_config::pools::Model {
+    let pools = if narrow {
+        vec![
+            pool("p", &["192.0.2.0/29"]),
+            buggy(pool("q", &["192.0.2.8/30"])),
+        ]
+    } else {
+        vec![pool("p", &["192.0.2.0/28"])]
+    };
+    validate(&pools, &[]).into_result().expect("valid pools")
+}
+
+/// The internal indexes agree: every held address is indexed under its holders, the used sets
+/// hold exactly the addresses with holders inside the pools, and the cursors are below every
+/// free address.
+fn assert_consistent(a: &Allocator) {
+    for (key, h) in &a.holdings {
+        for ip in &h.ips {
+            assert!(
+                a.holders(*ip).contains(key),
+                "{key} holds {ip} but is not indexed"
+            );
+        }
+    }
+    for (ip, holders) in &a.holders {
+        assert!(!holders.is_empty(), "{ip} indexed without holders");
+        for k in holders {
+            assert!(
+                a.holdings.get(k).is_some_and(|h| h.ips.contains(ip)),
+                "{ip} indexed under {k}"
+            );
+        }
+    }
+    for state in a.pools.values() {
+        for r in &state.ranges {
+            for n in &r.used {
+                assert!(
+                    a.holders.contains_key(&u128_to_ip(r.range.family, *n)),
+                    "used {n} without holder"
+                );
+            }
+            let held = a.holders.keys().filter(|ip| r.range.contains(**ip)).count();
+            assert_eq!(
+                r.used.len(),
+                held,
+                "used set of {} disagrees with holders",
+                r.range
+            );
+            let lowest_unused = (r.range.start..=r.range.end).find(|n| !r.used.contains(n));
+            if let Some(n) = lowest_unused {
+                assert!(
+                    r.cursor <= n,
+                    "cursor {} above the free {n} in {}",
+                    r.cursor,
+                    r.range
+                );
+            }
+        }
+    }
 }
 
 fn view(service: u8, requested: Option<u8>, key: Option<u8>, port: u8) -> ServiceView {
@@ -798,6 +864,7 @@ fn apply(a: &mut Allocator, ops: &[Op]) -> Vec<String> {
                     a.release(&ServiceKey::new("default", format!("s{service}")))
                 ));
             }
+            Op::Reconfigure { narrow } => a.set_pools(&pools_for(*narrow)),
         }
     }
     log
@@ -821,7 +888,9 @@ proptest! {
                     a.release(&ServiceKey::new("default", format!("s{service}")));
                     views.remove(service);
                 }
+                Op::Reconfigure { narrow } => a.set_pools(&pools_for(*narrow)),
             }
+            assert_consistent(&a);
             for n in 0..16u8 {
                 let holders = a.holders(ip(&format!("192.0.2.{n}")));
                 for (i, x) in holders.iter().enumerate() {
