@@ -72,16 +72,16 @@ pub struct ServiceAllocation {
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressPoolStatus {
     /// IPv4 addresses assigned to Services.
-    #[serde(rename = "assignedIPv4")]
+    #[serde(default, rename = "assignedIPv4")]
     pub assigned_ipv4: i64,
     /// IPv6 addresses assigned to Services.
-    #[serde(rename = "assignedIPv6")]
+    #[serde(default, rename = "assignedIPv6")]
     pub assigned_ipv6: i64,
     /// IPv4 addresses still free (saturated at `i64::MAX`).
-    #[serde(rename = "availableIPv4")]
+    #[serde(default, rename = "availableIPv4")]
     pub available_ipv4: i64,
     /// IPv6 addresses still free (saturated at `i64::MAX`).
-    #[serde(rename = "availableIPv6")]
+    #[serde(default, rename = "availableIPv6")]
     pub available_ipv6: i64,
 }
 
