@@ -51,7 +51,11 @@ fn bench(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("assign_10k_services_from_a_slash16", |b| {
         b.iter_batched(
-            || Allocator::new(None, &model),
+            || {
+                let mut a = Allocator::new(None, &model);
+                a.load_existing(&[]);
+                a
+            },
             |mut a| {
                 for s in &services {
                     let v = a.assign(s);
@@ -64,6 +68,7 @@ fn bench(c: &mut Criterion) {
         )
     });
     let mut assigned = Allocator::new(None, &model);
+    assigned.load_existing(&[]);
     let with_status: Vec<ServiceView> = services
         .iter()
         .map(|s| {

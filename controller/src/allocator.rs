@@ -24,7 +24,8 @@
 //!   selector.
 //! - An error leaves the Service without addresses (it released what it held).
 //!
-//! Guarantees: an address is held by at most one Service unless all its holders may share it;
+//! Guarantees: nothing is assigned before [`Allocator::load_existing`] has run (a restart never
+//! hands out an address an existing Service shows); an address is held by at most one Service unless all its holders may share it;
 //! [`Allocator::load_existing`] rebuilds state from Service statuses without handing any address
 //! twice; the same inputs in the same order give the same outputs. Finding the lowest free
 //! address costs O(log n) amortised: each range keeps the set of used offsets and a cursor below
@@ -245,6 +246,9 @@ pub enum Verdict {
     Unchanged,
     /// Not served by this allocator; anything it held is released (clear a status we wrote).
     NotOurs(NotOurs),
+    /// Existing assignments are not loaded yet ([`Allocator::load_existing`]): nothing changed,
+    /// try again later.
+    NotLoaded,
     /// No addresses; anything it held is released.
     Error(AllocationError),
 }
@@ -256,6 +260,7 @@ impl Verdict {
             Verdict::Assigned { .. } => "assigned",
             Verdict::Unchanged => "unchanged",
             Verdict::NotOurs(_) => "not_ours",
+            Verdict::NotLoaded => "not_loaded",
             Verdict::Error(_) => "error",
         }
     }
@@ -407,6 +412,8 @@ pub struct Allocator {
     holders: HashMap<IpAddr, Vec<ServiceKey>>,
     /// Sharing key -> addresses held under it.
     shared: HashMap<String, BTreeSet<IpAddr>>,
+    /// Whether [`Allocator::load_existing`] has run; until then nothing is assigned.
+    loaded: bool,
 }
 
 /// What a Service asks for, parsed from its fields and annotations.
@@ -566,7 +573,8 @@ fn families_match(svc: &ServiceView, ips: &[IpAddr]) -> Result<(), AllocationErr
 
 impl Allocator {
     /// An allocator serving Services whose `loadBalancerClass` equals `class` (`None`: Services
-    /// without a class), with the pools of `model`.
+    /// without a class), with the pools of `model`. It assigns nothing until
+    /// [`Allocator::load_existing`] has run.
     pub fn new(class: Option<String>, model: &Model) -> Self {
         let mut a = Self {
             class,
@@ -619,6 +627,7 @@ impl Allocator {
             .collect();
         ordered.sort_by(|a, b| a.key.cmp(&b.key));
         let mut conflicts = Vec::new();
+        self.loaded = true;
         for svc in ordered {
             if self.not_ours(svc).is_some() {
                 continue;
@@ -637,6 +646,9 @@ impl Allocator {
 
     /// Decides the addresses of a Service, updating what it holds.
     pub fn assign(&mut self, svc: &ServiceView) -> Verdict {
+        if !self.loaded {
+            return Verdict::NotLoaded;
+        }
         if let Some(reason) = self.not_ours(svc) {
             self.release(&svc.key);
             return Verdict::NotOurs(reason);

@@ -333,6 +333,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
             Ok(Action::await_change())
         }
         Verdict::NotOurs(_) => Ok(Action::await_change()),
+        Verdict::NotLoaded => Ok(Action::requeue(RETRY_AFTER_ERROR)),
         Verdict::Error(error) => {
             ctx.metrics.count_error(&error);
             if !view.status_ips.is_empty() {

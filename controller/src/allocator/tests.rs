@@ -41,7 +41,9 @@ fn allocator(pools: Vec<IPAddressPool>) -> Allocator {
     let model = validate(&pools, &[])
         .into_result()
         .expect("test pools are valid");
-    Allocator::new(None, &model)
+    let mut a = Allocator::new(None, &model);
+    assert!(a.load_existing(&[]).is_empty());
+    a
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -590,6 +592,7 @@ fn a_service_that_stops_being_ours_releases_its_address() {
         .into_result()
         .expect("valid");
     let mut classy = Allocator::new(Some("swimlb.io/l2".into()), &model);
+    classy.load_existing(&[]);
     check(&mut classy, 0, &svc("s1"), &NotOurs("other_class"));
     check(
         &mut classy,
@@ -645,6 +648,19 @@ fn a_service_keeps_a_valid_address_and_moves_off_an_invalid_one() {
         a.holding(&ServiceKey::new("default", "s9")),
         Some(("a", &ips(&["192.0.2.1"])[..]))
     );
+}
+
+#[test]
+fn nothing_is_assigned_before_existing_assignments_are_loaded() {
+    let model = validate(&[pool("p", &["192.0.2.0/30"])], &[])
+        .into_result()
+        .expect("valid");
+    let mut a = Allocator::new(None, &model);
+    assert_eq!(a.assign(&svc("early")), Verdict::NotLoaded);
+    assert!(a.holding(&ServiceKey::new("default", "early")).is_none());
+    // The load restores the existing holder first, so the early Service cannot take its address.
+    a.load_existing(&[svc("old").status(&["192.0.2.0"])]);
+    check(&mut a, 0, &svc("early"), &Want::Ips(&["192.0.2.1"]));
 }
 
 #[test]

@@ -41,9 +41,11 @@ fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
     pool.metadata.namespace = Some("swimlb-system".into());
     let model = validate(&[pool], &[]).into_result().expect("valid pool");
     let mut registry = Registry::default();
+    let mut allocator = Allocator::new(None, &model);
+    allocator.load_existing(&[]);
     let ctx = Context {
         client: client.clone(),
-        allocator: Arc::new(Mutex::new(Allocator::new(None, &model))),
+        allocator: Arc::new(Mutex::new(allocator)),
         namespaces: Writer::<Namespace>::default().as_reader(),
         recorder: Recorder::new(
             client,
@@ -411,4 +413,16 @@ async fn a_pool_status_is_written_by_server_side_apply() {
         serde_json::to_vec(&pool).expect("serializable"),
     )));
     task.await.expect("joins").expect("applied");
+}
+
+#[tokio::test]
+async fn before_the_load_a_service_is_retried_without_any_api_call() {
+    let (ctx, handle, _registry) = context(&["192.0.2.0/30"]);
+    drop(handle);
+    let model = validate(&[], &[]).into_result().expect("valid");
+    *ctx.allocator.lock().expect("lock") = Allocator::new(None, &model);
+    let action = reconcile(Arc::new(lb("web", json!({}))), ctx)
+        .await
+        .expect("no API call");
+    assert_eq!(action, Action::requeue(RETRY_AFTER_ERROR));
 }
