@@ -1020,3 +1020,41 @@ mod tests {
         assert!(!pool.admits("prod", &none, &none));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, rng_seed: proptest::test_runner::RngSeed::Fixed(6), ..ProptestConfig::default() })]
+
+        #[test]
+        fn parsing_any_text_never_panics(text in "\\PC{0,40}") {
+            let _ = parse_addresses(&text);
+        }
+
+        #[test]
+        fn parsing_address_like_text_never_panics(text in "[0-9a-f:./ -]{0,45}") {
+            let _ = parse_addresses(&text);
+        }
+
+        #[test]
+        fn a_cidr_covers_exactly_its_network(addr in any::<u32>(), len in 0u32..=32) {
+            let mask: u32 = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            let network = Ipv4Addr::from(addr & mask);
+            let r = parse_addresses(&format!("{network}/{len}")).expect("a network parses");
+            prop_assert_eq!(r.family, Family::V4);
+            prop_assert_eq!(r.start, u128::from(addr & mask));
+            prop_assert_eq!(r.len(), 1u128 << (32 - len));
+            prop_assert!(r.contains(IpAddr::V4(Ipv4Addr::from(addr))));
+        }
+
+        #[test]
+        fn a_range_round_trips_through_its_display(a in any::<u128>(), b in any::<u128>()) {
+            let (start, end) = (a.min(b), a.max(b));
+            let r = AddressRange { family: Family::V6, start, end };
+            prop_assert_eq!(parse_addresses(&r.to_string()), Ok(r));
+        }
+    }
+}

@@ -956,3 +956,37 @@ proptest! {
         prop_assert_eq!(apply(&mut first, &ops), apply(&mut second, &ops));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, rng_seed: proptest::test_runner::RngSeed::Fixed(7), ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_annotation_or_field_text_gets_a_verdict_without_panicking(
+        ip_text in "[0-9a-f:., ]{0,40}",
+        pool_name in "[a-z]{0,3}",
+        key in "[a-z]{0,2}",
+        families in proptest::collection::vec(prop_oneof![Just(Family::V4), Just(Family::V6)], 0..3),
+        policy in prop_oneof![
+            Just(IpFamilyPolicy::SingleStack),
+            Just(IpFamilyPolicy::PreferDualStack),
+            Just(IpFamilyPolicy::RequireDualStack)
+        ],
+    ) {
+        let mut a = allocator(vec![pool("p", &["192.0.2.0/30", "2001:db8::/126"]), buggy(pool("q", &["198.51.100.0/31"]))]);
+        let s = svc("x")
+            .annotate(IPS, &ip_text)
+            .annotate("metallb.io/address-pool", &pool_name)
+            .annotate(SHARE, &key)
+            .families(policy, &families);
+        let verdict = a.assign(&s);
+        let again = a.assign(&s);
+        match verdict {
+            Verdict::Assigned { ips, .. } => {
+                prop_assert!(!ips.is_empty());
+                prop_assert!(matches!(again, Verdict::Assigned { .. }), "a repeated request keeps its addresses");
+            }
+            Verdict::Error(_) => prop_assert!(a.holding(&s.key).is_none()),
+            other => prop_assert!(false, "unexpected {other:?}"),
+        }
+    }
+}
