@@ -446,8 +446,13 @@ pub fn run(
     for trial in 1..=options.trials {
         let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
         let owner = wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+        // A quiet second with a steady owner before the fault: any owner change in it is a false
+        // failover. (Changes before the owner was steady are the previous trial's old owner
+        // coming back, which may legitimately take its VIP back.)
+        let steady_from = prober.snapshot().len();
+        std::thread::sleep(Duration::from_secs(1));
         let quiet = prober.snapshot();
-        false_failovers += probe::owner_changes(&quiet);
+        false_failovers += probe::owner_changes(&quiet[steady_from.saturating_sub(1)..]);
         let index = lab
             .nodes
             .iter()

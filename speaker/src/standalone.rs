@@ -49,6 +49,19 @@ use crate::snapshot::{Interface, ServedIp, Snapshot};
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a conflict is answered with a burst, further conflicts for that IP are only counted
+/// for this long.
+pub const CONFLICT_HOLDOFF: Duration = Duration::from_secs(1);
+/// A conflict for one IP is logged at most once per this interval.
+pub const CONFLICT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When a conflict for one IP was last answered and last logged.
+#[derive(Debug, Clone, Copy)]
+struct ConflictGuard {
+    reannounced: Option<Instant>,
+    logged: Option<Instant>,
+}
+
 /// Name of the interface holding the VIPs.
 pub const HOLDER_NAME: &str = addresses::DEFAULT_DUMMY_NAME;
 
@@ -395,6 +408,7 @@ pub async fn run(
         false,
     );
 
+    let mut conflict_guard: BTreeMap<IpAddr, ConflictGuard> = BTreeMap::new();
     // The drain, once started: successors still to be seen, and the deadline.
     let mut draining: Option<(Instant, BTreeSet<IpAddr>)> = None;
 
@@ -496,9 +510,20 @@ pub async fn run(
                     }
                     continue;
                 }
-                tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
-                let effects = announcer.conflict(Instant::now(), conflict.ip);
-                apply(&effects, &placement, &mut answering);
+                // Two owners (a partition healing) each see the other's announcements as
+                // conflicts: answering each one with a burst would feed a storm. One burst per
+                // IP per hold-off, and one log line per IP per log interval.
+                let now = Instant::now();
+                let guard = conflict_guard.entry(conflict.ip).or_insert(ConflictGuard { reannounced: None, logged: None });
+                if guard.logged.is_none_or(|t| now >= t + CONFLICT_LOG_INTERVAL) {
+                    guard.logged = Some(now);
+                    tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
+                }
+                if guard.reannounced.is_none_or(|t| now >= t + CONFLICT_HOLDOFF) {
+                    guard.reannounced = Some(now);
+                    let effects = announcer.conflict(now, conflict.ip);
+                    apply(&effects, &placement, &mut answering);
+                }
             }
             changed = link_watch.changed() => {
                 if let Err(e) = changed {
