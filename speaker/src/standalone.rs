@@ -315,7 +315,11 @@ pub async fn run(
     // The kernel must never answer for a VIP: sysctls and addresses before any responder.
     let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
     let mut holder = match Addresses::setup(HOLDER_NAME, &vips, &announce_ifaces).await {
-        Err(addresses::Error::KindUnsupported { .. }) => {
+        // No dummy driver, or a holder a previous run (on such a kernel) left behind.
+        Err(addresses::Error::KindUnsupported { .. })
+        | Err(addresses::Error::NotDummy { kind: _, .. })
+            if holder_is_ifb_or_missing().await =>
+        {
             tracing::warn!(
                 holder = HOLDER_NAME,
                 "this kernel has no dummy links: holding the VIPs on an ifb link"
@@ -652,6 +656,18 @@ pub async fn run(
     holder.teardown().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Whether the holder link is absent or an ifb link (ours, from a run on a kernel without the
+/// dummy driver). Any other link of that name is not ours to take over.
+async fn holder_is_ifb_or_missing() -> bool {
+    match interfaces::snapshot().await {
+        Ok((links, _)) => match links.iter().find(|l| l.name == HOLDER_NAME) {
+            None => true,
+            Some(l) => l.kind.as_deref() == Some("ifb"),
+        },
+        Err(_) => false,
+    }
 }
 
 fn reload_config(path: &Path) -> Result<Standalone, String> {
