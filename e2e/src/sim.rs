@@ -130,8 +130,8 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     };
     let mut net = SimNet::new(opts.seed, links);
     let mut bumps = vec![1u64; n];
-    for i in 0..n {
-        let core = new_core(opts, i, bumps[i], net.now())?;
+    for (i, bump) in bumps.iter().enumerate() {
+        let core = new_core(opts, i, *bump, net.now())?;
         net.start(i, core);
     }
 
