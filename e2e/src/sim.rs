@@ -193,6 +193,19 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
             }
         }
         if left > 0 {
+            if std::env::var_os("SIM_DEBUG").is_some() {
+                for (i, w) in waiting.iter().enumerate() {
+                    if *w {
+                        let c = net.core(i);
+                        eprintln!(
+                            "t={:?} victim {victim_name} still alive at node {i}: {:?} {:?}",
+                            net.now(),
+                            c.map(|c| c.phase()),
+                            c.map(|c| c.debug_member(&victim_name))
+                        );
+                    }
+                }
+            }
             undetected += 1;
             samples_ms.push(cap.as_secs_f64() * 1e3);
         } else {

@@ -66,10 +66,12 @@ pub struct Timing {
     /// How many times each update is piggybacked before it is dropped (at least; see
     /// `scale_with_members`).
     pub max_transmissions: u8,
-    /// Scale suspicion and transmissions with the number of members, as memberlist does:
-    /// suspicion x max(1, log10 n), transmissions at least ceil(4 x log10(n + 1)). The core
-    /// re-applies them as members come and go.
-    pub scale_with_members: bool,
+    /// Scale the suspicion timeout with the number of members, as memberlist does:
+    /// suspicion x max(1, log10 n). The core re-applies it as members come and go.
+    pub scale_suspicion: bool,
+    /// Raise transmissions with the number of members, as memberlist does: at least
+    /// ceil(4 x log10(n + 1)).
+    pub scale_transmissions: bool,
     /// After a failed probe, tell the suspect at once (it then refutes before the suspicion
     /// times out) instead of waiting for the gossip to reach it.
     pub notify_suspects: bool,
@@ -108,7 +110,8 @@ impl Timing {
             indirect_probes: 3,
             suspect_to_down_after: Duration::from_millis(150),
             max_transmissions: 8,
-            scale_with_members: true,
+            scale_suspicion: true,
+            scale_transmissions: true,
             notify_suspects: true,
             gossip_period: Duration::from_millis(40),
             gossip_fanout: 3,
@@ -130,7 +133,8 @@ impl Timing {
             indirect_probes: 3,
             suspect_to_down_after: Duration::from_secs(4),
             max_transmissions: 4,
-            scale_with_members: true,
+            scale_suspicion: true,
+            scale_transmissions: true,
             notify_suspects: true,
             gossip_period: Duration::from_millis(200),
             gossip_fanout: 3,
@@ -289,7 +293,8 @@ mod tests {
         assert_eq!(lan.scaled(3), (Duration::from_secs(4), 4));
         assert_eq!(lan.scaled(1000), (Duration::from_secs(12), 13));
         let mut fixed = Timing::fast();
-        fixed.scale_with_members = false;
+        fixed.scale_suspicion = false;
+        fixed.scale_transmissions = false;
         assert_eq!(
             fixed.scaled(1000),
             (fixed.suspect_to_down_after, fixed.max_transmissions)
