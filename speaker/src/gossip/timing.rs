@@ -61,10 +61,10 @@ pub struct Timing {
     /// Members asked to probe indirectly (and fan-out of foca's own gossip calls).
     pub indirect_probes: usize,
     /// How long a suspect stays alive before it is declared down (for up to 10 members; see
-    /// `scale_with_members`).
+    /// `scale_suspicion`).
     pub suspect_to_down_after: Duration,
     /// How many times each update is piggybacked before it is dropped (at least; see
-    /// `scale_with_members`).
+    /// `scale_transmissions`).
     pub max_transmissions: u8,
     /// Scale the suspicion timeout with the number of members, as memberlist does:
     /// suspicion x max(1, log10 n). The core re-applies it as members come and go.
@@ -196,15 +196,21 @@ impl Timing {
 
     /// Suspicion timeout and transmissions for `members` known members (self included).
     pub fn scaled(&self, members: usize) -> (Duration, u8) {
-        if !self.scale_with_members {
-            return (self.suspect_to_down_after, self.max_transmissions);
-        }
-        let log = (members.max(1) as f64).log10().max(1.0);
-        let suspicion = self.suspect_to_down_after.mul_f64(log);
-        let transmissions = (4.0 * ((members + 1) as f64).log10())
-            .ceil()
-            .clamp(1.0, 255.0) as u8;
-        (suspicion, self.max_transmissions.max(transmissions))
+        let suspicion = if self.scale_suspicion {
+            let log = (members.max(1) as f64).log10().max(1.0);
+            self.suspect_to_down_after.mul_f64(log)
+        } else {
+            self.suspect_to_down_after
+        };
+        let transmissions = if self.scale_transmissions {
+            let wanted = (4.0 * ((members + 1) as f64).log10())
+                .ceil()
+                .clamp(1.0, 255.0) as u8;
+            self.max_transmissions.max(wanted)
+        } else {
+            self.max_transmissions
+        };
+        (suspicion, transmissions)
     }
 
     /// The foca configuration for these timings with `members` known members, after
