@@ -105,15 +105,18 @@ impl Timing {
     /// with no false downs at 5 % loss.
     pub fn fast() -> Timing {
         Timing {
-            probe_period: Duration::from_millis(120),
-            probe_rtt: Duration::from_millis(40),
+            probe_period: Duration::from_millis(80),
+            probe_rtt: Duration::from_millis(30),
             indirect_probes: 3,
-            suspect_to_down_after: Duration::from_millis(150),
+            suspect_to_down_after: Duration::from_millis(100),
             max_transmissions: 8,
-            scale_suspicion: true,
+            // A flat, short suspicion is safe because suspects are told at once and refute
+            // while the suspicion spreads (measured: no false down at 5 % loss, 600 s, 100
+            // members); scaling it would cost 100 ms per decade of members.
+            scale_suspicion: false,
             scale_transmissions: true,
             notify_suspects: true,
-            gossip_period: Duration::from_millis(40),
+            gossip_period: Duration::from_millis(20),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(2),
             announce_down_fanout: 1,
@@ -275,7 +278,7 @@ mod tests {
         timing.probe_rtt = timing.probe_period;
         let err = timing.validate().unwrap_err().to_string();
         assert!(
-            err.contains("probe_rtt (120ms) must be below probe_period (120ms)"),
+            err.contains("probe_rtt (80ms) must be below probe_period (80ms)"),
             "{err}"
         );
     }
