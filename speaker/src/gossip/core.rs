@@ -39,6 +39,11 @@ const KIND_FOCA: u8 = 0;
 const KIND_META: u8 = 1;
 const KIND_META_PULL: u8 = 2;
 
+/// A suspect heard of only through gossip is asked directly after at least this long.
+const SUSPECT_PATIENCE_MIN: Duration = Duration::from_millis(500);
+/// ... and declared down after this many such periods without an answer.
+const SUSPECT_ASK_ROUNDS: u32 = 4;
+
 /// How often member gauges are refreshed and missing metadata records are asked for.
 const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(1);
 
@@ -638,7 +643,7 @@ impl Core {
     /// (so it refutes) and announced to (its reply carries its current incarnation, which clears
     /// the suspicion here). One that still has not answered after another `T` is declared down.
     fn sweep_suspects(&mut self, now: Duration) {
-        let patience = self.scaled.0 * 2 + self.timing.probe_period;
+        let patience = (self.scaled.0 * 2 + self.timing.probe_period).max(SUSPECT_PATIENCE_MIN);
         let mut held = HashMap::with_capacity(self.suspects.len());
         let mut ask = Vec::new();
         let mut expired = Vec::new();
@@ -656,7 +661,7 @@ impl Core {
                 _ => now,
             };
             let age = now.saturating_sub(since);
-            if age >= patience * 2 {
+            if age >= patience * SUSPECT_ASK_ROUNDS {
                 expired.push(foca::Member::new(
                     id.clone(),
                     member.incarnation(),
