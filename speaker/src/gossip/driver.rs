@@ -30,7 +30,7 @@ const SEND_QUEUE: usize = 4096;
 #[derive(Debug)]
 enum Command {
     SetMeta(MemberMeta, oneshot::Sender<Result<(), GossipError>>),
-    SetKeyRing(KeyRing, oneshot::Sender<()>),
+    SetKeyRing(Box<KeyRing>, oneshot::Sender<()>),
     Leave(oneshot::Sender<()>),
 }
 
@@ -81,7 +81,7 @@ impl GossipHandle {
     pub async fn set_key_ring(&self, ring: KeyRing) -> Result<(), GossipError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::SetKeyRing(ring, reply))
+            .send(Command::SetKeyRing(Box::new(ring), reply))
             .await
             .map_err(|_| GossipError::Stopped)?;
         answer.await.map_err(|_| GossipError::Stopped)
@@ -197,7 +197,7 @@ async fn run(
                     let _ = reply.send(core.set_meta(origin.elapsed(), meta));
                 }
                 Some(Command::SetKeyRing(ring, reply)) => {
-                    core.set_key_ring(ring);
+                    core.set_key_ring(*ring);
                     let _ = reply.send(());
                 }
                 Some(Command::Leave(reply)) => {
