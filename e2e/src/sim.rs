@@ -320,6 +320,21 @@ mod tests {
     }
 
     #[test]
+    fn same_seed_gives_the_same_run() {
+        let opts = SimOptions {
+            nodes: 6,
+            loss_pct: 5.0,
+            duration: Duration::from_secs(15),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 42,
+        };
+        let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
+        let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
+        assert_eq!(first, second);
+    }
+
+    #[test]
     fn quantiles_pick_the_ranked_sample() {
         let s: Vec<f64> = (1..=100).map(f64::from).collect();
         assert_eq!(quantile(&s, 0.5), 50.0);
