@@ -875,6 +875,16 @@ impl Core {
             OwnedNotification::Rename(_, new) => {
                 if let Some(held) = self.members.get_mut(&new.addr) {
                     *held = new.clone();
+                    // The renewed member re-gossips its record; until it arrives the old one
+                    // stays, and housekeeping asks for it if the gossip does not bring it.
+                    let fresh = self
+                        .book
+                        .lock()
+                        .get(&new.node)
+                        .is_some_and(|record| record.written_by(&new));
+                    if !fresh {
+                        self.missing_meta.insert(new.node.clone());
+                    }
                     self.apply_record(&new.node);
                 }
             }
