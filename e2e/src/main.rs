@@ -74,6 +74,9 @@ struct SimArgs {
     /// Override: raise transmissions with the member count (true or false).
     #[arg(long)]
     scale_transmissions: Option<bool>,
+    /// Override: foca's notify_down_members (true or false).
+    #[arg(long)]
+    notify_down: Option<bool>,
     /// Write the report as JSON (an object for one run, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -122,6 +125,9 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 }
                 if args.no_notify_suspects {
                     timing.notify_suspects = false;
+                }
+                if let Some(v) = args.notify_down {
+                    timing.notify_down_members = v;
                 }
                 if let Some(v) = args.scale_suspicion {
                     timing.scale_suspicion = v;

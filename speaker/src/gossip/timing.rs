@@ -75,6 +75,9 @@ pub struct Timing {
     /// After a failed probe, tell the suspect at once (it then refutes before the suspicion
     /// times out) instead of waiting for the gossip to reach it.
     pub notify_suspects: bool,
+    /// foca's `notify_down_members`: answer every datagram from a member held as down with
+    /// "you are down" (without it, only announces are answered so; see `core`).
+    pub notify_down_members: bool,
     /// Period of the extra gossip rounds that spread updates between probes.
     pub gossip_period: Duration,
     /// Members each gossip round goes to.
@@ -117,6 +120,7 @@ impl Timing {
             scale_suspicion: false,
             scale_transmissions: true,
             notify_suspects: true,
+            notify_down_members: false,
             gossip_period: Duration::from_millis(20),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(2),
@@ -140,6 +144,7 @@ impl Timing {
             scale_suspicion: true,
             scale_transmissions: true,
             notify_suspects: true,
+            notify_down_members: false,
             gossip_period: Duration::from_millis(200),
             gossip_fanout: 3,
             announce_down_period: Duration::from_secs(10),
@@ -235,7 +240,7 @@ impl Timing {
         config.max_packet_size = count("max_packet_size", self.max_packet_size)?;
         // A node learns it was declared down from the gossip, or from our answer to its announce
         // (see `core`); telling every down sender costs spurious renewals under loss.
-        config.notify_down_members = false;
+        config.notify_down_members = self.notify_down_members;
         config.periodic_gossip = Some(foca::PeriodicParams {
             frequency: self.gossip_period,
             num_members: count("gossip_fanout", self.gossip_fanout)?,
