@@ -123,9 +123,15 @@ struct SimArgs {
     /// Override: do not tell a suspect at once after a failed probe.
     #[arg(long)]
     no_notify_suspects: bool,
-    /// Override: do not scale suspicion and transmissions with the member count.
+    /// Override: scale the suspicion timeout with the member count (true or false).
     #[arg(long)]
-    no_scale: bool,
+    scale_suspicion: Option<bool>,
+    /// Override: raise transmissions with the member count (true or false).
+    #[arg(long)]
+    scale_transmissions: Option<bool>,
+    /// Override: foca's notify_down_members (true or false).
+    #[arg(long)]
+    notify_down: Option<bool>,
     /// Write the report as JSON (an object for one run, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -350,8 +356,14 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 if args.no_notify_suspects {
                     timing.notify_suspects = false;
                 }
-                if args.no_scale {
-                    timing.scale_with_members = false;
+                if let Some(v) = args.notify_down {
+                    timing.notify_down_members = v;
+                }
+                if let Some(v) = args.scale_suspicion {
+                    timing.scale_suspicion = v;
+                }
+                if let Some(v) = args.scale_transmissions {
+                    timing.scale_transmissions = v;
                 }
                 let opts = SimOptions {
                     nodes,

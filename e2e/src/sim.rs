@@ -130,8 +130,8 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     };
     let mut net = SimNet::new(opts.seed, links);
     let mut bumps = vec![1u64; n];
-    for i in 0..n {
-        let core = new_core(opts, i, bumps[i], net.now())?;
+    for (i, bump) in bumps.iter().enumerate() {
+        let core = new_core(opts, i, *bump, net.now())?;
         net.start(i, core);
     }
 
@@ -193,6 +193,19 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
             }
         }
         if left > 0 {
+            if std::env::var_os("SIM_DEBUG").is_some() {
+                for (i, w) in waiting.iter().enumerate() {
+                    if *w {
+                        let c = net.core(i);
+                        eprintln!(
+                            "t={:?} victim {victim_name} still alive at node {i}: {:?} {:?}",
+                            net.now(),
+                            c.map(|c| c.phase()),
+                            c.map(|c| c.debug_member(&victim_name))
+                        );
+                    }
+                }
+            }
             undetected += 1;
             samples_ms.push(cap.as_secs_f64() * 1e3);
         } else {
@@ -304,6 +317,21 @@ mod tests {
         assert_eq!(report.undetected, 0);
         assert_eq!(report.false_downs, 0);
         assert!(report.detection_ms.max <= 1000.0, "{report:?}");
+    }
+
+    #[test]
+    fn same_seed_gives_the_same_run() {
+        let opts = SimOptions {
+            nodes: 6,
+            loss_pct: 5.0,
+            duration: Duration::from_secs(15),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 42,
+        };
+        let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
+        let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
+        assert_eq!(first, second);
     }
 
     #[test]

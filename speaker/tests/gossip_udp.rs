@@ -70,6 +70,29 @@ async fn three_drivers_over_udp_join_share_metadata_and_see_a_leave() {
     })
     .await;
 
+    // Rotate to a new key on every node, one step at a time; nobody goes down.
+    let next = [43u8; 32];
+    for keys in [[KEY, next], [next, KEY]] {
+        for handle in [&a, &b, &c] {
+            let ring = KeyRing::new("udp-test", &keys).unwrap();
+            handle.set_key_ring(ring).await.unwrap();
+        }
+    }
+    for handle in [&a, &b, &c] {
+        handle
+            .set_key_ring(KeyRing::new("udp-test", &[next]).unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for handle in [&a, &b, &c] {
+        assert_eq!(
+            handle.live().borrow().len(),
+            3,
+            "nobody went down during the rotation"
+        );
+    }
+
     let mut changes = a.subscribe();
     b.leave().await.unwrap();
     wait_for(&a, "b gone at a", |live| !live.contains("b")).await;

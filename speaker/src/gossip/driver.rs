@@ -30,6 +30,7 @@ const SEND_QUEUE: usize = 4096;
 #[derive(Debug)]
 enum Command {
     SetMeta(MemberMeta, oneshot::Sender<Result<(), GossipError>>),
+    SetKeyRing(Box<KeyRing>, oneshot::Sender<()>),
     Leave(oneshot::Sender<()>),
 }
 
@@ -73,6 +74,17 @@ impl GossipHandle {
             .await
             .map_err(|_| GossipError::Stopped)?;
         answer.await.map_err(|_| GossipError::Stopped)?
+    }
+
+    /// Replaces the key ring (rotation: add the new key second everywhere, then first, then drop
+    /// the old one).
+    pub async fn set_key_ring(&self, ring: KeyRing) -> Result<(), GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::SetKeyRing(Box::new(ring), reply))
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)
     }
 
     /// Leaves the cluster: returns once the leave datagrams are sent and the task has stopped.
@@ -183,6 +195,10 @@ async fn run(
             command = commands.recv() => match command {
                 Some(Command::SetMeta(meta, reply)) => {
                     let _ = reply.send(core.set_meta(origin.elapsed(), meta));
+                }
+                Some(Command::SetKeyRing(ring, reply)) => {
+                    core.set_key_ring(*ring);
+                    let _ = reply.send(());
                 }
                 Some(Command::Leave(reply)) => {
                     core.leave(origin.elapsed());

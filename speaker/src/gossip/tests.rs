@@ -284,6 +284,10 @@ fn garbage_and_own_datagrams_are_dropped_and_counted() {
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
         core.handle_datagram(now, peer, &mut flipped);
+        let mut future = Vec::new();
+        ring(&[K1]).seal(&[0, 1, 2], &mut future).unwrap();
+        future[4] = 2;
+        core.handle_datagram(now, peer, &mut future);
     });
     let metrics = net.core(0).unwrap().metrics().clone();
     assert_eq!(metrics.rejected_count(RejectReason::FromSelf), 1);
@@ -303,6 +307,10 @@ fn garbage_and_own_datagrams_are_dropped_and_counted() {
     assert_eq!(metrics.rejected_count(RejectReason::Metadata), 1);
     assert_eq!(
         metrics.rejected_count(RejectReason::Envelope("authentication_failed")),
+        1
+    );
+    assert_eq!(
+        metrics.rejected_count(RejectReason::Envelope("unsupported_version")),
         1
     );
     net.run_for(Duration::from_secs(1));
