@@ -396,7 +396,8 @@ impl Report {
     }
 }
 
-/// Waits until the last `steady` probes were all answered by one node; returns it.
+/// Waits until every answered probe among the last `steady` came from one node, and at least
+/// half of them were answered; returns that node.
 pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) -> Result<String> {
     let deadline = Instant::now() + limit;
     loop {
@@ -404,13 +405,16 @@ pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) ->
         // Ignore the newest few: their answers may still be in flight.
         let settled = records.len().saturating_sub(3);
         if settled >= steady {
+            // Lost probes (with `--loss`) do not break steadiness; another node answering does.
             let window = &records[settled - steady..settled];
-            if let Some((first, _)) = window[0].answer.as_ref()
-                && window
-                    .iter()
-                    .all(|r| r.answer.as_ref().is_some_and(|(n, _)| n == first))
-            {
-                return Ok(first.clone());
+            let mut answers = window
+                .iter()
+                .filter_map(|r| r.answer.as_ref().map(|(n, _)| n));
+            if let Some(first) = answers.next() {
+                let answered = window.iter().filter(|r| r.answer.is_some()).count();
+                if answered * 2 >= steady && answers.all(|n| n == first) {
+                    return Ok(first.clone());
+                }
             }
         }
         if Instant::now() > deadline {
