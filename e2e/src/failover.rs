@@ -126,13 +126,26 @@ impl Daemons for KeepalivedDaemons {
     fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
         let netns = lab.node(index).netns.clone();
         if signal == "KILL" {
-            // The parent and its VRRP child: everything in the namespace.
+            // A crash: the VRRP child first, so it cannot see its parent die and stop gracefully
+            // (keepalived's children leave with a priority-0 advert when the parent goes), then
+            // everything else in the namespace, in one kill(1) call.
+            let vrrp_pid = keepalived::Instance::paths(&self.dir, &lab.node(index).name).vrrp_pid;
+            if let Ok(pid) = std::fs::read_to_string(&vrrp_pid) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", pid.trim()])
+                    .status();
+            }
             let out = std::process::Command::new("ip")
                 .args(["netns", "pids", &netns])
                 .output()?;
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let pids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            if !pids.is_empty() {
                 let _ = std::process::Command::new("kill")
-                    .args(["-KILL", pid])
+                    .arg("-KILL")
+                    .args(&pids)
                     .status();
             }
         } else if let Some(child) = self.children[index] {
@@ -160,6 +173,10 @@ impl Daemons for KeepalivedDaemons {
         let netns = lab.node(index).netns.clone();
         let vip = format!("{}/{}", netns::vip_v4(0), netns::PREFIX_V4);
         let _ = lab.run_in(&netns, "ip", &["addr", "del", &vip, "dev", "eth0"]);
+        // And its pid files, which would make the new instance think it is already running.
+        let paths = keepalived::Instance::paths(&self.dir, &lab.node(index).name);
+        let _ = std::fs::remove_file(paths.pid);
+        let _ = std::fs::remove_file(paths.vrrp_pid);
         Ok(())
     }
 }

@@ -40,17 +40,25 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// The files of `node_name`'s instance under `dir`.
+    pub fn paths(dir: &Path, node_name: &str) -> Instance {
+        Instance {
+            config: dir.join(format!("keepalived-{node_name}.conf")),
+            pid: dir.join(format!("keepalived-{node_name}.pid")),
+            vrrp_pid: dir.join(format!("keepalived-{node_name}-vrrp.pid")),
+        }
+    }
+
     /// Writes the configuration of `node_name` under `dir`.
     pub fn write(dir: &Path, node_name: &str, vip: Ipv4Addr, prefix_len: u8) -> Result<Instance> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let config = dir.join(format!("keepalived-{node_name}.conf"));
-        std::fs::write(&config, self::config(node_name, vip, prefix_len, 100))
-            .with_context(|| format!("writing {}", config.display()))?;
-        Ok(Instance {
-            config,
-            pid: dir.join(format!("keepalived-{node_name}.pid")),
-            vrrp_pid: dir.join(format!("keepalived-{node_name}-vrrp.pid")),
-        })
+        let instance = Instance::paths(dir, node_name);
+        std::fs::write(
+            &instance.config,
+            self::config(node_name, vip, prefix_len, 100),
+        )
+        .with_context(|| format!("writing {}", instance.config.display()))?;
+        Ok(instance)
     }
 
     /// The command line, to run inside the node's namespace.
