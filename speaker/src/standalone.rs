@@ -60,6 +60,8 @@ pub const CONFLICT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 struct ConflictGuard {
     reannounced: Option<Instant>,
     logged: Option<Instant>,
+    /// A conflict came during the hold-off: re-announce when it ends, if still the owner.
+    trailing: Option<Instant>,
 }
 
 /// Name of the interface holding the VIPs.
@@ -420,6 +422,7 @@ pub async fn run(
         let announce_at = announcer.next_deadline();
         let settle_at = local.settles_at();
         let drain_at = draining.as_ref().map(|(deadline, _)| *deadline);
+        let trailing_at = conflict_guard.values().filter_map(|g| g.trailing).min();
         tokio::select! {
             _ = &mut shutdown, if draining.is_none() => {
                 tracing::info!("draining: handing the VIPs over");
@@ -492,6 +495,25 @@ pub async fn run(
                     let _ = gossip.set_meta(local.meta().clone()).await;
                 }
             }
+            _ = sleep_until(trailing_at) => {
+                let now = Instant::now();
+                let owned: BTreeSet<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
+                let due: Vec<IpAddr> = conflict_guard
+                    .iter()
+                    .filter(|(_, g)| g.trailing.is_some_and(|t| t <= now))
+                    .map(|(ip, _)| *ip)
+                    .collect();
+                for ip in due {
+                    if let Some(g) = conflict_guard.get_mut(&ip) {
+                        g.trailing = None;
+                        if owned.contains(&ip) && draining.is_none() {
+                            g.reannounced = Some(now);
+                            let effects = announcer.conflict(now, ip);
+                            apply(&effects, &placement, &mut answering);
+                        }
+                    }
+                }
+            }
             _ = sleep_until(announce_at) => {
                 let effects = announcer.tick(Instant::now());
                 apply(&effects, &placement, &mut answering);
@@ -518,15 +540,21 @@ pub async fn run(
                 // conflicts: answering each one with a burst would feed a storm. One burst per
                 // IP per hold-off, and one log line per IP per log interval.
                 let now = Instant::now();
-                let guard = conflict_guard.entry(conflict.ip).or_insert(ConflictGuard { reannounced: None, logged: None });
+                let guard = conflict_guard.entry(conflict.ip).or_insert(ConflictGuard { reannounced: None, logged: None, trailing: None });
                 if guard.logged.is_none_or(|t| now >= t + CONFLICT_LOG_INTERVAL) {
                     guard.logged = Some(now);
                     tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
                 }
                 if guard.reannounced.is_none_or(|t| now >= t + CONFLICT_HOLDOFF) {
                     guard.reannounced = Some(now);
+                    guard.trailing = None;
                     let effects = announcer.conflict(now, conflict.ip);
                     apply(&effects, &placement, &mut answering);
+                } else if guard.trailing.is_none() {
+                    // A claim during the hold-off still gets an answer when it ends, so the
+                    // last word on the segment is the owner's (a node losing the IP may have
+                    // claimed it once more before the gossip told it).
+                    guard.trailing = guard.reannounced.map(|t| t + CONFLICT_HOLDOFF);
                 }
             }
             changed = link_watch.changed() => {

@@ -857,9 +857,12 @@ impl Core {
                 self.own_record = record;
             }
             OwnedNotification::MemberDown(id) => {
-                if self.members.remove(&id.addr).is_none() {
+                // Only the identity we hold at that address goes down: a late down of an older
+                // identity (the member has renewed since) must not remove the living member.
+                if self.members.get(&id.addr) != Some(&id) {
                     return;
                 }
+                self.members.remove(&id.addr);
                 if self.by_node.get(&id.node) == Some(&id.addr) {
                     self.by_node.remove(&id.node);
                 }
