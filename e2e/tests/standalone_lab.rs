@@ -491,7 +491,8 @@ fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let interval = Duration::from_millis(200);
     let fall = 2u32;
-    let timeout = Duration::from_secs(1);
+    // The check's timeout may not exceed its interval (runs would overlap).
+    let timeout = interval;
     let mut run = Running::start(5, |lab, daemons| {
         let dir = daemons.dir().to_path_buf();
         for node in &lab.nodes {
