@@ -226,7 +226,11 @@ impl SwimlbDaemons {
             extra = self.extra,
             v4 = netns::vip_v4(0),
             v6 = netns::vip_v6(0),
-        ) + self.group_extra.get(&index).map(String::as_str).unwrap_or("")
+        ) + self
+            .group_extra
+            .get(&index)
+            .map(String::as_str)
+            .unwrap_or("")
     }
 
     /// The directory of the run's files (configurations, keys, logs).

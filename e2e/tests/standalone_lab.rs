@@ -273,10 +273,14 @@ fn neighbor_entry(lab: &Lab, ip: IpAddr) -> (Option<String>, String) {
 }
 
 fn read_sysctl_in(lab: &Lab, netns: &str, key: &str) -> u64 {
-    lab.run_in(netns, "cat", &[&format!("/proc/sys/{}", key.replace('.', "/"))])
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("reading {key}"))
+    lab.run_in(
+        netns,
+        "cat",
+        &[&format!("/proc/sys/{}", key.replace('.', "/"))],
+    )
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or_else(|| panic!("reading {key}"))
 }
 
 #[test]
@@ -635,7 +639,10 @@ fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_th
     });
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
-    assert_eq!(owner, "node1", "the highest priority owns the VIP at a cold start");
+    assert_eq!(
+        owner, "node1",
+        "the highest priority owns the VIP at a cold start"
+    );
     // Let everybody settle, so node1's restart is the only unsettled start.
     std::thread::sleep(delay + Duration::from_millis(500));
     let fault = Instant::now();
@@ -742,7 +749,11 @@ fn an_invalid_file_is_rejected_with_exit_64_and_every_error_listed() {
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(64), "exit status; stderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "exit status; stderr:\n{stderr}"
+    );
     let expected = [
         "colour: unknown field",
         "cluster: must not be empty",
