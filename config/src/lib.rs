@@ -6,7 +6,16 @@
 //! - [`standalone`]: the standalone speaker's file (`swimlb-speaker check-config FILE`).
 //! - [`keyfile`]: the gossip key file.
 //! - [`duration`]: `900ms`, `1s`, `1m30s`.
+//! - `crd` (feature `kube`): the `swimlb.io/v1beta1` custom resources.
+//! - `pools` (feature `kube`): address pools and advertisements, validated.
+//! - `selector` (feature `kube`): Kubernetes label selectors.
 
+#[cfg(feature = "kube")]
+pub mod crd;
 pub mod duration;
 pub mod keyfile;
+#[cfg(feature = "kube")]
+pub mod pools;
+#[cfg(feature = "kube")]
+pub mod selector;
 pub mod standalone;

@@ -243,6 +243,15 @@ impl SwimlbDaemons {
         self.exits.get(index).copied().flatten()
     }
 
+    /// The process id of node `index`'s speaker, while it runs.
+    pub fn pid(&self, lab: &mut Lab, index: usize) -> Option<u32> {
+        self.children
+            .get(index)
+            .copied()
+            .flatten()
+            .map(|c| lab.child(c).id())
+    }
+
     /// Where node `index`'s log goes.
     pub fn log_path(&self, lab: &Lab, index: usize) -> PathBuf {
         self.dir.join(format!("{}.log", lab.node(index).name))
@@ -458,8 +467,13 @@ pub fn run(
     for trial in 1..=options.trials {
         let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
         let owner = wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+        // A quiet second with a steady owner before the fault: any owner change in it is a false
+        // failover. (Changes before the owner was steady are the previous trial's old owner
+        // coming back, which may legitimately take its VIP back.)
+        let steady_from = prober.snapshot().len();
+        std::thread::sleep(Duration::from_secs(1));
         let quiet = prober.snapshot();
-        false_failovers += probe::owner_changes(&quiet);
+        false_failovers += probe::owner_changes(&quiet[steady_from.saturating_sub(1)..]);
         let index = lab
             .nodes
             .iter()

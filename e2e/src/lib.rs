@@ -2,15 +2,19 @@
 //!
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
+//! - [`fake_api`]: the fake Kubernetes API server for controller tests.
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
+//! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
 pub mod demo;
 pub mod failover;
+pub mod fake_api;
 pub mod keepalived;
 pub mod netns;
 pub mod probe;
 pub mod sim;
+pub mod soak;

@@ -35,8 +35,29 @@ enum Command {
     Failover(FailoverArgs),
     /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
     Sim(SimArgs),
+    /// No fault: count false failovers and measure the speakers at rest (or under a flood).
+    Soak(SoakArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
+}
+
+#[derive(Debug, clap::Args)]
+struct SoakArgs {
+    /// Nodes in the lab.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Random loss on every node link, percent.
+    #[arg(long, default_value_t = 0)]
+    loss: u8,
+    /// Seconds to watch.
+    #[arg(long, default_value_t = 120)]
+    duration: u64,
+    /// Non-ARP frames per second sent at node1.
+    #[arg(long, default_value_t = 0)]
+    flood_pps: u64,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -121,7 +142,10 @@ fn main() -> std::process::ExitCode {
         return swimlb_speaker::cli::main_with_args(speaker_args);
     }
     let cli = Cli::parse();
-    let needs_root = matches!(cli.command, Command::Demo | Command::Failover(_));
+    let needs_root = matches!(
+        cli.command,
+        Command::Demo | Command::Failover(_) | Command::Soak(_)
+    );
     if needs_root && !swimlb_e2e::netns::is_root() {
         eprintln!(
             "swimlb-lab: this command builds network namespaces and needs root (CAP_NET_ADMIN); run it with sudo"
@@ -132,6 +156,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo => run_demo(),
         Command::Failover(args) => run_failover(args),
         Command::Sim(args) => run_sim(args),
+        Command::Soak(args) => run_soak(args),
         Command::Speaker => unreachable!("handled before parsing"),
     };
     match result {
@@ -184,8 +209,54 @@ fn cleanup_on_interrupt() {
 
 fn run_demo() -> anyhow::Result<()> {
     cleanup_on_interrupt();
+    ensure_packages(&[("ip", "iproute2")])?;
     let program = std::env::current_exe()?;
     swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))?;
+    Ok(())
+}
+
+fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
+    cleanup_on_interrupt();
+    ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    let options = swimlb_e2e::soak::Options {
+        nodes: args.nodes,
+        loss: args.loss,
+        duration: Duration::from_secs(args.duration),
+        flood_pps: args.flood_pps,
+        json: args.json,
+    };
+    let report = swimlb_e2e::soak::run(&options, std::env::current_exe()?, &mut |line| {
+        println!("{line}")
+    })?;
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// Installs the Debian packages whose programs are missing (the lab runs as root).
+fn ensure_packages(needed: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = needed
+        .iter()
+        .filter(|(program, _)| which(program).is_none())
+        .map(|(_, p)| *p)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("installing {} (apt-get)", missing.join(" "));
+    let update = std::process::Command::new("apt-get")
+        .args(["update", "-qq"])
+        .status()?;
+    anyhow::ensure!(update.success(), "apt-get update failed");
+    let install = std::process::Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    anyhow::ensure!(
+        install.success(),
+        "apt-get install {} failed",
+        missing.join(" ")
+    );
     Ok(())
 }
 
@@ -206,8 +277,9 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
         other => anyhow::bail!("--scenario {other}: expected poweroff, kill or sigterm"),
     };
     anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
-    if implementation == Implementation::Keepalived && which("keepalived").is_none() {
-        anyhow::bail!("keepalived is not installed: apt-get install keepalived");
+    ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    if implementation == Implementation::Keepalived {
+        ensure_packages(&[("keepalived", "keepalived")])?;
     }
     let options = Options {
         implementation,

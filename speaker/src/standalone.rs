@@ -49,6 +49,19 @@ use crate::snapshot::{Interface, ServedIp, Snapshot};
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a conflict is answered with a burst, further conflicts for that IP are only counted
+/// for this long.
+pub const CONFLICT_HOLDOFF: Duration = Duration::from_secs(1);
+/// A conflict for one IP is logged at most once per this interval.
+pub const CONFLICT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// When a conflict for one IP was last answered and last logged.
+#[derive(Debug, Clone, Copy)]
+struct ConflictGuard {
+    reannounced: Option<Instant>,
+    logged: Option<Instant>,
+}
+
 /// Name of the interface holding the VIPs.
 pub const HOLDER_NAME: &str = addresses::DEFAULT_DUMMY_NAME;
 
@@ -259,7 +272,8 @@ impl Metrics {
 }
 
 /// One interface the speaker answers on.
-struct Link2 {
+struct AnsweringLink {
+    index: u32,
     mac: MacAddr,
     responder: Responder,
     owned: BTreeSet<IpAddr>,
@@ -285,7 +299,9 @@ pub async fn run(
     let metrics = Metrics::default();
     metrics.register(&mut registry);
 
-    // Links and routes: which interface announces each VIP.
+    // Links and routes: which interface announces each VIP. Subscribe first so no change
+    // between the snapshot and the loop is missed.
+    let mut link_watch = interfaces::InterfaceWatch::subscribe()?;
     let (links, routes) = interfaces::snapshot().await?;
     let served = snapshot(&config);
     let placement = place(&served, &links, &routes)?;
@@ -310,7 +326,7 @@ pub async fn run(
     };
 
     let (conflict_tx, mut conflicts) = mpsc::unbounded_channel::<Conflict>();
-    let mut answering: BTreeMap<String, Link2> = BTreeMap::new();
+    let mut answering: BTreeMap<String, AnsweringLink> = BTreeMap::new();
     for name in &announce_ifaces {
         let link = open_link(name, &links, responder_metrics.clone(), conflict_tx.clone())?;
         answering.insert(name.clone(), link);
@@ -392,6 +408,7 @@ pub async fn run(
         false,
     );
 
+    let mut conflict_guard: BTreeMap<IpAddr, ConflictGuard> = BTreeMap::new();
     // The drain, once started: successors still to be seen, and the deadline.
     let mut draining: Option<(Instant, BTreeSet<IpAddr>)> = None;
 
@@ -493,9 +510,77 @@ pub async fn run(
                     }
                     continue;
                 }
-                tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
-                let effects = announcer.conflict(Instant::now(), conflict.ip);
-                apply(&effects, &placement, &mut answering);
+                // Two owners (a partition healing) each see the other's announcements as
+                // conflicts: answering each one with a burst would feed a storm. One burst per
+                // IP per hold-off, and one log line per IP per log interval.
+                let now = Instant::now();
+                let guard = conflict_guard.entry(conflict.ip).or_insert(ConflictGuard { reannounced: None, logged: None });
+                if guard.logged.is_none_or(|t| now >= t + CONFLICT_LOG_INTERVAL) {
+                    guard.logged = Some(now);
+                    tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
+                }
+                if guard.reannounced.is_none_or(|t| now >= t + CONFLICT_HOLDOFF) {
+                    guard.reannounced = Some(now);
+                    let effects = announcer.conflict(now, conflict.ip);
+                    apply(&effects, &placement, &mut answering);
+                }
+            }
+            changed = link_watch.changed() => {
+                if let Err(e) = changed {
+                    tracing::warn!(error = %e, "link and route notifications stopped; interface changes need a restart");
+                    link_watch = interfaces::InterfaceWatch::subscribe()?;
+                    continue;
+                }
+                let (links, routes) = match interfaces::snapshot().await {
+                    Ok(snapshot) => snapshot,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read links and routes");
+                        continue;
+                    }
+                };
+                let next = place_lenient(election.snapshot(), &links, &routes);
+                // Interfaces that went away or were re-created: their responders stop.
+                answering.retain(|name, link| {
+                    let alive = links.iter().any(|l| &l.name == name && l.index == link.index && l.up);
+                    if !alive {
+                        tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
+                    }
+                    alive
+                });
+                for name in next.values().collect::<BTreeSet<_>>() {
+                    if !answering.contains_key(name) {
+                        match open_link(name, &links, responder_metrics.clone(), conflict_tx.clone()) {
+                            Ok(link) => {
+                                answering.insert(name.clone(), link);
+                            }
+                            Err(e) => tracing::warn!(interface = %name, error = %e, "cannot answer on it"),
+                        }
+                    }
+                }
+                let ifaces: Vec<String> = next.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
+                let vips: Vec<IpAddr> = election.snapshot().iter().map(|(ip, _)| *ip).collect();
+                if let Err(e) = holder.reload(&vips, &ifaces).await {
+                    tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
+                }
+                // Owned IPs whose interface changed move to the new one and are announced there.
+                let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
+                for ip in owned {
+                    let (old_if, new_if) = (placement.get(&ip).cloned(), next.get(&ip).cloned());
+                    if old_if == new_if {
+                        continue;
+                    }
+                    if let Some(link) = old_if.and_then(|n| answering.get_mut(&n)) {
+                        link.owned.remove(&ip);
+                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+                    }
+                    if let Some(link) = new_if.as_ref().and_then(|n| answering.get_mut(n)) {
+                        link.owned.insert(ip);
+                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+                        link.responder.send(Control::Announce(ip));
+                        tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
+                    }
+                }
+                placement = next;
             }
             Some((group, state, result)) = hook_results.recv() => {
                 if result != HookResult::Ok {
@@ -506,17 +591,27 @@ pub async fn run(
             Some(()) = reload.recv(), if draining.is_none() => {
                 match reload_config(&config_path) {
                     Ok(next) if next.cluster == config.cluster && next.bind == config.bind => {
-                        let (links, routes) = interfaces::snapshot().await?;
+                        let Ok((links, routes)) = interfaces::snapshot().await else {
+                            tracing::error!("reload refused: cannot read links and routes");
+                            continue;
+                        };
                         let served = snapshot(&next);
                         match place(&served, &links, &routes) {
                             Ok(next_placement) => {
                                 let ifaces: Vec<String> = next_placement.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
                                 let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
-                                holder.reload(&vips, &ifaces).await?;
+                                if let Err(e) = holder.reload(&vips, &ifaces).await {
+                                    tracing::error!(error = %e, "reload refused: addresses");
+                                    continue;
+                                }
                                 for name in &ifaces {
                                     if !answering.contains_key(name) {
-                                        let link = open_link(name, &links, responder_metrics.clone(), conflict_tx.clone())?;
-                                        answering.insert(name.clone(), link);
+                                        match open_link(name, &links, responder_metrics.clone(), conflict_tx.clone()) {
+                                            Ok(link) => {
+                                                answering.insert(name.clone(), link);
+                                            }
+                                            Err(e) => tracing::error!(interface = %name, error = %e, "cannot answer on it"),
+                                        }
                                     }
                                 }
                                 if local.reload(&next) {
@@ -594,12 +689,33 @@ fn place(
     Ok(placement)
 }
 
+/// Like [`place`], but an IP without an interface is left out (and logged) instead of failing:
+/// at run time a missing interface must not stop the other VIPs.
+fn place_lenient(served: &Snapshot, links: &[Link], routes: &[Route]) -> BTreeMap<IpAddr, String> {
+    let mut placement = BTreeMap::new();
+    for (ip, entry) in served.iter() {
+        let named = match &entry.interface {
+            Interface::Named(n) => Some(n.as_str()),
+            Interface::Default => None,
+        };
+        match interfaces::choose(*ip, named, links, routes) {
+            Ok(link) => {
+                placement.insert(*ip, link.name.clone());
+            }
+            Err(reason) => {
+                tracing::warn!(%ip, reason = reason.as_str(), "no interface to announce on")
+            }
+        }
+    }
+    placement
+}
+
 fn open_link(
     name: &str,
     links: &[Link],
     metrics: responder::Metrics,
     conflicts: mpsc::UnboundedSender<Conflict>,
-) -> Result<Link2, DaemonError> {
+) -> Result<AnsweringLink, DaemonError> {
     let link = links
         .iter()
         .find(|l| l.name == name)
@@ -636,7 +752,8 @@ fn open_link(
         source,
     })?;
     tracing::info!(interface = name, %mac, "answering ARP and neighbor solicitations");
-    Ok(Link2 {
+    Ok(AnsweringLink {
+        index: link.index,
         mac,
         responder,
         owned: BTreeSet::new(),
@@ -647,7 +764,7 @@ fn open_link(
 fn apply(
     effects: &[Effect],
     placement: &BTreeMap<IpAddr, String>,
-    answering: &mut BTreeMap<String, Link2>,
+    answering: &mut BTreeMap<String, AnsweringLink>,
 ) {
     let mut touched: BTreeSet<String> = BTreeSet::new();
     for effect in effects {

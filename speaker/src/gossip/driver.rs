@@ -220,13 +220,14 @@ fn publish(
             tracing::debug!("gossip send queue full; datagram dropped");
         }
     }
-    let mut changed = false;
-    for change in core.drain_changes() {
-        changed = true;
-        let _ = changes.send(change);
-    }
-    if changed {
+    // The live set is published before the changes: a subscriber that reads it on a change must
+    // see the state that includes that change.
+    let pending: Vec<LiveChange> = core.drain_changes().collect();
+    if !pending.is_empty() {
         live.send_replace(core.live().clone());
+    }
+    for change in pending {
+        let _ = changes.send(change);
     }
     if *identity.borrow() != *core.identity() {
         identity.send_replace(core.identity().clone());

@@ -1,0 +1,1060 @@
+//! The validated pool model: what the allocator and the speakers use instead of the CRDs.
+//!
+//! [`validate`] converts `IPAddressPool` and `L2Advertisement` objects into a [`Model`] of parsed
+//! address ranges (inclusive `u128` intervals per family), resolved selectors and advertisements
+//! resolved to pool names. It is pure and collects every error, per object: a bad object is left
+//! out of the model (the reconciler keeps its last valid version) and never hides the errors of
+//! the others. Every error names the object and field, e.g.
+//! `IPAddressPool default/pool-a: spec.addresses[2]: range 192.0.2.10-192.0.2.1 is reversed`.
+//!
+//! Rules: an address is a CIDR (host bits must be zero) or an inclusive `a-b` range of one
+//! family; pool names are unique across namespaces (Services name pools without a namespace);
+//! no address belongs to two pools or twice to one pool; when two pools overlap, the one that
+//! sorts later by (namespace, name) is rejected. An advertisement with no pool names and no pool
+//! selectors covers every pool; one naming a pool that does not exist is rejected.
+//! Overlaps are checked against accepted pools only, so a rejected pool never causes another
+//! rejection.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::crd::{IPAddressPool, L2Advertisement};
+use crate::selector::{Selector, SelectorError};
+
+/// An address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The metric label and log word: `ipv4` or `ipv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    /// Both families, IPv4 first.
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+}
+
+/// An address as a number within its family.
+pub fn ip_to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+/// The address with this number in this family (IPv4 uses the low 32 bits).
+pub fn u128_to_ip(family: Family, n: u128) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(n as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(n)),
+    }
+}
+
+/// Whether the address ends in `.0` or `.255` (IPv4 only; never true for IPv6).
+pub fn is_buggy(family: Family, n: u128) -> bool {
+    family == Family::V4 && matches!(n & 0xff, 0 | 0xff)
+}
+
+/// An inclusive interval of addresses of one family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AddressRange {
+    /// The family of both ends.
+    pub family: Family,
+    /// The first address, as a number.
+    pub start: u128,
+    /// The last address, as a number (`start <= end`).
+    pub end: u128,
+}
+
+impl AddressRange {
+    /// Whether the address is in the range.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        Family::of(ip) == self.family && (self.start..=self.end).contains(&ip_to_u128(ip))
+    }
+
+    /// The number of addresses, saturated at `u128::MAX` (only `::/0` saturates).
+    pub fn len(&self) -> u128 {
+        (self.end - self.start).saturating_add(1)
+    }
+
+    /// Always false: a range holds at least one address.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The number of addresses ending in `.0` or `.255` (0 for IPv6).
+    pub fn buggy_count(&self) -> u128 {
+        if self.family != Family::V4 {
+            return 0;
+        }
+        // Addresses in [0, n] whose low byte is 0 or 255.
+        let upto = |n: u128| (n / 256) * 2 + 1 + u128::from(n % 256 == 255);
+        upto(self.end)
+            - if self.start == 0 {
+                0
+            } else {
+                upto(self.start - 1)
+            }
+    }
+}
+
+impl fmt::Display for AddressRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}-{}",
+            u128_to_ip(self.family, self.start),
+            u128_to_ip(self.family, self.end)
+        )
+    }
+}
+
+/// Why an address entry does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// Neither a CIDR nor a range.
+    #[error("{0:?} is neither a CIDR (192.0.2.0/24) nor a range (192.0.2.1-192.0.2.9)")]
+    Unparsable(String),
+    /// A prefix length beyond the family's width.
+    #[error("CIDR {0:?} has a prefix length longer than the address")]
+    PrefixTooLong(String),
+    /// A CIDR with host bits set.
+    #[error("CIDR {entry:?} has host bits set (did you mean {network}?)")]
+    HostBits {
+        /// The entry as written.
+        entry: String,
+        /// The network it would mean.
+        network: String,
+    },
+    /// Ends of different families.
+    #[error("range {0} has ends of different families")]
+    MixedFamilies(String),
+    /// End before start.
+    #[error("range {0} is reversed")]
+    Reversed(String),
+}
+
+/// Parses a CIDR or an inclusive `a-b` range.
+pub fn parse_addresses(entry: &str) -> Result<AddressRange, AddressError> {
+    let text = entry.trim();
+    let unparsable = || AddressError::Unparsable(entry.to_string());
+    if let Some((a, b)) = text.split_once('-') {
+        let a: IpAddr = a.trim().parse().map_err(|_| unparsable())?;
+        let b: IpAddr = b.trim().parse().map_err(|_| unparsable())?;
+        let shown = format!("{a}-{b}");
+        if Family::of(a) != Family::of(b) {
+            return Err(AddressError::MixedFamilies(shown));
+        }
+        let (start, end) = (ip_to_u128(a), ip_to_u128(b));
+        if start > end {
+            return Err(AddressError::Reversed(shown));
+        }
+        return Ok(AddressRange {
+            family: Family::of(a),
+            start,
+            end,
+        });
+    }
+    let (addr, len) = text.split_once('/').ok_or_else(unparsable)?;
+    let ip: IpAddr = addr.parse().map_err(|_| unparsable())?;
+    let len: u32 = len.parse().map_err(|_| unparsable())?;
+    let family = Family::of(ip);
+    let width = match family {
+        Family::V4 => 32,
+        Family::V6 => 128,
+    };
+    if len > width {
+        return Err(AddressError::PrefixTooLong(entry.to_string()));
+    }
+    let host_bits = width - len;
+    let host_mask: u128 = if host_bits == 128 {
+        u128::MAX
+    } else {
+        (1u128 << host_bits) - 1
+    };
+    let start = ip_to_u128(ip);
+    if start & host_mask != 0 {
+        let network = format!("{}/{len}", u128_to_ip(family, start & !host_mask));
+        return Err(AddressError::HostBits {
+            entry: entry.to_string(),
+            network,
+        });
+    }
+    Ok(AddressRange {
+        family,
+        start,
+        end: start | host_mask,
+    })
+}
+
+/// Which Services a pool is restricted to, and its priority.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    /// Lower is tried first.
+    pub priority: i32,
+    /// Allowed namespaces (empty: any).
+    pub namespaces: BTreeSet<String>,
+    /// A Service's namespace labels must match one (empty: any).
+    pub namespace_selectors: Vec<Selector>,
+    /// A Service's labels must match one (empty: any).
+    pub service_selectors: Vec<Selector>,
+}
+
+impl Allocation {
+    /// Whether a Service with these labels in this namespace may use the pool.
+    pub fn admits(
+        &self,
+        namespace: &str,
+        namespace_labels: &BTreeMap<String, String>,
+        service_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+            && (self.namespace_selectors.is_empty()
+                || self
+                    .namespace_selectors
+                    .iter()
+                    .any(|s| s.matches(namespace_labels)))
+            && (self.service_selectors.is_empty()
+                || self
+                    .service_selectors
+                    .iter()
+                    .any(|s| s.matches(service_labels)))
+    }
+}
+
+/// A checked address pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// The pool's name (unique across namespaces).
+    pub name: String,
+    /// The pool object's namespace.
+    pub namespace: String,
+    /// The pool object's labels (for advertisement pool selectors).
+    pub labels: BTreeMap<String, String>,
+    /// Disjoint ranges, sorted by family then start.
+    pub ranges: Vec<AddressRange>,
+    /// Whether Services that name no pool may use it.
+    pub auto_assign: bool,
+    /// Skip `.0` and `.255`.
+    pub avoid_buggy_ips: bool,
+    /// The restriction and priority, if any.
+    pub allocation: Option<Allocation>,
+}
+
+impl Pool {
+    /// Whether the address belongs to the pool (ignoring `avoidBuggyIPs`).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.ranges.iter().any(|r| r.contains(ip))
+    }
+
+    /// Whether the pool may hand out this address (in a range, and not a buggy one if avoided).
+    pub fn may_assign(&self, ip: IpAddr) -> bool {
+        self.contains(ip) && !(self.avoid_buggy_ips && is_buggy(Family::of(ip), ip_to_u128(ip)))
+    }
+
+    /// How many addresses of the family the pool can hand out (saturating).
+    pub fn size(&self, family: Family) -> u128 {
+        self.ranges
+            .iter()
+            .filter(|r| r.family == family)
+            .map(|r| {
+                r.len()
+                    - if self.avoid_buggy_ips {
+                        r.buggy_count()
+                    } else {
+                        0
+                    }
+            })
+            .fold(0u128, u128::saturating_add)
+    }
+
+    /// Whether the pool has any address of the family.
+    pub fn has_family(&self, family: Family) -> bool {
+        self.ranges.iter().any(|r| r.family == family)
+    }
+
+    /// Whether a Service may use the pool according to `serviceAllocation` (true when absent).
+    pub fn admits(
+        &self,
+        namespace: &str,
+        namespace_labels: &BTreeMap<String, String>,
+        service_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.allocation
+            .as_ref()
+            .is_none_or(|a| a.admits(namespace, namespace_labels, service_labels))
+    }
+}
+
+/// A checked L2 advertisement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Advertisement {
+    /// The object's name.
+    pub name: String,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The pools it announces, by name.
+    pub pools: BTreeSet<String>,
+    /// Nodes that may announce: one must match (empty: all).
+    pub node_selectors: Vec<Selector>,
+    /// Interfaces to announce on (empty: all).
+    pub interfaces: Vec<String>,
+    /// Services announced: one must match (empty: all).
+    pub service_selectors: Vec<Selector>,
+}
+
+/// The checked configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    /// Valid pools by name.
+    pub pools: BTreeMap<String, Pool>,
+    /// Valid advertisements, sorted by (namespace, name).
+    pub advertisements: Vec<Advertisement>,
+}
+
+/// The kind of object an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    /// An `IPAddressPool`.
+    IPAddressPool,
+    /// An `L2Advertisement`.
+    L2Advertisement,
+}
+
+impl ObjectKind {
+    /// The Kubernetes kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::IPAddressPool => "IPAddressPool",
+            ObjectKind::L2Advertisement => "L2Advertisement",
+        }
+    }
+}
+
+/// What is wrong with one field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// A bad address entry.
+    #[error(transparent)]
+    Address(#[from] AddressError),
+    /// A bad label selector.
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    /// The pool has no addresses.
+    #[error("the pool has no addresses")]
+    NoAddresses,
+    /// Another pool of the same name exists in another namespace.
+    #[error("the pool name is also used by {0}; pool names must be unique")]
+    DuplicateName(String),
+    /// Addresses shared with another entry of the same pool.
+    #[error("{range} overlaps {other}")]
+    SelfOverlap {
+        /// The overlapping range.
+        range: String,
+        /// The field it overlaps.
+        other: String,
+    },
+    /// Addresses shared with another pool.
+    #[error("{range} overlaps pool {pool} ({other})")]
+    PoolOverlap {
+        /// The overlapping range.
+        range: String,
+        /// The other pool.
+        pool: String,
+        /// The other pool's range.
+        other: String,
+    },
+    /// An advertisement names a pool that does not exist.
+    #[error("unknown IPAddressPool {0:?}")]
+    UnknownPool(String),
+    /// Metadata without a name.
+    #[error("the object has no name")]
+    NoName,
+}
+
+/// One configuration error, naming the object and field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} {namespace}/{name}: {field}: {problem}", kind.as_str())]
+pub struct ConfigError {
+    /// The object's kind.
+    pub kind: ObjectKind,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The field, e.g. `spec.addresses[2]`.
+    pub field: String,
+    /// What is wrong.
+    pub problem: Problem,
+}
+
+/// The result of [`validate`]: the valid objects, and every error of the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Validated {
+    /// The valid objects.
+    pub model: Model,
+    /// Every error: pools (by namespace and name) before advertisements. An object with an
+    /// error is not in the model.
+    pub errors: Vec<ConfigError>,
+}
+
+impl Validated {
+    /// The model when there is no error, else every error.
+    pub fn into_result(self) -> Result<Model, Vec<ConfigError>> {
+        if self.errors.is_empty() {
+            Ok(self.model)
+        } else {
+            Err(self.errors)
+        }
+    }
+}
+
+fn parse_selectors(
+    selectors: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector],
+    field: &str,
+    mut report: impl FnMut(String, Problem),
+) -> Vec<Selector> {
+    let mut out = Vec::new();
+    for (i, s) in selectors.iter().enumerate() {
+        match Selector::parse(s) {
+            Ok(s) => out.push(s),
+            Err(errors) => {
+                for e in errors {
+                    report(format!("{field}[{i}]"), Problem::Selector(e));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Converts pools and advertisements into the checked model, collecting every error.
+pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> Validated {
+    let mut errors = Vec::new();
+
+    // Pools in (namespace, name) order, so "the later one" of an overlap is well defined.
+    let mut ordered: Vec<&IPAddressPool> = pools.iter().collect();
+    ordered.sort_by(|a, b| {
+        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
+            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
+    });
+
+    let mut candidates: Vec<(Pool, Vec<String>)> = Vec::new(); // pool, field of each range
+    let mut seen_names: BTreeMap<String, String> = BTreeMap::new();
+    for obj in ordered {
+        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let mut own = Vec::new();
+        let mut report = |field: String, problem: Problem| {
+            own.push(ConfigError {
+                kind: ObjectKind::IPAddressPool,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                field,
+                problem,
+            })
+        };
+        if name.is_empty() {
+            report("metadata.name".into(), Problem::NoName);
+        } else if let Some(first) = seen_names.get(&name) {
+            report(
+                "metadata.name".into(),
+                Problem::DuplicateName(format!("{first}/{name}")),
+            );
+        } else {
+            seen_names.insert(name.clone(), namespace.clone());
+        }
+        let mut ranges = Vec::new();
+        for (i, entry) in obj.spec.addresses.iter().enumerate() {
+            match parse_addresses(entry) {
+                Ok(r) => ranges.push((r, format!("spec.addresses[{i}]"))),
+                Err(e) => report(format!("spec.addresses[{i}]"), e.into()),
+            }
+        }
+        if obj.spec.addresses.is_empty() {
+            report("spec.addresses".into(), Problem::NoAddresses);
+        }
+        // Overlaps inside the pool.
+        let mut sorted = ranges.clone();
+        sorted.sort();
+        for pair in sorted.windows(2) {
+            let ((a, fa), (b, fb)) = (&pair[0], &pair[1]);
+            if a.family == b.family && b.start <= a.end {
+                let (later, earlier) = if fa > fb { (fa, fb) } else { (fb, fa) };
+                let range = if fa > fb { a } else { b };
+                report(
+                    later.clone(),
+                    Problem::SelfOverlap {
+                        range: range.to_string(),
+                        other: earlier.clone(),
+                    },
+                );
+            }
+        }
+        let allocation = obj.spec.service_allocation.as_ref().map(|sa| Allocation {
+            priority: sa.priority,
+            namespaces: sa.namespaces.iter().cloned().collect(),
+            namespace_selectors: parse_selectors(
+                &sa.namespace_selectors,
+                "spec.serviceAllocation.namespaceSelectors",
+                &mut report,
+            ),
+            service_selectors: parse_selectors(
+                &sa.service_selectors,
+                "spec.serviceAllocation.serviceSelectors",
+                &mut report,
+            ),
+        });
+        if own.is_empty() {
+            let (rs, fields): (Vec<_>, Vec<_>) = sorted.into_iter().unzip();
+            candidates.push((
+                Pool {
+                    name,
+                    namespace,
+                    labels: obj.metadata.labels.clone().unwrap_or_default(),
+                    ranges: rs,
+                    auto_assign: obj.spec.auto_assign,
+                    avoid_buggy_ips: obj.spec.avoid_buggy_ips,
+                    allocation,
+                },
+                fields,
+            ));
+        } else {
+            errors.extend(own);
+        }
+    }
+
+    // Overlaps between pools: pools are taken in (namespace, name) order, and one that
+    // overlaps an already accepted pool is rejected (so a rejected pool never causes another
+    // rejection). Accepted ranges are kept by (family, start); two accepted ranges never
+    // overlap, so the one starting at or before a range's end, nearest to it, is the only
+    // candidate to check.
+    let mut accepted: BTreeMap<(Family, u128), (u128, usize)> = BTreeMap::new();
+    let mut model = Model::default();
+    for (i, (pool, fields)) in candidates.iter().enumerate() {
+        let mut overlap = None;
+        for (range, field) in pool.ranges.iter().zip(fields) {
+            let hit = accepted
+                .range((range.family, 0)..=(range.family, range.end))
+                .next_back()
+                .filter(|(_, (end, _))| *end >= range.start);
+            if let Some((&(family, start), &(end, owner))) = hit {
+                let other = AddressRange { family, start, end };
+                overlap = Some((field.clone(), *range, owner, other));
+                break;
+            }
+        }
+        match overlap {
+            Some((field, range, owner, other)) => {
+                let owner = &candidates[owner].0;
+                errors.push(ConfigError {
+                    kind: ObjectKind::IPAddressPool,
+                    namespace: pool.namespace.clone(),
+                    name: pool.name.clone(),
+                    field,
+                    problem: Problem::PoolOverlap {
+                        range: range.to_string(),
+                        pool: format!("{}/{}", owner.namespace, owner.name),
+                        other: other.to_string(),
+                    },
+                });
+            }
+            None => {
+                for range in &pool.ranges {
+                    accepted.insert((range.family, range.start), (range.end, i));
+                }
+                model.pools.insert(pool.name.clone(), pool.clone());
+            }
+        }
+    }
+    let all_pool_names: BTreeSet<String> = pools
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    let pool_labels: Vec<(String, BTreeMap<String, String>)> = pools
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p.metadata.name.clone()?,
+                p.metadata.labels.clone().unwrap_or_default(),
+            ))
+        })
+        .collect();
+
+    let mut advs: Vec<&L2Advertisement> = advertisements.iter().collect();
+    advs.sort_by(|a, b| {
+        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
+            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
+    });
+    for obj in advs {
+        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let mut own = Vec::new();
+        let mut report = |field: String, problem: Problem| {
+            own.push(ConfigError {
+                kind: ObjectKind::L2Advertisement,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                field,
+                problem,
+            })
+        };
+        if name.is_empty() {
+            report("metadata.name".into(), Problem::NoName);
+        }
+        let mut selected = BTreeSet::new();
+        for (i, pool) in obj.spec.ip_address_pools.iter().enumerate() {
+            if all_pool_names.contains(pool) {
+                selected.insert(pool.clone());
+            } else {
+                report(
+                    format!("spec.ipAddressPools[{i}]"),
+                    Problem::UnknownPool(pool.clone()),
+                );
+            }
+        }
+        let pool_selectors = parse_selectors(
+            &obj.spec.ip_address_pool_selectors,
+            "spec.ipAddressPoolSelectors",
+            &mut report,
+        );
+        for (pool, labels) in &pool_labels {
+            if pool_selectors.iter().any(|s| s.matches(labels)) {
+                selected.insert(pool.clone());
+            }
+        }
+        if obj.spec.ip_address_pools.is_empty() && obj.spec.ip_address_pool_selectors.is_empty() {
+            selected = all_pool_names.clone();
+        }
+        let node_selectors =
+            parse_selectors(&obj.spec.node_selectors, "spec.nodeSelectors", &mut report);
+        let service_selectors = parse_selectors(
+            &obj.spec.service_selectors,
+            "spec.serviceSelectors",
+            &mut report,
+        );
+        if own.is_empty() {
+            model.advertisements.push(Advertisement {
+                name,
+                namespace,
+                pools: selected,
+                node_selectors,
+                interfaces: obj.spec.interfaces.clone(),
+                service_selectors,
+            });
+        } else {
+            errors.extend(own);
+        }
+    }
+    Validated { model, errors }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{IPAddressPoolSpec, L2AdvertisementSpec, ServiceAllocation};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
+        let mut p = IPAddressPool::new(
+            name,
+            IPAddressPoolSpec {
+                addresses: addresses.iter().map(|a| a.to_string()).collect(),
+                auto_assign: true,
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some("default".into());
+        p
+    }
+
+    fn adv(name: &str, pools: &[&str]) -> L2Advertisement {
+        let mut a = L2Advertisement::new(
+            name,
+            L2AdvertisementSpec {
+                ip_address_pools: pools.iter().map(|p| p.to_string()).collect(),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some("default".into());
+        a
+    }
+
+    fn messages(v: &Validated) -> Vec<String> {
+        v.errors.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn address_entries_parse_to_inclusive_intervals() {
+        type Case = (
+            &'static str,
+            Result<(Family, &'static str, &'static str), &'static str>,
+        );
+        let cases: &[Case] = &[
+            ("192.0.2.0/24", Ok((Family::V4, "192.0.2.0", "192.0.2.255"))),
+            ("192.0.2.7/32", Ok((Family::V4, "192.0.2.7", "192.0.2.7"))),
+            ("0.0.0.0/0", Ok((Family::V4, "0.0.0.0", "255.255.255.255"))),
+            (
+                "192.0.2.10-192.0.2.20",
+                Ok((Family::V4, "192.0.2.10", "192.0.2.20")),
+            ),
+            (
+                " 192.0.2.10 - 192.0.2.10 ",
+                Ok((Family::V4, "192.0.2.10", "192.0.2.10")),
+            ),
+            (
+                "2001:db8::/126",
+                Ok((Family::V6, "2001:db8::", "2001:db8::3")),
+            ),
+            (
+                "2001:db8::1-2001:db8::9",
+                Ok((Family::V6, "2001:db8::1", "2001:db8::9")),
+            ),
+            (
+                "::/0",
+                Ok((Family::V6, "::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")),
+            ),
+            (
+                "192.0.2.10-192.0.2.1",
+                Err("range 192.0.2.10-192.0.2.1 is reversed"),
+            ),
+            (
+                "192.0.2.1-2001:db8::1",
+                Err("range 192.0.2.1-2001:db8::1 has ends of different families"),
+            ),
+            (
+                "192.0.2.1/24",
+                Err("CIDR \"192.0.2.1/24\" has host bits set (did you mean 192.0.2.0/24?)"),
+            ),
+            (
+                "192.0.2.0/33",
+                Err("CIDR \"192.0.2.0/33\" has a prefix length longer than the address"),
+            ),
+            (
+                "192.0.2.0",
+                Err(
+                    "\"192.0.2.0\" is neither a CIDR (192.0.2.0/24) nor a range (192.0.2.1-192.0.2.9)",
+                ),
+            ),
+            (
+                "pool",
+                Err("\"pool\" is neither a CIDR (192.0.2.0/24) nor a range (192.0.2.1-192.0.2.9)"),
+            ),
+            (
+                "192.0.2.1-x",
+                Err(
+                    "\"192.0.2.1-x\" is neither a CIDR (192.0.2.0/24) nor a range (192.0.2.1-192.0.2.9)",
+                ),
+            ),
+        ];
+        for (entry, want) in cases {
+            let got = parse_addresses(entry).map_err(|e| e.to_string());
+            let want = (*want)
+                .map(|(f, a, b)| AddressRange {
+                    family: f,
+                    start: ip_to_u128(a.parse().expect("test address")),
+                    end: ip_to_u128(b.parse().expect("test address")),
+                })
+                .map_err(|e| e.to_string());
+            assert_eq!(got, want, "entry {entry:?}");
+        }
+    }
+
+    #[test]
+    fn buggy_addresses_are_counted_exactly() {
+        let r = parse_addresses("192.0.2.0/24").expect("valid");
+        assert_eq!(r.buggy_count(), 2);
+        let r = parse_addresses("192.0.2.255-192.0.3.0").expect("valid");
+        assert_eq!(r.buggy_count(), 2);
+        let r = parse_addresses("192.0.2.1-192.0.2.254").expect("valid");
+        assert_eq!(r.buggy_count(), 0);
+        let r = parse_addresses("10.0.0.0/16").expect("valid");
+        assert_eq!(r.buggy_count(), 512);
+        let r = parse_addresses("0.0.0.0/32").expect("valid");
+        assert_eq!(r.buggy_count(), 1);
+        let brute =
+            |r: &AddressRange| (r.start..=r.end).filter(|n| is_buggy(r.family, *n)).count() as u128;
+        for entry in [
+            "198.51.100.3-198.51.101.17",
+            "203.0.113.255/32",
+            "203.0.113.0/25",
+        ] {
+            let r = parse_addresses(entry).expect("valid");
+            assert_eq!(r.buggy_count(), brute(&r), "{entry}");
+        }
+    }
+
+    #[test]
+    fn a_valid_configuration_converts_with_sizes_per_family() {
+        let mut p = pool("a", &["192.0.2.0/24", "2001:db8::/120"]);
+        p.spec.avoid_buggy_ips = true;
+        let v = validate(
+            &[p, pool("b", &["198.51.100.1-198.51.100.10"])],
+            &[adv("all", &[])],
+        );
+        assert_eq!(messages(&v), Vec::<String>::new());
+        let a = &v.model.pools["a"];
+        assert_eq!(a.size(Family::V4), 254);
+        assert_eq!(a.size(Family::V6), 256);
+        assert!(a.may_assign("192.0.2.1".parse().expect("ip")));
+        assert!(!a.may_assign("192.0.2.255".parse().expect("ip")));
+        assert!(a.contains("192.0.2.255".parse().expect("ip")));
+        assert_eq!(v.model.pools["b"].size(Family::V4), 10);
+        assert_eq!(v.model.pools["b"].size(Family::V6), 0);
+        let all: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        assert_eq!(
+            v.model.advertisements[0].pools, all,
+            "no names and no selectors means every pool"
+        );
+    }
+
+    #[test]
+    fn every_error_is_reported_with_object_and_field() {
+        let bad = pool(
+            "pool-a",
+            &[
+                "192.0.2.0/28",
+                "192.0.2.300/32",
+                "192.0.2.10-192.0.2.1",
+                "192.0.2.8/29",
+            ],
+        );
+        let overlapping = pool("pool-z", &["198.51.100.0/24", "192.0.2.5-192.0.2.6"]);
+        let fine = pool("pool-b", &["192.0.2.0/28"]);
+        let mut selector_bad = pool("pool-c", &["203.0.113.0/24"]);
+        selector_bad.spec.service_allocation = Some(ServiceAllocation {
+            service_selectors: vec![LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "app".into(),
+                    operator: "Like".into(),
+                    values: Some(vec!["x".into()]),
+                }]),
+                match_labels: None,
+            }],
+            ..Default::default()
+        });
+        let empty = pool("pool-d", &[]);
+        let v = validate(
+            &[bad, overlapping, fine, selector_bad, empty],
+            &[
+                adv("l2", &["pool-b", "nope"]),
+                adv("l2-ok", &["pool-a", "pool-b"]),
+            ],
+        );
+        assert_eq!(
+            messages(&v),
+            vec![
+                "IPAddressPool default/pool-a: spec.addresses[1]: \"192.0.2.300/32\" is neither a CIDR (192.0.2.0/24) nor a range (192.0.2.1-192.0.2.9)",
+                "IPAddressPool default/pool-a: spec.addresses[2]: range 192.0.2.10-192.0.2.1 is reversed",
+                "IPAddressPool default/pool-a: spec.addresses[3]: 192.0.2.8-192.0.2.15 overlaps spec.addresses[0]",
+                "IPAddressPool default/pool-c: spec.serviceAllocation.serviceSelectors[0]: matchExpressions[0].operator: unknown operator \"Like\" (want In, NotIn, Exists or DoesNotExist)",
+                "IPAddressPool default/pool-d: spec.addresses: the pool has no addresses",
+                "IPAddressPool default/pool-z: spec.addresses[1]: 192.0.2.5-192.0.2.6 overlaps pool default/pool-b (192.0.2.0-192.0.2.15)",
+                "L2Advertisement default/l2: spec.ipAddressPools[1]: unknown IPAddressPool \"nope\"",
+            ]
+        );
+        assert_eq!(v.model.pools.keys().collect::<Vec<_>>(), vec!["pool-b"]);
+        assert_eq!(
+            v.model.advertisements.len(),
+            1,
+            "an advertisement naming an invalid but existing pool is kept"
+        );
+        assert!(v.into_result().is_err());
+    }
+
+    #[test]
+    fn a_pool_name_used_in_two_namespaces_is_rejected_once() {
+        let first = pool("shared", &["192.0.2.0/28"]);
+        let mut second = pool("shared", &["198.51.100.0/28"]);
+        second.metadata.namespace = Some("other".into());
+        let v = validate(&[second, first], &[]);
+        assert_eq!(
+            messages(&v),
+            vec![
+                "IPAddressPool other/shared: metadata.name: the pool name is also used by default/shared; pool names must be unique"
+            ]
+        );
+        assert_eq!(v.model.pools["shared"].namespace, "default");
+    }
+
+    #[test]
+    fn an_overlap_is_found_even_behind_a_long_range() {
+        // a covers everything; b sits inside a; c overlaps only a. Both b and c are rejected.
+        let v = validate(
+            &[
+                pool("a", &["192.0.2.0/24"]),
+                pool("b", &["192.0.2.10/32"]),
+                pool("c", &["192.0.2.200-192.0.2.210"]),
+                pool("d", &["2001:db8::/64"]),
+            ],
+            &[],
+        );
+        let rejected: Vec<&str> = v.errors.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(rejected, vec!["b", "c"]);
+        assert_eq!(v.model.pools.keys().collect::<Vec<_>>(), vec!["a", "d"]);
+    }
+
+    #[test]
+    fn a_rejected_pool_does_not_cause_another_rejection() {
+        // a overlaps b, b overlaps c, a and c are disjoint: only b is rejected.
+        let v = validate(
+            &[
+                pool("a", &["192.0.2.0-192.0.2.10"]),
+                pool("b", &["192.0.2.5-192.0.2.20"]),
+                pool("c", &["192.0.2.15-192.0.2.30", "2001:db8::/64"]),
+            ],
+            &[],
+        );
+        assert_eq!(
+            messages(&v),
+            vec![
+                "IPAddressPool default/b: spec.addresses[0]: 192.0.2.5-192.0.2.20 overlaps pool default/a (192.0.2.0-192.0.2.10)"
+            ]
+        );
+        assert_eq!(v.model.pools.keys().collect::<Vec<_>>(), vec!["a", "c"]);
+    }
+
+    #[test]
+    fn accepted_pools_never_overlap_and_a_rejected_pool_overlaps_an_accepted_one() {
+        // Deterministic pseudo-random pools of small ranges in 192.0.2.0/24.
+        let mut seed: u64 = 6;
+        let mut next = |n: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..200 {
+            let pools: Vec<IPAddressPool> = (0..5)
+                .map(|i| {
+                    let a = next(250);
+                    let b = a + next(6);
+                    pool(&format!("p{i}"), &[&format!("192.0.2.{a}-192.0.2.{b}")])
+                })
+                .collect();
+            let v = validate(&pools, &[]);
+            let ranges: Vec<&AddressRange> =
+                v.model.pools.values().flat_map(|p| &p.ranges).collect();
+            for (i, x) in ranges.iter().enumerate() {
+                for y in &ranges[i + 1..] {
+                    assert!(
+                        x.end < y.start || y.end < x.start,
+                        "accepted {x} and {y} overlap"
+                    );
+                }
+            }
+            for e in &v.errors {
+                let rejected = parse_addresses(
+                    &pools
+                        .iter()
+                        .find(|p| p.metadata.name.as_deref() == Some(&e.name))
+                        .expect("named")
+                        .spec
+                        .addresses[0],
+                )
+                .expect("valid");
+                assert!(
+                    ranges
+                        .iter()
+                        .any(|r| !(rejected.end < r.start || r.end < rejected.start)),
+                    "{} was rejected without overlapping an accepted pool",
+                    e.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn pool_selectors_of_an_advertisement_resolve_to_pool_names() {
+        let mut a = pool("a", &["192.0.2.0/28"]);
+        a.metadata.labels = Some([("zone".to_string(), "east".to_string())].into());
+        let b = pool("b", &["198.51.100.0/28"]);
+        let mut l2 = adv("east", &[]);
+        l2.spec.ip_address_pool_selectors = vec![LabelSelector {
+            match_labels: Some([("zone".to_string(), "east".to_string())].into()),
+            match_expressions: None,
+        }];
+        let model = validate(&[a, b], &[l2]).into_result().expect("valid");
+        assert_eq!(
+            model.advertisements[0].pools,
+            BTreeSet::from(["a".to_string()])
+        );
+    }
+
+    #[test]
+    fn service_allocation_admits_by_namespace_and_labels() {
+        let mut p = pool("a", &["192.0.2.0/28"]);
+        p.spec.service_allocation = Some(ServiceAllocation {
+            priority: 10,
+            namespaces: vec!["prod".into()],
+            namespace_selectors: vec![],
+            service_selectors: vec![LabelSelector {
+                match_labels: Some([("app".to_string(), "web".to_string())].into()),
+                match_expressions: None,
+            }],
+        });
+        let model = validate(&[p], &[]).into_result().expect("valid");
+        let pool = &model.pools["a"];
+        let web: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
+        let none = BTreeMap::new();
+        assert!(pool.admits("prod", &none, &web));
+        assert!(!pool.admits("dev", &none, &web));
+        assert!(!pool.admits("prod", &none, &none));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, rng_seed: proptest::test_runner::RngSeed::Fixed(6), ..ProptestConfig::default() })]
+
+        #[test]
+        fn parsing_any_text_never_panics(text in "\\PC{0,40}") {
+            let _ = parse_addresses(&text);
+        }
+
+        #[test]
+        fn parsing_address_like_text_never_panics(text in "[0-9a-f:./ -]{0,45}") {
+            let _ = parse_addresses(&text);
+        }
+
+        #[test]
+        fn a_cidr_covers_exactly_its_network(addr in any::<u32>(), len in 0u32..=32) {
+            let mask: u32 = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            let network = Ipv4Addr::from(addr & mask);
+            let r = parse_addresses(&format!("{network}/{len}")).expect("a network parses");
+            prop_assert_eq!(r.family, Family::V4);
+            prop_assert_eq!(r.start, u128::from(addr & mask));
+            prop_assert_eq!(r.len(), 1u128 << (32 - len));
+            prop_assert!(r.contains(IpAddr::V4(Ipv4Addr::from(addr))));
+        }
+
+        #[test]
+        fn a_range_round_trips_through_its_display(a in any::<u128>(), b in any::<u128>()) {
+            let (start, end) = (a.min(b), a.max(b));
+            let r = AddressRange { family: Family::V6, start, end };
+            prop_assert_eq!(parse_addresses(&r.to_string()), Ok(r));
+        }
+    }
+}

@@ -1,0 +1,996 @@
+//! The pure allocator: which addresses a LoadBalancer Service gets from the pools.
+//!
+//! [`Allocator::assign`] takes a plain [`ServiceView`] and returns a typed [`Verdict`]; it never
+//! logs, awaits or reads a clock. It follows MetalLB's semantics:
+//!
+//! - Only Services of type LoadBalancer whose `loadBalancerClass` equals the class the
+//!   allocator serves (both absent by default) are ours; a Service that stops being ours loses
+//!   its addresses.
+//! - A request names addresses with `spec.loadBalancerIP` or the `loadBalancerIPs` annotation
+//!   (comma separated, one per family), a pool with `address-pool`, and a sharing key with
+//!   `allow-shared-ip`; each annotation is read under `swimlb.io/`, `metallb.io/` and
+//!   `metallb.universe.tf/`, and spellings that disagree are an error.
+//! - `ipFamilies` and `ipFamilyPolicy` decide the families: one address per family for dual
+//!   stack, all from one pool. RequireDualStack needs a pool with both families.
+//! - Without a named pool or address, pools with `serviceAllocation` that admit the Service are
+//!   tried first by priority (then name), then the other auto-assign pools by name; the first
+//!   pool that can serve every family wins and gives its lowest free address (skipping `.0` and
+//!   `.255` with `avoidBuggyIPs`).
+//! - A Service whose current addresses still satisfy its request keeps them ([`Verdict::Unchanged`]
+//!   when its status already shows them). Otherwise, it gets its status addresses back when they
+//!   are valid and free, else new ones.
+//! - Two Services share an address only with the same sharing key, no common (port, protocol)
+//!   pair, and the same backend: the same external traffic policy and, for `Local`, the same
+//!   selector.
+//! - An error leaves the Service without addresses (it released what it held).
+//!
+//! Guarantees: nothing is assigned before [`Allocator::load_existing`] has run (a restart never
+//! hands out an address an existing Service shows); an address is held by at most one Service unless all its holders may share it;
+//! [`Allocator::load_existing`] rebuilds state from Service statuses without handing any address
+//! twice; the same inputs in the same order give the same outputs. Finding the lowest free
+//! address costs O(log n) amortised: each range keeps the set of used offsets and a cursor below
+//! which every address is used.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use swimlb_config::pools::{AddressRange, Family, Model, Pool, ip_to_u128, is_buggy, u128_to_ip};
+
+/// The annotation prefixes read, in order of precedence for messages.
+pub const ANNOTATION_PREFIXES: [&str; 3] = ["swimlb.io/", "metallb.io/", "metallb.universe.tf/"];
+
+/// Identifies a Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ServiceKey {
+    /// A key from namespace and name.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `spec.ipFamilyPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum IpFamilyPolicy {
+    /// One address (the default).
+    #[default]
+    SingleStack,
+    /// One address per family the pool has.
+    PreferDualStack,
+    /// One address of each family.
+    RequireDualStack,
+}
+
+/// `spec.externalTrafficPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TrafficPolicy {
+    /// Any node forwards (the default).
+    #[default]
+    Cluster,
+    /// Only nodes with an endpoint serve.
+    Local,
+}
+
+/// A port's protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// TCP (the default).
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+/// One Service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePort {
+    /// The port number.
+    pub port: i32,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+/// What the allocator needs to know about a Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceView {
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// The Service's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The labels of the Service's namespace.
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Whether `spec.type` is LoadBalancer.
+    pub is_load_balancer: bool,
+    /// `spec.loadBalancerClass`.
+    pub load_balancer_class: Option<String>,
+    /// `spec.loadBalancerIP` (deprecated in Kubernetes, still honoured).
+    pub load_balancer_ip: Option<String>,
+    /// The annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.ipFamilies`, in order.
+    pub ip_families: Vec<Family>,
+    /// `spec.ipFamilyPolicy`.
+    pub ip_family_policy: IpFamilyPolicy,
+    /// `spec.ports`.
+    pub ports: Vec<ServicePort>,
+    /// `spec.externalTrafficPolicy`.
+    pub external_traffic_policy: TrafficPolicy,
+    /// `spec.selector`.
+    pub selector: BTreeMap<String, String>,
+    /// The IPs in `status.loadBalancer.ingress`.
+    pub status_ips: Vec<IpAddr>,
+}
+
+/// Why a Service is not served by this allocator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotOurs {
+    /// `spec.type` is not LoadBalancer.
+    NotLoadBalancer,
+    /// The `loadBalancerClass` differs from the one served.
+    OtherClass,
+}
+
+impl NotOurs {
+    /// The log word and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotOurs::NotLoadBalancer => "not_load_balancer",
+            NotOurs::OtherClass => "other_class",
+        }
+    }
+}
+
+/// Why a Service got no addresses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocationError {
+    /// An address that does not parse, or an annotation with too many addresses.
+    #[error("{field}: {value:?} is not a valid address list (one IP, or one per family)")]
+    InvalidIp {
+        /// The field or annotation.
+        field: String,
+        /// Its value.
+        value: String,
+    },
+    /// Two fields or spellings of an annotation that disagree.
+    #[error("{first} and {second} disagree")]
+    ConflictingAnnotations {
+        /// One field.
+        first: String,
+        /// The other field.
+        second: String,
+    },
+    /// The named pool does not exist (or is invalid).
+    #[error("unknown address pool {0:?}")]
+    UnknownPool(String),
+    /// The pool's `serviceAllocation` does not admit the Service.
+    #[error("address pool {0:?} does not admit this service (serviceAllocation)")]
+    PoolNotAllowed(String),
+    /// A requested address is in no pool (or not in the named one, or a skipped buggy one).
+    #[error("{0} is not in any usable address pool")]
+    IpNotInPool(IpAddr),
+    /// A requested address is held by a Service that may not share it.
+    #[error("{ip} is in use by {holder} and cannot be shared")]
+    IpInUse {
+        /// The address.
+        ip: IpAddr,
+        /// A holder.
+        holder: ServiceKey,
+    },
+    /// A requested address is of a family the Service does not have.
+    #[error("{0} is of a family the service does not have (ipFamilies, ipFamilyPolicy)")]
+    IpFamilyMismatch(IpAddr),
+    /// Every usable pool is full.
+    #[error("no free {} address in pool {pool:?}", family.as_str())]
+    PoolExhausted {
+        /// The last pool tried.
+        pool: String,
+        /// The family that ran out.
+        family: Family,
+    },
+    /// No usable pool has the family.
+    #[error("no usable address pool has {} addresses", .0.as_str())]
+    FamilyUnavailable(Family),
+    /// No pool is usable by this Service.
+    #[error("no address pool is available to this service")]
+    NoAvailablePool,
+}
+
+impl AllocationError {
+    /// The metric label (`swimlb_allocation_errors_total{reason}`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AllocationError::InvalidIp { .. } => "invalid_ip",
+            AllocationError::ConflictingAnnotations { .. } => "conflicting_annotations",
+            AllocationError::UnknownPool(_) => "unknown_pool",
+            AllocationError::PoolNotAllowed(_) => "pool_not_allowed",
+            AllocationError::IpNotInPool(_) => "ip_not_in_pool",
+            AllocationError::IpInUse { .. } => "ip_in_use",
+            AllocationError::IpFamilyMismatch(_) => "ip_family_mismatch",
+            AllocationError::PoolExhausted { .. } => "pool_exhausted",
+            AllocationError::FamilyUnavailable(_) => "family_unavailable",
+            AllocationError::NoAvailablePool => "no_available_pool",
+        }
+    }
+}
+
+/// The allocator's decision for one Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The Service holds these addresses (in family order of the request), which differ from
+    /// its status: write them.
+    Assigned {
+        /// The addresses.
+        ips: Vec<IpAddr>,
+        /// The pool they come from.
+        pool: String,
+    },
+    /// The Service holds exactly the addresses its status shows.
+    Unchanged,
+    /// Not served by this allocator; anything it held is released (clear a status we wrote).
+    NotOurs(NotOurs),
+    /// Existing assignments are not loaded yet ([`Allocator::load_existing`]): nothing changed,
+    /// try again later.
+    NotLoaded,
+    /// No addresses; anything it held is released.
+    Error(AllocationError),
+}
+
+impl Verdict {
+    /// The log word and metric label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Assigned { .. } => "assigned",
+            Verdict::Unchanged => "unchanged",
+            Verdict::NotOurs(_) => "not_ours",
+            Verdict::NotLoaded => "not_loaded",
+            Verdict::Error(_) => "error",
+        }
+    }
+}
+
+/// A problem found while loading existing assignments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadConflict {
+    /// The Service whose status could not be honoured.
+    pub service: ServiceKey,
+    /// Why.
+    pub error: AllocationError,
+}
+
+/// How a Service may share its addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Sharing {
+    key: Option<String>,
+    ports: BTreeSet<ServicePort>,
+    policy: TrafficPolicy,
+    selector: BTreeMap<String, String>,
+}
+
+impl Sharing {
+    fn of(svc: &ServiceView, key: Option<String>) -> Self {
+        Self {
+            key,
+            ports: svc.ports.iter().copied().collect(),
+            policy: svc.external_traffic_policy,
+            selector: svc.selector.clone(),
+        }
+    }
+
+    fn compatible(&self, other: &Sharing) -> bool {
+        match (&self.key, &other.key) {
+            (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+        self.ports.is_disjoint(&other.ports)
+            && self.policy == other.policy
+            && (self.policy == TrafficPolicy::Cluster || self.selector == other.selector)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Holding {
+    pool: String,
+    ips: Vec<IpAddr>,
+    sharing: Sharing,
+}
+
+/// One range of a pool and its used addresses.
+#[derive(Clone, Debug)]
+struct RangeState {
+    range: AddressRange,
+    used: BTreeSet<u128>,
+    /// Every address of the range below the cursor is used or skipped.
+    cursor: u128,
+}
+
+impl RangeState {
+    fn new(range: AddressRange) -> Self {
+        Self {
+            range,
+            used: BTreeSet::new(),
+            cursor: range.start,
+        }
+    }
+
+    /// The lowest free address, moving the cursor up to it.
+    fn lowest_free(&mut self, avoid_buggy: bool) -> Option<u128> {
+        let end = self.range.end;
+        let mut n = self.cursor;
+        if n > end {
+            return None;
+        }
+        let mut used = self.used.range(n..=end).peekable();
+        let found = loop {
+            if n > end {
+                break None;
+            }
+            if avoid_buggy && is_buggy(self.range.family, n) {
+                match n.checked_add(1) {
+                    Some(next) => n = next,
+                    None => break None,
+                }
+                continue;
+            }
+            while used.next_if(|u| **u < n).is_some() {}
+            if used.peek().is_some_and(|u| **u == n) {
+                match n.checked_add(1) {
+                    Some(next) => n = next,
+                    None => break None,
+                }
+                continue;
+            }
+            break Some(n);
+        };
+        self.cursor = found.unwrap_or(n.max(self.cursor));
+        found
+    }
+}
+
+#[derive(Clone, Debug)]
+struct PoolState {
+    pool: Pool,
+    ranges: Vec<RangeState>,
+}
+
+impl PoolState {
+    fn new(pool: Pool) -> Self {
+        let ranges = pool.ranges.iter().copied().map(RangeState::new).collect();
+        Self { pool, ranges }
+    }
+
+    fn range_of(&mut self, ip: IpAddr) -> Option<&mut RangeState> {
+        self.ranges.iter_mut().find(|r| r.range.contains(ip))
+    }
+
+    fn lowest_free(&mut self, family: Family) -> Option<IpAddr> {
+        let avoid = self.pool.avoid_buggy_ips;
+        self.ranges
+            .iter_mut()
+            .filter(|r| r.range.family == family)
+            .find_map(|r| r.lowest_free(avoid))
+            .map(|n| u128_to_ip(family, n))
+    }
+}
+
+/// The addresses a pool has and hands out, per family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// The pool.
+    pub pool: String,
+    /// The family.
+    pub family: Family,
+    /// How many addresses it can hand out.
+    pub size: u128,
+    /// How many are held.
+    pub in_use: u128,
+}
+
+/// The allocator's state: pools, who holds what.
+#[derive(Clone, Debug, Default)]
+pub struct Allocator {
+    class: Option<String>,
+    pools: BTreeMap<String, PoolState>,
+    holdings: HashMap<ServiceKey, Holding>,
+    holders: HashMap<IpAddr, Vec<ServiceKey>>,
+    /// Sharing key -> addresses held under it.
+    shared: HashMap<String, BTreeSet<IpAddr>>,
+    /// Whether [`Allocator::load_existing`] has run; until then nothing is assigned.
+    loaded: bool,
+}
+
+/// What a Service asks for, parsed from its fields and annotations.
+#[derive(Clone, Debug)]
+struct Request {
+    ips: Vec<IpAddr>,
+    pool: Option<String>,
+    sharing: Sharing,
+}
+
+fn annotation(svc: &ServiceView, name: &str) -> Result<Option<String>, AllocationError> {
+    let mut found: Option<(&str, &str)> = None;
+    for prefix in ANNOTATION_PREFIXES {
+        let spelled = svc
+            .annotations
+            .iter()
+            .find(|(k, _)| k.strip_prefix(prefix).is_some_and(|rest| rest == name));
+        if let Some((key, value)) = spelled {
+            let value = value.trim();
+            match found {
+                Some((first, v)) if v != value => {
+                    return Err(AllocationError::ConflictingAnnotations {
+                        first: first.to_string(),
+                        second: key.clone(),
+                    });
+                }
+                Some(_) => {}
+                None => found = Some((key.as_str(), value)),
+            }
+        }
+    }
+    Ok(found.map(|(_, v)| v.to_string()).filter(|v| !v.is_empty()))
+}
+
+fn parse_ip_list(field: &str, value: &str) -> Result<Vec<IpAddr>, AllocationError> {
+    let invalid = || AllocationError::InvalidIp {
+        field: field.to_string(),
+        value: value.to_string(),
+    };
+    let ips = value
+        .split(',')
+        .map(|s| s.trim().parse::<IpAddr>().map_err(|_| invalid()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let families: BTreeSet<Family> = ips.iter().map(|ip| Family::of(*ip)).collect();
+    if ips.is_empty() || ips.len() > 2 || families.len() != ips.len() {
+        return Err(invalid());
+    }
+    Ok(ips)
+}
+
+fn parse_request(svc: &ServiceView) -> Result<Request, AllocationError> {
+    let spec_ip = svc
+        .load_balancer_ip
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let spec_ips = spec_ip
+        .map(|v| parse_ip_list("spec.loadBalancerIP", v))
+        .transpose()?;
+    let annotated = annotation(svc, "loadBalancerIPs")?
+        .map(|v| parse_ip_list("loadBalancerIPs", &v))
+        .transpose()?;
+    let ips = match (spec_ips, annotated) {
+        (Some(a), Some(b)) => {
+            if a.iter().collect::<BTreeSet<_>>() != b.iter().collect::<BTreeSet<_>>() {
+                return Err(AllocationError::ConflictingAnnotations {
+                    first: "spec.loadBalancerIP".into(),
+                    second: "loadBalancerIPs".into(),
+                });
+            }
+            b
+        }
+        (Some(a), None) => a,
+        (None, Some(b)) => b,
+        (None, None) => Vec::new(),
+    };
+    let pool = annotation(svc, "address-pool")?;
+    let key = annotation(svc, "allow-shared-ip")?;
+    Ok(Request {
+        ips,
+        pool,
+        sharing: Sharing::of(svc, key),
+    })
+}
+
+/// The families a Service gets from a pool, in request order.
+fn families_for(svc: &ServiceView, pool: &Pool) -> Result<Vec<Family>, AllocationError> {
+    let listed: Vec<Family> = if svc.ip_families.is_empty() {
+        Family::ALL.to_vec()
+    } else {
+        svc.ip_families.clone()
+    };
+    match svc.ip_family_policy {
+        IpFamilyPolicy::RequireDualStack => {
+            let wanted = if svc.ip_families.len() == 2 {
+                listed
+            } else {
+                Family::ALL.to_vec()
+            };
+            match wanted.iter().find(|f| !pool.has_family(**f)) {
+                Some(missing) => Err(AllocationError::FamilyUnavailable(*missing)),
+                None => Ok(wanted),
+            }
+        }
+        IpFamilyPolicy::PreferDualStack => {
+            let have: Vec<Family> = listed
+                .iter()
+                .copied()
+                .filter(|f| pool.has_family(*f))
+                .collect();
+            if have.is_empty() {
+                Err(AllocationError::FamilyUnavailable(listed[0]))
+            } else {
+                Ok(have)
+            }
+        }
+        IpFamilyPolicy::SingleStack => {
+            if svc.ip_families.is_empty() {
+                listed
+                    .iter()
+                    .find(|f| pool.has_family(**f))
+                    .map(|f| vec![*f])
+                    .ok_or(AllocationError::FamilyUnavailable(Family::V4))
+            } else if pool.has_family(listed[0]) {
+                Ok(vec![listed[0]])
+            } else {
+                Err(AllocationError::FamilyUnavailable(listed[0]))
+            }
+        }
+    }
+}
+
+/// Whether the families of these addresses are exactly what the Service wants from the pool.
+fn families_match(svc: &ServiceView, ips: &[IpAddr]) -> Result<(), AllocationError> {
+    if !svc.ip_families.is_empty()
+        && let Some(ip) = ips
+            .iter()
+            .find(|ip| !svc.ip_families.contains(&Family::of(**ip)))
+    {
+        return Err(AllocationError::IpFamilyMismatch(*ip));
+    }
+    let have: BTreeSet<Family> = ips.iter().map(|ip| Family::of(*ip)).collect();
+    match svc.ip_family_policy {
+        IpFamilyPolicy::SingleStack if ips.len() > 1 => {
+            Err(AllocationError::IpFamilyMismatch(ips[1]))
+        }
+        IpFamilyPolicy::RequireDualStack if have.len() < 2 => {
+            let missing = Family::ALL
+                .into_iter()
+                .find(|f| !have.contains(f))
+                .unwrap_or(Family::V6);
+            Err(AllocationError::FamilyUnavailable(missing))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Allocator {
+    /// An allocator serving Services whose `loadBalancerClass` equals `class` (`None`: Services
+    /// without a class), with the pools of `model`. It assigns nothing until
+    /// [`Allocator::load_existing`] has run.
+    pub fn new(class: Option<String>, model: &Model) -> Self {
+        let mut a = Self {
+            class,
+            ..Self::default()
+        };
+        a.set_pools(model);
+        a
+    }
+
+    /// Replaces the pools. Holdings stay; the used sets are rebuilt. A holding outside every
+    /// new pool keeps its address until [`Allocator::assign`] looks at its Service again.
+    pub fn set_pools(&mut self, model: &Model) {
+        self.pools = model
+            .pools
+            .values()
+            .map(|p| (p.name.clone(), PoolState::new(p.clone())))
+            .collect();
+        let mut moved = Vec::new();
+        for (key, holding) in &self.holdings {
+            let pool = self
+                .pools
+                .values()
+                .find(|p| holding.ips.iter().all(|ip| p.pool.contains(*ip)));
+            if let Some(p) = pool {
+                moved.push((key.clone(), p.pool.name.clone()));
+            }
+        }
+        for (key, pool) in moved {
+            if let Some(h) = self.holdings.get_mut(&key) {
+                h.pool = pool;
+            }
+        }
+        for ip in self.holders.keys() {
+            for state in self.pools.values_mut() {
+                if let Some(r) = state.range_of(*ip) {
+                    r.used.insert(ip_to_u128(*ip));
+                }
+            }
+        }
+    }
+
+    /// Rebuilds holdings from the statuses of existing Services, before anything new is
+    /// allocated. Services are taken in (namespace, name) order; a Service whose status cannot
+    /// be honoured (its addresses are invalid, outside the pools, or held by a Service that may
+    /// not share them) holds nothing and is reported. Never allocates a new address.
+    pub fn load_existing(&mut self, services: &[ServiceView]) -> Vec<LoadConflict> {
+        let mut ordered: Vec<&ServiceView> = services
+            .iter()
+            .filter(|s| !s.status_ips.is_empty())
+            .collect();
+        ordered.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut conflicts = Vec::new();
+        self.loaded = true;
+        for svc in ordered {
+            if self.not_ours(svc).is_some() {
+                continue;
+            }
+            let result =
+                parse_request(svc).and_then(|req| self.claim_ips(svc, &req, &svc.status_ips));
+            if let Err(error) = result {
+                conflicts.push(LoadConflict {
+                    service: svc.key.clone(),
+                    error,
+                });
+            }
+        }
+        conflicts
+    }
+
+    /// Decides the addresses of a Service, updating what it holds.
+    pub fn assign(&mut self, svc: &ServiceView) -> Verdict {
+        if !self.loaded {
+            return Verdict::NotLoaded;
+        }
+        if let Some(reason) = self.not_ours(svc) {
+            self.release(&svc.key);
+            return Verdict::NotOurs(reason);
+        }
+        match self.decide(svc) {
+            Ok(()) => {
+                let Some(h) = self.holdings.get(&svc.key) else {
+                    return Verdict::Error(AllocationError::NoAvailablePool);
+                };
+                let same = h.ips.len() == svc.status_ips.len()
+                    && h.ips.iter().all(|ip| svc.status_ips.contains(ip));
+                if same {
+                    Verdict::Unchanged
+                } else {
+                    Verdict::Assigned {
+                        ips: h.ips.clone(),
+                        pool: h.pool.clone(),
+                    }
+                }
+            }
+            Err(e) => {
+                self.release(&svc.key);
+                Verdict::Error(e)
+            }
+        }
+    }
+
+    fn not_ours(&self, svc: &ServiceView) -> Option<NotOurs> {
+        if !svc.is_load_balancer {
+            Some(NotOurs::NotLoadBalancer)
+        } else if svc.load_balancer_class != self.class {
+            Some(NotOurs::OtherClass)
+        } else {
+            None
+        }
+    }
+
+    fn decide(&mut self, svc: &ServiceView) -> Result<(), AllocationError> {
+        let req = parse_request(svc)?;
+        if let Some(name) = &req.pool
+            && !self.pools.contains_key(name)
+        {
+            return Err(AllocationError::UnknownPool(name.clone()));
+        }
+        // Keep what it holds when that still satisfies the request.
+        if let Some(h) = self.holdings.get(&svc.key) {
+            let ips = h.ips.clone();
+            if self.check_ips(svc, &req, &ips).is_ok() {
+                if let Some(h) = self.holdings.get_mut(&svc.key) {
+                    h.sharing = req.sharing.clone();
+                }
+                return Ok(());
+            }
+            self.release(&svc.key);
+        }
+        if !req.ips.is_empty() {
+            return self.claim_ips(svc, &req, &req.ips);
+        }
+        // Its status addresses, when still valid and free.
+        if !svc.status_ips.is_empty() && self.claim_ips(svc, &req, &svc.status_ips).is_ok() {
+            return Ok(());
+        }
+        match &req.pool {
+            Some(name) => {
+                let admitted = self.pools.get(name).is_some_and(|p| {
+                    p.pool
+                        .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
+                });
+                if !admitted {
+                    return Err(AllocationError::PoolNotAllowed(name.clone()));
+                }
+                self.allocate_from(svc, &req, name.clone())
+            }
+            None => {
+                let mut candidates: Vec<(bool, i32, &String)> = self
+                    .pools
+                    .values()
+                    .filter(|p| p.pool.auto_assign)
+                    .filter(|p| {
+                        p.pool
+                            .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
+                    })
+                    .map(|p| match &p.pool.allocation {
+                        Some(a) => (false, a.priority, &p.pool.name),
+                        None => (true, 0, &p.pool.name),
+                    })
+                    .collect();
+                candidates.sort();
+                let names: Vec<String> =
+                    candidates.into_iter().map(|(_, _, n)| n.clone()).collect();
+                let mut last = AllocationError::NoAvailablePool;
+                for name in names {
+                    match self.allocate_from(svc, &req, name) {
+                        Ok(()) => return Ok(()),
+                        Err(e) => {
+                            // A full pool says more than a pool without the family.
+                            if !matches!(last, AllocationError::PoolExhausted { .. }) {
+                                last = e;
+                            }
+                        }
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+
+    /// Checks that these addresses satisfy the request and may be held by the Service.
+    fn check_ips(
+        &self,
+        svc: &ServiceView,
+        req: &Request,
+        ips: &[IpAddr],
+    ) -> Result<String, AllocationError> {
+        let Some(first) = ips.first() else {
+            return Err(AllocationError::NoAvailablePool);
+        };
+        if !req.ips.is_empty()
+            && req.ips.iter().collect::<BTreeSet<_>>() != ips.iter().collect::<BTreeSet<_>>()
+        {
+            return Err(AllocationError::IpNotInPool(*first));
+        }
+        let state = self
+            .pools
+            .values()
+            .find(|p| p.pool.may_assign(*first))
+            .ok_or(AllocationError::IpNotInPool(*first))?;
+        let pool = &state.pool;
+        if let Some(ip) = ips.iter().find(|ip| !pool.may_assign(**ip)) {
+            return Err(AllocationError::IpNotInPool(*ip));
+        }
+        if let Some(name) = &req.pool
+            && *name != pool.name
+        {
+            return Err(AllocationError::IpNotInPool(*first));
+        }
+        if !pool.admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels) {
+            return Err(AllocationError::PoolNotAllowed(pool.name.clone()));
+        }
+        families_match(svc, ips)?;
+        if req.ips.is_empty() {
+            // Without named addresses the family set must be exactly what the pool would give.
+            let wanted: BTreeSet<Family> = families_for(svc, pool)?.into_iter().collect();
+            let have: BTreeSet<Family> = ips.iter().map(|ip| Family::of(*ip)).collect();
+            if wanted != have {
+                return Err(AllocationError::FamilyUnavailable(
+                    wanted
+                        .difference(&have)
+                        .next()
+                        .copied()
+                        .unwrap_or(Family::of(*first)),
+                ));
+            }
+        }
+        for ip in ips {
+            self.check_shareable(&svc.key, &req.sharing, *ip)?;
+        }
+        Ok(pool.name.clone())
+    }
+
+    fn check_shareable(
+        &self,
+        me: &ServiceKey,
+        sharing: &Sharing,
+        ip: IpAddr,
+    ) -> Result<(), AllocationError> {
+        for holder in self.holders.get(&ip).into_iter().flatten() {
+            if holder == me {
+                continue;
+            }
+            let compatible = self
+                .holdings
+                .get(holder)
+                .is_some_and(|h| h.sharing.compatible(sharing));
+            if !compatible {
+                return Err(AllocationError::IpInUse {
+                    ip,
+                    holder: holder.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn claim_ips(
+        &mut self,
+        svc: &ServiceView,
+        req: &Request,
+        ips: &[IpAddr],
+    ) -> Result<(), AllocationError> {
+        let pool = self.check_ips(svc, req, ips)?;
+        self.hold(svc.key.clone(), pool, ips.to_vec(), req.sharing.clone());
+        Ok(())
+    }
+
+    fn allocate_from(
+        &mut self,
+        svc: &ServiceView,
+        req: &Request,
+        name: String,
+    ) -> Result<(), AllocationError> {
+        let Some(state) = self.pools.get(&name) else {
+            return Err(AllocationError::UnknownPool(name));
+        };
+        let families = families_for(svc, &state.pool)?;
+        let mut ips = Vec::with_capacity(families.len());
+        for family in families {
+            // An address already shared under the same key, when compatible.
+            let reuse = req.sharing.key.as_ref().and_then(|key| {
+                let state = self.pools.get(&name)?;
+                self.shared.get(key)?.iter().copied().find(|ip| {
+                    Family::of(*ip) == family
+                        && state.pool.may_assign(*ip)
+                        && self.check_shareable(&svc.key, &req.sharing, *ip).is_ok()
+                })
+            });
+            let ip = match reuse {
+                Some(ip) => ip,
+                None => self
+                    .pools
+                    .get_mut(&name)
+                    .and_then(|s| s.lowest_free(family))
+                    .ok_or_else(|| AllocationError::PoolExhausted {
+                        pool: name.clone(),
+                        family,
+                    })?,
+            };
+            ips.push(ip);
+        }
+        self.hold(svc.key.clone(), name, ips, req.sharing.clone());
+        Ok(())
+    }
+
+    fn hold(&mut self, key: ServiceKey, pool: String, ips: Vec<IpAddr>, sharing: Sharing) {
+        self.release(&key);
+        for ip in &ips {
+            let holders = self.holders.entry(*ip).or_default();
+            if holders.is_empty() {
+                for state in self.pools.values_mut() {
+                    if let Some(r) = state.range_of(*ip) {
+                        r.used.insert(ip_to_u128(*ip));
+                    }
+                }
+            }
+            holders.push(key.clone());
+            if let Some(k) = &sharing.key {
+                self.shared.entry(k.clone()).or_default().insert(*ip);
+            }
+        }
+        self.holdings.insert(key, Holding { pool, ips, sharing });
+    }
+
+    /// Releases whatever the Service holds (on deletion). Returns whether it held anything.
+    pub fn release(&mut self, key: &ServiceKey) -> bool {
+        let Some(h) = self.holdings.remove(key) else {
+            return false;
+        };
+        for ip in &h.ips {
+            let now_free = match self.holders.get_mut(ip) {
+                Some(holders) => {
+                    holders.retain(|k| k != key);
+                    holders.is_empty()
+                }
+                None => true,
+            };
+            if now_free {
+                self.holders.remove(ip);
+                for state in self.pools.values_mut() {
+                    if let Some(r) = state.range_of(*ip) {
+                        let n = ip_to_u128(*ip);
+                        r.used.remove(&n);
+                        r.cursor = r.cursor.min(n);
+                    }
+                }
+            }
+            if let Some(k) = &h.sharing.key {
+                let still = self.holders.get(ip).into_iter().flatten().any(|other| {
+                    self.holdings
+                        .get(other)
+                        .is_some_and(|o| o.sharing.key.as_ref() == Some(k))
+                });
+                if !still && let Some(set) = self.shared.get_mut(k) {
+                    set.remove(ip);
+                    if set.is_empty() {
+                        self.shared.remove(k);
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Releases every Service for which `present` is false (deleted while not watched).
+    /// Returns the released Services, sorted.
+    pub fn release_missing(&mut self, present: impl Fn(&ServiceKey) -> bool) -> Vec<ServiceKey> {
+        let mut gone: Vec<ServiceKey> = self
+            .holdings
+            .keys()
+            .filter(|k| !present(k))
+            .cloned()
+            .collect();
+        gone.sort();
+        for key in &gone {
+            self.release(key);
+        }
+        gone
+    }
+
+    /// The addresses a Service holds and their pool.
+    pub fn holding(&self, key: &ServiceKey) -> Option<(&str, &[IpAddr])> {
+        self.holdings
+            .get(key)
+            .map(|h| (h.pool.as_str(), h.ips.as_slice()))
+    }
+
+    /// The Services holding an address.
+    pub fn holders(&self, ip: IpAddr) -> &[ServiceKey] {
+        self.holders.get(&ip).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Size and use per pool and family (for pool status and metrics), by pool name.
+    pub fn usage(&self) -> Vec<PoolUsage> {
+        let mut out = Vec::new();
+        for state in self.pools.values() {
+            for family in Family::ALL {
+                let in_use = state
+                    .ranges
+                    .iter()
+                    .filter(|r| r.range.family == family)
+                    .map(|r| r.used.len() as u128)
+                    .sum();
+                out.push(PoolUsage {
+                    pool: state.pool.name.clone(),
+                    family,
+                    size: state.pool.size(family),
+                    in_use,
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+//! The controller's metrics: pool sizes and use per family, and allocation errors by reason.
+//!
+//! [`ControllerMetrics::register`] registers into a registry it is handed (no globals). Labels are
+//! bounded: pool names come from validated pools, families and reasons from `as_str()`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::allocator::{AllocationError, PoolUsage};
+
+/// Labels of the pool gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool name.
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: &'static str,
+}
+
+/// Labels of the error counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// [`AllocationError::as_str`].
+    pub reason: &'static str,
+}
+
+/// The controller's metrics. Clones share the same values.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerMetrics {
+    /// `swimlb_pool_addresses{pool,family}`: addresses a pool can hand out (saturated at i64::MAX).
+    pub pool_addresses: Family<PoolLabels, Gauge>,
+    /// `swimlb_pool_addresses_in_use{pool,family}`: addresses held by Services.
+    pub pool_addresses_in_use: Family<PoolLabels, Gauge>,
+    /// `swimlb_allocation_errors_total{reason}`: allocations refused, by reason.
+    pub allocation_errors: Family<ReasonLabels, Counter>,
+}
+
+fn saturate(n: u128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl ControllerMetrics {
+    /// New metrics, registered into `registry` under their `swimlb_` names.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "swimlb_pool_addresses",
+            "Addresses an IPAddressPool can hand out, per family",
+            m.pool_addresses.clone(),
+        );
+        registry.register(
+            "swimlb_pool_addresses_in_use",
+            "Addresses of an IPAddressPool held by Services, per family",
+            m.pool_addresses_in_use.clone(),
+        );
+        registry.register(
+            "swimlb_allocation_errors",
+            "Services refused an address, by reason",
+            m.allocation_errors.clone(),
+        );
+        m
+    }
+
+    /// Sets the pool gauges from [`crate::allocator::Allocator::usage`]; pools no longer present
+    /// are removed.
+    pub fn observe_usage(&self, usage: &[PoolUsage]) {
+        self.pool_addresses.clear();
+        self.pool_addresses_in_use.clear();
+        for u in usage {
+            let labels = PoolLabels {
+                pool: u.pool.clone(),
+                family: u.family.as_str(),
+            };
+            self.pool_addresses
+                .get_or_create(&labels)
+                .set(saturate(u.size));
+            self.pool_addresses_in_use
+                .get_or_create(&labels)
+                .set(saturate(u.in_use));
+        }
+    }
+
+    /// Counts one refused allocation.
+    pub fn count_error(&self, error: &AllocationError) {
+        self.allocation_errors
+            .get_or_create(&ReasonLabels {
+                reason: error.as_str(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use swimlb_config::pools::Family as IpFamily;
+
+    #[test]
+    fn usage_and_errors_appear_in_the_openmetrics_text() {
+        let mut registry = Registry::default();
+        let m = ControllerMetrics::register(&mut registry);
+        m.observe_usage(&[
+            PoolUsage {
+                pool: "a".into(),
+                family: IpFamily::V4,
+                size: 254,
+                in_use: 3,
+            },
+            PoolUsage {
+                pool: "a".into(),
+                family: IpFamily::V6,
+                size: u128::MAX,
+                in_use: 0,
+            },
+        ]);
+        m.count_error(&AllocationError::NoAvailablePool);
+        m.count_error(&AllocationError::NoAvailablePool);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(
+            text.contains("swimlb_pool_addresses{pool=\"a\",family=\"ipv4\"} 254"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_pool_addresses{pool=\"a\",family=\"ipv6\"} 9223372036854775807"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_pool_addresses_in_use{pool=\"a\",family=\"ipv4\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_allocation_errors_total{reason=\"no_available_pool\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_pool_that_disappears_leaves_no_gauge_behind() {
+        let mut registry = Registry::default();
+        let m = ControllerMetrics::register(&mut registry);
+        m.observe_usage(&[PoolUsage {
+            pool: "old".into(),
+            family: IpFamily::V4,
+            size: 4,
+            in_use: 1,
+        }]);
+        m.observe_usage(&[PoolUsage {
+            pool: "new".into(),
+            family: IpFamily::V4,
+            size: 8,
+            in_use: 0,
+        }]);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(!text.contains("pool=\"old\""), "{text}");
+        assert!(text.contains("pool=\"new\""), "{text}");
+    }
+}

@@ -1,0 +1,292 @@
+//! `swimlb-lab soak`: the lab with no fault at all, for what must NOT happen and what the speaker
+//! costs at rest.
+//!
+//! N nodes run swimlb, optionally with random loss on every link and with a flood of non-ARP
+//! frames at one node; the client probes the VIP the whole time. The report counts owner changes
+//! (each one a false failover), lost probes, and each speaker's resident memory and CPU use,
+//! read from `/proc` over the run.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::failover::{Daemons as _, SwimlbDaemons};
+use crate::netns::{self, Lab};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Nodes.
+    pub nodes: usize,
+    /// Random loss on every node link, percent.
+    pub loss: u8,
+    /// How long to watch.
+    pub duration: Duration,
+    /// Non-ARP frames per second sent at node 1 (0: none).
+    pub flood_pps: u64,
+    /// Where to write the JSON report.
+    pub json: Option<PathBuf>,
+}
+
+/// One speaker's cost.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SpeakerCost {
+    /// Node name.
+    pub node: String,
+    /// Resident memory at the end, MiB.
+    pub rss_mib: f64,
+    /// CPU over the run, percent of one core.
+    pub cpu_percent: f64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// Nodes.
+    pub nodes: usize,
+    /// Loss, percent.
+    pub loss: u8,
+    /// Seconds watched.
+    pub duration_s: f64,
+    /// Flood rate at node 1 (frames per second asked for).
+    pub flood_pps: u64,
+    /// Flood frames actually sent.
+    pub flood_sent: u64,
+    /// Probes sent.
+    pub probes: usize,
+    /// Probes without an answer.
+    pub lost_probes: usize,
+    /// Owner changes (false failovers: there was no fault).
+    pub owner_changes: usize,
+    /// Per speaker.
+    pub speakers: Vec<SpeakerCost>,
+}
+
+impl Report {
+    /// A few lines for the terminal.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "soak: {} nodes, {}% loss, {:.0} s, flood {} fps at node1 ({} sent): {} probes, {} lost, {} owner changes (false failovers)\n",
+            self.nodes,
+            self.loss,
+            self.duration_s,
+            self.flood_pps,
+            self.flood_sent,
+            self.probes,
+            self.lost_probes,
+            self.owner_changes
+        );
+        for c in &self.speakers {
+            s.push_str(&format!(
+                "  {:<8} rss {:>6.1} MiB  cpu {:>5.2} % of a core\n",
+                c.node, c.rss_mib, c.cpu_percent
+            ));
+        }
+        s
+    }
+}
+
+/// The (utime + stime) of `pid`, in clock ticks, and its resident memory in KiB.
+fn proc_usage(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some((utime + stime, rss_kib))
+}
+
+/// Sends `pps` IPv4/UDP frames per second from `netns`'s `eth0` to `dst_mac`, until stopped.
+fn flood(
+    netns: &str,
+    dst_mac: [u8; 6],
+    pps: u64,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+) -> Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let ns = netns.to_string();
+    let handle = std::thread::Builder::new()
+        .name("flood".into())
+        .spawn(move || {
+            let tx = (|| -> Result<_> {
+                enter_netns(&ns)?;
+                let iface = pnet_datalink::interfaces()
+                    .into_iter()
+                    .find(|i| i.name == "eth0")
+                    .context("no eth0")?;
+                let config = pnet_datalink::Config {
+                    promiscuous: false,
+                    ..Default::default()
+                };
+                match pnet_datalink::channel(&iface, config)? {
+                    pnet_datalink::Channel::Ethernet(tx, _rx) => Ok(tx),
+                    _ => anyhow::bail!("not an Ethernet channel"),
+                }
+            })();
+            let mut tx = match tx {
+                Ok(tx) => {
+                    let _ = ready_tx.send(Ok(()));
+                    tx
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            // A minimal IPv4/UDP frame to the node's MAC, client -> node, port 9 (discard).
+            let mut frame = [0u8; 60];
+            frame[..6].copy_from_slice(&dst_mac);
+            frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xfe]);
+            frame[12..14].copy_from_slice(&[0x08, 0x00]);
+            frame[14] = 0x45;
+            frame[16..18].copy_from_slice(&46u16.to_be_bytes());
+            frame[22] = 64;
+            frame[23] = 17;
+            frame[26..30].copy_from_slice(&netns::CLIENT_V4.octets());
+            frame[30..34].copy_from_slice(&[198, 51, 100, 11]);
+            frame[36..38].copy_from_slice(&9u16.to_be_bytes());
+            frame[38..40].copy_from_slice(&26u16.to_be_bytes());
+            let start = Instant::now();
+            let mut n: u64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
+                let now = Instant::now();
+                if now < due {
+                    std::thread::sleep((due - now).min(Duration::from_millis(1)));
+                    continue;
+                }
+                // Send in small batches to keep up with the rate.
+                for _ in 0..64 {
+                    if tx.send_to(&frame, None).is_some_and(|r| r.is_ok()) {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    n += 1;
+                }
+            }
+        })?;
+    ready_rx.recv().context("flood thread died")??;
+    Ok(handle)
+}
+
+/// Runs the soak; `program` is the lab binary (for the speakers).
+pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let mut lab = Lab::create(options.nodes).context("building the lab")?;
+    let mut workers = Vec::new();
+    for node in lab.nodes.clone() {
+        workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    if options.loss > 0 {
+        for i in 1..=options.nodes {
+            lab.set_loss(i, options.loss)?;
+        }
+    }
+    let mut daemons = SwimlbDaemons::new(&lab, program)?;
+    for i in 1..=options.nodes {
+        daemons.start(&mut lab, i)?;
+    }
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
+        Duration::from_millis(10),
+    )?;
+    let owner = crate::failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+    progress(&format!(
+        "{owner} owns the VIP; watching for {:?}",
+        options.duration
+    ));
+    let pids: Vec<(String, u32)> = (1..=options.nodes)
+        .filter_map(|i| {
+            daemons
+                .pid(&mut lab, i)
+                .map(|p| (lab.node(i).name.clone(), p))
+        })
+        .collect();
+    let before: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let flooder = if options.flood_pps > 0 {
+        Some(flood(
+            &lab.client_netns,
+            lab.node(1).mac,
+            options.flood_pps,
+            stop.clone(),
+            sent.clone(),
+        )?)
+    } else {
+        None
+    };
+    let skip = prober.snapshot().len();
+    let started = Instant::now();
+    std::thread::sleep(options.duration);
+    let elapsed = started.elapsed();
+    let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
+    stop.store(true, Ordering::Relaxed);
+    if let Some(f) = flooder {
+        let _ = f.join();
+    }
+    let records = prober.stop();
+    // The newest probes may still be in flight.
+    let watched = &records[skip.min(records.len())..records.len().saturating_sub(5)];
+    // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
+    let ticks_per_s = 100.0;
+    let speakers = pids
+        .iter()
+        .zip(before.iter().zip(after.iter()))
+        .filter_map(|((node, _), (b, a))| {
+            let (b, a) = (b.as_ref()?, a.as_ref()?);
+            Some(SpeakerCost {
+                node: node.clone(),
+                rss_mib: a.1 as f64 / 1024.0,
+                cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
+                    * 100.0,
+            })
+        })
+        .collect();
+    drop(workers);
+    lab.teardown();
+    let report = Report {
+        nodes: options.nodes,
+        loss: options.loss,
+        duration_s: elapsed.as_secs_f64(),
+        flood_pps: options.flood_pps,
+        flood_sent: sent.load(Ordering::Relaxed),
+        probes: watched.len(),
+        lost_probes: watched.iter().filter(|r| r.answer.is_none()).count(),
+        owner_changes: probe::owner_changes(watched),
+        speakers,
+    };
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_its_own_cpu_and_memory() {
+        let (_, rss_kib) = proc_usage(std::process::id()).unwrap();
+        assert!(rss_kib > 0);
+        assert_eq!(proc_usage(u32::MAX), None);
+    }
+}
