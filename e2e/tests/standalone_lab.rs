@@ -108,9 +108,37 @@ impl Running {
             Duration::from_millis(10),
         )
         .expect("prober");
-        let owner = failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
-        (prober, owner)
+        // Steady means: the client's probes go to one node, and that node is the owner all
+        // three speakers elected while seeing each other. (Right after start the client may
+        // follow a node that briefly claimed the VIP; see the report.)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut mismatches = Vec::new();
+        loop {
+            let limit = deadline.saturating_duration_since(Instant::now());
+            let answering = failover::wait_for_steady_owner(&prober, 100, limit)
+                .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
+            match self.agreed_owner() {
+                Ok(owner) if owner == answering => {
+                    if !mismatches.is_empty() {
+                        eprintln!(
+                            "before steady: the client followed a non-owner or the speakers disagreed: {mismatches:?}"
+                        );
+                    }
+                    return (prober, owner);
+                }
+                other => {
+                    if mismatches.len() < 5 {
+                        mismatches.push(format!("{answering} answers, views {other:?}"));
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the client never settled on the agreed owner: {mismatches:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Each node's `swimlb_conflicts` counter, from its `/metrics` (`None`: no answer).
@@ -137,8 +165,9 @@ impl Running {
         })
     }
 
-    /// Each node's view of the VIP's owner, from its `/status` (`None`: no answer).
-    fn owners_seen(&self) -> Vec<Option<String>> {
+    /// Each node's view from its `/status`: the VIP's owner and how many members it sees
+    /// (`None`: no answer).
+    fn views(&self) -> Vec<Option<(Option<String>, usize)>> {
         let nodes: Vec<SocketAddr> = self
             .lab
             .nodes
@@ -152,15 +181,33 @@ impl Running {
                 .map(|addr| {
                     let body = http_get(*addr, "/status")?;
                     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-                    v["addresses"]
+                    let owner = v["addresses"]
                         .as_array()?
                         .iter()
                         .find(|a| a["ip"] == vip.as_str())?["owner"]
                         .as_str()
-                        .map(str::to_string)
+                        .map(str::to_string);
+                    Some((owner, v["members"].as_array()?.len()))
                 })
                 .collect()
         })
+    }
+
+    /// The owner every node names, when every node answers and sees every member.
+    fn agreed_owner(&self) -> Result<String, String> {
+        let views = self.views();
+        let n = self.lab.nodes.len();
+        match views.first() {
+            Some(Some((Some(first), _)))
+                if views.iter().all(|v| {
+                    v.as_ref()
+                        .is_some_and(|(o, m)| o.as_ref() == Some(first) && *m == n)
+                }) =>
+            {
+                Ok(first.clone())
+            }
+            _ => Err(format!("{views:?}")),
+        }
     }
 }
 
@@ -480,17 +527,16 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
     eprintln!("partition: {owner} cut off; ARP answerers during the partition: {split:?}");
 
     run.lab.set_loss(index, 0).unwrap();
-    // Wait (bounded) until all three speakers agree on one owner again, five polls in a row.
+    // Wait (bounded) until all three speakers see each other and agree on one owner again,
+    // five polls in a row.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut streak = 0;
     let agreed = loop {
-        let seen = run.owners_seen();
-        if let Some(Some(first)) = seen.first()
-            && seen.iter().all(|o| o.as_ref() == Some(first))
-        {
+        let seen = run.agreed_owner();
+        if let Ok(owner) = &seen {
             streak += 1;
             if streak == 5 {
-                break first.clone();
+                break owner.clone();
             }
         } else {
             streak = 0;
