@@ -188,8 +188,12 @@ pub struct SwimlbDaemons {
     program: PathBuf,
     dir: PathBuf,
     children: Vec<Option<usize>>,
+    exits: Vec<Option<std::process::ExitStatus>>,
     /// Extra YAML lines for every node's file (for example a gossip profile).
     pub extra: String,
+    /// Extra YAML lines for node `index`'s group, each indented by 4 spaces (checks, priority,
+    /// `preemptDelay`, `notify`): lets tests give nodes different group settings.
+    pub group_extra: std::collections::BTreeMap<usize, String>,
 }
 
 /// The gossip port of the lab's speakers.
@@ -214,7 +218,9 @@ impl SwimlbDaemons {
             program,
             dir,
             children: vec![None; lab.nodes.len() + 1],
+            exits: vec![None; lab.nodes.len() + 1],
             extra: String::new(),
+            group_extra: std::collections::BTreeMap::new(),
         })
     }
 
@@ -237,7 +243,21 @@ impl SwimlbDaemons {
             extra = self.extra,
             v4 = netns::vip_v4(0),
             v6 = netns::vip_v6(0),
-        )
+        ) + self
+            .group_extra
+            .get(&index)
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+
+    /// The directory of the run's files (configurations, keys, logs).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// How node `index`'s speaker exited, once [`Daemons::signal`] stopped it.
+    pub fn exit_status(&self, index: usize) -> Option<std::process::ExitStatus> {
+        self.exits.get(index).copied().flatten()
     }
 
     /// The process id of node `index`'s speaker, while it runs.
@@ -290,6 +310,7 @@ impl Daemons for SwimlbDaemons {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.exits[index] = lab.child(child).wait().ok();
         Ok(())
     }
 }

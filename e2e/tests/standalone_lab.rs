@@ -1,0 +1,822 @@
+//! End-to-end tests of the standalone speaker in the namespace lab (issue 5): power-off with the
+//! client's neighbor cache moved by gratuitous ARP, graceful handover, a killed speaker, a
+//! partition that heals to exactly one ARP answerer, a failing health check with its notify
+//! hook, the preemption delay of a rejoining node, an IPv6 VIP, and invalid files.
+//!
+//! Every lab test needs root (it makes network namespaces); without it, it says so and returns.
+//! The lab tests take a lock and run one at a time: the speakers' fast gossip profile detects a
+//! silent member in under a second, and a few labs competing for two busy cores would make a
+//! member look silent. Every wait is bounded; the only time bounds asserted are the functional
+//! ones the issue names, with generous slack.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use swimlb_e2e::demo::{AnnouncementWatcher, http_get};
+use swimlb_e2e::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use swimlb_e2e::netns::{self, Lab};
+use swimlb_e2e::probe::{self, FailoverSample, PROBE_PORT, Prober, Worker};
+use swimlb_proto::Frame;
+use swimlb_proto::arp::{ArpOperation, ArpRepr};
+use swimlb_proto::ethernet::MacAddr;
+use tokio::time::Instant;
+
+/// One lab at a time (see the module doc).
+static LAB: Mutex<()> = Mutex::new(());
+
+/// The longest failover the fast profile may take here: DESIGN.md measures 3-member detection
+/// at 0.5-1.1 s; this is that upper bound, used only inside generously slackened bounds.
+const DETECTION_BOUND: Duration = Duration::from_millis(1100);
+
+/// The client's MAC (see `netns`).
+const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
+
+fn root_or_skip(test: &str) -> bool {
+    if netns::is_root() {
+        return true;
+    }
+    eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
+    false
+}
+
+fn program() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
+}
+
+fn mac(m: [u8; 6]) -> MacAddr {
+    MacAddr(m[0], m[1], m[2], m[3], m[4], m[5])
+}
+
+/// A lab with a responder and a speaker on every node. Fields drop in order: responder threads
+/// first, then the lab (which kills the speakers and deletes the namespaces).
+struct Running {
+    _responders: Vec<Worker>,
+    daemons: SwimlbDaemons,
+    lab: Lab,
+}
+
+impl Running {
+    /// Builds a 3-node lab for test number `n` (run id `<pid>x<n>`); `customize` may change the
+    /// speakers' files before they start.
+    fn start(n: u32, customize: impl FnOnce(&Lab, &mut SwimlbDaemons)) -> Running {
+        let id = format!("{}x{n}", std::process::id());
+        let mut lab = Lab::create_with_id(3, &id).expect("building the lab");
+        let mut responders = Vec::new();
+        for node in lab.nodes.clone() {
+            responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
+        }
+        let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
+        customize(&lab, &mut daemons);
+        for i in 1..=lab.nodes.len() {
+            daemons.start(&mut lab, i).expect("starting a speaker");
+        }
+        Running {
+            _responders: responders,
+            daemons,
+            lab,
+        }
+    }
+
+    /// Every speaker's log, for failure messages.
+    fn logs(&self) -> String {
+        let mut all = String::new();
+        for i in 1..=self.lab.nodes.len() {
+            let path = self.daemons.log_path(&self.lab, i);
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            all.push_str(&format!("--- {} ---\n{text}", path.display()));
+        }
+        all
+    }
+
+    fn index_of(&self, name: &str) -> usize {
+        self.lab
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.index)
+            .unwrap_or_else(|| panic!("{name} is not a lab node"))
+    }
+
+    /// Starts probing `vip` from the client and waits until one node answers steadily.
+    fn probe_until_steady(&self, vip: IpAddr) -> (Prober, String) {
+        let prober = Prober::start(
+            &self.lab.client_netns,
+            SocketAddr::new(vip, PROBE_PORT),
+            Duration::from_millis(10),
+        )
+        .expect("prober");
+        // Steady means: the client's probes go to one node, and that node is the owner all
+        // three speakers elected while seeing each other. (Right after start the client may
+        // follow a node that briefly claimed the VIP; see the report.)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut mismatches = Vec::new();
+        loop {
+            let limit = deadline.saturating_duration_since(Instant::now());
+            let answering = failover::wait_for_steady_owner(&prober, 100, limit)
+                .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
+            match self.agreed_owner() {
+                Ok(owner) if owner == answering => {
+                    if !mismatches.is_empty() {
+                        eprintln!(
+                            "before steady: the client followed a non-owner or the speakers disagreed: {mismatches:?}"
+                        );
+                    }
+                    return (prober, owner);
+                }
+                other => {
+                    if mismatches.len() < 5 {
+                        mismatches.push(format!("{answering} answers, views {other:?}"));
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the client never settled on the agreed owner: {mismatches:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Each node's `swimlb_conflicts` counter, from its `/metrics` (`None`: no answer).
+    fn conflicts_counted(&self) -> Vec<Option<u64>> {
+        let nodes: Vec<SocketAddr> = self
+            .lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+            .collect();
+        in_netns(&self.lab.client_netns, move || {
+            nodes
+                .iter()
+                .map(|addr| {
+                    let body = http_get(*addr, "/metrics")?;
+                    body.lines()
+                        .find(|l| l.starts_with("swimlb_conflicts"))?
+                        .split_whitespace()
+                        .last()?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+    }
+
+    /// Each node's view from its `/status`: the VIP's owner and how many members it sees
+    /// (`None`: no answer).
+    fn views(&self) -> Vec<Option<(Option<String>, usize)>> {
+        let nodes: Vec<SocketAddr> = self
+            .lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+            .collect();
+        let vip = netns::vip_v4(0).to_string();
+        in_netns(&self.lab.client_netns, move || {
+            nodes
+                .iter()
+                .map(|addr| {
+                    let body = http_get(*addr, "/status")?;
+                    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+                    let owner = v["addresses"]
+                        .as_array()?
+                        .iter()
+                        .find(|a| a["ip"] == vip.as_str())?["owner"]
+                        .as_str()
+                        .map(str::to_string);
+                    Some((owner, v["members"].as_array()?.len()))
+                })
+                .collect()
+        })
+    }
+
+    /// The owner every node names, when every node answers and sees every member.
+    fn agreed_owner(&self) -> Result<String, String> {
+        let views = self.views();
+        let n = self.lab.nodes.len();
+        match views.first() {
+            Some(Some((Some(first), _)))
+                if views.iter().all(|v| {
+                    v.as_ref()
+                        .is_some_and(|(o, m)| o.as_ref() == Some(first) && *m == n)
+                }) =>
+            {
+                Ok(first.clone())
+            }
+            _ => Err(format!("{views:?}")),
+        }
+    }
+}
+
+/// Runs `f` on a thread inside `netns` and returns its result.
+fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = netns.to_string();
+    std::thread::spawn(move || {
+        probe::enter_netns(&ns).expect("entering the namespace");
+        f()
+    })
+    .join()
+    .expect("namespace thread")
+}
+
+/// Waits (bounded by `limit`) until a node other than `old_owner` answers the prober after
+/// `fault`.
+fn wait_for_failover(
+    prober: &Prober,
+    fault: Instant,
+    old_owner: &str,
+    limit: Duration,
+) -> Option<FailoverSample> {
+    let deadline = fault + limit;
+    loop {
+        if let Some(s) = probe::failover(&prober.snapshot(), fault, old_owner) {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The node that answered the first probe answered by a node other than `old_owner` after
+/// `fault`.
+fn first_new_answerer(prober: &Prober, fault: Instant, old_owner: &str) -> Option<String> {
+    prober
+        .snapshot()
+        .iter()
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, at)| *at >= fault && n != old_owner)
+        .min_by_key(|(_, at)| *at)
+        .map(|(n, _)| n.clone())
+}
+
+/// Sends `count` ARP requests for `ip` from the client's `eth0`, 200 ms apart (broadcast, or
+/// unicast to `to`), and returns the sender MAC of every ARP reply for `ip` seen until 500 ms
+/// after the last request.
+fn arp_replies(netns: &str, ip: Ipv4Addr, to: Option<[u8; 6]>, count: usize) -> Vec<String> {
+    in_netns(netns, move || {
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "eth0")
+            .expect("eth0 in the client namespace");
+        let mut channel = swimlb_speaker::packet_socket::open(&iface, Duration::from_millis(20))
+            .expect("packet socket");
+        let request = ArpRepr {
+            operation: ArpOperation::Request,
+            sender_mac: mac(CLIENT_MAC),
+            sender_ip: netns::CLIENT_V4,
+            target_mac: MacAddr(0, 0, 0, 0, 0, 0),
+            target_ip: ip,
+        };
+        let mut frame = vec![0u8; request.frame_len()];
+        request.emit_frame(&mut frame).expect("ARP request");
+        if let Some(dst) = to {
+            frame[..6].copy_from_slice(&dst);
+        }
+        let mut replies = Vec::new();
+        let mut sent = 0;
+        let mut next_send = Instant::now();
+        let end = Instant::now() + Duration::from_millis(200 * count as u64 + 500);
+        while Instant::now() < end {
+            if sent < count && Instant::now() >= next_send {
+                let _ = channel.tx.send_to(&frame, None);
+                sent += 1;
+                next_send += Duration::from_millis(200);
+            }
+            let Ok(bytes) = channel.rx.next() else {
+                continue;
+            };
+            if let Ok(Frame::Arp { arp, .. }) = Frame::parse(bytes)
+                && arp.operation == ArpOperation::Reply
+                && arp.sender_ip == ip
+            {
+                replies.push(arp.sender_mac.to_string());
+            }
+        }
+        replies
+    })
+}
+
+/// The client's neighbor entry for the VIP: (MAC, state).
+fn neighbor_entry(lab: &Lab, ip: IpAddr) -> (Option<String>, String) {
+    let out = lab
+        .run_in(
+            &lab.client_netns,
+            "ip",
+            &["neigh", "show", &ip.to_string(), "dev", "eth0"],
+        )
+        .unwrap_or_default();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let mac = words
+        .iter()
+        .position(|w| *w == "lladdr")
+        .and_then(|i| words.get(i + 1))
+        .map(|m| m.to_string());
+    (mac, words.last().map(|s| s.to_string()).unwrap_or_default())
+}
+
+fn read_sysctl_in(lab: &Lab, netns: &str, key: &str) -> u64 {
+    lab.run_in(
+        netns,
+        "cat",
+        &[&format!("/proc/sys/{}", key.replace('.', "/"))],
+    )
+    .ok()
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or_else(|| panic!("reading {key}"))
+}
+
+#[test]
+fn a_powered_off_owner_is_replaced_and_gratuitous_arp_moves_the_clients_neighbor_entry() {
+    if !root_or_skip("power-off") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(1, |_, _| {});
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let old = run.lab.node(run.index_of(&owner)).clone();
+    let (before, _) = neighbor_entry(&run.lab, vip);
+    assert_eq!(before.as_deref(), Some(netns::mac_text(old.mac).as_str()));
+
+    let watcher = AnnouncementWatcher::start(&run.lab.client_netns, vec![vip]).unwrap();
+    let fault = Instant::now();
+    run.lab.set_link(old.index, false).unwrap();
+    // Sample the neighbor entry's states while waiting: the kernel's own re-resolution would
+    // go through PROBE/FAILED/INCOMPLETE; a gratuitous ARP replaces the MAC directly.
+    let mut states = BTreeSet::new();
+    let deadline = fault + Duration::from_secs(10);
+    let sample = loop {
+        let (_, state) = neighbor_entry(&run.lab, vip);
+        states.insert(state);
+        if let Some(s) = probe::failover(&prober.snapshot(), fault, &owner) {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (after, state) = neighbor_entry(&run.lab, vip);
+    let sample = sample.unwrap_or_else(|| panic!("no other node answered\n{}", run.logs()));
+    let new_owner = first_new_answerer(&prober, fault, &owner).unwrap();
+    let new = run.lab.node(run.index_of(&new_owner)).clone();
+    std::thread::sleep(Duration::from_millis(100));
+    let garps: Vec<_> = watcher
+        .seen()
+        .into_iter()
+        .filter(|a| a.at >= fault && a.mac == mac(new.mac))
+        .collect();
+    eprintln!(
+        "power-off: {owner} -> {new_owner} in {:.0} ms, {} probes lost, neighbor states seen {states:?}",
+        sample.failover_ms, sample.lost_probes
+    );
+    assert_eq!(
+        after.as_deref(),
+        Some(netns::mac_text(new.mac).as_str()),
+        "the client's neighbor entry ({state}) holds the new owner's MAC"
+    );
+    assert!(
+        !states.contains("FAILED") && !states.contains("INCOMPLETE") && state != "FAILED",
+        "the entry never went through re-resolution: {states:?}"
+    );
+    assert!(
+        !garps.is_empty(),
+        "the client saw a gratuitous ARP from {new_owner}"
+    );
+    // Without the gratuitous ARP the kernel would keep the dead MAC until its unicast probes
+    // failed: at least ucast_solicit x retrans_time after the fault.
+    let eth0 = "net.ipv4.neigh.eth0";
+    let kernel_floor_ms = read_sysctl_in(
+        &run.lab,
+        &run.lab.client_netns,
+        &format!("{eth0}.ucast_solicit"),
+    ) * read_sysctl_in(
+        &run.lab,
+        &run.lab.client_netns,
+        &format!("{eth0}.retrans_time_ms"),
+    );
+    assert!(
+        sample.failover_ms < kernel_floor_ms as f64,
+        "traffic moved ({:.0} ms) before the kernel could have re-resolved ({kernel_floor_ms} ms)",
+        sample.failover_ms
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up() {
+    if !root_or_skip("graceful handover") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(2, |_, _| {});
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let index = run.index_of(&owner);
+    let netns_of_owner = run.lab.node(index).netns.clone();
+    assert!(
+        run.lab
+            .run_in(&netns_of_owner, "ip", &["link", "show", "swimlb0"])
+            .is_ok(),
+        "the running speaker holds its VIPs on swimlb0"
+    );
+    let fault = Instant::now();
+    run.daemons.signal(&mut run.lab, index, "TERM").unwrap();
+    let sample = wait_for_failover(&prober, fault, &owner, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no other node answered\n{}", run.logs()));
+    std::thread::sleep(Duration::from_millis(300));
+    let records = prober.stop();
+    eprintln!(
+        "graceful: {owner} stopped, failover {:.0} ms, {} probes lost",
+        sample.failover_ms, sample.lost_probes
+    );
+    let status = run.daemons.exit_status(index);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the stopped speaker exited 0: {status:?}\n{}",
+        run.logs()
+    );
+    assert!(
+        run.lab
+            .run_in(&netns_of_owner, "ip", &["link", "show", "swimlb0"])
+            .is_err(),
+        "the stopped speaker removed its swimlb0 holder link"
+    );
+    assert!(
+        sample.lost_probes <= 2,
+        "a graceful handover loses at most 2 probes, lost {}\n{}",
+        sample.lost_probes,
+        run.logs()
+    );
+    let last = records.iter().rev().find_map(|r| r.answer.as_ref());
+    assert!(
+        last.is_some_and(|(n, _)| *n != owner),
+        "a new owner answers"
+    );
+    run.lab.teardown();
+}
+
+#[test]
+fn a_killed_speaker_is_replaced_and_its_kernel_stays_silent_for_the_vip() {
+    if !root_or_skip("killed speaker") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(3, |_, _| {});
+    let v4 = netns::vip_v4(0);
+    let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
+    let index = run.index_of(&owner);
+    let killed_mac = run.lab.node(index).mac;
+    let fault = Instant::now();
+    run.daemons.signal(&mut run.lab, index, "KILL").unwrap();
+    let sample = wait_for_failover(&prober, fault, &owner, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no other node answered\n{}", run.logs()));
+    let new_owner = first_new_answerer(&prober, fault, &owner).unwrap();
+    let new_mac = netns::mac_text(run.lab.node(run.index_of(&new_owner)).mac);
+    eprintln!(
+        "kill: {owner} killed, {new_owner} answers after {:.0} ms, {} probes lost",
+        sample.failover_ms, sample.lost_probes
+    );
+    // The killed node still holds the VIP on swimlb0; arp_ignore keeps its kernel from
+    // answering for it, even for a request sent to its own MAC.
+    let client = run.lab.client_netns.clone();
+    let directed = arp_replies(&client, v4, Some(killed_mac), 3);
+    assert!(
+        directed.is_empty(),
+        "ARP requests sent to the killed node's MAC got replies from {directed:?}"
+    );
+    let broadcast: BTreeSet<String> = arp_replies(&client, v4, None, 3).into_iter().collect();
+    assert_eq!(
+        broadcast,
+        BTreeSet::from([new_mac]),
+        "only the new owner answers ARP for the VIP"
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
+    if !root_or_skip("partition") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(4, |_, _| {});
+    let v4 = netns::vip_v4(0);
+    let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
+    let index = run.index_of(&owner);
+    // Cut the owner off at the IP layer: its gossip is dropped both ways, while its packet
+    // socket still sees and answers ARP. Both sides elect an owner.
+    let fault = Instant::now();
+    run.lab.set_loss(index, 100).unwrap();
+    let during = wait_for_failover(&prober, fault, &owner, Duration::from_secs(10));
+    assert!(
+        during.is_some(),
+        "the majority side elected an owner during the partition\n{}",
+        run.logs()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let client = run.lab.client_netns.clone();
+    let split: BTreeSet<String> = arp_replies(&client, v4, None, 2).into_iter().collect();
+    eprintln!("partition: {owner} cut off; ARP answerers during the partition: {split:?}");
+
+    run.lab.set_loss(index, 0).unwrap();
+    let healed = Instant::now();
+    // Wait (bounded) until all three speakers see each other and agree on one owner again,
+    // five polls in a row.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut streak = 0;
+    let (agreed, converged) = loop {
+        let seen = run.agreed_owner();
+        if let Ok(owner) = &seen {
+            streak += 1;
+            if streak == 5 {
+                break (owner.clone(), healed.elapsed());
+            }
+        } else {
+            streak = 0;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the healed speakers never agreed on an owner for a second: {seen:?}; conflicts counted per node: {:?}\n{}",
+            run.conflicts_counted(),
+            run.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Let any stale answering stop, then ask.
+    std::thread::sleep(Duration::from_secs(2));
+    let replies = arp_replies(&client, v4, None, 3);
+    let macs: BTreeSet<String> = replies.iter().cloned().collect();
+    // Not asserted (the issue does not ask): conflicts each speaker counted, i.e. another MAC
+    // claiming a VIP it owned (each one answered with a burst of announcements).
+    eprintln!(
+        "partition healed: all agree on {agreed} ({converged:.1?} after the heal); ARP replies {replies:?}; conflicts counted per node: {:?}",
+        run.conflicts_counted()
+    );
+    assert_eq!(
+        macs,
+        BTreeSet::from([netns::mac_text(run.lab.node(run.index_of(&agreed)).mac)]),
+        "exactly one node (the agreed owner {agreed}) answers ARP for the VIP\n{}",
+        run.logs()
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
+    if !root_or_skip("health check") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let interval = Duration::from_millis(200);
+    let fall = 2u32;
+    // The check's timeout may not exceed its interval (runs would overlap).
+    let timeout = interval;
+    let mut run = Running::start(5, |lab, daemons| {
+        let dir = daemons.dir().to_path_buf();
+        for node in &lab.nodes {
+            let flag = dir.join(format!("healthy-{}", node.name));
+            std::fs::write(&flag, "").unwrap();
+            let hook = dir.join(format!("notify-{}.sh", node.name));
+            let log = dir.join(format!("notify-{}.log", node.name));
+            std::fs::write(
+                &hook,
+                format!("#!/bin/sh\necho \"$1 $2\" >> {}\n", log.display()),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+            daemons.group_extra.insert(
+                node.index,
+                format!(
+                    "    checks:\n      - {{name: flag, exec: [test, -e, \"{}\"], interval: {}ms, timeout: {}ms, fall: {fall}, weight: 0}}\n    notify: {}\n",
+                    flag.display(),
+                    interval.as_millis(),
+                    timeout.as_millis(),
+                    hook.display()
+                ),
+            );
+        }
+    });
+    let dir = run.daemons.dir().to_path_buf();
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let fault = Instant::now();
+    std::fs::remove_file(dir.join(format!("healthy-{owner}"))).unwrap();
+    let sample = wait_for_failover(&prober, fault, &owner, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no other node answered\n{}", run.logs()));
+    let new_owner = first_new_answerer(&prober, fault, &owner).unwrap();
+    // The issue's bound: interval x fall (+ one timeout, the check's worst case) plus the
+    // failover time, here with 5x slack for a loaded CI machine.
+    let bound = (interval * fall + timeout + DETECTION_BOUND) * 5;
+    eprintln!(
+        "health check: {owner} failed its check, {new_owner} answers after {:.0} ms (bound {bound:?})",
+        sample.failover_ms
+    );
+    assert!(
+        sample.failover_ms <= bound.as_secs_f64() * 1e3,
+        "the VIP moved after {:.0} ms, more than {bound:?}\n{}",
+        sample.failover_ms,
+        run.logs()
+    );
+    // Hooks run detached from the decisions: wait (bounded) for their lines.
+    let last_line = |node: &str| {
+        std::fs::read_to_string(dir.join(format!("notify-{node}.log")))
+            .unwrap_or_default()
+            .lines()
+            .last()
+            .map(str::to_string)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (last_line(&owner).as_deref() != Some("vip fault")
+        || last_line(&new_owner).as_deref() != Some("vip owner"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let history = |node: &str| {
+        std::fs::read_to_string(dir.join(format!("notify-{node}.log"))).unwrap_or_default()
+    };
+    assert_eq!(
+        last_line(&owner).as_deref(),
+        Some("vip fault"),
+        "old owner's hook calls:\n{}",
+        history(&owner)
+    );
+    assert_eq!(
+        last_line(&new_owner).as_deref(),
+        Some("vip owner"),
+        "new owner's hook calls:\n{}",
+        history(&new_owner)
+    );
+    assert!(
+        history(&owner).lines().any(|l| l == "vip owner"),
+        "the old owner's hook was told it owned the group first:\n{}",
+        history(&owner)
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_the_vip_back() {
+    if !root_or_skip("preempt delay") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let delay = Duration::from_secs(5);
+    let mut run = Running::start(6, |lab, daemons| {
+        for node in &lab.nodes {
+            daemons.group_extra.insert(
+                node.index,
+                format!(
+                    "    priority: {{node1: 150, default: 100}}\n    preemptDelay: {}s\n",
+                    delay.as_secs()
+                ),
+            );
+        }
+    });
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    assert_eq!(
+        owner, "node1",
+        "the highest priority owns the VIP at a cold start"
+    );
+    // Let everybody settle, so node1's restart is the only unsettled start.
+    std::thread::sleep(delay + Duration::from_millis(500));
+    let fault = Instant::now();
+    run.daemons.signal(&mut run.lab, 1, "TERM").unwrap();
+    let sample = wait_for_failover(&prober, fault, "node1", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no other node answered\n{}", run.logs()));
+    let backup = first_new_answerer(&prober, fault, "node1").unwrap();
+    eprintln!(
+        "preempt: node1 stopped, {backup} took over after {:.0} ms",
+        sample.failover_ms
+    );
+    let restart = Instant::now();
+    run.daemons.start(&mut run.lab, 1).unwrap();
+    // Within 3 s of the restart (well before the 5 s delay) node1 must not answer.
+    let early = restart + Duration::from_secs(3);
+    while Instant::now() < early {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answered_early: Vec<String> = prober
+        .snapshot()
+        .iter()
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, at)| *at >= restart && *at < early && n == "node1")
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(
+        answered_early.is_empty(),
+        "node1 answered {} probes within 3 s of its restart, before its preempt delay\n{}",
+        answered_early.len(),
+        run.logs()
+    );
+    // After the delay it settles and, having the higher priority, takes the VIP back.
+    let limit = restart + delay + Duration::from_secs(10);
+    let back = loop {
+        let records = prober.snapshot();
+        if let Some((_, at)) = records
+            .iter()
+            .filter_map(|r| r.answer.as_ref())
+            .find(|(n, at)| *at >= restart && n == "node1")
+        {
+            break Some(*at);
+        }
+        if Instant::now() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let back = back.unwrap_or_else(|| panic!("node1 never took the VIP back\n{}", run.logs()));
+    eprintln!(
+        "preempt: node1 answered again {:.0} ms after its restart (delay {delay:?})",
+        back.duration_since(restart).as_secs_f64() * 1e3
+    );
+    assert!(
+        back.duration_since(restart) >= delay,
+        "node1 took the VIP back before its preempt delay"
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn an_ipv6_vip_fails_over_when_its_owner_is_powered_off() {
+    if !root_or_skip("ipv6") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(7, |_, _| {});
+    let vip = IpAddr::V6(netns::vip_v6(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let index = run.index_of(&owner);
+    let fault = Instant::now();
+    run.lab.set_link(index, false).unwrap();
+    let sample = wait_for_failover(&prober, fault, &owner, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no other node answered [{vip}]\n{}", run.logs()));
+    let new_owner = first_new_answerer(&prober, fault, &owner).unwrap();
+    eprintln!(
+        "ipv6: {owner} powered off, {new_owner} answers [{vip}] after {:.0} ms, {} probes lost",
+        sample.failover_ms, sample.lost_probes
+    );
+    let (entry, state) = neighbor_entry(&run.lab, vip);
+    assert_eq!(
+        entry.as_deref(),
+        Some(netns::mac_text(run.lab.node(run.index_of(&new_owner)).mac).as_str()),
+        "the client's IPv6 neighbor entry ({state}) holds the new owner's MAC"
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+fn an_invalid_file_is_rejected_with_exit_64_and_every_error_listed() {
+    let dir = std::env::temp_dir().join(format!("swimlb-labtests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.yaml");
+    std::fs::write(
+        &file,
+        "cluster: \"\"\nbind: 198.51.100.11:99999\npeers: [nowhere]\ninsecure: true\ncolour: blue\ngroups:\n  - name: vip\n    addresses: [198.51.100.100, 198.51.100.100]\n    preemptDelay: soon\n    checks:\n      - {name: a, tcp: \"127.0.0.1:80\", interval: 5ms, fall: 0}\n      - {name: b}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(program())
+        .args(["speaker", "standalone", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "exit status; stderr:\n{stderr}"
+    );
+    let expected = [
+        "colour: unknown field",
+        "cluster: must not be empty",
+        "bind: `198.51.100.11:99999` is not an address with a port",
+        "peers[0]: `nowhere` is not an address with a port",
+        "groups[0].preemptDelay: `soon` is not a duration",
+        "groups[0].checks[0].interval: must be at least `10ms`",
+        "groups[0].checks[0].fall: 0 is out of range",
+        "groups[0].checks[1]: needs one of `http`, `tcp` or `exec`",
+        "groups[0].addresses[1]: 198.51.100.100 is already listed at groups[0].addresses[0]",
+    ];
+    for e in expected {
+        assert!(stderr.contains(e), "missing `{e}` in:\n{stderr}");
+    }
+    assert!(
+        stderr.contains(&format!("{} error(s)", expected.len())),
+        "the count of errors is listed:\n{stderr}"
+    );
+}
