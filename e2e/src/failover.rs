@@ -155,14 +155,7 @@ impl Daemons for KeepalivedDaemons {
                 .status()?;
         }
         if let Some(child) = self.children[index].take() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while lab.child(child).try_wait()?.is_none() {
-                if Instant::now() > deadline {
-                    let _ = lab.child(child).kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            lab.wait_or_kill(child, Duration::from_secs(10))?;
         }
         Ok(())
     }
@@ -302,14 +295,7 @@ impl Daemons for SwimlbDaemons {
         std::process::Command::new("kill")
             .args([&format!("-{signal}"), &pid])
             .status()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while lab.child(child).try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = lab.child(child).kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        lab.wait_or_kill(child, Duration::from_secs(10))?;
         self.exits[index] = lab.child(child).wait().ok();
         Ok(())
     }

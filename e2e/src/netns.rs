@@ -261,6 +261,20 @@ impl Lab {
         &mut self.children[index]
     }
 
+    /// Waits up to `limit` for the process started with [`Lab::spawn`] as `index` to exit, then
+    /// kills it.
+    pub fn wait_or_kill(&mut self, index: usize, limit: std::time::Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.children[index].try_wait()?.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                let _ = self.children[index].kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
     /// Takes the node's link down or up (a power-off as the network sees it).
     pub fn set_link(&self, index: usize, up: bool) -> Result<()> {
         let port = format!("n{index}");
