@@ -96,7 +96,9 @@ pub enum RunError {
         source: kube_lease_manager::LeaseManagerError,
     },
     /// Another replica took the lease, or the lease task ended, while this one led.
-    #[error("Lease {namespace}/{name}: leadership lost; exiting so a restart reloads every assignment")]
+    #[error(
+        "Lease {namespace}/{name}: leadership lost; exiting so a restart reloads every assignment"
+    )]
     LostLease {
         /// The Lease's namespace.
         namespace: String,
@@ -152,7 +154,10 @@ pub fn config_in_force(previous: Option<&Model>, validated: &Validated) -> Confi
 /// The errors of each pool, by (namespace, name) (pure).
 pub fn pool_errors(errors: &[ConfigError]) -> BTreeMap<(String, String), Vec<String>> {
     let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for e in errors.iter().filter(|e| e.kind == ObjectKind::IPAddressPool) {
+    for e in errors
+        .iter()
+        .filter(|e| e.kind == ObjectKind::IPAddressPool)
+    {
         out.entry((e.namespace.clone(), e.name.clone()))
             .or_default()
             .push(e.to_string());
@@ -235,7 +240,14 @@ pub async fn run(
             let _ = lost.wait_for(|l| !*l).await;
             let _ = lease_stop.send(Some(Stop::LostLease));
         });
-        lead(client, &settings, metrics, health_tx.clone(), stop_rx.clone()).await;
+        lead(
+            client,
+            &settings,
+            metrics,
+            health_tx.clone(),
+            stop_rx.clone(),
+        )
+        .await;
         match *stop_rx.borrow() {
             Some(Stop::LostLease) => Err(RunError::LostLease {
                 namespace: settings.lease_namespace.clone(),
@@ -327,7 +339,10 @@ async fn lead(
         Some(config_tx),
         stop.clone(),
     );
-    let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::new(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let services = controller.store();
     let recorder = Recorder::new(
         client.clone(),
