@@ -51,6 +51,9 @@ use crate::reconcile::{
 
 /// How often deleted Services are released and pool statuses written.
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(1);
+/// At most this many reconciles (and so API writes) run at once: unbounded, a thousand new
+/// Services opened a thousand connections at once.
+pub const RECONCILE_CONCURRENCY: u16 = 16;
 /// How long a shutdown waits for the lease to be released.
 pub const RELEASE_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -205,6 +208,7 @@ pub async fn run(
         .build()
         .await
         .map_err(lease_error)?;
+    tracing::debug!("lease manager built");
     let (mut leader, lease_task) = lease.watch().await;
     health_tx.send_modify(|h| h.ready = true);
 
@@ -342,8 +346,12 @@ async fn lead(
     let controller = Controller::new(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
-    );
-    let services = controller.store();
+    )
+    .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY));
+    // This loop's own view of the Services (for the load before the first reconcile and for
+    // releases). The Controller keeps its own: waiting on the Controller's store from outside
+    // hung the start with a thousand Services.
+    let services = reflect(Api::<Service>::all(client.clone()), None, stop.clone());
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -393,12 +401,21 @@ async fn lead(
     let mut stopped = stop.clone();
     let startup = async {
         let ready = futures::future::join4(
-            namespaces.wait_until_ready(),
-            pools.wait_until_ready(),
-            advertisements.wait_until_ready(),
-            services.wait_until_ready(),
+            namespaces
+                .wait_until_ready()
+                .inspect(|_| tracing::debug!("namespaces ready")),
+            pools
+                .wait_until_ready()
+                .inspect(|_| tracing::debug!("pools ready")),
+            advertisements
+                .wait_until_ready()
+                .inspect(|_| tracing::debug!("advertisements ready")),
+            services
+                .wait_until_ready()
+                .inspect(|_| tracing::debug!("services ready")),
         )
         .await;
+        tracing::debug!(?ready, "stores");
         ready.0.is_ok() && ready.1.is_ok() && ready.2.is_ok() && ready.3.is_ok()
     };
     let ready = tokio::select! {
@@ -406,6 +423,7 @@ async fn lead(
         _ = stopped.wait_for(Option::is_some) => false,
     };
     let mut state = Housekeeping::default();
+    tracing::debug!(ready, "caches");
     if ready {
         apply_config(&ctx, &recorder, &pools, &advertisements, &mut state).await;
         let existing: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
@@ -498,17 +516,17 @@ async fn apply_config(
     }
     state.reported = errors;
     let decision = config_in_force(state.in_force.as_ref(), &validated);
-    tracing::info!(
-        decision = decision.as_str(),
-        pools = validated.model.pools.len(),
-        errors = validated.errors.len(),
-        "configuration"
-    );
     match decision {
         ConfigDecision::Apply(model) => {
             if state.in_force.as_ref() == Some(&model) {
                 return false;
             }
+            tracing::info!(
+                decision = "apply",
+                pools = model.pools.len(),
+                errors = validated.errors.len(),
+                "configuration"
+            );
             match ctx.allocator.lock() {
                 Ok(mut allocator) => {
                     allocator.set_pools(&model);
@@ -522,7 +540,14 @@ async fn apply_config(
             state.in_force = Some(model);
             true
         }
-        ConfigDecision::KeepPrevious => false,
+        ConfigDecision::KeepPrevious => {
+            tracing::warn!(
+                decision = "keep_previous",
+                errors = validated.errors.len(),
+                "configuration rejected; the previous pools stay in force"
+            );
+            false
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_e2e::fake_api::FakeApi;
+use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -77,7 +77,11 @@ impl Controller {
             .args(["--lease-namespace", "default", "--lease-duration", "3"])
             .args(["--identity", identity])
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("RUST_LOG", "info,swimlb_controller=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("SWIMLB_TEST_CONTROLLER_LOG")
+                    .unwrap_or_else(|_| "info,swimlb_controller=debug".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
@@ -129,13 +133,29 @@ impl Controller {
             .ok()
     }
 
+    /// User plus system CPU seconds, from `/proc/PID/stat` (clock ticks of 100 Hz).
+    fn cpu_seconds(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some(ticks as f64 / 100.0)
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 async fn lab() -> (FakeApi, Client) {
-    let api = FakeApi::start().await.expect("fake API server starts");
+    lab_with(FakeApiConfig::default()).await
+}
+
+async fn lab_with(config: FakeApiConfig) -> (FakeApi, Client) {
+    let api = FakeApi::start_with(config)
+        .await
+        .expect("fake API server starts");
     let client = api.client().await.expect("client");
     api.create(
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}}),
@@ -493,57 +513,84 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
     drop(b);
 }
 
-/// Creates `count` IPv6 Services (POSTed 50 at a time, or seeded into the store), starts one controller and
-/// prints how long until every one has an address, and its RSS.
-async fn measure(count: usize, through_the_api: bool) {
-    let (api, client) = lab().await;
-    create_pool(&client, "big", json!({"addresses": ["2001:db8:1::/112"]})).await;
-    let ctl = Controller::start(&api, "bench");
-    eventually("the controller to be ready", || async {
-        let (line, _) = ctl.get("/readyz").await?;
-        line.contains("200").then_some(())
+/// How the measured Services come in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrival {
+    /// Seeded into the store before the controller starts: measures the controller's throughput
+    /// (start, list, load, assign and write every status).
+    BeforeStart,
+    /// POSTed through the API, 50 at a time, while the controller runs.
+    Posted,
+}
+
+fn bench_service(i: usize) -> Service {
+    service(
+        &format!("svc-{i:05}"),
+        json!({}),
+        json!({"ipFamilies": ["IPv6"]}),
+    )
+}
+
+fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let tick = |n: usize| {
+        fields
+            .get(n)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// Creates `count` IPv6 Services, runs one controller and prints how long until every one has
+/// an address, the controller's RSS and CPU time, and the CPU time of this process (the fake
+/// API server). Prints; never fails on a figure.
+async fn measure(count: usize, arrival: Arrival) {
+    // Room for every write of the run in the watch history, so no watch falls out of it.
+    let (api, client) = lab_with(FakeApiConfig {
+        history_capacity: 10 * count,
+        ..FakeApiConfig::default()
     })
     .await;
-    let rss_idle = ctl.rss_kib();
+    create_pool(&client, "big", json!({"addresses": ["2001:db8:1::/112"]})).await;
+    let seed_start = tokio::time::Instant::now();
+    if arrival == Arrival::BeforeStart {
+        for i in 0..count {
+            let svc = serde_json::to_value(bench_service(i)).expect("json");
+            api.create(svc).expect("seeded");
+        }
+    }
+    let seeded = seed_start.elapsed();
+    let cpu_before = own_cpu_seconds();
     let start = tokio::time::Instant::now();
-    if through_the_api {
-        let chunks: Vec<Vec<usize>> = (0..count)
-            .collect::<Vec<_>>()
-            .chunks(50)
-            .map(<[usize]>::to_vec)
-            .collect();
-        for chunk in chunks {
+    let ctl = Controller::start(&api, "bench");
+    if arrival == Arrival::Posted {
+        eventually("the controller to be ready", || async {
+            let (line, _) = ctl.get("/readyz").await?;
+            line.contains("200").then_some(())
+        })
+        .await;
+    }
+    let rss_before = ctl.rss_kib();
+    let posting = tokio::time::Instant::now();
+    if arrival == Arrival::Posted {
+        let indexes: Vec<usize> = (0..count).collect();
+        for chunk in indexes.chunks(50) {
             let mut tasks = Vec::new();
-            for i in chunk {
+            for &i in chunk {
                 let client = client.clone();
                 tasks.push(tokio::spawn(async move {
-                    create_service(
-                        &client,
-                        &service(
-                            &format!("svc-{i:05}"),
-                            json!({}),
-                            json!({"ipFamilies": ["IPv6"]}),
-                        ),
-                    )
-                    .await;
+                    create_service(&client, &bench_service(i)).await;
                 }));
             }
             for t in tasks {
                 t.await.expect("create task");
             }
         }
-    } else {
-        for i in 0..count {
-            let svc = serde_json::to_value(service(
-                &format!("svc-{i:05}"),
-                json!({}),
-                json!({"ipFamilies": ["IPv6"]}),
-            ))
-            .expect("json");
-            api.create(svc).expect("seeded");
-        }
     }
-    let created = start.elapsed();
+    let posted = posting.elapsed();
     let done = tokio::time::timeout(Duration::from_secs(600), async {
         loop {
             let assigned = api
@@ -560,31 +607,42 @@ async fn measure(count: usize, through_the_api: bool) {
     })
     .await;
     let elapsed = start.elapsed();
+    let cpu_api = own_cpu_seconds() - cpu_before;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let services: Vec<Value> = api.objects("services").expect("services");
+    let distinct: BTreeSet<&str> = services
+        .iter()
+        .filter_map(|s| s.pointer("/status/loadBalancer/ingress/0/ip")?.as_str())
+        .collect();
     println!(
-        "{count} Services ({}): created in {:.2} s, all assigned: {} after {:.2} s; controller RSS idle {} KiB, after {} KiB",
-        if through_the_api {
-            "POSTed through the API, 50 at a time"
-        } else {
-            "seeded into the store"
-        },
-        created.as_secs_f64(),
+        "{count} Services, {arrival:?} (seeding {:.2} s, posting {:.2} s): all assigned: {} ({} distinct addresses) {:.2} s after the controller started; controller RSS {} KiB before, {} KiB after, CPU {:.2} s; test process (fake API server) CPU {:.2} s",
+        seeded.as_secs_f64(),
+        posted.as_secs_f64(),
         done.is_ok(),
+        distinct.len(),
         elapsed.as_secs_f64(),
-        rss_idle.unwrap_or(0),
+        rss_before.unwrap_or(0),
         ctl.rss_kib().unwrap_or(0),
+        ctl.cpu_seconds().unwrap_or(0.0),
+        cpu_api,
     );
     drop(ctl);
 }
 
-#[tokio::test]
-#[ignore = "measurement: prints time to assign 1,000 Services and the controller's RSS"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: prints time to assign 1,000 existing Services and the controller's RSS"]
 async fn measure_one_thousand_services() {
-    measure(1_000, true).await;
+    measure(1_000, Arrival::BeforeStart).await;
 }
 
-#[tokio::test]
-#[ignore = "measurement: prints time to assign 10,000 Services and the controller's RSS"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: prints time to assign 1,000 POSTed Services and the controller's RSS"]
+async fn measure_one_thousand_services_posted_through_the_api() {
+    measure(1_000, Arrival::Posted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement: prints time to assign 10,000 existing Services and the controller's RSS"]
 async fn measure_ten_thousand_services() {
-    measure(10_000, false).await;
+    measure(10_000, Arrival::BeforeStart).await;
 }
