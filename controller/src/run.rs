@@ -14,14 +14,14 @@
 //! 4. Then, until shutdown: a configuration change re-validates and, when it applies,
 //!    re-reconciles every Service; once a second, Services gone from the store release their
 //!    addresses ([`Context::forget_missing`]) and every pool's status is written when it changed.
-//!    An invalid pool gets a Warning Event (once per distinct set of errors) and the last
-//!    configuration in force stays.
+//!    An invalid pool gets a Warning Event (once per distinct set of errors) and a `Valid=False`
+//!    status condition, and the last configuration in force stays.
 //! 5. On SIGTERM (the `shutdown` future) the controller drains its running reconciles and the
 //!    lease is released. Losing the lease stops everything as well, and [`run`] returns
 //!    [`RunError::LostLease`] so the process exits and restarts from a fresh load.
 //!
-//! Not here: `status.conditions` on an invalid pool (the CRD's status has no conditions field
-//! yet; the Event and the log carry the error).
+//! Every pool's status carries a `Valid` condition ([`valid_condition`]): False with the errors
+//! while the pool is rejected.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -54,6 +56,8 @@ pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(1);
 /// At most this many reconciles (and so API writes) run at once: unbounded, a thousand new
 /// Services opened a thousand connections at once.
 pub const RECONCILE_CONCURRENCY: u16 = 16;
+/// How long a shutdown waits for running reconciles.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for the lease to be released.
 pub const RELEASE_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -465,13 +469,21 @@ async fn lead(
                         Ok(_) => {}
                         Err(e) => tracing::error!(error = %e, "cannot release"),
                     }
-                    write_pool_statuses(&ctx, &pools, &mut state).await;
+                    // Whole seconds: what the API keeps of a transition time.
+                    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
+                    write_pool_statuses(&ctx, &pools, &mut state, now).await;
                 }
             }
         }
     }
     drop(resync_tx);
-    let _ = controller_task.await;
+    // Reconciles still waiting for the load (a stop before the caches were ready) go on and
+    // find the allocator not loaded: they write nothing.
+    drop(loaded_tx);
+    match tokio::time::timeout(DRAIN_DEADLINE, controller_task).await {
+        Ok(_) => tracing::info!("controller drained"),
+        Err(_) => tracing::warn!("controller drain timed out"),
+    }
 }
 
 /// Re-validates the pools and puts the decision in force. Returns whether the pools changed.
@@ -551,11 +563,43 @@ async fn apply_config(
     }
 }
 
-/// Writes the status of every pool object whose counts changed since the last write.
+/// The `Valid` condition type of a pool's status.
+pub const CONDITION_VALID: &str = "Valid";
+
+/// A pool's `Valid` condition (pure): True without errors, False with them (reason
+/// `InvalidConfiguration`, the errors in the message). The transition time is `previous`'s when
+/// the status is unchanged, else `now`.
+pub fn valid_condition(
+    errors: Option<&Vec<String>>,
+    generation: Option<i64>,
+    previous: Option<&Condition>,
+    now: Timestamp,
+) -> Condition {
+    let (status, reason, message) = match errors {
+        Some(e) if !e.is_empty() => ("False", "InvalidConfiguration", e.join("; ")),
+        _ => ("True", "Valid", String::new()),
+    };
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    Condition {
+        last_transition_time,
+        message,
+        observed_generation: generation,
+        reason: reason.into(),
+        status: status.into(),
+        type_: CONDITION_VALID.into(),
+    }
+}
+
+/// Writes the status (counts and the `Valid` condition) of every pool object whose status
+/// changed since the last write.
 async fn write_pool_statuses(
     ctx: &Context,
     pools: &Store<IPAddressPool>,
     state: &mut Housekeeping,
+    now: Timestamp,
 ) {
     let usage = match ctx.allocator.lock() {
         Ok(allocator) => allocator.usage(),
@@ -565,9 +609,24 @@ async fn write_pool_statuses(
     let mut present = BTreeMap::new();
     for pool in pools.state() {
         let key = (pool.namespace().unwrap_or_default(), pool.name_any());
-        let status = statuses.get(&key.1).cloned().unwrap_or_default();
-        let current = pool.status.clone().unwrap_or_default();
-        let already = state.written.get(&key) == Some(&status) && current == status;
+        let mut status = statuses.get(&key.1).cloned().unwrap_or_default();
+        let previous = pool
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_VALID))
+            .or_else(|| {
+                state
+                    .written
+                    .get(&key)
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_VALID))
+            });
+        status.conditions = vec![valid_condition(
+            state.reported.get(&key),
+            pool.metadata.generation,
+            previous,
+            now,
+        )];
+        let already = pool.status.is_some() && state.written.get(&key) == Some(&status);
         if !already {
             match apply_pool_status(&ctx.client, &key.0, &key.1, &status).await {
                 Ok(()) => {}
@@ -630,6 +689,23 @@ mod tests {
             config_in_force(Some(&first), &bad),
             ConfigDecision::KeepPrevious
         );
+    }
+
+    #[test]
+    fn the_valid_condition_turns_false_with_the_errors_and_keeps_its_time_while_unchanged() {
+        let t0 = Timestamp::from_second(1_000).expect("valid");
+        let t1 = Timestamp::from_second(2_000).expect("valid");
+        let ok = valid_condition(None, Some(1), None, t0);
+        assert_eq!((ok.status.as_str(), ok.reason.as_str()), ("True", "Valid"));
+        let still = valid_condition(None, Some(2), Some(&ok), t1);
+        assert_eq!(still.last_transition_time, Time(t0));
+        assert_eq!(still.observed_generation, Some(2));
+        let errors = vec!["spec.addresses[0]: bad".to_string()];
+        let bad = valid_condition(Some(&errors), Some(3), Some(&still), t1);
+        assert_eq!(bad.status, "False");
+        assert_eq!(bad.reason, "InvalidConfiguration");
+        assert!(bad.message.contains("spec.addresses[0]"));
+        assert_eq!(bad.last_transition_time, Time(t1));
     }
 
     #[test]

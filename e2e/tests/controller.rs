@@ -447,6 +447,21 @@ async fn an_invalid_pool_gets_a_warning_event_and_the_valid_configuration_stays_
     create_pool(&client, "overlap", json!({"addresses": ["192.0.2.82/31"]})).await;
     let note = wait_event(&client, "swimlb-system", "overlap", "InvalidConfiguration").await;
     assert!(note.contains("overlaps"), "{note}");
+    let pools: Api<IPAddressPool> = Api::namespaced(client.clone(), "swimlb-system");
+    let condition = eventually("a Valid=False condition on the rejected pool", || async {
+        let status = pools.get("overlap").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Valid" && c.status == "False")
+    })
+    .await;
+    assert_eq!(condition.reason, "InvalidConfiguration");
+    assert!(
+        condition.message.contains("overlaps"),
+        "{}",
+        condition.message
+    );
     create_service(&client, &service("two", json!({}), json!({}))).await;
     let ips = wait_assigned(&client, "two").await;
     assert!(ips[0].starts_with("192.0.2.8"), "{ips:?}");
@@ -602,7 +617,8 @@ async fn measure(count: usize, arrival: Arrival) {
             if assigned == count {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Each poll copies every Service out of the store: not too often.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     })
     .await;
