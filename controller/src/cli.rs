@@ -85,21 +85,40 @@ fn hostname() -> String {
         .unwrap_or_else(|| "swimlb-controller".into())
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    use anyhow::Context as _;
+/// Why the controller could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no in-cluster or default kube configuration: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building the API client: {0}")]
+    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
     let config = match kubeconfig {
         Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            let error = |source| CliError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(error)?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
-                .with_context(|| format!("--kubeconfig {}", path.display()))?
+                .map_err(error)?
         }
-        None => kube::Config::infer()
-            .await
-            .context("no in-cluster or default kube configuration")?,
+        None => kube::Config::infer().await.map_err(CliError::Infer)?,
     };
-    kube::Client::try_from(config).context("building the API client")
+    kube::Client::try_from(config).map_err(CliError::Client)
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.
@@ -136,18 +155,18 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         listen: cli.listen,
     };
     let result = runtime.block_on(async {
-        let shutdown = signals()?;
+        let shutdown = signals().map_err(CliError::Signals)?;
         let client = client(cli.kubeconfig.as_ref()).await?;
         let mut registry = Registry::default();
         let metrics = ControllerMetrics::register(&mut registry);
         run(client, settings, registry, metrics, shutdown).await?;
-        anyhow::Ok(())
+        Ok::<(), CliError>(())
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "controller stopped");
-            eprintln!("swimlb-controller: {e:#}");
+            tracing::error!(error = %e, "controller stopped");
+            eprintln!("swimlb-controller: {e}");
             ExitCode::from(EX_UNAVAILABLE)
         }
     }
