@@ -606,7 +606,7 @@ async fn measure(count: usize, arrival: Arrival) {
         }
     }
     let posted = posting.elapsed();
-    let done = tokio::time::timeout(Duration::from_secs(600), async {
+    let done = tokio::time::timeout(Duration::from_secs(900), async {
         loop {
             let assigned = api
                 .objects("services")
@@ -617,8 +617,9 @@ async fn measure(count: usize, arrival: Arrival) {
             if assigned == count {
                 break;
             }
-            // Each poll copies every Service out of the store: not too often.
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            // Each poll copies every Service out of the store (holding its lock): not too often.
+            let pause = if count > 1_000 { 1_000 } else { 250 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     })
     .await;
