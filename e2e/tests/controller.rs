@@ -148,6 +148,17 @@ impl Controller {
     }
 }
 
+impl Drop for Controller {
+    /// Keeps the log only when the test fails.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("controller log: {}", self.log.display());
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
 async fn lab() -> (FakeApi, Client) {
     lab_with(FakeApiConfig::default()).await
 }
