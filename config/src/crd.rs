@@ -6,7 +6,7 @@
 //! controller uses: [`crate::pools::validate`] turns them into a checked model and reports every
 //! error at once. [`all_crds_yaml`] renders the CRD manifests that `deploy/crds.yaml` holds.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -68,7 +68,7 @@ pub struct ServiceAllocation {
 }
 
 /// What the controller reports about a pool.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressPoolStatus {
     /// IPv4 addresses assigned to Services.
@@ -83,6 +83,10 @@ pub struct IPAddressPoolStatus {
     /// IPv6 addresses still free (saturated at `i64::MAX`).
     #[serde(default, rename = "availableIPv6")]
     pub available_ipv6: i64,
+    /// `Valid`: True while the pool is accepted; False, with every validation error in the
+    /// message, when the controller rejected it (the last valid configuration stays in force).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// Announces the addresses of some pools with ARP and NDP from some nodes.
@@ -225,6 +229,7 @@ mod tests {
             assigned_ipv6: 2,
             available_ipv4: 3,
             available_ipv6: 4,
+            conditions: Vec::new(),
         };
         let json = serde_json::to_value(&status).expect("serializable");
         assert_eq!(

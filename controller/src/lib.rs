@@ -1,5 +1,8 @@
 //! swimlb controller: assigns LoadBalancer Service IPs from address pools.
 
 pub mod allocator;
+pub mod cli;
+pub mod http;
 pub mod metrics;
 pub mod reconcile;
+pub mod run;

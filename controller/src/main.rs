@@ -1,10 +1,6 @@
-//! `swimlb-controller`: not runnable yet; the allocator and reconciler arrive with the controller issue.
+//! `swimlb-controller`: assigns LoadBalancer Service IPs. Everything is in
+//! [`swimlb_controller::cli`].
 
 fn main() -> std::process::ExitCode {
-    eprintln!(
-        "swimlb-controller {}: no run mode is built yet (the allocator and reconciler are in progress)",
-        env!("CARGO_PKG_VERSION")
-    );
-    // EX_UNAVAILABLE
-    std::process::ExitCode::from(69)
+    swimlb_controller::cli::main_with_args(std::env::args_os())
 }

@@ -5,6 +5,8 @@
 //! - `sim`: the deterministic membership simulation (see `swimlb_e2e::sim`).
 //! - `speaker ...`: the speaker's own command line (`swimlb-speaker ...`), so the lab runs the
 //!   real speaker in its namespaces without a second binary.
+//! - `controller ...`: the controller's own command line (`swimlb-controller ...`), so tests run
+//!   the real controller against the fake API server.
 //!
 //! The network commands need root (CAP_NET_ADMIN); without it they say so and exit 77.
 
@@ -39,6 +41,8 @@ enum Command {
     Soak(SoakArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
+    /// Run the controller (same arguments as `swimlb-controller`).
+    Controller,
 }
 
 #[derive(Debug, clap::Args)]
@@ -147,6 +151,11 @@ fn main() -> std::process::ExitCode {
         speaker_args.extend(args.into_iter().skip(2));
         return swimlb_speaker::cli::main_with_args(speaker_args);
     }
+    if args.get(1).is_some_and(|a| a == "controller") {
+        let mut controller_args = vec![std::ffi::OsString::from("swimlb-controller")];
+        controller_args.extend(args.into_iter().skip(2));
+        return swimlb_controller::cli::main_with_args(controller_args);
+    }
     let cli = Cli::parse();
     let needs_root = matches!(
         cli.command,
@@ -163,7 +172,7 @@ fn main() -> std::process::ExitCode {
         Command::Failover(args) => run_failover(args),
         Command::Sim(args) => run_sim(args),
         Command::Soak(args) => run_soak(args),
-        Command::Speaker => unreachable!("handled before parsing"),
+        Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -373,7 +373,8 @@ fn pool_statuses_count_assigned_and_available_per_family() {
             assigned_ipv4: 4,
             available_ipv4: 250,
             assigned_ipv6: 1,
-            available_ipv6: i64::MAX
+            available_ipv6: i64::MAX,
+            conditions: Vec::new(),
         }
     );
     assert_eq!(statuses["b"], IPAddressPoolStatus::default());

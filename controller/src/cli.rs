@@ -1,0 +1,173 @@
+//! The command line of `swimlb-controller`, callable as a function so the lab runs the very same
+//! entry point (`swimlb-lab controller ...`).
+//!
+//! `main` stays short (STYLE.md, linkerd2-proxy): parse (exit 64 on a bad flag), set up tracing,
+//! build the client, run until SIGTERM or SIGINT (drain, release the lease), exit. Exit 69 when
+//! the controller cannot run or loses its lease.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use prometheus_client::registry::Registry;
+
+use crate::metrics::ControllerMetrics;
+use crate::run::{Settings, run, signals};
+
+/// sysexits.h: the command line or configuration is invalid.
+pub const EX_CONFIG: u8 = 64;
+/// sysexits.h: the service is unavailable (a fatal runtime error).
+pub const EX_UNAVAILABLE: u8 = 69;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "swimlb-controller",
+    version,
+    about = "swimlb controller: assigns LoadBalancer Service IPs from address pools"
+)]
+struct Cli {
+    /// A kubeconfig file (default: the in-cluster configuration, else $KUBECONFIG or
+    /// ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Serve only Services with this `spec.loadBalancerClass` (default: Services without one).
+    #[arg(long)]
+    load_balancer_class: Option<String>,
+    /// The namespace of the leader-election Lease.
+    #[arg(long, default_value = "swimlb-system")]
+    lease_namespace: String,
+    /// The name of the leader-election Lease.
+    #[arg(long, default_value = "swimlb-controller")]
+    lease_name: String,
+    /// The Lease duration in seconds.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// This replica's identity in the Lease and in Events (default: the hostname).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:7473")]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log filter (tracing's EnvFilter syntax), also from RUST_LOG.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn init_tracing(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "swimlb-controller".into())
+}
+
+/// Why the controller could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no in-cluster or default kube configuration: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building the API client: {0}")]
+    Client(#[source] kube::Error),
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let error = |source| CliError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(error)?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(error)?
+        }
+        None => kube::Config::infer().await.map_err(CliError::Infer)?,
+    };
+    kube::Client::try_from(config).map_err(CliError::Client)
+}
+
+/// Runs the command line `args` (the program name first) and returns the exit status.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_CONFIG)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_tracing(cli.log_format, &cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("swimlb-controller: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let settings = Settings {
+        load_balancer_class: cli.load_balancer_class.clone(),
+        lease_namespace: cli.lease_namespace.clone(),
+        lease_name: cli.lease_name.clone(),
+        identity: cli.identity.clone().unwrap_or_else(hostname),
+        lease_duration_seconds: cli.lease_duration,
+        listen: cli.listen,
+    };
+    let result = runtime.block_on(async {
+        let shutdown = signals().map_err(CliError::Signals)?;
+        let client = client(cli.kubeconfig.as_ref()).await?;
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::register(&mut registry);
+        run(client, settings, registry, metrics, shutdown).await?;
+        Ok::<(), CliError>(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "controller stopped");
+            eprintln!("swimlb-controller: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+    }
+}

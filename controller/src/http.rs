@@ -1,0 +1,148 @@
+//! The controller's HTTP listener: `/metrics` (OpenMetrics text), `/healthz` and `/readyz`.
+//!
+//! The run loop publishes a [`Health`] through a [`tokio::sync::watch`] channel; this module only
+//! reads it. [`route`] is the pure part (method, path and health in, response out) and is tested
+//! without a socket.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+/// What `/readyz` decides from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// A standby waiting for the lease, or a leader whose caches are synced and whose existing
+    /// assignments are loaded.
+    pub ready: bool,
+    /// This replica holds the lease.
+    pub leader: bool,
+    /// Shutting down (signal received or lease lost).
+    pub draining: bool,
+}
+
+/// A response: status code, content type, body.
+pub type Reply = (StatusCode, &'static str, Bytes);
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn text(code: StatusCode, body: &'static str) -> Reply {
+    (code, "text/plain", Bytes::from_static(body.as_bytes()))
+}
+
+/// Answers `method path` from `health` and `registry`.
+pub fn route(method: &Method, path: &str, health: Health, registry: &Registry) -> Reply {
+    if method != Method::GET && method != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    match path {
+        "/metrics" => {
+            let mut out = String::new();
+            match prometheus_client::encoding::text::encode(&mut out, registry) {
+                Ok(()) => (StatusCode::OK, OPENMETRICS, Bytes::from(out)),
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n"),
+            }
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if health.draining => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" if health.ready && health.leader => text(StatusCode::OK, "ready: leader\n"),
+        "/readyz" if health.ready => text(StatusCode::OK, "ready: standby\n"),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "syncing\n"),
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+/// Serves on `listener` until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    health: watch::Receiver<Health>,
+    registry: Arc<Registry>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let health = health.clone();
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let current = *health.borrow();
+                let (code, content_type, body) =
+                    route(req.method(), req.uri().path(), current, &registry);
+                let body = if req.method() == Method::HEAD {
+                    Bytes::new()
+                } else {
+                    body
+                };
+                let response = Response::builder()
+                    .status(code)
+                    .header(hyper::header::CONTENT_TYPE, content_type)
+                    .body(Full::new(body))
+                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+/// Binds `addr` and serves in a background task; returns the bound address.
+pub async fn spawn(
+    addr: SocketAddr,
+    health: watch::Receiver<Health>,
+    registry: Arc<Registry>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((local, tokio::spawn(serve(listener, health, registry))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readyz_is_ready_for_a_standby_and_a_synced_leader_but_not_while_syncing_or_draining() {
+        let r = Registry::default();
+        let get = |h: Health| route(&Method::GET, "/readyz", h, &r).0;
+        assert_eq!(get(Health::default()), StatusCode::SERVICE_UNAVAILABLE);
+        let standby = Health {
+            ready: true,
+            ..Health::default()
+        };
+        assert_eq!(get(standby), StatusCode::OK);
+        let leader = Health {
+            ready: true,
+            leader: true,
+            draining: false,
+        };
+        assert_eq!(get(leader), StatusCode::OK);
+        let draining = Health {
+            draining: true,
+            ..leader
+        };
+        assert_eq!(get(draining), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn metrics_are_openmetrics_text_and_unknown_paths_are_404() {
+        let mut r = Registry::default();
+        crate::metrics::ControllerMetrics::register(&mut r);
+        let (code, ct, body) = route(&Method::GET, "/metrics", Health::default(), &r);
+        assert_eq!(code, StatusCode::OK);
+        assert!(ct.starts_with("application/openmetrics-text"));
+        assert!(body.ends_with(b"# EOF\n"));
+        let (code, _, _) = route(&Method::GET, "/nope", Health::default(), &r);
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        let (code, _, _) = route(&Method::POST, "/healthz", Health::default(), &r);
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+    }
+}
