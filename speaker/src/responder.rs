@@ -786,7 +786,13 @@ mod tests {
     }
 
     /// The I/O loop over `pnet_datalink::dummy`: frames in, replies out, commands obeyed.
+    ///
+    /// Ignored: it races with the responder thread (about one run in ten counts one drop too few
+    /// or hangs in `stop`), because the dummy receiver blocks until something is injected. The
+    /// same loop runs on a real veth in `e2e/tests/responder_netns.rs`, which is not ignored.
+    /// Run with `cargo test -p swimlb-speaker -- --ignored io_loop`.
     #[test]
+    #[ignore = "races with the dummy channel; see the doc comment"]
     fn io_loop_answers_only_while_owning() {
         use std::time::Duration;
         let iface = pnet_datalink::dummy::dummy_interface(0);
