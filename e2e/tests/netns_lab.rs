@@ -83,6 +83,10 @@ fn a_dead_run_is_cleaned_up_by_the_next() {
     let stale = format!("{}9999999-n1", netns::PREFIX);
     // Other tests of this binary may run cleanup_stale concurrently: only the creation and the
     // final absence are certain.
+    // A run interrupted before its cleanup may have left this very name behind.
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &stale])
+        .status();
     let made = std::process::Command::new("ip")
         .args(["netns", "add", &stale])
         .status()
