@@ -289,6 +289,8 @@ pub struct Core {
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
     scaled: (Duration, u8),
+    /// Seed of foca's random choices (mixed with the bump when foca is recreated).
+    rng_seed: u64,
     /// Members foca holds as suspect: (identity, incarnation) and since when (see
     /// [`Core::sweep_suspects`]).
     suspects: HashMap<SocketAddr, (NodeIdentity, u16, Duration, u32)>,
@@ -364,6 +366,7 @@ impl Core {
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
             suspects: HashMap::new(),
+            rng_seed: settings.rng_seed,
         };
         core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
@@ -476,6 +479,7 @@ impl Core {
         if let Ok(header) = self.codec.decode_header(&mut peek)
             && header.message == Message::Announce
             && self.holds_as_down(&header.src)
+            && self.holds_the_majority()
         {
             self.send_turn_undead(header.src);
         }
@@ -503,6 +507,21 @@ impl Core {
         self.foca
             .iter_membership_state()
             .any(|m| m.state() == State::Down && m.id() == id)
+    }
+
+    /// Whether this node holds at least as many members alive (itself included) as down.
+    ///
+    /// After a partition heals, each side holds the other as down, and each would answer the
+    /// other's announces with "you are down", making it renew. Only a node whose view is the
+    /// larger side's does: the smaller side renews and rejoins, the larger side is left alone.
+    fn holds_the_majority(&self) -> bool {
+        let down = self
+            .foca
+            .iter_membership_state()
+            // An old identity of a member alive under a newer one does not count.
+            .filter(|m| m.state() == State::Down && !self.members.contains_key(&m.id().addr))
+            .count();
+        self.members.len() + 1 >= down
     }
 
     /// Tells `to` that we hold it as down, as foca's `notify_down_members` would, but only in
@@ -901,8 +920,9 @@ impl Core {
             OwnedNotification::Rejoin(id) => {
                 tracing::info!(
                     bump = id.bump,
-                    "declared down; rejoined under a renewed identity"
+                    "declared down; rejoining under a renewed identity"
                 );
+                self.restart_foca(now, id);
                 self.offer_own_record();
             }
             OwnedNotification::ProbeFailed(_, member) => {
@@ -917,6 +937,62 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Replaces foca, after our identity was declared down and renewed, with a fresh instance
+    /// under `identity` that knows only the members we hold alive.
+    ///
+    /// A node learns it was declared down after it was cut off, and what it concluded while cut
+    /// off is stale: it holds the members on the other side as down (foca never revives a down
+    /// identity) and its update backlog still carries those downs. Kept, they make the node
+    /// answer the other side's announces with "you are down" and gossip the downs once it is
+    /// back, so healthy members renew in turn and the membership flaps for seconds after every
+    /// heal. foca itself keeps its members and backlog across a renewal (its `reset` says so and
+    /// suggests recreating the instance, which is what this does).
+    fn restart_foca(&mut self, now: Duration, identity: NodeIdentity) {
+        let config = match self.timing.foca_config(self.members.len() + 1) {
+            Ok(config) => config,
+            Err(err) => {
+                tracing::warn!(error = %err, "gossip timings; keeping the renewed instance");
+                return;
+            }
+        };
+        let alive: Vec<foca::Member<NodeIdentity>> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() != State::Down && self.members.get(&m.id().addr) == Some(m.id()))
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Alive))
+            .collect();
+        let rng = StdRng::seed_from_u64(self.rng_seed ^ identity.bump);
+        let broadcasts = MetaBroadcasts::new(self.book.clone());
+        self.foca =
+            foca::Foca::with_custom_broadcast(identity, config, rng, PostcardCodec, broadcasts);
+        // The old instance's timers mean nothing to the new one.
+        self.timers
+            .heap
+            .retain(|s| !matches!(s.task, Task::Foca(_)));
+        self.suspects.clear();
+        let mut notes = Vec::new();
+        let mut io = CallIo {
+            now,
+            ring: &self.ring,
+            metrics: &self.metrics,
+            timers: &mut self.timers,
+            outbox: &mut self.outbox,
+            notes: &mut notes,
+            scratch: &mut self.scratch,
+        };
+        if let Err(err) = self.foca.apply_many(alive.into_iter(), false, &mut io) {
+            tracing::debug!(error = %err, "restoring the alive members");
+        }
+        // The members we hold come up again in the new instance: that is not news.
+        let members = &self.members;
+        self.notes.extend(notes.into_iter().filter(|note| {
+            !matches!(note, OwnedNotification::MemberUp(id) if members.get(&id.addr) == Some(id))
+        }));
+        // Until a member acknowledges the new identity, keep announcing to the seeds.
+        self.phase = Phase::Joining;
+        self.schedule_join_retry(now);
     }
 
     /// Puts the newest record of `node` into the LiveSet if it was written by the identity we

@@ -337,3 +337,83 @@ fn random_bytes_under_the_right_key_never_panic() {
     net.run_for(Duration::from_secs(1));
     assert_eq!(live_len(&net, 0), 2);
 }
+
+/// Cuts `minority` off for 5 s, heals, and returns every change seen in the 20 s after.
+fn heal_after_cut(
+    seed: u64,
+    n: usize,
+    minority: &[usize],
+) -> (SimNet, Vec<(Duration, usize, LiveChange)>) {
+    let mut net = cluster(n, seed, Links::default());
+    for &i in minority {
+        net.set_group(i, 1);
+    }
+    net.run_for(Duration::from_secs(5));
+    for i in 0..n {
+        let side = if minority.contains(&i) {
+            minority.len()
+        } else {
+            n - minority.len()
+        };
+        assert_eq!(
+            live_len(&net, i),
+            side,
+            "seed {seed}: node {i} sees only its side"
+        );
+    }
+    net.drain_changes().for_each(drop);
+    net.heal();
+    net.run_for(Duration::from_secs(20));
+    for i in 0..n {
+        assert_eq!(
+            live_len(&net, i),
+            n,
+            "seed {seed}: node {i} sees everyone again"
+        );
+    }
+    let changes = net.drain_changes().collect();
+    (net, changes)
+}
+
+#[test]
+fn isolated_member_rejoins_without_taking_the_others_down() {
+    for seed in 0..20 {
+        let (_, changes) = heal_after_cut(seed, 3, &[2]);
+        let downs: Vec<_> = changes
+            .iter()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+            .collect();
+        assert!(
+            downs.is_empty(),
+            "seed {seed}: downs after the heal: {downs:?}"
+        );
+        // The isolated member comes back once on each of the others.
+        for i in 0..2 {
+            let ups = changes
+                .iter()
+                .filter(|(_, at, c)| *at == i && *c == LiveChange::Up(name(2)))
+                .count();
+            assert_eq!(
+                ups, 1,
+                "seed {seed}: node {i} saw node-2 come up {ups} times"
+            );
+        }
+    }
+}
+
+#[test]
+fn after_a_split_heals_the_larger_side_stays_up() {
+    for seed in 0..20 {
+        let (_, changes) = heal_after_cut(seed, 5, &[3, 4]);
+        let majority_downs: Vec<_> = changes
+            .iter()
+            .filter(|(_, _, c)| {
+                matches!(c, LiveChange::Down(node) if [name(0), name(1), name(2)].contains(node))
+            })
+            .collect();
+        assert!(
+            majority_downs.is_empty(),
+            "seed {seed}: members of the larger side went down: {majority_downs:?}"
+        );
+    }
+}
