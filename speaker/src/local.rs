@@ -64,6 +64,19 @@ impl LocalState {
         false
     }
 
+    /// Starts the preemption delay again at `now`: the node came back under a renewed gossip
+    /// identity (after a cut), which the cluster treats as a new membership. Returns whether the
+    /// record changed.
+    pub fn rejoined(&mut self, now: Instant) -> bool {
+        self.started = now;
+        if !self.meta.settled || self.settle_after.is_zero() {
+            return false;
+        }
+        self.meta.settled = false;
+        self.meta.version += 1;
+        true
+    }
+
     /// Records check `check` of group `group` (indices in the configuration). Returns whether
     /// the record changed.
     pub fn set_check(&mut self, group: &str, check: usize, passing: bool) -> bool {
@@ -194,6 +207,24 @@ mod tests {
         assert_eq!(s.meta().version, 2);
         assert!(!s.tick(now + Duration::from_secs(11)));
         assert_eq!(s.settles_at(), None);
+    }
+
+    #[test]
+    fn a_rejoin_starts_the_preempt_delay_again() {
+        let now = Instant::now();
+        let mut s = LocalState::new("n1", &config("10s"), now);
+        assert!(s.tick(now + Duration::from_secs(10)));
+        let back = now + Duration::from_secs(60);
+        assert!(s.rejoined(back));
+        assert!(!s.meta().settled);
+        assert_eq!(s.settles_at(), Some(back + Duration::from_secs(10)));
+        assert!(s.tick(back + Duration::from_secs(10)));
+        let mut zero = LocalState::new("n1", &config("0s"), now);
+        assert!(
+            !zero.rejoined(back),
+            "without a delay the node stays settled"
+        );
+        assert!(zero.meta().settled);
     }
 
     #[test]

@@ -365,6 +365,7 @@ pub async fn run(
     .await?;
     let mut changes = gossip.subscribe();
     let live_rx = gossip.live();
+    let mut identity_rx = gossip.identity_changes();
 
     let (check_tx, mut check_events) = mpsc::channel::<CheckEvent>(64);
     let tls = Tls::new();
@@ -488,6 +489,14 @@ pub async fn run(
                 let live = live_rx.borrow().clone();
                 publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
+            }
+            Ok(()) = identity_rx.changed() => {
+                let bump = identity_rx.borrow_and_update().bump;
+                tracing::info!(bump, "back in the cluster under a renewed identity: preempt delay starts again");
+                local.rejoined(Instant::now());
+                // The gossip core has already cleared `settled`; this sets it back when the node
+                // has no preemption delay.
+                let _ = gossip.set_meta(local.meta().clone()).await;
             }
             _ = sleep_until(settle_at) => {
                 if local.tick(Instant::now()) {

@@ -15,6 +15,10 @@
 //! - The node keeps announcing to its seeds until foca reports `Active`, and again after `Idle`.
 //!   A member that announces to us while we hold it as down is told so (foca's `TurnUndead`), so
 //!   it renews its identity and both sides of a healed partition merge without operator help.
+//!   Only a node that holds at least as many members alive as down does so, and a renewed node
+//!   starts a fresh foca that has forgotten its downs, so after a heal the smaller side rejoins
+//!   and the larger side sees no member go down.
+//! - A renewed node gossips itself unsettled (`settled: false`) until its owner sets it again.
 //!
 //! Datagram payload (inside the envelope): one kind byte, then the body.
 //! `0`: a foca packet. `1`: a metadata record sent straight to one member. `2`: a request for the
@@ -923,6 +927,7 @@ impl Core {
                     "declared down; rejoining under a renewed identity"
                 );
                 self.restart_foca(now, id);
+                self.unsettle_own();
                 self.offer_own_record();
             }
             OwnedNotification::ProbeFailed(_, member) => {
@@ -993,6 +998,20 @@ impl Core {
         // Until a member acknowledges the new identity, keep announcing to the seeds.
         self.phase = Phase::Joining;
         self.schedule_join_retry(now);
+    }
+
+    /// Clears `settled` in our own record: a renewed identity is a new membership, and a node
+    /// that comes back from a cut must not take addresses back before its preemption delay.
+    /// Whoever owns the settle policy sets it again through [`Core::set_meta`].
+    fn unsettle_own(&mut self) {
+        if !self.own.settled {
+            return;
+        }
+        self.own.settled = false;
+        self.own.version += 1;
+        self.live.remove(&self.own.node);
+        self.live.upsert(self.own.clone());
+        self.changes.push(LiveChange::Meta(self.own.node.clone()));
     }
 
     /// Puts the newest record of `node` into the LiveSet if it was written by the identity we

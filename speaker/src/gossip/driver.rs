@@ -61,6 +61,11 @@ impl GossipHandle {
         self.identity.borrow().clone()
     }
 
+    /// The identity, watched: it changes when the node renews itself after being declared down.
+    pub fn identity_changes(&self) -> watch::Receiver<NodeIdentity> {
+        self.identity.clone()
+    }
+
     /// The address the socket is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -345,6 +345,13 @@ fn heal_after_cut(
     minority: &[usize],
 ) -> (SimNet, Vec<(Duration, usize, LiveChange)>) {
     let mut net = cluster(n, seed, Links::default());
+    for i in 0..n {
+        net.with_core(i, |core, now| {
+            let mut meta = core.own_meta().clone();
+            meta.settled = true;
+            core.set_meta(now, meta).unwrap();
+        });
+    }
     for &i in minority {
         net.set_group(i, 1);
     }
@@ -398,6 +405,26 @@ fn isolated_member_rejoins_without_taking_the_others_down() {
                 "seed {seed}: node {i} saw node-2 come up {ups} times"
             );
         }
+    }
+}
+
+#[test]
+fn a_member_back_from_a_cut_is_unsettled_and_the_others_are_not() {
+    let (net, _) = heal_after_cut(4, 3, &[2]);
+    for i in 0..3 {
+        let live = net.core(i).unwrap().live();
+        assert!(
+            !live.get(&name(2)).unwrap().settled,
+            "node {i}'s view of node-2"
+        );
+        assert!(
+            live.get(&name(0)).unwrap().settled,
+            "node {i}'s view of node-0"
+        );
+        assert!(
+            live.get(&name(1)).unwrap().settled,
+            "node {i}'s view of node-1"
+        );
     }
 }
 
