@@ -91,6 +91,27 @@ impl Running {
         all
     }
 
+    /// The length of every speaker's log now (see [`Running::logs_since`]).
+    fn log_lengths(&self) -> Vec<usize> {
+        (1..=self.lab.nodes.len())
+            .map(|i| {
+                std::fs::metadata(self.daemons.log_path(&self.lab, i))
+                    .map_or(0, |m| m.len() as usize)
+            })
+            .collect()
+    }
+
+    /// What every speaker logged after `lengths` were taken, in node order.
+    fn logs_since(&self, lengths: &[usize]) -> Vec<String> {
+        (1..=self.lab.nodes.len())
+            .map(|i| {
+                let text = std::fs::read(self.daemons.log_path(&self.lab, i)).unwrap_or_default();
+                let from = lengths.get(i - 1).copied().unwrap_or(0).min(text.len());
+                String::from_utf8_lossy(&text[from..]).into_owned()
+            })
+            .collect()
+    }
+
     fn index_of(&self, name: &str) -> usize {
         self.lab
             .nodes
@@ -526,6 +547,7 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
     let split: BTreeSet<String> = arp_replies(&client, v4, None, 2).into_iter().collect();
     eprintln!("partition: {owner} cut off; ARP answerers during the partition: {split:?}");
 
+    let log_lengths = run.log_lengths();
     run.lab.set_loss(index, 0).unwrap();
     let healed = Instant::now();
     // Wait (bounded) until all three speakers see each other and agree on one owner again,
@@ -566,6 +588,30 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
         "exactly one node (the agreed owner {agreed}) answers ARP for the VIP\n{}",
         run.logs()
     );
+    // The heal is one rejoin: the majority side sees the cut node come back once, and nobody
+    // sees a majority member go down (the flapping of issue 3).
+    let since_heal = run.logs_since(&log_lengths);
+    for (i, text) in since_heal.iter().enumerate() {
+        let node = &run.lab.nodes[i].name;
+        let downs: Vec<&str> = text.lines().filter(|l| l.contains("member down")).collect();
+        assert!(
+            downs.is_empty(),
+            "{node} saw members go down after the heal: {downs:?}\n{}",
+            run.logs()
+        );
+        if *node != owner {
+            let ups = text
+                .lines()
+                .filter(|l| l.contains("member up") && l.contains(owner.as_str()))
+                .count();
+            assert_eq!(
+                ups,
+                1,
+                "{node} saw {owner} come back {ups} times\n{}",
+                run.logs()
+            );
+        }
+    }
     drop(prober);
     run.lab.teardown();
 }
