@@ -173,6 +173,11 @@ impl KeyRing {
         self.keys.iter().map(|k| k.id)
     }
 
+    /// Whether the ring holds the key `id`.
+    pub fn has_key(&self, id: KeyId) -> bool {
+        self.keys.iter().any(|k| k.id == id)
+    }
+
     /// Seals `payload` with the first key and appends the envelope to `out`.
     ///
     /// Fails with [`Error::TooLarge`] (and leaves `out` unchanged) when `payload` is longer than
@@ -182,6 +187,23 @@ impl KeyRing {
             return Err(Error::TooLarge);
         }
         self.seal_with_nonce(self.next_nonce(), payload, out)
+    }
+
+    /// Seals `payload` with the ring's key `id` (for example the key a peer last sealed with,
+    /// during a rotation) and appends the envelope to `out`.
+    ///
+    /// Fails with [`Error::UnknownKey`] when the ring does not hold `id`, and with
+    /// [`Error::TooLarge`] as [`KeyRing::seal`] does; `out` is then unchanged.
+    pub fn seal_with(&self, id: KeyId, payload: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        let index = self
+            .keys
+            .iter()
+            .position(|k| k.id == id)
+            .ok_or(Error::UnknownKey(id.0))?;
+        if payload.len() > MAX_PAYLOAD_LEN {
+            return Err(Error::TooLarge);
+        }
+        self.seal_with_key(index, self.next_nonce(), payload, out)
     }
 
     /// [`KeyRing::seal`] with a given nonce. Crate-private: a repeated nonce breaks AES-GCM, so
@@ -195,7 +217,17 @@ impl KeyRing {
         if payload.len() > MAX_PAYLOAD_LEN {
             return Err(Error::TooLarge);
         }
-        let key = &self.keys[0];
+        self.seal_with_key(0, nonce, payload, out)
+    }
+
+    fn seal_with_key(
+        &self,
+        index: usize,
+        nonce: [u8; NONCE_LEN],
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let key = &self.keys[index];
         let start = out.len();
         out.reserve(OVERHEAD + payload.len());
         out.extend_from_slice(&MAGIC);
@@ -329,6 +361,30 @@ mod tests {
         // a seals with K1, b opens it too.
         let mut d = sealed(&a, b"rotating");
         assert_eq!(b.open(&mut d).unwrap(), b"rotating");
+    }
+
+    #[test]
+    fn seal_with_picks_a_key_of_the_ring_and_refuses_others() {
+        let new_first = KeyRing::new("c", &[K2, K1]).unwrap();
+        let old_only = KeyRing::new("c", &[K1]).unwrap();
+        assert!(new_first.has_key(KeyId::of(&K1)));
+        assert!(!old_only.has_key(KeyId::of(&K2)));
+        let mut d = Vec::new();
+        new_first
+            .seal_with(KeyId::of(&K1), b"to an old peer", &mut d)
+            .unwrap();
+        assert_eq!(KeyRing::peek_key_id(&d), Ok(KeyId::of(&K1)));
+        assert_eq!(old_only.open(&mut d).unwrap(), b"to an old peer");
+        let mut out = vec![9];
+        assert_eq!(
+            old_only.seal_with(KeyId::of(&K2), b"x", &mut out),
+            Err(Error::UnknownKey(KeyId::of(&K2).0))
+        );
+        assert_eq!(
+            old_only.seal_with(KeyId::of(&K1), &[0; MAX_PAYLOAD_LEN + 1], &mut out),
+            Err(Error::TooLarge)
+        );
+        assert_eq!(out, vec![9], "a refused seal leaves the output alone");
     }
 
     #[test]

@@ -26,8 +26,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::parse_key_file;
 use swimlb_config::standalone::{Profile as ConfigProfile, Standalone};
-use swimlb_proto::KeyRing;
 use swimlb_proto::ethernet::MacAddr;
+use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
@@ -290,6 +290,7 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     let node = node_name(&config);
     let ring = key_ring(&config)?;
+    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
     if config.insecure {
         tracing::warn!("insecure: gossip is neither secret nor authenticated");
     }
@@ -632,6 +633,13 @@ pub async fn run(
             Some(()) = reload.recv(), if draining.is_none() => {
                 match reload_config(&config_path) {
                     Ok(next) if next.cluster == config.cluster && next.bind == config.bind => {
+                        let next_ring = match key_ring(&next) {
+                            Ok(ring) => ring,
+                            Err(e) => {
+                                tracing::error!(error = %e, "reload refused: keys");
+                                continue;
+                            }
+                        };
                         let Ok((links, routes)) = interfaces::snapshot().await else {
                             tracing::error!("reload refused: cannot read links and routes");
                             continue;
@@ -669,6 +677,15 @@ pub async fn run(
                                 check_tasks = spawn_checks(&next, &tls, &check_tx);
                                 notifiers = self::notifiers(&next, &hook_tx);
                                 config = next;
+                                let next_ids: Vec<KeyId> = next_ring.key_ids().collect();
+                                if next_ids != ring_ids {
+                                    // Rotation: the first key seals from now on; peers are
+                                    // still answered with the key they use while it is here.
+                                    let sealing = next_ring.sealing_key_id();
+                                    let _ = gossip.set_key_ring(next_ring).await;
+                                    tracing::info!(keys = next_ids.len(), %sealing, "gossip keys replaced");
+                                    ring_ids = next_ids;
+                                }
                                 tracing::info!("configuration reloaded");
                             }
                             Err(e) => tracing::error!(error = %e, "reload refused"),

@@ -32,6 +32,7 @@ use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Time
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use swimlb_proto::KeyRing;
+use swimlb_proto::envelope::KeyId;
 
 use super::identity::NodeIdentity;
 use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
@@ -204,40 +205,56 @@ impl TimerHeap {
     }
 }
 
-/// Seals `kind` + `body` into a datagram for `to` and counts it.
-fn seal_into(
-    ring: &KeyRing,
-    metrics: &GossipMetrics,
-    scratch: &mut Vec<u8>,
-    outbox: &mut Vec<Outgoing>,
-    to: SocketAddr,
-    kind: u8,
-    body: &[u8],
-) {
-    scratch.clear();
-    scratch.push(kind);
-    scratch.extend_from_slice(body);
-    let mut bytes = Vec::with_capacity(scratch.len() + swimlb_proto::envelope::OVERHEAD);
-    match ring.seal(scratch, &mut bytes) {
-        Ok(()) => {
-            metrics.packet(Direction::Out, bytes.len());
-            outbox.push(Outgoing { to, bytes });
+/// Everything a foca call writes to besides foca itself: the envelope, the outgoing queue, the
+/// timers and the notifications. Kept apart from [`Core::foca`] so a call can borrow both.
+struct Wire {
+    ring: KeyRing,
+    /// The key each peer last sealed with. Datagrams to a peer are sealed with it while our ring
+    /// holds it, else with our sealing key: a node whose ring already seals with a new key keeps
+    /// talking to peers whose ring does not have that key yet (rings `[k2, k1]` and `[k1]`
+    /// interoperate). Every key in the ring is trusted, so a peer choosing one gains nothing.
+    peer_keys: HashMap<SocketAddr, KeyId>,
+    metrics: GossipMetrics,
+    timers: TimerHeap,
+    outbox: Vec<Outgoing>,
+    notes: Vec<OwnedNotification<NodeIdentity>>,
+    scratch: Vec<u8>,
+}
+
+impl Wire {
+    /// foca's runtime for one call at `now`.
+    fn at(&mut self, now: Duration) -> CallIo<'_> {
+        CallIo { now, wire: self }
+    }
+
+    /// Seals `kind` + `body` into a datagram for `to`, queues it and counts it.
+    fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
+        self.scratch.clear();
+        self.scratch.push(kind);
+        self.scratch.extend_from_slice(body);
+        let mut bytes = Vec::with_capacity(self.scratch.len() + swimlb_proto::envelope::OVERHEAD);
+        let sealed = match self.peer_keys.get(&to) {
+            Some(&key) if self.ring.has_key(key) => {
+                self.ring.seal_with(key, &self.scratch, &mut bytes)
+            }
+            _ => self.ring.seal(&self.scratch, &mut bytes),
+        };
+        match sealed {
+            Ok(()) => {
+                self.metrics.packet(Direction::Out, bytes.len());
+                self.outbox.push(Outgoing { to, bytes });
+            }
+            // Unreachable with validated timings (foca packets are bounded below the envelope's
+            // payload bound); never send a partial envelope.
+            Err(err) => tracing::warn!(%to, error = %err, "gossip datagram not sealed"),
         }
-        // Unreachable with validated timings (foca packets are bounded below the envelope's
-        // payload bound); never send a partial envelope.
-        Err(err) => tracing::warn!(%to, error = %err, "gossip datagram not sealed"),
     }
 }
 
 /// foca's window to the world during one call: queues sends, timers and notifications.
 struct CallIo<'a> {
     now: Duration,
-    ring: &'a KeyRing,
-    metrics: &'a GossipMetrics,
-    timers: &'a mut TimerHeap,
-    outbox: &'a mut Vec<Outgoing>,
-    notes: &'a mut Vec<OwnedNotification<NodeIdentity>>,
-    scratch: &'a mut Vec<u8>,
+    wire: &'a mut Wire,
 }
 
 impl foca::Runtime<NodeIdentity> for CallIo<'_> {
@@ -245,24 +262,16 @@ impl foca::Runtime<NodeIdentity> for CallIo<'_> {
         match notification {
             // Per-packet notifications: not needed, and copying them would allocate per packet.
             foca::Notification::DataReceived(_) | foca::Notification::DataSent(_) => {}
-            other => self.notes.push(other.to_owned()),
+            other => self.wire.notes.push(other.to_owned()),
         }
     }
 
     fn send_to(&mut self, to: NodeIdentity, data: &[u8]) {
-        seal_into(
-            self.ring,
-            self.metrics,
-            self.scratch,
-            self.outbox,
-            to.addr,
-            KIND_FOCA,
-            data,
-        );
+        self.wire.seal(to.addr, KIND_FOCA, data);
     }
 
     fn submit_after(&mut self, event: Timer<NodeIdentity>, after: Duration) {
-        self.timers.push(self.now + after, Task::Foca(event));
+        self.wire.timers.push(self.now + after, Task::Foca(event));
     }
 }
 
@@ -270,15 +279,10 @@ impl foca::Runtime<NodeIdentity> for CallIo<'_> {
 pub struct Core {
     foca: FocaInstance,
     codec: PostcardCodec,
-    ring: KeyRing,
+    wire: Wire,
     timing: Timing,
     seeds: Vec<SocketAddr>,
-    metrics: GossipMetrics,
-    timers: TimerHeap,
-    outbox: Vec<Outgoing>,
-    notes: Vec<OwnedNotification<NodeIdentity>>,
     changes: Vec<LiveChange>,
-    scratch: Vec<u8>,
     book: SharedBook,
     own: MemberMeta,
     own_record: Vec<u8>,
@@ -345,19 +349,22 @@ impl Core {
         let mut core = Core {
             foca,
             codec: PostcardCodec,
-            ring,
+            wire: Wire {
+                ring,
+                peer_keys: HashMap::new(),
+                metrics,
+                timers: TimerHeap::default(),
+                outbox: Vec::new(),
+                notes: Vec::new(),
+                scratch: Vec::with_capacity(2048),
+            },
             seeds: settings
                 .seeds
                 .into_iter()
                 .filter(|s| *s != settings.addr)
                 .collect(),
             timing: settings.timing,
-            metrics,
-            timers: TimerHeap::default(),
-            outbox: Vec::new(),
-            notes: Vec::new(),
             changes: Vec::new(),
-            scratch: Vec::with_capacity(2048),
             book,
             own: own.clone(),
             own_record: Vec::new(),
@@ -374,15 +381,18 @@ impl Core {
         };
         core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
-        core.metrics.set_members(0, 0, 0);
+        core.wire.metrics.set_members(0, 0, 0);
         core.live.upsert(own.clone());
         core.changes.push(LiveChange::Up(own.node));
         core.schedule_join_retry(now);
-        core.timers
+        core.wire
+            .timers
             .push(now + core.timing.meta_refresh, Task::MetaRefresh);
-        core.timers
+        core.wire
+            .timers
             .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
-        core.timers
+        core.wire
+            .timers
             .push(now + core.timing.suspect_to_down_after, Task::SuspectSweep);
         core.handle_due_timers(now);
         Ok(core)
@@ -405,7 +415,7 @@ impl Core {
 
     /// The metrics this core counts into.
     pub fn metrics(&self) -> &GossipMetrics {
-        &self.metrics
+        &self.wire.metrics
     }
 
     /// This node's own metadata, as last published.
@@ -415,7 +425,7 @@ impl Core {
 
     /// Replaces the key ring (key rotation): the new ring's first key seals from now on.
     pub fn set_key_ring(&mut self, ring: KeyRing) {
-        self.ring = ring;
+        self.wire.ring = ring;
     }
 
     /// foca's view of the members named `node` (identity, incarnation, state), for debugging.
@@ -429,12 +439,12 @@ impl Core {
 
     /// When [`Core::handle_due_timers`] should be called next.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.timers.heap.peek().map(|s| s.at)
+        self.wire.timers.heap.peek().map(|s| s.at)
     }
 
     /// Takes the datagrams queued for sending, in order.
     pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
-        self.outbox.drain(..)
+        self.wire.outbox.drain(..)
     }
 
     /// Takes the changes to the [`LiveSet`] since the last call, in order.
@@ -444,36 +454,40 @@ impl Core {
 
     /// Handles one received datagram (opened in place, hence `&mut`).
     pub fn handle_datagram(&mut self, now: Duration, from: SocketAddr, datagram: &mut [u8]) {
-        self.metrics.packet(Direction::In, datagram.len());
+        self.wire.metrics.packet(Direction::In, datagram.len());
         if self.phase == Phase::Left {
             return;
         }
         if from == self.foca.identity().addr {
-            self.metrics.rejected(RejectReason::FromSelf);
+            self.wire.metrics.rejected(RejectReason::FromSelf);
             return;
         }
-        let payload = match self.ring.open(datagram) {
+        let key = KeyRing::peek_key_id(datagram);
+        let payload = match self.wire.ring.open(datagram) {
             Ok(payload) => payload,
             Err(err) => {
-                self.metrics.rejected(RejectReason::envelope(&err));
+                self.wire.metrics.rejected(RejectReason::envelope(&err));
                 return;
             }
         };
         self.last_heard.insert(from, now);
+        if let Ok(key) = key {
+            self.wire.peer_keys.insert(from, key);
+        }
         match payload.split_first() {
             Some((&KIND_FOCA, body)) => self.handle_foca_packet(now, body),
             Some((&KIND_META, body)) => match MetaRecord::decode(body) {
                 Ok(record) => {
                     self.book.lock().offer(record);
                 }
-                Err(_) => self.metrics.rejected(RejectReason::Metadata),
+                Err(_) => self.wire.metrics.rejected(RejectReason::Metadata),
             },
             Some((&KIND_META_PULL, [])) => {
                 let record = std::mem::take(&mut self.own_record);
                 self.seal(from, KIND_META, &record);
                 self.own_record = record;
             }
-            _ => self.metrics.rejected(RejectReason::Decode),
+            _ => self.wire.metrics.rejected(RejectReason::Decode),
         }
         self.settle(now);
     }
@@ -487,23 +501,19 @@ impl Core {
         {
             self.send_turn_undead(header.src);
         }
-        let mut io = CallIo {
-            now,
-            ring: &self.ring,
-            metrics: &self.metrics,
-            timers: &mut self.timers,
-            outbox: &mut self.outbox,
-            notes: &mut self.notes,
-            scratch: &mut self.scratch,
-        };
+        let mut io = self.wire.at(now);
         match self.foca.handle_data(body, &mut io) {
             Ok(()) => {}
-            Err(foca::Error::DataFromOurselves) => self.metrics.rejected(RejectReason::FromSelf),
-            Err(foca::Error::Decode(_) | foca::Error::MalformedPacket) => {
-                self.metrics.rejected(RejectReason::Decode)
+            Err(foca::Error::DataFromOurselves) => {
+                self.wire.metrics.rejected(RejectReason::FromSelf)
             }
-            Err(foca::Error::CustomBroadcast(_)) => self.metrics.rejected(RejectReason::Metadata),
-            Err(_) => self.metrics.rejected(RejectReason::Protocol),
+            Err(foca::Error::Decode(_) | foca::Error::MalformedPacket) => {
+                self.wire.metrics.rejected(RejectReason::Decode)
+            }
+            Err(foca::Error::CustomBroadcast(_)) => {
+                self.wire.metrics.rejected(RejectReason::Metadata)
+            }
+            Err(_) => self.wire.metrics.rejected(RejectReason::Protocol),
         }
     }
 
@@ -577,34 +587,18 @@ impl Core {
     }
 
     fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
-        seal_into(
-            &self.ring,
-            &self.metrics,
-            &mut self.scratch,
-            &mut self.outbox,
-            to,
-            kind,
-            body,
-        );
+        self.wire.seal(to, kind, body);
     }
 
     /// Runs every timer due at `now`, in deadline order.
     pub fn handle_due_timers(&mut self, now: Duration) {
-        while let Some(task) = self.timers.pop_due(now) {
+        while let Some(task) = self.wire.timers.pop_due(now) {
             if self.phase == Phase::Left {
                 continue;
             }
             match task {
                 Task::Foca(timer) => {
-                    let mut io = CallIo {
-                        now,
-                        ring: &self.ring,
-                        metrics: &self.metrics,
-                        timers: &mut self.timers,
-                        outbox: &mut self.outbox,
-                        notes: &mut self.notes,
-                        scratch: &mut self.scratch,
-                    };
+                    let mut io = self.wire.at(now);
                     if let Err(err) = self.foca.handle_timer(timer, &mut io) {
                         tracing::debug!(error = %err, "foca timer");
                     }
@@ -618,17 +612,20 @@ impl Core {
                 }
                 Task::MetaRefresh => {
                     self.offer_own_record();
-                    self.timers
+                    self.wire
+                        .timers
                         .push(now + self.timing.meta_refresh, Task::MetaRefresh);
                 }
                 Task::Housekeeping => {
                     self.housekeeping();
-                    self.timers
+                    self.wire
+                        .timers
                         .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
                 }
                 Task::SuspectSweep => {
                     self.sweep_suspects(now);
-                    self.timers
+                    self.wire
+                        .timers
                         .push(now + self.timing.suspect_to_down_after, Task::SuspectSweep);
                 }
             }
@@ -639,22 +636,14 @@ impl Core {
     fn schedule_join_retry(&mut self, at: Duration) {
         if !self.join_retry_pending {
             self.join_retry_pending = true;
-            self.timers.push(at, Task::JoinRetry);
+            self.wire.timers.push(at, Task::JoinRetry);
         }
     }
 
     fn announce_to_seeds(&mut self, now: Duration) {
         for i in 0..self.seeds.len() {
             let seed = NodeIdentity::seed(self.seeds[i]);
-            let mut io = CallIo {
-                now,
-                ring: &self.ring,
-                metrics: &self.metrics,
-                timers: &mut self.timers,
-                outbox: &mut self.outbox,
-                notes: &mut self.notes,
-                scratch: &mut self.scratch,
-            };
+            let mut io = self.wire.at(now);
             if let Err(err) = self.foca.announce(seed, &mut io) {
                 tracing::debug!(error = %err, "announce");
             }
@@ -706,15 +695,7 @@ impl Core {
         self.suspects = held;
         for id in ask {
             self.send_suspicion_notice(id.clone());
-            let mut io = CallIo {
-                now,
-                ring: &self.ring,
-                metrics: &self.metrics,
-                timers: &mut self.timers,
-                outbox: &mut self.outbox,
-                notes: &mut self.notes,
-                scratch: &mut self.scratch,
-            };
+            let mut io = self.wire.at(now);
             if let Err(err) = self.foca.announce(id, &mut io) {
                 tracing::debug!(error = %err, "announce to a lingering suspect");
             }
@@ -722,15 +703,7 @@ impl Core {
         if expired.is_empty() {
             return;
         }
-        let mut io = CallIo {
-            now,
-            ring: &self.ring,
-            metrics: &self.metrics,
-            timers: &mut self.timers,
-            outbox: &mut self.outbox,
-            notes: &mut self.notes,
-            scratch: &mut self.scratch,
-        };
+        let mut io = self.wire.at(now);
         if let Err(err) = self.foca.apply_many(expired.into_iter(), true, &mut io) {
             tracing::debug!(error = %err, "suspicion timeout");
         }
@@ -745,7 +718,13 @@ impl Core {
                 State::Down => down += 1,
             }
         }
-        self.metrics.set_members(alive, suspect, down);
+        self.wire.metrics.set_members(alive, suspect, down);
+        // Keys are remembered for members and seeds only, so the map stays as small as the
+        // cluster.
+        let (members, seeds) = (&self.members, &self.seeds);
+        self.wire
+            .peer_keys
+            .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
         // Ask alive members for records that neither their push nor the gossip brought.
         let missing: Vec<SocketAddr> = self
             .missing_meta
@@ -790,21 +769,13 @@ impl Core {
         if self.phase == Phase::Left {
             return;
         }
-        let mut io = CallIo {
-            now,
-            ring: &self.ring,
-            metrics: &self.metrics,
-            timers: &mut self.timers,
-            outbox: &mut self.outbox,
-            notes: &mut self.notes,
-            scratch: &mut self.scratch,
-        };
+        let mut io = self.wire.at(now);
         if let Err(err) = self.foca.leave_cluster(&mut io) {
             tracing::debug!(error = %err, "leave");
         }
         self.phase = Phase::Left;
-        self.notes.clear();
-        self.timers.heap.clear();
+        self.wire.notes.clear();
+        self.wire.timers.heap.clear();
     }
 
     /// Encodes our record under the current identity and hands it to foca's dissemination.
@@ -831,8 +802,8 @@ impl Core {
 
     /// Reacts to foca's notifications until there are none, then applies new metadata.
     fn settle(&mut self, now: Duration) {
-        while !self.notes.is_empty() {
-            let notes = std::mem::take(&mut self.notes);
+        while !self.wire.notes.is_empty() {
+            let notes = std::mem::take(&mut self.wire.notes);
             for note in notes {
                 self.react(now, note);
             }
@@ -895,7 +866,7 @@ impl Core {
                     .last_heard
                     .get(&id.addr)
                     .map(|heard| now.saturating_sub(*heard).as_secs_f64());
-                self.metrics.member_down(since_heard);
+                self.wire.metrics.member_down(since_heard);
                 self.changes.push(LiveChange::Down(id.node));
             }
             OwnedNotification::Rename(_, new) => {
@@ -973,26 +944,22 @@ impl Core {
         self.foca =
             foca::Foca::with_custom_broadcast(identity, config, rng, PostcardCodec, broadcasts);
         // The old instance's timers mean nothing to the new one.
-        self.timers
+        self.wire
+            .timers
             .heap
             .retain(|s| !matches!(s.task, Task::Foca(_)));
         self.suspects.clear();
-        let mut notes = Vec::new();
-        let mut io = CallIo {
-            now,
-            ring: &self.ring,
-            metrics: &self.metrics,
-            timers: &mut self.timers,
-            outbox: &mut self.outbox,
-            notes: &mut notes,
-            scratch: &mut self.scratch,
-        };
-        if let Err(err) = self.foca.apply_many(alive.into_iter(), false, &mut io) {
+        let held = std::mem::take(&mut self.wire.notes);
+        if let Err(err) = self
+            .foca
+            .apply_many(alive.into_iter(), false, &mut self.wire.at(now))
+        {
             tracing::debug!(error = %err, "restoring the alive members");
         }
+        let restored = std::mem::replace(&mut self.wire.notes, held);
         // The members we hold come up again in the new instance: that is not news.
         let members = &self.members;
-        self.notes.extend(notes.into_iter().filter(|note| {
+        self.wire.notes.extend(restored.into_iter().filter(|note| {
             !matches!(note, OwnedNotification::MemberUp(id) if members.get(&id.addr) == Some(id))
         }));
         // Until a member acknowledges the new identity, keep announcing to the seeds.

@@ -81,8 +81,9 @@ impl GossipHandle {
         answer.await.map_err(|_| GossipError::Stopped)?
     }
 
-    /// Replaces the key ring (rotation: add the new key second everywhere, then first, then drop
-    /// the old one).
+    /// Replaces the key ring. Rotation: put the new key first on each node in turn (a node
+    /// answers each peer with the key that peer seals with, so rings `[new, old]` and `[old]`
+    /// interoperate), then drop the old key everywhere.
     pub async fn set_key_ring(&self, ring: KeyRing) -> Result<(), GossipError> {
         let (reply, answer) = oneshot::channel();
         self.commands
