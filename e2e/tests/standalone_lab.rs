@@ -617,6 +617,77 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
 }
 
 #[test]
+fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
+    if !root_or_skip("key rotation") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(9, |_, _| {});
+    let (prober, owner) = run.probe_until_steady(IpAddr::V4(netns::vip_v4(0)));
+    let steady_from = prober.snapshot().len();
+    let lengths = run.log_lengths();
+    let dir = run.daemons.dir().to_path_buf();
+    let old = std::fs::read_to_string(dir.join("keys")).expect("the lab's key file");
+    let new = swimlb_config::keyfile::encode_key(&[0x5a; 32]);
+    // The documented procedure: the new key first on each node in turn (the others still seal
+    // with the old one), then the old key dropped on each node in turn.
+    for keys in [format!("{new}\n{old}"), format!("{new}\n")] {
+        for i in 1..=run.lab.nodes.len() {
+            let name = run.lab.node(i).name.clone();
+            let key_path = dir.join(format!("keys-{name}"));
+            std::fs::write(&key_path, &keys).unwrap();
+            let yaml_path = dir.join(format!("{name}.yaml"));
+            let yaml: String = std::fs::read_to_string(&yaml_path)
+                .unwrap()
+                .lines()
+                .map(|l| match l.starts_with("keyFile:") {
+                    true => format!("keyFile: {}\n", key_path.display()),
+                    false => format!("{l}\n"),
+                })
+                .collect();
+            std::fs::write(&yaml_path, yaml).unwrap();
+            let pid = run.daemons.pid(&mut run.lab, i).expect("speaker running");
+            let hup = std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(hup.success());
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+    let records = prober.snapshot();
+    let after = &records[steady_from.saturating_sub(1)..];
+    let lost = after.iter().filter(|r| r.answer.is_none()).count();
+    eprintln!(
+        "key rotation: {} probes while rotating, {lost} lost, owner {owner}",
+        after.len()
+    );
+    for (i, text) in run.logs_since(&lengths).iter().enumerate() {
+        let node = &run.lab.nodes[i].name;
+        assert_eq!(
+            text.matches("gossip keys replaced").count(),
+            2,
+            "{node} took both key files\n{}",
+            run.logs()
+        );
+        let downs: Vec<&str> = text.lines().filter(|l| l.contains("member down")).collect();
+        assert!(
+            downs.is_empty(),
+            "{node} saw members go down while keys rotated: {downs:?}\n{}",
+            run.logs()
+        );
+    }
+    assert_eq!(
+        probe::owner_changes(after),
+        0,
+        "the VIP stayed on {owner} while keys rotated\n{}",
+        run.logs()
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
 fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
     if !root_or_skip("health check") {
         return;
