@@ -5,6 +5,7 @@
 //! configuration (every error, exit 64), run until a signal, drain, exit.
 
 use std::ffi::OsString;
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -142,6 +143,8 @@ fn init_tracing(format: LogFormat, filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: escape codes in a log file or journal are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
