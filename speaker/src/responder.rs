@@ -786,13 +786,7 @@ mod tests {
     }
 
     /// The I/O loop over `pnet_datalink::dummy`: frames in, replies out, commands obeyed.
-    ///
-    /// Ignored: it races with the responder thread (about one run in ten counts one drop too few
-    /// or hangs in `stop`), because the dummy receiver blocks until something is injected. The
-    /// same loop runs on a real veth in `e2e/tests/responder_netns.rs`, which is not ignored.
-    /// Run with `cargo test -p swimlb-speaker -- --ignored io_loop`.
     #[test]
-    #[ignore = "races with the dummy channel; see the doc comment"]
     fn io_loop_answers_only_while_owning() {
         use std::time::Duration;
         let iface = pnet_datalink::dummy::dummy_interface(0);
@@ -810,10 +804,9 @@ mod tests {
             Responder::spawn("test", OURS, tx, rx, None, metrics.clone(), conflict_tx).unwrap();
         // The dummy receiver blocks until something is injected: a timeout wakes the loop so it
         // reads the commands sent before it, as the real socket's read timeout does.
+        // Once the thread has stopped, nobody is left to wake: a tick then goes nowhere.
         let tick = || {
-            inject
-                .send(Err(io::Error::from(io::ErrorKind::TimedOut)))
-                .unwrap()
+            let _ = inject.send(Err(io::Error::from(io::ErrorKind::TimedOut)));
         };
         let frame = |f: Vec<u8>| inject.send(Ok(f.into_boxed_slice())).unwrap();
         let request = arp(ArpOperation::Request, BROADCAST, (THEIRS, CLIENT), VIP);
@@ -822,15 +815,39 @@ mod tests {
                 .map(|f| format!("{f:?}"))
                 .unwrap()
         };
+        // Commands and frames come on two channels, so the test never assumes their order:
+        // commands are followed by an announcement, which the loop sends after every command
+        // before it (a barrier), and a dropped frame is awaited on its counter.
+        let barrier = || {
+            responder.send(Control::Announce(IpAddr::V4(OTHER)));
+            tick();
+            let sent = next_sent();
+            assert!(sent.contains("sender_ip: 198.51.100.101"), "{sent}");
+        };
+        let not_owned = || {
+            metrics
+                .dropped
+                .get_or_create(&DropLabels {
+                    reason: DropReasonLabel::not_owned,
+                })
+                .get()
+        };
+        let await_dropped = |count: u64| {
+            for _ in 0..500 {
+                if not_owned() >= count {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(not_owned(), count);
+        };
 
-        // Not owning yet: the request is dropped; the next frame on the wire is the announcement.
+        // Not owning yet: the request is dropped.
         frame(request.clone());
-        responder.send(Control::Announce(IpAddr::V4(OTHER)));
-        tick();
-        assert!(next_sent().contains("sender_ip: 198.51.100.101"));
+        await_dropped(1);
 
         responder.send(Control::SetOwned(owned()));
-        tick();
+        barrier();
         frame(request.clone());
         let reply = next_sent();
         assert!(
@@ -848,16 +865,12 @@ mod tests {
             }
         );
 
-        // Stopping is immediate: the next request is not answered.
+        // Stopping is immediate: the next request is dropped, and nothing is sent for it.
         responder.send(Control::SetOwned(Owned::default()));
-        tick();
+        barrier();
         frame(request);
-        responder.send(Control::Announce(IpAddr::V4(OTHER)));
-        tick();
-        assert!(
-            next_sent().contains("sender_ip: 198.51.100.101"),
-            "no reply before the announcement"
-        );
+        await_dropped(2);
+        assert!(wire.try_recv().is_err(), "no reply once not owning");
 
         responder.send(Control::Stop);
         tick();
@@ -865,14 +878,5 @@ mod tests {
         assert_eq!(metrics.arp_replies.get(), 1);
         assert_eq!(metrics.gratuitous_sent.get(), 2);
         assert_eq!(metrics.conflicts.get(), 1);
-        assert_eq!(
-            metrics
-                .dropped
-                .get_or_create(&DropLabels {
-                    reason: DropReasonLabel::not_owned
-                })
-                .get(),
-            2
-        );
     }
 }

@@ -497,7 +497,10 @@ impl Core {
         if let Ok(header) = self.codec.decode_header(&mut peek)
             && header.message == Message::Announce
             && self.holds_as_down(&header.src)
-            && self.holds_the_majority()
+            && {
+                let (alive, down) = self.alive_and_down();
+                alive >= down
+            }
         {
             self.send_turn_undead(header.src);
         }
@@ -523,19 +526,22 @@ impl Core {
             .any(|m| m.state() == State::Down && m.id() == id)
     }
 
-    /// Whether this node holds at least as many members alive (itself included) as down.
+    /// How many members this node holds alive (itself included) and down (not counting an old
+    /// identity of a member alive under a newer one).
     ///
-    /// After a partition heals, each side holds the other as down, and each would answer the
-    /// other's announces with "you are down", making it renew. Only a node whose view is the
-    /// larger side's does: the smaller side renews and rejoins, the larger side is left alone.
-    fn holds_the_majority(&self) -> bool {
+    /// After a partition heals, each side holds the other as down. A node whose alive count is
+    /// at least its down count answers the other side's announces with "you are down" (so that
+    /// side renews); a node whose down count is at least its alive count, when it learns it was
+    /// declared down, was the one cut off and starts afresh ([`Core::restart_foca`]). In a
+    /// two-node cluster both hold when each side is one node; anywhere else the larger side
+    /// stays as it is and the smaller side rejoins it.
+    fn alive_and_down(&self) -> (usize, usize) {
         let down = self
             .foca
             .iter_membership_state()
-            // An old identity of a member alive under a newer one does not count.
             .filter(|m| m.state() == State::Down && !self.members.contains_key(&m.id().addr))
             .count();
-        self.members.len() + 1 >= down
+        (self.members.len() + 1, down)
     }
 
     /// Tells `to` that we hold it as down, as foca's `notify_down_members` would, but only in
@@ -897,7 +903,10 @@ impl Core {
                     bump = id.bump,
                     "declared down; rejoining under a renewed identity"
                 );
-                self.restart_foca(now, id);
+                let (alive, down) = self.alive_and_down();
+                if down >= alive {
+                    self.restart_foca(now, id);
+                }
                 self.unsettle_own();
                 self.offer_own_record();
             }
@@ -915,16 +924,18 @@ impl Core {
         }
     }
 
-    /// Replaces foca, after our identity was declared down and renewed, with a fresh instance
-    /// under `identity` that knows only the members we hold alive.
+    /// Replaces foca, after our identity was declared down and renewed while we hold at least
+    /// as many members down as alive (we were the ones cut off), with a fresh instance under
+    /// `identity` that knows only the members we hold alive.
     ///
-    /// A node learns it was declared down after it was cut off, and what it concluded while cut
-    /// off is stale: it holds the members on the other side as down (foca never revives a down
-    /// identity) and its update backlog still carries those downs. Kept, they make the node
-    /// answer the other side's announces with "you are down" and gossip the downs once it is
-    /// back, so healthy members renew in turn and the membership flaps for seconds after every
-    /// heal. foca itself keeps its members and backlog across a renewal (its `reset` says so and
-    /// suggests recreating the instance, which is what this does).
+    /// What a node concluded while cut off is stale: it holds the members on the other side as
+    /// down (foca never revives a down identity) and its update backlog still carries those
+    /// downs. Kept, they make the node answer the other side's announces with "you are down"
+    /// and gossip the downs once it is back, so healthy members renew in turn and the membership
+    /// flaps for seconds after every heal. foca keeps its members and backlog across a renewal
+    /// (its `reset` says so and suggests recreating the instance, which is what this does).
+    /// A node that holds more members alive (a false down under loss) keeps its instance: its
+    /// backlog carries the cluster's refutations and its own old identity's down.
     fn restart_foca(&mut self, now: Duration, identity: NodeIdentity) {
         let config = match self.timing.foca_config(self.members.len() + 1) {
             Ok(config) => config,
@@ -955,6 +966,19 @@ impl Core {
             .apply_many(alive.into_iter(), false, &mut self.wire.at(now))
         {
             tracing::debug!(error = %err, "restoring the alive members");
+        }
+        // Our previous identity is down: say so, as a renewal in place does, so members that
+        // still hold it learn the news with the gossip instead of by probing it to death.
+        let previous = NodeIdentity {
+            bump: self.foca.identity().bump.wrapping_sub(1),
+            ..self.foca.identity().clone()
+        };
+        let down = foca::Member::new(previous, 0, State::Down);
+        if let Err(err) = self
+            .foca
+            .apply_many(std::iter::once(down), true, &mut self.wire.at(now))
+        {
+            tracing::debug!(error = %err, "declaring the previous identity down");
         }
         let restored = std::mem::replace(&mut self.wire.notes, held);
         // The members we hold come up again in the new instance: that is not news.

@@ -410,6 +410,29 @@ fn isolated_member_rejoins_without_taking_the_others_down() {
 }
 
 #[test]
+fn a_two_node_cluster_heals_without_either_going_down_again() {
+    for seed in 0..20 {
+        let (_, changes) = heal_after_cut(seed, 2, &[1]);
+        let downs: Vec<_> = changes
+            .iter()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+            .collect();
+        assert!(
+            downs.is_empty(),
+            "seed {seed}: downs after the heal: {downs:?}"
+        );
+        let ups = changes
+            .iter()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Up(_)))
+            .count();
+        assert!(
+            ups <= 2,
+            "seed {seed}: {ups} ups after the heal: {changes:?}"
+        );
+    }
+}
+
+#[test]
 fn a_member_back_from_a_cut_is_unsettled_and_the_others_are_not() {
     let (net, _) = heal_after_cut(4, 3, &[2]);
     for i in 0..3 {
