@@ -383,18 +383,22 @@ fn heal_after_cut(
     (net, changes)
 }
 
+fn assert_no_down(seed: u64, changes: &[(Duration, usize, LiveChange)]) {
+    let downs: Vec<_> = changes
+        .iter()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+        .collect();
+    assert!(
+        downs.is_empty(),
+        "seed {seed}: downs after the heal: {downs:?}"
+    );
+}
+
 #[test]
 fn isolated_member_rejoins_without_taking_the_others_down() {
     for seed in 0..20 {
         let (_, changes) = heal_after_cut(seed, 3, &[2]);
-        let downs: Vec<_> = changes
-            .iter()
-            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
-            .collect();
-        assert!(
-            downs.is_empty(),
-            "seed {seed}: downs after the heal: {downs:?}"
-        );
+        assert_no_down(seed, &changes);
         // The isolated member comes back once on each of the others.
         for i in 0..2 {
             let ups = changes
@@ -413,14 +417,7 @@ fn isolated_member_rejoins_without_taking_the_others_down() {
 fn a_two_node_cluster_heals_without_either_going_down_again() {
     for seed in 0..20 {
         let (_, changes) = heal_after_cut(seed, 2, &[1]);
-        let downs: Vec<_> = changes
-            .iter()
-            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
-            .collect();
-        assert!(
-            downs.is_empty(),
-            "seed {seed}: downs after the heal: {downs:?}"
-        );
+        assert_no_down(seed, &changes);
         let ups = changes
             .iter()
             .filter(|(_, _, c)| matches!(c, LiveChange::Up(_)))
