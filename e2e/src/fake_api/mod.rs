@@ -168,37 +168,22 @@ impl FakeApi {
     /// Creates `object` directly in the store (same validation and defaults as a POST), found by
     /// its `apiVersion` and `kind`; for seeding test fixtures without a client.
     pub fn create(&self, object: Value) -> anyhow::Result<Value> {
-        let field = |name: &str| {
-            object
-                .get(name)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        let (api_version, kind) = (field("apiVersion"), field("kind"));
-        let index = resources::find_kind(&api_version, &kind)
-            .with_context(|| format!("the fake API server does not serve {api_version}/{kind}"))?;
-        let namespace = resources::RESOURCES[index].namespaced.then(|| {
-            object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default")
-                .to_string()
-        });
-        let ctx = store::WriteContext {
-            now: store::rfc3339(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
-            ),
-            field_manager: Some("swimlb-fake-api-seed".into()),
-            default_manager: "swimlb-fake-api-seed".into(),
-            force: false,
-        };
-        self.lock_store()
-            .create(index, namespace.as_deref(), object, &ctx)
-            .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
+        let ctx = seed_context();
+        seed_one(&mut self.lock_store(), object, &ctx)
+    }
+
+    /// Creates every object of `objects` as [`FakeApi::create`] does, one after another under a
+    /// single lock of the store (for large fixtures). Stops at the first error; the objects
+    /// before it stay created. Returns how many were created.
+    pub fn create_many(&self, objects: impl IntoIterator<Item = Value>) -> anyhow::Result<usize> {
+        let ctx = seed_context();
+        let mut store = self.lock_store();
+        let mut created = 0;
+        for object in objects {
+            seed_one(&mut store, object, &ctx)?;
+            created += 1;
+        }
+        Ok(created)
     }
 
     /// The current resourceVersion of the store.
@@ -227,6 +212,45 @@ impl Drop for FakeApi {
         let _ = self.shutdown.send(true);
         let _ = std::fs::remove_file(&self.kubeconfig);
     }
+}
+
+fn seed_context() -> store::WriteContext {
+    store::WriteContext {
+        now: store::rfc3339(
+            std::time::SystemTime::now()
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        ),
+        field_manager: Some("swimlb-fake-api-seed".into()),
+        default_manager: "swimlb-fake-api-seed".into(),
+        force: false,
+    }
+}
+
+/// Creates `object` in `store`, found by its `apiVersion` and `kind` (namespace `default` when
+/// a namespaced object names none).
+fn seed_one(store: &mut Store, object: Value, ctx: &store::WriteContext) -> anyhow::Result<Value> {
+    let field = |name: &str| {
+        object
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let index = resources::find_kind(&api_version, &kind)
+        .with_context(|| format!("the fake API server does not serve {api_version}/{kind}"))?;
+    let namespace = resources::RESOURCES[index].namespaced.then(|| {
+        object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string()
+    });
+    store
+        .create(index, namespace.as_deref(), object, ctx)
+        .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
 }
 
 fn kubeconfig_yaml(addr: SocketAddr) -> String {
