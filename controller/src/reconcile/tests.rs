@@ -27,6 +27,13 @@ fn lb(name: &str, extra_spec: serde_json::Value) -> Service {
     }))
 }
 
+fn reporter() -> Reporter {
+    Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("test".into()),
+    }
+}
+
 fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(mock, "default");
@@ -47,13 +54,8 @@ fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
         client: client.clone(),
         allocator: Arc::new(Mutex::new(allocator)),
         namespaces: Writer::<Namespace>::default().as_reader(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some("test".into()),
-            },
-        ),
+        recorder: Recorder::new(client, reporter()),
+        reporter: reporter(),
         metrics: ControllerMetrics::register(&mut registry),
     };
     (Arc::new(ctx), handle, registry)

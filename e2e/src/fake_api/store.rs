@@ -1962,7 +1962,7 @@ mod tests {
     #[test]
     fn a_deleted_services_cluster_ip_and_node_port_are_handed_out_again_lowest_first() {
         let mut store = Store::new(100, "t");
-        let mut lb = |store: &mut Store, name: &str| {
+        let lb = |store: &mut Store, name: &str| {
             let mut body = svc(name);
             body["spec"]["type"] = json!("LoadBalancer");
             store
