@@ -11,9 +11,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
@@ -537,6 +537,56 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         b.log_text()
     );
     drop(b);
+}
+
+#[tokio::test]
+async fn a_service_gets_an_address_once_its_namespace_gets_the_label_a_pool_selects() {
+    let (api, client) = lab().await;
+    api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
+        .expect("namespace team-a");
+    create_pool(
+        &client,
+        "team",
+        json!({
+            "addresses": ["192.0.2.112/29"],
+            "serviceAllocation": {"namespaceSelectors": [{"matchLabels": {"team": "a"}}]},
+        }),
+    )
+    .await;
+    let ctl = Controller::start(&api, "c-0");
+    let mut svc = service("web", json!({}), json!({}));
+    svc.metadata.namespace = Some("team-a".into());
+    let services: Api<Service> = Api::namespaced(client.clone(), "team-a");
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("service created");
+    // Not served yet: the pool only serves namespaces labelled team=a.
+    wait_event(&client, "team-a", "web", "AllocationFailed").await;
+    let ips = |svc: Option<Service>| svc.map(|s| ingress(&s)).unwrap_or_default();
+    assert!(
+        ips(services.get("web").await.ok()).is_empty(),
+        "an address before the label"
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .expect("namespace labelled");
+    // The retry of an unassigned Service comes only after a minute, longer than WAIT: the
+    // address must come from the label change itself.
+    let got = eventually("web to get an address after the label", || async {
+        let got = ips(services.get("web").await.ok());
+        (!got.is_empty()).then_some(got)
+    })
+    .await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with("192.0.2.11"), "{got:?} outside the pool");
+    assert_eq!(ctl.terminate().await, Some(0));
 }
 
 /// How the measured Services come in.
