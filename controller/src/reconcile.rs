@@ -230,7 +230,8 @@ pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration
 /// fields, the last-applied annotation, the spec fields [`view_of`] ignores, port names and
 /// node ports, and status conditions. What stays: metadata identity (name, namespace, uid,
 /// resourceVersion, deletionTimestamp, labels, other annotations) and every field `view_of`
-/// reads, so `view_of` of the trimmed Service equals `view_of` of the full one.
+/// reads, so `view_of` of the trimmed Service equals `view_of` of the full one but for the
+/// last-applied annotation (which the allocator never looks up).
 pub fn trim_service(svc: &mut Service) {
     trim_meta(svc.meta_mut());
     if let Some(spec) = svc.spec.as_mut() {

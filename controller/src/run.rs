@@ -797,6 +797,38 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_label_change_is_reported_and_its_first_sight_is_not() {
+        let ns = |labels: serde_json::Value| -> Namespace {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "team-a", "labels": labels},
+            }))
+            .expect("valid namespace")
+        };
+        let mut known = BTreeMap::new();
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
+        assert!(namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({"team": "a"}))
+        ));
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({"team": "a"}))
+        ));
+        assert!(namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
+    }
+
+    #[test]
     fn at_the_start_the_valid_pools_apply_even_beside_an_invalid_one() {
         let mixed = validate(
             &[pool("a", &["192.0.2.0/28"]), pool("b", &["nonsense"])],
