@@ -10,10 +10,11 @@
 //! Pool status (assigned and available counts per family) is computed by [`pool_statuses`]
 //! (pure) and written by [`apply_pool_status`].
 //!
-//! Not here yet: the watch loop (Controller with reflectors over Services, Namespaces, pools and
-//! advertisements, calling [`apply_pool_status`] after changes), leader election, and release
-//! on deletion (the loop must call [`Context::forget`] on a watcher delete event, or
-//! [`Context::forget_missing`] after a resync).
+//! What is cached of a Service is trimmed first ([`trim_service`]): the controller keeps
+//! thousands of them. Normal Events (one per assignment) bypass the shared [`Recorder`], whose
+//! cache would otherwise keep one Event per Service; Warning Events go through it, so a
+//! repeated failure becomes a series. The watch loop, leader election and releases are in
+//! [`crate::run`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -6,8 +6,12 @@
 //! 1. Serve `/metrics`, `/healthz`, `/readyz`; take part in the election for the Lease
 //!    `--lease-namespace/--lease-name` (kube-lease-manager). A standby only waits: it opens no
 //!    watch and writes nothing.
-//! 2. Once leader: reflectors over Namespaces, IPAddressPools and L2Advertisements, and a
-//!    `kube::runtime::Controller` over Services whose store this loop also reads.
+//! 2. Once leader: reflectors over Namespaces, IPAddressPools and L2Advertisements, and one
+//!    reflector over Services, trimmed to what the controller reads ([`trim_service`]), that
+//!    feeds the `kube::runtime::Controller` (`Controller::for_stream`) and whose store this loop
+//!    also reads: one cache of the Services, not two. A change of a Namespace's labels
+//!    re-reconciles the Services of that namespace (a pool's `namespaceSelectors` may now admit
+//!    or refuse them).
 //! 3. When every store is ready: validate the pools ([`config_in_force`]), `set_pools`, then load
 //!    every existing assignment from the Service statuses ([`Context::load_existing`]). Only then
 //!    does a reconcile run (each one waits for the `loaded` flag first).

@@ -70,7 +70,19 @@ impl Controller {
             std::process::id()
         ));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
+        // SWIMLB_TEST_CONTROLLER_WRAPPER runs the controller under a profiler (e.g.
+        // "heaptrack -o /tmp/ctl"); its figures are then the wrapper's.
+        let wrapper = std::env::var("SWIMLB_TEST_CONTROLLER_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(env!("CARGO_BIN_EXE_swimlb-lab"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_swimlb-lab")),
+        };
+        let child = command
             .arg("controller")
             .arg("--kubeconfig")
             .arg(api.kubeconfig_path())
@@ -123,10 +135,20 @@ impl Controller {
     }
 
     fn rss_kib(&self) -> Option<u64> {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The peak resident memory so far.
+    fn peak_rss_kib(&self) -> Option<u64> {
+        self.status_kib("VmHWM:")
+    }
+
+    /// A `/proc/PID/status` field in KiB.
+    fn status_kib(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .find_map(|l| l.strip_prefix(field))?
             .split_whitespace()
             .next()?
             .parse()
@@ -695,7 +717,7 @@ async fn measure(count: usize, arrival: Arrival) {
         .filter_map(|s| s.pointer("/status/loadBalancer/ingress/0/ip")?.as_str())
         .collect();
     println!(
-        "{count} Services, {arrival:?} (seeding {:.2} s, posting {:.2} s): all assigned: {} ({} distinct addresses) {:.2} s after the controller started; controller RSS {} KiB before, {} KiB after, CPU {:.2} s; test process (fake API server) CPU {:.2} s",
+        "{count} Services, {arrival:?} (seeding {:.2} s, posting {:.2} s): all assigned: {} ({} distinct addresses) {:.2} s after the controller started; controller RSS {} KiB before, {} KiB after (peak {} KiB), CPU {:.2} s; test process (fake API server) CPU {:.2} s",
         seeded.as_secs_f64(),
         posted.as_secs_f64(),
         done.is_ok(),
@@ -703,6 +725,7 @@ async fn measure(count: usize, arrival: Arrival) {
         elapsed.as_secs_f64(),
         rss_before.unwrap_or(0),
         ctl.rss_kib().unwrap_or(0),
+        ctl.peak_rss_kib().unwrap_or(0),
         ctl.cpu_seconds().unwrap_or(0.0),
         cpu_api,
     );

@@ -42,7 +42,9 @@
 //!   is 410 instead of served from history; a watch from a resourceVersion newer than the
 //!   server's is an immediate 504 ERROR event (the real server waits up to 3 s first).
 //! - Service clusterIPs come from 192.0.2.0/24 and 2001:db8:ffff::/112 (documentation ranges;
-//!   the fake cluster is dual-stack) and nodePorts from 30000-32767.
+//!   the fake cluster is dual-stack) and nodePorts from 30000-32767, the lowest free first (the
+//!   real server picks at random); a full range refuses the Service with 422 (the real server
+//!   answers 500 there).
 //! - Pods are deleted at once (no graceful termination); deleting a Namespace deletes its objects
 //!   at once (no Terminating phase); `propagationPolicy` is checked but there is no garbage
 //!   collector; `deletecollection` is 405 and `dryRun` is 400.
@@ -52,7 +54,12 @@
 //!   changes).
 //!
 //! Use: `FakeApi::start().await?` binds 127.0.0.1 on a free port and writes a kubeconfig;
-//! `client()` builds a `kube::Client` from that kubeconfig through kube's ordinary config path.
+//! `client()` builds a `kube::Client` from that kubeconfig through kube's ordinary config path;
+//! `create` and `create_many` seed objects directly (the same checks and defaults as a POST).
+//!
+//! Cost: every request takes the store's mutex; a write costs O(log n) plus the size of the
+//! object (clusterIPs and nodePorts are allocated from indexes kept with the store, not by
+//! scanning it), a list or a watch start O(the stored objects of that resource).
 //! Tests talk over real sockets, so they run on real time (a paused tokio clock would auto-advance
 //! while waiting on I/O and fire kube's timeouts).
 
