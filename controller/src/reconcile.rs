@@ -228,14 +228,25 @@ pub fn view_of(svc: &Service, namespace_labels: &BTreeMap<String, String>) -> Se
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Drops from a Service what the controller never reads, before it is cached (pure): managed
-/// fields, the last-applied annotation, the spec fields [`view_of`] ignores, port names and
-/// node ports, and status conditions. What stays: metadata identity (name, namespace, uid,
-/// resourceVersion, deletionTimestamp, labels, other annotations) and every field `view_of`
-/// reads, so `view_of` of the trimmed Service equals `view_of` of the full one but for the
+/// fields, the last-applied annotation, the resourceVersion, the spec fields [`view_of`]
+/// ignores, port names and node ports, status conditions and ingress ports and modes, and
+/// values equal to the defaults `view_of` assumes (`SingleStack`, `Cluster`, `TCP`). What stays:
+/// name, namespace, uid, deletionTimestamp, finalizers, labels, other annotations and every
+/// field `view_of` reads, so `view_of` of the trimmed Service equals `view_of` of the full one but for the
 /// last-applied annotation (which the allocator never looks up).
 pub fn trim_service(svc: &mut Service) {
     trim_meta(svc.meta_mut());
+    // Watches resume from the watcher's own record of it; Events need no resourceVersion.
+    svc.metadata.resource_version = None;
     if let Some(spec) = svc.spec.as_mut() {
+        // The defaults `view_of` assumes are dropped: one allocation less each, same view.
+        let is_default = |value: &Option<String>, default: &str| value.as_deref() == Some(default);
+        if is_default(&spec.ip_family_policy, "SingleStack") {
+            spec.ip_family_policy = None;
+        }
+        if is_default(&spec.external_traffic_policy, "Cluster") {
+            spec.external_traffic_policy = None;
+        }
         spec.cluster_ip = None;
         spec.cluster_ips = None;
         spec.external_ips = None;
@@ -249,6 +260,9 @@ pub fn trim_service(svc: &mut Service) {
         spec.traffic_distribution = None;
         spec.allocate_load_balancer_node_ports = None;
         for port in spec.ports.iter_mut().flatten() {
+            if is_default(&port.protocol, "TCP") {
+                port.protocol = None;
+            }
             port.name = None;
             port.app_protocol = None;
             port.node_port = None;
@@ -263,6 +277,7 @@ pub fn trim_service(svc: &mut Service) {
             .flat_map(|lb| lb.ingress.iter_mut().flatten())
         {
             ingress.ports = None;
+            ingress.ip_mode = None;
         }
     }
 }
