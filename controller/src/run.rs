@@ -487,8 +487,13 @@ async fn lead(
             })
             .run(reconciler, error_policy, ctx.clone())
             .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "controller");
+                match result {
+                    // The Service watch (it retries with backoff).
+                    Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
+                        tracing::warn!(error = %e, "service watch failed; retrying");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "controller"),
+                    Ok(_) => {}
                 }
             }),
     );
