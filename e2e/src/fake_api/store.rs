@@ -166,11 +166,13 @@ impl WriteContext {
     }
 }
 
-/// The list page a continue token resumes.
+/// The list page a continue token resumes: the snapshot the first page took (shared by every
+/// page, so a page costs its own size, not the rest's) and where the next page starts.
 #[derive(Debug)]
 struct ContinueSnapshot {
     resource_version: u64,
-    remaining: Vec<Value>,
+    items: Arc<Vec<Value>>,
+    offset: usize,
 }
 
 type ObjectKey = (usize, String, String);
@@ -439,12 +441,14 @@ impl Store {
         continue_token: Option<&str>,
     ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
-        let (list_rv, items) = if let Some(token) = continue_token.filter(|t| !t.is_empty()) {
+        let (list_rv, snapshot_items, snapshot_offset) = if let Some(token) =
+            continue_token.filter(|t| !t.is_empty())
+        {
             let pos = self.continues.iter().position(|(t, _)| t == token).ok_or_else(|| {
                 ApiError::Expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into())
             })?;
             let snap = &self.continues[pos].1;
-            (snap.resource_version, snap.remaining.clone())
+            (snap.resource_version, snap.items.clone(), snap.offset)
         } else {
             if let Some(rv) = resource_version.filter(|rv| !rv.is_empty() && *rv != "0") {
                 let rv = parse_resource_version(rv)?;
@@ -469,35 +473,46 @@ impl Store {
                     "resourceVersionMatch: Unsupported value: {m:?}"
                 )));
             }
-            let items = self
+            let items: Vec<Value> = self
                 .objects_of(resource, namespace)
                 .map(|(_, v)| v)
                 .filter(|v| labels.matches(v) && fields.matches(v))
                 .cloned()
                 .collect();
-            (self.resource_version, items)
+            (self.resource_version, Arc::new(items), 0)
         };
-        let mut items: Vec<Value> = items;
+        let (all, offset) = (snapshot_items, snapshot_offset);
+        let rest = all.len().saturating_sub(offset);
+        let page_len = match limit.filter(|l| *l > 0) {
+            Some(limit) if rest > limit => limit,
+            _ => rest,
+        };
         let mut metadata = json!({"resourceVersion": list_rv.to_string()});
-        if let Some(limit) = limit.filter(|l| *l > 0)
-            && items.len() > limit
-        {
-            let remaining = items.split_off(limit);
+        if page_len < rest {
             let token = format!("fake-continue-{}", self.next_continue);
             self.next_continue += 1;
             metadata["continue"] = Value::String(token.clone());
-            metadata["remainingItemCount"] = json!(remaining.len());
+            metadata["remainingItemCount"] = json!(rest - page_len);
             self.continues.push_back((
                 token,
                 ContinueSnapshot {
                     resource_version: list_rv,
-                    remaining,
+                    items: all.clone(),
+                    offset: offset + page_len,
                 },
             ));
             while self.continues.len() > CONTINUE_SNAPSHOTS {
                 self.continues.pop_front();
             }
         }
+        let items: Vec<Value> = if offset == 0 && page_len == all.len() {
+            // The whole list in one page: no second copy.
+            Arc::try_unwrap(all).unwrap_or_else(|shared| shared.as_ref().clone())
+        } else {
+            all.get(offset..offset + page_len)
+                .map(<[Value]>::to_vec)
+                .unwrap_or_default()
+        };
         Ok(json!({
             "apiVersion": kind.api_version(),
             "kind": format!("{}List", kind.kind),
@@ -2019,6 +2034,56 @@ mod tests {
             matches!(&err, Err(ApiError::Invalid { errors, .. }) if errors.iter().any(|e| e.to_string().contains("range is full"))),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn pages_follow_one_another_from_the_first_pages_snapshot_and_a_token_can_be_reused() {
+        let mut store = Store::new(100, "t");
+        for n in ["a", "b", "c", "d", "e"] {
+            store
+                .create(svc_index(), Some("default"), svc(n), &ctx())
+                .unwrap();
+        }
+        let none = (LabelSelector::default(), FieldSelector::default());
+        let mut page = |store: &mut Store, token: Option<&str>| {
+            let list = store
+                .list(
+                    svc_index(),
+                    None,
+                    &none.0,
+                    &none.1,
+                    None,
+                    None,
+                    Some(2),
+                    token,
+                )
+                .unwrap();
+            let names: Vec<String> = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+                .collect();
+            let token = list["metadata"]["continue"].as_str().map(str::to_string);
+            (names, token, list["metadata"]["remainingItemCount"].clone())
+        };
+        let (first, token1, left1) = page(&mut store, None);
+        assert_eq!(
+            (first, left1),
+            (vec!["a".to_string(), "b".into()], json!(3))
+        );
+        store
+            .delete(svc_index(), Some("default"), "c", &Value::Null, &ctx())
+            .unwrap();
+        let (second, token2, left2) = page(&mut store, token1.as_deref());
+        assert_eq!(
+            (second, left2),
+            (vec!["c".to_string(), "d".into()], json!(1))
+        );
+        let (third, token3, _) = page(&mut store, token2.as_deref());
+        assert_eq!((third, token3), (vec!["e".to_string()], None));
+        let (again, _, _) = page(&mut store, token1.as_deref());
+        assert_eq!(again, vec!["c".to_string(), "d".into()]);
     }
 
     #[test]
