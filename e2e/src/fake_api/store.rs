@@ -2045,7 +2045,7 @@ mod tests {
                 .unwrap();
         }
         let none = (LabelSelector::default(), FieldSelector::default());
-        let mut page = |store: &mut Store, token: Option<&str>| {
+        let page = |store: &mut Store, token: Option<&str>| {
             let list = store
                 .list(
                     svc_index(),
