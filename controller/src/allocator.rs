@@ -893,6 +893,8 @@ impl Allocator {
                     }
                 }
             }
+            // Most addresses have one holder: room for exactly one (a Vec would start at four).
+            holders.reserve_exact(1);
             holders.push(key.clone());
             if let Some(k) = &sharing.key {
                 self.shared.entry(k.clone()).or_default().insert(*ip);

@@ -10,10 +10,11 @@
 //! Pool status (assigned and available counts per family) is computed by [`pool_statuses`]
 //! (pure) and written by [`apply_pool_status`].
 //!
-//! Not here yet: the watch loop (Controller with reflectors over Services, Namespaces, pools and
-//! advertisements, calling [`apply_pool_status`] after changes), leader election, and release
-//! on deletion (the loop must call [`Context::forget`] on a watcher delete event, or
-//! [`Context::forget_missing`] after a resync).
+//! What is cached of a Service is trimmed first ([`trim_service`]): the controller keeps
+//! thousands of them. Normal Events (one per assignment) bypass the shared [`Recorder`], whose
+//! cache would otherwise keep one Event per Service; Warning Events go through it, so a
+//! repeated failure becomes a series. The watch loop, leader election and releases are in
+//! [`crate::run`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -23,7 +24,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -92,8 +93,11 @@ pub struct Context {
     pub allocator: Arc<Mutex<Allocator>>,
     /// Namespaces, for `serviceAllocation.namespaceSelectors`.
     pub namespaces: Store<Namespace>,
-    /// Publishes Events on Services.
+    /// Publishes Warning Events on Services (its cache turns a repeated failure into a series).
     pub recorder: Recorder,
+    /// Who publishes: the one-off Normal Events go through a fresh [`Recorder`] of this reporter,
+    /// so that the shared recorder's cache does not keep one Event per assigned Service.
+    pub reporter: Reporter,
     /// The controller's metrics.
     pub metrics: ControllerMetrics,
 }
@@ -107,9 +111,12 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// Rebuilds the allocator's holdings from existing Service statuses (call before the first
     /// reconcile). Returns the Services whose status could not be honoured.
-    pub fn load_existing(&self, services: &[Service]) -> Result<Vec<LoadConflict>, ReconcileError> {
+    pub fn load_existing<'a>(
+        &self,
+        services: impl IntoIterator<Item = &'a Service>,
+    ) -> Result<Vec<LoadConflict>, ReconcileError> {
         let views: Vec<ServiceView> = services
-            .iter()
+            .into_iter()
             .map(|s| view_of(s, &namespace_labels(&self.namespaces, s)))
             .collect();
         let mut allocator = self.lock(&ServiceKey::default())?;
@@ -217,6 +224,75 @@ pub fn view_of(svc: &Service, namespace_labels: &BTreeMap<String, String>) -> Se
     }
 }
 
+/// The annotation `kubectl apply` writes: a copy of the whole object, never read here.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from a Service what the controller never reads, before it is cached (pure): managed
+/// fields, the last-applied annotation, the resourceVersion, the spec fields [`view_of`]
+/// ignores, port names and node ports, status conditions and ingress ports and modes, and
+/// values equal to the defaults `view_of` assumes (`SingleStack`, `Cluster`, `TCP`). What stays:
+/// name, namespace, uid, deletionTimestamp, finalizers, labels, other annotations and every
+/// field `view_of` reads, so `view_of` of the trimmed Service equals `view_of` of the full one but for the
+/// last-applied annotation (which the allocator never looks up).
+pub fn trim_service(svc: &mut Service) {
+    trim_meta(svc.meta_mut());
+    // Watches resume from the watcher's own record of it; Events need no resourceVersion.
+    svc.metadata.resource_version = None;
+    if let Some(spec) = svc.spec.as_mut() {
+        // The defaults `view_of` assumes are dropped: one allocation less each, same view.
+        let is_default = |value: &Option<String>, default: &str| value.as_deref() == Some(default);
+        if is_default(&spec.ip_family_policy, "SingleStack") {
+            spec.ip_family_policy = None;
+        }
+        if is_default(&spec.external_traffic_policy, "Cluster") {
+            spec.external_traffic_policy = None;
+        }
+        spec.cluster_ip = None;
+        spec.cluster_ips = None;
+        spec.external_ips = None;
+        spec.external_name = None;
+        spec.health_check_node_port = None;
+        spec.internal_traffic_policy = None;
+        spec.load_balancer_source_ranges = None;
+        spec.publish_not_ready_addresses = None;
+        spec.session_affinity = None;
+        spec.session_affinity_config = None;
+        spec.traffic_distribution = None;
+        spec.allocate_load_balancer_node_ports = None;
+        for port in spec.ports.iter_mut().flatten() {
+            if is_default(&port.protocol, "TCP") {
+                port.protocol = None;
+            }
+            port.name = None;
+            port.app_protocol = None;
+            port.node_port = None;
+            port.target_port = None;
+        }
+    }
+    if let Some(status) = svc.status.as_mut() {
+        status.conditions = None;
+        for ingress in status
+            .load_balancer
+            .iter_mut()
+            .flat_map(|lb| lb.ingress.iter_mut().flatten())
+        {
+            ingress.ports = None;
+            ingress.ip_mode = None;
+        }
+    }
+}
+
+/// Drops managed fields and the last-applied annotation (pure); for every cached object.
+pub fn trim_meta(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
 /// The server-side apply body that sets `status.loadBalancer.ingress` to these addresses
 /// (an empty list clears it).
 pub fn ingress_apply_body(ips: &[IpAddr]) -> serde_json::Value {
@@ -255,7 +331,15 @@ async fn publish(ctx: &Context, svc: &Service, type_: EventType, reason: &str, n
         action: "Allocate".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
+    let published = match type_ {
+        EventType::Warning => ctx.recorder.publish(&event, &svc.object_ref(&())).await,
+        EventType::Normal => {
+            Recorder::new(ctx.client.clone(), ctx.reporter.clone())
+                .publish(&event, &svc.object_ref(&()))
+                .await
+        }
+    };
+    if let Err(e) = published {
         tracing::warn!(service = %svc.name_any(), error = %e, "cannot publish event");
     }
 }

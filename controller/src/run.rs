@@ -6,8 +6,12 @@
 //! 1. Serve `/metrics`, `/healthz`, `/readyz`; take part in the election for the Lease
 //!    `--lease-namespace/--lease-name` (kube-lease-manager). A standby only waits: it opens no
 //!    watch and writes nothing.
-//! 2. Once leader: reflectors over Namespaces, IPAddressPools and L2Advertisements, and a
-//!    `kube::runtime::Controller` over Services whose store this loop also reads.
+//! 2. Once leader: reflectors over Namespaces, IPAddressPools and L2Advertisements, and one
+//!    reflector over Services, trimmed to what the controller reads ([`trim_service`]), that
+//!    feeds the `kube::runtime::Controller` (`Controller::for_stream`) and whose store this loop
+//!    also reads: one cache of the Services, not two. A change of a Namespace's labels
+//!    re-reconciles the Services of that namespace (a pool's `namespaceSelectors` may now admit
+//!    or refuse them).
 //! 3. When every store is ready: validate the pools ([`config_in_force`]), `set_pools`, then load
 //!    every existing assignment from the Service statuses ([`Context::load_existing`]). Only then
 //!    does a reconcile run (each one waits for the `loaded` flag first).
@@ -29,13 +33,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
@@ -48,7 +52,8 @@ use crate::allocator::Allocator;
 use crate::http::Health;
 use crate::metrics::ControllerMetrics;
 use crate::reconcile::{
-    Context, FIELD_MANAGER, apply_pool_status, error_policy, pool_statuses, reconcile,
+    Context, FIELD_MANAGER, apply_pool_status, error_policy, pool_statuses, reconcile, trim_meta,
+    trim_service,
 };
 
 /// How often deleted Services are released and pool statuses written.
@@ -299,7 +304,7 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .modify(|o: &mut K| trim_meta(o.meta_mut()))
         .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -315,6 +320,72 @@ where
         }
     });
     reader
+}
+
+/// Reflects the Namespaces into a store, driven by a background task that sends every
+/// Namespace whose labels changed (not the first sight of one: nothing was decided with labels
+/// it did not have yet) on the returned channel. The task ends when `stop` fires.
+fn reflect_namespaces(
+    api: Api<Namespace>,
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> (
+    Store<Namespace>,
+    futures::channel::mpsc::UnboundedReceiver<Namespace>,
+) {
+    let (reader, writer) = reflector::store();
+    let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|ns: &mut Namespace| trim_meta(ns.meta_mut()))
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut labels = BTreeMap::<String, BTreeMap<String, String>>::new();
+        loop {
+            let event = tokio::select! {
+                _ = stop.wait_for(Option::is_some) => return,
+                event = stream.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "namespace watch failed; retrying"),
+                Some(Ok(watcher::Event::Apply(ns) | watcher::Event::InitApply(ns))) => {
+                    if namespace_labels_changed(&mut labels, &ns) {
+                        tracing::debug!(namespace = %ns.name_any(), "namespace labels changed");
+                        let _ = changed_tx.unbounded_send(ns);
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(ns))) => {
+                    labels.remove(&ns.name_any());
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+            }
+        }
+    });
+    (reader, changed_rx)
+}
+
+/// Records `ns`'s labels in `known` and tells whether they differ from those recorded before
+/// (pure; false for a Namespace seen for the first time).
+pub fn namespace_labels_changed(
+    known: &mut BTreeMap<String, BTreeMap<String, String>>,
+    ns: &Namespace,
+) -> bool {
+    let now = ns.labels().clone();
+    match known.insert(ns.name_any(), now.clone()) {
+        Some(before) => before != now,
+        None => false,
+    }
+}
+
+/// The Services of the store in `namespace`.
+fn services_in(services: &Store<Service>, namespace: &str) -> Vec<ObjectRef<Service>> {
+    services
+        .state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(namespace))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
 }
 
 /// What housekeeping remembers between rounds.
@@ -336,7 +407,8 @@ async fn lead(
     stop: watch::Receiver<Option<Stop>>,
 ) {
     let (config_tx, mut config_rx) = futures::channel::mpsc::unbounded::<()>();
-    let namespaces = reflect(Api::<Namespace>::all(client.clone()), None, stop.clone());
+    let (namespaces, namespace_changes) =
+        reflect_namespaces(Api::<Namespace>::all(client.clone()), stop.clone());
     let pools = reflect(
         Api::<IPAddressPool>::all(client.clone()),
         Some(config_tx.clone()),
@@ -347,22 +419,40 @@ async fn lead(
         Some(config_tx),
         stop.clone(),
     );
-    let controller = Controller::new(
+    // One cache of the Services, trimmed to what the controller reads: the Controller is fed
+    // from this reflector (and drives it), and this loop reads the same store for the load
+    // before the first reconcile and for releases.
+    let (services, service_writer) = reflector::store();
+    let (services_ready_tx, mut services_ready) = watch::channel(false);
+    let service_events = watcher(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
     )
-    .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY));
-    // This loop's own view of the Services (for the load before the first reconcile and for
-    // releases). The Controller keeps its own: waiting on the Controller's store from outside
-    // hung the start with a thousand Services.
-    let services = reflect(Api::<Service>::all(client.clone()), None, stop.clone());
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(settings.identity.clone()),
-        },
-    );
+    .default_backoff()
+    .modify(trim_service)
+    .reflect(service_writer)
+    // Readiness from the stream itself: a second waiter on the store's `wait_until_ready`
+    // (the Controller is the first) is not woken when it becomes ready (kube-runtime 5).
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            services_ready_tx.send_replace(true);
+        }
+    })
+    .applied_objects();
+    let by_namespace = services.clone();
+    let controller = Controller::for_stream(service_events, services.clone())
+        // A Namespace's labels decide which pools may serve its Services.
+        .watches_stream(namespace_changes.map(Ok), move |ns: Namespace| {
+            services_in(&by_namespace, &ns.name_any())
+        })
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
+        );
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter.clone());
     let ctx = Arc::new(Context {
         client: client.clone(),
         allocator: Arc::new(Mutex::new(Allocator::new(
@@ -371,6 +461,7 @@ async fn lead(
         ))),
         namespaces: namespaces.clone(),
         recorder: recorder.clone(),
+        reporter,
         metrics,
     });
     let (loaded_tx, loaded_rx) = watch::channel(false);
@@ -396,8 +487,13 @@ async fn lead(
             })
             .run(reconciler, error_policy, ctx.clone())
             .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "controller");
+                match result {
+                    // The Service watch (it retries with backoff).
+                    Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
+                        tracing::warn!(error = %e, "service watch failed; retrying");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "controller"),
+                    Ok(_) => {}
                 }
             }),
     );
@@ -414,8 +510,9 @@ async fn lead(
             advertisements
                 .wait_until_ready()
                 .inspect(|_| tracing::debug!("advertisements ready")),
-            services
-                .wait_until_ready()
+            services_ready
+                .wait_for(|ready| *ready)
+                .map(|r| r.map(|_| ()))
                 .inspect(|_| tracing::debug!("services ready")),
         )
         .await;
@@ -430,8 +527,8 @@ async fn lead(
     tracing::debug!(ready, "caches");
     if ready {
         apply_config(&ctx, &recorder, &pools, &advertisements, &mut state).await;
-        let existing: Vec<Service> = services.state().iter().map(|s| (**s).clone()).collect();
-        match ctx.load_existing(&existing) {
+        let existing = services.state();
+        match ctx.load_existing(existing.iter().map(AsRef::as_ref)) {
             Ok(conflicts) => {
                 for c in &conflicts {
                     tracing::warn!(service = %c.service, reason = c.error.as_str(), error = %c.error, "existing assignment not honoured");
@@ -706,6 +803,38 @@ mod tests {
         assert_eq!(bad.reason, "InvalidConfiguration");
         assert!(bad.message.contains("spec.addresses[0]"));
         assert_eq!(bad.last_transition_time, Time(t1));
+    }
+
+    #[test]
+    fn a_namespace_label_change_is_reported_and_its_first_sight_is_not() {
+        let ns = |labels: serde_json::Value| -> Namespace {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "team-a", "labels": labels},
+            }))
+            .expect("valid namespace")
+        };
+        let mut known = BTreeMap::new();
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
+        assert!(namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({"team": "a"}))
+        ));
+        assert!(!namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({"team": "a"}))
+        ));
+        assert!(namespace_labels_changed(
+            &mut known,
+            &ns(serde_json::json!({}))
+        ));
     }
 
     #[test]

@@ -27,6 +27,13 @@ fn lb(name: &str, extra_spec: serde_json::Value) -> Service {
     }))
 }
 
+fn reporter() -> Reporter {
+    Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some("test".into()),
+    }
+}
+
 fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(mock, "default");
@@ -47,13 +54,8 @@ fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
         client: client.clone(),
         allocator: Arc::new(Mutex::new(allocator)),
         namespaces: Writer::<Namespace>::default().as_reader(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some("test".into()),
-            },
-        ),
+        recorder: Recorder::new(client, reporter()),
+        reporter: reporter(),
         metrics: ControllerMetrics::register(&mut registry),
     };
     (Arc::new(ctx), handle, registry)
@@ -170,6 +172,56 @@ fn a_service_converts_to_the_allocator_view() {
     );
     let cluster_ip = service(json!({"metadata": {"name": "x"}, "spec": {"type": "ClusterIP"}}));
     assert!(!view_of(&cluster_ip, &BTreeMap::new()).is_load_balancer);
+}
+
+#[test]
+fn a_trimmed_service_keeps_its_view_identity_and_deletion_and_drops_the_rest() {
+    let full = service(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop", "uid": "u-7", "resourceVersion": "42",
+            "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x/y"],
+            "labels": {"app": "web"},
+            "annotations": {"metallb.io/address-pool": "p", LAST_APPLIED: "{\"big\": true}"},
+            "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "swimlb.io/l2", "loadBalancerIP": "192.0.2.9",
+            "clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"], "sessionAffinity": "None",
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353, "nodePort": 30053},
+                {"port": 80, "protocol": "TCP"}],
+            "externalTrafficPolicy": "Local", "selector": {"app": "web"}},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9", "ipMode": "VIP",
+            "ports": [{"port": 53, "protocol": "UDP"}]}]},
+            "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    }));
+    let mut trimmed = full.clone();
+    trim_service(&mut trimmed);
+    let ns = BTreeMap::new();
+    let mut expected = view_of(&full, &ns);
+    expected.annotations.remove(LAST_APPLIED);
+    assert_eq!(view_of(&trimmed, &ns), expected);
+    let mut without_version = full.object_ref(&());
+    without_version.resource_version = None;
+    assert_eq!(trimmed.object_ref(&()), without_version);
+    assert!(trimmed.meta().deletion_timestamp.is_some());
+    assert_eq!(trimmed.finalizers(), full.finalizers());
+    assert!(trimmed.meta().managed_fields.is_none());
+    assert!(!trimmed.annotations().contains_key(LAST_APPLIED));
+    let spec = trimmed.spec.as_ref().expect("spec");
+    assert_eq!(
+        (spec.cluster_ip.as_ref(), spec.session_affinity.as_ref()),
+        (None, None)
+    );
+    let port = &spec.ports.as_ref().expect("ports")[0];
+    assert_eq!((port.name.as_ref(), port.node_port), (None, None));
+    assert!(
+        trimmed
+            .status
+            .as_ref()
+            .expect("status")
+            .conditions
+            .is_none()
+    );
 }
 
 #[test]

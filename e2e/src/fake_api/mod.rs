@@ -42,7 +42,9 @@
 //!   is 410 instead of served from history; a watch from a resourceVersion newer than the
 //!   server's is an immediate 504 ERROR event (the real server waits up to 3 s first).
 //! - Service clusterIPs come from 192.0.2.0/24 and 2001:db8:ffff::/112 (documentation ranges;
-//!   the fake cluster is dual-stack) and nodePorts from 30000-32767.
+//!   the fake cluster is dual-stack) and nodePorts from 30000-32767, the lowest free first (the
+//!   real server picks at random); a full range refuses the Service with 422 (the real server
+//!   answers 500 there).
 //! - Pods are deleted at once (no graceful termination); deleting a Namespace deletes its objects
 //!   at once (no Terminating phase); `propagationPolicy` is checked but there is no garbage
 //!   collector; `deletecollection` is 405 and `dryRun` is 400.
@@ -52,7 +54,12 @@
 //!   changes).
 //!
 //! Use: `FakeApi::start().await?` binds 127.0.0.1 on a free port and writes a kubeconfig;
-//! `client()` builds a `kube::Client` from that kubeconfig through kube's ordinary config path.
+//! `client()` builds a `kube::Client` from that kubeconfig through kube's ordinary config path;
+//! `create` and `create_many` seed objects directly (the same checks and defaults as a POST).
+//!
+//! Cost: every request takes the store's mutex; a write costs O(log n) plus the size of the
+//! object (clusterIPs and nodePorts are allocated from indexes kept with the store, not by
+//! scanning it), a list or a watch start O(the stored objects of that resource).
 //! Tests talk over real sockets, so they run on real time (a paused tokio clock would auto-advance
 //! while waiting on I/O and fire kube's timeouts).
 
@@ -168,37 +175,22 @@ impl FakeApi {
     /// Creates `object` directly in the store (same validation and defaults as a POST), found by
     /// its `apiVersion` and `kind`; for seeding test fixtures without a client.
     pub fn create(&self, object: Value) -> anyhow::Result<Value> {
-        let field = |name: &str| {
-            object
-                .get(name)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
-        let (api_version, kind) = (field("apiVersion"), field("kind"));
-        let index = resources::find_kind(&api_version, &kind)
-            .with_context(|| format!("the fake API server does not serve {api_version}/{kind}"))?;
-        let namespace = resources::RESOURCES[index].namespaced.then(|| {
-            object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or("default")
-                .to_string()
-        });
-        let ctx = store::WriteContext {
-            now: store::rfc3339(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::SystemTime::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
-            ),
-            field_manager: Some("swimlb-fake-api-seed".into()),
-            default_manager: "swimlb-fake-api-seed".into(),
-            force: false,
-        };
-        self.lock_store()
-            .create(index, namespace.as_deref(), object, &ctx)
-            .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
+        let ctx = seed_context();
+        seed_one(&mut self.lock_store(), object, &ctx)
+    }
+
+    /// Creates every object of `objects` as [`FakeApi::create`] does, one after another under a
+    /// single lock of the store (for large fixtures). Stops at the first error; the objects
+    /// before it stay created. Returns how many were created.
+    pub fn create_many(&self, objects: impl IntoIterator<Item = Value>) -> anyhow::Result<usize> {
+        let ctx = seed_context();
+        let mut store = self.lock_store();
+        let mut created = 0;
+        for object in objects {
+            seed_one(&mut store, object, &ctx)?;
+            created += 1;
+        }
+        Ok(created)
     }
 
     /// The current resourceVersion of the store.
@@ -227,6 +219,45 @@ impl Drop for FakeApi {
         let _ = self.shutdown.send(true);
         let _ = std::fs::remove_file(&self.kubeconfig);
     }
+}
+
+fn seed_context() -> store::WriteContext {
+    store::WriteContext {
+        now: store::rfc3339(
+            std::time::SystemTime::now()
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        ),
+        field_manager: Some("swimlb-fake-api-seed".into()),
+        default_manager: "swimlb-fake-api-seed".into(),
+        force: false,
+    }
+}
+
+/// Creates `object` in `store`, found by its `apiVersion` and `kind` (namespace `default` when
+/// a namespaced object names none).
+fn seed_one(store: &mut Store, object: Value, ctx: &store::WriteContext) -> anyhow::Result<Value> {
+    let field = |name: &str| {
+        object
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let index = resources::find_kind(&api_version, &kind)
+        .with_context(|| format!("the fake API server does not serve {api_version}/{kind}"))?;
+    let namespace = resources::RESOURCES[index].namespaced.then(|| {
+        object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string()
+    });
+    store
+        .create(index, namespace.as_deref(), object, ctx)
+        .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
 }
 
 fn kubeconfig_yaml(addr: SocketAddr) -> String {

@@ -14,6 +14,7 @@
 
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
@@ -165,11 +166,13 @@ impl WriteContext {
     }
 }
 
-/// The list page a continue token resumes.
+/// The list page a continue token resumes: the snapshot the first page took (shared by every
+/// page, so a page costs its own size, not the rest's) and where the next page starts.
 #[derive(Debug)]
 struct ContinueSnapshot {
     resource_version: u64,
-    remaining: Vec<Value>,
+    items: Arc<Vec<Value>>,
+    offset: usize,
 }
 
 type ObjectKey = (usize, String, String);
@@ -199,6 +202,11 @@ pub struct Store {
     next_uid: u64,
     next_continue: u64,
     continues: VecDeque<(String, ContinueSnapshot)>,
+    /// The Services holding each clusterIP, kept with `objects` so that allocating one is a walk
+    /// over this index instead of a copy of every Service.
+    cluster_ips: BTreeMap<IpAddr, Vec<ObjectKey>>,
+    /// The Services holding each nodePort (explicit nodePorts may collide, hence a list).
+    node_ports: BTreeMap<i64, Vec<ObjectKey>>,
 }
 
 fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
@@ -262,6 +270,8 @@ impl Store {
             next_uid: 1,
             next_continue: 1,
             continues: VecDeque::new(),
+            cluster_ips: BTreeMap::new(),
+            node_ports: BTreeMap::new(),
         };
         let ctx = WriteContext {
             now: now.to_string(),
@@ -284,11 +294,83 @@ impl Store {
 
     /// A copy of every object of `resource` (all namespaces), sorted by namespace and name.
     pub fn objects(&self, resource: usize) -> Vec<Value> {
-        self.objects
-            .iter()
-            .filter(|((r, _, _), _)| *r == resource)
+        self.objects_of(resource, None)
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    /// The stored objects of `resource` (in `namespace` when given), in key order: a range of
+    /// the map, not a scan of every resource.
+    fn objects_of<'a>(
+        &'a self,
+        resource: usize,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Value)> + 'a {
+        let start = (
+            resource,
+            namespace.unwrap_or_default().to_string(),
+            String::new(),
+        );
+        self.objects
+            .range(start..)
+            .take_while(move |((r, ns, _), _)| *r == resource && namespace.is_none_or(|n| n == ns))
+    }
+
+    /// Stores `object` under `key`, keeping the Service allocation indexes in step.
+    fn put(&mut self, key: ObjectKey, object: Value) {
+        let service = key.0 == resource_index("services");
+        if service {
+            self.index_service(&key, &object);
+        }
+        if let Some(old) = self.objects.insert(key.clone(), object)
+            && service
+        {
+            self.unindex_service(&key, &old);
+        }
+    }
+
+    /// Removes the object under `key`, keeping the Service allocation indexes in step.
+    fn take(&mut self, key: &ObjectKey) {
+        if let Some(old) = self.objects.remove(key)
+            && key.0 == resource_index("services")
+        {
+            self.unindex_service(key, &old);
+        }
+    }
+
+    fn service_holdings(service: &Value) -> (Vec<IpAddr>, Vec<i64>) {
+        let ips = string_list(service.pointer("/spec/clusterIPs"))
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        let ports = service
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.get("nodePort").and_then(Value::as_i64))
+            .collect();
+        (ips, ports)
+    }
+
+    fn index_service(&mut self, key: &ObjectKey, service: &Value) {
+        let (ips, ports) = Self::service_holdings(service);
+        for ip in ips {
+            self.cluster_ips.entry(ip).or_default().push(key.clone());
+        }
+        for port in ports {
+            self.node_ports.entry(port).or_default().push(key.clone());
+        }
+    }
+
+    fn unindex_service(&mut self, key: &ObjectKey, service: &Value) {
+        let (ips, ports) = Self::service_holdings(service);
+        for ip in ips {
+            release_holding(&mut self.cluster_ips, ip, key);
+        }
+        for port in ports {
+            release_holding(&mut self.node_ports, port, key);
+        }
     }
 
     fn kind(resource: usize) -> Result<&'static ResourceKind, ApiError> {
@@ -359,12 +441,14 @@ impl Store {
         continue_token: Option<&str>,
     ) -> Result<Value, ApiError> {
         let kind = Self::kind(resource)?;
-        let (list_rv, items) = if let Some(token) = continue_token.filter(|t| !t.is_empty()) {
+        let (list_rv, snapshot_items, snapshot_offset) = if let Some(token) =
+            continue_token.filter(|t| !t.is_empty())
+        {
             let pos = self.continues.iter().position(|(t, _)| t == token).ok_or_else(|| {
                 ApiError::Expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into())
             })?;
             let snap = &self.continues[pos].1;
-            (snap.resource_version, snap.remaining.clone())
+            (snap.resource_version, snap.items.clone(), snap.offset)
         } else {
             if let Some(rv) = resource_version.filter(|rv| !rv.is_empty() && *rv != "0") {
                 let rv = parse_resource_version(rv)?;
@@ -389,37 +473,46 @@ impl Store {
                     "resourceVersionMatch: Unsupported value: {m:?}"
                 )));
             }
-            let items = self
-                .objects
-                .iter()
-                .filter(|((r, ns, _), _)| *r == resource && namespace.is_none_or(|n| n == ns))
+            let items: Vec<Value> = self
+                .objects_of(resource, namespace)
                 .map(|(_, v)| v)
                 .filter(|v| labels.matches(v) && fields.matches(v))
                 .cloned()
                 .collect();
-            (self.resource_version, items)
+            (self.resource_version, Arc::new(items), 0)
         };
-        let mut items: Vec<Value> = items;
+        let (all, offset) = (snapshot_items, snapshot_offset);
+        let rest = all.len().saturating_sub(offset);
+        let page_len = match limit.filter(|l| *l > 0) {
+            Some(limit) if rest > limit => limit,
+            _ => rest,
+        };
         let mut metadata = json!({"resourceVersion": list_rv.to_string()});
-        if let Some(limit) = limit.filter(|l| *l > 0)
-            && items.len() > limit
-        {
-            let remaining = items.split_off(limit);
+        if page_len < rest {
             let token = format!("fake-continue-{}", self.next_continue);
             self.next_continue += 1;
             metadata["continue"] = Value::String(token.clone());
-            metadata["remainingItemCount"] = json!(remaining.len());
+            metadata["remainingItemCount"] = json!(rest - page_len);
             self.continues.push_back((
                 token,
                 ContinueSnapshot {
                     resource_version: list_rv,
-                    remaining,
+                    items: all.clone(),
+                    offset: offset + page_len,
                 },
             ));
             while self.continues.len() > CONTINUE_SNAPSHOTS {
                 self.continues.pop_front();
             }
         }
+        let items: Vec<Value> = if offset == 0 && page_len == all.len() {
+            // The whole list in one page: no second copy.
+            Arc::try_unwrap(all).unwrap_or_else(|shared| shared.as_ref().clone())
+        } else {
+            all.get(offset..offset + page_len)
+                .map(<[Value]>::to_vec)
+                .unwrap_or_default()
+        };
         Ok(json!({
             "apiVersion": kind.api_version(),
             "kind": format!("{}List", kind.kind),
@@ -526,12 +619,52 @@ impl Store {
         }
     }
 
-    fn used_cluster_ips(&self) -> BTreeSet<std::net::IpAddr> {
-        self.objects(resource_index("services"))
-            .iter()
-            .flat_map(|s| string_list(s.pointer("/spec/clusterIPs")))
-            .filter_map(|ip| ip.parse().ok())
-            .collect()
+    /// The lowest free clusterIP of a family (hosts 1 to 254 of 192.0.2.0/24, 1 to 0xfffe of
+    /// 2001:db8:ffff::/112), skipping those in `taken` (allocated by this request).
+    fn lowest_free_cluster_ip(&self, v6: bool, taken: &BTreeSet<IpAddr>) -> Option<IpAddr> {
+        let limit: u32 = if v6 { 0xfffe } else { 254 };
+        let address = |host: u32| -> IpAddr {
+            if v6 {
+                IpAddr::V6(Ipv6Addr::new(
+                    0x2001,
+                    0xdb8,
+                    0xffff,
+                    0,
+                    0,
+                    0,
+                    0,
+                    u16::try_from(host).unwrap_or(u16::MAX),
+                ))
+            } else {
+                IpAddr::V4(Ipv4Addr::new(
+                    192,
+                    0,
+                    2,
+                    u8::try_from(host).unwrap_or(u8::MAX),
+                ))
+            }
+        };
+        let host_of = |ip: &IpAddr| -> u32 {
+            match ip {
+                IpAddr::V4(a) => u32::from(a.octets()[3]),
+                IpAddr::V6(a) => u32::from(a.segments()[7]),
+            }
+        };
+        let mut from = 1;
+        loop {
+            if from > limit {
+                return None;
+            }
+            let held = self
+                .cluster_ips
+                .range(address(from)..=address(limit))
+                .map(|(ip, _)| host_of(ip));
+            let host = lowest_gap(held, from, limit)?;
+            if !taken.contains(&address(host)) {
+                return Some(address(host));
+            }
+            from = host + 1;
+        }
     }
 
     /// Cluster IPs for a Service: `ipFamilyPolicy` (SingleStack, PreferDualStack,
@@ -650,7 +783,8 @@ impl Store {
         let ips = if headless {
             vec!["None".to_string()]
         } else {
-            let mut used = self.used_cluster_ips();
+            // The addresses this request takes (the index holds those already stored).
+            let mut used: BTreeSet<IpAddr> = BTreeSet::new();
             let mut ips = Vec::new();
             for (i, family) in families.iter().enumerate() {
                 let v6 = family == "IPv6";
@@ -672,28 +806,19 @@ impl Store {
                                 "192.0.2.0/24"
                             };
                             errs.push(FieldError::new(format!("spec.clusterIPs[{i}]"), FieldErrorKind::Invalid, format!("{ip:?}: failed to allocate IP {ip}: provided IP is not in the valid range. The range of valid IPs is {range}")));
-                        } else if parsed.is_some_and(|p| !used.insert(p)) {
+                        } else if parsed
+                            .is_some_and(|p| self.cluster_ips.contains_key(&p) || !used.insert(p))
+                        {
                             errs.push(FieldError::new(format!("spec.clusterIPs[{i}]"), FieldErrorKind::Invalid, format!("{ip:?}: failed to allocate IP {ip}: provided IP is already allocated")));
                         }
                         ips.push(ip.clone());
                     }
                     None => {
-                        let limit: u32 = if v6 { 0xfffe } else { 254 };
-                        let candidate = (1..=limit)
-                            .map(|h| {
-                                if v6 {
-                                    format!("2001:db8:ffff::{h:x}")
-                                } else {
-                                    format!("192.0.2.{h}")
-                                }
-                            })
-                            .find(|c| c.parse().is_ok_and(|p| !used.contains(&p)));
+                        let candidate = self.lowest_free_cluster_ip(v6, &used);
                         match candidate {
                             Some(ip) => {
-                                if let Ok(p) = ip.parse() {
-                                    used.insert(p);
-                                }
-                                ips.push(ip);
+                                used.insert(ip);
+                                ips.push(ip.to_string());
                             }
                             None => errs.push(FieldError::new(
                                 format!("spec.clusterIPs[{i}]"),
@@ -716,19 +841,27 @@ impl Store {
         errs
     }
 
-    fn used_node_ports(&self, except: Option<&ObjectKey>) -> BTreeSet<i64> {
-        let svc = resource_index("services");
-        self.objects
-            .iter()
-            .filter(|(k, _)| k.0 == svc && Some(*k) != except)
-            .flat_map(|(_, s)| {
-                s.pointer("/spec/ports")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .filter_map(|p| p.get("nodePort").and_then(Value::as_i64))
-            .collect()
+    /// The lowest nodePort of 30000-32767 that no Service other than `except` holds and that is
+    /// not in `taken` (allocated by this request).
+    fn lowest_free_node_port(&self, except: &ObjectKey, taken: &BTreeSet<i64>) -> Option<i64> {
+        const FIRST: u32 = 30000;
+        const LAST: u32 = 32767;
+        let mut from = FIRST;
+        loop {
+            if from > LAST {
+                return None;
+            }
+            let held = self
+                .node_ports
+                .range(i64::from(from)..=i64::from(LAST))
+                .filter(|(_, holders)| holders.iter().any(|k| k != except))
+                .filter_map(|(port, _)| u32::try_from(*port).ok());
+            let port = i64::from(lowest_gap(held, from, LAST)?);
+            if !taken.contains(&port) {
+                return Some(port);
+            }
+            from = u32::try_from(port + 1).ok()?;
+        }
     }
 
     /// Service defaults and allocations (clusterIP from 192.0.2.0/24, nodePorts from
@@ -804,9 +937,10 @@ impl Store {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let mut used = self.used_node_ports(Some(key));
+        // The nodePorts this request takes (the index holds those already stored).
+        let mut used: BTreeSet<i64> = BTreeSet::new();
         if let Some(Value::Array(ports)) = spec.get_mut("ports") {
-            for port in ports.iter_mut() {
+            for (i, port) in ports.iter_mut().enumerate() {
                 let Some(p) = port.as_object_mut() else {
                     continue;
                 };
@@ -830,10 +964,17 @@ impl Store {
                                     == p.get("protocol").unwrap_or(&json!("TCP"))
                         })
                         .and_then(|o| o.get("nodePort").and_then(Value::as_i64));
-                    let n = carried.or_else(|| (30000..=32767).find(|n| !used.contains(n)));
-                    if let Some(n) = n {
-                        used.insert(n);
-                        p.insert("nodePort".into(), json!(n));
+                    match carried.or_else(|| self.lowest_free_node_port(key, &used)) {
+                        Some(n) => {
+                            used.insert(n);
+                            p.insert("nodePort".into(), json!(n));
+                        }
+                        // The real server refuses the Service too (an internal error there).
+                        None => errs.push(FieldError::new(
+                            format!("spec.ports[{i}].nodePort"),
+                            FieldErrorKind::Invalid,
+                            "failed to allocate a nodePort: range is full",
+                        )),
                     }
                 }
             }
@@ -1002,7 +1143,7 @@ impl Store {
         }
         let rv = self.next_resource_version();
         meta_mut(&mut body).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        self.objects.insert(key.clone(), body.clone());
+        self.put(key.clone(), body.clone());
         self.record(WatchRecord {
             resource_version: rv,
             resource,
@@ -1394,10 +1535,10 @@ impl Store {
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         let event = if meta_str(&result, "deletionTimestamp").is_some() && !finalizers_left {
-            self.objects.remove(&key);
+            self.take(&key);
             EventType::Deleted
         } else {
-            self.objects.insert(key.clone(), result.clone());
+            self.put(key.clone(), result.clone());
             EventType::Modified
         };
         self.record(WatchRecord {
@@ -1502,7 +1643,7 @@ impl Store {
             meta.insert("deletionTimestamp".into(), Value::String(ctx.now.clone()));
             meta.insert("deletionGracePeriodSeconds".into(), json!(0));
             meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-            self.objects.insert(key.clone(), marked.clone());
+            self.put(key.clone(), marked.clone());
             self.record(WatchRecord {
                 resource_version: rv,
                 resource,
@@ -1516,7 +1657,7 @@ impl Store {
         let mut gone = old.clone();
         let rv = self.next_resource_version();
         meta_mut(&mut gone).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        self.objects.remove(&key);
+        self.take(&key);
         self.record(WatchRecord {
             resource_version: rv,
             resource,
@@ -1534,11 +1675,7 @@ impl Store {
         let live = self.events.subscribe();
         let current = self.resource_version;
         let initial = || -> Vec<(EventType, Value)> {
-            self.objects
-                .iter()
-                .filter(|((r, ns, _), _)| {
-                    *r == filter.resource && filter.namespace.as_ref().is_none_or(|n| n == ns)
-                })
+            self.objects_of(filter.resource, filter.namespace.as_deref())
                 .map(|(_, v)| v)
                 .filter(|v| filter.matches(v))
                 .map(|v| (EventType::Added, v.clone()))
@@ -1570,10 +1707,11 @@ impl Store {
                 )))
             }
             WatchStart::After(rv) => {
+                // The history is in resourceVersion order.
+                let first = self.history.partition_point(|r| r.resource_version <= rv);
                 let backlog = self
                     .history
-                    .iter()
-                    .filter(|r| r.resource_version > rv)
+                    .range(first..)
                     .filter_map(|r| filter.translate(r).map(|t| (t, r.object.clone())))
                     .collect();
                 WatchBegin::Stream {
@@ -1585,6 +1723,34 @@ impl Store {
             }
         }
     }
+}
+
+/// Removes `key` from the holders of `value`, and the entry when nobody holds it any more.
+fn release_holding<T: Ord>(index: &mut BTreeMap<T, Vec<ObjectKey>>, value: T, key: &ObjectKey) {
+    if let Some(holders) = index.get_mut(&value) {
+        if let Some(pos) = holders.iter().position(|k| k == key) {
+            holders.swap_remove(pos);
+        }
+        if holders.is_empty() {
+            index.remove(&value);
+        }
+    }
+}
+
+/// The lowest number of `from..=last` missing from `held` (ascending, numbers below `from`
+/// ignored).
+fn lowest_gap(held: impl Iterator<Item = u32>, from: u32, last: u32) -> Option<u32> {
+    let mut next = from;
+    for n in held {
+        if n < next {
+            continue;
+        }
+        if n > next {
+            break;
+        }
+        next += 1;
+    }
+    (next <= last).then_some(next)
 }
 
 /// The strings of a JSON list (non-strings and a missing list give nothing).
@@ -1806,6 +1972,118 @@ mod tests {
             store.create(svc_index(), Some("default"), outside, &ctx()),
             Err(ApiError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn a_deleted_services_cluster_ip_and_node_port_are_handed_out_again_lowest_first() {
+        let mut store = Store::new(100, "t");
+        let lb = |store: &mut Store, name: &str| {
+            let mut body = svc(name);
+            body["spec"]["type"] = json!("LoadBalancer");
+            store
+                .create(svc_index(), Some("default"), body, &ctx())
+                .unwrap()
+        };
+        let a = lb(&mut store, "a");
+        let b = lb(&mut store, "b");
+        assert_eq!(a["spec"]["ports"][0]["nodePort"], 30000);
+        assert_eq!(b["spec"]["ports"][0]["nodePort"], 30001);
+        store
+            .delete(svc_index(), Some("default"), "a", &Value::Null, &ctx())
+            .unwrap();
+        let c = lb(&mut store, "c");
+        assert_eq!(c["spec"]["clusterIP"], a["spec"]["clusterIP"]);
+        assert_eq!(c["spec"]["ports"][0]["nodePort"], 30000);
+        let d = lb(&mut store, "d");
+        assert_eq!(d["spec"]["clusterIP"], "192.0.2.3");
+        assert_eq!(d["spec"]["ports"][0]["nodePort"], 30002);
+        // An update keeps what the Service holds.
+        let mut relabelled = d.clone();
+        relabelled["metadata"]["labels"] = json!({"x": "y"});
+        let updated = store
+            .replace(svc_index(), Some("default"), "d", relabelled, false, &ctx())
+            .unwrap();
+        assert_eq!(updated["spec"]["clusterIP"], "192.0.2.3");
+        assert_eq!(updated["spec"]["ports"][0]["nodePort"], 30002);
+    }
+
+    #[test]
+    fn a_full_cluster_ip_or_node_port_range_refuses_the_service() {
+        let mut store = Store::new(10, "t");
+        for i in 0..254 {
+            let mut body = svc(&format!("s{i}"));
+            body["spec"]["type"] = json!("NodePort");
+            store
+                .create(svc_index(), Some("default"), body, &ctx())
+                .unwrap();
+        }
+        assert!(matches!(
+            store.create(svc_index(), Some("default"), svc("one-too-many"), &ctx()),
+            Err(ApiError::Invalid { .. })
+        ));
+        let mut ports = svc("many-ports");
+        ports["spec"]["type"] = json!("NodePort");
+        ports["spec"]["ipFamilies"] = json!(["IPv6"]);
+        ports["spec"]["ports"] = json!(
+            (0..2600)
+                .map(|p| json!({"port": 1000 + p, "name": format!("p{p}")}))
+                .collect::<Vec<_>>()
+        );
+        let err = store.create(svc_index(), Some("default"), ports, &ctx());
+        assert!(
+            matches!(&err, Err(ApiError::Invalid { errors, .. }) if errors.iter().any(|e| e.to_string().contains("range is full"))),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn pages_follow_one_another_from_the_first_pages_snapshot_and_a_token_can_be_reused() {
+        let mut store = Store::new(100, "t");
+        for n in ["a", "b", "c", "d", "e"] {
+            store
+                .create(svc_index(), Some("default"), svc(n), &ctx())
+                .unwrap();
+        }
+        let none = (LabelSelector::default(), FieldSelector::default());
+        let page = |store: &mut Store, token: Option<&str>| {
+            let list = store
+                .list(
+                    svc_index(),
+                    None,
+                    &none.0,
+                    &none.1,
+                    None,
+                    None,
+                    Some(2),
+                    token,
+                )
+                .unwrap();
+            let names: Vec<String> = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+                .collect();
+            let token = list["metadata"]["continue"].as_str().map(str::to_string);
+            (names, token, list["metadata"]["remainingItemCount"].clone())
+        };
+        let (first, token1, left1) = page(&mut store, None);
+        assert_eq!(
+            (first, left1),
+            (vec!["a".to_string(), "b".into()], json!(3))
+        );
+        store
+            .delete(svc_index(), Some("default"), "c", &Value::Null, &ctx())
+            .unwrap();
+        let (second, token2, left2) = page(&mut store, token1.as_deref());
+        assert_eq!(
+            (second, left2),
+            (vec!["c".to_string(), "d".into()], json!(1))
+        );
+        let (third, token3, _) = page(&mut store, token2.as_deref());
+        assert_eq!((third, token3), (vec!["e".to_string()], None));
+        let (again, _, _) = page(&mut store, token1.as_deref());
+        assert_eq!(again, vec!["c".to_string(), "d".into()]);
     }
 
     #[test]
