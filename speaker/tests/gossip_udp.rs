@@ -97,11 +97,18 @@ async fn three_drivers_over_udp_join_share_metadata_and_see_a_leave() {
     b.leave().await.unwrap();
     wait_for(&a, "b gone at a", |live| !live.contains("b")).await;
     wait_for(&c, "b gone at c", |live| !live.contains("b")).await;
-    let mut saw_down = false;
-    while let Ok(change) = changes.try_recv() {
-        saw_down |= change == LiveChange::Down("b".to_string());
-    }
-    assert!(saw_down, "a reported b down on its change stream");
+    // The live set is published before the change that goes with it: wait for the change.
+    let saw_down = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match changes.recv().await {
+                Ok(LiveChange::Down(node)) if node == "b" => return true,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+            }
+        }
+    })
+    .await;
+    assert_eq!(saw_down, Ok(true), "a reported b down on its change stream");
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
