@@ -253,15 +253,13 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
     let announcements = watcher.seen();
     let ms = |t: Instant| t.duration_since(fault).as_secs_f64() * 1e3;
 
-    out("timeline (ms after the fault):");
-    out(&format!("  {:>7.1}  fault: {owner}'s link down", 0.0));
+    // Events in the order they happened (the detection threads report in node order).
+    let mut timeline: Vec<(f64, String)> = vec![(0.0, format!("fault: {owner}'s link down"))];
+    let mut missed = Vec::new();
     for (node, at) in &detections {
         match at {
-            Some(t) => out(&format!(
-                "  {:>7.1}  {node} declares {owner} down (gossip)",
-                ms(*t)
-            )),
-            None => out(&format!(
+            Some(t) => timeline.push((ms(*t), format!("{node} declares {owner} down (gossip)"))),
+            None => missed.push(format!(
                 "     ---   {node} never declared {owner} down within 20 s"
             )),
         }
@@ -277,25 +275,34 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
             .find(|n| mac(n.mac) == a.mac)
             .map(|n| n.name.clone())
             .unwrap_or_else(|| a.mac.to_string());
-        out(&format!(
-            "  {:>7.1}  first gratuitous ARP / unsolicited NA for {} from {from}",
+        timeline.push((
             ms(a.at),
-            a.ip
+            format!(
+                "first gratuitous ARP / unsolicited NA for {} from {from}",
+                a.ip
+            ),
         ));
+    }
+    if let Some(s) = &sample {
+        let first = records
+            .iter()
+            .filter_map(|r| r.answer.as_ref())
+            .filter(|(n, at)| *at >= fault && *n != owner)
+            .min_by_key(|(_, at)| *at)
+            .map(|(n, _)| n.clone())
+            .unwrap_or_default();
+        timeline.push((s.failover_ms, format!("first answer from {first}")));
+    }
+    timeline.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out("timeline (ms after the fault):");
+    for (at, what) in &timeline {
+        out(&format!("  {at:>7.1}  {what}"));
+    }
+    for line in &missed {
+        out(line);
     }
     let failover_ms = match sample {
         Some(s) => {
-            let first = records
-                .iter()
-                .filter_map(|r| r.answer.as_ref())
-                .filter(|(n, at)| *at >= fault && *n != owner)
-                .min_by_key(|(_, at)| *at)
-                .map(|(n, _)| n.clone())
-                .unwrap_or_default();
-            out(&format!(
-                "  {:>7.1}  first answer from {first}",
-                s.failover_ms
-            ));
             out(&format!(
                 "failover: {:.0} ms, {} probes lost",
                 s.failover_ms, s.lost_probes

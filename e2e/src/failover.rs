@@ -104,7 +104,7 @@ impl KeepalivedDaemons {
     /// Files go to a directory named after the lab's run.
     pub fn new(lab: &Lab) -> KeepalivedDaemons {
         KeepalivedDaemons {
-            dir: std::env::temp_dir().join(format!("swimlb-lab-{}", lab.run_id())),
+            dir: lab.work_dir(),
             children: vec![None; lab.nodes.len() + 1],
         }
     }
@@ -198,7 +198,7 @@ impl SwimlbDaemons {
     /// Speakers run as `program speaker standalone --config FILE`; files go to a directory named
     /// after the lab's run, with one fresh key shared by all nodes.
     pub fn new(lab: &Lab, program: PathBuf) -> Result<SwimlbDaemons> {
-        let dir = std::env::temp_dir().join(format!("swimlb-lab-{}", lab.run_id()));
+        let dir = lab.work_dir();
         std::fs::create_dir_all(&dir)?;
         let mut key = [0u8; 32];
         use std::io::Read as _;
@@ -361,8 +361,12 @@ pub struct Report {
     pub scenario: &'static str,
     /// Nodes.
     pub nodes: usize,
-    /// Trials that produced a sample.
+    /// Trials run (the requested count).
     pub trials: usize,
+    /// Trials in which no other node answered within the 30 s cap: they have no sample, so the
+    /// percentiles cover `trials - failed_trials` samples. Not in DESIGN.md's contract; added so
+    /// a run that lost trials cannot read as a clean one.
+    pub failed_trials: usize,
     /// Loss on every link, percent.
     pub loss: u8,
     /// Failover time summary.
@@ -376,8 +380,13 @@ pub struct Report {
 }
 
 impl Report {
-    /// Summarizes `samples`.
-    pub fn new(options: &Options, samples: Vec<Sample>, false_failovers: usize) -> Report {
+    /// Summarizes `samples`; `failed_trials` are the trials that produced none.
+    pub fn new(
+        options: &Options,
+        samples: Vec<Sample>,
+        failed_trials: usize,
+        false_failovers: usize,
+    ) -> Report {
         let ms: Vec<f64> = samples.iter().map(|s| s.failover_ms).collect();
         let mut lost: Vec<u64> = samples.iter().map(|s| s.lost_probes).collect();
         lost.sort_unstable();
@@ -385,7 +394,8 @@ impl Report {
             implementation: options.implementation.as_str(),
             scenario: options.scenario.as_str(),
             nodes: options.nodes,
-            trials: samples.len(),
+            trials: samples.len() + failed_trials,
+            failed_trials,
             loss: options.loss,
             failover_ms: percentiles(&ms),
             lost_probes: LostProbes {
@@ -403,11 +413,12 @@ impl Report {
     /// A table for the terminal.
     pub fn table(&self) -> String {
         format!(
-            "{:<10} {:<8} nodes {:>2} trials {:>2} loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
+            "{:<10} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
             self.implementation,
             self.scenario,
             self.nodes,
             self.trials,
+            self.failed_trials,
             self.loss,
             self.failover_ms.p50,
             self.failover_ms.p90,
@@ -470,6 +481,7 @@ pub fn run(
     }
     let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
     let mut samples = Vec::new();
+    let mut failed_trials = 0;
     let mut false_failovers = 0;
     for trial in 1..=options.trials {
         let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
@@ -517,10 +529,13 @@ pub fn run(
                     lost_probes: s.lost_probes,
                 });
             }
-            None => progress(&format!(
-                "trial {trial}/{}: {owner} faulted, no other node answered within 30 s",
-                options.trials
-            )),
+            None => {
+                failed_trials += 1;
+                progress(&format!(
+                    "trial {trial}/{}: {owner} faulted, no other node answered within 30 s",
+                    options.trials
+                ));
+            }
         }
         // Restore the old owner as a backup.
         match options.scenario {
@@ -536,7 +551,7 @@ pub fn run(
     }
     drop(responders);
     lab.teardown();
-    let report = Report::new(options, samples, false_failovers);
+    let report = Report::new(options, samples, failed_trials, false_failovers);
     if let Some(path) = &options.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -580,6 +595,7 @@ mod tests {
                     lost_probes: 340,
                 },
             ],
+            1,
             0,
         );
         let json: serde_json::Value = serde_json::to_value(&report).unwrap();
@@ -596,6 +612,11 @@ mod tests {
             assert!(json.get(key).is_some(), "{key} missing: {json}");
         }
         assert_eq!(json["impl"], "keepalived");
+        assert_eq!(
+            json["trials"], 3,
+            "a failed trial still counts as run: {json}"
+        );
+        assert_eq!(json["failed_trials"], 1);
         assert_eq!(json["failover_ms"]["p50"], 3000.0);
         assert_eq!(json["lost_probes"]["max"], 340);
     }

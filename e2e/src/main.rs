@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use swimlb_e2e::sim::{self, SimOptions};
 use swimlb_speaker::gossip::Profile;
+use tokio::signal::unix::SignalKind;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -183,8 +184,8 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Tears the lab down on Ctrl-C: the namespaces are deleted by the next run's cleanup too, but
-/// a user who interrupts a run expects a clean machine at once.
+/// Tears the lab down on Ctrl-C or SIGTERM: the namespaces are deleted by the next run's cleanup
+/// too, but a user who interrupts a run expects a clean machine at once.
 fn cleanup_on_interrupt() {
     std::thread::spawn(|| {
         let Ok(rt) = tokio::runtime::Builder::new_current_thread()
@@ -193,31 +194,19 @@ fn cleanup_on_interrupt() {
         else {
             return;
         };
+        let Ok(mut term) =
+            rt.block_on(async { tokio::signal::unix::signal(SignalKind::terminate()) })
+        else {
+            return;
+        };
         rt.block_on(async {
-            let _ = tokio::signal::ctrl_c().await;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
         });
         eprintln!("swimlb-lab: interrupted, tearing the lab down");
-        let me = std::process::id().to_string();
-        if let Ok(names) = swimlb_e2e::netns::list_namespaces() {
-            for ns in names
-                .iter()
-                .filter(|n| n.starts_with(&format!("{}{me}", swimlb_e2e::netns::PREFIX)))
-            {
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "pids", ns])
-                    .output()
-                    .map(|o| {
-                        for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                            let _ = std::process::Command::new("kill")
-                                .args(["-9", pid])
-                                .status();
-                        }
-                    });
-                let _ = std::process::Command::new("ip")
-                    .args(["netns", "del", ns])
-                    .status();
-            }
-        }
+        let _ = swimlb_e2e::netns::cleanup_runs_of(std::process::id());
         std::process::exit(130);
     });
 }
@@ -226,8 +215,10 @@ fn run_demo() -> anyhow::Result<()> {
     cleanup_on_interrupt();
     ensure_packages(&[("ip", "iproute2")])?;
     let program = std::env::current_exe()?;
-    swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))?;
-    Ok(())
+    match swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))? {
+        Some(_) => Ok(()),
+        None => anyhow::bail!("the VIP did not fail over"),
+    }
 }
 
 fn run_soak(args: SoakArgs) -> anyhow::Result<()> {

@@ -17,6 +17,7 @@
 //! same kernel paths an operator's hosts have, and needs root (CAP_NET_ADMIN).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
@@ -349,6 +350,13 @@ impl Lab {
         for ns in self.namespaces() {
             delete_namespace(&ns);
         }
+        let _ = std::fs::remove_dir_all(self.work_dir());
+    }
+
+    /// The directory for this run's files (daemon configurations, the gossip key); removed with
+    /// the lab.
+    pub fn work_dir(&self) -> PathBuf {
+        work_dir_of(&self.run_id)
     }
 }
 
@@ -358,19 +366,54 @@ impl Drop for Lab {
     }
 }
 
-/// Deletes the namespaces of lab runs whose process is gone (a crash or a kill -9 of a run).
+/// Deletes the namespaces and work directories of lab runs whose process is gone (a crash or a
+/// kill -9 of a run).
 pub fn cleanup_stale() -> Result<()> {
+    cleanup_runs(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Deletes the namespaces and work directories of every lab run of process `pid` (used when the
+/// process is interrupted: its labs are not dropped).
+pub fn cleanup_runs_of(pid: u32) -> Result<()> {
+    let pid = pid.to_string();
+    cleanup_runs(|p| p == pid)
+}
+
+/// The process id a run id starts with (`<pid>` or `<pid>x<n>`), from a namespace name without
+/// its prefix (`<run id>-<role>`) or a run id.
+fn run_pid(rest: &str) -> &str {
+    rest.split(['-', 'x']).next().unwrap_or("")
+}
+
+fn cleanup_runs(doomed: impl Fn(&str) -> bool) -> Result<()> {
     for ns in list_namespaces()? {
         let Some(rest) = ns.strip_prefix(PREFIX) else {
             continue;
         };
-        let pid = rest.split(['-', 'x']).next().unwrap_or("");
-        let alive = !pid.is_empty() && std::path::Path::new(&format!("/proc/{pid}")).exists();
-        if !alive {
+        let pid = run_pid(rest);
+        if pid.is_empty() || doomed(pid) {
             delete_namespace(&ns);
         }
     }
+    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(run_id) = name.to_str().and_then(|n| n.strip_prefix(WORK_DIR_PREFIX)) else {
+                continue;
+            };
+            let pid = run_pid(run_id);
+            if !pid.is_empty() && doomed(pid) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
     Ok(())
+}
+
+const WORK_DIR_PREFIX: &str = "swimlb-lab-";
+
+fn work_dir_of(run_id: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("{WORK_DIR_PREFIX}{run_id}"))
 }
 
 /// The names of all network namespaces.

@@ -92,8 +92,14 @@ fn a_dead_run_is_cleaned_up_by_the_next() {
         .status()
         .unwrap();
     assert!(made.success());
+    let stale_dir = std::env::temp_dir().join("swimlb-lab-9999999x1");
+    std::fs::create_dir_all(&stale_dir).unwrap();
     netns::cleanup_stale().unwrap();
     assert!(!netns::list_namespaces().unwrap().contains(&stale));
+    assert!(
+        !stale_dir.exists(),
+        "the dead run's work directory is removed"
+    );
 }
 
 #[test]
