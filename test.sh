@@ -26,4 +26,8 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+if [ "$(id -u)" -ne 0 ]; then
+  echo "test.sh: not root: the network-namespace tests (speaker/tests/*_netns.rs, e2e/tests/*_lab.rs," >&2
+  echo "test.sh: e2e/tests/responder_netns.rs) print why and return without checking anything; run as root" >&2
+fi
 cargo test --workspace --all-targets --locked "$@"
