@@ -40,15 +40,20 @@ async fn wait_for(handle: &GossipHandle, what: &str, check: impl Fn(&LiveSet) ->
     let waited = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             if check(&live.borrow_and_update()) {
-                return;
+                return true;
             }
             if live.changed().await.is_err() {
-                return;
+                return false;
             }
         }
     })
     .await;
     assert!(waited.is_ok(), "timed out waiting for {what}");
+    assert_eq!(
+        waited,
+        Ok(true),
+        "the gossip task stopped while waiting for {what}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,21 +75,24 @@ async fn three_drivers_over_udp_join_share_metadata_and_see_a_leave() {
     })
     .await;
 
-    // Rotate to a new key on every node, one step at a time; nobody goes down.
+    // Rotate to a new key on every node, one node and one step at a time, with time between
+    // them so nodes holding different rings exchange datagrams; nobody goes down.
     let next = [43u8; 32];
-    for keys in [[KEY, next], [next, KEY]] {
+    let mut during_rotation = a.subscribe();
+    for keys in [&[KEY, next][..], &[next, KEY][..], &[next][..]] {
         for handle in [&a, &b, &c] {
-            let ring = KeyRing::new("udp-test", &keys).unwrap();
+            let ring = KeyRing::new("udp-test", keys).unwrap();
             handle.set_key_ring(ring).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
-    for handle in [&a, &b, &c] {
-        handle
-            .set_key_ring(KeyRing::new("udp-test", &[next]).unwrap())
-            .await
-            .unwrap();
-    }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(change) = during_rotation.try_recv() {
+        assert!(
+            !matches!(change, LiveChange::Down(_)),
+            "a saw {change:?} during the rotation"
+        );
+    }
     for handle in [&a, &b, &c] {
         assert_eq!(
             handle.live().borrow().len(),

@@ -228,16 +228,37 @@ impl Wire {
     }
 
     /// Seals `kind` + `body` into a datagram for `to`, queues it and counts it.
+    ///
+    /// A peer we have heard from gets the key it last sealed with (while our ring holds it),
+    /// else our sealing key. A peer we have never heard from (a seed, a member we only know
+    /// from the gossip) gets one copy sealed with each key of our ring: a node restarted with
+    /// `[k2, k1]` in the middle of a rotation still reaches seeds that hold only `[k1]`, and the
+    /// first answer tells us which key that peer uses. Rings hold one or two keys, and only
+    /// datagrams to silent peers are copied.
     fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
         self.scratch.clear();
         self.scratch.push(kind);
         self.scratch.extend_from_slice(body);
-        let mut bytes = Vec::with_capacity(self.scratch.len() + swimlb_proto::envelope::OVERHEAD);
-        let sealed = match self.peer_keys.get(&to) {
-            Some(&key) if self.ring.has_key(key) => {
-                self.ring.seal_with(key, &self.scratch, &mut bytes)
+        match self.peer_keys.get(&to) {
+            Some(&key) if self.ring.has_key(key) => self.seal_one(to, Some(key)),
+            Some(_) => self.seal_one(to, None),
+            None => {
+                self.seal_one(to, None);
+                let sealing = self.ring.sealing_key_id();
+                let others: Vec<KeyId> = self.ring.key_ids().filter(|k| *k != sealing).collect();
+                for key in others {
+                    self.seal_one(to, Some(key));
+                }
             }
-            _ => self.ring.seal(&self.scratch, &mut bytes),
+        }
+    }
+
+    /// Seals `scratch` with `key` (`None`: the ring's sealing key) and queues it.
+    fn seal_one(&mut self, to: SocketAddr, key: Option<KeyId>) {
+        let mut bytes = Vec::with_capacity(self.scratch.len() + swimlb_proto::envelope::OVERHEAD);
+        let sealed = match key {
+            Some(key) => self.ring.seal_with(key, &self.scratch, &mut bytes),
+            None => self.ring.seal(&self.scratch, &mut bytes),
         };
         match sealed {
             Ok(()) => {
@@ -868,11 +889,20 @@ impl Core {
                 }
                 self.missing_meta.remove(&id.node);
                 self.live.remove(&id.node);
-                let since_heard = self
-                    .last_heard
+                // Detection time as seen from here: since the first sign of the failure this
+                // node has, the suspicion it held or the last datagram it heard from the member,
+                // whichever is later (in a large cluster a member may not have written to us for
+                // seconds before it failed, so the last datagram alone overstates).
+                let heard = self.last_heard.remove(&id.addr);
+                let suspected = self
+                    .suspects
                     .get(&id.addr)
-                    .map(|heard| now.saturating_sub(*heard).as_secs_f64());
-                self.wire.metrics.member_down(since_heard);
+                    .filter(|(held, ..)| *held == id)
+                    .map(|(_, _, since, _)| *since);
+                let since = heard.max(suspected);
+                self.wire
+                    .metrics
+                    .member_down(since.map(|t| now.saturating_sub(t).as_secs_f64()));
                 self.changes.push(LiveChange::Down(id.node));
             }
             OwnedNotification::Rename(_, new) => {

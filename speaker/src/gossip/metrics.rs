@@ -156,7 +156,7 @@ impl GossipMetrics {
         );
         registry.register(
             "swimlb_failover_detect_seconds",
-            "From the last datagram heard from a member to its MemberDown",
+            "From the later of the member's first suspicion seen here and the last datagram heard from it, to its MemberDown",
             metrics.detect_seconds.clone(),
         );
         registry.register(

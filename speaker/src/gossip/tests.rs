@@ -192,6 +192,33 @@ fn keys_rotate_without_a_member_going_down() {
 }
 
 #[test]
+fn a_node_that_starts_with_the_new_key_first_joins_seeds_that_hold_only_the_old_key() {
+    // A rotation in progress: the cluster still holds [k1], a node (re)starts with [k2, k1].
+    // Its announces to the seed go out once per key, so the seed opens the k1 copy and both
+    // sides go on with the key they share.
+    let mut net = cluster(3, 19, Links::default());
+    let newcomer = core_with(&net, 3, 1, &[K2, K1], Timing::fast());
+    net.start(3, newcomer);
+    let joined = run_until(&mut net, Duration::from_secs(5), |net| {
+        (0..4).all(|i| live_len(net, i) == 4)
+    });
+    assert!(
+        joined.is_some(),
+        "every node sees the newcomer and it sees every node"
+    );
+    assert_eq!(net.core(3).unwrap().phase(), Phase::Active);
+    net.run_for(Duration::from_secs(3));
+    let downs = net
+        .drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+        .count();
+    assert_eq!(
+        downs, 0,
+        "the k2 copies the seeds cannot open cost no member"
+    );
+}
+
+#[test]
 fn node_with_a_wrong_key_never_joins_and_is_counted() {
     let mut net = cluster(3, 17, Links::default());
     let intruder = core_with(&net, 3, 1, &[K9], Timing::fast());
