@@ -140,6 +140,10 @@ struct SimArgs {
     /// Write the report as JSON (an object for one run, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Exit 1 unless every run measured crashes, every crash was seen by every survivor within
+    /// the cap, and no member was falsely declared down (correctness only, never a time).
+    #[arg(long)]
+    check: bool,
 }
 
 /// sysexits-style "skipped": the lab needs root.
@@ -388,6 +392,19 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         };
         std::fs::write(&path, text + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.check {
+        let bad: Vec<String> = reports
+            .iter()
+            .filter(|r| r.crashes == 0 || r.undetected > 0 || r.false_downs > 0)
+            .map(|r| {
+                format!(
+                    "{} nodes, {}% loss, {}: {} crashes, {} undetected, {} false downs",
+                    r.nodes, r.loss, r.profile, r.crashes, r.undetected, r.false_downs
+                )
+            })
+            .collect();
+        anyhow::ensure!(bad.is_empty(), "sim --check failed: {}", bad.join("; "));
     }
     Ok(())
 }
