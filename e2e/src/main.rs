@@ -119,6 +119,13 @@ struct SimArgs {
     /// Override: periodic gossip fan-out.
     #[arg(long)]
     gossip_fanout: Option<usize>,
+    /// Override: period of the announces to members held down (heals partitions), in
+    /// milliseconds.
+    #[arg(long)]
+    announce_down_ms: Option<u64>,
+    /// Override: members held down announced to per period.
+    #[arg(long)]
+    announce_down_fanout: Option<usize>,
     /// Override: indirect probes.
     #[arg(long)]
     indirect: Option<usize>,
@@ -140,6 +147,10 @@ struct SimArgs {
     /// Write the report as JSON (an object for one run, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// After the crashes, cut every third member off for this many seconds, heal, and report how
+    /// long the heal took and whether any member went down after it.
+    #[arg(long)]
+    partition: Option<f64>,
     /// Exit 1 unless every run measured crashes, every crash was seen by every survivor within
     /// the cap, and no member was falsely declared down (correctness only, never a time).
     #[arg(long)]
@@ -351,6 +362,12 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 if let Some(v) = args.gossip_fanout {
                     timing.gossip_fanout = v;
                 }
+                if let Some(v) = args.announce_down_ms {
+                    timing.announce_down_period = ms(v);
+                }
+                if let Some(v) = args.announce_down_fanout {
+                    timing.announce_down_fanout = v;
+                }
                 if let Some(v) = args.indirect {
                     timing.indirect_probes = v;
                 }
@@ -376,10 +393,23 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     profile,
                     timing,
                     seed: args.seed,
+                    partition: args.partition.map(Duration::from_secs_f64),
                 };
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
                 println!("{}", sim::table_row(&report, started.elapsed()));
+                if let Some(p) = &report.partition {
+                    println!(
+                        "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side",
+                        p.cut_off,
+                        report.nodes,
+                        p.cut_s,
+                        p.healed,
+                        p.heal_ms,
+                        p.downs_after_heal,
+                        p.cut_off_downs_after_heal
+                    );
+                }
                 reports.push(report);
             }
         }
@@ -396,11 +426,19 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     if args.check {
         let bad: Vec<String> = reports
             .iter()
-            .filter(|r| r.crashes == 0 || r.undetected > 0 || r.false_downs > 0)
+            .filter(|r| {
+                r.crashes == 0
+                    || r.undetected > 0
+                    || r.false_downs > 0
+                    || r
+                        .partition
+                        .as_ref()
+                        .is_some_and(|p| !p.healed || p.downs_after_heal > 0)
+            })
             .map(|r| {
                 format!(
-                    "{} nodes, {}% loss, {}: {} crashes, {} undetected, {} false downs",
-                    r.nodes, r.loss, r.profile, r.crashes, r.undetected, r.false_downs
+                    "{} nodes, {}% loss, {}: {} crashes, {} undetected, {} false downs, partition {:?}",
+                    r.nodes, r.loss, r.profile, r.crashes, r.undetected, r.false_downs, r.partition
                 )
             })
             .collect();

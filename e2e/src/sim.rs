@@ -33,6 +33,8 @@ pub struct SimOptions {
     pub timing: Timing,
     /// RNG seed.
     pub seed: u64,
+    /// After the crashes: cut a third of the members off for this long, then heal.
+    pub partition: Option<Duration>,
 }
 
 /// Percentiles of the detection time, in milliseconds.
@@ -73,6 +75,30 @@ pub struct SimReport {
     pub duration_s: f64,
     /// RNG seed.
     pub seed: u64,
+    /// The partition phase, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionReport>,
+}
+
+/// What a partition and its heal did (`sim --partition SECONDS`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionReport {
+    /// Members cut off (every third member, seed 2 among them, so each side keeps a seed).
+    pub cut_off: usize,
+    /// Simulated seconds the cut lasted.
+    pub cut_s: f64,
+    /// Whether every member saw every member again within 60 s of the heal.
+    pub healed: bool,
+    /// From the heal until every member saw every member.
+    pub heal_ms: f64,
+    /// `MemberDown` events after the heal seen by members of the larger side, summed over
+    /// observers: the flapping a heal must not cause (a down there moves that member's IPs).
+    pub downs_after_heal: u64,
+    /// `MemberDown` events after the heal seen by the members that were cut off. A cut-off
+    /// member rejoins under a renewed identity and then learns that the old identities of its
+    /// side are down, so some are expected; they move nothing, because a renewed member is
+    /// unsettled.
+    pub cut_off_downs_after_heal: u64,
 }
 
 const KEY: [u8; 32] = [7; 32];
@@ -233,6 +259,9 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     }
 
     let measured = (net.now() - warmup).as_secs_f64().max(1e-9);
+    let partition = opts
+        .partition
+        .map(|cut| partition_and_heal(&mut net, n, cut));
     let (mut packets, mut bytes) = (0u64, 0u64);
     for (i, start) in traffic_start.iter().enumerate() {
         let t = net.traffic(i);
@@ -255,9 +284,78 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         crashes: samples_ms.len(),
         undetected,
         warmup_s: warmup.as_secs_f64(),
-        duration_s: net.now().as_secs_f64(),
+        duration_s: measured + warmup.as_secs_f64(),
         seed: opts.seed,
+        partition,
     })
+}
+
+/// The members a partition cuts off: every third, seed 2 among them.
+fn is_cut_off(i: usize) -> bool {
+    i % 3 == 2
+}
+
+/// Cuts every third member off for `cut`, heals, and waits (up to 60 s) until every member sees
+/// every member again. Runs after the traffic was measured, so it does not change those figures.
+fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionReport {
+    let cut_off: Vec<usize> = (0..n).filter(|i| is_cut_off(*i)).collect();
+    for &i in &cut_off {
+        net.set_group(i, 1);
+    }
+    let cut_start = net.now();
+    net.run_for(cut);
+    net.drain_changes().for_each(drop);
+    net.heal();
+    let healed_at = net.now();
+    let cap = Duration::from_secs(60);
+    let (mut downs_after_heal, mut cut_off_downs_after_heal) = (0u64, 0u64);
+    let mut count_downs = |net: &mut SimNet| {
+        for (_, observer, change) in net.drain_changes() {
+            if matches!(change, LiveChange::Down(_)) {
+                if is_cut_off(observer) {
+                    cut_off_downs_after_heal += 1;
+                } else {
+                    downs_after_heal += 1;
+                }
+            }
+        }
+    };
+    let mut healed = false;
+    while net.now() < healed_at + cap {
+        net.run_for(Duration::from_millis(20));
+        count_downs(net);
+        if (0..n).all(|i| net.core(i).is_some_and(|c| c.live().len() == n)) {
+            healed = true;
+            break;
+        }
+        if std::env::var_os("SIM_DEBUG").is_some() && (net.now() - healed_at).as_millis() % 500 == 0
+        {
+            let sizes: Vec<usize> = (0..n)
+                .map(|i| net.core(i).map_or(0, |c| c.live().len()))
+                .collect();
+            let full = sizes.iter().filter(|l| **l == n).count();
+            eprintln!(
+                "heal +{:?}: {full} of {n} see everyone; sizes of the others: {:?}",
+                net.now() - healed_at,
+                sizes.iter().filter(|l| **l != n).collect::<Vec<_>>()
+            );
+        }
+    }
+    let heal_ms = (net.now() - healed_at).as_secs_f64() * 1e3;
+    // A little longer: a heal that flaps shows downs after everyone saw everyone once.
+    let tail_end = net.now() + Duration::from_secs(5);
+    while net.now() < tail_end {
+        net.run_for(Duration::from_millis(100));
+        count_downs(net);
+    }
+    PartitionReport {
+        cut_off: cut_off.len(),
+        cut_s: (healed_at - cut_start).as_secs_f64(),
+        healed,
+        heal_ms,
+        downs_after_heal,
+        cut_off_downs_after_heal,
+    }
 }
 
 /// The table header matching [`table_row`].
@@ -311,6 +409,7 @@ mod tests {
             profile: Profile::Fast,
             timing: Timing::fast(),
             seed: 1,
+            partition: None,
         };
         let report = run(&opts).unwrap();
         assert!(report.crashes >= 3, "{report:?}");
@@ -328,10 +427,29 @@ mod tests {
             profile: Profile::Fast,
             timing: Timing::fast(),
             seed: 42,
+            partition: Some(Duration::from_secs(3)),
         };
         let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
         let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
         assert_eq!(first, second);
+    }
+
+    #[test]
+    fn a_partition_heals_into_one_membership_without_downs_after_the_heal() {
+        let opts = SimOptions {
+            nodes: 9,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(10),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 7,
+            partition: Some(Duration::from_secs(5)),
+        };
+        let report = run(&opts).unwrap();
+        let p = report.partition.expect("a partition phase ran");
+        assert_eq!(p.cut_off, 3);
+        assert!(p.healed, "{p:?}");
+        assert_eq!(p.downs_after_heal, 0, "{p:?}");
     }
 
     #[test]
