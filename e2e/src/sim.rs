@@ -328,7 +328,8 @@ fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionRep
             healed = true;
             break;
         }
-        if std::env::var_os("SIM_DEBUG").is_some() && (net.now() - healed_at).as_millis() % 500 == 0
+        if std::env::var_os("SIM_DEBUG").is_some()
+            && (net.now() - healed_at).as_millis().is_multiple_of(500)
         {
             let sizes: Vec<usize> = (0..n)
                 .map(|i| net.core(i).map_or(0, |c| c.live().len()))
