@@ -112,6 +112,32 @@ impl Running {
             .collect()
     }
 
+    /// Sends SIGHUP to node `index`'s speaker.
+    fn sighup(&mut self, index: usize) {
+        let pid = self
+            .daemons
+            .pid(&mut self.lab, index)
+            .expect("speaker running");
+        let hup = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+    }
+
+    /// Waits (at most `limit`) until node `index` has logged `text` after `lengths` were taken.
+    fn wait_for_log(&self, index: usize, lengths: &[usize], text: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.logs_since(lengths)[index - 1].contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "node {index} did not log `{text}` within {limit:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn index_of(&self, name: &str) -> usize {
         self.lab
             .nodes
@@ -278,6 +304,53 @@ fn first_new_answerer(prober: &Prober, fault: Instant, old_owner: &str) -> Optio
 /// Sends `count` ARP requests for `ip` from the client's `eth0`, 200 ms apart (broadcast, or
 /// unicast to `to`), and returns the sender MAC of every ARP reply for `ip` seen until 500 ms
 /// after the last request.
+/// A health check on a flag file: each node's group passes while `healthy-<node>` exists in the
+/// lab's directory (created here), and each node's notify hook appends `group state` to
+/// `notify-<node>.log` there.
+#[derive(Debug, Clone, Copy)]
+struct FlagCheck {
+    interval: Duration,
+    timeout: Duration,
+    rise: u32,
+    fall: u32,
+}
+
+impl FlagCheck {
+    /// The check's worst-case detection time, as check-config prints it.
+    fn detection(&self) -> Duration {
+        self.interval * self.fall + self.timeout
+    }
+
+    fn install(&self, lab: &Lab, daemons: &mut SwimlbDaemons) {
+        let dir = daemons.dir().to_path_buf();
+        for node in &lab.nodes {
+            let flag = dir.join(format!("healthy-{}", node.name));
+            std::fs::write(&flag, "").unwrap();
+            let hook = dir.join(format!("notify-{}.sh", node.name));
+            let log = dir.join(format!("notify-{}.log", node.name));
+            std::fs::write(
+                &hook,
+                format!("#!/bin/sh\necho \"$1 $2\" >> {}\n", log.display()),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+            daemons.group_extra.insert(
+                node.index,
+                format!(
+                    "    checks:\n      - {{name: flag, exec: [test, -e, \"{}\"], interval: {}ms, timeout: {}ms, rise: {}, fall: {}, weight: 0}}\n    notify: {}\n",
+                    flag.display(),
+                    self.interval.as_millis(),
+                    self.timeout.as_millis(),
+                    self.rise,
+                    self.fall,
+                    hook.display()
+                ),
+            );
+        }
+    }
+}
+
 fn arp_replies(netns: &str, ip: Ipv4Addr, to: Option<[u8; 6]>, count: usize) -> Vec<String> {
     in_netns(netns, move || {
         let iface = pnet_datalink::interfaces()
@@ -688,41 +761,77 @@ fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member
 }
 
 #[test]
+fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip() {
+    if !root_or_skip("check after reload") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    // rise 3: a check task restarted by the reload would need three passes (600 ms) before a
+    // failure could count; a failure within that time would go unreported (the bug this
+    // guards against). A slow machine can only make this test pass wrongly, never fail.
+    let check = FlagCheck {
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(200),
+        rise: 3,
+        fall: 2,
+    };
+    let mut run = Running::start(10, |lab, daemons| check.install(lab, daemons));
+    let dir = run.daemons.dir().to_path_buf();
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let index = run.index_of(&owner);
+    let lengths = run.log_lengths();
+    run.sighup(index);
+    run.wait_for_log(
+        index,
+        &lengths,
+        "configuration reloaded",
+        Duration::from_secs(10),
+    );
+    let fault = Instant::now();
+    std::fs::remove_file(dir.join(format!("healthy-{owner}"))).unwrap();
+    let sample =
+        wait_for_failover(&prober, fault, &owner, Duration::from_secs(30)).unwrap_or_else(|| {
+            panic!(
+                "the owner's failing check went unreported after the reload\n{}",
+                run.logs()
+            )
+        });
+    // Functional, not a timing figure: 10x what the check and the gossip should take.
+    let bound = (check.detection() + DETECTION_BOUND) * 10;
+    eprintln!(
+        "check after reload: {owner} failed its check, the VIP moved after {:.0} ms (bound {bound:?})",
+        sample.failover_ms
+    );
+    assert!(
+        sample.failover_ms <= bound.as_secs_f64() * 1e3,
+        "the VIP moved after {:.0} ms, more than {bound:?}\n{}",
+        sample.failover_ms,
+        run.logs()
+    );
+    let reloaded = &run.logs_since(&lengths)[index - 1];
+    assert!(
+        !reloaded.contains("passing=true"),
+        "an unchanged check was not restarted by the reload:\n{reloaded}"
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
 fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
     if !root_or_skip("health check") {
         return;
     }
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    let interval = Duration::from_millis(200);
-    let fall = 2u32;
     // The check's timeout may not exceed its interval (runs would overlap).
-    let timeout = interval;
-    let mut run = Running::start(5, |lab, daemons| {
-        let dir = daemons.dir().to_path_buf();
-        for node in &lab.nodes {
-            let flag = dir.join(format!("healthy-{}", node.name));
-            std::fs::write(&flag, "").unwrap();
-            let hook = dir.join(format!("notify-{}.sh", node.name));
-            let log = dir.join(format!("notify-{}.log", node.name));
-            std::fs::write(
-                &hook,
-                format!("#!/bin/sh\necho \"$1 $2\" >> {}\n", log.display()),
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-            daemons.group_extra.insert(
-                node.index,
-                format!(
-                    "    checks:\n      - {{name: flag, exec: [test, -e, \"{}\"], interval: {}ms, timeout: {}ms, fall: {fall}, weight: 0}}\n    notify: {}\n",
-                    flag.display(),
-                    interval.as_millis(),
-                    timeout.as_millis(),
-                    hook.display()
-                ),
-            );
-        }
-    });
+    let check = FlagCheck {
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(200),
+        rise: 1,
+        fall: 2,
+    };
+    let mut run = Running::start(5, |lab, daemons| check.install(lab, daemons));
     let dir = run.daemons.dir().to_path_buf();
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
@@ -733,7 +842,7 @@ fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
     let new_owner = first_new_answerer(&prober, fault, &owner).unwrap();
     // The bound: interval x fall (+ one timeout, the check's worst case) plus the
     // failover time, here with 5x slack for a loaded CI machine.
-    let bound = (interval * fall + timeout + DETECTION_BOUND) * 5;
+    let bound = (check.detection() + DETECTION_BOUND) * 5;
     eprintln!(
         "health check: {owner} failed its check, {new_owner} answers after {:.0} ms (bound {bound:?})",
         sample.failover_ms

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::{Announcer, Effect, Schedule};
-use crate::checks::{self, CheckEvent, Tls};
+use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
 use crate::election::{Election, Verdict};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Profile, Timing};
 use crate::http::{self, AddressStatus, CheckStatus, MemberStatus, Status};
@@ -370,11 +370,11 @@ pub async fn run(
 
     let (check_tx, mut check_events) = mpsc::channel::<CheckEvent>(64);
     let tls = Tls::new();
-    let mut check_tasks = spawn_checks(&config, &tls, &check_tx);
-    let mut last_outcome: BTreeMap<(usize, usize), &'static str> = BTreeMap::new();
+    let mut check_tasks = CheckTasks::start(&config, tls, check_tx);
+    let mut last_outcome: BTreeMap<CheckKey, &'static str> = BTreeMap::new();
 
     let (hook_tx, mut hook_results) = mpsc::unbounded_channel::<(String, GroupState, HookResult)>();
-    let mut notifiers = notifiers(&config, &hook_tx);
+    let mut notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
     let mut group_states: BTreeMap<String, GroupState> = BTreeMap::new();
 
     let live = live_rx.borrow().clone();
@@ -432,7 +432,7 @@ pub async fn run(
                 let _ = gossip.set_meta(local.meta().clone()).await;
                 let owned: BTreeSet<IpAddr> = answering.values().flat_map(|l| l.owned.iter().copied()).collect();
                 draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
-                for n in notifiers.values() {
+                for (_, n) in notifiers.values() {
                     n.notify(GroupState::Fault);
                 }
                 if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
@@ -480,11 +480,14 @@ pub async fn run(
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
             }
             Some(event) = check_events.recv() => {
-                let Some(group) = config.groups.get(event.group) else { continue };
-                let check_name = group.checks.get(event.check).map(|c| c.name.clone()).unwrap_or_default();
-                tracing::info!(group = %group.name, check = %check_name, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
-                last_outcome.insert((event.group, event.check), event.outcome.as_str());
-                if local.set_check(&group.name, event.check, event.passing) {
+                if !check_tasks.is_current(&event) {
+                    // Sent by a task a reload stopped, before it stopped.
+                    continue;
+                }
+                let CheckKey { group, check } = &event.key;
+                tracing::info!(%group, %check, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
+                last_outcome.insert(event.key.clone(), event.outcome.as_str());
+                if local.set_check(group, check, event.passing) {
                     let _ = gossip.set_meta(local.meta().clone()).await;
                 }
                 let live = live_rx.borrow().clone();
@@ -605,23 +608,7 @@ pub async fn run(
                     tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
                 }
                 // Owned IPs whose interface changed move to the new one and are announced there.
-                let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
-                for ip in owned {
-                    let (old_if, new_if) = (placement.get(&ip).cloned(), next.get(&ip).cloned());
-                    if old_if == new_if {
-                        continue;
-                    }
-                    if let Some(link) = old_if.and_then(|n| answering.get_mut(&n)) {
-                        link.owned.remove(&ip);
-                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                    }
-                    if let Some(link) = new_if.as_ref().and_then(|n| answering.get_mut(n)) {
-                        link.owned.insert(ip);
-                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                        link.responder.send(Control::Announce(ip));
-                        tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
-                    }
-                }
+                rehome(&announcer, &placement, &next, &BTreeSet::new(), &mut answering);
                 placement = next;
             }
             Some((group, state, result)) = hook_results.recv() => {
@@ -663,20 +650,37 @@ pub async fn run(
                                         }
                                     }
                                 }
-                                if local.reload(&next) {
+                                // Unchanged checks keep running with their state; the others
+                                // start failing, and so does what we gossip for them.
+                                let unchanged = check_tasks.reload(&next);
+                                last_outcome.retain(|key, _| unchanged.contains(key));
+                                if local.reload(&next, &unchanged) {
                                     let _ = gossip.set_meta(local.meta().clone()).await;
                                 }
                                 let live = live_rx.borrow().clone();
                                 let _ = election.apply_snapshot(served, &live);
-                                placement = next_placement;
                                 let effects = announcer.set_desired(Instant::now(), &election.desired());
-                                apply(&effects, &placement, &mut answering);
-                                for task in check_tasks.drain(..) {
-                                    task.abort();
-                                }
-                                check_tasks = spawn_checks(&next, &tls, &check_tx);
-                                notifiers = self::notifiers(&next, &hook_tx);
+                                // What stops is answered where it was placed; what starts, where
+                                // it is placed now. Owned IPs whose interface changed move.
+                                let (stops, starts): (Vec<Effect>, Vec<Effect>) = effects
+                                    .into_iter()
+                                    .partition(|e| matches!(e, Effect::StopAnswering { .. }));
+                                apply(&stops, &placement, &mut answering);
+                                apply(&starts, &next_placement, &mut answering);
+                                let started: BTreeSet<IpAddr> = starts
+                                    .iter()
+                                    .filter_map(|e| match e {
+                                        Effect::StartAnswering { ip, .. } => Some(*ip),
+                                        _ => None,
+                                    })
+                                    .collect();
+                                rehome(&announcer, &placement, &next_placement, &started, &mut answering);
+                                placement = next_placement;
+                                notifiers = self::notifiers(&next, std::mem::take(&mut notifiers), &hook_tx);
+                                group_states.retain(|name, _| next.groups.iter().any(|g| &g.name == name));
                                 config = next;
+                                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, false);
+                                update_groups(&config, &election, &local, &mut group_states, &notifiers, false);
                                 let next_ids: Vec<KeyId> = next_ring.key_ids().collect();
                                 if next_ids != ring_ids {
                                     // Rotation: the first key seals from now on; peers are
@@ -700,9 +704,7 @@ pub async fn run(
 
     // Leave: peers see us go at once. Then stop answering and clean up.
     let _ = gossip.leave().await;
-    for task in check_tasks {
-        task.abort();
-    }
+    check_tasks.stop();
     for (_, link) in answering {
         link.responder.stop();
     }
@@ -877,41 +879,61 @@ fn apply(
     }
 }
 
-fn spawn_checks(
-    config: &Standalone,
-    tls: &Tls,
-    events: &mpsc::Sender<CheckEvent>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    for (g, group) in config.groups.iter().enumerate() {
-        for (c, check) in group.checks.iter().enumerate() {
-            tasks.push(checks::spawn(
-                g,
-                c,
-                check.clone(),
-                tls.clone(),
-                events.clone(),
-            ));
-        }
-    }
-    tasks
-}
-
+/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
+/// `previous`, so its calls stay in order across a reload.
 fn notifiers(
     config: &Standalone,
+    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
     done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
-) -> BTreeMap<String, Notifier> {
+) -> BTreeMap<String, (PathBuf, Notifier)> {
     config
         .groups
         .iter()
         .filter_map(|g| {
             let program = g.notify.clone()?;
-            Some((
-                g.name.clone(),
-                Notifier::spawn(program, g.name.clone(), NOTIFY_TIMEOUT, done.clone()),
-            ))
+            let notifier = match previous.remove(&g.name) {
+                Some((old, notifier)) if old == program => notifier,
+                _ => Notifier::spawn(
+                    program.clone(),
+                    g.name.clone(),
+                    NOTIFY_TIMEOUT,
+                    done.clone(),
+                ),
+            };
+            Some((g.name.clone(), (program, notifier)))
         })
         .collect()
+}
+
+/// Moves the IPs this node answers for whose link changed from `before` to `after` (a route or
+/// a reload placed them elsewhere), and announces them there. `skip`: IPs just started on their
+/// new link.
+fn rehome(
+    announcer: &Announcer,
+    before: &BTreeMap<IpAddr, String>,
+    after: &BTreeMap<IpAddr, String>,
+    skip: &BTreeSet<IpAddr>,
+    answering: &mut BTreeMap<String, AnsweringLink>,
+) {
+    let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
+    for ip in owned {
+        let (old_if, new_if) = (before.get(&ip), after.get(&ip));
+        if old_if == new_if || skip.contains(&ip) {
+            continue;
+        }
+        if let Some(link) = old_if.and_then(|n| answering.get_mut(n)) {
+            link.owned.remove(&ip);
+            link.responder
+                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+        }
+        if let Some(link) = new_if.and_then(|n| answering.get_mut(n)) {
+            link.owned.insert(ip);
+            link.responder
+                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+            link.responder.send(Control::Announce(ip));
+            tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
+        }
+    }
 }
 
 /// Each group's state on this node, and a notify call for each change.
@@ -920,7 +942,7 @@ fn update_groups(
     election: &Election,
     local: &LocalState,
     states: &mut BTreeMap<String, GroupState>,
-    notifiers: &BTreeMap<String, Notifier>,
+    notifiers: &BTreeMap<String, (PathBuf, Notifier)>,
     draining: bool,
 ) {
     for group in &config.groups {
@@ -943,7 +965,7 @@ fn update_groups(
         };
         if states.insert(group.name.clone(), state) != Some(state) {
             tracing::info!(group = %group.name, state = state.as_str(), "group state");
-            if let Some(n) = notifiers.get(&group.name) {
+            if let Some((_, n)) = notifiers.get(&group.name) {
                 n.notify(state);
             }
         }
@@ -964,7 +986,7 @@ fn publish(
     live: &LiveSet,
     local: &LocalState,
     config: &Standalone,
-    outcomes: &BTreeMap<(usize, usize), &'static str>,
+    outcomes: &BTreeMap<CheckKey, &'static str>,
     draining: bool,
 ) {
     let verdicts = election.verdicts(live);
@@ -1003,7 +1025,7 @@ fn publish(
         });
     }
     let mut checks = Vec::new();
-    for (g, group) in config.groups.iter().enumerate() {
+    for group in &config.groups {
         for (c, check) in group.checks.iter().enumerate() {
             let passing = local
                 .meta()
@@ -1022,7 +1044,11 @@ fn publish(
                 group: group.name.clone(),
                 check: check.name.clone(),
                 passing,
-                last: outcomes.get(&(g, c)).copied().unwrap_or("none").to_string(),
+                last: outcomes
+                    .get(&CheckKey::new(&group.name, &check.name))
+                    .copied()
+                    .unwrap_or("none")
+                    .to_string(),
             });
         }
     }
