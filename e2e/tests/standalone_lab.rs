@@ -819,6 +819,84 @@ fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip
 }
 
 #[test]
+fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vip() {
+    if !root_or_skip("group added by reload") {
+        return;
+    }
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Running::start(11, |_, _| {});
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let added = IpAddr::V4(netns::vip_v4(1));
+    let (prober, owner) = run.probe_until_steady(vip);
+    let steady_from = prober.snapshot().len();
+    let lengths = run.log_lengths();
+    let dir = run.daemons.dir().to_path_buf();
+    // The group list ends each file: a second group is appended, on every node in turn.
+    for i in 1..=run.lab.nodes.len() {
+        let name = run.lab.node(i).name.clone();
+        let yaml_path = dir.join(format!("{name}.yaml"));
+        let mut yaml = std::fs::read_to_string(&yaml_path).unwrap();
+        yaml.push_str(&format!(
+            "  - name: second\n    addresses: [{added}]\n    interface: eth0\n"
+        ));
+        std::fs::write(&yaml_path, yaml).unwrap();
+        run.sighup(i);
+        run.wait_for_log(
+            i,
+            &lengths,
+            "configuration reloaded",
+            Duration::from_secs(10),
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // The added VIP answers (the lab's responders listen on every address).
+    let second = Prober::start(
+        &run.lab.client_netns,
+        SocketAddr::new(added, PROBE_PORT),
+        Duration::from_millis(10),
+    )
+    .expect("prober");
+    let second_owner = failover::wait_for_steady_owner(&second, 100, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("the added VIP never answered steadily: {e}\n{}", run.logs()));
+    let records = prober.snapshot();
+    let after = &records[steady_from.saturating_sub(1)..];
+    let lost = after.iter().filter(|r| r.answer.is_none()).count();
+    eprintln!(
+        "group added: {} probes to {vip} while reloading, {lost} lost, owner {owner}; {added} answered by {second_owner}",
+        after.len()
+    );
+    assert_eq!(
+        probe::owner_changes(after),
+        0,
+        "the first VIP stayed on {owner} while groups were added\n{}",
+        run.logs()
+    );
+    assert!(
+        after.last().and_then(|r| r.answer.as_ref()).is_some(),
+        "the first VIP still answers"
+    );
+    // The owner never stopped answering for it (a stop and a restart in one step would lose
+    // no probe but would show here). The lost-probe allowance is the graceful handover's.
+    let owner_log = &run.logs_since(&lengths)[run.index_of(&owner) - 1];
+    let stopped: Vec<&str> = owner_log
+        .lines()
+        .filter(|l| l.contains("no longer owner") && l.contains(&format!("ip={vip} ")))
+        .collect();
+    assert!(
+        stopped.is_empty(),
+        "{owner} stopped answering for {vip} during the reload: {stopped:?}"
+    );
+    assert!(
+        lost <= 2,
+        "{lost} probes to {vip} were lost while groups were added\n{}",
+        run.logs()
+    );
+    drop(second);
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
 fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
     if !root_or_skip("health check") {
         return;
