@@ -304,6 +304,20 @@ fn first_new_answerer(prober: &Prober, fault: Instant, old_owner: &str) -> Optio
 /// Sends `count` ARP requests for `ip` from the client's `eth0`, 200 ms apart (broadcast, or
 /// unicast to `to`), and returns the sender MAC of every ARP reply for `ip` seen until 500 ms
 /// after the last request.
+/// Writes node `name`'s notify hook into `dir`: it appends `group state` to `notify-<name>.log`.
+fn notify_hook(dir: &std::path::Path, name: &str) -> PathBuf {
+    let hook = dir.join(format!("notify-{name}.sh"));
+    let log = dir.join(format!("notify-{name}.log"));
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\necho \"$1 $2\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    hook
+}
+
 /// A health check on a flag file: each node's group passes while `healthy-<node>` exists in the
 /// lab's directory (created here), and each node's notify hook appends `group state` to
 /// `notify-<node>.log` there.
@@ -326,15 +340,7 @@ impl FlagCheck {
         for node in &lab.nodes {
             let flag = dir.join(format!("healthy-{}", node.name));
             std::fs::write(&flag, "").unwrap();
-            let hook = dir.join(format!("notify-{}.sh", node.name));
-            let log = dir.join(format!("notify-{}.log", node.name));
-            std::fs::write(
-                &hook,
-                format!("#!/bin/sh\necho \"$1 $2\" >> {}\n", log.display()),
-            )
-            .unwrap();
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let hook = notify_hook(&dir, &node.name);
             daemons.group_extra.insert(
                 node.index,
                 format!(
@@ -509,7 +515,14 @@ fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up
         return;
     }
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = Running::start(2, |_, _| {});
+    let mut run = Running::start(2, |lab, daemons| {
+        for node in &lab.nodes {
+            let hook = notify_hook(daemons.dir(), &node.name);
+            daemons
+                .group_extra
+                .insert(node.index, format!("    notify: {}\n", hook.display()));
+        }
+    });
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
     let index = run.index_of(&owner);
@@ -553,6 +566,15 @@ fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up
         last.is_some_and(|(n, _)| *n != owner),
         "a new owner answers"
     );
+    // The drain told the hook once, and the speaker let it run before exiting.
+    let calls = std::fs::read_to_string(run.daemons.dir().join(format!("notify-{owner}.log")))
+        .unwrap_or_default();
+    assert_eq!(
+        calls.lines().filter(|l| *l == "vip fault").count(),
+        1,
+        "one `fault` call when draining:\n{calls}"
+    );
+    assert_eq!(calls.lines().last(), Some("vip fault"), "{calls}");
     run.lab.teardown();
 }
 

@@ -12,7 +12,9 @@
 //! gossip, the checks, the HTTP listener. Shutdown (SIGTERM): the node marks itself draining,
 //! so the peers elect a successor at once; it keeps answering each VIP until the successor's
 //! gratuitous ARP / NA is seen (a "conflict" from the successor's MAC) or the drain deadline
-//! passes, then leaves the mesh, removes the addresses and exits.
+//! passes, then leaves the mesh, removes the addresses and exits. Every group goes to `fault`
+//! when the drain starts (one notify call each); the queued calls run before the exit, within
+//! [`EXIT_HOOK_DEADLINE`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -49,6 +51,8 @@ use crate::snapshot::{Interface, ServedIp, Snapshot};
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the speaker waits at exit for queued notify calls (the drain's `fault`).
+pub const EXIT_HOOK_DEADLINE: Duration = Duration::from_secs(5);
 /// After a conflict is answered with a burst, further conflicts for that IP are only counted
 /// for this long.
 pub const CONFLICT_HOLDOFF: Duration = Duration::from_secs(1);
@@ -432,9 +436,8 @@ pub async fn run(
                 let _ = gossip.set_meta(local.meta().clone()).await;
                 let owned: BTreeSet<IpAddr> = answering.values().flat_map(|l| l.owned.iter().copied()).collect();
                 draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
-                for (_, n) in notifiers.values() {
-                    n.notify(GroupState::Fault);
-                }
+                // Every group goes to `fault`, one hook call each (later updates keep it there).
+                update_groups(&config, &election, &local, &mut group_states, &notifiers, true);
                 if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
                     break;
                 }
@@ -709,6 +712,13 @@ pub async fn run(
         link.responder.stop();
     }
     http_task.abort();
+    // The drain's `fault` calls are queued: let them run, within a deadline.
+    let hooks_deadline = Instant::now() + EXIT_HOOK_DEADLINE;
+    for (group, (_, notifier)) in notifiers {
+        if !notifier.finish(hooks_deadline).await {
+            tracing::warn!(%group, "notify hook still running at exit: killed");
+        }
+    }
     holder.teardown().await?;
     tracing::info!("stopped");
     Ok(())
@@ -950,13 +960,16 @@ fn update_groups(
             .addresses
             .iter()
             .any(|ip| election.owner(ip) == Some(election.local()));
-        let fault = draining
-            || local
-                .meta()
-                .groups
-                .get(&group.name)
-                .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
-        let state = if owns {
+        let fault = local
+            .meta()
+            .groups
+            .get(&group.name)
+            .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
+        // A draining node is handing its groups over: `fault` at once, even while it still
+        // answers for them until the successor has announced.
+        let state = if draining {
+            GroupState::Fault
+        } else if owns {
             GroupState::Owner
         } else if fault {
             GroupState::Fault
