@@ -240,6 +240,22 @@ impl Running {
         })
     }
 
+    /// Each node's `/status` as JSON (`None`: no answer).
+    fn statuses(&self) -> Vec<Option<serde_json::Value>> {
+        let nodes: Vec<SocketAddr> = self
+            .lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+            .collect();
+        in_netns(&self.lab.client_netns, move || {
+            nodes
+                .iter()
+                .map(|addr| serde_json::from_str(&http_get(*addr, "/status")?).ok())
+                .collect()
+        })
+    }
+
     /// The owner every node names, when every node answers and sees every member.
     fn agreed_owner(&self) -> Result<String, String> {
         let views = self.views();
@@ -913,6 +929,24 @@ fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vi
         "{lost} probes to {vip} were lost while groups were added\n{}",
         run.logs()
     );
+    // /status: every node has joined the mesh, and only the owner of each VIP names the
+    // interface it announces it on.
+    for (i, status) in run.statuses().into_iter().enumerate() {
+        let node = run.lab.nodes[i].name.clone();
+        let status = status.unwrap_or_else(|| panic!("{node} answers /status"));
+        assert_eq!(status["ready"], true, "{node} is ready: {status}");
+        for (ip, ip_owner) in [(vip, &owner), (added, &second_owner)] {
+            let entry = status["addresses"]
+                .as_array()
+                .and_then(|a| a.iter().find(|e| e["ip"] == ip.to_string().as_str()))
+                .unwrap_or_else(|| panic!("{node} lists {ip}: {status}"));
+            let expected = match node == *ip_owner {
+                true => serde_json::json!("eth0"),
+                false => serde_json::Value::Null,
+            };
+            assert_eq!(entry["interface"], expected, "{node}, {ip}: {entry}");
+        }
+    }
     drop(second);
     drop(prober);
     run.lab.teardown();

@@ -15,6 +15,12 @@
 //! passes, then leaves the mesh, removes the addresses and exits. Every group goes to `fault`
 //! when the drain starts (one notify call each); the queued calls run before the exit, within
 //! [`EXIT_HOOK_DEADLINE`].
+//!
+//! Readiness ([`ready`], `/readyz` and `/status` `ready`): the node has joined the mesh (a member
+//! acknowledged it: gossip phase `Active`) or its file lists no peers. A node that reaches none of
+//! its peers stays not ready (`joining`) while it serves, alone, what it elects; one that loses
+//! every member goes back to `joining`. `/status` names, for each VIP this node owns, the
+//! interface it announces it on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -37,7 +43,7 @@ use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::{Announcer, Effect, Schedule};
 use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
 use crate::election::{Election, Verdict};
-use crate::gossip::{self, GossipMetrics, GossipSettings, Profile, Timing};
+use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Profile, Timing};
 use crate::http::{self, AddressStatus, CheckStatus, MemberStatus, Status};
 use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
@@ -400,7 +406,10 @@ pub async fn run(
     let ctx = Publish {
         node: &node,
         metrics: &metrics,
+        phase: gossip.phase(),
+        alone: alone(&config),
     };
+    let mut phase_rx = gossip.phase();
     publish(
         &ctx,
         &status_tx,
@@ -409,6 +418,7 @@ pub async fn run(
         &local,
         &config,
         &last_outcome,
+        &placement,
         false,
     );
     update_groups(
@@ -438,6 +448,8 @@ pub async fn run(
                 draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
                 // Every group goes to `fault`, one hook call each (later updates keep it there).
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, true);
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, true);
                 if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
                     break;
                 }
@@ -479,7 +491,7 @@ pub async fn run(
                     }
                 }
                 apply(&effects, &placement, &mut answering);
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
             }
             Some(event) = check_events.recv() => {
@@ -494,8 +506,14 @@ pub async fn run(
                     let _ = gossip.set_meta(local.meta().clone()).await;
                 }
                 let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
+            }
+            Ok(()) = phase_rx.changed() => {
+                let phase = *phase_rx.borrow_and_update();
+                tracing::info!(phase = phase.as_str(), "gossip phase");
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
             }
             Ok(()) = identity_rx.changed() => {
                 let bump = identity_rx.borrow_and_update().bump;
@@ -613,6 +631,8 @@ pub async fn run(
                 // Owned IPs whose interface changed move to the new one and are announced there.
                 rehome(&announcer, &placement, &next, &BTreeSet::new(), &mut answering);
                 placement = next;
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
             }
             Some((group, state, result)) = hook_results.recv() => {
                 if result != HookResult::Ok {
@@ -682,7 +702,7 @@ pub async fn run(
                                 notifiers = self::notifiers(&next, std::mem::take(&mut notifiers), &hook_tx);
                                 group_states.retain(|name, _| next.groups.iter().any(|g| &g.name == name));
                                 config = next;
-                                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, false);
+                                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, false);
                                 update_groups(&config, &election, &local, &mut group_states, &notifiers, false);
                                 let next_ids: Vec<KeyId> = next_ring.key_ids().collect();
                                 if next_ids != ring_ids {
@@ -988,6 +1008,27 @@ fn update_groups(
 struct Publish<'a> {
     node: &'a str,
     metrics: &'a Metrics,
+    /// The gossip's phase, for readiness.
+    phase: watch::Receiver<Phase>,
+    /// Configured without peers.
+    alone: bool,
+}
+
+/// Whether a file describes a node with no peers to join (only itself, if anything).
+fn alone(config: &Standalone) -> bool {
+    config.peers.iter().all(|p| *p == config.bind)
+}
+
+/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
+/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
+/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
+/// the cluster is unconfirmed. Draining is reported on its own.
+pub fn ready(phase: Phase, alone: bool) -> bool {
+    match phase {
+        Phase::Active => true,
+        Phase::Joining => alone,
+        Phase::Left => false,
+    }
 }
 
 /// Refreshes `/status` and the owner gauges.
@@ -1000,6 +1041,7 @@ fn publish(
     local: &LocalState,
     config: &Standalone,
     outcomes: &BTreeMap<CheckKey, &'static str>,
+    placement: &BTreeMap<IpAddr, String>,
     draining: bool,
 ) {
     let verdicts = election.verdicts(live);
@@ -1029,12 +1071,16 @@ fn publish(
                 })
                 .set(1);
         }
+        // Where this node announces it, when it owns it.
+        let interface = (owner.as_deref() == Some(ctx.node))
+            .then(|| placement.get(ip).cloned())
+            .flatten();
         addresses.push(AddressStatus {
             ip: ip.to_string(),
             group: served.belongs_to.clone(),
             owner,
             verdict: verdict.to_string(),
-            interface: None,
+            interface,
         });
     }
     let mut checks = Vec::new();
@@ -1075,7 +1121,7 @@ fn publish(
         .collect();
     status.send_replace(Status {
         node: ctx.node.to_string(),
-        ready: true,
+        ready: ready(*ctx.phase.borrow(), ctx.alone),
         draining,
         members,
         addresses,
@@ -1148,6 +1194,17 @@ mod tests {
         a.seal(b"hello", &mut sealed).unwrap();
         assert_eq!(b.open(&mut sealed).unwrap(), b"hello");
         assert_ne!(insecure_key("lab"), insecure_key("other"));
+    }
+
+    #[test]
+    fn ready_once_joined_or_when_configured_alone() {
+        assert!(ready(Phase::Active, false));
+        assert!(!ready(Phase::Joining, false), "peers not reached yet");
+        assert!(ready(Phase::Joining, true), "nobody to join");
+        assert!(!ready(Phase::Left, true));
+        assert!(alone(&config("")));
+        assert!(alone(&config("peers: [192.0.2.10:7946]\n")), "only itself");
+        assert!(!alone(&config("peers: [192.0.2.11:7946]\n")));
     }
 
     #[test]
