@@ -4,17 +4,27 @@
 //! [`Hysteresis`] is the pure part: consecutive results in, a state change out. [`probe`] runs one
 //! check once, bounded by its timeout, and returns a typed [`Outcome`]. [`spawn`] runs a check on
 //! its interval and reports every state change on a channel; the speaker folds those into the
-//! metadata it gossips ([`crate::membership::CheckResult`]).
+//! metadata it gossips ([`crate::membership::CheckResult`]). [`CheckTasks`] owns the running
+//! checks of a configuration.
+//!
+//! On a reload ([`CheckTasks::reload`]) a check keeps running, with its hysteresis state, when
+//! its group and name are the same and its probe is the same ([`unchanged_checks`], pure; the
+//! weight only matters to the election). Every other check starts again *failing*, as at start-up,
+//! and the caller resets what it gossips for it to match
+//! ([`crate::local::LocalState::reload`]): a fresh task and a kept `passing = true` would
+//! disagree, and the task would swallow the first failure. Events carry the id of the task that
+//! sent them, so an event still queued from a stopped task is recognised and dropped.
 //!
 //! A check starts *failing*: a node does not claim a VIP for a service it has not yet seen
 //! healthy `rise` times in a row. (keepalived starts scripts as passing unless `init_fail`; for a
 //! VIP in front of an API server the cautious start is the better default, and a healthy node
 //! becomes eligible after `rise x interval`.)
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use swimlb_config::standalone::{Check, CheckKind};
+use swimlb_config::standalone::{Check, CheckKind, Standalone};
 use tokio::sync::mpsc;
 
 /// Consecutive-result hysteresis: `rise` passes to become passing, `fall` failures to fail.
@@ -323,13 +333,63 @@ where
     Some(response?.status().as_u16())
 }
 
+/// A check across reloads: its group's name and its own (both unique, so stable when checks or
+/// groups are reordered).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CheckKey {
+    /// The group's name.
+    pub group: String,
+    /// The check's name, unique within its group.
+    pub check: String,
+}
+
+impl CheckKey {
+    /// The key of `check` in group `group`.
+    pub fn new(group: &str, check: &str) -> CheckKey {
+        CheckKey {
+            group: group.to_string(),
+            check: check.to_string(),
+        }
+    }
+}
+
+/// Whether a check defined as `next` may go on from the state of one defined as `previous`:
+/// same name and same probe (what runs, how often, its timeout, rise and fall). The weight only
+/// changes what a result is worth, not the result.
+pub fn same_probe(previous: &Check, next: &Check) -> bool {
+    previous.name == next.name
+        && previous.kind == next.kind
+        && previous.interval == next.interval
+        && previous.timeout == next.timeout
+        && previous.rise == next.rise
+        && previous.fall == next.fall
+}
+
+/// The checks of `next` that keep the running state of their namesake in `previous` (same group
+/// name, [`same_probe`]); every other check of `next` starts again, failing.
+pub fn unchanged_checks(previous: &Standalone, next: &Standalone) -> BTreeSet<CheckKey> {
+    let before: BTreeMap<CheckKey, &Check> = keyed(previous).collect();
+    keyed(next)
+        .filter(|(key, check)| before.get(key).is_some_and(|old| same_probe(old, check)))
+        .map(|(key, _)| key)
+        .collect()
+}
+
+fn keyed(config: &Standalone) -> impl Iterator<Item = (CheckKey, &Check)> {
+    config.groups.iter().flat_map(|g| {
+        g.checks
+            .iter()
+            .map(move |c| (CheckKey::new(&g.name, &c.name), c))
+    })
+}
+
 /// A check's state changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckEvent {
-    /// Index of the group in the configuration.
-    pub group: usize,
-    /// Index of the check in its group.
-    pub check: usize,
+    /// The task that ran the check (see [`CheckTasks::is_current`]).
+    pub task: u64,
+    /// The check.
+    pub key: CheckKey,
     /// New state.
     pub passing: bool,
     /// The outcome of the run that caused the change.
@@ -337,10 +397,10 @@ pub struct CheckEvent {
 }
 
 /// Runs `check` every `interval` until the receiver of `events` is dropped, sending an event on
-/// every state change.
+/// every state change. It starts failing ([`Hysteresis::new`]).
 pub fn spawn(
-    group: usize,
-    index: usize,
+    task: u64,
+    key: CheckKey,
     check: Check,
     tls: Tls,
     events: mpsc::Sender<CheckEvent>,
@@ -354,8 +414,8 @@ pub fn spawn(
             let outcome = probe(&check.kind, check.timeout, &tls).await;
             if let Some(passing) = state.observe(outcome.ok()) {
                 let event = CheckEvent {
-                    group,
-                    check: index,
+                    task,
+                    key: key.clone(),
                     passing,
                     outcome,
                 };
@@ -367,6 +427,101 @@ pub fn spawn(
             }
         }
     })
+}
+
+/// One running check.
+#[derive(Debug)]
+struct Running {
+    task: u64,
+    check: Check,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+/// The running checks of a configuration, one task each.
+#[derive(Debug)]
+pub struct CheckTasks {
+    running: BTreeMap<CheckKey, Running>,
+    next_task: u64,
+    tls: Tls,
+    events: mpsc::Sender<CheckEvent>,
+}
+
+impl CheckTasks {
+    /// Starts every check of `config`; each reports on `events`.
+    pub fn start(config: &Standalone, tls: Tls, events: mpsc::Sender<CheckEvent>) -> CheckTasks {
+        let mut tasks = CheckTasks {
+            running: BTreeMap::new(),
+            next_task: 0,
+            tls,
+            events,
+        };
+        for (key, check) in keyed(config) {
+            tasks.spawn(key, check.clone());
+        }
+        tasks
+    }
+
+    fn spawn(&mut self, key: CheckKey, check: Check) {
+        let task = self.next_task;
+        self.next_task += 1;
+        let handle = spawn(
+            task,
+            key.clone(),
+            check.clone(),
+            self.tls.clone(),
+            self.events.clone(),
+        );
+        self.running.insert(
+            key,
+            Running {
+                task,
+                check,
+                handle,
+            },
+        );
+    }
+
+    /// Moves to `next`: unchanged checks keep running untouched, removed and changed ones stop,
+    /// changed and new ones start (failing). Returns the unchanged ones.
+    pub fn reload(&mut self, next: &Standalone) -> BTreeSet<CheckKey> {
+        let wanted: BTreeMap<CheckKey, &Check> = keyed(next).collect();
+        let mut kept = BTreeSet::new();
+        let keys: Vec<CheckKey> = self.running.keys().cloned().collect();
+        for key in keys {
+            let unchanged = wanted
+                .get(&key)
+                .zip(self.running.get(&key))
+                .is_some_and(|(check, running)| same_probe(&running.check, check));
+            if unchanged {
+                kept.insert(key);
+            } else if let Some(running) = self.running.remove(&key) {
+                running.handle.abort();
+            }
+        }
+        for (key, check) in wanted {
+            match self.running.get_mut(&key) {
+                // Same probe: only the weight may differ; the task does not use it.
+                Some(running) => running.check = check.clone(),
+                None => self.spawn(key, check.clone()),
+            }
+        }
+        kept
+    }
+
+    /// Whether `event` comes from the task now running its check (not one stopped by a reload
+    /// after it sent the event).
+    pub fn is_current(&self, event: &CheckEvent) -> bool {
+        self.running
+            .get(&event.key)
+            .is_some_and(|r| r.task == event.task)
+    }
+
+    /// Stops every check.
+    pub fn stop(self) {
+        for running in self.running.into_values() {
+            running.handle.abort();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -525,6 +680,108 @@ mod tests {
         );
     }
 
+    fn two_groups(api_checks: &str, web_checks: &str, order_web_first: bool) -> Standalone {
+        let api = format!("{{name: api, addresses: [192.0.2.100], checks: [{api_checks}]}}");
+        let web = format!("{{name: web, addresses: [192.0.2.101], checks: [{web_checks}]}}");
+        let groups = if order_web_first {
+            format!("[{web}, {api}]")
+        } else {
+            format!("[{api}, {web}]")
+        };
+        Standalone::parse(&format!(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: {groups}"
+        ))
+        .unwrap()
+    }
+
+    fn keys(list: &[(&str, &str)]) -> BTreeSet<CheckKey> {
+        list.iter().map(|(g, c)| CheckKey::new(g, c)).collect()
+    }
+
+    #[test]
+    fn a_reload_keeps_the_state_of_checks_whose_probe_is_unchanged_even_when_reordered() {
+        let before = two_groups(
+            "{name: lb, tcp: 'h:1', weight: 20}, {name: be, tcp: 'h:2'}",
+            "{name: ok, exec: /bin/true}",
+            false,
+        );
+        assert_eq!(
+            unchanged_checks(&before, &before),
+            keys(&[("api", "lb"), ("api", "be"), ("web", "ok")])
+        );
+        let reordered = two_groups(
+            "{name: be, tcp: 'h:2'}, {name: lb, tcp: 'h:1', weight: 5}",
+            "{name: ok, exec: /bin/true}",
+            true,
+        );
+        assert_eq!(
+            unchanged_checks(&before, &reordered),
+            keys(&[("api", "lb"), ("api", "be"), ("web", "ok")]),
+            "order and weight do not restart a check"
+        );
+    }
+
+    #[test]
+    fn a_reload_restarts_changed_new_and_renamed_checks() {
+        let before = two_groups(
+            "{name: lb, tcp: 'h:1'}, {name: be, tcp: 'h:2', interval: 1s}",
+            "{name: ok, exec: /bin/true}",
+            false,
+        );
+        let after = two_groups(
+            "{name: lb, tcp: 'h:9'}, {name: be, tcp: 'h:2', interval: 2s}, {name: new, tcp: 'h:3'}",
+            "{name: ok2, exec: /bin/true}",
+            false,
+        );
+        assert_eq!(unchanged_checks(&before, &after), BTreeSet::new());
+        let rise = two_groups(
+            "{name: lb, tcp: 'h:1', rise: 2}, {name: be, tcp: 'h:2', interval: 1s}",
+            "{name: ok, exec: /bin/true, fall: 5}",
+            false,
+        );
+        assert_eq!(unchanged_checks(&before, &rise), keys(&[("api", "be")]));
+    }
+
+    /// Real time, but the only bound waited for is one that can only make the test pass
+    /// wrongly on a slow machine, never fail: a restarted task reports at its first run.
+    #[tokio::test]
+    async fn reloaded_tasks_keep_their_state_and_restarted_ones_report_afresh() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap();
+        let config = |interval: &str| {
+            Standalone::parse(&format!(
+                "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{{name: api, addresses: [192.0.2.100], checks: [{{name: lb, tcp: '{target}', interval: {interval}, timeout: 40ms}}]}}]"
+            ))
+            .unwrap()
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut tasks = CheckTasks::start(&config("50ms"), Tls::new(), tx);
+        let first = rx.recv().await.unwrap();
+        assert!(first.passing);
+        assert!(tasks.is_current(&first));
+
+        assert_eq!(tasks.reload(&config("50ms")), keys(&[("api", "lb")]));
+        assert!(
+            tasks.is_current(&first),
+            "the unchanged check kept its task"
+        );
+        let quiet = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await;
+        assert!(
+            quiet.is_err(),
+            "an unchanged check does not start again from failing: {quiet:?}"
+        );
+
+        assert_eq!(tasks.reload(&config("60ms")), BTreeSet::new());
+        assert!(
+            !tasks.is_current(&first),
+            "events of the stopped task are recognised"
+        );
+        let again = rx.recv().await.unwrap();
+        assert!(again.passing && tasks.is_current(&again));
+        assert_ne!(again.task, first.task);
+        tasks.stop();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn spawned_check_reports_rise_after_three_passes() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -539,13 +796,13 @@ mod tests {
         };
         let (tx, mut rx) = mpsc::channel(4);
         let start = tokio::time::Instant::now();
-        let task = spawn(0, 0, check, Tls::new(), tx);
+        let task = spawn(0, CheckKey::new("api", "lb"), check, Tls::new(), tx);
         let event = rx.recv().await.unwrap();
         assert_eq!(
             event,
             CheckEvent {
-                group: 0,
-                check: 0,
+                task: 0,
+                key: CheckKey::new("api", "lb"),
                 passing: true,
                 outcome: Outcome::Pass
             }

@@ -120,7 +120,15 @@ fn check_config(file: &Path) -> ExitCode {
             return ExitCode::from(EX_CONFIG);
         }
     }
-    print!("{}", crate::config_report::report(&config));
+    // The daemon refuses gossip overrides that do not fit together; so does the check.
+    let timing = match crate::standalone::timing(&config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: gossip: {e}", file.display());
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    print!("{}", crate::config_report::report(&config, &timing));
     ExitCode::SUCCESS
 }
 

@@ -1,14 +1,68 @@
 //! What `swimlb-speaker check-config` prints for a valid file: every group, its addresses, and
 //! each check's worst-case detection time (`interval x fall + timeout`), so an operator can order
 //! the timings of stacked layers (a load balancer's own checks should detect before ours).
+//!
+//! It also prints each group's expected failover, an *estimate* derived from the gossip timings
+//! ([`FailoverEstimate`], pure): on a node failure, one probe period until a member probes the
+//! dead node, one more for the direct probe (`probeRtt`) and the indirect ones (foca suspects a
+//! member when the period ends without an ack), the suspicion timeout, one gossip round to
+//! spread the news; on a failing check, the check's worst case plus one gossip round for the
+//! record. These are not bounds: lost probes and a loaded machine make failovers longer, and the
+//! measured figures are in the README.
 
 use std::fmt::Write as _;
+
+use std::time::Duration;
 
 use swimlb_config::duration::format_duration;
 use swimlb_config::standalone::{CheckKind, Standalone};
 
-/// The report for a valid configuration, as lines of text.
-pub fn report(config: &Standalone) -> String {
+use crate::gossip::Timing;
+
+/// The failover a group may expect on a node failure, estimated from the gossip timings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailoverEstimate {
+    /// Until some member probes the failed node: one probe period.
+    pub until_probed: Duration,
+    /// The probe itself: the direct probe's rtt, then the indirect probes until the period ends.
+    pub probe: Duration,
+    /// The suspicion timeout for the cluster's size.
+    pub suspicion: Duration,
+    /// One periodic gossip round, spreading the verdict (or a check's result).
+    pub gossip_round: Duration,
+}
+
+impl FailoverEstimate {
+    /// The estimate for `timing` with `members` members (this node included).
+    pub fn of(timing: &Timing, members: usize) -> FailoverEstimate {
+        let (suspicion, _) = timing.scaled(members);
+        FailoverEstimate {
+            until_probed: timing.probe_period,
+            probe: timing.probe_period,
+            suspicion,
+            gossip_round: timing.gossip_period,
+        }
+    }
+
+    /// On a node failure: the sum of the parts.
+    pub fn node_failure(&self) -> Duration {
+        self.until_probed + self.probe + self.suspicion + self.gossip_round
+    }
+
+    /// On a failing check detected within `detection`: that, then one gossip round.
+    pub fn failing_check(&self, detection: Duration) -> Duration {
+        detection.saturating_add(self.gossip_round)
+    }
+}
+
+/// Members of the cluster as the file describes it: this node and its other peers.
+fn members(config: &Standalone) -> usize {
+    config.peers.iter().filter(|p| **p != config.bind).count() + 1
+}
+
+/// The report for a valid configuration and its gossip `timing` (the profile with the file's
+/// overrides), as lines of text.
+pub fn report(config: &Standalone, timing: &Timing) -> String {
     let mut out = String::new();
     let addresses: usize = config.groups.iter().map(|g| g.addresses.len()).sum();
     let _ = writeln!(
@@ -28,6 +82,18 @@ pub fn report(config: &Standalone) -> String {
             "WARNING: insecure: gossip is neither encrypted nor authenticated"
         );
     }
+    let members = members(config);
+    let estimate = FailoverEstimate::of(timing, members);
+    let node_failure = format!(
+        "on a node failure about {} ({} until probed + {} probe + {} suspicion + {} gossip round, {} profile, {} member(s))",
+        format_duration(estimate.node_failure()),
+        format_duration(estimate.until_probed),
+        format_duration(estimate.probe),
+        format_duration(estimate.suspicion),
+        format_duration(estimate.gossip_round),
+        config.gossip.profile.as_str(),
+        members,
+    );
     for group in &config.groups {
         let list: Vec<String> = group.addresses.iter().map(ToString::to_string).collect();
         let _ = writeln!(
@@ -77,20 +143,24 @@ pub fn report(config: &Standalone) -> String {
             Some(w) => {
                 let _ = writeln!(
                     out,
-                    "  expected failover: on a failing check at most {} plus one gossip round; on a node failure, the gossip detection time of the {} profile",
+                    "  expected failover (estimate): {node_failure}; on a failing check about {} ({} + {} gossip round)",
+                    format_duration(estimate.failing_check(w)),
                     format_duration(w),
-                    config.gossip.profile.as_str()
+                    format_duration(estimate.gossip_round),
                 );
             }
             None => {
                 let _ = writeln!(
                     out,
-                    "  expected failover: no checks; on a node failure, the gossip detection time of the {} profile",
-                    config.gossip.profile.as_str()
+                    "  expected failover (estimate): {node_failure}; no checks"
                 );
             }
         }
     }
+    let _ = writeln!(
+        out,
+        "failover figures are estimates from the timings, not bounds: lost probes and load make them longer; the measured figures are in the README"
+    );
     out
 }
 
@@ -104,13 +174,40 @@ mod tests {
             "cluster: c\nnode: n1\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: api, addresses: [192.0.2.100], checks: [{name: lb, tcp: 'localhost:9443', interval: 1s, timeout: 900ms, fall: 2, weight: 20}, {name: be, exec: /bin/true, interval: 2s, fall: 3}]}]",
         )
         .unwrap();
-        let text = report(&config);
+        let text = report(&config, &Timing::fast());
         assert!(text.contains("check lb (tcp localhost:9443): every 1s, timeout 900ms, rise 1, fall 2, +20 while passing; detects a failure in at most 2.9s"), "{text}");
         assert!(text.contains("check be (exec /bin/true): every 2s, timeout 2s, rise 1, fall 3, failure makes the node ineligible; detects a failure in at most 8s"), "{text}");
         assert!(
-            text.contains("expected failover: on a failing check at most 8s"),
+            text.contains("expected failover (estimate): on a node failure about 330ms (80ms until probed + 80ms probe + 150ms suspicion + 20ms gossip round, fast profile, 1 member(s)); on a failing check about 8.02s (8s + 20ms gossip round)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the measured figures are in the README"),
             "{text}"
         );
         assert!(text.contains("WARNING: insecure"), "{text}");
+    }
+
+    #[test]
+    fn node_failure_estimate_adds_two_probe_periods_suspicion_and_a_gossip_round() {
+        let fast = FailoverEstimate::of(&Timing::fast(), 3);
+        assert_eq!(
+            fast.node_failure(),
+            Duration::from_millis(80 + 80 + 150 + 20)
+        );
+        assert_eq!(
+            fast.failing_check(Duration::from_millis(2900)),
+            Duration::from_millis(2920)
+        );
+        // lan scales suspicion with log10 of the members, from 10 on.
+        let lan = Timing::lan();
+        assert_eq!(
+            FailoverEstimate::of(&lan, 3).node_failure(),
+            Duration::from_millis(1000 + 1000 + 4000 + 200)
+        );
+        assert_eq!(
+            FailoverEstimate::of(&lan, 100).suspicion,
+            Duration::from_secs(8)
+        );
     }
 }

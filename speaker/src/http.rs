@@ -21,7 +21,8 @@ use tokio::sync::watch;
 pub struct Status {
     /// This node.
     pub node: String,
-    /// Whether the speaker has joined the mesh and computed its first election.
+    /// Whether the speaker has joined the mesh (or has no peers to join); see
+    /// `standalone::ready`.
     pub ready: bool,
     /// Whether the speaker is draining (SIGTERM received).
     pub draining: bool,

@@ -8,12 +8,13 @@
 //! `preemptDelay` of its groups. (A per-group flag would let a group with a short delay preempt
 //! sooner; with the usual single group, both are the same.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use swimlb_config::standalone::Standalone;
 use tokio::time::Instant;
 
+use crate::checks::CheckKey;
 use crate::membership::{CheckResult, GroupHealth, MemberMeta};
 
 /// This node's gossiped facts and how they evolve.
@@ -77,13 +78,13 @@ impl LocalState {
         true
     }
 
-    /// Records check `check` of group `group` (indices in the configuration). Returns whether
-    /// the record changed.
-    pub fn set_check(&mut self, group: &str, check: usize, passing: bool) -> bool {
+    /// Records check `check` of group `group` (names in the configuration). Returns whether the
+    /// record changed.
+    pub fn set_check(&mut self, group: &str, check: &str, passing: bool) -> bool {
         let Some(health) = self.meta.groups.get_mut(group) else {
             return false;
         };
-        let Some(result) = health.checks.get_mut(check) else {
+        let Some(result) = health.checks.iter_mut().find(|c| c.name == check) else {
             return false;
         };
         if result.passing == passing {
@@ -104,9 +105,10 @@ impl LocalState {
         true
     }
 
-    /// Applies a reloaded configuration, keeping the results of checks whose group and name
-    /// are unchanged. Returns whether the record changed.
-    pub fn reload(&mut self, config: &Standalone) -> bool {
+    /// Applies a reloaded configuration. The checks in `unchanged` (still running with their
+    /// state, see [`crate::checks::CheckTasks::reload`]) keep their results; every other check
+    /// starts failing, as its restarted task does. Returns whether the record changed.
+    pub fn reload(&mut self, config: &Standalone, unchanged: &BTreeSet<CheckKey>) -> bool {
         let kept: BTreeMap<(String, String), bool> = self
             .meta
             .groups
@@ -114,6 +116,7 @@ impl LocalState {
             .flat_map(|(g, h)| {
                 h.checks
                     .iter()
+                    .filter(|c| unchanged.contains(&CheckKey::new(g, &c.name)))
                     .map(move |c| ((g.clone(), c.name.clone()), c.passing))
             })
             .collect();
@@ -239,10 +242,10 @@ mod tests {
     #[test]
     fn check_changes_bump_the_version_once() {
         let mut s = LocalState::new("n1", &config("0s"), Instant::now());
-        assert!(s.set_check("api", 0, true));
-        assert!(!s.set_check("api", 0, true));
-        assert!(!s.set_check("nope", 0, true));
-        assert!(!s.set_check("api", 9, true));
+        assert!(s.set_check("api", "lb", true));
+        assert!(!s.set_check("api", "lb", true));
+        assert!(!s.set_check("nope", "lb", true));
+        assert!(!s.set_check("api", "nope", true));
         assert_eq!(s.meta().version, 2);
         assert!(s.drain());
         assert!(!s.drain());
@@ -252,8 +255,32 @@ mod tests {
     #[test]
     fn reload_keeps_results_of_unchanged_checks() {
         let mut s = LocalState::new("n1", &config("0s"), Instant::now());
-        s.set_check("api", 0, true);
-        assert!(!s.reload(&config("0s")), "same configuration, same record");
+        s.set_check("api", "lb", true);
+        s.set_check("api", "be", true);
+        let both = BTreeSet::from([CheckKey::new("api", "lb"), CheckKey::new("api", "be")]);
+        assert!(
+            !s.reload(&config("0s"), &both),
+            "same configuration, same record"
+        );
         assert!(s.meta().groups["api"].checks[0].passing);
+    }
+
+    #[test]
+    fn reload_resets_restarted_checks_to_failing_like_their_new_tasks() {
+        let mut s = LocalState::new("n1", &config("0s"), Instant::now());
+        s.set_check("api", "lb", true);
+        s.set_check("api", "be", true);
+        let version = s.meta().version;
+        let only_be = BTreeSet::from([CheckKey::new("api", "be")]);
+        assert!(s.reload(&config("0s"), &only_be));
+        let checks = &s.meta().groups["api"].checks;
+        assert_eq!(
+            checks
+                .iter()
+                .map(|c| (c.name.as_str(), c.passing))
+                .collect::<Vec<_>>(),
+            [("lb", false), ("be", true)]
+        );
+        assert_eq!(s.meta().version, version + 1);
     }
 }

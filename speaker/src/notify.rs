@@ -3,7 +3,8 @@
 //! The program gets two arguments, the group name and the new state (`owner`, `backup` or
 //! `fault`), and runs detached from the speaker's decisions: a slow or failing hook never delays
 //! an announcement. Calls for one group run one after another, in order, each bounded by a
-//! timeout; a failure is logged and counted, never retried.
+//! timeout; a failure is logged and counted, never retried. At exit the speaker lets the queued
+//! calls finish, within a deadline ([`Notifier::finish`]), so the last `fault` is not lost.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,9 +86,10 @@ pub async fn call(
 }
 
 /// A queue of hook calls for one group, run in order by a background task.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Notifier {
     tx: mpsc::UnboundedSender<GroupState>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Notifier {
@@ -99,7 +101,7 @@ impl Notifier {
         done: mpsc::UnboundedSender<(String, GroupState, HookResult)>,
     ) -> Notifier {
         let (tx, mut rx) = mpsc::unbounded_channel::<GroupState>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while let Some(state) = rx.recv().await {
                 let result = call(&program, &group, state, timeout).await;
                 if done.send((group.clone(), state, result)).is_err() {
@@ -107,12 +109,26 @@ impl Notifier {
                 }
             }
         });
-        Notifier { tx }
+        Notifier { tx, task }
     }
 
     /// Queues a call; never blocks.
     pub fn notify(&self, state: GroupState) {
         let _ = self.tx.send(state);
+    }
+
+    /// Takes no more calls and waits until the queued ones have run, at most until `deadline`
+    /// (then the running call is killed). Returns whether the queue ran empty.
+    pub async fn finish(self, deadline: tokio::time::Instant) -> bool {
+        drop(self.tx);
+        let mut task = self.task;
+        match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(_) => true,
+            Err(_) => {
+                task.abort();
+                false
+            }
+        }
     }
 }
 
@@ -166,6 +182,19 @@ mod tests {
         }
         let calls = std::fs::read_to_string(dir.0.join("calls")).unwrap();
         assert_eq!(calls, "api backup\napi owner\napi fault\n");
+    }
+
+    #[tokio::test]
+    async fn finish_runs_the_queued_calls_before_it_returns() {
+        let (dir, path) = script("echo \"$1 $2\" >> \"$(dirname \"$0\")/calls\"");
+        let (done_tx, _done_rx) = mpsc::unbounded_channel();
+        let n = Notifier::spawn(path, "api".into(), Duration::from_secs(5), done_tx);
+        n.notify(GroupState::Owner);
+        n.notify(GroupState::Fault);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        assert!(n.finish(deadline).await);
+        let calls = std::fs::read_to_string(dir.0.join("calls")).unwrap();
+        assert_eq!(calls, "api owner\napi fault\n");
     }
 
     #[tokio::test]

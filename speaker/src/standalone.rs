@@ -12,7 +12,15 @@
 //! gossip, the checks, the HTTP listener. Shutdown (SIGTERM): the node marks itself draining,
 //! so the peers elect a successor at once; it keeps answering each VIP until the successor's
 //! gratuitous ARP / NA is seen (a "conflict" from the successor's MAC) or the drain deadline
-//! passes, then leaves the mesh, removes the addresses and exits.
+//! passes, then leaves the mesh, removes the addresses and exits. Every group goes to `fault`
+//! when the drain starts (one notify call each); the queued calls run before the exit, within
+//! [`EXIT_HOOK_DEADLINE`].
+//!
+//! Readiness ([`ready`], `/readyz` and `/status` `ready`): the node has joined the mesh (a member
+//! acknowledged it: gossip phase `Active`) or its file lists no peers. A node that reaches none of
+//! its peers stays not ready (`joining`) while it serves, alone, what it elects; one that loses
+//! every member goes back to `joining`. `/status` names, for each VIP this node owns, the
+//! interface it announces it on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -33,9 +41,9 @@ use tokio::time::Instant;
 
 use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::{Announcer, Effect, Schedule};
-use crate::checks::{self, CheckEvent, Tls};
+use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
 use crate::election::{Election, Verdict};
-use crate::gossip::{self, GossipMetrics, GossipSettings, Profile, Timing};
+use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Profile, Timing};
 use crate::http::{self, AddressStatus, CheckStatus, MemberStatus, Status};
 use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
@@ -49,6 +57,8 @@ use crate::snapshot::{Interface, ServedIp, Snapshot};
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the speaker waits at exit for queued notify calls (the drain's `fault`).
+pub const EXIT_HOOK_DEADLINE: Duration = Duration::from_secs(5);
 /// After a conflict is answered with a burst, further conflicts for that IP are only counted
 /// for this long.
 pub const CONFLICT_HOLDOFF: Duration = Duration::from_secs(1);
@@ -370,11 +380,11 @@ pub async fn run(
 
     let (check_tx, mut check_events) = mpsc::channel::<CheckEvent>(64);
     let tls = Tls::new();
-    let mut check_tasks = spawn_checks(&config, &tls, &check_tx);
-    let mut last_outcome: BTreeMap<(usize, usize), &'static str> = BTreeMap::new();
+    let mut check_tasks = CheckTasks::start(&config, tls, check_tx);
+    let mut last_outcome: BTreeMap<CheckKey, &'static str> = BTreeMap::new();
 
     let (hook_tx, mut hook_results) = mpsc::unbounded_channel::<(String, GroupState, HookResult)>();
-    let mut notifiers = notifiers(&config, &hook_tx);
+    let mut notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
     let mut group_states: BTreeMap<String, GroupState> = BTreeMap::new();
 
     let live = live_rx.borrow().clone();
@@ -396,7 +406,10 @@ pub async fn run(
     let ctx = Publish {
         node: &node,
         metrics: &metrics,
+        phase: gossip.phase(),
+        alone: alone(&config),
     };
+    let mut phase_rx = gossip.phase();
     publish(
         &ctx,
         &status_tx,
@@ -405,6 +418,7 @@ pub async fn run(
         &local,
         &config,
         &last_outcome,
+        &placement,
         false,
     );
     update_groups(
@@ -432,9 +446,10 @@ pub async fn run(
                 let _ = gossip.set_meta(local.meta().clone()).await;
                 let owned: BTreeSet<IpAddr> = answering.values().flat_map(|l| l.owned.iter().copied()).collect();
                 draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
-                for n in notifiers.values() {
-                    n.notify(GroupState::Fault);
-                }
+                // Every group goes to `fault`, one hook call each (later updates keep it there).
+                update_groups(&config, &election, &local, &mut group_states, &notifiers, true);
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, true);
                 if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
                     break;
                 }
@@ -476,20 +491,29 @@ pub async fn run(
                     }
                 }
                 apply(&effects, &placement, &mut answering);
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
             }
             Some(event) = check_events.recv() => {
-                let Some(group) = config.groups.get(event.group) else { continue };
-                let check_name = group.checks.get(event.check).map(|c| c.name.clone()).unwrap_or_default();
-                tracing::info!(group = %group.name, check = %check_name, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
-                last_outcome.insert((event.group, event.check), event.outcome.as_str());
-                if local.set_check(&group.name, event.check, event.passing) {
+                if !check_tasks.is_current(&event) {
+                    // Sent by a task a reload stopped, before it stopped.
+                    continue;
+                }
+                let CheckKey { group, check } = &event.key;
+                tracing::info!(%group, %check, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
+                last_outcome.insert(event.key.clone(), event.outcome.as_str());
+                if local.set_check(group, check, event.passing) {
                     let _ = gossip.set_meta(local.meta().clone()).await;
                 }
                 let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, draining.is_some());
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
                 update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
+            }
+            Ok(()) = phase_rx.changed() => {
+                let phase = *phase_rx.borrow_and_update();
+                tracing::info!(phase = phase.as_str(), "gossip phase");
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
             }
             Ok(()) = identity_rx.changed() => {
                 let bump = identity_rx.borrow_and_update().bump;
@@ -605,24 +629,10 @@ pub async fn run(
                     tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
                 }
                 // Owned IPs whose interface changed move to the new one and are announced there.
-                let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
-                for ip in owned {
-                    let (old_if, new_if) = (placement.get(&ip).cloned(), next.get(&ip).cloned());
-                    if old_if == new_if {
-                        continue;
-                    }
-                    if let Some(link) = old_if.and_then(|n| answering.get_mut(&n)) {
-                        link.owned.remove(&ip);
-                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                    }
-                    if let Some(link) = new_if.as_ref().and_then(|n| answering.get_mut(n)) {
-                        link.owned.insert(ip);
-                        link.responder.send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                        link.responder.send(Control::Announce(ip));
-                        tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
-                    }
-                }
+                rehome(&announcer, &placement, &next, &BTreeSet::new(), &mut answering);
                 placement = next;
+                let live = live_rx.borrow().clone();
+                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
             }
             Some((group, state, result)) = hook_results.recv() => {
                 if result != HookResult::Ok {
@@ -663,20 +673,37 @@ pub async fn run(
                                         }
                                     }
                                 }
-                                if local.reload(&next) {
+                                // Unchanged checks keep running with their state; the others
+                                // start failing, and so does what we gossip for them.
+                                let unchanged = check_tasks.reload(&next);
+                                last_outcome.retain(|key, _| unchanged.contains(key));
+                                if local.reload(&next, &unchanged) {
                                     let _ = gossip.set_meta(local.meta().clone()).await;
                                 }
                                 let live = live_rx.borrow().clone();
                                 let _ = election.apply_snapshot(served, &live);
-                                placement = next_placement;
                                 let effects = announcer.set_desired(Instant::now(), &election.desired());
-                                apply(&effects, &placement, &mut answering);
-                                for task in check_tasks.drain(..) {
-                                    task.abort();
-                                }
-                                check_tasks = spawn_checks(&next, &tls, &check_tx);
-                                notifiers = self::notifiers(&next, &hook_tx);
+                                // What stops is answered where it was placed; what starts, where
+                                // it is placed now. Owned IPs whose interface changed move.
+                                let (stops, starts): (Vec<Effect>, Vec<Effect>) = effects
+                                    .into_iter()
+                                    .partition(|e| matches!(e, Effect::StopAnswering { .. }));
+                                apply(&stops, &placement, &mut answering);
+                                apply(&starts, &next_placement, &mut answering);
+                                let started: BTreeSet<IpAddr> = starts
+                                    .iter()
+                                    .filter_map(|e| match e {
+                                        Effect::StartAnswering { ip, .. } => Some(*ip),
+                                        _ => None,
+                                    })
+                                    .collect();
+                                rehome(&announcer, &placement, &next_placement, &started, &mut answering);
+                                placement = next_placement;
+                                notifiers = self::notifiers(&next, std::mem::take(&mut notifiers), &hook_tx);
+                                group_states.retain(|name, _| next.groups.iter().any(|g| &g.name == name));
                                 config = next;
+                                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, false);
+                                update_groups(&config, &election, &local, &mut group_states, &notifiers, false);
                                 let next_ids: Vec<KeyId> = next_ring.key_ids().collect();
                                 if next_ids != ring_ids {
                                     // Rotation: the first key seals from now on; peers are
@@ -700,13 +727,18 @@ pub async fn run(
 
     // Leave: peers see us go at once. Then stop answering and clean up.
     let _ = gossip.leave().await;
-    for task in check_tasks {
-        task.abort();
-    }
+    check_tasks.stop();
     for (_, link) in answering {
         link.responder.stop();
     }
     http_task.abort();
+    // The drain's `fault` calls are queued: let them run, within a deadline.
+    let hooks_deadline = Instant::now() + EXIT_HOOK_DEADLINE;
+    for (group, (_, notifier)) in notifiers {
+        if !notifier.finish(hooks_deadline).await {
+            tracing::warn!(%group, "notify hook still running at exit: killed");
+        }
+    }
     holder.teardown().await?;
     tracing::info!("stopped");
     Ok(())
@@ -877,41 +909,61 @@ fn apply(
     }
 }
 
-fn spawn_checks(
-    config: &Standalone,
-    tls: &Tls,
-    events: &mpsc::Sender<CheckEvent>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    for (g, group) in config.groups.iter().enumerate() {
-        for (c, check) in group.checks.iter().enumerate() {
-            tasks.push(checks::spawn(
-                g,
-                c,
-                check.clone(),
-                tls.clone(),
-                events.clone(),
-            ));
-        }
-    }
-    tasks
-}
-
+/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
+/// `previous`, so its calls stay in order across a reload.
 fn notifiers(
     config: &Standalone,
+    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
     done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
-) -> BTreeMap<String, Notifier> {
+) -> BTreeMap<String, (PathBuf, Notifier)> {
     config
         .groups
         .iter()
         .filter_map(|g| {
             let program = g.notify.clone()?;
-            Some((
-                g.name.clone(),
-                Notifier::spawn(program, g.name.clone(), NOTIFY_TIMEOUT, done.clone()),
-            ))
+            let notifier = match previous.remove(&g.name) {
+                Some((old, notifier)) if old == program => notifier,
+                _ => Notifier::spawn(
+                    program.clone(),
+                    g.name.clone(),
+                    NOTIFY_TIMEOUT,
+                    done.clone(),
+                ),
+            };
+            Some((g.name.clone(), (program, notifier)))
         })
         .collect()
+}
+
+/// Moves the IPs this node answers for whose link changed from `before` to `after` (a route or
+/// a reload placed them elsewhere), and announces them there. `skip`: IPs just started on their
+/// new link.
+fn rehome(
+    announcer: &Announcer,
+    before: &BTreeMap<IpAddr, String>,
+    after: &BTreeMap<IpAddr, String>,
+    skip: &BTreeSet<IpAddr>,
+    answering: &mut BTreeMap<String, AnsweringLink>,
+) {
+    let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
+    for ip in owned {
+        let (old_if, new_if) = (before.get(&ip), after.get(&ip));
+        if old_if == new_if || skip.contains(&ip) {
+            continue;
+        }
+        if let Some(link) = old_if.and_then(|n| answering.get_mut(n)) {
+            link.owned.remove(&ip);
+            link.responder
+                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+        }
+        if let Some(link) = new_if.and_then(|n| answering.get_mut(n)) {
+            link.owned.insert(ip);
+            link.responder
+                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
+            link.responder.send(Control::Announce(ip));
+            tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
+        }
+    }
 }
 
 /// Each group's state on this node, and a notify call for each change.
@@ -920,7 +972,7 @@ fn update_groups(
     election: &Election,
     local: &LocalState,
     states: &mut BTreeMap<String, GroupState>,
-    notifiers: &BTreeMap<String, Notifier>,
+    notifiers: &BTreeMap<String, (PathBuf, Notifier)>,
     draining: bool,
 ) {
     for group in &config.groups {
@@ -928,13 +980,16 @@ fn update_groups(
             .addresses
             .iter()
             .any(|ip| election.owner(ip) == Some(election.local()));
-        let fault = draining
-            || local
-                .meta()
-                .groups
-                .get(&group.name)
-                .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
-        let state = if owns {
+        let fault = local
+            .meta()
+            .groups
+            .get(&group.name)
+            .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
+        // A draining node is handing its groups over: `fault` at once, even while it still
+        // answers for them until the successor has announced.
+        let state = if draining {
+            GroupState::Fault
+        } else if owns {
             GroupState::Owner
         } else if fault {
             GroupState::Fault
@@ -943,7 +998,7 @@ fn update_groups(
         };
         if states.insert(group.name.clone(), state) != Some(state) {
             tracing::info!(group = %group.name, state = state.as_str(), "group state");
-            if let Some(n) = notifiers.get(&group.name) {
+            if let Some((_, n)) = notifiers.get(&group.name) {
                 n.notify(state);
             }
         }
@@ -953,6 +1008,27 @@ fn update_groups(
 struct Publish<'a> {
     node: &'a str,
     metrics: &'a Metrics,
+    /// The gossip's phase, for readiness.
+    phase: watch::Receiver<Phase>,
+    /// Configured without peers.
+    alone: bool,
+}
+
+/// Whether a file describes a node with no peers to join (only itself, if anything).
+fn alone(config: &Standalone) -> bool {
+    config.peers.iter().all(|p| *p == config.bind)
+}
+
+/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
+/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
+/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
+/// the cluster is unconfirmed. Draining is reported on its own.
+pub fn ready(phase: Phase, alone: bool) -> bool {
+    match phase {
+        Phase::Active => true,
+        Phase::Joining => alone,
+        Phase::Left => false,
+    }
 }
 
 /// Refreshes `/status` and the owner gauges.
@@ -964,7 +1040,8 @@ fn publish(
     live: &LiveSet,
     local: &LocalState,
     config: &Standalone,
-    outcomes: &BTreeMap<(usize, usize), &'static str>,
+    outcomes: &BTreeMap<CheckKey, &'static str>,
+    placement: &BTreeMap<IpAddr, String>,
     draining: bool,
 ) {
     let verdicts = election.verdicts(live);
@@ -994,16 +1071,20 @@ fn publish(
                 })
                 .set(1);
         }
+        // Where this node announces it, when it owns it.
+        let interface = (owner.as_deref() == Some(ctx.node))
+            .then(|| placement.get(ip).cloned())
+            .flatten();
         addresses.push(AddressStatus {
             ip: ip.to_string(),
             group: served.belongs_to.clone(),
             owner,
             verdict: verdict.to_string(),
-            interface: None,
+            interface,
         });
     }
     let mut checks = Vec::new();
-    for (g, group) in config.groups.iter().enumerate() {
+    for group in &config.groups {
         for (c, check) in group.checks.iter().enumerate() {
             let passing = local
                 .meta()
@@ -1022,7 +1103,11 @@ fn publish(
                 group: group.name.clone(),
                 check: check.name.clone(),
                 passing,
-                last: outcomes.get(&(g, c)).copied().unwrap_or("none").to_string(),
+                last: outcomes
+                    .get(&CheckKey::new(&group.name, &check.name))
+                    .copied()
+                    .unwrap_or("none")
+                    .to_string(),
             });
         }
     }
@@ -1036,7 +1121,7 @@ fn publish(
         .collect();
     status.send_replace(Status {
         node: ctx.node.to_string(),
-        ready: true,
+        ready: ready(*ctx.phase.borrow(), ctx.alone),
         draining,
         members,
         addresses,
@@ -1109,6 +1194,17 @@ mod tests {
         a.seal(b"hello", &mut sealed).unwrap();
         assert_eq!(b.open(&mut sealed).unwrap(), b"hello");
         assert_ne!(insecure_key("lab"), insecure_key("other"));
+    }
+
+    #[test]
+    fn ready_once_joined_or_when_configured_alone() {
+        assert!(ready(Phase::Active, false));
+        assert!(!ready(Phase::Joining, false), "peers not reached yet");
+        assert!(ready(Phase::Joining, true), "nobody to join");
+        assert!(!ready(Phase::Left, true));
+        assert!(alone(&config("")));
+        assert!(alone(&config("peers: [192.0.2.10:7946]\n")), "only itself");
+        assert!(!alone(&config("peers: [192.0.2.11:7946]\n")));
     }
 
     #[test]

@@ -66,6 +66,29 @@ fn a_valid_file_prints_detection_times() {
         stdout.contains("detects a failure in at most 3.5s"),
         "{stdout}"
     );
+    // No peers: one member; the default (fast) profile.
+    assert!(
+        stdout.contains("expected failover (estimate): on a node failure about 330ms (80ms until probed + 80ms probe + 150ms suspicion + 20ms gossip round, fast profile, 1 member(s)); on a failing check about 3.52s (3.5s + 20ms gossip round)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("the measured figures are in the README"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn gossip_overrides_the_daemon_would_refuse_are_an_error() {
+    let path = write_temp(
+        "badtiming.yaml",
+        "cluster: edge-1\nbind: 192.0.2.10:7946\ninsecure: true\ngossip: {probePeriod: 100ms, probeRtt: 200ms}\ngroups: [{name: a, addresses: [192.0.2.100]}]\n",
+    );
+    let (code, stdout, stderr) = check_config(&path);
+    assert_eq!(code, Some(64), "{stdout}");
+    assert!(
+        stderr.contains("probe_rtt (200ms) must be below"),
+        "{stderr}"
+    );
 }
 
 #[test]

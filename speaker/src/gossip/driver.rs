@@ -1,5 +1,6 @@
 //! The tokio task around a gossip [`Core`]: it owns the UDP socket, sleeps until the core's next
-//! deadline, and publishes the [`LiveSet`] (a `watch`) and every [`LiveChange`] (a `broadcast`).
+//! deadline, and publishes the [`LiveSet`] (a `watch`), every [`LiveChange`] (a `broadcast`) and
+//! the node's [`Phase`] (a `watch`).
 //!
 //! One task owns the core; callers talk to it through [`GossipHandle`]. Sends go through a
 //! separate sender task (a fresh tokio socket's first immediate `try_send_to` was observed to be
@@ -17,7 +18,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::core::{Core, GossipError, GossipSettings, Outgoing};
+use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 use super::identity::NodeIdentity;
 use super::metrics::GossipMetrics;
 use crate::membership::{LiveChange, LiveSet, MemberMeta};
@@ -40,6 +41,7 @@ pub struct GossipHandle {
     live: watch::Receiver<LiveSet>,
     changes: broadcast::Sender<LiveChange>,
     identity: watch::Receiver<NodeIdentity>,
+    phase: watch::Receiver<Phase>,
     commands: mpsc::Sender<Command>,
     local_addr: SocketAddr,
     task: JoinHandle<()>,
@@ -64,6 +66,12 @@ impl GossipHandle {
     /// The identity, watched: it changes when the node renews itself after being declared down.
     pub fn identity_changes(&self) -> watch::Receiver<NodeIdentity> {
         self.identity.clone()
+    }
+
+    /// The node's phase, watched: `Active` once it has joined the mesh, `Joining` before and
+    /// whenever it has lost every member.
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.phase.clone()
     }
 
     /// The address the socket is bound to.
@@ -135,6 +143,7 @@ pub async fn spawn(
     let socket = Arc::new(socket);
     let (live_tx, live_rx) = watch::channel(core.live().clone());
     let (identity_tx, identity_rx) = watch::channel(core.identity().clone());
+    let (phase_tx, phase_rx) = watch::channel(core.phase());
     let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
     let (commands_tx, commands_rx) = mpsc::channel(16);
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
@@ -145,14 +154,18 @@ pub async fn spawn(
         socket,
         send_tx,
         commands_rx,
-        live_tx,
-        identity_tx,
-        changes_tx.clone(),
+        Published {
+            live: live_tx,
+            identity: identity_tx,
+            phase: phase_tx,
+            changes: changes_tx.clone(),
+        },
     ));
     Ok(GossipHandle {
         live: live_rx,
         changes: changes_tx,
         identity: identity_rx,
+        phase: phase_rx,
         commands: commands_tx,
         local_addr,
         task,
@@ -167,21 +180,26 @@ async fn send_loop(socket: Arc<UdpSocket>, mut queue: mpsc::Receiver<Outgoing>) 
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the task publishes after every event.
+struct Published {
+    live: watch::Sender<LiveSet>,
+    identity: watch::Sender<NodeIdentity>,
+    phase: watch::Sender<Phase>,
+    changes: broadcast::Sender<LiveChange>,
+}
+
 async fn run(
     mut core: Core,
     origin: Instant,
     socket: Arc<UdpSocket>,
     send: mpsc::Sender<Outgoing>,
     mut commands: mpsc::Receiver<Command>,
-    live: watch::Sender<LiveSet>,
-    identity: watch::Sender<NodeIdentity>,
-    changes: broadcast::Sender<LiveChange>,
+    published: Published,
 ) {
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
-    publish(&mut core, &send, &live, &identity, &changes);
+    publish(&mut core, &send, &published);
     loop {
         let deadline = core
             .next_deadline()
@@ -226,17 +244,17 @@ async fn run(
                 }
             },
         }
-        publish(&mut core, &send, &live, &identity, &changes);
+        publish(&mut core, &send, &published);
     }
 }
 
-fn publish(
-    core: &mut Core,
-    send: &mpsc::Sender<Outgoing>,
-    live: &watch::Sender<LiveSet>,
-    identity: &watch::Sender<NodeIdentity>,
-    changes: &broadcast::Sender<LiveChange>,
-) {
+fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published) {
+    let Published {
+        live,
+        identity,
+        phase,
+        changes,
+    } = published;
     for out in core.drain_outgoing() {
         if send.try_send(out).is_err() {
             tracing::debug!("gossip send queue full; datagram dropped");
@@ -254,4 +272,6 @@ fn publish(
     if *identity.borrow() != *core.identity() {
         identity.send_replace(core.identity().clone());
     }
+    let now = core.phase();
+    phase.send_if_modified(|p| std::mem::replace(p, now) != now);
 }
