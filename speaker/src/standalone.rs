@@ -643,6 +643,9 @@ pub async fn run(
             Some(()) = reload.recv(), if draining.is_none() => {
                 match reload_config(&config_path) {
                     Ok(next) if next.cluster == config.cluster && next.bind == config.bind => {
+                        for field in restart_only_changes(&config, &next) {
+                            tracing::warn!(field, "reload: this change needs a restart and is not applied");
+                        }
                         let next_ring = match key_ring(&next) {
                             Ok(ring) => ring,
                             Err(e) => {
@@ -754,6 +757,25 @@ async fn holder_is_ifb_or_missing() -> bool {
         },
         Err(_) => false,
     }
+}
+
+/// The settings a reload does not apply (the gossip socket, its peers and timings, the HTTP
+/// listener, the node name) that differ between `running` and `next`.
+fn restart_only_changes(running: &Standalone, next: &Standalone) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if next.node != running.node {
+        changed.push("node");
+    }
+    if next.peers != running.peers {
+        changed.push("peers");
+    }
+    if next.gossip != running.gossip {
+        changed.push("gossip");
+    }
+    if next.listen != running.listen {
+        changed.push("listen");
+    }
+    changed
 }
 
 fn reload_config(path: &Path) -> Result<Standalone, String> {
@@ -1177,6 +1199,14 @@ mod tests {
         let b = election.owner(&"2001:db8::100".parse().unwrap());
         assert!(a.is_some());
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_reload_names_the_changes_it_does_not_apply() {
+        let running = config("");
+        assert!(restart_only_changes(&running, &config("")).is_empty());
+        let next = config("gossip: {probePeriod: 300ms}\n");
+        assert_eq!(restart_only_changes(&running, &next), ["gossip"]);
     }
 
     #[test]
