@@ -133,6 +133,30 @@ pub struct GossipSettings {
     pub periodic_gossip: Option<Duration>,
     /// Periodic gossip fan-out override.
     pub gossip_fanout: Option<NonZeroU32>,
+    /// Indirect probes override.
+    pub indirect_probes: Option<NonZeroU32>,
+    /// Minimum transmissions of each update override.
+    pub max_transmissions: Option<NonZeroU32>,
+    /// Scale the suspicion with the member count (memberlist's rule) override.
+    pub scale_suspicion: Option<bool>,
+    /// Raise transmissions with the member count override.
+    pub scale_transmissions: Option<bool>,
+    /// Tell a suspect at once after a failed probe override.
+    pub notify_suspects: Option<bool>,
+    /// foca's `notify_down_members` override.
+    pub notify_down_members: Option<bool>,
+    /// Period of the announces to members held down (partition heals) override.
+    pub announce_down_period: Option<Duration>,
+    /// Members held down announced to per period override.
+    pub announce_down_fanout: Option<NonZeroU32>,
+    /// Period of the announce to one random member override.
+    pub announce_period: Option<Duration>,
+    /// Join retry period override.
+    pub join_retry: Option<Duration>,
+    /// Metadata re-offer period override.
+    pub meta_refresh: Option<Duration>,
+    /// Largest gossip packet override (bytes).
+    pub max_packet_size: Option<NonZeroU32>,
 }
 
 /// When gratuitous ARP and unsolicited neighbor advertisements are sent after a takeover.
@@ -551,6 +575,18 @@ impl Walker {
             "suspectToDown",
             "periodicGossip",
             "gossipFanout",
+            "indirectProbes",
+            "maxTransmissions",
+            "scaleSuspicion",
+            "scaleTransmissions",
+            "notifySuspects",
+            "notifyDownMembers",
+            "announceDownPeriod",
+            "announceDownFanout",
+            "announcePeriod",
+            "joinRetry",
+            "metaRefresh",
+            "maxPacketSize",
         ];
         let mut g = GossipSettings::default();
         let Some(map) = self.object("gossip", v, KNOWN) else {
@@ -574,10 +610,29 @@ impl Walker {
         g.probe_rtt = dur(self, "probeRtt");
         g.suspect_to_down = dur(self, "suspectToDown");
         g.periodic_gossip = dur(self, "periodicGossip");
-        g.gossip_fanout = map
-            .get("gossipFanout")
-            .and_then(|v| self.integer("gossip.gossipFanout", v, 1, 64))
-            .and_then(|n| NonZeroU32::new(n as u32));
+        let count = |w: &mut Walker, key: &str, max: i64| {
+            map.get(key)
+                .and_then(|v| w.integer(&format!("gossip.{key}"), v, 1, max))
+                .and_then(|n| u32::try_from(n).ok())
+                .and_then(NonZeroU32::new)
+        };
+        let flag = |w: &mut Walker, key: &str| {
+            map.get(key)
+                .and_then(|v| w.bool(&format!("gossip.{key}"), v))
+        };
+        g.gossip_fanout = count(self, "gossipFanout", 64);
+        g.indirect_probes = count(self, "indirectProbes", 64);
+        g.max_transmissions = count(self, "maxTransmissions", 255);
+        g.scale_suspicion = flag(self, "scaleSuspicion");
+        g.scale_transmissions = flag(self, "scaleTransmissions");
+        g.notify_suspects = flag(self, "notifySuspects");
+        g.notify_down_members = flag(self, "notifyDownMembers");
+        g.announce_down_period = dur(self, "announceDownPeriod");
+        g.announce_down_fanout = count(self, "announceDownFanout", 64);
+        g.announce_period = dur(self, "announcePeriod");
+        g.join_retry = dur(self, "joinRetry");
+        g.meta_refresh = dur(self, "metaRefresh");
+        g.max_packet_size = count(self, "maxPacketSize", 65_535);
         g
     }
 

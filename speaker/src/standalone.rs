@@ -182,8 +182,47 @@ pub fn timing(config: &Standalone) -> Result<Timing, gossip::TimingError> {
     if let Some(d) = config.gossip.periodic_gossip {
         t.gossip_period = d;
     }
-    if let Some(n) = config.gossip.gossip_fanout {
-        t.gossip_fanout = n.get() as usize;
+    let g = &config.gossip;
+    let count = |n: std::num::NonZeroU32| n.get() as usize;
+    if let Some(n) = g.gossip_fanout {
+        t.gossip_fanout = count(n);
+    }
+    if let Some(n) = g.indirect_probes {
+        t.indirect_probes = count(n);
+    }
+    if let Some(n) = g.max_transmissions {
+        // The config bounds it to 1..=255.
+        t.max_transmissions = u8::try_from(n.get()).unwrap_or(u8::MAX);
+    }
+    if let Some(b) = g.scale_suspicion {
+        t.scale_suspicion = b;
+    }
+    if let Some(b) = g.scale_transmissions {
+        t.scale_transmissions = b;
+    }
+    if let Some(b) = g.notify_suspects {
+        t.notify_suspects = b;
+    }
+    if let Some(b) = g.notify_down_members {
+        t.notify_down_members = b;
+    }
+    if let Some(d) = g.announce_down_period {
+        t.announce_down_period = d;
+    }
+    if let Some(n) = g.announce_down_fanout {
+        t.announce_down_fanout = count(n);
+    }
+    if let Some(d) = g.announce_period {
+        t.announce_period = d;
+    }
+    if let Some(d) = g.join_retry {
+        t.join_retry = d;
+    }
+    if let Some(d) = g.meta_refresh {
+        t.meta_refresh = d;
+    }
+    if let Some(n) = g.max_packet_size {
+        t.max_packet_size = count(n);
     }
     t.validate()?;
     Ok(t)
@@ -1213,6 +1252,29 @@ mod tests {
     fn timing_overrides_apply_and_bad_combinations_are_refused() {
         let t = timing(&config("gossip: {probePeriod: 300ms}\n")).unwrap();
         assert_eq!(t.probe_period, Duration::from_millis(300));
+        let t = timing(&config(
+            "gossip: {profile: lan, indirectProbes: 5, maxTransmissions: 12, scaleSuspicion: false, notifyDownMembers: true, announceDownPeriod: 1s, announceDownFanout: 2, joinRetry: 100ms, maxPacketSize: 1200}\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                t.indirect_probes,
+                t.max_transmissions,
+                t.scale_suspicion,
+                t.notify_down_members
+            ),
+            (5, 12, false, true)
+        );
+        assert_eq!(
+            (
+                t.announce_down_period,
+                t.announce_down_fanout,
+                t.join_retry,
+                t.max_packet_size
+            ),
+            (Duration::from_secs(1), 2, Duration::from_millis(100), 1200)
+        );
+        assert!(timing(&config("gossip: {maxPacketSize: 100}\n")).is_err());
         assert!(timing(&config("gossip: {probePeriod: 100ms, probeRtt: 200ms}\n")).is_err());
     }
 
