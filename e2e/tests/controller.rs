@@ -371,6 +371,94 @@ async fn a_restart_keeps_every_address_and_a_service_created_meanwhile_gets_a_fr
 }
 
 #[tokio::test]
+async fn a_restart_while_a_pool_is_invalid_keeps_the_addresses_of_its_services() {
+    let (api, client) = lab().await;
+    create_pool(&client, "a", json!({"addresses": ["192.0.2.112/31"]})).await;
+    create_pool(&client, "b", json!({"addresses": ["192.0.2.120/30"]})).await;
+    let first = Controller::start(&api, "c-0");
+    // n1 and n2 fill pool a, n3 gets b's first address, pinned names pool b.
+    let names = ["n1", "n2", "n3", "pinned"];
+    for name in names {
+        let annotations = if name == "pinned" {
+            json!({"swimlb.io/address-pool": "b"})
+        } else {
+            json!({})
+        };
+        create_service(&client, &service(name, annotations, json!({}))).await;
+        wait_assigned(&client, name).await;
+    }
+    let mut before = Vec::new();
+    for name in names {
+        before.push(ips_of(&client, name).await);
+    }
+    assert_eq!(before[2], vec!["192.0.2.120"], "{before:?}");
+    assert_eq!(first.terminate().await, Some(0));
+
+    // While no controller runs, pool b is made to overlap a: rejected at the next start.
+    let pools: Api<IPAddressPool> = Api::namespaced(client.clone(), "swimlb-system");
+    pools
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["192.0.2.112/30"]}})),
+        )
+        .await
+        .expect("pool b patched");
+    let second = Controller::start(&api, "c-1");
+    let note = wait_event(&client, "swimlb-system", "b", "InvalidConfiguration").await;
+    assert!(note.contains("overlaps"), "{note}");
+    for (name, ips) in names.iter().zip(&before).skip(2) {
+        let note = wait_event(&client, "default", name, "AddressOutsidePools").await;
+        assert!(note.contains(&ips[0]), "{name}: {note}");
+    }
+    eventually("a Valid=False condition on pool b", || async {
+        let status = pools.get("b").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Valid" && c.status == "False")
+    })
+    .await;
+    // A Service created now cannot get an address: a is full and b is not in force.
+    create_service(&client, &service("late", json!({}), json!({}))).await;
+    let note = wait_event(&client, "default", "late", "AllocationFailed").await;
+    assert!(note.contains("no free"), "{note}");
+    let (_, body) = eventually("/metrics", || second.get("/metrics")).await;
+    assert!(body.contains("swimlb_addresses_outside_pools 2"), "{body}");
+    let mut after = Vec::new();
+    for name in names {
+        after.push(ips_of(&client, name).await);
+    }
+    assert_eq!(
+        before,
+        after,
+        "a restart never changes an address\n{}",
+        second.log_text()
+    );
+
+    // Pool b is repaired: its Services stay, and the new one gets b's next free address.
+    pools
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["192.0.2.120/30"]}})),
+        )
+        .await
+        .expect("pool b repaired");
+    let late = wait_assigned(&client, "late").await;
+    assert!(
+        late[0].starts_with("192.0.2.12") && !before.iter().flatten().any(|ip| late.contains(ip)),
+        "{late:?} vs {before:?}"
+    );
+    let mut repaired = Vec::new();
+    for name in names {
+        repaired.push(ips_of(&client, name).await);
+    }
+    assert_eq!(before, repaired);
+    assert_eq!(second.terminate().await, Some(0));
+}
+
+#[tokio::test]
 async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
     let (api, client) = lab().await;
     create_pool(&client, "one", json!({"addresses": ["192.0.2.40/32"]})).await;

@@ -646,7 +646,138 @@ fn a_service_keeps_a_valid_address_and_moves_off_an_invalid_one() {
     );
     assert_eq!(
         a.holding(&ServiceKey::new("default", "s9")),
-        Some(("a", &ips(&["192.0.2.1"])[..]))
+        Some((Some("a"), &ips(&["192.0.2.1"])[..]))
+    );
+}
+
+fn model(pools: &[IPAddressPool]) -> swimlb_config::pools::Model {
+    validate(pools, &[])
+        .into_result()
+        .expect("test pools are valid")
+}
+
+#[test]
+fn a_restart_with_a_pool_out_of_force_keeps_the_addresses_of_its_services() {
+    // Pool b is invalid at the start: only a is in force.
+    let mut a = Allocator::new(None, &model(&[pool("a", &["192.0.2.0/30"])]));
+    let conflicts = a.load_existing(&[
+        svc("s1").status(&["198.51.100.1"]),
+        svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b"),
+        svc("s3").status(&["192.0.2.0"]),
+        // Names another address than its status shows: not kept.
+        svc("s4").status(&["198.51.100.3"]).spec_ip("192.0.2.1"),
+    ]);
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].service, ServiceKey::new("default", "s4"));
+    assert_eq!(
+        a.holding(&ServiceKey::new("default", "s1")),
+        Some((None, &ips(&["198.51.100.1"])[..]))
+    );
+    assert_eq!(a.kept_outside_pools(), 2);
+    let kept = |list: &[&str]| Verdict::Kept { ips: ips(list) };
+    assert_eq!(
+        a.assign(&svc("s1").status(&["198.51.100.1"])),
+        kept(&["198.51.100.1"])
+    );
+    // Naming the pool that is not in force does not clear it either.
+    assert_eq!(
+        a.assign(&svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b")),
+        kept(&["198.51.100.2"])
+    );
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s3").status(&["192.0.2.0"]), Unchanged),
+            (
+                svc("s4").status(&["198.51.100.3"]).spec_ip("192.0.2.1"),
+                Ips(&["192.0.2.1"]),
+            ),
+            (svc("new"), Ips(&["192.0.2.2"])),
+            // A kept address is nobody else's.
+            (
+                svc("other").spec_ip("198.51.100.1"),
+                Error("ip_not_in_pool"),
+            ),
+            // Asking for something else moves the Service.
+            (
+                svc("s1").status(&["198.51.100.1"]).annotate(POOL, "a"),
+                Ips(&["192.0.2.3"]),
+            ),
+        ],
+    );
+    assert_eq!(a.kept_outside_pools(), 1);
+    // Pool b is valid again: s2's address is its again, and in use.
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("b", &["198.51.100.0/30"]),
+    ]));
+    assert_eq!(a.kept_outside_pools(), 0);
+    check(
+        &mut a,
+        10,
+        &svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b"),
+        &Unchanged,
+    );
+    check(
+        &mut a,
+        11,
+        &svc("s5").annotate(POOL, "b"),
+        &Ips(&["198.51.100.0"]),
+    );
+    check(
+        &mut a,
+        12,
+        &svc("s6").annotate(POOL, "b"),
+        &Ips(&["198.51.100.1"]),
+    );
+    check(
+        &mut a,
+        13,
+        &svc("s7").annotate(POOL, "b"),
+        &Ips(&["198.51.100.3"]),
+    );
+}
+
+#[test]
+fn a_deleted_pool_leaves_its_addresses_and_a_shrunk_one_moves_them() {
+    let mut a = allocator(vec![
+        pool("a", &["192.0.2.0/30"]),
+        pool("b", &["198.51.100.0/30"]),
+    ]);
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s1").annotate(POOL, "b"), Ips(&["198.51.100.0"])),
+            (svc("s2"), Ips(&["192.0.2.0"])),
+            (svc("s3"), Ips(&["192.0.2.1"])),
+        ],
+    );
+    // b is deleted: s1 keeps its address until it asks for another.
+    a.set_pools(&model(&[pool("a", &["192.0.2.0/30"])]));
+    assert_eq!(
+        a.assign(&svc("s1").annotate(POOL, "b").status(&["198.51.100.0"])),
+        Verdict::Kept {
+            ips: ips(&["198.51.100.0"])
+        }
+    );
+    check(
+        &mut a,
+        3,
+        &svc("s1").status(&["198.51.100.0"]),
+        &Ips(&["192.0.2.2"]),
+    );
+    // a shrinks under s3 (a pool in force): s3 moves.
+    a.set_pools(&model(&[pool(
+        "a",
+        &["192.0.2.0-192.0.2.0", "192.0.2.2-192.0.2.3"],
+    )]));
+    check(
+        &mut a,
+        4,
+        &svc("s3").status(&["192.0.2.1"]),
+        &Ips(&["192.0.2.3"]),
     );
 }
 
@@ -681,12 +812,11 @@ fn loading_existing_statuses_restores_holdings_and_reports_duplicates() {
         .iter()
         .map(|c| (c.service.to_string(), c.error.as_str()))
         .collect();
+    assert_eq!(reported, vec![("b/second".to_string(), "ip_in_use")]);
     assert_eq!(
-        reported,
-        vec![
-            ("b/second".to_string(), "ip_in_use"),
-            ("d/outside".to_string(), "ip_not_in_pool")
-        ]
+        a.holding(&ServiceKey::new("d", "outside")),
+        Some((None, &ips(&["203.0.113.1"])[..])),
+        "an address outside every pool in force is kept"
     );
     assert_eq!(a.holders(ip("192.0.2.1")), &[ServiceKey::new("a", "first")]);
     assert!(
