@@ -13,7 +13,8 @@
 //! - `ipFamilies` and `ipFamilyPolicy` decide the families: one address per family for dual
 //!   stack, all from one pool. RequireDualStack needs a pool with both families.
 //! - Without a named pool or address, pools with `serviceAllocation` that admit the Service are
-//!   tried first by priority (then name), then the other auto-assign pools by name; the first
+//!   tried first: those with a priority > 0 by ascending priority, then those without one, each
+//!   by name; then the other auto-assign pools by name (MetalLB's order); the first
 //!   pool that can serve every family wins and gives its lowest free address (skipping `.0` and
 //!   `.255` with `avoidBuggyIPs`).
 //! - A Service whose current addresses still satisfy its request keeps them ([`Verdict::Unchanged`]
@@ -274,6 +275,26 @@ impl Verdict {
             Verdict::NotLoaded => "not_loaded",
             Verdict::Error(_) => "error",
             Verdict::Kept { .. } => "kept",
+        }
+    }
+}
+
+/// Where a pool stands in automatic allocation, MetalLB's order (smaller first): pools with a
+/// `serviceAllocation` of priority > 0 by ascending priority (1 is the highest), then those
+/// with a `serviceAllocation` without priority (0), then the pools without one. Ties by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum PoolRank {
+    Prioritised(i32),
+    AllocatedWithoutPriority,
+    Plain,
+}
+
+impl PoolRank {
+    fn of(pool: &Pool) -> Self {
+        match &pool.allocation {
+            Some(a) if a.priority > 0 => PoolRank::Prioritised(a.priority),
+            Some(_) => PoolRank::AllocatedWithoutPriority,
+            None => PoolRank::Plain,
         }
     }
 }
@@ -798,7 +819,7 @@ impl Allocator {
                     .map(|()| Decision::Held)
             }
             None => {
-                let mut candidates: Vec<(bool, i32, &String)> = self
+                let mut candidates: Vec<(PoolRank, &String)> = self
                     .pools
                     .values()
                     .filter(|p| p.pool.auto_assign)
@@ -806,14 +827,10 @@ impl Allocator {
                         p.pool
                             .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
                     })
-                    .map(|p| match &p.pool.allocation {
-                        Some(a) => (false, a.priority, &p.pool.name),
-                        None => (true, 0, &p.pool.name),
-                    })
+                    .map(|p| (PoolRank::of(&p.pool), &p.pool.name))
                     .collect();
                 candidates.sort();
-                let names: Vec<String> =
-                    candidates.into_iter().map(|(_, _, n)| n.clone()).collect();
+                let names: Vec<String> = candidates.into_iter().map(|(_, n)| n.clone()).collect();
                 let mut last = AllocationError::NoAvailablePool;
                 for name in names {
                     match self.allocate_from(svc, &req, name) {

@@ -355,6 +355,29 @@ fn pools_are_tried_by_service_allocation_priority_then_auto_assign() {
 }
 
 #[test]
+fn a_pool_without_priority_comes_after_every_prioritised_one_and_before_plain_pools() {
+    // MetalLB's order: priority > 0 ascending, then serviceAllocation without priority (0),
+    // then pools without serviceAllocation. Names would order them the other way round.
+    let mut a = allocator(vec![
+        pool("a-plain", &["192.0.2.0/31"]),
+        restricted(pool("b-prio0", &["198.51.100.0/31"]), 0, &[]),
+        restricted(pool("c-prio7", &["203.0.113.0/32"]), 7, &[]),
+        restricted(pool("d-prio3", &["203.0.113.8/32"]), 3, &[]),
+    ]);
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s1"), Ips(&["203.0.113.8"])),
+            (svc("s2"), Ips(&["203.0.113.0"])),
+            (svc("s3"), Ips(&["198.51.100.0"])),
+            (svc("s4"), Ips(&["198.51.100.1"])),
+            (svc("s5"), Ips(&["192.0.2.0"])),
+        ],
+    );
+}
+
+#[test]
 fn service_selectors_of_a_pool_choose_services_by_label() {
     let mut p = pool("web-only", &["192.0.2.0/30"]);
     p.spec.service_allocation = Some(ServiceAllocation {
