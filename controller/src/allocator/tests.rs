@@ -276,6 +276,51 @@ fn every_annotation_spelling_is_read_and_disagreeing_spellings_are_refused() {
                 Ips(&["192.0.2.0"]),
             ),
             (svc("s5").annotate(POOL, "nope"), Error("unknown_pool")),
+            (
+                svc("s6").annotate("metallb.io/loadBalancerIPs", "192.0.2.9"),
+                Ips(&["192.0.2.9"]),
+            ),
+            (
+                svc("s7")
+                    .annotate("metallb.io/loadBalancerIPs", "192.0.2.10")
+                    .annotate("metallb.universe.tf/loadBalancerIPs", "192.0.2.11"),
+                Error("conflicting_annotations"),
+            ),
+            // Every spelling of allow-shared-ip is one key: these three share 198.51.100.5.
+            (
+                svc("s8")
+                    .annotate("metallb.io/allow-shared-ip", "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(53, Protocol::Udp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s9")
+                    .annotate("metallb.universe.tf/allow-shared-ip", "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(53, Protocol::Tcp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s10")
+                    .annotate(SHARE, "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(443, Protocol::Tcp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s11")
+                    .annotate("metallb.io/allow-shared-ip", "other")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(8080, Protocol::Tcp)]),
+                Error("ip_in_use"),
+            ),
+            (
+                svc("s12")
+                    .annotate("metallb.io/allow-shared-ip", "k")
+                    .annotate("swimlb.io/allow-shared-ip", "j"),
+                Error("conflicting_annotations"),
+            ),
         ],
     );
 }
