@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig};
+use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig, RequestRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -64,6 +64,19 @@ struct Controller {
 
 impl Controller {
     fn start(api: &FakeApi, identity: &str) -> Self {
+        Self::start_with_kubeconfig(api.kubeconfig_path(), identity)
+    }
+
+    /// Started with a kubeconfig whose bearer token is `identity`, so the fake server's request
+    /// log ([`FakeApi::requests`]) tells this replica's requests apart.
+    fn start_as_user(api: &FakeApi, identity: &str) -> Self {
+        let kubeconfig = api
+            .kubeconfig_for_user(identity)
+            .expect("a kubeconfig for the replica");
+        Self::start_with_kubeconfig(&kubeconfig, identity)
+    }
+
+    fn start_with_kubeconfig(kubeconfig: &std::path::Path, identity: &str) -> Self {
         let port = free_port();
         let log = std::env::temp_dir().join(format!(
             "swimlb-controller-test-{}-{identity}-{port}.log",
@@ -85,7 +98,7 @@ impl Controller {
         let child = command
             .arg("controller")
             .arg("--kubeconfig")
-            .arg(api.kubeconfig_path())
+            .arg(kubeconfig)
             .args(["--lease-namespace", "default", "--lease-duration", "3"])
             .args(["--identity", identity])
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -593,12 +606,12 @@ async fn an_invalid_pool_gets_a_warning_event_and_the_valid_configuration_stays_
 async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_sigterm() {
     let (api, client) = lab().await;
     create_pool(&client, "lab", json!({"addresses": ["192.0.2.96/29"]})).await;
-    let a = Controller::start(&api, "replica-a");
+    let a = Controller::start_as_user(&api, "replica-a");
     eventually("replica-a to hold the lease", || async {
         (lease_holder(&client).await.as_deref() == Some("replica-a")).then_some(())
     })
     .await;
-    let b = Controller::start(&api, "replica-b");
+    let b = Controller::start_as_user(&api, "replica-b");
     let (line, body) = eventually("the standby's /readyz", || b.get("/readyz")).await;
     assert!(
         line.contains("200") && body.contains("standby"),
@@ -629,6 +642,33 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         .flat_map(|s| s.managed_fields().iter().filter_map(|m| m.manager.clone()))
         .collect();
     assert!(managers.contains("swimlb-controller"), "{managers:?}");
+    // Both replicas write with the same field manager: the request log tells them apart.
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let by = |user: &str| -> Vec<RequestRecord> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.user == user)
+            .collect()
+    };
+    let standby = by("replica-b");
+    assert!(
+        standby.iter().any(|r| r.path.starts_with(LEASES)),
+        "the standby tries the Lease: {standby:?}"
+    );
+    let beyond_lease: Vec<&RequestRecord> = standby
+        .iter()
+        .filter(|r| !r.path.starts_with(LEASES))
+        .collect();
+    assert!(
+        beyond_lease.is_empty(),
+        "the standby touched nothing but its Lease: {beyond_lease:?}"
+    );
+    assert!(
+        by("replica-a")
+            .iter()
+            .any(|r| r.is_write() && r.path.ends_with("/services/s1/status")),
+        "the leader's writes are seen"
+    );
 
     assert_eq!(a.terminate().await, Some(0));
     eventually("replica-b to take the lease", || async {
@@ -645,6 +685,12 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         instances(events(&client, "default").await).contains("replica-b"),
         "the new leader publishes\n{}",
         b.log_text()
+    );
+    assert!(
+        by("replica-b")
+            .iter()
+            .any(|r| r.is_write() && r.path.ends_with("/services/s3/status")),
+        "the new leader writes under its own name"
     );
     drop(b);
 }
