@@ -499,10 +499,24 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
     for svc in &bad {
         create_service(&client, svc).await;
     }
-    for svc in &bad {
+    // Each note names its cause.
+    let causes: [&[&str]; 4] = [
+        &["no free ipv4 address", "\"one\""],
+        &["203.0.113.5", "not in any usable address pool"],
+        &["192.0.2.40", "in use by default/first"],
+        &[
+            "swimlb.io/address-pool",
+            "metallb.io/address-pool",
+            "disagree",
+        ],
+    ];
+    for (svc, cause) in bad.iter().zip(causes) {
         let name = svc.name_any();
         let note = wait_event(&client, "default", &name, "AllocationFailed").await;
-        assert!(!note.is_empty(), "{name}: an Event says why");
+        assert!(
+            cause.iter().all(|c| note.contains(c)),
+            "{name}: the Event names its cause {cause:?}: {note}"
+        );
         assert!(
             ips_of(&client, &name).await.is_empty(),
             "{name} got an address\n{}",
@@ -510,7 +524,19 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
         );
     }
     let (_, body) = eventually("/metrics", || ctl.get("/metrics")).await;
-    assert!(body.contains("swimlb_allocation_errors_total{"), "{body}");
+    for reason in [
+        "pool_exhausted",
+        "ip_not_in_pool",
+        "ip_in_use",
+        "conflicting_annotations",
+    ] {
+        assert!(
+            body.contains(&format!(
+                "swimlb_allocation_errors_total{{reason=\"{reason}\"}}"
+            )),
+            "{reason}: {body}"
+        );
+    }
     drop(ctl);
 }
 
