@@ -31,8 +31,10 @@
 //! resources with a status subresource.
 //!
 //! Simplified, compared with a real server:
-//! - Custom resources are not validated against an OpenAPI schema and unknown fields are kept
-//!   (the real server prunes them); `fieldValidation` is ignored.
+//! - Custom resources are checked against their CRD's structural schema by [`schema`]: types
+//!   and required fields (422), unknown fields pruned, defaults applied; formats, enums,
+//!   patterns and CEL rules are not checked, and `fieldValidation` is ignored (unknown fields
+//!   are pruned silently, as with `fieldValidation=Ignore`).
 //! - Server-side apply treats every list as atomic (see [`apply`]): right for custom resources
 //!   without list markers and for `status.loadBalancer.ingress`, coarser than the real server for
 //!   core lists with merge keys (ports, conditions). Strategic merge knows a fixed table of merge
@@ -69,6 +71,7 @@ pub mod api_error;
 pub mod apply;
 pub mod patch;
 pub mod resources;
+pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
