@@ -3,7 +3,8 @@
 //!
 //! Real time and real sockets, as in `fake_api.rs`; every wait is bounded ([`WAIT`]) so a broken
 //! controller fails a test instead of hanging it, and no test asserts on speed. The `#[ignore]`d
-//! `measure_*` tests print figures (time to assign, controller RSS) and never fail on them.
+//! `measure_*` tests print figures (time to assign, controller RSS) and never fail on them; they
+//! fail only when a Service is left without an address or two share one.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -888,6 +889,17 @@ async fn measure(count: usize, arrival: Arrival) {
         ctl.peak_rss_kib().unwrap_or(0),
         ctl.cpu_seconds().unwrap_or(0.0),
         cpu_api,
+    );
+    // Counts only, never a time: every Service has an address, and no two share one.
+    let assigned = services
+        .iter()
+        .filter(|s| s.pointer("/status/loadBalancer/ingress/0/ip").is_some())
+        .count();
+    assert_eq!(
+        (services.len(), assigned, distinct.len()),
+        (count, count, count),
+        "(Services, assigned, distinct addresses)\n{}",
+        ctl.log_text()
     );
     drop(ctl);
 }
