@@ -744,14 +744,23 @@ impl Allocator {
         }
     }
 
-    /// Whether these addresses, which no pool in force has as a whole, may stay with the
-    /// Service: it names no other addresses, and no other holder refuses to share them.
+    /// Whether the pool the Service names is not in force (invalid or gone).
+    fn names_a_pool_out_of_force(&self, req: &Request) -> bool {
+        req.pool
+            .as_ref()
+            .is_some_and(|name| !self.pools.contains_key(name))
+    }
+
+    /// Whether these addresses, which no pool in force has as a whole (or whose Service names a
+    /// pool not in force), may stay with the Service: it names no other addresses, and no other
+    /// holder refuses to share them.
     fn keepable(&self, svc: &ServiceView, req: &Request, ips: &[IpAddr]) -> bool {
         let outside = !ips.is_empty()
-            && !self
-                .pools
-                .values()
-                .any(|p| ips.iter().all(|ip| p.pool.contains(*ip)));
+            && (self.names_a_pool_out_of_force(req)
+                || !self
+                    .pools
+                    .values()
+                    .any(|p| ips.iter().all(|ip| p.pool.contains(*ip))));
         let same_ips = req.ips.is_empty()
             || req.ips.iter().collect::<BTreeSet<_>>() == ips.iter().collect::<BTreeSet<_>>();
         outside
@@ -768,7 +777,8 @@ impl Allocator {
         let Some(h) = self.holdings.get(&svc.key) else {
             return false;
         };
-        let pool_gone = h.pool.as_ref().is_none_or(|p| !self.pools.contains_key(p));
+        let pool_gone = h.pool.as_ref().is_none_or(|p| !self.pools.contains_key(p))
+            || self.names_a_pool_out_of_force(req);
         let asked_same = h.asked.0.iter().collect::<BTreeSet<_>>()
             == req.ips.iter().collect::<BTreeSet<_>>()
             && h.asked.1 == req.pool;

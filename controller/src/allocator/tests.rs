@@ -836,6 +836,33 @@ fn a_deleted_pool_leaves_its_addresses_and_a_shrunk_one_moves_them() {
         &svc("s1").status(&["198.51.100.0"]),
         &Ips(&["192.0.2.2"]),
     );
+    // Pinned to pool c, whose addresses another pool covers once c is gone: kept as well.
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("c", &["203.0.113.0/30"]),
+    ]));
+    check(
+        &mut a,
+        5,
+        &svc("pin").annotate(POOL, "c"),
+        &Ips(&["203.0.113.0"]),
+    );
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("wide", &["203.0.113.0/24"]),
+    ]));
+    assert_eq!(
+        a.assign(&svc("pin").annotate(POOL, "c").status(&["203.0.113.0"])),
+        Verdict::Kept {
+            ips: ips(&["203.0.113.0"])
+        }
+    );
+    check(
+        &mut a,
+        6,
+        &svc("next").annotate(POOL, "wide"),
+        &Ips(&["203.0.113.1"]),
+    );
     // a shrinks under s3 (a pool in force): s3 moves.
     a.set_pools(&model(&[pool(
         "a",
