@@ -53,7 +53,9 @@ pub struct IPAddressPoolSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAllocation {
-    /// Lower numbers are tried first; pools with a `serviceAllocation` come before the others.
+    /// Pools whose `serviceAllocation` admits a Service are tried first: those with a priority
+    /// above 0 by ascending priority (1 first), then those without one (0), then the pools
+    /// without a `serviceAllocation`.
     #[serde(default)]
     pub priority: i32,
     /// The namespaces whose Services may use the pool (empty: any).

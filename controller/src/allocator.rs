@@ -13,7 +13,8 @@
 //! - `ipFamilies` and `ipFamilyPolicy` decide the families: one address per family for dual
 //!   stack, all from one pool. RequireDualStack needs a pool with both families.
 //! - Without a named pool or address, pools with `serviceAllocation` that admit the Service are
-//!   tried first by priority (then name), then the other auto-assign pools by name; the first
+//!   tried first: those with a priority > 0 by ascending priority, then those without one, each
+//!   by name; then the other auto-assign pools by name (MetalLB's order); the first
 //!   pool that can serve every family wins and gives its lowest free address (skipping `.0` and
 //!   `.255` with `avoidBuggyIPs`).
 //! - A Service whose current addresses still satisfy its request keeps them ([`Verdict::Unchanged`]
@@ -23,6 +24,11 @@
 //!   pair, and the same backend: the same external traffic policy and, for `Local`, the same
 //!   selector.
 //! - An error leaves the Service without addresses (it released what it held).
+//! - Addresses outside every pool in force are never taken away because of the pools: a
+//!   Service keeps them ([`Verdict::Kept`]) while its pool is invalid or gone (also across a
+//!   restart, where they are loaded as they are), until the Service asks for other addresses
+//!   or another pool. A pool that is in force and shrinks under a held address moves the
+//!   Service, as MetalLB does.
 //!
 //! Guarantees: nothing is assigned before [`Allocator::load_existing`] has run (a restart never
 //! hands out an address an existing Service shows); an address is held by at most one Service unless all its holders may share it;
@@ -251,6 +257,12 @@ pub enum Verdict {
     NotLoaded,
     /// No addresses; anything it held is released.
     Error(AllocationError),
+    /// The Service keeps these addresses although no pool in force has them (their pool is
+    /// invalid or gone): write them if the status differs, and warn.
+    Kept {
+        /// The addresses.
+        ips: Vec<IpAddr>,
+    },
 }
 
 impl Verdict {
@@ -262,8 +274,38 @@ impl Verdict {
             Verdict::NotOurs(_) => "not_ours",
             Verdict::NotLoaded => "not_loaded",
             Verdict::Error(_) => "error",
+            Verdict::Kept { .. } => "kept",
         }
     }
+}
+
+/// Where a pool stands in automatic allocation, MetalLB's order (smaller first): pools with a
+/// `serviceAllocation` of priority > 0 by ascending priority (1 is the highest), then those
+/// with a `serviceAllocation` without priority (0), then the pools without one. Ties by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum PoolRank {
+    Prioritised(i32),
+    AllocatedWithoutPriority,
+    Plain,
+}
+
+impl PoolRank {
+    fn of(pool: &Pool) -> Self {
+        match &pool.allocation {
+            Some(a) if a.priority > 0 => PoolRank::Prioritised(a.priority),
+            Some(_) => PoolRank::AllocatedWithoutPriority,
+            None => PoolRank::Plain,
+        }
+    }
+}
+
+/// How [`Allocator::decide`] satisfied a Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decision {
+    /// It holds addresses of a pool in force.
+    Held,
+    /// It keeps addresses that no pool in force has.
+    Kept,
 }
 
 /// A problem found while loading existing assignments.
@@ -307,9 +349,13 @@ impl Sharing {
 
 #[derive(Clone, Debug)]
 struct Holding {
-    pool: String,
+    /// The pool the addresses come from; `None` when loaded from a status outside every pool.
+    pool: Option<String>,
     ips: Vec<IpAddr>,
     sharing: Sharing,
+    /// What the Service asked for when it got them (named addresses, named pool): a Service
+    /// kept outside the pools moves only when this changes.
+    asked: (Vec<IpAddr>, Option<String>),
 }
 
 /// One range of a pool and its used addresses.
@@ -604,7 +650,7 @@ impl Allocator {
         }
         for (key, pool) in moved {
             if let Some(h) = self.holdings.get_mut(&key) {
-                h.pool = pool;
+                h.pool = Some(pool);
             }
         }
         for ip in self.holders.keys() {
@@ -618,8 +664,10 @@ impl Allocator {
 
     /// Rebuilds holdings from the statuses of existing Services, before anything new is
     /// allocated. Services are taken in (namespace, name) order; a Service whose status cannot
-    /// be honoured (its addresses are invalid, outside the pools, or held by a Service that may
-    /// not share them) holds nothing and is reported. Never allocates a new address.
+    /// be honoured (its addresses are invalid, held by a Service that may not share them, or
+    /// refused by the pool that has them) holds nothing and is reported. Addresses that no
+    /// pool in force has (their pool is invalid or was deleted) are kept as they are, unless
+    /// the Service names other addresses. Never allocates a new address.
     pub fn load_existing(&mut self, services: &[ServiceView]) -> Vec<LoadConflict> {
         let mut ordered: Vec<&ServiceView> = services
             .iter()
@@ -632,8 +680,14 @@ impl Allocator {
             if self.not_ours(svc).is_some() {
                 continue;
             }
-            let result =
-                parse_request(svc).and_then(|req| self.claim_ips(svc, &req, &svc.status_ips));
+            let result = parse_request(svc).and_then(|req| {
+                let claimed = self.claim_ips(svc, &req, &svc.status_ips);
+                if claimed.is_err() && self.keepable(svc, &req, &svc.status_ips) {
+                    self.hold(svc.key.clone(), None, svc.status_ips.clone(), &req);
+                    return Ok(());
+                }
+                claimed
+            });
             if let Err(error) = result {
                 conflicts.push(LoadConflict {
                     service: svc.key.clone(),
@@ -654,7 +708,11 @@ impl Allocator {
             return Verdict::NotOurs(reason);
         }
         match self.decide(svc) {
-            Ok(()) => {
+            Ok(Decision::Kept) => match self.holdings.get(&svc.key) {
+                Some(h) => Verdict::Kept { ips: h.ips.clone() },
+                None => Verdict::Error(AllocationError::NoAvailablePool),
+            },
+            Ok(Decision::Held) => {
                 let Some(h) = self.holdings.get(&svc.key) else {
                     return Verdict::Error(AllocationError::NoAvailablePool);
                 };
@@ -665,7 +723,7 @@ impl Allocator {
                 } else {
                     Verdict::Assigned {
                         ips: h.ips.clone(),
-                        pool: h.pool.clone(),
+                        pool: h.pool.clone().unwrap_or_default(),
                     }
                 }
             }
@@ -686,8 +744,55 @@ impl Allocator {
         }
     }
 
-    fn decide(&mut self, svc: &ServiceView) -> Result<(), AllocationError> {
+    /// Whether the pool the Service names is not in force (invalid or gone).
+    fn names_a_pool_out_of_force(&self, req: &Request) -> bool {
+        req.pool
+            .as_ref()
+            .is_some_and(|name| !self.pools.contains_key(name))
+    }
+
+    /// Whether these addresses, which no pool in force has as a whole (or whose Service names a
+    /// pool not in force), may stay with the Service: it names no other addresses, and no other
+    /// holder refuses to share them.
+    fn keepable(&self, svc: &ServiceView, req: &Request, ips: &[IpAddr]) -> bool {
+        let outside = !ips.is_empty()
+            && (self.names_a_pool_out_of_force(req)
+                || !self
+                    .pools
+                    .values()
+                    .any(|p| ips.iter().all(|ip| p.pool.contains(*ip))));
+        let same_ips = req.ips.is_empty()
+            || req.ips.iter().collect::<BTreeSet<_>>() == ips.iter().collect::<BTreeSet<_>>();
+        outside
+            && same_ips
+            && families_match(svc, ips).is_ok()
+            && ips
+                .iter()
+                .all(|ip| self.check_shareable(&svc.key, &req.sharing, *ip).is_ok())
+    }
+
+    /// Whether the Service keeps what it holds outside the pools in force: its pool is
+    /// invalid or gone, and it asks for what it asked for when it got them.
+    fn keeps_outside_pools(&self, svc: &ServiceView, req: &Request) -> bool {
+        let Some(h) = self.holdings.get(&svc.key) else {
+            return false;
+        };
+        let pool_gone = h.pool.as_ref().is_none_or(|p| !self.pools.contains_key(p))
+            || self.names_a_pool_out_of_force(req);
+        let asked_same = h.asked.0.iter().collect::<BTreeSet<_>>()
+            == req.ips.iter().collect::<BTreeSet<_>>()
+            && h.asked.1 == req.pool;
+        pool_gone && asked_same && self.keepable(svc, req, &h.ips)
+    }
+
+    fn decide(&mut self, svc: &ServiceView) -> Result<Decision, AllocationError> {
         let req = parse_request(svc)?;
+        if self.keeps_outside_pools(svc, &req) {
+            if let Some(h) = self.holdings.get_mut(&svc.key) {
+                h.sharing = req.sharing.clone();
+            }
+            return Ok(Decision::Kept);
+        }
         if let Some(name) = &req.pool
             && !self.pools.contains_key(name)
         {
@@ -700,16 +805,16 @@ impl Allocator {
                 if let Some(h) = self.holdings.get_mut(&svc.key) {
                     h.sharing = req.sharing.clone();
                 }
-                return Ok(());
+                return Ok(Decision::Held);
             }
             self.release(&svc.key);
         }
         if !req.ips.is_empty() {
-            return self.claim_ips(svc, &req, &req.ips);
+            return self.claim_ips(svc, &req, &req.ips).map(|()| Decision::Held);
         }
         // Its status addresses, when still valid and free.
         if !svc.status_ips.is_empty() && self.claim_ips(svc, &req, &svc.status_ips).is_ok() {
-            return Ok(());
+            return Ok(Decision::Held);
         }
         match &req.pool {
             Some(name) => {
@@ -721,9 +826,10 @@ impl Allocator {
                     return Err(AllocationError::PoolNotAllowed(name.clone()));
                 }
                 self.allocate_from(svc, &req, name.clone())
+                    .map(|()| Decision::Held)
             }
             None => {
-                let mut candidates: Vec<(bool, i32, &String)> = self
+                let mut candidates: Vec<(PoolRank, &String)> = self
                     .pools
                     .values()
                     .filter(|p| p.pool.auto_assign)
@@ -731,18 +837,14 @@ impl Allocator {
                         p.pool
                             .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
                     })
-                    .map(|p| match &p.pool.allocation {
-                        Some(a) => (false, a.priority, &p.pool.name),
-                        None => (true, 0, &p.pool.name),
-                    })
+                    .map(|p| (PoolRank::of(&p.pool), &p.pool.name))
                     .collect();
                 candidates.sort();
-                let names: Vec<String> =
-                    candidates.into_iter().map(|(_, _, n)| n.clone()).collect();
+                let names: Vec<String> = candidates.into_iter().map(|(_, n)| n.clone()).collect();
                 let mut last = AllocationError::NoAvailablePool;
                 for name in names {
                     match self.allocate_from(svc, &req, name) {
-                        Ok(()) => return Ok(()),
+                        Ok(()) => return Ok(Decision::Held),
                         Err(e) => {
                             // A full pool says more than a pool without the family.
                             if !matches!(last, AllocationError::PoolExhausted { .. }) {
@@ -840,7 +942,7 @@ impl Allocator {
         ips: &[IpAddr],
     ) -> Result<(), AllocationError> {
         let pool = self.check_ips(svc, req, ips)?;
-        self.hold(svc.key.clone(), pool, ips.to_vec(), req.sharing.clone());
+        self.hold(svc.key.clone(), Some(pool), ips.to_vec(), req);
         Ok(())
     }
 
@@ -878,12 +980,13 @@ impl Allocator {
             };
             ips.push(ip);
         }
-        self.hold(svc.key.clone(), name, ips, req.sharing.clone());
+        self.hold(svc.key.clone(), Some(name), ips, req);
         Ok(())
     }
 
-    fn hold(&mut self, key: ServiceKey, pool: String, ips: Vec<IpAddr>, sharing: Sharing) {
+    fn hold(&mut self, key: ServiceKey, pool: Option<String>, ips: Vec<IpAddr>, req: &Request) {
         self.release(&key);
+        let sharing = req.sharing.clone();
         for ip in &ips {
             let holders = self.holders.entry(*ip).or_default();
             if holders.is_empty() {
@@ -900,7 +1003,16 @@ impl Allocator {
                 self.shared.entry(k.clone()).or_default().insert(*ip);
             }
         }
-        self.holdings.insert(key, Holding { pool, ips, sharing });
+        let asked = (req.ips.clone(), req.pool.clone());
+        self.holdings.insert(
+            key,
+            Holding {
+                pool,
+                ips,
+                sharing,
+                asked,
+            },
+        );
     }
 
     /// Releases whatever the Service holds (on deletion). Returns whether it held anything.
@@ -959,16 +1071,25 @@ impl Allocator {
         gone
     }
 
-    /// The addresses a Service holds and their pool.
-    pub fn holding(&self, key: &ServiceKey) -> Option<(&str, &[IpAddr])> {
+    /// The addresses a Service holds and their pool (`None`: kept outside every pool).
+    pub fn holding(&self, key: &ServiceKey) -> Option<(Option<&str>, &[IpAddr])> {
         self.holdings
             .get(key)
-            .map(|h| (h.pool.as_str(), h.ips.as_slice()))
+            .map(|h| (h.pool.as_deref(), h.ips.as_slice()))
     }
 
     /// The Services holding an address.
     pub fn holders(&self, ip: IpAddr) -> &[ServiceKey] {
         self.holders.get(&ip).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// How many addresses Services keep outside every pool in force ([`Verdict::Kept`]).
+    pub fn kept_outside_pools(&self) -> usize {
+        self.holdings
+            .values()
+            .filter(|h| h.pool.as_ref().is_none_or(|p| !self.pools.contains_key(p)))
+            .map(|h| h.ips.len())
+            .sum()
     }
 
     /// Size and use per pool and family (for pool status and metrics), by pool name.

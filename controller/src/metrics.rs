@@ -36,6 +36,9 @@ pub struct ControllerMetrics {
     pub pool_addresses_in_use: Family<PoolLabels, Gauge>,
     /// `swimlb_allocation_errors_total{reason}`: allocations refused, by reason.
     pub allocation_errors: Family<ReasonLabels, Counter>,
+    /// `swimlb_addresses_outside_pools`: addresses Services keep although no pool in force has
+    /// them (their pool is invalid or gone).
+    pub addresses_outside_pools: Gauge,
 }
 
 fn saturate(n: u128) -> i64 {
@@ -60,6 +63,11 @@ impl ControllerMetrics {
             "swimlb_allocation_errors",
             "Services refused an address, by reason",
             m.allocation_errors.clone(),
+        );
+        registry.register(
+            "swimlb_addresses_outside_pools",
+            "Addresses Services keep although no IPAddressPool in force has them",
+            m.addresses_outside_pools.clone(),
         );
         m
     }

@@ -40,6 +40,9 @@ use crate::metrics::ControllerMetrics;
 /// The server-side apply field manager of every status write.
 pub const FIELD_MANAGER: &str = "swimlb-controller";
 
+/// The reason of the Warning Event on a Service that keeps addresses no pool in force has.
+pub const KEPT_OUTSIDE_POOLS: &str = "AddressOutsidePools";
+
 /// How long to wait before retrying a Service that got no address (a pool may have grown).
 pub const RETRY_UNASSIGNED: Duration = Duration::from_secs(60);
 /// How long to wait after a failed API call.
@@ -418,6 +421,21 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
         }
         Verdict::NotOurs(_) => Ok(Action::await_change()),
         Verdict::NotLoaded => Ok(Action::requeue(RETRY_AFTER_ERROR)),
+        Verdict::Kept { ips } => {
+            let same = ips.len() == view.status_ips.len()
+                && ips.iter().all(|ip| view.status_ips.contains(ip));
+            if !same {
+                apply_ingress(&ctx, &view.key, &ips).await?;
+            }
+            let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+            let note = format!(
+                "Kept {}: no address pool in force has it (its pool is invalid or gone); \
+                 it changes only when the Service asks for other addresses or another pool",
+                list.join(", ")
+            );
+            publish(&ctx, &svc, EventType::Warning, KEPT_OUTSIDE_POOLS, note).await;
+            Ok(Action::await_change())
+        }
         Verdict::Error(error) => {
             ctx.metrics.count_error(&error);
             if !view.status_ips.is_empty() {

@@ -14,7 +14,10 @@
 //!    or refuse them).
 //! 3. When every store is ready: validate the pools ([`config_in_force`]), `set_pools`, then load
 //!    every existing assignment from the Service statuses ([`Context::load_existing`]). Only then
-//!    does a reconcile run (each one waits for the `loaded` flag first).
+//!    does a reconcile run (each one waits for the `loaded` flag first). Addresses that no pool
+//!    in force has (a pool rejected at this start, or deleted) stay with their Services, with a
+//!    Warning Event (`AddressOutsidePools`) and the gauge `swimlb_addresses_outside_pools`:
+//!    a restart never changes an address.
 //! 4. Then, until shutdown: a configuration change re-validates and, when it applies,
 //!    re-reconciles every Service; once a second, Services gone from the store release their
 //!    addresses ([`Context::forget_missing`]) and every pool's status is written when it changed.
@@ -699,7 +702,11 @@ async fn write_pool_statuses(
     now: Timestamp,
 ) {
     let usage = match ctx.allocator.lock() {
-        Ok(allocator) => allocator.usage(),
+        Ok(allocator) => {
+            let kept = i64::try_from(allocator.kept_outside_pools()).unwrap_or(i64::MAX);
+            ctx.metrics.addresses_outside_pools.set(kept);
+            allocator.usage()
+        }
         Err(_) => return,
     };
     let statuses = pool_statuses(&usage);

@@ -3,7 +3,8 @@
 //!
 //! Real time and real sockets, as in `fake_api.rs`; every wait is bounded ([`WAIT`]) so a broken
 //! controller fails a test instead of hanging it, and no test asserts on speed. The `#[ignore]`d
-//! `measure_*` tests print figures (time to assign, controller RSS) and never fail on them.
+//! `measure_*` tests print figures (time to assign, controller RSS) and never fail on them; they
+//! fail only when a Service is left without an address or two share one.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig};
+use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig, RequestRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -64,6 +65,19 @@ struct Controller {
 
 impl Controller {
     fn start(api: &FakeApi, identity: &str) -> Self {
+        Self::start_with_kubeconfig(api.kubeconfig_path(), identity)
+    }
+
+    /// Started with a kubeconfig whose bearer token is `identity`, so the fake server's request
+    /// log ([`FakeApi::requests`]) tells this replica's requests apart.
+    fn start_as_user(api: &FakeApi, identity: &str) -> Self {
+        let kubeconfig = api
+            .kubeconfig_for_user(identity)
+            .expect("a kubeconfig for the replica");
+        Self::start_with_kubeconfig(&kubeconfig, identity)
+    }
+
+    fn start_with_kubeconfig(kubeconfig: &std::path::Path, identity: &str) -> Self {
         let port = free_port();
         let log = std::env::temp_dir().join(format!(
             "swimlb-controller-test-{}-{identity}-{port}.log",
@@ -85,7 +99,7 @@ impl Controller {
         let child = command
             .arg("controller")
             .arg("--kubeconfig")
-            .arg(api.kubeconfig_path())
+            .arg(kubeconfig)
             .args(["--lease-namespace", "default", "--lease-duration", "3"])
             .args(["--identity", identity])
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -371,6 +385,94 @@ async fn a_restart_keeps_every_address_and_a_service_created_meanwhile_gets_a_fr
 }
 
 #[tokio::test]
+async fn a_restart_while_a_pool_is_invalid_keeps_the_addresses_of_its_services() {
+    let (api, client) = lab().await;
+    create_pool(&client, "a", json!({"addresses": ["192.0.2.112/31"]})).await;
+    create_pool(&client, "b", json!({"addresses": ["192.0.2.120/30"]})).await;
+    let first = Controller::start(&api, "c-0");
+    // n1 and n2 fill pool a, n3 gets b's first address, pinned names pool b.
+    let names = ["n1", "n2", "n3", "pinned"];
+    for name in names {
+        let annotations = if name == "pinned" {
+            json!({"swimlb.io/address-pool": "b"})
+        } else {
+            json!({})
+        };
+        create_service(&client, &service(name, annotations, json!({}))).await;
+        wait_assigned(&client, name).await;
+    }
+    let mut before = Vec::new();
+    for name in names {
+        before.push(ips_of(&client, name).await);
+    }
+    assert_eq!(before[2], vec!["192.0.2.120"], "{before:?}");
+    assert_eq!(first.terminate().await, Some(0));
+
+    // While no controller runs, pool b is made to overlap a: rejected at the next start.
+    let pools: Api<IPAddressPool> = Api::namespaced(client.clone(), "swimlb-system");
+    pools
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["192.0.2.112/30"]}})),
+        )
+        .await
+        .expect("pool b patched");
+    let second = Controller::start(&api, "c-1");
+    let note = wait_event(&client, "swimlb-system", "b", "InvalidConfiguration").await;
+    assert!(note.contains("overlaps"), "{note}");
+    for (name, ips) in names.iter().zip(&before).skip(2) {
+        let note = wait_event(&client, "default", name, "AddressOutsidePools").await;
+        assert!(note.contains(&ips[0]), "{name}: {note}");
+    }
+    eventually("a Valid=False condition on pool b", || async {
+        let status = pools.get("b").await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Valid" && c.status == "False")
+    })
+    .await;
+    // A Service created now cannot get an address: a is full and b is not in force.
+    create_service(&client, &service("late", json!({}), json!({}))).await;
+    let note = wait_event(&client, "default", "late", "AllocationFailed").await;
+    assert!(note.contains("no free"), "{note}");
+    let (_, body) = eventually("/metrics", || second.get("/metrics")).await;
+    assert!(body.contains("swimlb_addresses_outside_pools 2"), "{body}");
+    let mut after = Vec::new();
+    for name in names {
+        after.push(ips_of(&client, name).await);
+    }
+    assert_eq!(
+        before,
+        after,
+        "a restart never changes an address\n{}",
+        second.log_text()
+    );
+
+    // Pool b is repaired: its Services stay, and the new one gets b's next free address.
+    pools
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["192.0.2.120/30"]}})),
+        )
+        .await
+        .expect("pool b repaired");
+    let late = wait_assigned(&client, "late").await;
+    assert!(
+        late[0].starts_with("192.0.2.12") && !before.iter().flatten().any(|ip| late.contains(ip)),
+        "{late:?} vs {before:?}"
+    );
+    let mut repaired = Vec::new();
+    for name in names {
+        repaired.push(ips_of(&client, name).await);
+    }
+    assert_eq!(before, repaired);
+    assert_eq!(second.terminate().await, Some(0));
+}
+
+#[tokio::test]
 async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
     let (api, client) = lab().await;
     create_pool(&client, "one", json!({"addresses": ["192.0.2.40/32"]})).await;
@@ -398,10 +500,24 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
     for svc in &bad {
         create_service(&client, svc).await;
     }
-    for svc in &bad {
+    // Each note names its cause.
+    let causes: [&[&str]; 4] = [
+        &["no free ipv4 address", "\"one\""],
+        &["203.0.113.5", "not in any usable address pool"],
+        &["192.0.2.40", "in use by default/first"],
+        &[
+            "swimlb.io/address-pool",
+            "metallb.io/address-pool",
+            "disagree",
+        ],
+    ];
+    for (svc, cause) in bad.iter().zip(causes) {
         let name = svc.name_any();
         let note = wait_event(&client, "default", &name, "AllocationFailed").await;
-        assert!(!note.is_empty(), "{name}: an Event says why");
+        assert!(
+            cause.iter().all(|c| note.contains(c)),
+            "{name}: the Event names its cause {cause:?}: {note}"
+        );
         assert!(
             ips_of(&client, &name).await.is_empty(),
             "{name} got an address\n{}",
@@ -409,7 +525,19 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
         );
     }
     let (_, body) = eventually("/metrics", || ctl.get("/metrics")).await;
-    assert!(body.contains("swimlb_allocation_errors_total{"), "{body}");
+    for reason in [
+        "pool_exhausted",
+        "ip_not_in_pool",
+        "ip_in_use",
+        "conflicting_annotations",
+    ] {
+        assert!(
+            body.contains(&format!(
+                "swimlb_allocation_errors_total{{reason=\"{reason}\"}}"
+            )),
+            "{reason}: {body}"
+        );
+    }
     drop(ctl);
 }
 
@@ -505,12 +633,12 @@ async fn an_invalid_pool_gets_a_warning_event_and_the_valid_configuration_stays_
 async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_sigterm() {
     let (api, client) = lab().await;
     create_pool(&client, "lab", json!({"addresses": ["192.0.2.96/29"]})).await;
-    let a = Controller::start(&api, "replica-a");
+    let a = Controller::start_as_user(&api, "replica-a");
     eventually("replica-a to hold the lease", || async {
         (lease_holder(&client).await.as_deref() == Some("replica-a")).then_some(())
     })
     .await;
-    let b = Controller::start(&api, "replica-b");
+    let b = Controller::start_as_user(&api, "replica-b");
     let (line, body) = eventually("the standby's /readyz", || b.get("/readyz")).await;
     assert!(
         line.contains("200") && body.contains("standby"),
@@ -541,6 +669,33 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         .flat_map(|s| s.managed_fields().iter().filter_map(|m| m.manager.clone()))
         .collect();
     assert!(managers.contains("swimlb-controller"), "{managers:?}");
+    // Both replicas write with the same field manager: the request log tells them apart.
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let by = |user: &str| -> Vec<RequestRecord> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.user == user)
+            .collect()
+    };
+    let standby = by("replica-b");
+    assert!(
+        standby.iter().any(|r| r.path.starts_with(LEASES)),
+        "the standby tries the Lease: {standby:?}"
+    );
+    let beyond_lease: Vec<&RequestRecord> = standby
+        .iter()
+        .filter(|r| !r.path.starts_with(LEASES))
+        .collect();
+    assert!(
+        beyond_lease.is_empty(),
+        "the standby touched nothing but its Lease: {beyond_lease:?}"
+    );
+    assert!(
+        by("replica-a")
+            .iter()
+            .any(|r| r.is_write() && r.path.ends_with("/services/s1/status")),
+        "the leader's writes are seen"
+    );
 
     assert_eq!(a.terminate().await, Some(0));
     eventually("replica-b to take the lease", || async {
@@ -557,6 +712,12 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         instances(events(&client, "default").await).contains("replica-b"),
         "the new leader publishes\n{}",
         b.log_text()
+    );
+    assert!(
+        by("replica-b")
+            .iter()
+            .any(|r| r.is_write() && r.path.ends_with("/services/s3/status")),
+        "the new leader writes under its own name"
     );
     drop(b);
 }
@@ -728,6 +889,17 @@ async fn measure(count: usize, arrival: Arrival) {
         ctl.peak_rss_kib().unwrap_or(0),
         ctl.cpu_seconds().unwrap_or(0.0),
         cpu_api,
+    );
+    // Counts only, never a time: every Service has an address, and no two share one.
+    let assigned = services
+        .iter()
+        .filter(|s| s.pointer("/status/loadBalancer/ingress/0/ip").is_some())
+        .count();
+    assert_eq!(
+        (services.len(), assigned, distinct.len()),
+        (count, count, count),
+        "(Services, assigned, distinct addresses)\n{}",
+        ctl.log_text()
     );
     drop(ctl);
 }

@@ -447,14 +447,14 @@ async fn the_status_subresource_ignores_spec_and_the_main_resource_ignores_statu
             &serde_json::from_value(json!({
                 "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
                 "metadata": {"name": "lab", "resourceVersion": created.resource_version()},
-                "spec": {"addresses": ["203.0.113.0/24"]}, "status": {"assigned": 3}
+                "spec": {"addresses": ["203.0.113.0/24"]}, "status": {"assignedIPv4": 3}
             }))
             .unwrap(),
         )
         .await
         .unwrap();
     assert_eq!(replaced.data["spec"]["addresses"][0], "198.51.100.0/24");
-    assert_eq!(replaced.data["status"]["assigned"], 3);
+    assert_eq!(replaced.data["status"]["assignedIPv4"], 3);
 }
 
 #[tokio::test]
@@ -1013,6 +1013,94 @@ async fn custom_resources_are_served_as_dynamic_objects_and_need_a_resource_vers
         )
         .await;
     assert_eq!(api_error(strategic.unwrap_err()).0, 415);
+}
+
+#[tokio::test]
+async fn custom_resources_are_checked_against_their_schema_on_every_write_and_unknown_fields_pruned()
+ {
+    let (_server, client) = start(quick()).await;
+    let pools = Api::<DynamicObject>::namespaced_with(client.clone(), "default", &pool_resource());
+    let pool = |spec: Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "lab"},
+            "spec": spec
+        }))
+        .unwrap()
+    };
+    // Create: a wrong type is 422 Invalid with the field in the Status' causes.
+    let err = pools
+        .create(&PostParams::default(), &pool(json!({"addresses": 5})))
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("an API error: {err:?}");
+    };
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert!(
+        status.message.contains("spec.addresses")
+            && status.message.contains("must be of type array"),
+        "{}",
+        status.message
+    );
+    assert_eq!(
+        status.details.as_ref().map(|d| d.causes[0].field.as_str()),
+        Some("spec.addresses")
+    );
+    // Unknown fields are pruned and defaults applied, as by a real server.
+    let created = pools
+        .create(
+            &PostParams::default(),
+            &pool(json!({"addresses": ["198.51.100.0/24"], "colour": "blue"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"].get("colour"), None);
+    assert_eq!(created.data["spec"]["autoAssign"], json!(true));
+    // Merge, JSON and apply patches, replace, and the status subresource are checked too.
+    let merge = pools
+        .patch(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"autoAssign": "yes"}})),
+        )
+        .await;
+    assert_eq!(api_error(merge.unwrap_err()), (422, "Invalid".into()));
+    let jp = raw(
+        &client,
+        "PATCH",
+        "/apis/swimlb.io/v1beta1/namespaces/default/ipaddresspools/lab",
+        "application/json-patch+json",
+        json!([{"op": "replace", "path": "/spec/addresses/0", "value": 42}]),
+    )
+    .await;
+    assert_eq!(api_error(jp.unwrap_err()), (422, "Invalid".into()));
+    let apply = pools
+        .patch(
+            "lab",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+                "spec": {"serviceAllocation": {"priority": "high"}}
+            })),
+        )
+        .await;
+    assert_eq!(api_error(apply.unwrap_err()), (422, "Invalid".into()));
+    let mut replaced = created.clone();
+    replaced.data["spec"]["avoidBuggyIPs"] = json!(1);
+    let replace = pools
+        .replace("lab", &PostParams::default(), &replaced)
+        .await;
+    assert_eq!(api_error(replace.unwrap_err()), (422, "Invalid".into()));
+    let status = pools
+        .patch_status(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"assignedIPv4": "three"}})),
+        )
+        .await;
+    assert_eq!(api_error(status.unwrap_err()), (422, "Invalid".into()));
+    let unchanged = pools.get("lab").await.unwrap();
+    assert_eq!(unchanged.data["spec"], created.data["spec"]);
 }
 
 #[tokio::test]

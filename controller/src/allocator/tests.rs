@@ -276,6 +276,51 @@ fn every_annotation_spelling_is_read_and_disagreeing_spellings_are_refused() {
                 Ips(&["192.0.2.0"]),
             ),
             (svc("s5").annotate(POOL, "nope"), Error("unknown_pool")),
+            (
+                svc("s6").annotate("metallb.io/loadBalancerIPs", "192.0.2.9"),
+                Ips(&["192.0.2.9"]),
+            ),
+            (
+                svc("s7")
+                    .annotate("metallb.io/loadBalancerIPs", "192.0.2.10")
+                    .annotate("metallb.universe.tf/loadBalancerIPs", "192.0.2.11"),
+                Error("conflicting_annotations"),
+            ),
+            // Every spelling of allow-shared-ip is one key: these three share 198.51.100.5.
+            (
+                svc("s8")
+                    .annotate("metallb.io/allow-shared-ip", "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(53, Protocol::Udp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s9")
+                    .annotate("metallb.universe.tf/allow-shared-ip", "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(53, Protocol::Tcp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s10")
+                    .annotate(SHARE, "k")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(443, Protocol::Tcp)]),
+                Ips(&["198.51.100.5"]),
+            ),
+            (
+                svc("s11")
+                    .annotate("metallb.io/allow-shared-ip", "other")
+                    .annotate(IPS, "198.51.100.5")
+                    .ports(&[(8080, Protocol::Tcp)]),
+                Error("ip_in_use"),
+            ),
+            (
+                svc("s12")
+                    .annotate("metallb.io/allow-shared-ip", "k")
+                    .annotate("swimlb.io/allow-shared-ip", "j"),
+                Error("conflicting_annotations"),
+            ),
         ],
     );
 }
@@ -350,6 +395,29 @@ fn pools_are_tried_by_service_allocation_priority_then_auto_assign() {
                 svc("other/s5").annotate(POOL, "d-manual"),
                 Ips(&["203.0.113.128"]),
             ),
+        ],
+    );
+}
+
+#[test]
+fn a_pool_without_priority_comes_after_every_prioritised_one_and_before_plain_pools() {
+    // MetalLB's order: priority > 0 ascending, then serviceAllocation without priority (0),
+    // then pools without serviceAllocation. Names would order them the other way round.
+    let mut a = allocator(vec![
+        pool("a-plain", &["192.0.2.0/31"]),
+        restricted(pool("b-prio0", &["198.51.100.0/31"]), 0, &[]),
+        restricted(pool("c-prio7", &["203.0.113.0/32"]), 7, &[]),
+        restricted(pool("d-prio3", &["203.0.113.8/32"]), 3, &[]),
+    ]);
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s1"), Ips(&["203.0.113.8"])),
+            (svc("s2"), Ips(&["203.0.113.0"])),
+            (svc("s3"), Ips(&["198.51.100.0"])),
+            (svc("s4"), Ips(&["198.51.100.1"])),
+            (svc("s5"), Ips(&["192.0.2.0"])),
         ],
     );
 }
@@ -646,7 +714,165 @@ fn a_service_keeps_a_valid_address_and_moves_off_an_invalid_one() {
     );
     assert_eq!(
         a.holding(&ServiceKey::new("default", "s9")),
-        Some(("a", &ips(&["192.0.2.1"])[..]))
+        Some((Some("a"), &ips(&["192.0.2.1"])[..]))
+    );
+}
+
+fn model(pools: &[IPAddressPool]) -> swimlb_config::pools::Model {
+    validate(pools, &[])
+        .into_result()
+        .expect("test pools are valid")
+}
+
+#[test]
+fn a_restart_with_a_pool_out_of_force_keeps_the_addresses_of_its_services() {
+    // Pool b is invalid at the start: only a is in force.
+    let mut a = Allocator::new(None, &model(&[pool("a", &["192.0.2.0/30"])]));
+    let conflicts = a.load_existing(&[
+        svc("s1").status(&["198.51.100.1"]),
+        svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b"),
+        svc("s3").status(&["192.0.2.0"]),
+        // Names another address than its status shows: not kept.
+        svc("s4").status(&["198.51.100.3"]).spec_ip("192.0.2.1"),
+    ]);
+    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+    assert_eq!(conflicts[0].service, ServiceKey::new("default", "s4"));
+    assert_eq!(
+        a.holding(&ServiceKey::new("default", "s1")),
+        Some((None, &ips(&["198.51.100.1"])[..]))
+    );
+    assert_eq!(a.kept_outside_pools(), 2);
+    let kept = |list: &[&str]| Verdict::Kept { ips: ips(list) };
+    assert_eq!(
+        a.assign(&svc("s1").status(&["198.51.100.1"])),
+        kept(&["198.51.100.1"])
+    );
+    // Naming the pool that is not in force does not clear it either.
+    assert_eq!(
+        a.assign(&svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b")),
+        kept(&["198.51.100.2"])
+    );
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s3").status(&["192.0.2.0"]), Unchanged),
+            (
+                svc("s4").status(&["198.51.100.3"]).spec_ip("192.0.2.1"),
+                Ips(&["192.0.2.1"]),
+            ),
+            (svc("new"), Ips(&["192.0.2.2"])),
+            // A kept address is nobody else's.
+            (
+                svc("other").spec_ip("198.51.100.1"),
+                Error("ip_not_in_pool"),
+            ),
+            // Asking for something else moves the Service.
+            (
+                svc("s1").status(&["198.51.100.1"]).annotate(POOL, "a"),
+                Ips(&["192.0.2.3"]),
+            ),
+        ],
+    );
+    assert_eq!(a.kept_outside_pools(), 1);
+    // Pool b is valid again: s2's address is its again, and in use.
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("b", &["198.51.100.0/30"]),
+    ]));
+    assert_eq!(a.kept_outside_pools(), 0);
+    check(
+        &mut a,
+        10,
+        &svc("s2").status(&["198.51.100.2"]).annotate(POOL, "b"),
+        &Unchanged,
+    );
+    check(
+        &mut a,
+        11,
+        &svc("s5").annotate(POOL, "b"),
+        &Ips(&["198.51.100.0"]),
+    );
+    check(
+        &mut a,
+        12,
+        &svc("s6").annotate(POOL, "b"),
+        &Ips(&["198.51.100.1"]),
+    );
+    check(
+        &mut a,
+        13,
+        &svc("s7").annotate(POOL, "b"),
+        &Ips(&["198.51.100.3"]),
+    );
+}
+
+#[test]
+fn a_deleted_pool_leaves_its_addresses_and_a_shrunk_one_moves_them() {
+    let mut a = allocator(vec![
+        pool("a", &["192.0.2.0/30"]),
+        pool("b", &["198.51.100.0/30"]),
+    ]);
+    use Want::*;
+    run(
+        &mut a,
+        &[
+            (svc("s1").annotate(POOL, "b"), Ips(&["198.51.100.0"])),
+            (svc("s2"), Ips(&["192.0.2.0"])),
+            (svc("s3"), Ips(&["192.0.2.1"])),
+        ],
+    );
+    // b is deleted: s1 keeps its address until it asks for another.
+    a.set_pools(&model(&[pool("a", &["192.0.2.0/30"])]));
+    assert_eq!(
+        a.assign(&svc("s1").annotate(POOL, "b").status(&["198.51.100.0"])),
+        Verdict::Kept {
+            ips: ips(&["198.51.100.0"])
+        }
+    );
+    check(
+        &mut a,
+        3,
+        &svc("s1").status(&["198.51.100.0"]),
+        &Ips(&["192.0.2.2"]),
+    );
+    // Pinned to pool c, whose addresses another pool covers once c is gone: kept as well.
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("c", &["203.0.113.0/30"]),
+    ]));
+    check(
+        &mut a,
+        5,
+        &svc("pin").annotate(POOL, "c"),
+        &Ips(&["203.0.113.0"]),
+    );
+    a.set_pools(&model(&[
+        pool("a", &["192.0.2.0/30"]),
+        pool("wide", &["203.0.113.0/24"]),
+    ]));
+    assert_eq!(
+        a.assign(&svc("pin").annotate(POOL, "c").status(&["203.0.113.0"])),
+        Verdict::Kept {
+            ips: ips(&["203.0.113.0"])
+        }
+    );
+    check(
+        &mut a,
+        6,
+        &svc("next").annotate(POOL, "wide"),
+        &Ips(&["203.0.113.1"]),
+    );
+    // a shrinks under s3 (a pool in force): s3 moves.
+    a.set_pools(&model(&[pool(
+        "a",
+        &["192.0.2.0-192.0.2.0", "192.0.2.2-192.0.2.3"],
+    )]));
+    check(
+        &mut a,
+        4,
+        &svc("s3").status(&["192.0.2.1"]),
+        &Ips(&["192.0.2.3"]),
     );
 }
 
@@ -681,12 +907,11 @@ fn loading_existing_statuses_restores_holdings_and_reports_duplicates() {
         .iter()
         .map(|c| (c.service.to_string(), c.error.as_str()))
         .collect();
+    assert_eq!(reported, vec![("b/second".to_string(), "ip_in_use")]);
     assert_eq!(
-        reported,
-        vec![
-            ("b/second".to_string(), "ip_in_use"),
-            ("d/outside".to_string(), "ip_not_in_pool")
-        ]
+        a.holding(&ServiceKey::new("d", "outside")),
+        Some((None, &ips(&["203.0.113.1"])[..])),
+        "an address outside every pool in force is kept"
     );
     assert_eq!(a.holders(ip("192.0.2.1")), &[ServiceKey::new("a", "first")]);
     assert!(

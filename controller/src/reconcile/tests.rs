@@ -281,10 +281,13 @@ async fn a_service_that_already_shows_its_address_causes_no_api_call() {
         .lock()
         .expect("lock")
         .holding(&key)
-        .map(|(p, ips)| (p.to_string(), ips.to_vec()));
+        .map(|(p, ips)| (p.map(str::to_string), ips.to_vec()));
     assert_eq!(
         held,
-        Some(("p".to_string(), vec!["192.0.2.2".parse().expect("ip")]))
+        Some((
+            Some("p".to_string()),
+            vec!["192.0.2.2".parse().expect("ip")]
+        ))
     );
 }
 

@@ -31,8 +31,10 @@
 //! resources with a status subresource.
 //!
 //! Simplified, compared with a real server:
-//! - Custom resources are not validated against an OpenAPI schema and unknown fields are kept
-//!   (the real server prunes them); `fieldValidation` is ignored.
+//! - Custom resources are checked against their CRD's structural schema by [`schema`]: types
+//!   and required fields (422), unknown fields pruned, defaults applied; formats, enums,
+//!   patterns and CEL rules are not checked, and `fieldValidation` is ignored (unknown fields
+//!   are pruned silently, as with `fieldValidation=Ignore`).
 //! - Server-side apply treats every list as atomic (see [`apply`]): right for custom resources
 //!   without list markers and for `status.loadBalancer.ingress`, coarser than the real server for
 //!   core lists with merge keys (ports, conditions). Strategic merge knows a fixed table of merge
@@ -49,7 +51,9 @@
 //!   at once (no Terminating phase); `propagationPolicy` is checked but there is no garbage
 //!   collector; `deletecollection` is 405 and `dryRun` is 400.
 //! - PUT of a missing object is 404 (some real kinds create on update); no authentication,
-//!   authorization, admission webhooks or protobuf.
+//!   authorization, admission webhooks or protobuf. Each request is recorded with its bearer
+//!   token as the user ([`FakeApi::requests`], [`FakeApi::kubeconfig_for_user`]), like a line
+//!   of an audit log, so a test can tell who wrote what.
 //! - `generation` is kept for every kind (it grows when anything outside metadata and status
 //!   changes).
 //!
@@ -67,6 +71,7 @@ pub mod api_error;
 pub mod apply;
 pub mod patch;
 pub mod resources;
+pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
@@ -83,8 +88,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use server::FakeApiConfig;
 use server::Shared;
+pub use server::{FakeApiConfig, RequestRecord};
 use store::Store;
 
 /// A running fake API server. Dropping it stops the server and removes its kubeconfig.
@@ -95,6 +100,8 @@ pub struct FakeApi {
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
+    /// Kubeconfigs written by [`FakeApi::kubeconfig_for_user`], removed on drop.
+    user_kubeconfigs: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeApi {
@@ -121,13 +128,14 @@ impl FakeApi {
             config,
             shutdown: shutdown_rx.clone(),
             server_address: addr.to_string(),
+            requests: Mutex::new(std::collections::VecDeque::new()),
         });
         let kubeconfig = std::env::temp_dir().join(format!(
             "swimlb-fake-api-{}-{}.kubeconfig",
             std::process::id(),
             addr.port()
         ));
-        std::fs::write(&kubeconfig, kubeconfig_yaml(addr))
+        std::fs::write(&kubeconfig, kubeconfig_yaml(addr, None))
             .with_context(|| format!("writing {}", kubeconfig.display()))?;
         let task = tokio::spawn(accept_loop(listener, shared.clone(), shutdown_rx));
         Ok(Self {
@@ -136,6 +144,7 @@ impl FakeApi {
             shared,
             shutdown,
             task: Some(task),
+            user_kubeconfigs: Mutex::new(Vec::new()),
         })
     }
 
@@ -147,6 +156,38 @@ impl FakeApi {
     /// The kubeconfig file pointing at this server (no authentication, namespace `default`).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// Writes a kubeconfig for this server whose user sends `user` as its bearer token, so that
+    /// [`FakeApi::requests`] tells its requests apart (nothing is authenticated or refused).
+    pub fn kubeconfig_for_user(&self, user: &str) -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(
+            !user.is_empty() && user.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "user {user:?}: letters, digits and '-' only"
+        );
+        let path = std::env::temp_dir().join(format!(
+            "swimlb-fake-api-{}-{}-{user}.kubeconfig",
+            std::process::id(),
+            self.addr.port()
+        ));
+        std::fs::write(&path, kubeconfig_yaml(self.addr, Some(user)))
+            .with_context(|| format!("writing {}", path.display()))?;
+        self.user_kubeconfigs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(path.clone());
+        Ok(path)
+    }
+
+    /// The requests served so far (the last [`server::REQUEST_LOG_CAPACITY`]), oldest first.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// A client built from the kubeconfig through kube's ordinary configuration path.
@@ -218,6 +259,13 @@ impl Drop for FakeApi {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
         let _ = std::fs::remove_file(&self.kubeconfig);
+        let users = self
+            .user_kubeconfigs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for path in users.iter() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -260,9 +308,14 @@ fn seed_one(store: &mut Store, object: Value, ctx: &store::WriteContext) -> anyh
         .map_err(|e| anyhow::anyhow!("seeding {api_version}/{kind}: {e}"))
 }
 
-fn kubeconfig_yaml(addr: SocketAddr) -> String {
+/// A kubeconfig for the server at `addr`; with `token`, its user sends it as bearer token.
+fn kubeconfig_yaml(addr: SocketAddr, token: Option<&str>) -> String {
+    let user = match token {
+        Some(token) => format!("{{token: {token}}}"),
+        None => "{}".to_string(),
+    };
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: swimlb-fake\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: swimlb-fake\n  context:\n    cluster: swimlb-fake\n    user: swimlb-fake\n    namespace: default\ncurrent-context: swimlb-fake\nusers:\n- name: swimlb-fake\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: swimlb-fake\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: swimlb-fake\n  context:\n    cluster: swimlb-fake\n    user: swimlb-fake\n    namespace: default\ncurrent-context: swimlb-fake\nusers:\n- name: swimlb-fake\n  user: {user}\n"
     )
 }
 

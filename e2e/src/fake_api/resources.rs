@@ -96,6 +96,22 @@ const fn core(
     }
 }
 
+/// `a == b` in a const context (`str`'s `==` is not const).
+const fn const_str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
 const fn grouped(
     group: &'static str,
     version: &'static str,
@@ -114,7 +130,7 @@ const fn grouped(
         namespaced: true,
         status_subresource,
         name_rule,
-        unconditional_update: group.len() != SWIMLB_GROUP.len(),
+        unconditional_update: !const_str_eq(group, SWIMLB_GROUP),
         extra_field_selectors: &[],
     }
 }
@@ -398,6 +414,21 @@ pub fn parse_query(query: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_swimlb_custom_resources_need_a_resource_version_to_replace() {
+        for r in RESOURCES {
+            assert_eq!(
+                r.unconditional_update,
+                r.group != SWIMLB_GROUP,
+                "{}",
+                r.qualified_name()
+            );
+        }
+        assert!(const_str_eq("swimlb.io", SWIMLB_GROUP));
+        // Same length as swimlb.io, another group: the length comparison got this wrong.
+        assert!(!const_str_eq("swimlb.xy", SWIMLB_GROUP));
+    }
 
     #[test]
     fn namespaced_object_paths_parse_to_their_resource() {

@@ -55,6 +55,35 @@ pub struct Shared {
     pub config: FakeApiConfig,
     pub shutdown: watch::Receiver<bool>,
     pub server_address: String,
+    /// The last [`REQUEST_LOG_CAPACITY`] requests, oldest first.
+    pub requests: Mutex<std::collections::VecDeque<RequestRecord>>,
+}
+
+/// How many requests [`Shared::requests`] keeps.
+pub const REQUEST_LOG_CAPACITY: usize = 100_000;
+
+/// One request as the server saw it: who sent it and what it asked, like a line of a real
+/// server's audit log. The fake server authenticates nobody: `user` is the bearer token as sent
+/// (the kubeconfigs of [`super::FakeApi::kubeconfig_for_user`] carry the user's name as token).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// The bearer token (empty without one).
+    pub user: String,
+    /// `GET`, `POST`, `PUT`, `PATCH`, `DELETE`.
+    pub method: String,
+    /// The path, without the query.
+    pub path: String,
+    /// Whether the query asked for a watch.
+    pub watch: bool,
+    /// The response's status code.
+    pub code: u16,
+}
+
+impl RequestRecord {
+    /// Whether the request could change something (anything but a GET).
+    pub fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
 }
 
 impl Shared {
@@ -141,6 +170,13 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let user = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string();
     let user_agent = req
         .headers()
         .get(header::USER_AGENT)
@@ -203,6 +239,22 @@ pub async fn handle(
             }
         }
     };
+    let record = RequestRecord {
+        user,
+        method: method.to_string(),
+        watch: query.flag("watch").unwrap_or(false),
+        path,
+        code: response.status().as_u16(),
+    };
+    let mut requests = shared
+        .requests
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if requests.len() >= REQUEST_LOG_CAPACITY {
+        requests.pop_front();
+    }
+    requests.push_back(record);
+    drop(requests);
     Ok(response)
 }
 

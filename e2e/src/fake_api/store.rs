@@ -22,6 +22,7 @@ use super::api_error::ApiError;
 use super::apply::{self, ApplyRequest, Scope};
 use super::patch::{self, PatchError};
 use super::resources::{NAMESPACES, RESOURCES, ResourceKind};
+use super::schema;
 use super::selector::{FieldSelector, LabelSelector};
 use super::validation::{self, FieldError, FieldErrorKind};
 
@@ -992,6 +993,7 @@ impl Store {
     ) -> Vec<FieldError> {
         match (kind.group, kind.plural) {
             ("", "services") => self.prepare_service(object, old, key),
+            _ if kind.is_custom() => schema::custom_resource_errors(kind.kind, object),
             _ => Vec::new(),
         }
     }

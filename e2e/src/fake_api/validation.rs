@@ -3,8 +3,8 @@
 //!
 //! Owns: the pure checks, each returning the list of field errors (empty = valid), in the
 //! wording of the real server's `field.ErrorList`. Guarantees: what is rejected here is rejected
-//! by a real server too; the converse is not complete (custom resources get no OpenAPI schema
-//! validation, and core kinds only get the checks listed in the doc of each function).
+//! by a real server too; the converse is not complete (core kinds only get the checks listed in
+//! the doc of each function; custom resources get their schema checks in [`super::schema`]).
 
 use serde_json::Value;
 use std::fmt;
