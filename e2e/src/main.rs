@@ -67,9 +67,10 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
-    /// Which load balancer: swimlb or keepalived.
-    #[arg(long = "impl", default_value = "swimlb")]
-    implementation: String,
+    /// Which load balancer: swimlb or keepalived; `swimlb,keepalived` runs both, one after the
+    /// other, each in a fresh lab, and prints them side by side.
+    #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
+    implementation: Vec<String>,
     /// The fault: poweroff, kill or sigterm.
     #[arg(long, default_value = "poweroff")]
     scenario: String,
@@ -82,7 +83,7 @@ struct FailoverArgs {
     /// Random loss on every node link, percent.
     #[arg(long, default_value_t = 0)]
     loss: u8,
-    /// Write the report as JSON.
+    /// Write the report as JSON (an object for one implementation, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -286,11 +287,17 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
         self, Implementation, KeepalivedDaemons, Options, Scenario, SwimlbDaemons,
     };
     cleanup_on_interrupt();
-    let implementation = match args.implementation.as_str() {
-        "swimlb" => Implementation::Swimlb,
-        "keepalived" => Implementation::Keepalived,
-        other => anyhow::bail!("--impl {other}: expected swimlb or keepalived"),
-    };
+    let implementations = args
+        .implementation
+        .iter()
+        .map(|name| match name.as_str() {
+            "swimlb" => Ok(Implementation::Swimlb),
+            "keepalived" => Ok(Implementation::Keepalived),
+            other => Err(anyhow::anyhow!(
+                "--impl {other}: expected swimlb or keepalived"
+            )),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let scenario = match args.scenario.as_str() {
         "poweroff" => Scenario::Poweroff,
         "kill" => Scenario::Kill,
@@ -299,21 +306,22 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
-    if implementation == Implementation::Keepalived {
+    if implementations.contains(&Implementation::Keepalived) {
         ensure_packages(&[("keepalived", "keepalived")])?;
     }
-    let options = Options {
-        implementation,
-        scenario,
-        nodes: args.nodes,
-        trials: args.trials,
-        loss: args.loss,
-        probe_interval: Duration::from_millis(10),
-        json: args.json,
-    };
     let program = std::env::current_exe()?;
-    let report =
-        failover::run(
+    let mut reports = Vec::new();
+    for &implementation in &implementations {
+        let options = Options {
+            implementation,
+            scenario,
+            nodes: args.nodes,
+            trials: args.trials,
+            loss: args.loss,
+            probe_interval: Duration::from_millis(10),
+            json: None,
+        };
+        let report = failover::run(
             &options,
             &|lab| match implementation {
                 Implementation::Swimlb => Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
@@ -322,7 +330,34 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             },
             &mut |line| println!("{line}"),
         )?;
-    println!("{}", report.table());
+        reports.push(report);
+    }
+    for report in &reports {
+        println!("{}", report.table());
+    }
+    let p50 = |name: &str| {
+        reports
+            .iter()
+            .find(|r| r.implementation == name && !r.samples.is_empty())
+            .map(|r| r.failover_ms.p50)
+    };
+    if let (Some(swimlb), Some(keepalived)) = (p50("swimlb"), p50("keepalived")) {
+        if swimlb > 0.0 {
+            println!(
+                "keepalived's p50 is {:.1}x swimlb's in this run",
+                keepalived / swimlb
+            );
+        }
+    }
+    if let Some(path) = args.json {
+        let text = if reports.len() == 1 {
+            serde_json::to_string_pretty(&reports[0])?
+        } else {
+            serde_json::to_string_pretty(&reports)?
+        };
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 

@@ -747,11 +747,14 @@ impl Core {
         }
         self.wire.metrics.set_members(alive, suspect, down);
         // Keys are remembered for members and seeds only, so the map stays as small as the
-        // cluster.
+        // cluster (pruned once it holds more entries than that; at 1,000 members a sweep every
+        // second on every member was a measurable share of the simulation).
         let (members, seeds) = (&self.members, &self.seeds);
-        self.wire
-            .peer_keys
-            .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
+        if self.wire.peer_keys.len() > members.len() + seeds.len() {
+            self.wire
+                .peer_keys
+                .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
+        }
         // Ask alive members for records that neither their push nor the gossip brought.
         let missing: Vec<SocketAddr> = self
             .missing_meta
