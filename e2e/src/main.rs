@@ -341,13 +341,13 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             .find(|r| r.implementation == name && !r.samples.is_empty())
             .map(|r| r.failover_ms.p50)
     };
-    if let (Some(swimlb), Some(keepalived)) = (p50("swimlb"), p50("keepalived")) {
-        if swimlb > 0.0 {
-            println!(
-                "keepalived's p50 is {:.1}x swimlb's in this run",
-                keepalived / swimlb
-            );
-        }
+    if let (Some(swimlb), Some(keepalived)) = (p50("swimlb"), p50("keepalived"))
+        && swimlb > 0.0
+    {
+        println!(
+            "keepalived's p50 is {:.1}x swimlb's in this run",
+            keepalived / swimlb
+        );
     }
     if let Some(path) = args.json {
         let text = if reports.len() == 1 {
