@@ -10,11 +10,13 @@
 //!
 //! The network commands need root (CAP_NET_ADMIN); without it they say so and exit 77.
 
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use swimlb_config::standalone::{GossipSettings, Profile as ConfigProfile};
 use swimlb_e2e::sim::{self, SimOptions};
 use swimlb_speaker::gossip::Profile;
 use tokio::signal::unix::SignalKind;
@@ -349,14 +351,8 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             keepalived / swimlb
         );
     }
-    if let Some(path) = args.json {
-        let text = if reports.len() == 1 {
-            serde_json::to_string_pretty(&reports[0])?
-        } else {
-            serde_json::to_string_pretty(&reports)?
-        };
-        std::fs::write(&path, text + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(path) = &args.json {
+        write_reports(path, &reports)?;
     }
     Ok(())
 }
@@ -369,58 +365,63 @@ fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
+/// The sim's flags as the standalone file's `gossip` section, so both go through one
+/// conversion (the speaker's).
+fn sim_gossip(args: &SimArgs, profile: Profile) -> anyhow::Result<GossipSettings> {
+    let ms = |v: Option<u64>| v.map(Duration::from_millis);
+    let count = |flag: &str, v: Option<usize>| -> anyhow::Result<Option<NonZeroU32>> {
+        v.map(|n| {
+            u32::try_from(n)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .with_context(|| format!("--{flag} must be at least 1, not {n}"))
+        })
+        .transpose()
+    };
+    Ok(GossipSettings {
+        profile: match profile {
+            Profile::Fast => ConfigProfile::Fast,
+            Profile::Lan => ConfigProfile::Lan,
+        },
+        probe_period: ms(args.probe_ms),
+        probe_rtt: ms(args.rtt_ms),
+        suspect_to_down: ms(args.suspect_ms),
+        periodic_gossip: ms(args.gossip_ms),
+        gossip_fanout: count("gossip-fanout", args.gossip_fanout)?,
+        indirect_probes: count("indirect", args.indirect)?,
+        max_transmissions: count("max-tx", args.max_tx.map(usize::from))?,
+        scale_suspicion: args.scale_suspicion,
+        scale_transmissions: args.scale_transmissions,
+        notify_suspects: args.no_notify_suspects.then_some(false),
+        notify_down_members: args.notify_down,
+        announce_down_period: ms(args.announce_down_ms),
+        announce_down_fanout: count("announce-down-fanout", args.announce_down_fanout)?,
+        ..GossipSettings::default()
+    })
+}
+
+/// Writes `reports` as JSON: an object for one, an array for several.
+fn write_reports<T: serde::Serialize>(path: &std::path::Path, reports: &[T]) -> anyhow::Result<()> {
+    let text = match reports {
+        [one] => serde_json::to_string_pretty(one)?,
+        all => serde_json::to_string_pretty(all)?,
+    };
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
 fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.duration.is_finite() && args.duration > 0.0,
         "--duration must be a positive number of seconds"
     );
-    let ms = Duration::from_millis;
     let mut reports = Vec::new();
     println!("{}", sim::table_header());
     for profile in &args.profile {
         let profile = Profile::parse(profile)?;
         for &nodes in &args.nodes {
             for &loss in &args.loss {
-                let mut timing = profile.timing();
-                if let Some(v) = args.probe_ms {
-                    timing.probe_period = ms(v);
-                }
-                if let Some(v) = args.rtt_ms {
-                    timing.probe_rtt = ms(v);
-                }
-                if let Some(v) = args.suspect_ms {
-                    timing.suspect_to_down_after = ms(v);
-                }
-                if let Some(v) = args.gossip_ms {
-                    timing.gossip_period = ms(v);
-                }
-                if let Some(v) = args.gossip_fanout {
-                    timing.gossip_fanout = v;
-                }
-                if let Some(v) = args.announce_down_ms {
-                    timing.announce_down_period = ms(v);
-                }
-                if let Some(v) = args.announce_down_fanout {
-                    timing.announce_down_fanout = v;
-                }
-                if let Some(v) = args.indirect {
-                    timing.indirect_probes = v;
-                }
-                if let Some(v) = args.max_tx {
-                    timing.max_transmissions = v;
-                }
-                if args.no_notify_suspects {
-                    timing.notify_suspects = false;
-                }
-                if let Some(v) = args.notify_down {
-                    timing.notify_down_members = v;
-                }
-                if let Some(v) = args.scale_suspicion {
-                    timing.scale_suspicion = v;
-                }
-                if let Some(v) = args.scale_transmissions {
-                    timing.scale_transmissions = v;
-                }
+                let timing =
+                    swimlb_speaker::standalone::gossip_timing(&sim_gossip(&args, profile)?)?;
                 let opts = SimOptions {
                     nodes,
                     loss_pct: loss,
@@ -449,14 +450,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some(path) = args.json {
-        let text = if reports.len() == 1 {
-            serde_json::to_string_pretty(&reports[0])?
-        } else {
-            serde_json::to_string_pretty(&reports)?
-        };
-        std::fs::write(&path, text + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(path) = &args.json {
+        write_reports(path, &reports)?;
     }
     if args.check {
         let bad: Vec<String> = reports

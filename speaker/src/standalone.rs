@@ -33,7 +33,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::parse_key_file;
-use swimlb_config::standalone::{Profile as ConfigProfile, Standalone};
+use swimlb_config::standalone::{
+    GossipSettings as GossipConfig, Profile as ConfigProfile, Standalone,
+};
 use swimlb_proto::ethernet::MacAddr;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -165,24 +167,29 @@ fn ring_digest(data: &[u8]) -> [u8; 32] {
 
 /// The gossip timings of `config`: the profile, then every override.
 pub fn timing(config: &Standalone) -> Result<Timing, gossip::TimingError> {
-    let profile = match config.gossip.profile {
+    gossip_timing(&config.gossip)
+}
+
+/// The timings `g` describes: its profile, then every override, validated. The lab's `sim`
+/// takes its flags through this too.
+pub fn gossip_timing(g: &GossipConfig) -> Result<Timing, gossip::TimingError> {
+    let profile = match g.profile {
         ConfigProfile::Fast => Profile::Fast,
         ConfigProfile::Lan => Profile::Lan,
     };
     let mut t = profile.timing();
-    if let Some(d) = config.gossip.probe_period {
+    if let Some(d) = g.probe_period {
         t.probe_period = d;
     }
-    if let Some(d) = config.gossip.probe_rtt {
+    if let Some(d) = g.probe_rtt {
         t.probe_rtt = d;
     }
-    if let Some(d) = config.gossip.suspect_to_down {
+    if let Some(d) = g.suspect_to_down {
         t.suspect_to_down_after = d;
     }
-    if let Some(d) = config.gossip.periodic_gossip {
+    if let Some(d) = g.periodic_gossip {
         t.gossip_period = d;
     }
-    let g = &config.gossip;
     let count = |n: std::num::NonZeroU32| n.get() as usize;
     if let Some(n) = g.gossip_fanout {
         t.gossip_fanout = count(n);
