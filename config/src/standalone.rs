@@ -151,6 +151,8 @@ pub struct GossipSettings {
     pub announce_down_fanout: Option<NonZeroU32>,
     /// Period of the announce to one random member override.
     pub announce_period: Option<Duration>,
+    /// Period of the membership digest exchange override (`0s` turns it off).
+    pub sync_period: Option<Duration>,
     /// Join retry period override.
     pub join_retry: Option<Duration>,
     /// Metadata re-offer period override.
@@ -584,6 +586,7 @@ impl Walker {
             "announceDownPeriod",
             "announceDownFanout",
             "announcePeriod",
+            "syncPeriod",
             "joinRetry",
             "metaRefresh",
             "maxPacketSize",
@@ -630,6 +633,7 @@ impl Walker {
         g.announce_down_period = dur(self, "announceDownPeriod");
         g.announce_down_fanout = count(self, "announceDownFanout", 64);
         g.announce_period = dur(self, "announcePeriod");
+        g.sync_period = dur(self, "syncPeriod");
         g.join_retry = dur(self, "joinRetry");
         g.meta_refresh = dur(self, "metaRefresh");
         g.max_packet_size = count(self, "maxPacketSize", 65_535);

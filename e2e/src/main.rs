@@ -129,6 +129,9 @@ struct SimArgs {
     /// Override: members held down announced to per period.
     #[arg(long)]
     announce_down_fanout: Option<usize>,
+    /// Override: period of the membership digest exchange in milliseconds (0 turns it off).
+    #[arg(long)]
+    sync_ms: Option<u64>,
     /// Override: indirect probes.
     #[arg(long)]
     indirect: Option<usize>,
@@ -154,8 +157,9 @@ struct SimArgs {
     /// long the heal took and whether any member went down after it.
     #[arg(long)]
     partition: Option<f64>,
-    /// Exit 1 unless every run measured crashes, every crash was seen by every survivor within
-    /// the cap, and no member was falsely declared down (correctness only, never a time).
+    /// Exit 1 unless in every run every member saw every member after the warm-up, crashes were
+    /// measured, every crash was seen by every survivor within the cap, and no member was
+    /// falsely declared down (correctness only, never a time).
     #[arg(long)]
     check: bool,
 }
@@ -396,6 +400,7 @@ fn sim_gossip(args: &SimArgs, profile: Profile) -> anyhow::Result<GossipSettings
         notify_down_members: args.notify_down,
         announce_down_period: ms(args.announce_down_ms),
         announce_down_fanout: count("announce-down-fanout", args.announce_down_fanout)?,
+        sync_period: ms(args.sync_ms),
         ..GossipSettings::default()
     })
 }
@@ -457,7 +462,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let bad: Vec<String> = reports
             .iter()
             .filter(|r| {
-                r.crashes == 0
+                !r.converged
+                    || r.crashes == 0
                     || r.undetected > 0
                     || r.false_downs > 0
                     || r
@@ -467,8 +473,15 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             })
             .map(|r| {
                 format!(
-                    "{} nodes, {}% loss, {}: {} crashes, {} undetected, {} false downs, partition {:?}",
-                    r.nodes, r.loss, r.profile, r.crashes, r.undetected, r.false_downs, r.partition
+                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}",
+                    r.nodes,
+                    r.loss,
+                    r.profile,
+                    r.converged,
+                    r.crashes,
+                    r.undetected,
+                    r.false_downs,
+                    r.partition
                 )
             })
             .collect();

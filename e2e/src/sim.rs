@@ -69,8 +69,10 @@ pub struct SimReport {
     pub crashes: usize,
     /// Crashes not seen by every survivor within the cap (counted at the cap in the quantiles).
     pub undetected: usize,
-    /// Simulated seconds until every node saw every node.
+    /// Simulated seconds until every node saw every node (or the warm-up's 30 s cap).
     pub warmup_s: f64,
+    /// Whether every node saw every node by the end of the warm-up.
+    pub converged: bool,
     /// Simulated seconds.
     pub duration_s: f64,
     /// RNG seed.
@@ -164,6 +166,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     // Warm-up: until every node sees every node (or 30 s, or the end).
     let warmup_cap = Duration::from_secs(30).min(end);
     let mut false_downs = 0u64;
+    let mut converged = false;
     while net.now() < warmup_cap {
         net.run_for(Duration::from_millis(100));
         false_downs += net
@@ -171,7 +174,31 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
             .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
             .count() as u64;
         if (0..n).all(|i| net.core(i).is_some_and(|c| c.live().len() == n)) {
+            converged = true;
             break;
+        }
+        if std::env::var_os("SIM_DEBUG").is_some() && net.now().as_millis().is_multiple_of(1000) {
+            let sizes: Vec<usize> = (0..n)
+                .map(|i| net.core(i).map_or(0, |c| c.live().len()))
+                .collect();
+            let full = sizes.iter().filter(|l| **l == n).count();
+            let mut short: Vec<_> = sizes.iter().filter(|l| **l != n).collect();
+            short.sort();
+            short.truncate(20);
+            eprintln!(
+                "warm-up {:?}: {full} of {n} see everyone; smallest views: {short:?}",
+                net.now()
+            );
+            for i in (0..n).filter(|i| sizes[*i] != n).take(3) {
+                let Some(c) = net.core(i) else { continue };
+                for m in (0..n).map(node_name).filter(|m| !c.live().contains(m)) {
+                    eprintln!(
+                        "  node {i} ({:?}) misses {m}: {:?}",
+                        c.phase(),
+                        c.debug_member(&m)
+                    );
+                }
+            }
         }
     }
     let warmup = net.now();
@@ -284,6 +311,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         crashes: samples_ms.len(),
         undetected,
         warmup_s: warmup.as_secs_f64(),
+        converged,
         duration_s: measured + warmup.as_secs_f64(),
         seed: opts.seed,
         partition,

@@ -222,6 +222,9 @@ pub fn gossip_timing(g: &GossipConfig) -> Result<Timing, gossip::TimingError> {
     if let Some(d) = g.announce_period {
         t.announce_period = d;
     }
+    if let Some(d) = g.sync_period {
+        t.sync_period = d;
+    }
     if let Some(d) = g.join_retry {
         t.join_retry = d;
     }
@@ -1260,7 +1263,7 @@ mod tests {
         let t = timing(&config("gossip: {probePeriod: 300ms}\n")).unwrap();
         assert_eq!(t.probe_period, Duration::from_millis(300));
         let t = timing(&config(
-            "gossip: {profile: lan, indirectProbes: 5, maxTransmissions: 12, scaleSuspicion: false, notifyDownMembers: true, announceDownPeriod: 1s, announceDownFanout: 2, joinRetry: 100ms, maxPacketSize: 1200}\n",
+            "gossip: {profile: lan, indirectProbes: 5, maxTransmissions: 12, scaleSuspicion: false, notifyDownMembers: true, announceDownPeriod: 1s, announceDownFanout: 2, syncPeriod: 0s, joinRetry: 100ms, maxPacketSize: 1200}\n",
         ))
         .unwrap();
         assert_eq!(
@@ -1276,10 +1279,17 @@ mod tests {
             (
                 t.announce_down_period,
                 t.announce_down_fanout,
+                t.sync_period,
                 t.join_retry,
                 t.max_packet_size
             ),
-            (Duration::from_secs(1), 2, Duration::from_millis(100), 1200)
+            (
+                Duration::from_secs(1),
+                2,
+                Duration::ZERO,
+                Duration::from_millis(100),
+                1200
+            )
         );
         assert!(timing(&config("gossip: {maxPacketSize: 100}\n")).is_err());
         assert!(timing(&config("gossip: {probePeriod: 100ms, probeRtt: 200ms}\n")).is_err());

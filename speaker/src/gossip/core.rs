@@ -22,27 +22,36 @@
 //!
 //! Datagram payload (inside the envelope): one kind byte, then the body.
 //! `0`: a foca packet. `1`: a metadata record sent straight to one member. `2`: a request for the
-//! receiver's metadata record (sent for alive members whose record has not arrived).
+//! receiver's metadata record (sent for alive members whose record has not arrived). `3`: a
+//! membership digest ([`super::sync`]), answered with foca updates for the members the sender
+//! seems to miss.
 
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Timer};
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use swimlb_proto::KeyRing;
 use swimlb_proto::envelope::KeyId;
 
 use super::identity::NodeIdentity;
+use super::metadata::FastMap;
 use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
 use super::metrics::{Direction, GossipMetrics, RejectReason};
+use super::sync::{Digest, RunningDigest};
 use super::timing::{Timing, TimingError};
 use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 
 const KIND_FOCA: u8 = 0;
 const KIND_META: u8 = 1;
 const KIND_META_PULL: u8 = 2;
+const KIND_SYNC: u8 = 3;
+
+/// The most datagrams of updates one digest is answered with (about 40 members each): a view
+/// that differs more is repaired over several periods.
+const SYNC_MAX_DATAGRAMS: usize = 8;
 
 /// A suspect heard of only through gossip is asked directly after at least this long.
 const SUSPECT_PATIENCE_MIN: Duration = Duration::from_millis(250);
@@ -153,6 +162,7 @@ enum Task {
     MetaRefresh,
     Housekeeping,
     SuspectSweep,
+    Sync,
 }
 
 #[derive(Debug)]
@@ -213,7 +223,7 @@ struct Wire {
     /// holds it, else with our sealing key: a node whose ring already seals with a new key keeps
     /// talking to peers whose ring does not have that key yet (rings `[k2, k1]` and `[k1]`
     /// interoperate). Every key in the ring is trusted, so a peer choosing one gains nothing.
-    peer_keys: HashMap<SocketAddr, KeyId>,
+    peer_keys: FastMap<SocketAddr, KeyId>,
     metrics: GossipMetrics,
     timers: TimerHeap,
     outbox: Vec<Outgoing>,
@@ -308,12 +318,15 @@ pub struct Core {
     own: MemberMeta,
     own_record: Vec<u8>,
     live: LiveSet,
-    /// Alive members (foca's MemberUp until MemberDown), by address.
-    members: HashMap<SocketAddr, NodeIdentity>,
-    by_node: HashMap<NodeName, SocketAddr>,
+    /// Alive members (foca's MemberUp until MemberDown), by address. Changed only through
+    /// [`Core::hold_member`] and [`Core::drop_member`], which keep `digest` in step.
+    members: FastMap<SocketAddr, NodeIdentity>,
+    /// The digest of `members` (see [`super::sync`]).
+    digest: RunningDigest,
+    by_node: FastMap<NodeName, SocketAddr>,
     /// Alive members whose metadata record has not arrived yet.
     missing_meta: BTreeSet<NodeName>,
-    last_heard: HashMap<SocketAddr, Duration>,
+    last_heard: FastMap<SocketAddr, Duration>,
     phase: Phase,
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
@@ -322,7 +335,9 @@ pub struct Core {
     rng_seed: u64,
     /// Members foca holds as suspect: (identity, incarnation) and since when (see
     /// [`Core::sweep_suspects`]).
-    suspects: HashMap<SocketAddr, (NodeIdentity, u16, Duration, u32)>,
+    suspects: FastMap<SocketAddr, (NodeIdentity, u16, Duration, u32)>,
+    /// Picks the member each digest goes to.
+    sync_rng: StdRng,
 }
 
 impl std::fmt::Debug for Core {
@@ -353,7 +368,7 @@ impl Core {
             });
         }
         let identity = NodeIdentity {
-            node: settings.node.clone(),
+            node: settings.node.as_str().into(),
             addr: settings.addr,
             bump: settings.bump,
         };
@@ -372,7 +387,7 @@ impl Core {
             codec: PostcardCodec,
             wire: Wire {
                 ring,
-                peer_keys: HashMap::new(),
+                peer_keys: FastMap::default(),
                 metrics,
                 timers: TimerHeap::default(),
                 outbox: Vec::new(),
@@ -390,14 +405,16 @@ impl Core {
             own: own.clone(),
             own_record: Vec::new(),
             live: LiveSet::new(),
-            members: HashMap::new(),
-            by_node: HashMap::new(),
+            members: FastMap::default(),
+            digest: RunningDigest::default(),
+            by_node: FastMap::default(),
             missing_meta: BTreeSet::new(),
-            last_heard: HashMap::new(),
+            last_heard: FastMap::default(),
             phase: Phase::Joining,
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
-            suspects: HashMap::new(),
+            suspects: FastMap::default(),
+            sync_rng: StdRng::seed_from_u64(settings.rng_seed ^ 0x5359_4e43),
             rng_seed: settings.rng_seed,
         };
         core.scaled = core.timing.scaled(1);
@@ -415,6 +432,11 @@ impl Core {
         core.wire
             .timers
             .push(now + core.timing.suspect_to_down_after, Task::SuspectSweep);
+        if !core.timing.sync_period.is_zero() {
+            core.wire
+                .timers
+                .push(now + core.timing.sync_period, Task::Sync);
+        }
         core.handle_due_timers(now);
         Ok(core)
     }
@@ -508,6 +530,10 @@ impl Core {
                 self.seal(from, KIND_META, &record);
                 self.own_record = record;
             }
+            Some((&KIND_SYNC, body)) => match Digest::decode(body) {
+                Ok((digest, echo)) => self.answer_digest(from, &digest, echo),
+                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
+            },
             _ => self.wire.metrics.rejected(RejectReason::Decode),
         }
         self.settle(now);
@@ -596,20 +622,147 @@ impl Core {
         else {
             return;
         };
+        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
+        self.send_updates(member, &[update], 1);
+    }
+
+    /// Sends `updates` to `to` as foca gossip messages (foca applies them as it applies the
+    /// updates any message piggybacks), packed into at most `max_datagrams` datagrams of at
+    /// most the configured packet size; what does not fit is not sent. Returns how many updates
+    /// went out.
+    fn send_updates(
+        &mut self,
+        to: NodeIdentity,
+        updates: &[foca::Member<NodeIdentity>],
+        max_datagrams: usize,
+    ) -> usize {
         let header = Header {
             src: self.foca.identity().clone(),
             src_incarnation: 0,
-            dst: member.clone(),
+            dst: to.clone(),
             message: Message::Gossip,
         };
-        let mut body = Vec::with_capacity(256);
-        if self.codec.encode_header(&header, &mut body).is_err() {
+        let mut head = Vec::with_capacity(128);
+        if self.codec.encode_header(&header, &mut head).is_err() {
+            return 0;
+        }
+        let limit = self.timing.max_packet_size;
+        let (mut sent, mut datagrams) = (0, 0);
+        let mut packed = Vec::with_capacity(limit);
+        let mut count: u16 = 0;
+        let mut one = Vec::with_capacity(128);
+        for update in updates {
+            one.clear();
+            // An update that does not encode, or is larger than a packet on its own, is skipped.
+            if self.codec.encode_member(update, &mut one).is_err()
+                || head.len() + 2 + one.len() > limit
+            {
+                continue;
+            }
+            if head.len() + 2 + packed.len() + one.len() > limit || count == u16::MAX {
+                self.seal_updates(to.addr, &head, count, &packed);
+                sent += usize::from(count);
+                datagrams += 1;
+                packed.clear();
+                count = 0;
+                if datagrams == max_datagrams {
+                    return sent;
+                }
+            }
+            packed.extend_from_slice(&one);
+            count += 1;
+        }
+        if count > 0 && datagrams < max_datagrams {
+            self.seal_updates(to.addr, &head, count, &packed);
+            sent += usize::from(count);
+        }
+        sent
+    }
+
+    /// Seals one foca message: `head`, then `count` and the `packed` updates.
+    fn seal_updates(&mut self, to: SocketAddr, head: &[u8], count: u16, packed: &[u8]) {
+        let mut body = Vec::with_capacity(head.len() + 2 + packed.len());
+        body.extend_from_slice(head);
+        body.extend_from_slice(&count.to_be_bytes());
+        body.extend_from_slice(packed);
+        self.seal(to, KIND_FOCA, &body);
+    }
+
+    /// The digest of the members this node holds alive, itself included.
+    fn digest(&self, bits: u8) -> Digest {
+        self.digest.digest(bits, self.foca.identity())
+    }
+
+    /// Holds `id` alive at its address (replacing whoever was held there).
+    fn hold_member(&mut self, id: NodeIdentity) {
+        self.digest.toggle(&id);
+        if let Some(previous) = self.members.insert(id.addr, id) {
+            self.digest.toggle(&previous);
+        }
+    }
+
+    /// Stops holding the member at `addr`.
+    fn drop_member(&mut self, addr: &SocketAddr) {
+        if let Some(previous) = self.members.remove(addr) {
+            self.digest.toggle(&previous);
+        }
+    }
+
+    /// Sends our digest to one random alive member (see [`super::sync`]).
+    fn start_sync(&mut self) {
+        if self.members.is_empty() || self.phase != Phase::Active {
             return;
         }
-        body.extend_from_slice(&1u16.to_be_bytes());
-        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
-        if self.codec.encode_member(&update, &mut body).is_ok() {
-            self.seal(member.addr, KIND_FOCA, &body);
+        // Picked in foca's member order, not the hash map's, so a seeded run repeats itself.
+        let pick = self.sync_rng.random_range(0..self.members.len());
+        let members = &self.members;
+        let Some(to) = self
+            .foca
+            .iter_membership_state()
+            .map(|m| m.id())
+            .filter(|id| members.get(&id.addr) == Some(*id))
+            .nth(pick)
+            .map(|id| id.addr)
+        else {
+            return;
+        };
+        let digest = self.digest(Digest::bits_for(self.members.len() + 1));
+        let mut body = Vec::with_capacity(2 + 8 * 64);
+        digest.encode(true, &mut body);
+        self.seal(to, KIND_SYNC, &body);
+    }
+
+    /// Answers a member's digest: the members we hold alive in every bucket that differs, and
+    /// our own digest when asked for and different.
+    fn answer_digest(&mut self, from: SocketAddr, theirs: &Digest, echo: bool) {
+        // Only a member we hold alive can be addressed (foca takes gossip only for its current
+        // identity); an unknown sender is learned from the gossip and syncs later.
+        let Some(peer) = self.members.get(&from).cloned() else {
+            return;
+        };
+        let ours = self.digest(theirs.bits());
+        let mask = ours.differing(theirs);
+        if mask == 0 {
+            return;
+        }
+        let members = &self.members;
+        let updates: Vec<foca::Member<NodeIdentity>> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| {
+                m.state() != State::Down
+                    && m.id() != &peer
+                    && members.get(&m.id().addr) == Some(m.id())
+                    && ours.in_mask(mask, m.id())
+            })
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), m.state()))
+            .collect();
+        let sent = self.send_updates(peer, &updates, SYNC_MAX_DATAGRAMS);
+        self.wire.metrics.sync_updates(sent);
+        if echo {
+            let mut body = Vec::with_capacity(2 + 8 * 64);
+            ours.encode(false, &mut body);
+            self.seal(from, KIND_SYNC, &body);
         }
     }
 
@@ -655,6 +808,12 @@ impl Core {
                         .timers
                         .push(now + self.timing.suspect_to_down_after, Task::SuspectSweep);
                 }
+                Task::Sync => {
+                    self.start_sync();
+                    self.wire
+                        .timers
+                        .push(now + self.timing.sync_period, Task::Sync);
+                }
             }
             self.settle(now);
         }
@@ -689,7 +848,7 @@ impl Core {
     /// and `SUSPECT_EXPIRE_AFTER` is declared down.
     fn sweep_suspects(&mut self, now: Duration) {
         let patience = (self.scaled.0 * 2 + self.timing.probe_period).max(SUSPECT_PATIENCE_MIN);
-        let mut held = HashMap::with_capacity(self.suspects.len());
+        let mut held = FastMap::with_capacity_and_hasher(self.suspects.len(), Default::default());
         let mut ask = Vec::new();
         let mut expired = Vec::new();
         for member in self.foca.iter_membership_state() {
@@ -863,10 +1022,10 @@ impl Core {
     fn react(&mut self, now: Duration, note: OwnedNotification<NodeIdentity>) {
         match note {
             OwnedNotification::MemberUp(id) => {
-                let node = id.node.clone();
+                let node = id.node.to_string();
                 self.by_node.insert(node.clone(), id.addr);
                 let addr = id.addr;
-                self.members.insert(addr, id);
+                self.hold_member(id);
                 self.live.remove(&node);
                 let mut placeholder = MemberMeta::new(node.clone());
                 placeholder.version = 0;
@@ -886,11 +1045,11 @@ impl Core {
                 if self.members.get(&id.addr) != Some(&id) {
                     return;
                 }
-                self.members.remove(&id.addr);
-                if self.by_node.get(&id.node) == Some(&id.addr) {
-                    self.by_node.remove(&id.node);
+                self.drop_member(&id.addr);
+                if self.by_node.get(id.node.as_str()) == Some(&id.addr) {
+                    self.by_node.remove(id.node.as_str());
                 }
-                self.missing_meta.remove(&id.node);
+                self.missing_meta.remove(id.node.as_str());
                 self.live.remove(&id.node);
                 // Detection time as seen from here: since the first sign of the failure this
                 // node has, the suspicion it held or the last datagram it heard from the member,
@@ -906,11 +1065,11 @@ impl Core {
                 self.wire
                     .metrics
                     .member_down(since.map(|t| now.saturating_sub(t).as_secs_f64()));
-                self.changes.push(LiveChange::Down(id.node));
+                self.changes.push(LiveChange::Down(id.node.to_string()));
             }
             OwnedNotification::Rename(_, new) => {
-                if let Some(held) = self.members.get_mut(&new.addr) {
-                    *held = new.clone();
+                if self.members.contains_key(&new.addr) {
+                    self.hold_member(new.clone());
                     // The renewed member re-gossips its record; until it arrives the old one
                     // stays, and housekeeping asks for it if the gossip does not bring it.
                     let fresh = self
@@ -919,7 +1078,7 @@ impl Core {
                         .get(&new.node)
                         .is_some_and(|record| record.written_by(&new));
                     if !fresh {
-                        self.missing_meta.insert(new.node.clone());
+                        self.missing_meta.insert(new.node.to_string());
                     }
                     self.apply_record(&new.node);
                 }

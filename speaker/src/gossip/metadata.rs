@@ -6,7 +6,7 @@
 //! version wins. The order is total, so a stale record can never flip back and forth.
 //! A record is at most [`MAX_META_RECORD_LEN`] bytes; larger or undecodable ones are rejected.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -80,10 +80,16 @@ pub enum MetaError {
     },
 }
 
+/// The gossip core's hash map: foldhash instead of SipHash. Its keys are node names and
+/// addresses of authenticated peers, looked up several times per datagram; the hasher is still
+/// seeded per process.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The newest record seen per node, and the nodes whose record changed since the last drain.
 #[derive(Debug, Default)]
 pub struct MetaBook {
-    latest: BTreeMap<NodeName, MetaRecord>,
+    /// Looked up for every record a datagram carries: hashed, not ordered (nothing iterates it).
+    latest: FastMap<NodeName, MetaRecord>,
     changed: Vec<NodeName>,
 }
 

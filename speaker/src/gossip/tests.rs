@@ -492,3 +492,56 @@ fn after_a_split_heals_the_larger_side_stays_up() {
         );
     }
 }
+
+/// Joins `n` members through lossy links with a single transmission per update and no probing to
+/// speak of, so some updates never reach some members; returns how many members miss someone
+/// after `settle` of clean links.
+fn holes_after_a_lossy_join(n: usize, sync_period: Duration, settle: Duration) -> (usize, u64) {
+    let timing = Timing {
+        max_transmissions: 1,
+        scale_transmissions: false,
+        gossip_fanout: 1,
+        // Probes would find the missing members one by one; make them too slow to matter here.
+        probe_period: Duration::from_secs(30),
+        probe_rtt: Duration::from_secs(1),
+        announce_period: Duration::from_secs(600),
+        sync_period,
+        ..Timing::fast()
+    };
+    let mut net = SimNet::new(
+        7,
+        Links {
+            loss: 0.3,
+            ..Links::default()
+        },
+    );
+    for i in 0..n {
+        let core = core_with(&net, i, 1, &[K1], timing.clone());
+        net.start(i, core);
+    }
+    net.run_for(Duration::from_secs(3));
+    net.set_links(Links::default());
+    net.run_for(settle);
+    let short = (0..n).filter(|i| live_len(&net, *i) != n).count();
+    let repaired = (0..n)
+        .filter_map(|i| net.core(i))
+        .map(|c| c.metrics().sync_updates_sent())
+        .sum();
+    (short, repaired)
+}
+
+#[test]
+fn members_the_gossip_never_brought_are_found_by_the_digest_exchange() {
+    let n = 40;
+    let settle = Duration::from_secs(5);
+    // Without the exchange the holes stay (this is what the test guards against) ...
+    let (short, _) = holes_after_a_lossy_join(n, Duration::ZERO, settle);
+    assert!(short > 0, "the lossy join left no member short of a view");
+    // ... with it every member sees every member, and the repairs were counted.
+    let (short, repaired) = holes_after_a_lossy_join(n, Duration::from_secs(1), settle);
+    assert_eq!(
+        short, 0,
+        "members still missing someone after the digest exchange"
+    );
+    assert!(repaired > 0);
+}

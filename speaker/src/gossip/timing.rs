@@ -88,6 +88,9 @@ pub struct Timing {
     pub announce_down_fanout: usize,
     /// Period of the announce to one random member, to discover members missed while joining.
     pub announce_period: Duration,
+    /// Period of the membership digest sent to one random member, which answers with the
+    /// members we miss (see [`super::sync`]); zero turns it off.
+    pub sync_period: Duration,
     /// How often the seeds are announced to until the node has joined.
     pub join_retry: Duration,
     /// How often a member re-offers its own metadata record to the gossip (anti-entropy for
@@ -126,6 +129,7 @@ impl Timing {
             announce_down_period: Duration::from_secs(2),
             announce_down_fanout: 1,
             announce_period: Duration::from_secs(10),
+            sync_period: Duration::from_secs(1),
             join_retry: Duration::from_millis(250),
             meta_refresh: Duration::from_secs(15),
             max_packet_size: 1400,
@@ -150,6 +154,8 @@ impl Timing {
             announce_down_period: Duration::from_secs(10),
             announce_down_fanout: 2,
             announce_period: Duration::from_secs(30),
+            // memberlist's push-pull interval.
+            sync_period: Duration::from_secs(30),
             join_retry: Duration::from_secs(1),
             meta_refresh: Duration::from_secs(30),
             max_packet_size: 1400,
