@@ -33,6 +33,7 @@ fi
 cargo test --workspace --all-targets --locked "$@"
 
 # The gossip simulation at the scale: 1,000 members for 60 simulated seconds on the real
-# gossip core (release build; about 45 s of wall time on a quiet 2-core machine). It checks
-# correctness only: every crash seen by every survivor, no false down.
+# gossip core (release build; about 55 s of wall time on a quiet 2-core machine). It checks
+# correctness only: every member sees every member after the warm-up, every crash is seen by
+# every survivor, no false down.
 cargo run --release --locked -q -p swimlb-e2e --bin swimlb-lab -- sim --nodes 1000 --duration 60 --check
