@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use swimlb_e2e::demo::{AnnouncementWatcher, http_get};
@@ -34,12 +34,13 @@ const DETECTION_BOUND: Duration = Duration::from_millis(1100);
 /// The client's MAC (see `netns`).
 const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 
-fn root_or_skip(test: &str) -> bool {
-    if netns::is_root() {
-        return true;
+/// The lab to oneself, or `None` (after saying why) without root.
+fn lab_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
+    if !netns::is_root() {
+        eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
+        return None;
     }
-    eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
-    false
+    Some(LAB.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 fn program() -> PathBuf {
@@ -460,10 +461,9 @@ fn read_sysctl_in(lab: &Lab, netns: &str, key: &str) -> u64 {
 
 #[test]
 fn a_powered_off_owner_is_replaced_and_gratuitous_arp_moves_the_clients_neighbor_entry() {
-    if !root_or_skip("power-off") {
+    let Some(_one) = lab_or_skip("power-off") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(1, |_, _| {});
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
@@ -539,10 +539,9 @@ fn a_powered_off_owner_is_replaced_and_gratuitous_arp_moves_the_clients_neighbor
 
 #[test]
 fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up() {
-    if !root_or_skip("graceful handover") {
+    let Some(_one) = lab_or_skip("graceful handover") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(2, |lab, daemons| {
         for node in &lab.nodes {
             let hook = notify_hook(daemons.dir(), &node.name);
@@ -608,10 +607,9 @@ fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up
 
 #[test]
 fn a_killed_speaker_is_replaced_and_its_kernel_stays_silent_for_the_vip() {
-    if !root_or_skip("killed speaker") {
+    let Some(_one) = lab_or_skip("killed speaker") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(3, |_, _| {});
     let v4 = netns::vip_v4(0);
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
@@ -647,10 +645,9 @@ fn a_killed_speaker_is_replaced_and_its_kernel_stays_silent_for_the_vip() {
 
 #[test]
 fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
-    if !root_or_skip("partition") {
+    let Some(_one) = lab_or_skip("partition") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(4, |_, _| {});
     let v4 = netns::vip_v4(0);
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
@@ -741,10 +738,9 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
 
 #[test]
 fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
-    if !root_or_skip("key rotation") {
+    let Some(_one) = lab_or_skip("key rotation") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(9, |_, _| {});
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(netns::vip_v4(0)));
     let steady_from = prober.snapshot().len();
@@ -812,10 +808,9 @@ fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member
 
 #[test]
 fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip() {
-    if !root_or_skip("check after reload") {
+    let Some(_one) = lab_or_skip("check after reload") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     // rise 3: a check task restarted by the reload would need three passes (600 ms) before a
     // failure could count; a failure within that time would go unreported (the bug this
     // guards against). A slow machine can only make this test pass wrongly, never fail.
@@ -870,10 +865,9 @@ fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip
 
 #[test]
 fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vip() {
-    if !root_or_skip("group added by reload") {
+    let Some(_one) = lab_or_skip("group added by reload") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(11, |_, _| {});
     let vip = IpAddr::V4(netns::vip_v4(0));
     let added = IpAddr::V4(netns::vip_v4(1));
@@ -966,10 +960,9 @@ fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vi
 
 #[test]
 fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
-    if !root_or_skip("health check") {
+    let Some(_one) = lab_or_skip("health check") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     // The check's timeout may not exceed its interval (runs would overlap). 300 ms rather than
     // a shorter interval: the bound below scales with the check, while the delays a loaded
     // machine adds (process start, scheduling) do not.
@@ -1045,10 +1038,9 @@ fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
 
 #[test]
 fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_the_vip_back() {
-    if !root_or_skip("preempt delay") {
+    let Some(_one) = lab_or_skip("preempt delay") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let delay = Duration::from_secs(5);
     let mut run = Running::start(6, |lab, daemons| {
         for node in &lab.nodes {
@@ -1129,10 +1121,9 @@ fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_th
 
 #[test]
 fn an_ipv6_vip_fails_over_when_its_owner_is_powered_off() {
-    if !root_or_skip("ipv6") {
+    let Some(_one) = lab_or_skip("ipv6") else {
         return;
-    }
-    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let mut run = Running::start(7, |_, _| {});
     let vip = IpAddr::V6(netns::vip_v6(0));
     let (prober, owner) = run.probe_until_steady(vip);
