@@ -178,62 +178,39 @@ pub fn gossip_timing(g: &GossipConfig) -> Result<Timing, gossip::TimingError> {
         ConfigProfile::Lan => Profile::Lan,
     };
     let mut t = profile.timing();
-    if let Some(d) = g.probe_period {
-        t.probe_period = d;
-    }
-    if let Some(d) = g.probe_rtt {
-        t.probe_rtt = d;
-    }
-    if let Some(d) = g.suspect_to_down {
-        t.suspect_to_down_after = d;
-    }
-    if let Some(d) = g.periodic_gossip {
-        t.gossip_period = d;
+    // Each override replaces the profile's value when the file sets it.
+    fn set<T>(slot: &mut T, value: Option<T>) {
+        if let Some(value) = value {
+            *slot = value;
+        }
     }
     let count = |n: std::num::NonZeroU32| n.get() as usize;
-    if let Some(n) = g.gossip_fanout {
-        t.gossip_fanout = count(n);
-    }
-    if let Some(n) = g.indirect_probes {
-        t.indirect_probes = count(n);
-    }
-    if let Some(n) = g.max_transmissions {
-        // The config bounds it to 1..=255.
-        t.max_transmissions = u8::try_from(n.get()).unwrap_or(u8::MAX);
-    }
-    if let Some(b) = g.scale_suspicion {
-        t.scale_suspicion = b;
-    }
-    if let Some(b) = g.scale_transmissions {
-        t.scale_transmissions = b;
-    }
-    if let Some(b) = g.notify_suspects {
-        t.notify_suspects = b;
-    }
-    if let Some(b) = g.notify_down_members {
-        t.notify_down_members = b;
-    }
-    if let Some(d) = g.announce_down_period {
-        t.announce_down_period = d;
-    }
-    if let Some(n) = g.announce_down_fanout {
-        t.announce_down_fanout = count(n);
-    }
-    if let Some(d) = g.announce_period {
-        t.announce_period = d;
-    }
-    if let Some(d) = g.sync_period {
-        t.sync_period = d;
-    }
-    if let Some(d) = g.join_retry {
-        t.join_retry = d;
-    }
-    if let Some(d) = g.meta_refresh {
-        t.meta_refresh = d;
-    }
-    if let Some(n) = g.max_packet_size {
-        t.max_packet_size = count(n);
-    }
+    set(&mut t.probe_period, g.probe_period);
+    set(&mut t.probe_rtt, g.probe_rtt);
+    set(&mut t.suspect_to_down_after, g.suspect_to_down);
+    set(&mut t.gossip_period, g.periodic_gossip);
+    set(&mut t.gossip_fanout, g.gossip_fanout.map(count));
+    set(&mut t.indirect_probes, g.indirect_probes.map(count));
+    // The config bounds it to 1..=255.
+    set(
+        &mut t.max_transmissions,
+        g.max_transmissions
+            .map(|n| u8::try_from(n.get()).unwrap_or(u8::MAX)),
+    );
+    set(&mut t.scale_suspicion, g.scale_suspicion);
+    set(&mut t.scale_transmissions, g.scale_transmissions);
+    set(&mut t.notify_suspects, g.notify_suspects);
+    set(&mut t.notify_down_members, g.notify_down_members);
+    set(&mut t.announce_down_period, g.announce_down_period);
+    set(
+        &mut t.announce_down_fanout,
+        g.announce_down_fanout.map(count),
+    );
+    set(&mut t.announce_period, g.announce_period);
+    set(&mut t.sync_period, g.sync_period);
+    set(&mut t.join_retry, g.join_retry);
+    set(&mut t.meta_refresh, g.meta_refresh);
+    set(&mut t.max_packet_size, g.max_packet_size.map(count));
     t.validate()?;
     Ok(t)
 }
