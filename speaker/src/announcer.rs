@@ -23,13 +23,11 @@
 //! - **Bounded work.** A late [`Announcer::tick`] sends at most one burst per IP; whatever is
 //!   still due stays due (`next_deadline` is then in the past).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-use crate::snapshot::Interface;
 
 /// The announcement schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,39 +57,25 @@ impl Default for Schedule {
     }
 }
 
-/// What the I/O layer must do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the I/O layer must do. Where (which links) is the caller's business: the announcer
+/// only knows IPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effect {
-    /// Start answering ARP requests / neighbor solicitations for `ip` on `iface`.
-    StartAnswering {
-        /// The IP.
-        ip: IpAddr,
-        /// Where.
-        iface: Interface,
-    },
-    /// Stop answering for `ip` on `iface`, now.
-    StopAnswering {
-        /// The IP.
-        ip: IpAddr,
-        /// Where.
-        iface: Interface,
-    },
-    /// Send one gratuitous ARP (IPv4) or unsolicited neighbor advertisement (IPv6) for `ip`.
-    Announce {
-        /// The IP.
-        ip: IpAddr,
-        /// Where.
-        iface: Interface,
-    },
+    /// Start answering ARP requests / neighbor solicitations for the IP.
+    StartAnswering(IpAddr),
+    /// Stop answering for the IP, now.
+    StopAnswering(IpAddr),
+    /// Send one gratuitous ARP (IPv4) or unsolicited neighbor advertisement (IPv6) for the IP.
+    Announce(IpAddr),
 }
 
 impl Effect {
     /// A fixed label for logs and metrics.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Effect::StartAnswering { .. } => "start_answering",
-            Effect::StopAnswering { .. } => "stop_answering",
-            Effect::Announce { .. } => "announce",
+            Effect::StartAnswering(_) => "start_answering",
+            Effect::StopAnswering(_) => "stop_answering",
+            Effect::Announce(_) => "announce",
         }
     }
 }
@@ -108,7 +92,6 @@ enum AfterBurst {
 /// One IP this node answers for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Answering {
-    iface: Interface,
     /// Announcements left in the current burst.
     left_in_burst: u32,
     /// When the next announcement (or the next burst) is due; `None`: nothing scheduled.
@@ -137,49 +120,56 @@ impl Announcer {
         &self.schedule
     }
 
-    /// The IPs answered for, with their interface.
-    pub fn answering(&self) -> impl Iterator<Item = (&IpAddr, &Interface)> {
-        self.answering.iter().map(|(ip, state)| (ip, &state.iface))
+    /// The IPs answered for, in IP order.
+    pub fn answering(&self) -> impl Iterator<Item = &IpAddr> {
+        self.answering.keys()
+    }
+
+    /// Whether `ip` is answered for.
+    pub fn is_answering(&self, ip: &IpAddr) -> bool {
+        self.answering.contains_key(ip)
     }
 
     /// Sets the IPs this node should own. Returns, in order: `StopAnswering` for every IP no
-    /// longer desired (or moving to another interface), then `StartAnswering` for every new one,
-    /// then the announcements due at `now` (a new IP's first burst starts at `now`).
-    pub fn set_desired(
-        &mut self,
-        now: Instant,
-        desired: &BTreeMap<IpAddr, Interface>,
-    ) -> Vec<Effect> {
+    /// longer desired, then `StartAnswering` for every new one, then the announcements due at
+    /// `now` (a new IP's first burst starts at `now`).
+    pub fn set_desired(&mut self, now: Instant, desired: &BTreeSet<IpAddr>) -> Vec<Effect> {
         let mut effects = Vec::new();
-        self.answering.retain(|ip, state| match desired.get(ip) {
-            Some(iface) if *iface == state.iface => true,
-            _ => {
-                effects.push(Effect::StopAnswering {
-                    ip: *ip,
-                    iface: state.iface.clone(),
-                });
-                false
+        self.answering.retain(|ip, _| {
+            let keep = desired.contains(ip);
+            if !keep {
+                effects.push(Effect::StopAnswering(*ip));
             }
+            keep
         });
-        for (ip, iface) in desired {
-            if self.answering.contains_key(ip) {
-                continue;
+        for ip in desired {
+            if self.own(now, *ip) {
+                effects.push(Effect::StartAnswering(*ip));
             }
-            effects.push(Effect::StartAnswering {
-                ip: *ip,
-                iface: iface.clone(),
-            });
-            let mut state = Answering {
-                iface: iface.clone(),
-                left_in_burst: 0,
-                next: None,
-                after_burst: AfterBurst::SecondBurst,
-            };
-            start_burst(&self.schedule, &mut state, now);
-            self.answering.insert(*ip, state);
         }
         self.due(now, &mut effects);
         effects
+    }
+
+    /// Starts answering for `ip` with a takeover burst from `now` (sent by the next
+    /// [`Announcer::tick`]). Returns false, changing nothing, when it is answered already.
+    pub fn own(&mut self, now: Instant, ip: IpAddr) -> bool {
+        if self.answering.contains_key(&ip) {
+            return false;
+        }
+        let mut state = Answering {
+            left_in_burst: 0,
+            next: None,
+            after_burst: AfterBurst::SecondBurst,
+        };
+        start_burst(&self.schedule, &mut state, now);
+        self.answering.insert(ip, state);
+        true
+    }
+
+    /// Stops answering for `ip`, forgetting its schedule. Returns whether it was answered.
+    pub fn disown(&mut self, ip: &IpAddr) -> bool {
+        self.answering.remove(ip).is_some()
     }
 
     /// Sends what is due at `now`.
@@ -203,12 +193,18 @@ impl Announcer {
     /// Another MAC was seen claiming `ip`: one extra burst for it, unless it is not ours or a
     /// burst is already under way. Returns the announcements due at `now`.
     pub fn conflict(&mut self, now: Instant, ip: IpAddr) -> Vec<Effect> {
+        self.burst(now, ip);
+        self.tick(now)
+    }
+
+    /// One extra burst for `ip` from `now`, unless it is not ours or a burst is under way (sent
+    /// by the next [`Announcer::tick`]).
+    pub fn burst(&mut self, now: Instant, ip: IpAddr) {
         if let Some(state) = self.answering.get_mut(&ip)
             && state.left_in_burst == 0
         {
             start_burst(&self.schedule, state, now);
         }
-        self.tick(now)
     }
 
     /// When [`Announcer::tick`] should be called next; `None`: nothing scheduled.
@@ -241,10 +237,7 @@ impl Announcer {
                         continue;
                     }
                 }
-                effects.push(Effect::Announce {
-                    ip: *ip,
-                    iface: state.iface.clone(),
-                });
+                effects.push(Effect::Announce(*ip));
                 state.left_in_burst -= 1;
                 if state.left_in_burst > 0 {
                     state.next = Some(now + schedule.burst_gap);
@@ -286,37 +279,24 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn eth0() -> Interface {
-        Interface::Named("eth0".into())
-    }
-
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
-    fn desired(entries: &[(&str, Interface)]) -> BTreeMap<IpAddr, Interface> {
-        entries.iter().map(|(a, i)| (ip(a), i.clone())).collect()
+    fn desired(entries: &[&str]) -> BTreeSet<IpAddr> {
+        entries.iter().map(|a| ip(a)).collect()
     }
 
     fn start(a: &str) -> Effect {
-        Effect::StartAnswering {
-            ip: ip(a),
-            iface: eth0(),
-        }
+        Effect::StartAnswering(ip(a))
     }
 
     fn stop(a: &str) -> Effect {
-        Effect::StopAnswering {
-            ip: ip(a),
-            iface: eth0(),
-        }
+        Effect::StopAnswering(ip(a))
     }
 
     fn announce(a: &str) -> Effect {
-        Effect::Announce {
-            ip: ip(a),
-            iface: eth0(),
-        }
+        Effect::Announce(ip(a))
     }
 
     fn announces(a: &str, n: usize) -> Vec<Effect> {
@@ -327,7 +307,7 @@ mod tests {
     fn takeover_announces_five_at_once_and_five_more_after_five_seconds() {
         let t0 = Instant::now();
         let mut announcer = Announcer::new(Schedule::default());
-        let effects = announcer.set_desired(t0, &desired(&[("192.0.2.1", eth0())]));
+        let effects = announcer.set_desired(t0, &desired(&["192.0.2.1"]));
         let mut expected = vec![start("192.0.2.1")];
         expected.extend(announces("192.0.2.1", 5));
         assert_eq!(effects, expected);
@@ -342,39 +322,14 @@ mod tests {
     fn stop_answering_comes_first_in_the_call_that_removes_the_ip() {
         let t0 = Instant::now();
         let mut announcer = Announcer::new(Schedule::default());
-        announcer.set_desired(
-            t0,
-            &desired(&[("192.0.2.1", eth0()), ("192.0.2.2", eth0())]),
-        );
-        let moved = Interface::Named("eth1".into());
-        let effects = announcer.set_desired(
-            t0 + ms(10),
-            &desired(&[("192.0.2.2", moved.clone()), ("2001:db8::1", eth0())]),
-        );
-        let mut expected = vec![
-            stop("192.0.2.1"),
-            stop("192.0.2.2"),
-            Effect::StartAnswering {
-                ip: ip("192.0.2.2"),
-                iface: moved.clone(),
-            },
-            start("2001:db8::1"),
-        ];
-        expected.extend(vec![
-            Effect::Announce {
-                ip: ip("192.0.2.2"),
-                iface: moved,
-            };
-            5
-        ]);
+        announcer.set_desired(t0, &desired(&["192.0.2.1", "192.0.2.2"]));
+        let effects = announcer.set_desired(t0 + ms(10), &desired(&["192.0.2.2", "2001:db8::1"]));
+        let mut expected = vec![stop("192.0.2.1"), start("2001:db8::1")];
         expected.extend(announces("2001:db8::1", 5));
         assert_eq!(effects, expected);
         assert_eq!(
-            announcer.set_desired(t0 + ms(20), &BTreeMap::new())[..1],
-            [Effect::StopAnswering {
-                ip: ip("192.0.2.2"),
-                iface: Interface::Named("eth1".into())
-            }]
+            announcer.set_desired(t0 + ms(20), &BTreeSet::new())[..1],
+            [stop("192.0.2.2")]
         );
         assert_eq!(announcer.next_deadline(), None);
     }
@@ -383,7 +338,7 @@ mod tests {
     fn an_unchanged_desired_set_emits_nothing() {
         let t0 = Instant::now();
         let mut announcer = Announcer::new(Schedule::default());
-        let set = desired(&[("192.0.2.1", eth0())]);
+        let set = desired(&["192.0.2.1"]);
         announcer.set_desired(t0, &set);
         assert_eq!(announcer.set_desired(t0 + ms(1), &set), vec![]);
     }
@@ -412,7 +367,7 @@ mod tests {
             (5000, 0),
         ];
         assert_eq!(
-            announcer.set_desired(t0, &desired(&[(a, eth0())])),
+            announcer.set_desired(t0, &desired(&[a])),
             vec![start(a), announce(a)]
         );
         for (at, count) in table {
@@ -436,7 +391,7 @@ mod tests {
         };
         let mut announcer = Announcer::new(schedule);
         let a = "2001:db8::1";
-        assert_eq!(announcer.set_desired(t0, &desired(&[(a, eth0())])).len(), 6);
+        assert_eq!(announcer.set_desired(t0, &desired(&[a])).len(), 6);
         for round in 1..=3u64 {
             assert_eq!(announcer.next_deadline(), Some(t0 + ms(60_000 * round)));
             assert_eq!(announcer.tick(t0 + ms(60_000 * round)), announces(a, 2));
@@ -447,10 +402,7 @@ mod tests {
     fn a_joining_member_triggers_one_extra_burst_for_every_ip() {
         let t0 = Instant::now();
         let mut announcer = Announcer::new(Schedule::default());
-        announcer.set_desired(
-            t0,
-            &desired(&[("192.0.2.1", eth0()), ("192.0.2.2", eth0())]),
-        );
+        announcer.set_desired(t0, &desired(&["192.0.2.1", "192.0.2.2"]));
         announcer.tick(t0 + ms(5000));
         assert_eq!(announcer.next_deadline(), None);
         let mut expected = announces("192.0.2.1", 5);
@@ -463,10 +415,7 @@ mod tests {
     fn a_conflict_re_announces_only_that_ip_and_only_if_it_is_ours() {
         let t0 = Instant::now();
         let mut announcer = Announcer::new(Schedule::default());
-        announcer.set_desired(
-            t0,
-            &desired(&[("192.0.2.1", eth0()), ("192.0.2.2", eth0())]),
-        );
+        announcer.set_desired(t0, &desired(&["192.0.2.1", "192.0.2.2"]));
         assert_eq!(
             announcer.conflict(t0 + ms(1000), ip("192.0.2.2")),
             announces("192.0.2.2", 5)
@@ -491,7 +440,7 @@ mod tests {
         };
         let mut announcer = Announcer::new(schedule);
         let a = "192.0.2.1";
-        announcer.set_desired(t0, &desired(&[(a, eth0())]));
+        announcer.set_desired(t0, &desired(&[a]));
         assert_eq!(announcer.conflict(t0 + ms(50), ip(a)), vec![]);
         assert_eq!(announcer.member_joined(t0 + ms(100)), announces(a, 1));
         assert_eq!(announcer.tick(t0 + ms(200)), announces(a, 1));
@@ -507,10 +456,7 @@ mod tests {
         };
         let mut announcer = Announcer::new(schedule);
         let a = "192.0.2.1";
-        assert_eq!(
-            announcer.set_desired(t0, &desired(&[(a, eth0())])),
-            vec![start(a)]
-        );
+        assert_eq!(announcer.set_desired(t0, &desired(&[a])), vec![start(a)]);
         assert_eq!(announcer.tick(t0 + ms(5000)), vec![]);
         assert_eq!(announcer.member_joined(t0 + ms(6000)), vec![]);
         assert_eq!(announcer.next_deadline(), None);
@@ -525,7 +471,7 @@ mod tests {
         };
         let mut announcer = Announcer::new(schedule);
         let a = "192.0.2.1";
-        announcer.set_desired(t0, &desired(&[(a, eth0())]));
+        announcer.set_desired(t0, &desired(&[a]));
         let late = announcer.tick(t0 + ms(3_600_000));
         assert!(!late.is_empty() && late.len() <= 7, "{}", late.len());
         assert!(announcer.next_deadline().is_some());

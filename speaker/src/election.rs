@@ -27,8 +27,11 @@
 //!
 //! A member is a candidate for an IP when it is alive (in the `LiveSet`), not `draining`, passes
 //! the IP's node filter, has a ready endpoint when the IP has `externalTrafficPolicy: Local`,
-//! and, for an IP of a standalone group, reports that group in its metadata with no failing
-//! check of weight 0 (keepalived's FAULT). Anything else is an [`Exclusion`].
+//! can announce the IP on its node (one of the IP's named interfaces, or a usable link with a
+//! connected route for the default, as the member gossips in its
+//! [`AnnounceFacts`](crate::membership::AnnounceFacts)), and, for an IP of a standalone group,
+//! reports that group in its metadata with no failing check of weight 0 (keepalived's FAULT).
+//! Anything else is an [`Exclusion`].
 //!
 //! # Effective priority
 //!
@@ -83,7 +86,7 @@ use std::net::IpAddr;
 use sha2::{Digest, Sha256};
 
 use crate::membership::{GroupHealth, LiveChange, LiveSet, MemberMeta, NodeName};
-use crate::snapshot::{Interface, NodeFilter, ServedIp, Snapshot, SnapshotChange};
+use crate::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot, SnapshotChange};
 
 /// The lowest effective priority (keepalived's range for a backup is 1..=254).
 pub const MIN_PRIORITY: u8 = 1;
@@ -105,6 +108,9 @@ pub enum Exclusion {
     NotInGroup,
     /// A check with weight 0 is failing (keepalived's FAULT).
     Fault,
+    /// None of the IP's interfaces can announce on the member (missing, down, NOARP, a bond
+    /// port, or no connected route for the default interface), as the member gossips it.
+    CannotAnnounce,
 }
 
 impl Exclusion {
@@ -117,6 +123,7 @@ impl Exclusion {
             Exclusion::NoReadyEndpoint => "no_ready_endpoint",
             Exclusion::NotInGroup => "not_in_group",
             Exclusion::Fault => "fault",
+            Exclusion::CannotAnnounce => "cannot_announce",
         }
     }
 }
@@ -266,23 +273,39 @@ fn group_standing(meta: &MemberMeta, group: Option<&str>) -> Result<u8, Exclusio
     }
 }
 
-/// The per-IP filters: node selectors and ready endpoints.
-fn ip_filters(node: &str, served: &ServedIp) -> Result<(), Exclusion> {
-    if !served.nodes.admits(node) {
+/// The per-IP filters: node selectors, ready endpoints and whether the member can announce
+/// the IP on its node.
+fn ip_filters(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> Result<(), Exclusion> {
+    if !served.nodes.admits(&meta.node) {
         return Err(Exclusion::NodeFilter);
     }
     if let Some(ready) = &served.ready_endpoints
-        && !ready.contains(node)
+        && !ready.contains(&meta.node)
     {
         return Err(Exclusion::NoReadyEndpoint);
+    }
+    if !can_announce(meta, ip, served) {
+        return Err(Exclusion::CannotAnnounce);
     }
     Ok(())
 }
 
-/// Whether `meta` is a candidate for `served`, and with which effective priority.
-pub fn standing(meta: &MemberMeta, served: &ServedIp) -> Result<u8, Exclusion> {
+/// Whether the member reports a link that can announce `ip` (see
+/// [`AnnounceFacts`](crate::membership::AnnounceFacts)).
+fn can_announce(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> bool {
+    match &served.interfaces {
+        Interfaces::Default => {
+            meta.announce.unplaced.is_empty() || !meta.announce.unplaced.contains(ip)
+        }
+        Interfaces::Named(names) => names.iter().any(|n| meta.announce.links.contains(n)),
+    }
+}
+
+/// Whether `meta` is a candidate for `ip` (served as `served`), and with which effective
+/// priority.
+pub fn standing(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> Result<u8, Exclusion> {
     let priority = group_standing(meta, served.group.as_deref())?;
-    ip_filters(&meta.node, served)?;
+    ip_filters(meta, ip, served)?;
     Ok(priority)
 }
 
@@ -426,7 +449,7 @@ fn elect_one(ip: &IpAddr, served: &ServedIp, live: &LiveSet, text: &mut String) 
         Some(names) if names.len() < live.len() => {
             for name in names {
                 if let Some(meta) = live.get(name)
-                    && let Ok(priority) = standing(meta, served)
+                    && let Ok(priority) = standing(meta, ip, served)
                 {
                     best.offer(meta, priority, text);
                 }
@@ -434,7 +457,7 @@ fn elect_one(ip: &IpAddr, served: &ServedIp, live: &LiveSet, text: &mut String) 
         }
         _ => {
             for meta in live.iter() {
-                if let Ok(priority) = standing(meta, served) {
+                if let Ok(priority) = standing(meta, ip, served) {
                     best.offer(meta, priority, text);
                 }
             }
@@ -532,10 +555,12 @@ fn elect_entries(entries: &[(&IpAddr, &ServedIp)], live: &LiveSet) -> Vec<(IpAdd
                 });
                 ip_text(served.order_ip.as_ref().unwrap_or(ip), &mut text);
                 let mut best = BestSoFar::new();
-                let unfiltered =
-                    served.nodes == NodeFilter::All && served.ready_endpoints.is_none();
+                let unfiltered = served.nodes == NodeFilter::All
+                    && served.ready_endpoints.is_none()
+                    && served.interfaces == Interfaces::Default;
                 for (meta, priority) in table.iter() {
-                    if unfiltered || ip_filters(&meta.node, served).is_ok() {
+                    let placed = |meta: &MemberMeta| meta.announce.unplaced.is_empty();
+                    if (unfiltered && placed(meta)) || ip_filters(meta, ip, served).is_ok() {
                         best.offer(meta, *priority, &text);
                     }
                 }
@@ -587,13 +612,17 @@ impl Election {
         self.outcomes.get(ip).and_then(Outcome::owner)
     }
 
-    /// The IPs this node owns, with the interface to answer on (the announcer's input).
-    pub fn desired(&self) -> BTreeMap<IpAddr, Interface> {
+    /// Whether this node owns `ip`.
+    pub fn owns(&self, ip: &IpAddr) -> bool {
+        self.owner(ip) == Some(self.local.as_str())
+    }
+
+    /// The IPs this node owns, in IP order.
+    pub fn owned(&self) -> impl Iterator<Item = &IpAddr> {
         self.outcomes
             .iter()
             .filter(|(_, outcome)| outcome.owner() == Some(self.local.as_str()))
-            .filter_map(|(ip, _)| Some((*ip, self.snapshot.get(ip)?.interface.clone())))
-            .collect()
+            .map(|(ip, _)| ip)
     }
 
     /// This node's verdict for `ip`, or `None` when `ip` is not in the snapshot. `live` must be
@@ -608,7 +637,7 @@ impl Election {
             Outcome::Owned(rank) => {
                 let ours = match live.get(&self.local) {
                     None => Err(Exclusion::NotAlive),
-                    Some(meta) => standing(meta, served),
+                    Some(meta) => standing(meta, ip, served),
                 };
                 match ours {
                     Ok(_) => Verdict::NotOwner {
@@ -650,7 +679,7 @@ impl Election {
             let Some(served) = self.snapshot.get(ip) else {
                 continue;
             };
-            let tier = meta.and_then(|meta| Some((meta.settled, standing(meta, served).ok()?)));
+            let tier = meta.and_then(|meta| Some((meta.settled, standing(meta, ip, served).ok()?)));
             let was_owner = outcome.owner() == Some(node);
             let next = if was_owner {
                 let Outcome::Owned(held) = &*outcome else {
@@ -765,8 +794,8 @@ impl Election {
             bytes += node_overhead(std::mem::size_of_val(ip) + std::mem::size_of_val(served));
             bytes += served.belongs_to.capacity();
             bytes += served.group.as_ref().map_or(0, String::capacity);
-            if let Interface::Named(name) = &served.interface {
-                bytes += name.capacity();
+            if let Interfaces::Named(names) = &served.interfaces {
+                bytes += names.iter().map(String::capacity).sum::<usize>();
             }
         }
         bytes
@@ -953,7 +982,7 @@ mod tests {
         let mut b = member("b", true);
         b.groups.insert("api".into(), health(40, &[(true, 20)]));
         let set = live([a, b]);
-        let snapshot = single("192.0.2.1", ServedIp::group("api", Interface::Default));
+        let snapshot = single("192.0.2.1", ServedIp::group("api", Interfaces::Default));
         assert_eq!(
             Election::new("a", snapshot, &set).owner(&ip("192.0.2.1")),
             Some("b")
@@ -967,7 +996,7 @@ mod tests {
         let mut b = member("b", true);
         b.groups.insert("api".into(), health(10, &[]));
         let set = live([a, b]);
-        let snapshot = single("192.0.2.1", ServedIp::group("api", Interface::Default));
+        let snapshot = single("192.0.2.1", ServedIp::group("api", Interfaces::Default));
         let election = Election::new("a", snapshot, &set);
         assert_eq!(election.owner(&ip("192.0.2.1")), Some("b"));
         assert_eq!(
@@ -999,7 +1028,7 @@ mod tests {
         nobody.nodes = NodeFilter::Only(Arc::new(BTreeSet::from(["d".to_string()])));
         snapshot.insert(ip("192.0.2.4"), nobody).unwrap();
         snapshot
-            .insert(ip("192.0.2.5"), ServedIp::group("api", Interface::Default))
+            .insert(ip("192.0.2.5"), ServedIp::group("api", Interfaces::Default))
             .unwrap();
 
         let election = Election::new("a", snapshot.clone(), &set);
@@ -1043,7 +1072,7 @@ mod tests {
         let mut b = member("b", false);
         b.groups.insert("api".into(), health(50, &[]));
         let mut set = live([a, b.clone()]);
-        let snapshot = single("192.0.2.1", ServedIp::group("api", Interface::Default));
+        let snapshot = single("192.0.2.1", ServedIp::group("api", Interfaces::Default));
         let mut election = Election::new("b", snapshot, &set);
         assert_eq!(election.owner(&ip("192.0.2.1")), Some("a"));
         assert_eq!(
@@ -1068,8 +1097,8 @@ mod tests {
             Some(Verdict::Owner)
         );
         assert_eq!(
-            election.desired(),
-            BTreeMap::from([(ip("192.0.2.1"), Interface::Default)])
+            election.owned().copied().collect::<Vec<_>>(),
+            [ip("192.0.2.1")]
         );
     }
 
@@ -1080,7 +1109,7 @@ mod tests {
         let mut b = member("b", false);
         b.groups.insert("api".into(), health(50, &[]));
         let set = live([a, b]);
-        let snapshot = single("2001:db8::1", ServedIp::group("api", Interface::Default));
+        let snapshot = single("2001:db8::1", ServedIp::group("api", Interfaces::Default));
         assert_eq!(
             Election::new("a", snapshot, &set).owner(&ip("2001:db8::1")),
             Some("b")
@@ -1102,6 +1131,42 @@ mod tests {
             }]
         );
         assert!(election.outcomes().is_empty());
-        assert!(election.desired().is_empty());
+        assert_eq!(election.owned().count(), 0);
+    }
+
+    #[test]
+    fn a_member_that_cannot_announce_an_ip_is_not_its_candidate() {
+        let named = ServedIp::group("api", Interfaces::named(["eth1"]));
+        let mut snapshot = single("192.0.2.1", named);
+        snapshot
+            .insert(ip("192.0.2.2"), ServedIp::service("ns/s"))
+            .unwrap();
+        let mut a = member("a", true);
+        a.groups.insert("api".into(), health(50, &[]));
+        let mut b = member("b", true);
+        b.groups.insert("api".into(), health(40, &[]));
+        b.announce.links.insert("eth1".into());
+        // a lacks eth1 and cannot place 192.0.2.2: b owns both although a ranks first.
+        a.announce.unplaced.insert(ip("192.0.2.2"));
+        let set = live([a.clone(), b]);
+        let mut election = Election::new("a", snapshot, &set);
+        assert_eq!(election.owner(&ip("192.0.2.1")), Some("b"));
+        assert_eq!(election.owner(&ip("192.0.2.2")), Some("b"));
+        assert_eq!(
+            election.verdict(&ip("192.0.2.1"), &set),
+            Some(Verdict::NotSelected {
+                owner: "b".into(),
+                reason: Exclusion::CannotAnnounce
+            })
+        );
+        // a's link comes back: it is a candidate again and wins on priority.
+        a.announce.links.insert("eth1".into());
+        a.version += 1;
+        let mut set = set;
+        set.upsert(a);
+        let changes = election.member_changed(&set, "a");
+        assert_eq!(changes.len(), 1);
+        assert_eq!(election.owner(&ip("192.0.2.1")), Some("a"));
+        assert_eq!(election.owner(&ip("192.0.2.2")), Some("b"));
     }
 }

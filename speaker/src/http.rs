@@ -5,8 +5,9 @@
 //! reads it. [`route`] is the pure part (path and state in, response out) and is tested without
 //! a socket.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,10 +27,12 @@ pub struct Status {
     pub ready: bool,
     /// Whether the speaker is draining (SIGTERM received).
     pub draining: bool,
-    /// Alive members, with their metadata.
-    pub members: Vec<MemberStatus>,
-    /// Every VIP, its group and owner.
-    pub addresses: Vec<AddressStatus>,
+    /// Alive members, with their metadata, in name order (a JSON list).
+    #[serde(serialize_with = "values")]
+    pub members: BTreeMap<String, MemberStatus>,
+    /// Every VIP, its group and owner, in IP order (a JSON list).
+    #[serde(serialize_with = "values")]
+    pub addresses: BTreeMap<IpAddr, AddressStatus>,
     /// This node's checks.
     pub checks: Vec<CheckStatus>,
 }
@@ -56,8 +59,19 @@ pub struct AddressStatus {
     pub owner: Option<String>,
     /// This node's verdict (`owner`, `not_owner`, `no_candidates`, ...).
     pub verdict: String,
-    /// Interface it is announced on, when this node owns it.
+    /// Interface it is announced on, when this node answers for it (the first of
+    /// `interfaces`).
     pub interface: Option<String>,
+    /// Every interface this node answers for it on.
+    pub interfaces: Vec<String>,
+}
+
+/// Serializes a map as the list of its values.
+fn values<S: serde::Serializer, K, V: Serialize>(
+    map: &BTreeMap<K, V>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(map.values())
 }
 
 /// One health check on this node.
@@ -223,13 +237,17 @@ mod tests {
         let s = Status {
             node: "node1".into(),
             ready: true,
-            addresses: vec![AddressStatus {
-                ip: "198.51.100.100".into(),
-                group: "api".into(),
-                owner: Some("node2".into()),
-                verdict: "not_owner".into(),
-                interface: None,
-            }],
+            addresses: BTreeMap::from([(
+                "198.51.100.100".parse().unwrap(),
+                AddressStatus {
+                    ip: "198.51.100.100".into(),
+                    group: "api".into(),
+                    owner: Some("node2".into()),
+                    verdict: "not_owner".into(),
+                    interface: None,
+                    interfaces: vec![],
+                },
+            )]),
             ..Status::default()
         };
         let (code, ct, body) = route(&Method::GET, "/status", &s, &registry());

@@ -2,10 +2,13 @@
 //!
 //! - [`addresses`]: standalone mode: VIPs on a dummy interface, ARP sysctls on announcing ones.
 //! - [`announcer`]: when to start, stop and announce ([`announcer::Announcer`]), sans-IO.
+//! - [`answering`]: the responder threads of the links this node answers on.
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
 //! - [`cli`]: the command line (`check-config`, `keygen`, `standalone`).
 //! - [`config_report`]: what `check-config` prints.
+//! - [`daemon`]: the drivers around the engine, shared by every mode.
 //! - [`election`]: who owns each IP ([`election::Election`]), pure.
+//! - [`engine`]: the speaker's decisions, sans-IO: inputs with `now` in, actions out.
 //! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
@@ -15,14 +18,19 @@
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 //! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
-//! - [`standalone`]: the standalone daemon: one task wiring every part together.
+//! - [`standalone`]: the standalone source: the file, checks, notify hooks, reload, the VIPs on
+//!   a dummy link.
+//! - [`status`]: `/status` and the owner gauges, from the engine's deltas.
 
 pub mod addresses;
 pub mod announcer;
+pub mod answering;
 pub mod checks;
 pub mod cli;
 pub mod config_report;
+pub mod daemon;
 pub mod election;
+pub mod engine;
 pub mod gossip;
 pub mod http;
 pub mod interfaces;
@@ -33,3 +41,4 @@ pub mod packet_socket;
 pub mod responder;
 pub mod snapshot;
 pub mod standalone;
+pub mod status;

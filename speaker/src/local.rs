@@ -15,7 +15,7 @@ use swimlb_config::standalone::Standalone;
 use tokio::time::Instant;
 
 use crate::checks::CheckKey;
-use crate::membership::{CheckResult, GroupHealth, MemberMeta};
+use crate::membership::{AnnounceFacts, CheckResult, GroupHealth, MemberMeta};
 
 /// This node's gossiped facts and how they evolve.
 #[derive(Debug, Clone)]
@@ -91,6 +91,17 @@ impl LocalState {
             return false;
         }
         result.passing = passing;
+        self.meta.version += 1;
+        true
+    }
+
+    /// Records where the node can announce (the engine's [`AnnounceFacts`]). Returns whether
+    /// the record changed.
+    pub fn set_announce(&mut self, facts: AnnounceFacts) -> bool {
+        if self.meta.announce == facts {
+            return false;
+        }
+        self.meta.announce = facts;
         self.meta.version += 1;
         true
     }

@@ -7,7 +7,8 @@
 //! A member is in the `LiveSet` from the moment foca reports it up until foca declares it down:
 //! suspicion is not death.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,23 @@ pub struct MemberMeta {
     pub draining: bool,
     /// Per VIP group (standalone) or advertisement: the member's priority and check results.
     pub groups: BTreeMap<String, GroupHealth>,
+    /// Where the member can announce: a member that cannot answer for an IP on its node is
+    /// not a candidate for it (`Exclusion::CannotAnnounce`).
+    pub announce: AnnounceFacts,
+}
+
+/// What a member can announce on, as far as the others need to know to elect without it.
+///
+/// Only what the served IPs ask about is gossiped, so the record stays small: the links named
+/// by some IP's interface set that can announce on this node, and the IPs with the default
+/// interface that have no usable link here (no connected route to a link that is up, ARP
+/// capable and not a bond port).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AnnounceFacts {
+    /// Named links that are present, up, ARP capable, Ethernet and not a bond port.
+    pub links: BTreeSet<String>,
+    /// IPs answered on the default interface that this member cannot place.
+    pub unplaced: BTreeSet<IpAddr>,
 }
 
 impl MemberMeta {
@@ -38,6 +56,7 @@ impl MemberMeta {
             settled: false,
             draining: false,
             groups: BTreeMap::new(),
+            announce: AnnounceFacts::default(),
         }
     }
 }

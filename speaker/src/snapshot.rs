@@ -20,20 +20,63 @@ use crate::membership::NodeName;
 /// A set of node names, shared between the IPs of one Service or group.
 pub type NodeSet = Arc<BTreeSet<NodeName>>;
 
-/// Where the IP is answered for.
+/// A set of interface names, shared between the IPs of one Service, group or advertisement.
+pub type InterfaceSet = Arc<BTreeSet<String>>;
+
+/// Where the IP is answered for: a set of interfaces (MetalLB's `L2Advertisement.interfaces`
+/// and `ServiceL2Status.interfaces` are lists), or the default.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Interface {
-    /// No interface named: the responder uses its default interface(s).
+pub enum Interfaces {
+    /// No interface named: the interface with a connected route to the IP.
     Default,
-    /// A named interface (`eth0`).
-    Named(String),
+    /// These interfaces (`eth0`, `bond0`); the IP is answered on every one of them that can
+    /// announce on the node. Never empty (an empty list is [`Interfaces::Default`]).
+    Named(InterfaceSet),
 }
 
-impl fmt::Display for Interface {
+impl Interfaces {
+    /// The set of `names`, or [`Interfaces::Default`] when there is none.
+    pub fn named<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Interfaces {
+        let set: BTreeSet<String> = names.into_iter().map(Into::into).collect();
+        if set.is_empty() {
+            Interfaces::Default
+        } else {
+            Interfaces::Named(Arc::new(set))
+        }
+    }
+
+    /// The named interfaces (none for the default).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let set = match self {
+            Interfaces::Default => None,
+            Interfaces::Named(set) => Some(set.iter().map(String::as_str)),
+        };
+        set.into_iter().flatten()
+    }
+
+    fn same_as(&self, other: &Interfaces) -> bool {
+        match (self, other) {
+            (Interfaces::Named(a), Interfaces::Named(b)) => Arc::ptr_eq(a, b) || a == b,
+            (a, b) => a == b,
+        }
+    }
+}
+
+impl fmt::Display for Interfaces {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Interface::Default => f.write_str("(default)"),
-            Interface::Named(name) => f.write_str(name),
+            Interfaces::Default => f.write_str("(default)"),
+            Interfaces::Named(names) => {
+                let mut first = true;
+                for name in names.iter() {
+                    if !first {
+                        f.write_str(",")?;
+                    }
+                    first = false;
+                    f.write_str(name)?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -66,7 +109,7 @@ pub struct ServedIp {
     /// for Kubernetes Services: every member has priority 0 and no checks for them.
     pub group: Option<String>,
     /// Where to answer for it.
-    pub interface: Interface,
+    pub interfaces: Interfaces,
     /// Which nodes may serve it.
     pub nodes: NodeFilter,
     /// `externalTrafficPolicy: Local`: the nodes with a ready endpoint. `None` for `Cluster`
@@ -84,20 +127,20 @@ impl ServedIp {
         ServedIp {
             belongs_to: belongs_to.into(),
             group: None,
-            interface: Interface::Default,
+            interfaces: Interfaces::Default,
             nodes: NodeFilter::All,
             ready_endpoints: None,
             order_ip: None,
         }
     }
 
-    /// A standalone-style entry for `group` on `interface`, every node.
-    pub fn group(group: impl Into<String>, interface: Interface) -> ServedIp {
+    /// A standalone-style entry for `group` on `interfaces`, every node.
+    pub fn group(group: impl Into<String>, interfaces: Interfaces) -> ServedIp {
         let group = group.into();
         ServedIp {
             belongs_to: group.clone(),
             group: Some(group),
-            interface,
+            interfaces,
             nodes: NodeFilter::All,
             ready_endpoints: None,
             order_ip: None,
@@ -123,7 +166,7 @@ impl ServedIp {
             && endpoints_same
             && self.belongs_to == other.belongs_to
             && self.group == other.group
-            && self.interface == other.interface
+            && self.interfaces.same_as(&other.interfaces)
             && self.order_ip == other.order_ip
     }
 }

@@ -1,34 +1,35 @@
-//! The standalone speaker: VIP groups from a file, on plain Linux hosts.
+//! The standalone source: VIP groups from a file, on plain Linux hosts.
 //!
-//! One task owns every state machine of the node and is fed by its inputs in turn (STYLE.md
-//! practice 5): gossip changes, check results, the announcer's and the settle timers, conflicts
-//! seen by the responders, SIGHUP and the shutdown signal. Each input runs the pure parts
-//! ([`LocalState`], [`Election`], [`Announcer`]) and the loop only carries out their effects:
-//! gossip the node's metadata, tell the responder threads what to answer and announce, run
-//! notify hooks, publish `/status` and metrics.
+//! A mode is a source of inputs for the shared [`Engine`](crate::engine::Engine), run by the
+//! shared drivers ([`Daemon`]). This module owns what only the standalone mode has: the file
+//! (turned into a [`Snapshot`]), this node's record (priorities, check results, `settled`), the
+//! health checks, the notify hooks, SIGHUP reloads, and the VIPs on a dummy link with the ARP
+//! sysctls that keep the kernel from answering for them. Its loop only reads inputs and calls
+//! one handler per input; every decision is the engine's.
 //!
 //! Start-up order: the VIPs go onto the holder interface and the ARP sysctls are set before the
 //! first answer can be given (so the kernel never answers for a VIP); then the responders, the
-//! gossip, the checks, the HTTP listener. Shutdown (SIGTERM): the node marks itself draining,
-//! so the peers elect a successor at once; it keeps answering each VIP until the successor's
-//! gratuitous ARP / NA is seen (a "conflict" from the successor's MAC) or the drain deadline
-//! passes, then leaves the mesh, removes the addresses and exits. Every group goes to `fault`
-//! when the drain starts (one notify call each); the queued calls run before the exit, within
-//! [`EXIT_HOOK_DEADLINE`].
+//! gossip, the checks, the HTTP listener. A starting node answers nothing until it has joined the
+//! mesh and holds every member's record ([`JoinHold`]), so two nodes never answer for one VIP
+//! while the mesh forms. Shutdown (SIGTERM): the node marks itself draining, so the peers elect a
+//! successor at once; it keeps answering each VIP until the successor's gratuitous ARP / NA is
+//! seen or the drain deadline passes, then leaves the mesh, removes the addresses and exits.
+//! Every group goes to `fault` when the drain starts (one notify call each); the queued calls run
+//! before the exit, within [`EXIT_HOOK_DEADLINE`].
 //!
 //! Readiness ([`ready`], `/readyz` and `/status` `ready`): the node has joined the mesh (a member
 //! acknowledged it: gossip phase `Active`) or its file lists no peers. A node that reaches none of
 //! its peers stays not ready (`joining`) while it serves, alone, what it elects; one that loses
-//! every member goes back to `joining`. `/status` names, for each VIP this node owns, the
-//! interface it announces it on.
+//! every member goes back to `joining`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -36,45 +37,32 @@ use swimlb_config::keyfile::parse_key_file;
 use swimlb_config::standalone::{
     GossipSettings as GossipConfig, Profile as ConfigProfile, Standalone,
 };
-use swimlb_proto::ethernet::MacAddr;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::addresses::{self, Addresses, HolderKind};
-use crate::announcer::{Announcer, Effect, Schedule};
+use crate::announcer::Schedule;
+use crate::answering::AnsweringLinks;
 use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
-use crate::election::{Election, Verdict};
-use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Profile, Timing};
-use crate::http::{self, AddressStatus, CheckStatus, MemberStatus, Status};
+use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
+use crate::engine::placement::Placement;
+use crate::engine::{Engine, Input, Start};
+use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Profile, Timing};
+use crate::http::{self, CheckStatus};
 use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
-use crate::membership::{LiveChange, LiveSet};
+use crate::membership::LiveChange;
 use crate::notify::{GroupState, HookResult, Notifier};
-use crate::packet_socket;
-use crate::responder::{self, Conflict, Control, Owned, Responder};
-use crate::snapshot::{Interface, ServedIp, Snapshot};
+use crate::responder::{self, Conflict};
+use crate::snapshot::{Interfaces, ServedIp, Snapshot};
+use crate::status::StatusBoard;
 
-/// How long a draining speaker keeps answering at most, waiting for its successors.
-pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the speaker waits at exit for queued notify calls (the drain's `fault`).
 pub const EXIT_HOOK_DEADLINE: Duration = Duration::from_secs(5);
-/// After a conflict is answered with a burst, further conflicts for that IP are only counted
-/// for this long.
-pub const CONFLICT_HOLDOFF: Duration = Duration::from_secs(1);
-/// A conflict for one IP is logged at most once per this interval.
-pub const CONFLICT_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// When a conflict for one IP was last answered and last logged.
-#[derive(Debug, Clone, Copy)]
-struct ConflictGuard {
-    reannounced: Option<Instant>,
-    logged: Option<Instant>,
-    /// A conflict came during the hold-off: re-announce when it ends, if still the owner.
-    trailing: Option<Instant>,
-}
 
 /// Name of the interface holding the VIPs.
 pub const HOLDER_NAME: &str = addresses::DEFAULT_DUMMY_NAME;
@@ -102,22 +90,6 @@ pub enum DaemonError {
     /// Links and routes could not be read.
     #[error("interfaces: {0}")]
     Interfaces(#[from] interfaces::Error),
-    /// An IP has no interface to announce on.
-    #[error("{ip}: no interface to announce on: {reason}")]
-    NoInterface {
-        /// The IP.
-        ip: IpAddr,
-        /// Why.
-        reason: &'static str,
-    },
-    /// A packet socket could not be opened.
-    #[error("interface {iface}: packet socket: {source}")]
-    PacketSocket {
-        /// The interface.
-        iface: String,
-        /// The error.
-        source: std::io::Error,
-    },
     /// The HTTP listener could not be bound.
     #[error("listen {addr}: {source}")]
     Listen {
@@ -219,15 +191,12 @@ pub fn gossip_timing(g: &GossipConfig) -> Result<Timing, gossip::TimingError> {
 pub fn snapshot(config: &Standalone) -> Snapshot {
     let mut snapshot = Snapshot::new();
     for group in &config.groups {
-        let iface = match &group.interface {
-            Some(name) => Interface::Named(name.clone()),
-            None => Interface::Default,
-        };
+        let interfaces = Interfaces::named(group.interface.iter().cloned());
         // A group moves as one: every address is ranked by the group's first address, so all
         // of them elect the same owner (keepalived's VRRP instance, MetalLB's first ingress IP).
         let order_ip = group.addresses.first().copied();
         for ip in &group.addresses {
-            let mut served = ServedIp::group(group.name.clone(), iface.clone());
+            let mut served = ServedIp::group(group.name.clone(), interfaces.clone());
             served.order_ip = order_ip;
             // Duplicates across groups are rejected by the configuration's validation.
             let _ = snapshot.insert(*ip, served);
@@ -256,46 +225,21 @@ pub fn node_name(config: &Standalone) -> String {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AnnouncedLabels {
-    ip: String,
-    group_or_service: String,
-    node: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckLabels {
     group: String,
     check: String,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OwnerLabels {
-    ip: String,
-    group_or_service: String,
-    owner: String,
-}
-
-/// The daemon's own metrics (gossip and responder register theirs).
+/// The standalone source's own metrics (the engine's drivers, the gossip and the responders
+/// register theirs).
 #[derive(Debug, Clone, Default)]
 struct Metrics {
-    announced: Family<AnnouncedLabels, Gauge>,
-    owner: Family<OwnerLabels, Gauge>,
     check_up: Family<CheckLabels, Gauge>,
-    notify_failures: prometheus_client::metrics::counter::Counter,
+    notify_failures: Counter,
 }
 
 impl Metrics {
     fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "swimlb_announced",
-            "1 while this node answers for the IP",
-            self.announced.clone(),
-        );
-        registry.register(
-            "swimlb_owner",
-            "1 for the owner this node elected for each IP",
-            self.owner.clone(),
-        );
         registry.register(
             "swimlb_check_up",
             "1 while a health check passes on this node",
@@ -309,12 +253,33 @@ impl Metrics {
     }
 }
 
-/// One interface the speaker answers on.
-struct AnsweringLink {
-    index: u32,
-    mac: MacAddr,
-    responder: Responder,
-    owned: BTreeSet<IpAddr>,
+/// The receivers the loop waits on (kept apart from [`Source`] so its handlers can borrow it
+/// mutably while the loop polls these).
+struct Inputs {
+    changes: broadcast::Receiver<LiveChange>,
+    phase: watch::Receiver<Phase>,
+    identity: watch::Receiver<NodeIdentity>,
+    check_events: mpsc::Receiver<CheckEvent>,
+    conflicts: mpsc::UnboundedReceiver<Conflict>,
+    hook_results: mpsc::UnboundedReceiver<(String, GroupState, HookResult)>,
+    net: NetWatch,
+}
+
+/// The standalone mode's state around the shared [`Daemon`].
+struct Source {
+    config: Standalone,
+    path: PathBuf,
+    daemon: Daemon,
+    holder: Addresses,
+    checks: CheckTasks,
+    last_outcome: BTreeMap<CheckKey, &'static str>,
+    notifiers: BTreeMap<String, (PathBuf, Notifier)>,
+    hook_tx: mpsc::UnboundedSender<(String, GroupState, HookResult)>,
+    group_states: BTreeMap<String, GroupState>,
+    metrics: Metrics,
+    ring_ids: Vec<KeyId>,
+    hold: JoinHold,
+    http: JoinHandle<()>,
 }
 
 /// Runs the standalone speaker until `shutdown` resolves (then drains) or a fatal error.
@@ -324,36 +289,377 @@ pub async fn run(
     mut shutdown: impl std::future::Future<Output = ()> + Unpin,
     mut reload: mpsc::Receiver<()>,
 ) -> Result<(), DaemonError> {
-    let node = node_name(&config);
-    let ring = key_ring(&config)?;
-    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
-    if config.insecure {
-        tracing::warn!("insecure: gossip is neither secret nor authenticated");
+    let (mut source, mut inputs) = Source::start(config, config_path).await?;
+    loop {
+        let draining = source.daemon.engine.draining();
+        tokio::select! {
+            _ = &mut shutdown, if !draining => source.drain().await,
+            change = inputs.changes.recv() => {
+                if !source.daemon.membership(change).await {
+                    break;
+                }
+                source.check_hold().await;
+            }
+            Some(event) = inputs.check_events.recv() => source.check(event).await,
+            Ok(()) = inputs.phase.changed() => {
+                let phase = *inputs.phase.borrow_and_update();
+                source.phase(phase).await;
+            }
+            Ok(()) = inputs.identity.changed() => {
+                let bump = inputs.identity.borrow_and_update().bump;
+                source.rejoined(bump).await;
+            }
+            _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
+            _ = sleep_until(source.hold.next_deadline()) => source.check_hold().await,
+            _ = sleep_until(source.daemon.next_deadline()) => source.daemon.handle(Input::Tick).await,
+            Some(c) = inputs.conflicts.recv() => {
+                source.daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
+            }
+            Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
+            Some(result) = inputs.hook_results.recv() => source.hook_done(result),
+            Some(()) = reload.recv(), if !draining => source.reload(&inputs.net).await,
+        }
+        if source.daemon.drained() {
+            break;
+        }
+        source.update_groups();
     }
-    let timing = timing(&config).map_err(gossip::GossipError::from)?;
-    let mut registry = Registry::default();
-    let gossip_metrics = GossipMetrics::register(&mut registry);
-    let responder_metrics = responder::Metrics::default();
-    responder_metrics.register(&mut registry);
-    let metrics = Metrics::default();
-    metrics.register(&mut registry);
+    source.stop().await
+}
 
-    // Links and routes: which interface announces each VIP. Subscribe first so no change
-    // between the snapshot and the loop is missed.
-    let mut link_watch = interfaces::InterfaceWatch::subscribe()?;
-    let (links, routes) = interfaces::snapshot().await?;
-    let served = snapshot(&config);
-    let placement = place(&served, &links, &routes)?;
-    let announce_ifaces: Vec<String> = placement
-        .values()
-        .cloned()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+impl Source {
+    /// Builds everything in start-up order (see the module docs).
+    async fn start(config: Standalone, path: PathBuf) -> Result<(Source, Inputs), DaemonError> {
+        let node = node_name(&config);
+        let ring = key_ring(&config)?;
+        let ring_ids: Vec<KeyId> = ring.key_ids().collect();
+        if config.insecure {
+            tracing::warn!("insecure: gossip is neither secret nor authenticated");
+        }
+        let timing = timing(&config).map_err(gossip::GossipError::from)?;
+        let mut registry = Registry::default();
+        let gossip_metrics = GossipMetrics::register(&mut registry);
+        let responder_metrics = responder::Metrics::default();
+        responder_metrics.register(&mut registry);
+        let metrics = Metrics::default();
+        metrics.register(&mut registry);
+        let board = StatusBoard::new(&node, &mut registry);
 
-    // The kernel must never answer for a VIP: sysctls and addresses before any responder.
-    let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
-    let mut holder = match Addresses::setup(HOLDER_NAME, &vips, &announce_ifaces).await {
+        let (net, links, routes) = NetWatch::start().await?;
+        let served = snapshot(&config);
+        let placement = Placement::new(&served, links.clone(), routes.clone());
+        let announce_links: Vec<String> = placement.used_links().into_iter().collect();
+        // The kernel must never answer for a VIP: sysctls and addresses before any responder.
+        let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+        let holder = hold_vips(&vips, &announce_links).await?;
+
+        let mut local = LocalState::new(&node, &config, Instant::now());
+        local.set_announce(placement.facts(&served));
+        let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
+        let alone = alone(&config);
+        let hold = JoinHold::new(Instant::now(), alone);
+        let (engine, initial) = Engine::new(
+            Instant::now(),
+            Start {
+                node: node.clone(),
+                schedule: schedule(&config),
+                snapshot: served,
+                live: gossip.live().borrow().clone(),
+                links: links.clone(),
+                routes,
+                hold: hold.holding(),
+            },
+        );
+        let (conflict_tx, conflicts) = mpsc::unbounded_channel();
+        let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+
+        let (check_tx, check_events) = mpsc::channel(64);
+        let checks = CheckTasks::start(&config, Tls::new(), check_tx);
+        let (hook_tx, hook_results) = mpsc::unbounded_channel();
+        let notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
+        let (_, http) = http::spawn(config.listen, board.subscribe(), Arc::new(registry))
+            .await
+            .map_err(|source| DaemonError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let inputs = Inputs {
+            changes: gossip.subscribe(),
+            phase: gossip.phase(),
+            identity: gossip.identity_changes(),
+            check_events,
+            conflicts,
+            hook_results,
+            net,
+        };
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
+        let mut source = Source {
+            config,
+            path,
+            daemon,
+            holder,
+            checks,
+            last_outcome: BTreeMap::new(),
+            notifiers,
+            hook_tx,
+            group_states: BTreeMap::new(),
+            metrics,
+            ring_ids,
+            hold,
+            http,
+        };
+        let phase = *inputs.phase.borrow();
+        source.phase(phase).await;
+        source.publish_checks();
+        source.update_groups();
+        Ok((source, inputs))
+    }
+
+    /// SIGTERM: mark draining (peers elect successors at once), hand over, then stop.
+    async fn drain(&mut self) {
+        tracing::info!("draining: handing the VIPs over");
+        if self.daemon.local.drain() {
+            self.daemon.publish_meta().await;
+        }
+        self.daemon.board.update(|s| s.draining = true);
+        self.daemon.handle(Input::Drain).await;
+    }
+
+    async fn check(&mut self, event: CheckEvent) {
+        if !self.checks.is_current(&event) {
+            // Sent by a task a reload stopped, before it stopped.
+            return;
+        }
+        let CheckKey { group, check } = &event.key;
+        tracing::info!(%group, %check, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
+        self.last_outcome
+            .insert(event.key.clone(), event.outcome.as_str());
+        if self.daemon.local.set_check(group, check, event.passing) {
+            self.daemon.publish_meta().await;
+        }
+        self.publish_checks();
+    }
+
+    async fn phase(&mut self, phase: Phase) {
+        tracing::info!(phase = phase.as_str(), "gossip phase");
+        let ready = ready(phase, alone(&self.config));
+        self.daemon.board.update(|s| s.ready = ready);
+        self.check_hold().await;
+    }
+
+    /// Ends the start-up hold when the mesh has formed (or the grace passed).
+    async fn check_hold(&mut self) {
+        let phase = *self.daemon.phase().borrow();
+        let live = self.daemon.live_now();
+        if self.hold.release(Instant::now(), phase, &live) {
+            tracing::info!(
+                members = live.len(),
+                "mesh formed: answering what this node owns"
+            );
+            self.daemon.handle(Input::Hold(false)).await;
+        }
+    }
+
+    async fn rejoined(&mut self, bump: u64) {
+        tracing::info!(
+            bump,
+            "back in the cluster under a renewed identity: preempt delay starts again"
+        );
+        self.daemon.local.rejoined(Instant::now());
+        // The gossip core has already cleared `settled`; this sets it back when the node has no
+        // preemption delay.
+        self.daemon.publish_meta().await;
+    }
+
+    async fn settle(&mut self) {
+        if self.daemon.local.tick(Instant::now()) {
+            tracing::info!("settled: may now take over from lower-priority owners");
+            self.daemon.publish_meta().await;
+        }
+    }
+
+    /// New links and routes: the sysctls follow the announcing links, the engine places again.
+    async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
+        self.daemon.net(links, routes).await;
+        let ifaces: Vec<String> = self.daemon.engine.placed_links().into_iter().collect();
+        let vips: Vec<IpAddr> = self
+            .daemon
+            .engine
+            .election()
+            .snapshot()
+            .iter()
+            .map(|(ip, _)| *ip)
+            .collect();
+        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
+            tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
+        }
+    }
+
+    fn hook_done(&mut self, (group, state, result): (String, GroupState, HookResult)) {
+        if result != HookResult::Ok {
+            self.metrics.notify_failures.inc();
+            tracing::warn!(%group, state = state.as_str(), result = result.as_str(), "notify hook failed");
+        }
+    }
+
+    /// SIGHUP: read the file again and apply what can change without a restart.
+    async fn reload(&mut self, net: &NetWatch) {
+        let next = match reload_config(&self.path) {
+            Ok(next) if next.cluster == self.config.cluster && next.bind == self.config.bind => {
+                next
+            }
+            Ok(_) => {
+                tracing::error!("reload refused: cluster and bind cannot change without a restart");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reload refused: invalid configuration");
+                return;
+            }
+        };
+        for field in restart_only_changes(&self.config, &next) {
+            tracing::warn!(
+                field,
+                "reload: this change needs a restart and is not applied"
+            );
+        }
+        let next_ring = match key_ring(&next) {
+            Ok(ring) => ring,
+            Err(e) => {
+                tracing::error!(error = %e, "reload refused: keys");
+                return;
+            }
+        };
+        let served = snapshot(&next);
+        let (links, routes) = net.latest();
+        let ifaces: Vec<String> = Placement::new(&served, links, routes)
+            .used_links()
+            .into_iter()
+            .collect();
+        let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
+            tracing::error!(error = %e, "reload refused: addresses");
+            return;
+        }
+        // Unchanged checks keep running with their state; the others start failing, and so does
+        // what we gossip for them.
+        let unchanged = self.checks.reload(&next);
+        self.last_outcome.retain(|key, _| unchanged.contains(key));
+        if self.daemon.local.reload(&next, &unchanged) {
+            self.daemon.publish_meta().await;
+        }
+        self.daemon.handle(Input::Snapshot(served)).await;
+        self.notifiers = notifiers(&next, std::mem::take(&mut self.notifiers), &self.hook_tx);
+        self.group_states
+            .retain(|name, _| next.groups.iter().any(|g| &g.name == name));
+        self.config = next;
+        self.publish_checks();
+        self.rotate_keys(next_ring).await;
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Rotation: the first key seals from now on; peers are still answered with the key they
+    /// use while it is here.
+    async fn rotate_keys(&mut self, ring: KeyRing) {
+        let ids: Vec<KeyId> = ring.key_ids().collect();
+        if ids == self.ring_ids {
+            return;
+        }
+        let sealing = ring.sealing_key_id();
+        match self.daemon.gossip().set_key_ring(ring).await {
+            Ok(()) => {
+                tracing::info!(keys = ids.len(), %sealing, "gossip keys replaced");
+                self.ring_ids = ids;
+            }
+            Err(e) => tracing::error!(error = %e, "gossip keys not replaced"),
+        }
+    }
+
+    /// Each group's state on this node, and a notify call for each change.
+    fn update_groups(&mut self) {
+        let draining = self.daemon.engine.draining();
+        let election = self.daemon.engine.election();
+        for group in &self.config.groups {
+            let owns = group.addresses.iter().any(|ip| election.owns(ip));
+            let fault = self
+                .daemon
+                .local
+                .meta()
+                .groups
+                .get(&group.name)
+                .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
+            // A draining node is handing its groups over: `fault` at once, even while it still
+            // answers for them until the successor has announced.
+            let state = if draining {
+                GroupState::Fault
+            } else if owns {
+                GroupState::Owner
+            } else if fault {
+                GroupState::Fault
+            } else {
+                GroupState::Backup
+            };
+            if self.group_states.insert(group.name.clone(), state) != Some(state) {
+                tracing::info!(group = %group.name, state = state.as_str(), "group state");
+                if let Some((_, n)) = self.notifiers.get(&group.name) {
+                    n.notify(state);
+                }
+            }
+        }
+    }
+
+    /// The checks in `/status` and `swimlb_check_up`.
+    fn publish_checks(&self) {
+        let mut checks = Vec::new();
+        for group in &self.config.groups {
+            let results = self.daemon.local.meta().groups.get(&group.name);
+            for (c, check) in group.checks.iter().enumerate() {
+                let passing = results
+                    .and_then(|h| h.checks.get(c))
+                    .is_some_and(|r| r.passing);
+                self.metrics
+                    .check_up
+                    .get_or_create(&CheckLabels {
+                        group: group.name.clone(),
+                        check: check.name.clone(),
+                    })
+                    .set(i64::from(passing));
+                let last = self
+                    .last_outcome
+                    .get(&CheckKey::new(&group.name, &check.name))
+                    .copied()
+                    .unwrap_or("none");
+                checks.push(CheckStatus {
+                    group: group.name.clone(),
+                    check: check.name.clone(),
+                    passing,
+                    last: last.to_string(),
+                });
+            }
+        }
+        self.daemon.board.update(|s| s.checks = checks);
+    }
+
+    /// Leave, stop answering, run the queued hooks, take the VIPs off.
+    async fn stop(self) -> Result<(), DaemonError> {
+        self.daemon.stop().await;
+        self.checks.stop();
+        self.http.abort();
+        let hooks_deadline = Instant::now() + EXIT_HOOK_DEADLINE;
+        for (group, (_, notifier)) in self.notifiers {
+            if !notifier.finish(hooks_deadline).await {
+                tracing::warn!(%group, "notify hook still running at exit: killed");
+            }
+        }
+        self.holder.teardown().await?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Puts the VIPs on the holder link and sets the ARP sysctls of `announce_links`.
+async fn hold_vips(vips: &[IpAddr], announce_links: &[String]) -> Result<Addresses, DaemonError> {
+    match Addresses::setup(HOLDER_NAME, vips, announce_links).await {
         // No dummy driver, or a holder a previous run (on such a kernel) left behind.
         Err(addresses::Error::KindUnsupported { .. })
         | Err(addresses::Error::NotDummy { kind: _, .. })
@@ -363,22 +669,23 @@ pub async fn run(
                 holder = HOLDER_NAME,
                 "this kernel has no dummy links: holding the VIPs on an ifb link"
             );
-            Addresses::setup_with(HolderKind::Ifb, HOLDER_NAME, &vips, &announce_ifaces).await?
+            Ok(Addresses::setup_with(HolderKind::Ifb, HOLDER_NAME, vips, announce_links).await?)
         }
-        other => other?,
-    };
-
-    let (conflict_tx, mut conflicts) = mpsc::unbounded_channel::<Conflict>();
-    let mut answering: BTreeMap<String, AnsweringLink> = BTreeMap::new();
-    for name in &announce_ifaces {
-        let link = open_link(name, &links, responder_metrics.clone(), conflict_tx.clone())?;
-        answering.insert(name.clone(), link);
+        other => Ok(other?),
     }
+}
 
-    let now = Instant::now();
-    let mut local = LocalState::new(&node, &config, now);
+/// Starts the gossip task with this node's first record.
+async fn spawn_gossip(
+    config: &Standalone,
+    node: &str,
+    timing: Timing,
+    ring: KeyRing,
+    local: &LocalState,
+    metrics: GossipMetrics,
+) -> Result<gossip::GossipHandle, DaemonError> {
     let settings = GossipSettings {
-        node: node.clone(),
+        node: node.to_string(),
         addr: config.bind,
         seeds: config.peers.clone(),
         timing,
@@ -392,385 +699,50 @@ pub async fn run(
                 .unwrap_or([7; 8]),
         ) ^ std::process::id() as u64,
     };
-    let gossip = gossip::spawn(
-        settings,
-        config.bind,
-        ring,
-        local.meta().clone(),
-        gossip_metrics,
-    )
-    .await?;
-    let mut changes = gossip.subscribe();
-    let live_rx = gossip.live();
-    let mut identity_rx = gossip.identity_changes();
+    Ok(gossip::spawn(settings, config.bind, ring, local.meta().clone(), metrics).await?)
+}
 
-    let (check_tx, mut check_events) = mpsc::channel::<CheckEvent>(64);
-    let tls = Tls::new();
-    let mut check_tasks = CheckTasks::start(&config, tls, check_tx);
-    let mut last_outcome: BTreeMap<CheckKey, &'static str> = BTreeMap::new();
+/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
+/// `previous`, so its calls stay in order across a reload.
+fn notifiers(
+    config: &Standalone,
+    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
+    done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
+) -> BTreeMap<String, (PathBuf, Notifier)> {
+    config
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let program = g.notify.clone()?;
+            let notifier = match previous.remove(&g.name) {
+                Some((old, notifier)) if old == program => notifier,
+                _ => Notifier::spawn(
+                    program.clone(),
+                    g.name.clone(),
+                    NOTIFY_TIMEOUT,
+                    done.clone(),
+                ),
+            };
+            Some((g.name.clone(), (program, notifier)))
+        })
+        .collect()
+}
 
-    let (hook_tx, mut hook_results) = mpsc::unbounded_channel::<(String, GroupState, HookResult)>();
-    let mut notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
-    let mut group_states: BTreeMap<String, GroupState> = BTreeMap::new();
+/// Whether a file describes a node with no peers to join (only itself, if anything).
+fn alone(config: &Standalone) -> bool {
+    config.peers.iter().all(|p| *p == config.bind)
+}
 
-    let live = live_rx.borrow().clone();
-    let mut election = Election::new(node.clone(), served, &live);
-    let mut announcer = Announcer::new(schedule(&config));
-    let (status_tx, status_rx) = watch::channel(Status::default());
-    let registry = Arc::new(registry);
-    let (_http_addr, http_task) = http::spawn(config.listen, status_rx, registry.clone())
-        .await
-        .map_err(|source| DaemonError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-
-    let mut config = config;
-    let mut placement = placement;
-    let effects = announcer.set_desired(Instant::now(), &election.desired());
-    apply(&effects, &placement, &mut answering);
-    let ctx = Publish {
-        node: &node,
-        metrics: &metrics,
-        phase: gossip.phase(),
-        alone: alone(&config),
-    };
-    let mut phase_rx = gossip.phase();
-    publish(
-        &ctx,
-        &status_tx,
-        &election,
-        &live,
-        &local,
-        &config,
-        &last_outcome,
-        &placement,
-        false,
-    );
-    update_groups(
-        &config,
-        &election,
-        &local,
-        &mut group_states,
-        &notifiers,
-        false,
-    );
-
-    let mut conflict_guard: BTreeMap<IpAddr, ConflictGuard> = BTreeMap::new();
-    // The drain, once started: successors still to be seen, and the deadline.
-    let mut draining: Option<(Instant, BTreeSet<IpAddr>)> = None;
-
-    loop {
-        let announce_at = announcer.next_deadline();
-        let settle_at = local.settles_at();
-        let drain_at = draining.as_ref().map(|(deadline, _)| *deadline);
-        let trailing_at = conflict_guard.values().filter_map(|g| g.trailing).min();
-        tokio::select! {
-            _ = &mut shutdown, if draining.is_none() => {
-                tracing::info!("draining: handing the VIPs over");
-                local.drain();
-                let _ = gossip.set_meta(local.meta().clone()).await;
-                let owned: BTreeSet<IpAddr> = answering.values().flat_map(|l| l.owned.iter().copied()).collect();
-                draining = Some((Instant::now() + DRAIN_DEADLINE, owned));
-                // Every group goes to `fault`, one hook call each (later updates keep it there).
-                update_groups(&config, &election, &local, &mut group_states, &notifiers, true);
-                let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, true);
-                if draining.as_ref().is_some_and(|(_, left)| left.is_empty()) {
-                    break;
-                }
-            }
-            _ = sleep_until(drain_at) => {
-                tracing::warn!("drain deadline passed before every successor announced");
-                break;
-            }
-            change = changes.recv() => {
-                let change = match change {
-                    Ok(c) => Some(c),
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "gossip changes lagged: full re-election");
-                        None
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                };
-                match &change {
-                    Some(LiveChange::Up(n)) => tracing::info!(member = %n, "member up"),
-                    Some(LiveChange::Down(n)) => tracing::info!(member = %n, "member down"),
-                    Some(LiveChange::Meta(n)) => tracing::debug!(member = %n, "member metadata changed"),
-                    None => {}
-                }
-                let live = live_rx.borrow().clone();
-                match &change {
-                    Some(c) => {
-                        let _ = election.apply_live(&live, c);
-                    }
-                    None => election = Election::new(node.clone(), election.snapshot().clone(), &live),
-                }
-                let now = Instant::now();
-                let mut effects = Vec::new();
-                if draining.is_none() {
-                    effects = announcer.set_desired(now, &election.desired());
-                    if matches!(change, Some(LiveChange::Up(_))) {
-                        // A member (re)appeared, perhaps a healed partition: make sure it has
-                        // our MAC for what we own.
-                        effects.extend(announcer.member_joined(now));
-                    }
-                }
-                apply(&effects, &placement, &mut answering);
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
-                update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
-            }
-            Some(event) = check_events.recv() => {
-                if !check_tasks.is_current(&event) {
-                    // Sent by a task a reload stopped, before it stopped.
-                    continue;
-                }
-                let CheckKey { group, check } = &event.key;
-                tracing::info!(%group, %check, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
-                last_outcome.insert(event.key.clone(), event.outcome.as_str());
-                if local.set_check(group, check, event.passing) {
-                    let _ = gossip.set_meta(local.meta().clone()).await;
-                }
-                let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
-                update_groups(&config, &election, &local, &mut group_states, &notifiers, draining.is_some());
-            }
-            Ok(()) = phase_rx.changed() => {
-                let phase = *phase_rx.borrow_and_update();
-                tracing::info!(phase = phase.as_str(), "gossip phase");
-                let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
-            }
-            Ok(()) = identity_rx.changed() => {
-                let bump = identity_rx.borrow_and_update().bump;
-                tracing::info!(bump, "back in the cluster under a renewed identity: preempt delay starts again");
-                local.rejoined(Instant::now());
-                // The gossip core has already cleared `settled`; this sets it back when the node
-                // has no preemption delay.
-                let _ = gossip.set_meta(local.meta().clone()).await;
-            }
-            _ = sleep_until(settle_at) => {
-                if local.tick(Instant::now()) {
-                    tracing::info!("settled: may now take over from lower-priority owners");
-                    let _ = gossip.set_meta(local.meta().clone()).await;
-                }
-            }
-            _ = sleep_until(trailing_at) => {
-                let now = Instant::now();
-                let owned: BTreeSet<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
-                let due: Vec<IpAddr> = conflict_guard
-                    .iter()
-                    .filter(|(_, g)| g.trailing.is_some_and(|t| t <= now))
-                    .map(|(ip, _)| *ip)
-                    .collect();
-                for ip in due {
-                    if let Some(g) = conflict_guard.get_mut(&ip) {
-                        g.trailing = None;
-                        if owned.contains(&ip) && draining.is_none() {
-                            g.reannounced = Some(now);
-                            let effects = announcer.conflict(now, ip);
-                            apply(&effects, &placement, &mut answering);
-                        }
-                    }
-                }
-            }
-            _ = sleep_until(announce_at) => {
-                let effects = announcer.tick(Instant::now());
-                apply(&effects, &placement, &mut answering);
-            }
-            Some(conflict) = conflicts.recv() => {
-                if let Some((_, left)) = draining.as_mut() {
-                    // The successor announced: stop answering for that IP now.
-                    if left.remove(&conflict.ip) {
-                        tracing::info!(ip = %conflict.ip, successor = %conflict.mac, "successor announced");
-                        let desired: BTreeMap<IpAddr, Interface> = announcer
-                            .answering()
-                            .filter(|(ip, _)| left.contains(*ip))
-                            .map(|(ip, i)| (*ip, i.clone()))
-                            .collect();
-                        let effects = announcer.set_desired(Instant::now(), &desired);
-                        apply(&effects, &placement, &mut answering);
-                    }
-                    if left.is_empty() {
-                        break;
-                    }
-                    continue;
-                }
-                // Two owners (a partition healing) each see the other's announcements as
-                // conflicts: answering each one with a burst would feed a storm. One burst per
-                // IP per hold-off, and one log line per IP per log interval.
-                let now = Instant::now();
-                let guard = conflict_guard.entry(conflict.ip).or_insert(ConflictGuard { reannounced: None, logged: None, trailing: None });
-                if guard.logged.is_none_or(|t| now >= t + CONFLICT_LOG_INTERVAL) {
-                    guard.logged = Some(now);
-                    tracing::warn!(ip = %conflict.ip, other = %conflict.mac, "another MAC claims an address we own: re-announcing");
-                }
-                if guard.reannounced.is_none_or(|t| now >= t + CONFLICT_HOLDOFF) {
-                    guard.reannounced = Some(now);
-                    guard.trailing = None;
-                    let effects = announcer.conflict(now, conflict.ip);
-                    apply(&effects, &placement, &mut answering);
-                } else if guard.trailing.is_none() {
-                    // A claim during the hold-off still gets an answer when it ends, so the
-                    // last word on the segment is the owner's (a node losing the IP may have
-                    // claimed it once more before the gossip told it).
-                    guard.trailing = guard.reannounced.map(|t| t + CONFLICT_HOLDOFF);
-                }
-            }
-            changed = link_watch.changed() => {
-                if let Err(e) = changed {
-                    tracing::warn!(error = %e, "link and route notifications stopped; interface changes need a restart");
-                    link_watch = interfaces::InterfaceWatch::subscribe()?;
-                    continue;
-                }
-                let (links, routes) = match interfaces::snapshot().await {
-                    Ok(snapshot) => snapshot,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read links and routes");
-                        continue;
-                    }
-                };
-                let next = place_lenient(election.snapshot(), &links, &routes);
-                // Interfaces that went away or were re-created: their responders stop.
-                answering.retain(|name, link| {
-                    let alive = links.iter().any(|l| &l.name == name && l.index == link.index && l.up);
-                    if !alive {
-                        tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
-                    }
-                    alive
-                });
-                for name in next.values().collect::<BTreeSet<_>>() {
-                    if !answering.contains_key(name) {
-                        match open_link(name, &links, responder_metrics.clone(), conflict_tx.clone()) {
-                            Ok(link) => {
-                                answering.insert(name.clone(), link);
-                            }
-                            Err(e) => tracing::warn!(interface = %name, error = %e, "cannot answer on it"),
-                        }
-                    }
-                }
-                let ifaces: Vec<String> = next.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
-                let vips: Vec<IpAddr> = election.snapshot().iter().map(|(ip, _)| *ip).collect();
-                if let Err(e) = holder.reload(&vips, &ifaces).await {
-                    tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
-                }
-                // Owned IPs whose interface changed move to the new one and are announced there.
-                rehome(&announcer, &placement, &next, &BTreeSet::new(), &mut answering);
-                placement = next;
-                let live = live_rx.borrow().clone();
-                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, draining.is_some());
-            }
-            Some((group, state, result)) = hook_results.recv() => {
-                if result != HookResult::Ok {
-                    metrics.notify_failures.inc();
-                    tracing::warn!(%group, state = state.as_str(), result = result.as_str(), "notify hook failed");
-                }
-            }
-            Some(()) = reload.recv(), if draining.is_none() => {
-                match reload_config(&config_path) {
-                    Ok(next) if next.cluster == config.cluster && next.bind == config.bind => {
-                        for field in restart_only_changes(&config, &next) {
-                            tracing::warn!(field, "reload: this change needs a restart and is not applied");
-                        }
-                        let next_ring = match key_ring(&next) {
-                            Ok(ring) => ring,
-                            Err(e) => {
-                                tracing::error!(error = %e, "reload refused: keys");
-                                continue;
-                            }
-                        };
-                        let Ok((links, routes)) = interfaces::snapshot().await else {
-                            tracing::error!("reload refused: cannot read links and routes");
-                            continue;
-                        };
-                        let served = snapshot(&next);
-                        match place(&served, &links, &routes) {
-                            Ok(next_placement) => {
-                                let ifaces: Vec<String> = next_placement.values().cloned().collect::<BTreeSet<_>>().into_iter().collect();
-                                let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
-                                if let Err(e) = holder.reload(&vips, &ifaces).await {
-                                    tracing::error!(error = %e, "reload refused: addresses");
-                                    continue;
-                                }
-                                for name in &ifaces {
-                                    if !answering.contains_key(name) {
-                                        match open_link(name, &links, responder_metrics.clone(), conflict_tx.clone()) {
-                                            Ok(link) => {
-                                                answering.insert(name.clone(), link);
-                                            }
-                                            Err(e) => tracing::error!(interface = %name, error = %e, "cannot answer on it"),
-                                        }
-                                    }
-                                }
-                                // Unchanged checks keep running with their state; the others
-                                // start failing, and so does what we gossip for them.
-                                let unchanged = check_tasks.reload(&next);
-                                last_outcome.retain(|key, _| unchanged.contains(key));
-                                if local.reload(&next, &unchanged) {
-                                    let _ = gossip.set_meta(local.meta().clone()).await;
-                                }
-                                let live = live_rx.borrow().clone();
-                                let _ = election.apply_snapshot(served, &live);
-                                let effects = announcer.set_desired(Instant::now(), &election.desired());
-                                // What stops is answered where it was placed; what starts, where
-                                // it is placed now. Owned IPs whose interface changed move.
-                                let (stops, starts): (Vec<Effect>, Vec<Effect>) = effects
-                                    .into_iter()
-                                    .partition(|e| matches!(e, Effect::StopAnswering { .. }));
-                                apply(&stops, &placement, &mut answering);
-                                apply(&starts, &next_placement, &mut answering);
-                                let started: BTreeSet<IpAddr> = starts
-                                    .iter()
-                                    .filter_map(|e| match e {
-                                        Effect::StartAnswering { ip, .. } => Some(*ip),
-                                        _ => None,
-                                    })
-                                    .collect();
-                                rehome(&announcer, &placement, &next_placement, &started, &mut answering);
-                                placement = next_placement;
-                                notifiers = self::notifiers(&next, std::mem::take(&mut notifiers), &hook_tx);
-                                group_states.retain(|name, _| next.groups.iter().any(|g| &g.name == name));
-                                config = next;
-                                publish(&ctx, &status_tx, &election, &live, &local, &config, &last_outcome, &placement, false);
-                                update_groups(&config, &election, &local, &mut group_states, &notifiers, false);
-                                let next_ids: Vec<KeyId> = next_ring.key_ids().collect();
-                                if next_ids != ring_ids {
-                                    // Rotation: the first key seals from now on; peers are
-                                    // still answered with the key they use while it is here.
-                                    let sealing = next_ring.sealing_key_id();
-                                    let _ = gossip.set_key_ring(next_ring).await;
-                                    tracing::info!(keys = next_ids.len(), %sealing, "gossip keys replaced");
-                                    ring_ids = next_ids;
-                                }
-                                tracing::info!("configuration reloaded");
-                            }
-                            Err(e) => tracing::error!(error = %e, "reload refused"),
-                        }
-                    }
-                    Ok(_) => tracing::error!("reload refused: cluster and bind cannot change without a restart"),
-                    Err(e) => tracing::error!(error = %e, "reload refused: invalid configuration"),
-                }
-            }
-        }
+/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
+/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
+/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
+/// the cluster is unconfirmed. Draining is reported on its own.
+pub fn ready(phase: Phase, alone: bool) -> bool {
+    match phase {
+        Phase::Active => true,
+        Phase::Joining => alone,
+        Phase::Left => false,
     }
-
-    // Leave: peers see us go at once. Then stop answering and clean up.
-    let _ = gossip.leave().await;
-    check_tasks.stop();
-    for (_, link) in answering {
-        link.responder.stop();
-    }
-    http_task.abort();
-    // The drain's `fault` calls are queued: let them run, within a deadline.
-    let hooks_deadline = Instant::now() + EXIT_HOOK_DEADLINE;
-    for (group, (_, notifier)) in notifiers {
-        if !notifier.finish(hooks_deadline).await {
-            tracing::warn!(%group, "notify hook still running at exit: killed");
-        }
-    }
-    holder.teardown().await?;
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// Whether the holder link is absent or an ifb link (ours, from a run on a kernel without the
@@ -809,374 +781,6 @@ fn reload_config(path: &Path) -> Result<Standalone, String> {
     Standalone::parse(&text).map_err(|e| e.to_string())
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The interface of every IP: the named one, or the one with a connected route to it.
-fn place(
-    served: &Snapshot,
-    links: &[Link],
-    routes: &[Route],
-) -> Result<BTreeMap<IpAddr, String>, DaemonError> {
-    let mut placement = BTreeMap::new();
-    for (ip, entry) in served.iter() {
-        let named = match &entry.interface {
-            Interface::Named(n) => Some(n.as_str()),
-            Interface::Default => None,
-        };
-        let link = interfaces::choose(*ip, named, links, routes).map_err(|reason| {
-            DaemonError::NoInterface {
-                ip: *ip,
-                reason: reason.as_str(),
-            }
-        })?;
-        placement.insert(*ip, link.name.clone());
-    }
-    Ok(placement)
-}
-
-/// Like [`place`], but an IP without an interface is left out (and logged) instead of failing:
-/// at run time a missing interface must not stop the other VIPs.
-fn place_lenient(served: &Snapshot, links: &[Link], routes: &[Route]) -> BTreeMap<IpAddr, String> {
-    let mut placement = BTreeMap::new();
-    for (ip, entry) in served.iter() {
-        let named = match &entry.interface {
-            Interface::Named(n) => Some(n.as_str()),
-            Interface::Default => None,
-        };
-        match interfaces::choose(*ip, named, links, routes) {
-            Ok(link) => {
-                placement.insert(*ip, link.name.clone());
-            }
-            Err(reason) => {
-                tracing::warn!(%ip, reason = reason.as_str(), "no interface to announce on")
-            }
-        }
-    }
-    placement
-}
-
-fn open_link(
-    name: &str,
-    links: &[Link],
-    metrics: responder::Metrics,
-    conflicts: mpsc::UnboundedSender<Conflict>,
-) -> Result<AnsweringLink, DaemonError> {
-    let link = links
-        .iter()
-        .find(|l| l.name == name)
-        .ok_or(DaemonError::NoInterface {
-            ip: IpAddr::from([0, 0, 0, 0]),
-            reason: "named_missing",
-        })?;
-    let iface = pnet_datalink::interfaces()
-        .into_iter()
-        .find(|i| i.index == link.index)
-        .ok_or(DaemonError::NoInterface {
-            ip: IpAddr::from([0, 0, 0, 0]),
-            reason: "named_missing",
-        })?;
-    let channel = packet_socket::open(&iface, Duration::from_millis(50)).map_err(|source| {
-        DaemonError::PacketSocket {
-            iface: name.to_string(),
-            source,
-        }
-    })?;
-    let [a, b, c, d, e, f] = link.mac;
-    let mac = MacAddr(a, b, c, d, e, f);
-    let responder = Responder::spawn(
-        name,
-        mac,
-        channel.tx,
-        channel.rx,
-        Some(channel.membership),
-        metrics,
-        conflicts,
-    )
-    .map_err(|source| DaemonError::PacketSocket {
-        iface: name.to_string(),
-        source,
-    })?;
-    tracing::info!(interface = name, %mac, "answering ARP and neighbor solicitations");
-    Ok(AnsweringLink {
-        index: link.index,
-        mac,
-        responder,
-        owned: BTreeSet::new(),
-    })
-}
-
-/// Carries out the announcer's effects on the responder threads.
-fn apply(
-    effects: &[Effect],
-    placement: &BTreeMap<IpAddr, String>,
-    answering: &mut BTreeMap<String, AnsweringLink>,
-) {
-    let mut touched: BTreeSet<String> = BTreeSet::new();
-    for effect in effects {
-        let (Effect::StartAnswering { ip, .. }
-        | Effect::StopAnswering { ip, .. }
-        | Effect::Announce { ip, .. }) = effect;
-        let Some(name) = placement.get(ip) else {
-            continue;
-        };
-        let Some(link) = answering.get_mut(name) else {
-            continue;
-        };
-        match effect {
-            Effect::StartAnswering { .. } => {
-                link.owned.insert(*ip);
-                touched.insert(name.clone());
-                tracing::info!(%ip, interface = %name, mac = %link.mac, "now owner");
-            }
-            Effect::StopAnswering { .. } => {
-                link.owned.remove(ip);
-                // Stopping is immediate: tell the thread before anything else happens.
-                link.responder
-                    .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                tracing::info!(%ip, interface = %name, "no longer owner");
-            }
-            Effect::Announce { .. } => {
-                if touched.remove(name) {
-                    link.responder
-                        .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-                }
-                link.responder.send(Control::Announce(*ip));
-            }
-        }
-    }
-    for name in touched {
-        if let Some(link) = answering.get(&name) {
-            link.responder
-                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-        }
-    }
-}
-
-/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
-/// `previous`, so its calls stay in order across a reload.
-fn notifiers(
-    config: &Standalone,
-    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
-    done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
-) -> BTreeMap<String, (PathBuf, Notifier)> {
-    config
-        .groups
-        .iter()
-        .filter_map(|g| {
-            let program = g.notify.clone()?;
-            let notifier = match previous.remove(&g.name) {
-                Some((old, notifier)) if old == program => notifier,
-                _ => Notifier::spawn(
-                    program.clone(),
-                    g.name.clone(),
-                    NOTIFY_TIMEOUT,
-                    done.clone(),
-                ),
-            };
-            Some((g.name.clone(), (program, notifier)))
-        })
-        .collect()
-}
-
-/// Moves the IPs this node answers for whose link changed from `before` to `after` (a route or
-/// a reload placed them elsewhere), and announces them there. `skip`: IPs just started on their
-/// new link.
-fn rehome(
-    announcer: &Announcer,
-    before: &BTreeMap<IpAddr, String>,
-    after: &BTreeMap<IpAddr, String>,
-    skip: &BTreeSet<IpAddr>,
-    answering: &mut BTreeMap<String, AnsweringLink>,
-) {
-    let owned: Vec<IpAddr> = announcer.answering().map(|(ip, _)| *ip).collect();
-    for ip in owned {
-        let (old_if, new_if) = (before.get(&ip), after.get(&ip));
-        if old_if == new_if || skip.contains(&ip) {
-            continue;
-        }
-        if let Some(link) = old_if.and_then(|n| answering.get_mut(n)) {
-            link.owned.remove(&ip);
-            link.responder
-                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-        }
-        if let Some(link) = new_if.and_then(|n| answering.get_mut(n)) {
-            link.owned.insert(ip);
-            link.responder
-                .send(Control::SetOwned(Owned::new(link.owned.iter().copied())));
-            link.responder.send(Control::Announce(ip));
-            tracing::info!(%ip, interface = ?new_if, "announcing on a new interface");
-        }
-    }
-}
-
-/// Each group's state on this node, and a notify call for each change.
-fn update_groups(
-    config: &Standalone,
-    election: &Election,
-    local: &LocalState,
-    states: &mut BTreeMap<String, GroupState>,
-    notifiers: &BTreeMap<String, (PathBuf, Notifier)>,
-    draining: bool,
-) {
-    for group in &config.groups {
-        let owns = group
-            .addresses
-            .iter()
-            .any(|ip| election.owner(ip) == Some(election.local()));
-        let fault = local
-            .meta()
-            .groups
-            .get(&group.name)
-            .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
-        // A draining node is handing its groups over: `fault` at once, even while it still
-        // answers for them until the successor has announced.
-        let state = if draining {
-            GroupState::Fault
-        } else if owns {
-            GroupState::Owner
-        } else if fault {
-            GroupState::Fault
-        } else {
-            GroupState::Backup
-        };
-        if states.insert(group.name.clone(), state) != Some(state) {
-            tracing::info!(group = %group.name, state = state.as_str(), "group state");
-            if let Some((_, n)) = notifiers.get(&group.name) {
-                n.notify(state);
-            }
-        }
-    }
-}
-
-struct Publish<'a> {
-    node: &'a str,
-    metrics: &'a Metrics,
-    /// The gossip's phase, for readiness.
-    phase: watch::Receiver<Phase>,
-    /// Configured without peers.
-    alone: bool,
-}
-
-/// Whether a file describes a node with no peers to join (only itself, if anything).
-fn alone(config: &Standalone) -> bool {
-    config.peers.iter().all(|p| *p == config.bind)
-}
-
-/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
-/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
-/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
-/// the cluster is unconfirmed. Draining is reported on its own.
-pub fn ready(phase: Phase, alone: bool) -> bool {
-    match phase {
-        Phase::Active => true,
-        Phase::Joining => alone,
-        Phase::Left => false,
-    }
-}
-
-/// Refreshes `/status` and the owner gauges.
-#[allow(clippy::too_many_arguments)]
-fn publish(
-    ctx: &Publish<'_>,
-    status: &watch::Sender<Status>,
-    election: &Election,
-    live: &LiveSet,
-    local: &LocalState,
-    config: &Standalone,
-    outcomes: &BTreeMap<CheckKey, &'static str>,
-    placement: &BTreeMap<IpAddr, String>,
-    draining: bool,
-) {
-    let verdicts = election.verdicts(live);
-    ctx.metrics.announced.clear();
-    ctx.metrics.owner.clear();
-    let mut addresses = Vec::new();
-    for (ip, served) in election.snapshot().iter() {
-        let owner = election.owner(ip).map(str::to_string);
-        let verdict = verdicts.get(ip).map(Verdict::as_str).unwrap_or("unknown");
-        if let Some(o) = &owner {
-            ctx.metrics
-                .owner
-                .get_or_create(&OwnerLabels {
-                    ip: ip.to_string(),
-                    group_or_service: served.belongs_to.clone(),
-                    owner: o.clone(),
-                })
-                .set(1);
-        }
-        if owner.as_deref() == Some(ctx.node) && !draining {
-            ctx.metrics
-                .announced
-                .get_or_create(&AnnouncedLabels {
-                    ip: ip.to_string(),
-                    group_or_service: served.belongs_to.clone(),
-                    node: ctx.node.to_string(),
-                })
-                .set(1);
-        }
-        // Where this node announces it, when it owns it.
-        let interface = (owner.as_deref() == Some(ctx.node))
-            .then(|| placement.get(ip).cloned())
-            .flatten();
-        addresses.push(AddressStatus {
-            ip: ip.to_string(),
-            group: served.belongs_to.clone(),
-            owner,
-            verdict: verdict.to_string(),
-            interface,
-        });
-    }
-    let mut checks = Vec::new();
-    for group in &config.groups {
-        for (c, check) in group.checks.iter().enumerate() {
-            let passing = local
-                .meta()
-                .groups
-                .get(&group.name)
-                .and_then(|h| h.checks.get(c))
-                .is_some_and(|r| r.passing);
-            ctx.metrics
-                .check_up
-                .get_or_create(&CheckLabels {
-                    group: group.name.clone(),
-                    check: check.name.clone(),
-                })
-                .set(i64::from(passing));
-            checks.push(CheckStatus {
-                group: group.name.clone(),
-                check: check.name.clone(),
-                passing,
-                last: outcomes
-                    .get(&CheckKey::new(&group.name, &check.name))
-                    .copied()
-                    .unwrap_or("none")
-                    .to_string(),
-            });
-        }
-    }
-    let members = live
-        .iter()
-        .map(|m| MemberStatus {
-            node: m.node.clone(),
-            settled: m.settled,
-            draining: m.draining,
-        })
-        .collect();
-    status.send_replace(Status {
-        node: ctx.node.to_string(),
-        ready: ready(*ctx.phase.borrow(), ctx.alone),
-        draining,
-        members,
-        addresses,
-        checks,
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1194,10 +798,10 @@ mod tests {
         assert_eq!(s.len(), 3);
         let api = s.get(&"2001:db8::100".parse().unwrap()).unwrap();
         assert_eq!(api.group.as_deref(), Some("api"));
-        assert_eq!(api.interface, Interface::Named("eth0".into()));
+        assert_eq!(api.interfaces, Interfaces::named(["eth0"]));
         assert_eq!(
-            s.get(&"192.0.2.101".parse().unwrap()).unwrap().interface,
-            Interface::Default
+            s.get(&"192.0.2.101".parse().unwrap()).unwrap().interfaces,
+            Interfaces::Default
         );
     }
 
@@ -1209,6 +813,7 @@ mod tests {
         for n in ["n1", "n2", "n3", "n4", "n5"] {
             let mut m = MemberMeta::new(n);
             m.settled = true;
+            m.announce.links.insert("eth0".into());
             for g in ["api", "web"] {
                 m.groups.insert(
                     g.into(),
@@ -1220,7 +825,7 @@ mod tests {
             }
             live.upsert(m);
         }
-        let election = Election::new("n1", snapshot(&config), &live);
+        let election = crate::election::Election::new("n1", snapshot(&config), &live);
         let a = election.owner(&"192.0.2.100".parse().unwrap());
         let b = election.owner(&"2001:db8::100".parse().unwrap());
         assert!(a.is_some());

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
 use swimlb_speaker::election::{Election, Outcome, effective_priority, elect, standing};
 use swimlb_speaker::membership::{CheckResult, GroupHealth, LiveChange, LiveSet, MemberMeta};
-use swimlb_speaker::snapshot::{Interface, NodeFilter, ServedIp, Snapshot};
+use swimlb_speaker::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
 
 const NODES: usize = 8;
 const GROUPS: [&str; 3] = ["g0", "g1", "g2"];
@@ -53,20 +53,31 @@ fn member(i: usize) -> impl Strategy<Value = MemberMeta> {
         prop::option::weighted(0.8, health()),
         prop::option::weighted(0.8, health()),
         1..1000u64,
+        (
+            prop::bool::weighted(0.8),
+            prop::collection::btree_set((0..200u16).prop_map(ip), 0..3),
+        ),
     )
-        .prop_map(move |(settled, draining, g0, g1, version)| {
-            let mut meta = MemberMeta::new(node_name(i));
-            meta.version = version;
-            meta.settled = settled;
-            meta.draining = draining;
-            if let Some(h) = g0 {
-                meta.groups.insert("g0".into(), h);
-            }
-            if let Some(h) = g1 {
-                meta.groups.insert("g1".into(), h);
-            }
-            meta
-        })
+        .prop_map(
+            move |(settled, draining, g0, g1, version, (eth0, unplaced))| {
+                let mut meta = MemberMeta::new(node_name(i));
+                // Most members can announce on eth0; a few cannot place some default-interface IPs.
+                if eth0 {
+                    meta.announce.links.insert("eth0".into());
+                }
+                meta.announce.unplaced = unplaced;
+                meta.version = version;
+                meta.settled = settled;
+                meta.draining = draining;
+                if let Some(h) = g0 {
+                    meta.groups.insert("g0".into(), h);
+                }
+                if let Some(h) = g1 {
+                    meta.groups.insert("g1".into(), h);
+                }
+                meta
+            },
+        )
 }
 
 /// Records for every node (some of which will be alive).
@@ -88,9 +99,9 @@ fn served() -> impl Strategy<Value = ServedIp> {
     )
         .prop_map(|(group, only, ready, named, order_ip)| {
             let interface = if named {
-                Interface::Named("eth0".into())
+                Interfaces::named(["eth0"])
             } else {
-                Interface::Default
+                Interfaces::Default
             };
             let mut served = match group {
                 Some(group) => ServedIp::group(group, interface),
@@ -285,12 +296,12 @@ proptest! {
         let snapshot = snapshot_of(&entries);
         let outcomes = elect(&snapshot, &live);
         for (ip, served) in snapshot.iter() {
-            let best = live.iter().filter_map(|m| standing(m, served).ok()).max();
+            let best = live.iter().filter_map(|m| standing(m, ip, served).ok()).max();
             match &outcomes[ip] {
                 Outcome::Owned(rank) => {
                     prop_assert_eq!(Some(rank.priority), best);
                     let meta = live.get(&rank.node).expect("owner is alive");
-                    prop_assert_eq!(standing(meta, served), Ok(rank.priority));
+                    prop_assert_eq!(standing(meta, ip, served), Ok(rank.priority));
                     if let Some(group) = &served.group {
                         prop_assert_eq!(
                             effective_priority(&meta.groups[group]),

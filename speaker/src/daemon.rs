@@ -1,0 +1,373 @@
+//! The drivers around the [`Engine`], shared by every mode: they read inputs, call the engine
+//! and carry out its actions. Nothing here decides.
+//!
+//! - [`Daemon`] holds the engine, the gossip handle, this node's record ([`LocalState`]), the
+//!   responders ([`AnsweringLinks`]) and `/status` with the owner gauges ([`StatusBoard`]).
+//!   [`Daemon::handle`] feeds one input and performs the actions: link actions go to the
+//!   responders, status deltas to the board, new announce facts into the node's record and out
+//!   through the gossip, notices to the log.
+//! - [`NetWatch`] dumps links and routes in its own task whenever the kernel reports a change,
+//!   so a netlink dump never delays a conflict or an announcement tick.
+//! - [`JoinHold`] decides when a starting node may answer: not while the mesh forms (a node
+//!   alone elects itself for everything, and two nodes would answer for one IP).
+
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+
+use crate::answering::AnsweringLinks;
+use crate::engine::{Action, Engine, Input, Notice};
+use crate::gossip::{GossipHandle, Phase};
+use crate::interfaces::{self, InterfaceWatch, Link, Route};
+use crate::local::LocalState;
+use crate::membership::{LiveChange, LiveSet};
+use crate::status::StatusBoard;
+
+/// A starting node answers at the latest this long after start, joined or not (its peers may
+/// all be down: then it serves alone).
+pub const JOIN_GRACE: Duration = Duration::from_secs(3);
+/// After joining, a node waits this long (and for every member's record) before it answers, so
+/// that the members the join brought are known.
+pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
+
+/// When a starting node may answer (pure; `now` is an argument).
+#[derive(Debug, Clone)]
+pub struct JoinHold {
+    started: Instant,
+    active_since: Option<Instant>,
+    released: bool,
+}
+
+impl JoinHold {
+    /// A hold from `now`; a node with no peers to join (`alone`) is never held.
+    pub fn new(now: Instant, alone: bool) -> JoinHold {
+        JoinHold {
+            started: now,
+            active_since: None,
+            released: alone,
+        }
+    }
+
+    /// Whether the hold is still on.
+    pub fn holding(&self) -> bool {
+        !self.released
+    }
+
+    /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
+    /// the node has been `Active` for [`JOIN_SETTLE`] and holds every member's record (no
+    /// placeholder of version 0), or [`JOIN_GRACE`] after start.
+    pub fn release(&mut self, now: Instant, phase: Phase, live: &LiveSet) -> bool {
+        if self.released {
+            return false;
+        }
+        match phase {
+            Phase::Active => {
+                self.active_since.get_or_insert(now);
+            }
+            Phase::Joining | Phase::Left => self.active_since = None,
+        }
+        let settled = self
+            .active_since
+            .is_some_and(|t| now >= t + JOIN_SETTLE && live.iter().all(|m| m.version > 0));
+        self.released = settled || now >= self.started + JOIN_GRACE;
+        self.released
+    }
+
+    /// When to look again.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.released {
+            return None;
+        }
+        let grace = self.started + JOIN_GRACE;
+        Some(match self.active_since {
+            Some(t) => grace.min(t + JOIN_SETTLE),
+            None => grace,
+        })
+    }
+}
+
+/// The latest links and routes, dumped in the background after every kernel notification.
+#[derive(Debug)]
+pub struct NetWatch {
+    rx: watch::Receiver<(Vec<Link>, Vec<Route>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NetWatch {
+    /// Subscribes, then dumps once (no change between the two is missed).
+    pub async fn start() -> Result<(NetWatch, Vec<Link>, Vec<Route>), interfaces::Error> {
+        let mut watch_kernel = InterfaceWatch::subscribe()?;
+        let (links, routes) = interfaces::snapshot().await?;
+        let (tx, rx) = watch::channel((links.clone(), routes.clone()));
+        let task = tokio::spawn(async move {
+            loop {
+                if let Err(e) = watch_kernel.changed().await {
+                    tracing::warn!(error = %e, "link and route notifications stopped: subscribing again");
+                    match InterfaceWatch::subscribe() {
+                        Ok(w) => watch_kernel = w,
+                        Err(e) => {
+                            tracing::error!(error = %e, "interface changes are no longer seen");
+                            return;
+                        }
+                    }
+                }
+                match interfaces::snapshot().await {
+                    Ok(net) => {
+                        if tx.send(net).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read links and routes"),
+                }
+            }
+        });
+        Ok((NetWatch { rx, task }, links, routes))
+    }
+
+    /// The links and routes last dumped.
+    pub fn latest(&self) -> (Vec<Link>, Vec<Route>) {
+        self.rx.borrow().clone()
+    }
+
+    /// Resolves with the next links and routes.
+    pub async fn changed(&mut self) -> Option<(Vec<Link>, Vec<Route>)> {
+        self.rx.changed().await.ok()?;
+        Some(self.rx.borrow_and_update().clone())
+    }
+}
+
+impl Drop for NetWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The engine and the drivers of one speaker.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The decision core.
+    pub engine: Engine,
+    /// This node's gossiped record.
+    pub local: LocalState,
+    /// `/status` and the owner gauges.
+    pub board: StatusBoard,
+    answering: AnsweringLinks,
+    gossip: GossipHandle,
+    live: watch::Receiver<LiveSet>,
+    drained: bool,
+}
+
+impl Daemon {
+    /// Wires the parts; `initial` are the engine's first actions, performed at once.
+    pub async fn new(
+        engine: Engine,
+        initial: Vec<Action>,
+        local: LocalState,
+        board: StatusBoard,
+        answering: AnsweringLinks,
+        gossip: GossipHandle,
+    ) -> Daemon {
+        let live = gossip.live();
+        board.members(live.borrow().iter());
+        let mut daemon = Daemon {
+            engine,
+            local,
+            board,
+            answering,
+            gossip,
+            live,
+            drained: false,
+        };
+        daemon.perform(initial).await;
+        daemon
+    }
+
+    /// Feeds `input` at the current time and performs the actions.
+    pub async fn handle(&mut self, input: Input) {
+        let actions = self.engine.handle(Instant::now(), input);
+        self.perform(actions).await;
+    }
+
+    /// A change from the gossip's stream (`Err`: some were missed: resynchronise). Returns
+    /// false when the gossip has stopped.
+    pub async fn membership(
+        &mut self,
+        change: Result<LiveChange, broadcast::error::RecvError>,
+    ) -> bool {
+        let input = match change {
+            Ok(change) => {
+                let (node, joined) = match change {
+                    LiveChange::Up(node) => {
+                        tracing::info!(member = %node, "member up");
+                        (node, true)
+                    }
+                    LiveChange::Down(node) => {
+                        tracing::info!(member = %node, "member down");
+                        (node, false)
+                    }
+                    LiveChange::Meta(node) => {
+                        tracing::debug!(member = %node, "member metadata changed");
+                        (node, false)
+                    }
+                };
+                let record = self.live.borrow().get(&node).cloned();
+                self.board.member(&node, record.as_ref());
+                Input::Member {
+                    node,
+                    record,
+                    joined,
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "gossip changes lagged: full re-election");
+                let live = self.live.borrow().clone();
+                self.board.members(live.iter());
+                Input::Live(live)
+            }
+            Err(broadcast::error::RecvError::Closed) => return false,
+        };
+        self.handle(input).await;
+        true
+    }
+
+    /// Gossips this node's record after a change to it.
+    pub async fn publish_meta(&mut self) {
+        if let Err(e) = self.gossip.set_meta(self.local.meta().clone()).await {
+            tracing::error!(error = %e, "this node's record could not be gossiped");
+        }
+    }
+
+    /// When the engine wants the next tick.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.engine.next_deadline()
+    }
+
+    /// Whether the drain is over.
+    pub fn drained(&self) -> bool {
+        self.drained
+    }
+
+    /// The gossip's phase, watched.
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.gossip.phase()
+    }
+
+    /// The gossip's live set now.
+    pub fn live_now(&self) -> LiveSet {
+        self.live.borrow().clone()
+    }
+
+    /// The gossip handle.
+    pub fn gossip(&self) -> &GossipHandle {
+        &self.gossip
+    }
+
+    /// New links and routes: the responders on dead links stop, the engine places again.
+    pub async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
+        for name in self.answering.set_links(links.clone()) {
+            tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
+        }
+        self.handle(Input::Net { links, routes }).await;
+    }
+
+    /// Carries out `actions`, in order.
+    pub async fn perform(&mut self, actions: Vec<Action>) {
+        self.answering.perform(&actions);
+        let mut facts_changed = false;
+        for action in actions {
+            match action {
+                Action::Silence { .. } | Action::Answer { .. } | Action::Announce { .. } => {}
+                Action::Facts(facts) => {
+                    tracing::info!(links = ?facts.links, unplaced = facts.unplaced.len(), "can announce on");
+                    facts_changed |= self.local.set_announce(facts);
+                }
+                Action::Status { ip, view } => self.board.address(ip, view.as_ref()),
+                Action::Notice(notice) => log(&notice),
+                Action::Drained => self.drained = true,
+            }
+        }
+        if facts_changed {
+            self.publish_meta().await;
+        }
+    }
+
+    /// Leaves the mesh and stops the responders.
+    pub async fn stop(self) {
+        if let Err(e) = self.gossip.leave().await {
+            tracing::warn!(error = %e, "leaving the mesh");
+        }
+        self.answering.stop();
+    }
+}
+
+fn log(notice: &Notice) {
+    match notice {
+        Notice::Conflict { ip, mac } => {
+            tracing::warn!(%ip, other = %mac, "another MAC claims an address we own: re-announcing")
+        }
+        Notice::SuccessorAnnounced { ip, mac } => {
+            tracing::info!(%ip, successor = %mac, "successor announced")
+        }
+        Notice::DrainDeadline { left } => {
+            tracing::warn!(
+                left,
+                "drain deadline passed before every successor announced"
+            )
+        }
+        Notice::Unplaced { ip, reason } => {
+            tracing::warn!(%ip, reason = reason.as_str(), "owner, but no interface to announce on")
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever.
+pub async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::MemberMeta;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_joining_node_waits_for_every_record_and_the_settle_time() {
+        let t0 = Instant::now();
+        let mut hold = JoinHold::new(t0, false);
+        let mut live = LiveSet::new();
+        live.upsert(MemberMeta::new("a"));
+        let mut placeholder = MemberMeta::new("b");
+        placeholder.version = 0;
+        live.upsert(placeholder);
+        assert!(!hold.release(t0 + ms(10), Phase::Joining, &live));
+        assert_eq!(hold.next_deadline(), Some(t0 + JOIN_GRACE));
+        assert!(!hold.release(t0 + ms(20), Phase::Active, &live));
+        assert_eq!(hold.next_deadline(), Some(t0 + ms(20) + JOIN_SETTLE));
+        assert!(
+            !hold.release(t0 + ms(500), Phase::Active, &live),
+            "b's record is missing"
+        );
+        live.upsert(MemberMeta::new("b"));
+        assert!(hold.release(t0 + ms(501), Phase::Active, &live));
+        assert!(!hold.holding());
+        assert!(!hold.release(t0 + ms(502), Phase::Active, &live), "once");
+    }
+
+    #[test]
+    fn a_node_that_reaches_nobody_serves_after_the_grace_and_one_alone_at_once() {
+        let t0 = Instant::now();
+        let live = LiveSet::new();
+        let mut hold = JoinHold::new(t0, false);
+        assert!(!hold.release(t0 + JOIN_GRACE - ms(1), Phase::Joining, &live));
+        assert!(hold.release(t0 + JOIN_GRACE, Phase::Joining, &live));
+        assert!(!JoinHold::new(t0, true).holding());
+    }
+}

@@ -1,0 +1,234 @@
+//! What this node reports about the IPs and the members: `/status` and the owner metrics,
+//! updated from the engine's deltas, never rebuilt.
+//!
+//! [`StatusBoard`] holds the `/status` channel and the gauges `swimlb_owner` (this node's view
+//! of every IP's owner) and `swimlb_announced` (the IPs this node answers for). Each
+//! [`Action::Status`](crate::engine::Action::Status) changes one IP's entry and one label set
+//! of each gauge in place, so a scrape never sees a family half rebuilt.
+
+use std::net::IpAddr;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::engine::AddressView;
+use crate::http::{AddressStatus, MemberStatus, Status};
+use crate::membership::MemberMeta;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnnouncedLabels {
+    ip: String,
+    group_or_service: String,
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnerLabels {
+    ip: String,
+    group_or_service: String,
+    owner: String,
+}
+
+/// `/status` and the owner gauges of one speaker.
+#[derive(Debug)]
+pub struct StatusBoard {
+    node: String,
+    status: watch::Sender<Status>,
+    announced: Family<AnnouncedLabels, Gauge>,
+    owner: Family<OwnerLabels, Gauge>,
+}
+
+impl StatusBoard {
+    /// A board for `node`, registering its gauges in `registry`.
+    pub fn new(node: &str, registry: &mut Registry) -> StatusBoard {
+        let board = StatusBoard {
+            node: node.to_string(),
+            status: watch::Sender::new(Status {
+                node: node.to_string(),
+                ..Status::default()
+            }),
+            announced: Family::default(),
+            owner: Family::default(),
+        };
+        registry.register(
+            "swimlb_announced",
+            "1 while this node answers for the IP",
+            board.announced.clone(),
+        );
+        registry.register(
+            "swimlb_owner",
+            "1 for the owner this node elected for each IP",
+            board.owner.clone(),
+        );
+        board
+    }
+
+    /// A receiver of `/status` (for the HTTP listener).
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    /// The current status.
+    pub fn current(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// `ip`'s entry changed (`None`: no longer served).
+    pub fn address(&self, ip: IpAddr, view: Option<&AddressView>) {
+        self.status.send_modify(|status| {
+            let old = match view {
+                Some(view) => status.addresses.insert(ip, self.entry(ip, view)),
+                None => status.addresses.remove(&ip),
+            };
+            if let Some(old) = old {
+                self.unlabel(&old);
+            }
+            if let Some(entry) = status.addresses.get(&ip) {
+                self.label(entry);
+            }
+        });
+    }
+
+    /// One member's record changed (`None`: down or left).
+    pub fn member(&self, node: &str, record: Option<&MemberMeta>) {
+        self.status.send_modify(|status| match record {
+            Some(m) => {
+                status.members.insert(
+                    node.to_string(),
+                    MemberStatus {
+                        node: m.node.clone(),
+                        settled: m.settled,
+                        draining: m.draining,
+                    },
+                );
+            }
+            None => {
+                status.members.remove(node);
+            }
+        });
+    }
+
+    /// Every member at once (start, resynchronisation).
+    pub fn members<'a>(&self, records: impl Iterator<Item = &'a MemberMeta>) {
+        let members = records
+            .map(|m| {
+                (
+                    m.node.clone(),
+                    MemberStatus {
+                        node: m.node.clone(),
+                        settled: m.settled,
+                        draining: m.draining,
+                    },
+                )
+            })
+            .collect();
+        self.status.send_modify(|status| status.members = members);
+    }
+
+    /// Sets the other fields (readiness, draining, checks) through `f`.
+    pub fn update(&self, f: impl FnOnce(&mut Status)) {
+        self.status.send_modify(f);
+    }
+
+    fn entry(&self, ip: IpAddr, view: &AddressView) -> AddressStatus {
+        AddressStatus {
+            ip: ip.to_string(),
+            group: view.belongs_to.clone(),
+            owner: view.owner.clone(),
+            verdict: view.verdict.to_string(),
+            interface: view.links.first().cloned(),
+            interfaces: view.links.clone(),
+        }
+    }
+
+    fn label(&self, entry: &AddressStatus) {
+        if let Some(owner) = &entry.owner {
+            self.owner
+                .get_or_create(&self.owner_labels(entry, owner))
+                .set(1);
+        }
+        if !entry.interfaces.is_empty() {
+            self.announced
+                .get_or_create(&self.announced_labels(entry))
+                .set(1);
+        }
+    }
+
+    fn unlabel(&self, entry: &AddressStatus) {
+        if let Some(owner) = &entry.owner {
+            self.owner.remove(&self.owner_labels(entry, owner));
+        }
+        if !entry.interfaces.is_empty() {
+            self.announced.remove(&self.announced_labels(entry));
+        }
+    }
+
+    fn owner_labels(&self, entry: &AddressStatus, owner: &str) -> OwnerLabels {
+        OwnerLabels {
+            ip: entry.ip.clone(),
+            group_or_service: entry.group.clone(),
+            owner: owner.to_string(),
+        }
+    }
+
+    fn announced_labels(&self, entry: &AddressStatus) -> AnnouncedLabels {
+        AnnouncedLabels {
+            ip: entry.ip.clone(),
+            group_or_service: entry.group.clone(),
+            node: self.node.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn a_delta_moves_one_label_set_and_one_entry() {
+        let mut registry = Registry::default();
+        let board = StatusBoard::new("n1", &mut registry);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let other: IpAddr = "192.0.2.2".parse().unwrap();
+        let view = |owner: &str, links: &[&str]| AddressView {
+            belongs_to: "api".into(),
+            owner: Some(owner.into()),
+            verdict: if owner == "n1" { "owner" } else { "not_owner" },
+            links: links.iter().map(|s| s.to_string()).collect(),
+        };
+        board.address(ip, Some(&view("n1", &["eth0"])));
+        board.address(other, Some(&view("n2", &[])));
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"swimlb_announced{ip="192.0.2.1",group_or_service="api",node="n1"} 1"#)
+        );
+        assert!(
+            text.contains(r#"swimlb_owner{ip="192.0.2.2",group_or_service="api",owner="n2"} 1"#)
+        );
+        // 192.0.2.1 moves to n3: n1 no longer announces it, and only its owner label changes.
+        board.address(ip, Some(&view("n3", &[])));
+        let text = encode(&registry);
+        assert!(!text.contains("swimlb_announced{"), "{text}");
+        assert!(!text.contains(r#"owner="n1""#), "{text}");
+        assert!(
+            text.contains(r#"swimlb_owner{ip="192.0.2.1",group_or_service="api",owner="n3"} 1"#)
+        );
+        assert!(
+            text.contains(r#"swimlb_owner{ip="192.0.2.2",group_or_service="api",owner="n2"} 1"#)
+        );
+        let status = board.current();
+        assert_eq!(status.addresses[&ip].owner.as_deref(), Some("n3"));
+        board.address(other, None);
+        assert_eq!(board.current().addresses.len(), 1);
+        assert!(!encode(&registry).contains(r#"ip="192.0.2.2""#));
+    }
+}
