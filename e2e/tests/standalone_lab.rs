@@ -1188,3 +1188,112 @@ fn an_invalid_file_is_rejected_with_exit_64_and_every_error_listed() {
         "the count of errors is listed:\n{stderr}"
     );
 }
+
+/// Gives node `index` two links into the lab's bridge: its lab link becomes `gos0` (gossip,
+/// HTTP, its address) and a new `eth0` without an address announces the VIP.
+fn split_gossip_and_announce_links(lab: &Lab, index: usize) {
+    let node = lab.node(index);
+    let ns = node.netns.as_str();
+    let sw = lab.switch_netns.as_str();
+    let port = format!("a{index}");
+    let mac = netns::mac_text([0x02, 0, 0, 0, 0x01, index as u8]);
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    };
+    ip(&["-n", ns, "link", "set", "eth0", "down"]);
+    ip(&["-n", ns, "link", "set", "eth0", "name", "gos0"]);
+    ip(&["-n", ns, "link", "set", "gos0", "up"]);
+    ip(&[
+        "link", "add", "eth0", "netns", ns, "address", &mac, "type", "veth", "peer", "name", &port,
+        "netns", sw,
+    ]);
+    ip(&["-n", sw, "link", "set", &port, "master", "br0"]);
+    ip(&["-n", sw, "link", "set", &port, "up"]);
+    ip(&["-n", ns, "link", "set", "eth0", "up"]);
+}
+
+#[test]
+fn an_owner_whose_announcing_link_goes_down_hands_the_vip_over_and_waits_its_delay_to_take_it_back()
+{
+    let Some(_one) = lab_or_skip("announcing link down") else {
+        return;
+    };
+    let delay = Duration::from_secs(3);
+    let mut run = Running::start(13, |lab, daemons| {
+        for node in &lab.nodes {
+            split_gossip_and_announce_links(lab, node.index);
+            daemons.group_extra.insert(
+                node.index,
+                format!("    preemptDelay: {}s\n", delay.as_secs()),
+            );
+        }
+    });
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    // Everybody settled: the owner's link return is then the only reason to wait.
+    std::thread::sleep(delay + Duration::from_millis(500));
+    let index = run.index_of(&owner);
+    let ns = run.lab.node(index).netns.clone();
+    let fault = Instant::now();
+    run.lab
+        .run_in(&ns, "ip", &["link", "set", "eth0", "down"])
+        .unwrap();
+    let sample = wait_for_failover(&prober, fault, &owner, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("nobody took the VIP over\n{}", run.logs()));
+    eprintln!(
+        "link down: {owner}'s eth0 down, another node answered after {:.0} ms",
+        sample.failover_ms
+    );
+    // The old owner is still a member for everybody: only its announcing link failed.
+    for (i, view) in run.views().iter().enumerate() {
+        let (_, members) = view
+            .as_ref()
+            .unwrap_or_else(|| panic!("node{} does not answer", i + 1));
+        assert_eq!(*members, 3, "node{} lost a member\n{}", i + 1, run.logs());
+    }
+    let up = Instant::now();
+    run.lab
+        .run_in(&ns, "ip", &["link", "set", "eth0", "up"])
+        .unwrap();
+    let early = up + delay - Duration::from_millis(500);
+    while Instant::now() < early {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answered_early = prober
+        .snapshot()
+        .iter()
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, at)| *at >= up && *at < early && *n == owner)
+        .count();
+    assert_eq!(
+        answered_early,
+        0,
+        "{owner} took the VIP back before its preempt delay\n{}",
+        run.logs()
+    );
+    // Once settled again it ranks first again (same hash) and takes the VIP back.
+    let limit = up + delay + Duration::from_secs(10);
+    let back = loop {
+        let found = prober
+            .snapshot()
+            .iter()
+            .filter_map(|r| r.answer.clone())
+            .find(|(n, at)| *at >= up && *n == owner)
+            .map(|(_, at)| at);
+        if found.is_some() || Instant::now() > limit {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let back = back.unwrap_or_else(|| panic!("{owner} never took the VIP back\n{}", run.logs()));
+    eprintln!(
+        "link up: {owner} answered again {:.0} ms after its link came back (delay {delay:?})",
+        back.duration_since(up).as_secs_f64() * 1e3
+    );
+    drop(prober);
+    run.lab.teardown();
+}

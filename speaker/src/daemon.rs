@@ -21,7 +21,7 @@ use crate::engine::{Action, Engine, Input, Notice};
 use crate::gossip::{GossipHandle, Phase};
 use crate::interfaces::{self, InterfaceWatch, Link, Route};
 use crate::local::LocalState;
-use crate::membership::{LiveChange, LiveSet};
+use crate::membership::{AnnounceFacts, LiveChange, LiveSet};
 use crate::status::StatusBoard;
 
 /// A starting node answers at the latest this long after start, joined or not (its peers may
@@ -253,11 +253,6 @@ impl Daemon {
         self.gossip.phase()
     }
 
-    /// The gossip's live set now.
-    pub fn live_now(&self) -> LiveSet {
-        self.live.borrow().clone()
-    }
-
     /// The gossip handle.
     pub fn gossip(&self) -> &GossipHandle {
         &self.gossip
@@ -280,6 +275,11 @@ impl Daemon {
                 Action::Silence { .. } | Action::Answer { .. } | Action::Announce { .. } => {}
                 Action::Facts(facts) => {
                     tracing::info!(links = ?facts.links, unplaced = facts.unplaced.len(), "can announce on");
+                    if regained(&self.local.meta().announce, &facts)
+                        && self.local.restart_preempt_delay(Instant::now())
+                    {
+                        tracing::info!("a link can announce again: preempt delay starts again");
+                    }
                     facts_changed |= self.local.set_announce(facts);
                 }
                 Action::Status { ip, view } => self.board.address(ip, view.as_ref()),
@@ -299,6 +299,12 @@ impl Daemon {
         }
         self.answering.stop();
     }
+}
+
+/// Whether `next` can announce something `before` could not: a link back, or an IP placed
+/// again.
+fn regained(before: &AnnounceFacts, next: &AnnounceFacts) -> bool {
+    !next.links.is_subset(&before.links) || !before.unplaced.is_subset(&next.unplaced)
 }
 
 fn log(notice: &Notice) {
@@ -359,6 +365,25 @@ mod tests {
         assert!(hold.release(t0 + ms(501), Phase::Active, &live));
         assert!(!hold.holding());
         assert!(!hold.release(t0 + ms(502), Phase::Active, &live), "once");
+    }
+
+    #[test]
+    fn a_link_back_or_an_ip_placed_again_is_a_regain() {
+        let ip: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let none = AnnounceFacts::default();
+        let eth1 = AnnounceFacts {
+            links: ["eth1".to_string()].into(),
+            ..AnnounceFacts::default()
+        };
+        let unplaced = AnnounceFacts {
+            unplaced: [ip].into(),
+            ..AnnounceFacts::default()
+        };
+        assert!(regained(&none, &eth1));
+        assert!(!regained(&eth1, &none), "a loss is not a regain");
+        assert!(regained(&unplaced, &none));
+        assert!(!regained(&none, &unplaced));
+        assert!(!regained(&eth1, &eth1));
     }
 
     #[test]

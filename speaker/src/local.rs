@@ -69,6 +69,13 @@ impl LocalState {
     /// identity (after a cut), which the cluster treats as a new membership. Returns whether the
     /// record changed.
     pub fn rejoined(&mut self, now: Instant) -> bool {
+        self.restart_preempt_delay(now)
+    }
+
+    /// Starts the preemption delay again at `now` (a rejoin, or a link that could not announce
+    /// and can again: keepalived waits `preempt_delay` after a FAULT ends too). Returns whether
+    /// the record changed.
+    pub fn restart_preempt_delay(&mut self, now: Instant) -> bool {
         self.started = now;
         if !self.meta.settled || self.settle_after.is_zero() {
             return false;

@@ -356,6 +356,10 @@ impl Source {
         let mut local = LocalState::new(&node, &config, Instant::now());
         local.set_announce(placement.facts(&served));
         let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
+        // Subscribe before the live set is read: a change in between is seen twice (harmless),
+        // never missed.
+        let changes = gossip.subscribe();
+        let live = gossip.live().borrow().clone();
         let alone = alone(&config);
         let hold = JoinHold::new(Instant::now(), alone);
         let (engine, initial) = Engine::new(
@@ -364,7 +368,7 @@ impl Source {
                 node: node.clone(),
                 schedule: schedule(&config),
                 snapshot: served,
-                live: gossip.live().borrow().clone(),
+                live,
                 links: links.clone(),
                 routes,
                 hold: hold.holding(),
@@ -384,7 +388,7 @@ impl Source {
                 source,
             })?;
         let inputs = Inputs {
-            changes: gossip.subscribe(),
+            changes,
             phase: gossip.phase(),
             identity: gossip.identity_changes(),
             check_events,
@@ -450,12 +454,10 @@ impl Source {
     /// Ends the start-up hold when the mesh has formed (or the grace passed).
     async fn check_hold(&mut self) {
         let phase = *self.daemon.phase().borrow();
-        let live = self.daemon.live_now();
-        if self.hold.release(Instant::now(), phase, &live) {
-            tracing::info!(
-                members = live.len(),
-                "mesh formed: answering what this node owns"
-            );
+        let live = self.daemon.engine.live();
+        if self.hold.release(Instant::now(), phase, live) {
+            let members = live.len();
+            tracing::info!(members, "mesh formed: answering what this node owns");
             self.daemon.handle(Input::Hold(false)).await;
         }
     }
