@@ -188,7 +188,7 @@ struct Drain {
 }
 
 /// The decision core of one speaker.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Engine {
     live: LiveSet,
     election: Election,
