@@ -8,9 +8,8 @@ use std::hint::black_box;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use swimlb_config::crd::{IPAddressPool, IPAddressPoolSpec};
 use swimlb_config::pools::validate;
-use swimlb_controller::allocator::{
-    Allocator, Protocol, ServiceKey, ServicePort, ServiceView, Verdict,
-};
+use swimlb_config::service::{Protocol, ServiceKey, ServicePort, ServiceView};
+use swimlb_controller::allocator::{Allocator, Verdict};
 
 const SERVICES: usize = 10_000;
 

@@ -4,6 +4,7 @@ use super::*;
 use proptest::prelude::*;
 use swimlb_config::crd::{IPAddressPool, IPAddressPoolSpec, ServiceAllocation};
 use swimlb_config::pools::validate;
+use swimlb_config::service::Protocol;
 
 fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
     let mut p = IPAddressPool::new(
