@@ -737,19 +737,9 @@ pub fn signals() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swimlb_config::crd::IPAddressPoolSpec;
 
     fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
-        let mut p = IPAddressPool::new(
-            name,
-            IPAddressPoolSpec {
-                addresses: addresses.iter().map(|a| a.to_string()).collect(),
-                auto_assign: true,
-                ..Default::default()
-            },
-        );
-        p.metadata.namespace = Some("swimlb".into());
-        p
+        IPAddressPool::with_addresses("swimlb", name, addresses)
     }
 
     #[test]

@@ -37,15 +37,7 @@ fn reporter() -> Reporter {
 fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(mock, "default");
-    let mut pool = IPAddressPool::new(
-        "p",
-        IPAddressPoolSpec {
-            addresses: pools.iter().map(|p| p.to_string()).collect(),
-            auto_assign: true,
-            ..Default::default()
-        },
-    );
-    pool.metadata.namespace = Some("swimlb-system".into());
+    let pool = IPAddressPool::with_addresses("swimlb-system", "p", pools);
     let model = validate(&[pool], &[]).into_result().expect("valid pool");
     let mut registry = Registry::default();
     let mut allocator = Allocator::new(None, &model);
