@@ -49,6 +49,24 @@ pub struct IPAddressPoolSpec {
     pub service_allocation: Option<ServiceAllocation>,
 }
 
+impl IPAddressPool {
+    /// The pool `namespace/name` with these addresses and nothing else set, read as such a
+    /// manifest reads (`autoAssign` true, which the derived `Default` of the spec is not); for
+    /// tests and benchmarks.
+    pub fn with_addresses(namespace: &str, name: &str, addresses: &[&str]) -> Self {
+        let mut pool = IPAddressPool::new(
+            name,
+            IPAddressPoolSpec {
+                addresses: addresses.iter().map(|a| a.to_string()).collect(),
+                auto_assign: default_true(),
+                ..Default::default()
+            },
+        );
+        pool.metadata.namespace = Some(namespace.into());
+        pool
+    }
+}
+
 /// Which Services a pool serves, and in which order pools are tried.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -9,6 +9,9 @@
 //! - `crd` (feature `kube`): the `swimlb.io/v1beta1` custom resources.
 //! - `pools` (feature `kube`): address pools and advertisements, validated.
 //! - `selector` (feature `kube`): Kubernetes label selectors.
+//! - `service` (feature `kube`): what swimlb reads of a Service (`ServiceView`, `view_of`) and
+//!   its trimming before it is cached.
+//! - `reflect` (feature `kube`): caches of Kubernetes objects (trimmed reflector stores).
 
 #[cfg(feature = "kube")]
 pub mod crd;
@@ -17,5 +20,9 @@ pub mod keyfile;
 #[cfg(feature = "kube")]
 pub mod pools;
 #[cfg(feature = "kube")]
+pub mod reflect;
+#[cfg(feature = "kube")]
 pub mod selector;
+#[cfg(feature = "kube")]
+pub mod service;
 pub mod standalone;

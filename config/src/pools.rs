@@ -670,20 +670,11 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{IPAddressPoolSpec, L2AdvertisementSpec, ServiceAllocation};
+    use crate::crd::{L2AdvertisementSpec, ServiceAllocation};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
     fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
-        let mut p = IPAddressPool::new(
-            name,
-            IPAddressPoolSpec {
-                addresses: addresses.iter().map(|a| a.to_string()).collect(),
-                auto_assign: true,
-                ..Default::default()
-            },
-        );
-        p.metadata.namespace = Some("default".into());
-        p
+        IPAddressPool::with_addresses("default", name, addresses)
     }
 
     fn adv(name: &str, pools: &[&str]) -> L2Advertisement {

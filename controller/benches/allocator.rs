@@ -6,24 +6,15 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use swimlb_config::crd::{IPAddressPool, IPAddressPoolSpec};
+use swimlb_config::crd::IPAddressPool;
 use swimlb_config::pools::validate;
-use swimlb_controller::allocator::{
-    Allocator, Protocol, ServiceKey, ServicePort, ServiceView, Verdict,
-};
+use swimlb_config::service::{Protocol, ServiceKey, ServicePort, ServiceView};
+use swimlb_controller::allocator::{Allocator, Verdict};
 
 const SERVICES: usize = 10_000;
 
 fn model() -> swimlb_config::pools::Model {
-    let mut p = IPAddressPool::new(
-        "big",
-        IPAddressPoolSpec {
-            addresses: vec!["10.20.0.0/16".into()],
-            auto_assign: true,
-            ..Default::default()
-        },
-    );
-    p.metadata.namespace = Some("swimlb-system".into());
+    let p = IPAddressPool::with_addresses("swimlb-system", "big", &["10.20.0.0/16"]);
     match validate(&[p], &[]).into_result() {
         Ok(m) => m,
         Err(e) => panic!("benchmark pool is invalid: {e:?}"),

@@ -38,112 +38,13 @@
 //! which every address is used.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
 use std::net::IpAddr;
 
 use swimlb_config::pools::{AddressRange, Family, Model, Pool, ip_to_u128, is_buggy, u128_to_ip};
+use swimlb_config::service::{IpFamilyPolicy, ServiceKey, ServicePort, ServiceView, TrafficPolicy};
 
 /// The annotation prefixes read, in order of precedence for messages.
 pub const ANNOTATION_PREFIXES: [&str; 3] = ["swimlb.io/", "metallb.io/", "metallb.universe.tf/"];
-
-/// Identifies a Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServiceKey {
-    /// The namespace.
-    pub namespace: String,
-    /// The name.
-    pub name: String,
-}
-
-impl ServiceKey {
-    /// A key from namespace and name.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ServiceKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// `spec.ipFamilyPolicy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum IpFamilyPolicy {
-    /// One address (the default).
-    #[default]
-    SingleStack,
-    /// One address per family the pool has.
-    PreferDualStack,
-    /// One address of each family.
-    RequireDualStack,
-}
-
-/// `spec.externalTrafficPolicy`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum TrafficPolicy {
-    /// Any node forwards (the default).
-    #[default]
-    Cluster,
-    /// Only nodes with an endpoint serve.
-    Local,
-}
-
-/// A port's protocol.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Protocol {
-    /// TCP (the default).
-    #[default]
-    Tcp,
-    /// UDP.
-    Udp,
-    /// SCTP.
-    Sctp,
-}
-
-/// One Service port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServicePort {
-    /// The port number.
-    pub port: i32,
-    /// The protocol.
-    pub protocol: Protocol,
-}
-
-/// What the allocator needs to know about a Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServiceView {
-    /// Namespace and name.
-    pub key: ServiceKey,
-    /// The Service's labels.
-    pub labels: BTreeMap<String, String>,
-    /// The labels of the Service's namespace.
-    pub namespace_labels: BTreeMap<String, String>,
-    /// Whether `spec.type` is LoadBalancer.
-    pub is_load_balancer: bool,
-    /// `spec.loadBalancerClass`.
-    pub load_balancer_class: Option<String>,
-    /// `spec.loadBalancerIP` (deprecated in Kubernetes, still honoured).
-    pub load_balancer_ip: Option<String>,
-    /// The annotations.
-    pub annotations: BTreeMap<String, String>,
-    /// `spec.ipFamilies`, in order.
-    pub ip_families: Vec<Family>,
-    /// `spec.ipFamilyPolicy`.
-    pub ip_family_policy: IpFamilyPolicy,
-    /// `spec.ports`.
-    pub ports: Vec<ServicePort>,
-    /// `spec.externalTrafficPolicy`.
-    pub external_traffic_policy: TrafficPolicy,
-    /// `spec.selector`.
-    pub selector: BTreeMap<String, String>,
-    /// The IPs in `status.loadBalancer.ingress`.
-    pub status_ips: Vec<IpAddr>,
-}
 
 /// Why a Service is not served by this allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

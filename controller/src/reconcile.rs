@@ -2,7 +2,7 @@
 //! [`error_policy`].
 //!
 //! It only reads, calls, writes and counts: it turns a Service into a [`ServiceView`]
-//! ([`view_of`], pure), asks the [`Allocator`] for a [`Verdict`], and then writes
+//! ([`view_of`], pure; both in [`swimlb_config::service`]), asks the [`Allocator`] for a [`Verdict`], and then writes
 //! `status.loadBalancer.ingress` by server-side apply with the field manager
 //! [`FIELD_MANAGER`], records an Event, and updates the metrics. It never holds the allocator
 //! lock across an await. Services of another class are never written to.
@@ -10,7 +10,8 @@
 //! Pool status (assigned and available counts per family) is computed by [`pool_statuses`]
 //! (pure) and written by [`apply_pool_status`].
 //!
-//! What is cached of a Service is trimmed first ([`trim_service`]): the controller keeps
+//! What is cached of a Service is trimmed first
+//! ([`trim_service`](swimlb_config::service::trim_service)): the controller keeps
 //! thousands of them. Normal Events (one per assignment) bypass the shared [`Recorder`], whose
 //! cache would otherwise keep one Event per Service; Warning Events go through it, so a
 //! repeated failure becomes a series. The watch loop, leader election and releases are in
@@ -31,10 +32,9 @@ use serde_json::json;
 use swimlb_config::crd::{IPAddressPool, IPAddressPoolStatus};
 use swimlb_config::pools::Family;
 
-use crate::allocator::{
-    Allocator, IpFamilyPolicy, LoadConflict, NotOurs, PoolUsage, Protocol, ServiceKey, ServicePort,
-    ServiceView, TrafficPolicy, Verdict,
-};
+use swimlb_config::service::{ServiceKey, ServiceView, view_of};
+
+use crate::allocator::{Allocator, LoadConflict, NotOurs, PoolUsage, Verdict};
 use crate::metrics::ControllerMetrics;
 
 /// The server-side apply field manager of every status write.
@@ -167,133 +167,6 @@ fn namespace_labels(namespaces: &Store<Namespace>, svc: &Service) -> BTreeMap<St
         .get(&ObjectRef::new(&ns))
         .map(|n| n.labels().clone())
         .unwrap_or_default()
-}
-
-/// The allocator's view of a Service (pure). Unknown family, policy and protocol strings are
-/// read as Kubernetes' defaults; ingress entries without an IP (hostnames) are skipped.
-pub fn view_of(svc: &Service, namespace_labels: &BTreeMap<String, String>) -> ServiceView {
-    let spec = svc.spec.clone().unwrap_or_default();
-    let family = |s: &String| match s.as_str() {
-        "IPv4" => Some(Family::V4),
-        "IPv6" => Some(Family::V6),
-        _ => None,
-    };
-    ServiceView {
-        key: ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any()),
-        labels: svc.labels().clone(),
-        namespace_labels: namespace_labels.clone(),
-        is_load_balancer: spec.type_.as_deref() == Some("LoadBalancer"),
-        load_balancer_class: spec.load_balancer_class.clone(),
-        load_balancer_ip: spec.load_balancer_ip.clone(),
-        annotations: svc.annotations().clone(),
-        ip_families: spec
-            .ip_families
-            .iter()
-            .flatten()
-            .filter_map(family)
-            .collect(),
-        ip_family_policy: match spec.ip_family_policy.as_deref() {
-            Some("PreferDualStack") => IpFamilyPolicy::PreferDualStack,
-            Some("RequireDualStack") => IpFamilyPolicy::RequireDualStack,
-            _ => IpFamilyPolicy::SingleStack,
-        },
-        ports: spec
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| ServicePort {
-                port: p.port,
-                protocol: match p.protocol.as_deref() {
-                    Some("UDP") => Protocol::Udp,
-                    Some("SCTP") => Protocol::Sctp,
-                    _ => Protocol::Tcp,
-                },
-            })
-            .collect(),
-        external_traffic_policy: match spec.external_traffic_policy.as_deref() {
-            Some("Local") => TrafficPolicy::Local,
-            _ => TrafficPolicy::Cluster,
-        },
-        selector: spec.selector.clone().unwrap_or_default(),
-        status_ips: svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
-            .collect(),
-    }
-}
-
-/// The annotation `kubectl apply` writes: a copy of the whole object, never read here.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drops from a Service what the controller never reads, before it is cached (pure): managed
-/// fields, the last-applied annotation, the resourceVersion, the spec fields [`view_of`]
-/// ignores, port names and node ports, status conditions and ingress ports and modes, and
-/// values equal to the defaults `view_of` assumes (`SingleStack`, `Cluster`, `TCP`). What stays:
-/// name, namespace, uid, deletionTimestamp, finalizers, labels, other annotations and every
-/// field `view_of` reads, so `view_of` of the trimmed Service equals `view_of` of the full one but for the
-/// last-applied annotation (which the allocator never looks up).
-pub fn trim_service(svc: &mut Service) {
-    trim_meta(svc.meta_mut());
-    // Watches resume from the watcher's own record of it; Events need no resourceVersion.
-    svc.metadata.resource_version = None;
-    if let Some(spec) = svc.spec.as_mut() {
-        // The defaults `view_of` assumes are dropped: one allocation less each, same view.
-        let is_default = |value: &Option<String>, default: &str| value.as_deref() == Some(default);
-        if is_default(&spec.ip_family_policy, "SingleStack") {
-            spec.ip_family_policy = None;
-        }
-        if is_default(&spec.external_traffic_policy, "Cluster") {
-            spec.external_traffic_policy = None;
-        }
-        spec.cluster_ip = None;
-        spec.cluster_ips = None;
-        spec.external_ips = None;
-        spec.external_name = None;
-        spec.health_check_node_port = None;
-        spec.internal_traffic_policy = None;
-        spec.load_balancer_source_ranges = None;
-        spec.publish_not_ready_addresses = None;
-        spec.session_affinity = None;
-        spec.session_affinity_config = None;
-        spec.traffic_distribution = None;
-        spec.allocate_load_balancer_node_ports = None;
-        for port in spec.ports.iter_mut().flatten() {
-            if is_default(&port.protocol, "TCP") {
-                port.protocol = None;
-            }
-            port.name = None;
-            port.app_protocol = None;
-            port.node_port = None;
-            port.target_port = None;
-        }
-    }
-    if let Some(status) = svc.status.as_mut() {
-        status.conditions = None;
-        for ingress in status
-            .load_balancer
-            .iter_mut()
-            .flat_map(|lb| lb.ingress.iter_mut().flatten())
-        {
-            ingress.ports = None;
-            ingress.ip_mode = None;
-        }
-    }
-}
-
-/// Drops managed fields and the last-applied annotation (pure); for every cached object.
-pub fn trim_meta(meta: &mut kube::api::ObjectMeta) {
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-        if annotations.is_empty() {
-            meta.annotations = None;
-        }
-    }
 }
 
 /// The server-side apply body that sets `status.loadBalancer.ingress` to these addresses

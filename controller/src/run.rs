@@ -54,9 +54,11 @@ use tokio::sync::watch;
 use crate::allocator::Allocator;
 use crate::http::Health;
 use crate::metrics::ControllerMetrics;
+use swimlb_config::reflect::{spawn_store, trim_meta};
+use swimlb_config::service::trim_service;
+
 use crate::reconcile::{
-    Context, FIELD_MANAGER, apply_pool_status, error_policy, pool_statuses, reconcile, trim_meta,
-    trim_service,
+    Context, FIELD_MANAGER, apply_pool_status, error_policy, pool_statuses, reconcile,
 };
 
 /// How often deleted Services are released and pool statuses written.
@@ -293,36 +295,9 @@ pub async fn run(
     outcome
 }
 
-/// Reflects `api` into a store, driven by a background task that notifies `changed` on every
-/// event. The task ends when `stop` fires.
-fn reflect<K>(
-    api: Api<K>,
-    changed: Option<futures::channel::mpsc::UnboundedSender<()>>,
-    mut stop: watch::Receiver<Option<Stop>>,
-) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|o: &mut K| trim_meta(o.meta_mut()))
-        .reflect(writer);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(Option::is_some) => return,
-                event = stream.next() => match event {
-                    None => return,
-                    Some(Err(e)) => tracing::warn!(error = %e, "watch failed; retrying"),
-                    Some(Ok(_)) => if let Some(tx) = &changed { let _ = tx.unbounded_send(()); },
-                },
-            }
-        }
-    });
-    reader
+/// Resolves when `stop` fires (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<Option<Stop>>) {
+    let _ = stop.wait_for(Option::is_some).await;
 }
 
 /// Reflects the Namespaces into a store, driven by a background task that sends every
@@ -412,15 +387,15 @@ async fn lead(
     let (config_tx, mut config_rx) = futures::channel::mpsc::unbounded::<()>();
     let (namespaces, namespace_changes) =
         reflect_namespaces(Api::<Namespace>::all(client.clone()), stop.clone());
-    let pools = reflect(
+    let pools = spawn_store(
         Api::<IPAddressPool>::all(client.clone()),
         Some(config_tx.clone()),
-        stop.clone(),
+        stopped(stop.clone()),
     );
-    let advertisements = reflect(
+    let advertisements = spawn_store(
         Api::<L2Advertisement>::all(client.clone()),
         Some(config_tx),
-        stop.clone(),
+        stopped(stop.clone()),
     );
     // One cache of the Services, trimmed to what the controller reads: the Controller is fed
     // from this reflector (and drives it), and this loop reads the same store for the load
@@ -762,19 +737,9 @@ pub fn signals() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swimlb_config::crd::IPAddressPoolSpec;
 
     fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
-        let mut p = IPAddressPool::new(
-            name,
-            IPAddressPoolSpec {
-                addresses: addresses.iter().map(|a| a.to_string()).collect(),
-                auto_assign: true,
-                ..Default::default()
-            },
-        );
-        p.metadata.namespace = Some("swimlb".into());
-        p
+        IPAddressPool::with_addresses("swimlb", name, addresses)
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! swimlb lab: network namespaces, the membership simulation, the fake Kubernetes API server.
+//! swimlb lab: network namespaces, the membership simulation, the end-to-end tests. The fake
+//! Kubernetes API server they run the controller against is its own dev crate, `swimlb-fake-api`
+//! (`e2e/fake-api/`).
 //!
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
-//! - [`fake_api`]: the fake Kubernetes API server for controller tests.
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
@@ -12,7 +13,6 @@
 
 pub mod demo;
 pub mod failover;
-pub mod fake_api;
 pub mod keepalived;
 pub mod netns;
 pub mod probe;

@@ -454,6 +454,18 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Panics, naming `test`, unless this process runs as root. For tests marked
+/// `#[ignore = "needs root: ..."]`: run with `--include-ignored` without root they fail with
+/// this message instead of passing without checking anything.
+#[track_caller]
+pub fn require_root(test: &str) {
+    assert!(
+        is_root(),
+        "{test}: needs root (CAP_NET_ADMIN) to make network namespaces; run it as root \
+         (sudo ./test.sh runs every root test with --include-ignored)"
+    );
+}
+
 fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip")
         .args(args)

@@ -1,10 +1,11 @@
 //! The real controller binary (`swimlb-lab controller ...`, the same entry point as
 //! `swimlb-controller`) run as a process against the fake API server through its kubeconfig.
 //!
-//! Real time and real sockets, as in `fake_api.rs`; every wait is bounded ([`WAIT`]) so a broken
-//! controller fails a test instead of hanging it, and no test asserts on speed. The `#[ignore]`d
-//! `measure_*` tests print figures (time to assign, controller RSS) and never fail on them; they
-//! fail only when a Service is left without an address or two share one.
+//! Real time and real sockets, as in the fake server's own tests (`e2e/fake-api/tests`); every
+//! wait is bounded ([`WAIT`]) so a broken controller fails a test instead of hanging it, and no
+//! test asserts on speed. The `#[ignore]`d `measure_*` tests print figures (time to assign,
+//! controller RSS) and never fail on them; they fail only when a Service is left without an
+//! address or two share one.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig, RequestRecord};
+use swimlb_fake_api::{FakeApi, FakeApiConfig, RequestRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 

@@ -1,4 +1,5 @@
-//! keepalived in the lab, as the comparison peer of `swimlb-lab failover` (root only).
+//! keepalived in the lab, as the comparison peer of `swimlb-lab failover`. Root only: the test
+//! is `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does).
 
 use std::time::Duration;
 
@@ -6,11 +7,9 @@ use swimlb_e2e::failover::{self, Implementation, KeepalivedDaemons, Options, Sce
 use swimlb_e2e::netns;
 
 #[test]
+#[ignore = "needs root: network namespaces and keepalived"]
 fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
-    if !netns::is_root() {
-        eprintln!("keepalived_moves_the_vip_when_its_master_loses_its_link: skipped: needs root");
-        return;
-    }
+    netns::require_root("keepalived_moves_the_vip_when_its_master_loses_its_link");
     let options = Options {
         implementation: Implementation::Keepalived,
         scenario: Scenario::Poweroff,

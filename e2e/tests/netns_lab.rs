@@ -1,14 +1,7 @@
-//! The lab's namespaces as the failover tests use them (root only).
+//! The lab's namespaces as the failover tests use them. Root only: every test is
+//! `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does).
 
 use swimlb_e2e::netns::{self, Lab};
-
-fn root_or_skip(test: &str) -> bool {
-    if netns::is_root() {
-        return true;
-    }
-    eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
-    false
-}
 
 fn ping(from: &str, to: &str) -> bool {
     Lab::command_in(from, "ping")
@@ -19,10 +12,9 @@ fn ping(from: &str, to: &str) -> bool {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn nodes_reach_each_other_and_teardown_removes_everything() {
-    if !root_or_skip("nodes_reach_each_other_and_teardown_removes_everything") {
-        return;
-    }
+    netns::require_root("nodes_reach_each_other_and_teardown_removes_everything");
     let id = format!("{}x1", std::process::id());
     let mut lab = Lab::create_with_id(3, &id).unwrap();
     let client = lab.client_netns.clone();
@@ -60,10 +52,9 @@ fn nodes_reach_each_other_and_teardown_removes_everything() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn total_loss_cuts_a_node_off_and_zero_restores_it() {
-    if !root_or_skip("total_loss_cuts_a_node_off_and_zero_restores_it") {
-        return;
-    }
+    netns::require_root("total_loss_cuts_a_node_off_and_zero_restores_it");
     let id = format!("{}x2", std::process::id());
     let lab = Lab::create_with_id(1, &id).unwrap();
     let client = lab.client_netns.clone();
@@ -75,10 +66,9 @@ fn total_loss_cuts_a_node_off_and_zero_restores_it() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_dead_run_is_cleaned_up_by_the_next() {
-    if !root_or_skip("a_dead_run_is_cleaned_up_by_the_next") {
-        return;
-    }
+    netns::require_root("a_dead_run_is_cleaned_up_by_the_next");
     // A pid that cannot exist (above pid_max's hard limit of 2^22).
     let stale = format!("{}9999999-n1", netns::PREFIX);
     // Other tests of this binary may run cleanup_stale concurrently: only the creation and the
@@ -103,12 +93,11 @@ fn a_dead_run_is_cleaned_up_by_the_next() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_prober_records_which_node_answers() {
     use std::time::Duration;
     use swimlb_e2e::probe::{self, PROBE_PORT, Prober};
-    if !root_or_skip("the_prober_records_which_node_answers") {
-        return;
-    }
+    netns::require_root("the_prober_records_which_node_answers");
     let id = format!("{}x3", std::process::id());
     let lab = Lab::create_with_id(2, &id).unwrap();
     let _r1 = probe::spawn_responder(&lab.node(1).netns, "node1").unwrap();

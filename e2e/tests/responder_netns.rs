@@ -1,4 +1,5 @@
-//! The responder on a real veth, with a real Linux neighbor (root only).
+//! The responder on a real veth, with a real Linux neighbor. Root only: the test is
+//! `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does).
 //!
 //! The client's kernel resolves the VIP with its own ARP requests and neighbor solicitations;
 //! the node's kernel does not have the VIP at all, so every answer the client gets comes from
@@ -101,11 +102,9 @@ fn flush(lab: &Lab) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces and a packet socket"]
 fn a_linux_neighbor_learns_our_mac_only_while_we_own_the_vip() {
-    if !netns::is_root() {
-        eprintln!("a_linux_neighbor_learns_our_mac_only_while_we_own_the_vip: skipped: needs root");
-        return;
-    }
+    netns::require_root("a_linux_neighbor_learns_our_mac_only_while_we_own_the_vip");
     let lab = Lab::create_with_id(1, &format!("{}x11", std::process::id())).unwrap();
     let node_mac = netns::mac_text(lab.node(1).mac);
     let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100));

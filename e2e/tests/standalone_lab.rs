@@ -3,7 +3,9 @@
 //! partition that heals to exactly one ARP answerer, a failing health check with its notify
 //! hook, the preemption delay of a rejoining node, an IPv6 VIP, and invalid files.
 //!
-//! Every lab test needs root (it makes network namespaces); without it, it says so and returns.
+//! Every lab test needs root (it makes network namespaces): each is
+//! `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does);
+//! run so without root, it fails saying why.
 //! The lab tests take a lock and run one at a time: the speakers' fast gossip profile detects a
 //! silent member in under a second, and a few labs competing for two busy cores would make a
 //! member look silent. Every wait is bounded; the only time bounds asserted are the functional
@@ -34,13 +36,10 @@ const DETECTION_BOUND: Duration = Duration::from_millis(1100);
 /// The client's MAC (see `netns`).
 const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 
-/// The lab to oneself, or `None` (after saying why) without root.
-fn lab_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
-    if !netns::is_root() {
-        eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
-        return None;
-    }
-    Some(LAB.lock().unwrap_or_else(|e| e.into_inner()))
+/// The lab to oneself; panics, naming `test`, without root.
+fn one_lab(test: &str) -> MutexGuard<'static, ()> {
+    netns::require_root(test);
+    LAB.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn program() -> PathBuf {
@@ -460,10 +459,9 @@ fn read_sysctl_in(lab: &Lab, netns: &str, key: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_powered_off_owner_is_replaced_and_gratuitous_arp_moves_the_clients_neighbor_entry() {
-    let Some(_one) = lab_or_skip("power-off") else {
-        return;
-    };
+    let _one = one_lab("power-off");
     let mut run = Running::start(1, |_, _| {});
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
@@ -538,10 +536,9 @@ fn a_powered_off_owner_is_replaced_and_gratuitous_arp_moves_the_clients_neighbor
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up() {
-    let Some(_one) = lab_or_skip("graceful handover") else {
-        return;
-    };
+    let _one = one_lab("graceful handover");
     let mut run = Running::start(2, |lab, daemons| {
         for node in &lab.nodes {
             let hook = notify_hook(daemons.dir(), &node.name);
@@ -606,10 +603,9 @@ fn a_gracefully_stopped_owner_hands_over_losing_at_most_two_probes_and_cleans_up
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_killed_speaker_is_replaced_and_its_kernel_stays_silent_for_the_vip() {
-    let Some(_one) = lab_or_skip("killed speaker") else {
-        return;
-    };
+    let _one = one_lab("killed speaker");
     let mut run = Running::start(3, |_, _| {});
     let v4 = netns::vip_v4(0);
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
@@ -644,10 +640,9 @@ fn a_killed_speaker_is_replaced_and_its_kernel_stays_silent_for_the_vip() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
-    let Some(_one) = lab_or_skip("partition") else {
-        return;
-    };
+    let _one = one_lab("partition");
     let mut run = Running::start(4, |_, _| {});
     let v4 = netns::vip_v4(0);
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
@@ -737,10 +732,9 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
-    let Some(_one) = lab_or_skip("key rotation") else {
-        return;
-    };
+    let _one = one_lab("key rotation");
     let mut run = Running::start(9, |_, _| {});
     let (prober, owner) = run.probe_until_steady(IpAddr::V4(netns::vip_v4(0)));
     let steady_from = prober.snapshot().len();
@@ -807,10 +801,9 @@ fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip() {
-    let Some(_one) = lab_or_skip("check after reload") else {
-        return;
-    };
+    let _one = one_lab("check after reload");
     // rise 3: a check task restarted by the reload would need three passes (600 ms) before a
     // failure could count; a failure within that time would go unreported (the bug this
     // guards against). A slow machine can only make this test pass wrongly, never fail.
@@ -864,10 +857,9 @@ fn a_check_failing_right_after_a_sighup_that_changed_nothing_still_moves_the_vip
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vip() {
-    let Some(_one) = lab_or_skip("group added by reload") else {
-        return;
-    };
+    let _one = one_lab("group added by reload");
     let mut run = Running::start(11, |_, _| {});
     let vip = IpAddr::V4(netns::vip_v4(0));
     let added = IpAddr::V4(netns::vip_v4(1));
@@ -959,10 +951,9 @@ fn a_group_added_by_sighup_is_served_without_moving_or_interrupting_the_first_vi
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
-    let Some(_one) = lab_or_skip("health check") else {
-        return;
-    };
+    let _one = one_lab("health check");
     // The check's timeout may not exceed its interval (runs would overlap). 300 ms rather than
     // a shorter interval: the bound below scales with the check, while the delays a loaded
     // machine adds (process start, scheduling) do not.
@@ -1037,10 +1028,9 @@ fn a_failing_health_check_moves_the_vip_in_time_and_runs_the_notify_hooks() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_the_vip_back() {
-    let Some(_one) = lab_or_skip("preempt delay") else {
-        return;
-    };
+    let _one = one_lab("preempt delay");
     let delay = Duration::from_secs(5);
     let mut run = Running::start(6, |lab, daemons| {
         for node in &lab.nodes {
@@ -1120,10 +1110,9 @@ fn a_restarted_higher_priority_node_waits_for_its_preempt_delay_before_taking_th
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn an_ipv6_vip_fails_over_when_its_owner_is_powered_off() {
-    let Some(_one) = lab_or_skip("ipv6") else {
-        return;
-    };
+    let _one = one_lab("ipv6");
     let mut run = Running::start(7, |_, _| {});
     let vip = IpAddr::V6(netns::vip_v6(0));
     let (prober, owner) = run.probe_until_steady(vip);

@@ -2,8 +2,10 @@
 //!
 //! Each test builds two namespaces joined by a veth pair (198.51.100.0/24, 2001:db8:100::/64;
 //! names carry the process id), runs the code under test on a thread that entered namespace A
-//! (`setns`), and probes from namespace B with `arping` and `ping`. Root only: without root each
-//! test says why and returns. Needs iproute2, arping (Thomas Habets' 2.x) and iputils-ping.
+//! (`setns`), and probes from namespace B with `arping` and `ping`. Root only: each test is
+//! `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does);
+//! run so without root, it fails saying why. Needs iproute2, arping (Thomas Habets' 2.x) and
+//! iputils-ping.
 //! The namespaces are deleted by a guard, also when an assertion fails.
 
 use std::future::Future;
@@ -14,13 +16,13 @@ use std::time::Duration;
 use swimlb_speaker::addresses::{Addresses, Error as AddressError, HolderKind};
 use swimlb_speaker::interfaces::{InterfaceWatch, NoInterface, choose, snapshot};
 
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        true
-    } else {
-        eprintln!("skipped: network namespaces need root (euid 0)");
-        false
-    }
+/// Panics unless this process runs as root (see the module doc).
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root (euid 0) to make network namespaces; run it as root \
+         (sudo ./test.sh runs every root test with --include-ignored)"
+    );
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -197,10 +199,9 @@ async fn drain(watch: &mut InterfaceWatch) {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn the_veth_holding_the_route_is_chosen_until_it_turns_noarp_or_down() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = Lab::new('c');
     let (a, va) = (lab.a.clone(), lab.veth_a.clone());
     lab.run_in_a(move || async move {
@@ -269,10 +270,9 @@ fn the_veth_holding_the_route_is_chosen_until_it_turns_noarp_or_down() {
 }
 
 #[test]
+#[ignore = "needs root: network namespaces"]
 fn standalone_vips_sit_on_the_holder_while_the_kernel_stays_silent_and_teardown_removes_them() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let lab = Lab::new('a');
     let kind = if lab.kernel_has_dummy() {
         HolderKind::Dummy

@@ -2,20 +2,12 @@
 
 use super::*;
 use proptest::prelude::*;
-use swimlb_config::crd::{IPAddressPool, IPAddressPoolSpec, ServiceAllocation};
+use swimlb_config::crd::{IPAddressPool, ServiceAllocation};
 use swimlb_config::pools::validate;
+use swimlb_config::service::Protocol;
 
 fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
-    let mut p = IPAddressPool::new(
-        name,
-        IPAddressPoolSpec {
-            addresses: addresses.iter().map(|a| a.to_string()).collect(),
-            auto_assign: true,
-            ..Default::default()
-        },
-    );
-    p.metadata.namespace = Some("swimlb-system".into());
-    p
+    IPAddressPool::with_addresses("swimlb-system", name, addresses)
 }
 
 fn no_auto(mut p: IPAddressPool) -> IPAddressPool {

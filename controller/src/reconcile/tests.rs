@@ -37,15 +37,7 @@ fn reporter() -> Reporter {
 fn context(pools: &[&str]) -> (Arc<Context>, Handle, Registry) {
     let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(mock, "default");
-    let mut pool = IPAddressPool::new(
-        "p",
-        IPAddressPoolSpec {
-            addresses: pools.iter().map(|p| p.to_string()).collect(),
-            auto_assign: true,
-            ..Default::default()
-        },
-    );
-    pool.metadata.namespace = Some("swimlb-system".into());
+    let pool = IPAddressPool::with_addresses("swimlb-system", "p", pools);
     let model = validate(&[pool], &[]).into_result().expect("valid pool");
     let mut registry = Registry::default();
     let mut allocator = Allocator::new(None, &model);
@@ -123,105 +115,6 @@ fn encode(registry: &Registry) -> String {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
     text
-}
-
-#[test]
-fn a_service_converts_to_the_allocator_view() {
-    let svc = service(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"},
-            "annotations": {"metallb.io/address-pool": "p"}},
-        "spec": {"type": "LoadBalancer", "loadBalancerClass": "swimlb.io/l2", "loadBalancerIP": "192.0.2.9",
-            "ipFamilies": ["IPv6", "IPv4"], "ipFamilyPolicy": "RequireDualStack",
-            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 443}],
-            "externalTrafficPolicy": "Local", "selector": {"app": "web"}},
-        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9"}, {"hostname": "lb.example"}, {"ip": "2001:db8::9"}]}},
-    }));
-    let ns: BTreeMap<String, String> = [("env".to_string(), "prod".to_string())].into();
-    let view = view_of(&svc, &ns);
-    let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
-    assert_eq!(
-        view,
-        ServiceView {
-            key: ServiceKey::new("shop", "web"),
-            labels: labels.clone(),
-            namespace_labels: ns,
-            is_load_balancer: true,
-            load_balancer_class: Some("swimlb.io/l2".into()),
-            load_balancer_ip: Some("192.0.2.9".into()),
-            annotations: [("metallb.io/address-pool".to_string(), "p".to_string())].into(),
-            ip_families: vec![Family::V6, Family::V4],
-            ip_family_policy: IpFamilyPolicy::RequireDualStack,
-            ports: vec![
-                ServicePort {
-                    port: 53,
-                    protocol: Protocol::Udp
-                },
-                ServicePort {
-                    port: 443,
-                    protocol: Protocol::Tcp
-                },
-            ],
-            external_traffic_policy: TrafficPolicy::Local,
-            selector: labels,
-            status_ips: vec![
-                "192.0.2.9".parse().expect("ip"),
-                "2001:db8::9".parse().expect("ip")
-            ],
-        }
-    );
-    let cluster_ip = service(json!({"metadata": {"name": "x"}, "spec": {"type": "ClusterIP"}}));
-    assert!(!view_of(&cluster_ip, &BTreeMap::new()).is_load_balancer);
-}
-
-#[test]
-fn a_trimmed_service_keeps_its_view_identity_and_deletion_and_drops_the_rest() {
-    let full = service(json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "namespace": "shop", "uid": "u-7", "resourceVersion": "42",
-            "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x/y"],
-            "labels": {"app": "web"},
-            "annotations": {"metallb.io/address-pool": "p", LAST_APPLIED: "{\"big\": true}"},
-            "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
-        "spec": {"type": "LoadBalancer", "loadBalancerClass": "swimlb.io/l2", "loadBalancerIP": "192.0.2.9",
-            "clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"], "sessionAffinity": "None",
-            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
-            "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353, "nodePort": 30053},
-                {"port": 80, "protocol": "TCP"}],
-            "externalTrafficPolicy": "Local", "selector": {"app": "web"}},
-        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9", "ipMode": "VIP",
-            "ports": [{"port": 53, "protocol": "UDP"}]}]},
-            "conditions": [{"type": "x", "status": "True", "reason": "r", "message": "",
-                "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
-    }));
-    let mut trimmed = full.clone();
-    trim_service(&mut trimmed);
-    let ns = BTreeMap::new();
-    let mut expected = view_of(&full, &ns);
-    expected.annotations.remove(LAST_APPLIED);
-    assert_eq!(view_of(&trimmed, &ns), expected);
-    let mut without_version = full.object_ref(&());
-    without_version.resource_version = None;
-    assert_eq!(trimmed.object_ref(&()), without_version);
-    assert!(trimmed.meta().deletion_timestamp.is_some());
-    assert_eq!(trimmed.finalizers(), full.finalizers());
-    assert!(trimmed.meta().managed_fields.is_none());
-    assert!(!trimmed.annotations().contains_key(LAST_APPLIED));
-    let spec = trimmed.spec.as_ref().expect("spec");
-    assert_eq!(
-        (spec.cluster_ip.as_ref(), spec.session_affinity.as_ref()),
-        (None, None)
-    );
-    let port = &spec.ports.as_ref().expect("ports")[0];
-    assert_eq!((port.name.as_ref(), port.node_port), (None, None));
-    assert!(
-        trimmed
-            .status
-            .as_ref()
-            .expect("status")
-            .conditions
-            .is_none()
-    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use swimlb_e2e::fake_api::{FakeApi, FakeApiConfig};
+use swimlb_fake_api::{FakeApi, FakeApiConfig};
 
 const WAIT: Duration = Duration::from_secs(15);
 

@@ -59,11 +59,11 @@ fn split_requirements(input: &str) -> Vec<&str> {
 }
 
 fn valid_label_key(key: &str) -> bool {
-    crate::fake_api::validation::qualified_name_errors(key).is_empty()
+    crate::validation::qualified_name_errors(key).is_empty()
 }
 
 fn valid_label_value(value: &str) -> bool {
-    crate::fake_api::validation::label_value_errors(value).is_empty()
+    crate::validation::label_value_errors(value).is_empty()
 }
 
 fn malformed(requirement: &str, reason: &'static str) -> SelectorError {

@@ -1,0 +1,63 @@
+//! Caches of Kubernetes objects: what every cached object drops ([`trim_meta`]) and a reflector
+//! store kept by a background task ([`spawn_store`]).
+//!
+//! Guarantees: a store holds only trimmed objects; its task ends when the caller's stop future
+//! resolves (or the watch stream ends), and a failed watch is logged and retried with backoff,
+//! never ends the store.
+
+use std::future::Future;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedSender;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// The annotation `kubectl apply` writes: a copy of the whole object, never read here.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops managed fields and the last-applied annotation (pure); for every cached object.
+pub fn trim_meta(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// Reflects `api` into a store of objects trimmed by [`trim_meta`], driven by a background task
+/// that sends `()` on `changed` (when given) after every event. The task ends when `stop`
+/// resolves or the watch stream ends.
+pub fn spawn_store<K>(
+    api: Api<K>,
+    changed: Option<UnboundedSender<()>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|o: &mut K| trim_meta(o.meta_mut()))
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                event = stream.next() => match event {
+                    None => return,
+                    Some(Err(e)) => tracing::warn!(error = %e, "watch failed; retrying"),
+                    Some(Ok(_)) => if let Some(tx) = &changed { let _ = tx.unbounded_send(()); },
+                },
+            }
+        }
+    });
+    reader
+}
