@@ -37,7 +37,8 @@
 //!
 //! As keepalived: the base priority, plus the weight of every passing check with weight > 0,
 //! plus the (negative) weight of every failing check with weight < 0, clamped to `1..=254`.
-//! Kubernetes Services have no group: every candidate has priority 0 for them.
+//! Kubernetes Services have no group: every candidate has priority 0 for them, unless the
+//! entry carries [`ServedIp::node_priority`] (MetalLB's `preferredNodeSelectors` weights).
 //!
 //! # Order
 //!
@@ -306,7 +307,16 @@ fn can_announce(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> bool {
 pub fn standing(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> Result<u8, Exclusion> {
     let priority = group_standing(meta, served.group.as_deref())?;
     ip_filters(meta, ip, served)?;
-    Ok(priority)
+    Ok(node_priority(served, &meta.node).unwrap_or(priority))
+}
+
+/// The IP's own priority for `node` (a Service's `preferredNodeSelectors`), when it has one.
+fn node_priority(served: &ServedIp, node: &str) -> Option<u8> {
+    if served.group.is_some() {
+        return None;
+    }
+    let table = served.node_priority.as_ref()?;
+    Some(table.get(node).copied().unwrap_or(0).min(MAX_PRIORITY))
 }
 
 /// `sha256(node + "#" + ip_text)`, MetalLB's order key.
@@ -561,7 +571,8 @@ fn elect_entries(entries: &[(&IpAddr, &ServedIp)], live: &LiveSet) -> Vec<(IpAdd
                 for (meta, priority) in table.iter() {
                     let placed = |meta: &MemberMeta| meta.announce.unplaced.is_empty();
                     if (unfiltered && placed(meta)) || ip_filters(meta, ip, served).is_ok() {
-                        best.offer(meta, *priority, &text);
+                        let priority = node_priority(served, &meta.node).unwrap_or(*priority);
+                        best.offer(meta, priority, &text);
                     }
                 }
                 best.outcome(served)
@@ -1168,5 +1179,18 @@ mod tests {
         assert_eq!(changes.len(), 1);
         assert_eq!(election.owner(&ip("192.0.2.1")), Some("a"));
         assert_eq!(election.owner(&ip("192.0.2.2")), Some("b"));
+    }
+
+    #[test]
+    fn a_services_node_priority_ranks_before_the_hash() {
+        let mut served = ServedIp::service("ns/s");
+        let set = live([member("a", true), member("b", true), member("c", true)]);
+        let plain = Election::new("a", single("10.0.0.1", served.clone()), &set);
+        // MetalLB's golden order for 10.0.0.1: node-b, node-a, node-c; here without "node-".
+        let first = plain.owner(&ip("10.0.0.1")).unwrap().to_string();
+        let other = if first == "c" { "a" } else { "c" };
+        served.node_priority = Some(Arc::new(BTreeMap::from([(other.to_string(), 10)])));
+        let preferred = Election::new("a", single("10.0.0.1", served), &set);
+        assert_eq!(preferred.owner(&ip("10.0.0.1")), Some(other));
     }
 }

@@ -115,6 +115,11 @@ pub struct ServedIp {
     /// `externalTrafficPolicy: Local`: the nodes with a ready endpoint. `None` for `Cluster`
     /// policy and for standalone groups.
     pub ready_endpoints: Option<NodeSet>,
+    /// Per-node priority for an IP without a group (MetalLB's `preferredNodeSelectors`: the
+    /// summed weights of the selectors a node matches, clamped to 254); a node not listed has
+    /// 0. `None`: every node has 0. Ignored for standalone groups, whose members gossip their
+    /// priority.
+    pub node_priority: Option<Arc<BTreeMap<NodeName, u8>>>,
     /// The IP whose text goes into the election's order hash; `None`: this IP. MetalLB hashes
     /// a Service's first ingress IP for all of its IPs; set this to that IP to place a
     /// dual-stack Service exactly as MetalLB does.
@@ -130,6 +135,7 @@ impl ServedIp {
             interfaces: Interfaces::Default,
             nodes: NodeFilter::All,
             ready_endpoints: None,
+            node_priority: None,
             order_ip: None,
         }
     }
@@ -143,6 +149,7 @@ impl ServedIp {
             interfaces,
             nodes: NodeFilter::All,
             ready_endpoints: None,
+            node_priority: None,
             order_ip: None,
         }
     }
@@ -162,8 +169,14 @@ impl ServedIp {
             (Some(a), Some(b)) => same_set(a, b),
             _ => false,
         };
+        let priority_same = match (&self.node_priority, &other.node_priority) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => false,
+        };
         nodes_same
             && endpoints_same
+            && priority_same
             && self.belongs_to == other.belongs_to
             && self.group == other.group
             && self.interfaces.same_as(&other.interfaces)
