@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use swimlb_config::standalone::{GossipSettings, Profile as ConfigProfile};
+use swimlb_config::standalone::GossipSettings;
 use swimlb_e2e::sim::{self, SimOptions};
 use swimlb_speaker::gossip::Profile;
 use tokio::signal::unix::SignalKind;
@@ -383,10 +383,7 @@ fn sim_gossip(args: &SimArgs, profile: Profile) -> anyhow::Result<GossipSettings
         .transpose()
     };
     Ok(GossipSettings {
-        profile: match profile {
-            Profile::Fast => ConfigProfile::Fast,
-            Profile::Lan => ConfigProfile::Lan,
-        },
+        profile,
         probe_period: ms(args.probe_ms),
         probe_rtt: ms(args.rtt_ms),
         suspect_to_down: ms(args.suspect_ms),
@@ -422,11 +419,11 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     println!("{}", sim::table_header());
     for profile in &args.profile {
-        let profile = Profile::parse(profile)?;
+        let profile = swimlb_speaker::gossip::timing::parse_profile(profile)?;
         for &nodes in &args.nodes {
             for &loss in &args.loss {
                 let timing =
-                    swimlb_speaker::standalone::gossip_timing(&sim_gossip(&args, profile)?)?;
+                    swimlb_speaker::gossip::Timing::from_settings(&sim_gossip(&args, profile)?)?;
                 let opts = SimOptions {
                     nodes,
                     loss_pct: loss,

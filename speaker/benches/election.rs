@@ -254,18 +254,7 @@ fn benches(c: &mut Criterion) {
 
 /// One link, `eth0`, with connected routes to every IP of [`snapshot`].
 fn net() -> (Vec<Link>, Vec<Route>) {
-    let link = Link {
-        index: 2,
-        name: "eth0".into(),
-        mac: [2, 0, 0, 0, 0, 1],
-        up: true,
-        noarp: false,
-        slave: false,
-        loopback: false,
-        ethernet: true,
-        master: None,
-        kind: None,
-    };
+    let link = Link::ethernet(2, "eth0", [2, 0, 0, 0, 0, 1]);
     let route = |dst: IpAddr, prefix_len| Route {
         dst,
         prefix_len,

@@ -56,6 +56,24 @@ pub struct Link {
     pub kind: Option<String>,
 }
 
+impl Link {
+    /// An up, ARP-capable Ethernet link that is nobody's port (tests, benchmarks).
+    pub fn ethernet(index: u32, name: &str, mac: [u8; 6]) -> Link {
+        Link {
+            index,
+            name: name.to_string(),
+            mac,
+            up: true,
+            noarp: false,
+            slave: false,
+            loopback: false,
+            ethernet: true,
+            master: None,
+            kind: None,
+        }
+    }
+}
+
 /// One unicast route of the kernel's routing tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -455,18 +473,7 @@ mod tests {
     use super::*;
 
     fn link(index: u32, name: &str) -> Link {
-        Link {
-            index,
-            name: name.to_string(),
-            mac: [2, 0, 0, 0, 0, index as u8],
-            up: true,
-            noarp: false,
-            slave: false,
-            loopback: false,
-            ethernet: true,
-            master: None,
-            kind: None,
-        }
+        Link::ethernet(index, name, [2, 0, 0, 0, 0, index as u8])
     }
 
     fn connected(dst: &str, prefix_len: u8, ifindex: u32) -> Route {

@@ -34,9 +34,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::parse_key_file;
-use swimlb_config::standalone::{
-    GossipSettings as GossipConfig, Profile as ConfigProfile, Standalone,
-};
+use swimlb_config::standalone::Standalone;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -49,7 +47,7 @@ use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
 use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
 use crate::engine::placement::Placement;
 use crate::engine::{Engine, Input, Start};
-use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Profile, Timing};
+use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Timing};
 use crate::http::{self, CheckStatus};
 use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
@@ -139,52 +137,7 @@ fn ring_digest(data: &[u8]) -> [u8; 32] {
 
 /// The gossip timings of `config`: the profile, then every override.
 pub fn timing(config: &Standalone) -> Result<Timing, gossip::TimingError> {
-    gossip_timing(&config.gossip)
-}
-
-/// The timings `g` describes: its profile, then every override, validated. The lab's `sim`
-/// takes its flags through this too.
-pub fn gossip_timing(g: &GossipConfig) -> Result<Timing, gossip::TimingError> {
-    let profile = match g.profile {
-        ConfigProfile::Fast => Profile::Fast,
-        ConfigProfile::Lan => Profile::Lan,
-    };
-    let mut t = profile.timing();
-    // Each override replaces the profile's value when the file sets it.
-    fn set<T>(slot: &mut T, value: Option<T>) {
-        if let Some(value) = value {
-            *slot = value;
-        }
-    }
-    let count = |n: std::num::NonZeroU32| n.get() as usize;
-    set(&mut t.probe_period, g.probe_period);
-    set(&mut t.probe_rtt, g.probe_rtt);
-    set(&mut t.suspect_to_down_after, g.suspect_to_down);
-    set(&mut t.gossip_period, g.periodic_gossip);
-    set(&mut t.gossip_fanout, g.gossip_fanout.map(count));
-    set(&mut t.indirect_probes, g.indirect_probes.map(count));
-    // The config bounds it to 1..=255.
-    set(
-        &mut t.max_transmissions,
-        g.max_transmissions
-            .map(|n| u8::try_from(n.get()).unwrap_or(u8::MAX)),
-    );
-    set(&mut t.scale_suspicion, g.scale_suspicion);
-    set(&mut t.scale_transmissions, g.scale_transmissions);
-    set(&mut t.notify_suspects, g.notify_suspects);
-    set(&mut t.notify_down_members, g.notify_down_members);
-    set(&mut t.announce_down_period, g.announce_down_period);
-    set(
-        &mut t.announce_down_fanout,
-        g.announce_down_fanout.map(count),
-    );
-    set(&mut t.announce_period, g.announce_period);
-    set(&mut t.sync_period, g.sync_period);
-    set(&mut t.join_retry, g.join_retry);
-    set(&mut t.meta_refresh, g.meta_refresh);
-    set(&mut t.max_packet_size, g.max_packet_size.map(count));
-    t.validate()?;
-    Ok(t)
+    Timing::from_settings(&config.gossip)
 }
 
 /// What the election serves: every address of every group.

@@ -24,18 +24,7 @@ fn ms(n: u64) -> Duration {
 const OTHER_MAC: MacAddr = MacAddr(2, 0, 0, 0, 0, 9);
 
 fn link(index: u32, name: &str) -> Link {
-    Link {
-        index,
-        name: name.into(),
-        mac: [2, 0, 0, 0, 0, index as u8],
-        up: true,
-        noarp: false,
-        slave: false,
-        loopback: false,
-        ethernet: true,
-        master: None,
-        kind: Some("veth".into()),
-    }
+    Link::ethernet(index, name, [2, 0, 0, 0, 0, index as u8])
 }
 
 /// eth0 (index 2) holds the connected route of 192.0.2.0/24 and 2001:db8::/64; eth1 (3) and

@@ -3,7 +3,8 @@
 //! - [`core`]: the sans-IO state machine ([`Core`]): foca, timers, join, renewal, metadata,
 //!   envelope, metrics.
 //! - [`driver`]: the tokio task around a core and a UDP socket ([`spawn`], [`GossipHandle`]).
-//! - [`simnet`]: a deterministic simulated network of cores (tests, `swimlb-lab sim`).
+//! - `simnet`: a deterministic simulated network of cores (tests, `swimlb-lab sim`); compiled
+//!   only for tests and with the crate feature `simnet`, never into the daemon.
 //! - [`sync`]: the membership digest peers compare to find members the gossip never brought.
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
@@ -16,6 +17,7 @@ pub mod driver;
 pub mod identity;
 pub mod metadata;
 pub mod metrics;
+#[cfg(any(test, feature = "simnet"))]
 pub mod simnet;
 pub mod sync;
 pub mod timing;

@@ -14,40 +14,17 @@ use swimlb_proto::envelope::MAX_PAYLOAD_LEN;
 /// The largest foca packet: the envelope's payload bound minus the one-byte packet kind.
 pub const MAX_FOCA_PACKET: usize = MAX_PAYLOAD_LEN - 1;
 
-/// A named starting point for [`Timing`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Profile {
-    /// Sub-second failure detection on a LAN (the default).
-    #[default]
-    Fast,
-    /// memberlist-like LAN timings: seconds, tolerant of noisy networks.
-    Lan,
-}
+use swimlb_config::standalone::GossipSettings;
+/// A named starting point for [`Timing`]: one type, the configuration's, so a file, the CLI and
+/// the simulation name profiles alike.
+pub use swimlb_config::standalone::Profile;
 
-impl Profile {
-    /// The profile's name as users write it.
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            Profile::Fast => "fast",
-            Profile::Lan => "lan",
-        }
-    }
-
-    /// Parses `fast` or `lan`.
-    pub fn parse(name: &str) -> Result<Profile, TimingError> {
-        match name {
-            "fast" => Ok(Profile::Fast),
-            "lan" => Ok(Profile::Lan),
-            other => Err(TimingError::UnknownProfile(other.to_string())),
-        }
-    }
-
-    /// The profile's timings.
-    pub fn timing(&self) -> Timing {
-        match self {
-            Profile::Fast => Timing::fast(),
-            Profile::Lan => Timing::lan(),
-        }
+/// Parses a profile name (`fast` or `lan`).
+pub fn parse_profile(name: &str) -> Result<Profile, TimingError> {
+    match name {
+        "fast" => Ok(Profile::Fast),
+        "lan" => Ok(Profile::Lan),
+        other => Err(TimingError::UnknownProfile(other.to_string())),
     }
 }
 
@@ -107,6 +84,55 @@ impl Default for Timing {
 }
 
 impl Timing {
+    /// The timings of `profile`.
+    pub fn of(profile: Profile) -> Timing {
+        match profile {
+            Profile::Fast => Timing::fast(),
+            Profile::Lan => Timing::lan(),
+        }
+    }
+
+    /// The timings a configuration's gossip section describes: its profile, then every
+    /// override it sets, validated. The one place a knob is applied: a new knob costs this line
+    /// and its parsing in the configuration.
+    pub fn from_settings(g: &GossipSettings) -> Result<Timing, TimingError> {
+        let mut t = Timing::of(g.profile);
+        fn set<T>(slot: &mut T, value: Option<T>) {
+            if let Some(value) = value {
+                *slot = value;
+            }
+        }
+        let count = |n: std::num::NonZeroU32| n.get() as usize;
+        set(&mut t.probe_period, g.probe_period);
+        set(&mut t.probe_rtt, g.probe_rtt);
+        set(&mut t.suspect_to_down_after, g.suspect_to_down);
+        set(&mut t.gossip_period, g.periodic_gossip);
+        set(&mut t.gossip_fanout, g.gossip_fanout.map(count));
+        set(&mut t.indirect_probes, g.indirect_probes.map(count));
+        // The configuration bounds it to 1..=255.
+        set(
+            &mut t.max_transmissions,
+            g.max_transmissions
+                .map(|n| u8::try_from(n.get()).unwrap_or(u8::MAX)),
+        );
+        set(&mut t.scale_suspicion, g.scale_suspicion);
+        set(&mut t.scale_transmissions, g.scale_transmissions);
+        set(&mut t.notify_suspects, g.notify_suspects);
+        set(&mut t.notify_down_members, g.notify_down_members);
+        set(&mut t.announce_down_period, g.announce_down_period);
+        set(
+            &mut t.announce_down_fanout,
+            g.announce_down_fanout.map(count),
+        );
+        set(&mut t.announce_period, g.announce_period);
+        set(&mut t.sync_period, g.sync_period);
+        set(&mut t.join_retry, g.join_retry);
+        set(&mut t.meta_refresh, g.meta_refresh);
+        set(&mut t.max_packet_size, g.max_packet_size.map(count));
+        t.validate()?;
+        Ok(t)
+    }
+
     /// The default profile, tuned with `swimlb-lab sim` for sub-second detection to every member
     /// with no false downs at 5 % loss.
     pub fn fast() -> Timing {
@@ -326,9 +352,9 @@ mod tests {
 
     #[test]
     fn unknown_profile_name_is_rejected() {
-        assert_eq!(Profile::parse("fast"), Ok(Profile::Fast));
+        assert_eq!(parse_profile("fast"), Ok(Profile::Fast));
         assert!(matches!(
-            Profile::parse("wan"),
+            parse_profile("wan"),
             Err(TimingError::UnknownProfile(_))
         ));
     }
