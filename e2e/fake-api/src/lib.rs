@@ -99,12 +99,22 @@ pub struct FakeApi {
     kubeconfig: PathBuf,
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
+    /// `true` while the server plays unreachable ([`FakeApi::set_reachable`]).
+    outage: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
     /// Kubeconfigs written by [`FakeApi::kubeconfig_for_user`], removed on drop.
     user_kubeconfigs: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeApi {
+    /// Plays an API server outage (`false`) or ends it (`true`): while unreachable, every open
+    /// connection (watches included) is cut and new ones are closed at once; the store, the
+    /// port and the resourceVersions are kept, so clients resume (a watch from an old enough
+    /// resourceVersion gets 410 Gone and re-lists, as with a real API server).
+    pub fn set_reachable(&self, reachable: bool) {
+        self.outage.send_replace(!reachable);
+    }
+
     /// Starts a server with the default configuration on 127.0.0.1 (a free port).
     pub async fn start() -> anyhow::Result<Self> {
         Self::start_with(FakeApiConfig::default()).await
@@ -137,12 +147,19 @@ impl FakeApi {
         ));
         std::fs::write(&kubeconfig, kubeconfig_yaml(addr, None))
             .with_context(|| format!("writing {}", kubeconfig.display()))?;
-        let task = tokio::spawn(accept_loop(listener, shared.clone(), shutdown_rx));
+        let (outage, outage_rx) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(
+            listener,
+            shared.clone(),
+            shutdown_rx,
+            outage_rx,
+        ));
         Ok(Self {
             addr,
             kubeconfig,
             shared,
             shutdown,
+            outage,
             task: Some(task),
             user_kubeconfigs: Mutex::new(Vec::new()),
         })
@@ -323,6 +340,7 @@ async fn accept_loop(
     listener: TcpListener,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
+    outage: watch::Receiver<bool>,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -332,8 +350,14 @@ async fn accept_loop(
         let Ok((stream, _)) = accepted else {
             continue;
         };
+        if *outage.borrow() {
+            // Unreachable: the connection is closed before a byte is read.
+            drop(stream);
+            continue;
+        }
         let shared = shared.clone();
         let mut conn_shutdown = shutdown.clone();
+        let mut conn_outage = outage.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| server::handle(shared.clone(), req));
             let conn = hyper::server::conn::http1::Builder::new()
@@ -341,6 +365,7 @@ async fn accept_loop(
             tokio::select! {
                 _ = conn => {}
                 _ = conn_shutdown.changed() => {}
+                _ = conn_outage.wait_for(|down| *down) => {}
             }
         });
     }

@@ -1,0 +1,329 @@
+//! `ServiceL2Status` records: which node announces each Service, as `kubectl get
+//! servicel2statuses` shows it.
+//!
+//! One record per Service, in the speaker's namespace, under a name derived from the Service
+//! ([`record_name`]), so every speaker writes the same object: a new owner takes the record
+//! over with a forced server-side apply, and a dead owner's record never dangles (it cannot
+//! delete its own, but it does not need to: the successor overwrites it). Writes per failover
+//! are proportional to the Services that moved.
+//!
+//! [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set_desired`]
+//! is pure bookkeeping (which records this node must write or delete); [`RecordWriter::flush`]
+//! performs the pending writes and keeps those that fail (the API server may be away) for the
+//! next flush, so the records become true again once it is back.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use sha2::{Digest, Sha256};
+use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
+use swimlb_config::service::ServiceKey;
+
+/// The field manager of the speakers' writes.
+pub const FIELD_MANAGER: &str = "swimlb-speaker";
+/// Label: the announcing node.
+pub const NODE_LABEL: &str = "swimlb.io/node";
+/// Label: the Service's name.
+pub const SERVICE_NAME_LABEL: &str = "swimlb.io/service-name";
+/// Label: the Service's namespace.
+pub const SERVICE_NAMESPACE_LABEL: &str = "swimlb.io/service-namespace";
+
+/// The record of `service`: `l2-` and the first 20 hex digits of `sha256(namespace/name)` (a
+/// DNS label whatever the names are, and the same on every node).
+pub fn record_name(service: &ServiceKey) -> String {
+    let digest = Sha256::digest(format!("{}/{}", service.namespace, service.name).as_bytes());
+    let hex: String = digest[..10].iter().map(|b| format!("{b:02x}")).collect();
+    format!("l2-{hex}")
+}
+
+/// The status a record of `service` announced by `node` on `interfaces` holds.
+pub fn record_status(
+    node: &str,
+    service: &ServiceKey,
+    interfaces: &[String],
+) -> ServiceL2StatusStatus {
+    ServiceL2StatusStatus {
+        node: node.to_string(),
+        service_name: service.name.clone(),
+        service_namespace: service.namespace.clone(),
+        interfaces: interfaces
+            .iter()
+            .map(|name| InterfaceInfo { name: name.clone() })
+            .collect(),
+    }
+}
+
+/// One write the writer has to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Apply the record of the Service with this status.
+    Apply(ServiceL2StatusStatus),
+    /// Delete the record of the Service.
+    Delete,
+}
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+#[error("ServiceL2Status {name} of {service}: {source}")]
+pub struct WriteError {
+    /// The record.
+    pub name: String,
+    /// Its Service.
+    pub service: ServiceKey,
+    /// The API's error.
+    #[source]
+    pub source: kube::Error,
+}
+
+/// The records this node writes, and those still to write.
+#[derive(Debug)]
+pub struct RecordWriter {
+    api: Api<ServiceL2Status>,
+    /// What the API holds from this node, as far as it knows.
+    written: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
+    /// What is still to do.
+    pending: BTreeMap<ServiceKey, Write>,
+}
+
+impl RecordWriter {
+    /// A writer of records in `namespace`.
+    pub fn new(client: kube::Client, namespace: &str) -> RecordWriter {
+        RecordWriter {
+            api: Api::namespaced(client, namespace),
+            written: BTreeMap::new(),
+            pending: BTreeMap::new(),
+        }
+    }
+
+    /// The records this node should hold now: one per Service it announces (`desired`), and
+    /// the records of `orphaned` Services (announced by nobody, or gone) deleted. A Service this
+    /// node stops announcing to another node is left alone: its new owner takes it over.
+    pub fn set_desired(
+        &mut self,
+        desired: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
+        orphaned: &BTreeSet<ServiceKey>,
+    ) {
+        for (service, status) in &desired {
+            if self.written.get(service) != Some(status) {
+                self.pending
+                    .insert(service.clone(), Write::Apply(status.clone()));
+            } else if matches!(self.pending.get(service), Some(Write::Apply(_))) {
+                self.pending.remove(service);
+            }
+        }
+        // Given up: another node took it (its apply wins), or it is orphaned (deleted below).
+        self.pending.retain(|service, write| {
+            matches!(write, Write::Delete) || desired.contains_key(service)
+        });
+        self.written
+            .retain(|service, _| desired.contains_key(service));
+        for service in orphaned {
+            if !desired.contains_key(service) {
+                self.pending.insert(service.clone(), Write::Delete);
+            }
+        }
+    }
+
+    /// Whether writes are pending (a failed one included).
+    pub fn is_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Performs the pending writes; those that fail stay pending and are returned.
+    pub async fn flush(&mut self) -> Vec<WriteError> {
+        let mut errors = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        for (service, write) in pending {
+            let name = record_name(&service);
+            let result = match &write {
+                Write::Apply(status) => self.apply(&name, &service, status).await,
+                Write::Delete => match self.api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                },
+            };
+            match result {
+                Ok(()) => {
+                    if let Write::Apply(status) = write {
+                        self.written.insert(service, status);
+                    }
+                }
+                Err(source) => {
+                    errors.push(WriteError {
+                        name,
+                        service: service.clone(),
+                        source,
+                    });
+                    self.pending.insert(service, write);
+                }
+            }
+        }
+        errors
+    }
+
+    async fn apply(
+        &self,
+        name: &str,
+        service: &ServiceKey,
+        status: &ServiceL2StatusStatus,
+    ) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let object = serde_json::json!({
+            "apiVersion": "swimlb.io/v1beta1",
+            "kind": "ServiceL2Status",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    NODE_LABEL: status.node,
+                    SERVICE_NAME_LABEL: service.name,
+                    SERVICE_NAMESPACE_LABEL: service.namespace,
+                },
+            },
+            "spec": {},
+        });
+        self.api
+            .patch(name, &params, &Patch::Apply(&object))
+            .await?;
+        let body = serde_json::json!({
+            "apiVersion": "swimlb.io/v1beta1",
+            "kind": "ServiceL2Status",
+            "metadata": { "name": name },
+            "status": status,
+        });
+        self.api
+            .patch_status(name, &params, &Patch::Apply(&body))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use swimlb_fake_api::FakeApi;
+
+    /// A fake API server with the speaker's namespace.
+    async fn api_with_namespace() -> FakeApi {
+        let api = FakeApi::start().await.unwrap();
+        api.create(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}
+        }))
+        .unwrap();
+        api
+    }
+
+    fn svc(name: &str) -> ServiceKey {
+        ServiceKey::new("default", name)
+    }
+
+    fn desired(node: &str, names: &[&str]) -> BTreeMap<ServiceKey, ServiceL2StatusStatus> {
+        names
+            .iter()
+            .map(|n| (svc(n), record_status(node, &svc(n), &["eth0".to_string()])))
+            .collect()
+    }
+
+    /// Every record in the namespace: (name, node label, status node).
+    fn records(api: &FakeApi) -> Vec<(String, String, String)> {
+        let mut all: Vec<(String, String, String)> = api
+            .objects("servicel2statuses.swimlb.io")
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    o["metadata"]["labels"][NODE_LABEL]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    o["status"]["node"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn record_names_are_dns_labels_and_the_same_everywhere() {
+        let name = record_name(&svc("a-very-long-service-name-that-goes-on-and-on"));
+        assert_eq!(name.len(), 23);
+        assert!(name.starts_with("l2-"));
+        assert!(name[3..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(
+            name,
+            record_name(&svc("a-very-long-service-name-that-goes-on-and-on"))
+        );
+        assert_ne!(
+            record_name(&svc("a")),
+            record_name(&ServiceKey::new("other", "a"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_owner_takes_the_record_over_and_an_orphan_is_deleted() {
+        let api = api_with_namespace().await;
+        let client = api.client().await.unwrap();
+        let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
+        let mut n2 = RecordWriter::new(client, "swimlb-system");
+        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        let errors = n1.flush().await;
+        assert!(errors.is_empty(), "{errors:?}");
+        let web = record_name(&svc("web"));
+        let db = record_name(&svc("db"));
+        let mut expected = vec![
+            (web.clone(), "n1".to_string(), "n1".to_string()),
+            (db.clone(), "n1".to_string(), "n1".to_string()),
+        ];
+        expected.sort();
+        assert_eq!(records(&api), expected);
+        let writes_before = api.requests().iter().filter(|r| r.is_write()).count();
+        // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
+        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        assert!(n2.flush().await.is_empty());
+        let writes = api.requests().iter().filter(|r| r.is_write()).count() - writes_before;
+        assert_eq!(writes, 2, "one Service moved: its object and its status");
+        let mut expected = vec![
+            (web.clone(), "n2".to_string(), "n2".to_string()),
+            (db.clone(), "n1".to_string(), "n1".to_string()),
+        ];
+        expected.sort();
+        assert_eq!(records(&api), expected);
+        // Nothing changed: nothing is written.
+        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        assert!(!n2.is_pending());
+        // db is announced by nobody now: the record goes.
+        n2.set_desired(desired("n2", &["web"]), &BTreeSet::from([svc("db")]));
+        assert!(n2.flush().await.is_empty());
+        assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
+        api.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn writes_that_fail_while_the_api_server_is_away_are_retried_when_it_is_back() {
+        let api = api_with_namespace().await;
+        let client = api.client().await.unwrap();
+        api.set_reachable(false);
+        let mut n1 = RecordWriter::new(client, "swimlb-system");
+        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        let errors = n1.flush().await;
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(n1.is_pending(), "kept for the next flush");
+        assert!(records(&api).is_empty());
+        // Ownership of db moved away meanwhile: its failed write is dropped.
+        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        api.set_reachable(true);
+        assert!(n1.flush().await.is_empty());
+        assert!(!n1.is_pending());
+        assert_eq!(
+            records(&api),
+            vec![(record_name(&svc("web")), "n1".into(), "n1".into())]
+        );
+        api.shutdown().await;
+    }
+}
