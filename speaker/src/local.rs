@@ -35,9 +35,25 @@ impl LocalState {
             .map(|g| g.preempt_delay)
             .max()
             .unwrap_or_default();
+        LocalState::with_groups(
+            node,
+            groups(node, config, &BTreeMap::new()),
+            settle_after,
+            now,
+        )
+    }
+
+    /// The first record of `node` with `groups` (none for a Kubernetes speaker, whose Services
+    /// carry no priorities or checks), settled after `settle_after` (its preemption delay).
+    pub fn with_groups(
+        node: &str,
+        groups: BTreeMap<String, GroupHealth>,
+        settle_after: Duration,
+        now: Instant,
+    ) -> LocalState {
         let mut meta = MemberMeta::new(node);
         meta.settled = settle_after.is_zero();
-        meta.groups = groups(node, config, &BTreeMap::new());
+        meta.groups = groups;
         LocalState {
             meta,
             started: now,
@@ -246,6 +262,15 @@ mod tests {
             "without a delay the node stays settled"
         );
         assert!(zero.meta().settled);
+    }
+
+    #[test]
+    fn a_speaker_without_groups_settles_after_its_delay() {
+        let now = Instant::now();
+        let mut s = LocalState::with_groups("n1", BTreeMap::new(), Duration::from_secs(2), now);
+        assert!(s.meta().groups.is_empty());
+        assert_eq!(s.settles_at(), Some(now + Duration::from_secs(2)));
+        assert!(s.tick(now + Duration::from_secs(2)));
     }
 
     #[test]
