@@ -4,6 +4,8 @@
 //!   envelope, metrics.
 //! - [`driver`]: the tokio task around a core and a UDP socket ([`spawn`], [`GossipHandle`]).
 //! - [`simnet`]: a deterministic simulated network of cores (tests, `swimlb-lab sim`).
+//! - [`replay`]: replay protection: the sender id a speaker seals under and the receiver's
+//!   per-sender window ([`replay::ReplayGuard`]).
 //! - [`sync`]: the membership digest peers compare to find members the gossip never brought.
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
@@ -16,6 +18,7 @@ pub mod driver;
 pub mod identity;
 pub mod metadata;
 pub mod metrics;
+pub mod replay;
 pub mod simnet;
 pub mod sync;
 pub mod timing;
