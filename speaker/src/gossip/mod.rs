@@ -25,6 +25,8 @@ pub mod timing;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod udp_tests;
 
 pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 pub use driver::{GossipHandle, spawn};
