@@ -38,9 +38,9 @@
 //! that of a departed member's announces, hours later.
 //!
 //! Limits, by design of a scheme without a round trip:
-//! - A receiver that restarts has no memory: until it hears a sender's current datagrams, it
-//!   accepts one copy of any datagram of that sender's current epoch (trust on first use).
-//!   Once a current datagram arrives, the older ones fall behind the window.
+//! - A receiver that restarts has no memory: until a sender's next real datagram reaches it,
+//!   it may accept, once each and in increasing order, older datagrams of that sender's current
+//!   epoch (trust on first use). Once a real one arrives, the older ones fall behind the window.
 //! - A speaker whose clock stepped back across a restart starts an older epoch than its
 //!   previous life and is refused (counted as `replay`) until receivers forget that life, as
 //!   foca already refuses an identity with a lower bump than the one it holds for that address.
