@@ -32,6 +32,9 @@ pub enum Error {
     /// A key ring was built without keys, with a duplicate key, or with a bad cluster name.
     #[error("invalid key ring: {0}")]
     InvalidKeyRing(&'static str),
+    /// The system's random number generator failed (a nonce salt or start could not be drawn).
+    #[error("no system randomness")]
+    NoRandomness,
     /// ARP hardware type is not Ethernet (1).
     #[error("arp hardware type {0} is not ethernet (1)")]
     ArpHardwareType(u16),
@@ -118,6 +121,7 @@ impl Error {
             Error::UnknownKey(_) => "unknown_key",
             Error::AuthenticationFailed => "authentication_failed",
             Error::InvalidKeyRing(_) => "invalid_key_ring",
+            Error::NoRandomness => "no_randomness",
             Error::ArpHardwareType(_) => "arp_hardware_type",
             Error::ArpProtocolType(_) => "arp_protocol_type",
             Error::ArpHardwareLength(_) => "arp_hardware_length",
@@ -163,6 +167,7 @@ mod tests {
             Error::UnknownKey([0; 4]),
             Error::AuthenticationFailed,
             Error::InvalidKeyRing(""),
+            Error::NoRandomness,
             Error::ArpHardwareType(0),
             Error::ArpProtocolType(0),
             Error::ArpHardwareLength(0),

@@ -13,7 +13,8 @@
 //!   multicast.
 //! - [`vrrp`]: VRRPv3 advertisements over IPv4 and IPv6 (RFC 9568), virtual router MACs.
 //! - [`checksum`]: the internet checksum and the IPv4 / IPv6 pseudo-headers.
-//! - [`envelope`]: the AES-256-GCM gossip envelope and its [`KeyRing`].
+//! - [`envelope`]: the AES-256-GCM gossip envelope, its [`KeyRing`], and the [`SealStream`]
+//!   that numbers a sender's envelopes so receivers can reject replays.
 //! - `golden` (hidden): byte vectors from independent implementations, for tests, benchmarks and
 //!   fuzz seeds.
 
@@ -30,6 +31,6 @@ pub mod ip;
 pub mod ndp;
 pub mod vrrp;
 
-pub use envelope::{KeyId, KeyRing};
+pub use envelope::{KeyId, KeyRing, SealStream, Sequence};
 pub use error::{Error, Result};
 pub use frame::Frame;

@@ -27,11 +27,15 @@ FRAMES = {
   "VRRP_V6": 'Ether(dst="33:33:00:00:00:12", src="00:00:5e:00:02:07")/IPv6(src="fe80::1", dst="ff02::12", hlim=255, tc=0xc0)/VRRPv3(vrid=7, priority=200, adv=35, addrlist=["fe80::7", "2001:db8::100"])',
 }
 
-# Envelope: AES-256-GCM, key 0x11*32, nonce 00..0b, cluster "edge-1", payload "hello gossip".
+# Envelope (version 2): AES-256-GCM, key 0x11*32, cluster "edge-1", payload "hello gossip",
+# sender 0x2021222324252627, epoch 1700000000000, nonce 00..0b (salt 00010203, counter
+# 0x0405060708090a0b). The whole 37-byte header is associated data, followed by the cluster name.
 KEY = bytes([0x11]*32)
+SENDER = bytes(range(0x20, 0x28))
+EPOCH = (1700000000000).to_bytes(8, "big")
 NONCE = bytes(range(12))
 KEY_ID = hashlib.sha256(b"swimlb key id" + KEY).digest()[:4]
-HEADER = b"swlb" + bytes([1]) + KEY_ID + NONCE
+HEADER = b"swlb" + bytes([2]) + KEY_ID + SENDER + EPOCH + NONCE
 ENVELOPE = HEADER + AESGCM(KEY).encrypt(NONCE, b"hello gossip", HEADER + b"edge-1")
 
 HEAD = """//! Golden byte vectors, produced by independent implementations, never by this crate.
@@ -44,8 +48,11 @@ HEAD = """//! Golden byte vectors, produced by independent implementations, neve
 //! Shared by the unit tests, the integration tests, the benchmark and the fuzz seeds."""
 
 ENVELOPE_DOC = """/// `AESGCM(b"\\x11" * 32).encrypt(bytes(range(12)), b"hello gossip", header + b"edge-1")` with
-/// `header = b"swlb" + b"\\x01" + sha256(b"swimlb key id" + b"\\x11" * 32)[:4] + bytes(range(12))`:
-/// the envelope of payload `hello gossip` for cluster `edge-1`, key `0x11 * 32`, nonce `00..0b`."""
+/// `header = b"swlb" + b"\\x02" + sha256(b"swimlb key id" + b"\\x11" * 32)[:4] + sender + epoch +
+/// bytes(range(12))`, `sender = bytes(range(0x20, 0x28))`, `epoch = (1700000000000).to_bytes(8,
+/// "big")`: the version-2 envelope of payload `hello gossip` for cluster `edge-1`, key
+/// `0x11 * 32`, sender `0x2021222324252627`, epoch 1,700,000,000,000, nonce `00..0b` (salt
+/// `00010203`, counter `0x0405060708090a0b`)."""
 
 def rust(name, data):
     body = ", ".join("0x%02x" % b for b in data)

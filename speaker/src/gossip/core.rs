@@ -9,6 +9,10 @@
 //! Guarantees:
 //! - Nothing a peer sends can panic the core: a datagram that does not open, does not decode, or
 //!   comes from ourselves is dropped and counted by [`RejectReason`].
+//! - No datagram takes effect twice, or after its sender restarted: every envelope is sealed in
+//!   this node's stream (sender id from its gossip address, epoch = its start-up bump, one
+//!   counter for all datagrams), and a received one that opens is admitted by the
+//!   [`ReplayGuard`] before anything reads it (see [`super::replay`]).
 //! - A member is in the [`LiveSet`] from foca's `MemberUp` until its `MemberDown`: suspicion is
 //!   not death. The local node is always in its own `LiveSet`.
 //! - Timers fire in deadline order (ties in the order they were set).
@@ -33,13 +37,14 @@ use std::time::Duration;
 use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Timer};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use swimlb_proto::KeyRing;
 use swimlb_proto::envelope::KeyId;
+use swimlb_proto::{KeyRing, SealStream};
 
 use super::identity::NodeIdentity;
 use super::metadata::FastMap;
 use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
 use super::metrics::{Direction, GossipMetrics, RejectReason};
+use super::replay::{ReplayGuard, sender_id};
 use super::sync::{Digest, RunningDigest};
 use super::timing::{Timing, TimingError};
 use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
@@ -80,7 +85,9 @@ pub struct GossipSettings {
     /// Protocol timings.
     pub timing: Timing,
     /// The identity's starting bump: larger than any previous life of this node (for example
-    /// milliseconds since the Unix epoch at start-up).
+    /// milliseconds since the Unix epoch at start-up). Also the epoch of the node's envelopes:
+    /// peers refuse datagrams from an epoch older than the newest they have seen from this
+    /// address (see [`super::replay`]).
     pub bump: u64,
     /// Seed of the protocol's random choices.
     pub rng_seed: u64,
@@ -103,6 +110,9 @@ pub enum GossipError {
     /// The metadata record is invalid (too large).
     #[error(transparent)]
     Metadata(#[from] MetaError),
+    /// The envelope stream could not be set up (no system randomness for its nonces).
+    #[error("gossip envelope: {0}")]
+    Envelope(swimlb_proto::Error),
     /// foca refused the metadata record.
     #[error("foca refused the metadata record of node {node:?}: {reason}")]
     Broadcast {
@@ -219,6 +229,10 @@ impl TimerHeap {
 /// timers and the notifications. Kept apart from [`Core::foca`] so a call can borrow both.
 struct Wire {
     ring: KeyRing,
+    /// This node's stream of envelopes: sender id, epoch and counter (see [`super::replay`]).
+    stream: SealStream,
+    /// What this node remembers of each sender's stream.
+    replay: ReplayGuard,
     /// The key each peer last sealed with. Datagrams to a peer are sealed with it while our ring
     /// holds it, else with our sealing key: a node whose ring already seals with a new key keeps
     /// talking to peers whose ring does not have that key yet (rings `[k2, k1]` and `[k1]`
@@ -266,10 +280,9 @@ impl Wire {
     /// Seals `scratch` with `key` (`None`: the ring's sealing key) and queues it.
     fn seal_one(&mut self, to: SocketAddr, key: Option<KeyId>) {
         let mut bytes = Vec::with_capacity(self.scratch.len() + swimlb_proto::envelope::OVERHEAD);
-        let sealed = match key {
-            Some(key) => self.ring.seal_with(key, &self.scratch, &mut bytes),
-            None => self.ring.seal(&self.scratch, &mut bytes),
-        };
+        let sealed = self
+            .ring
+            .seal_in(&mut self.stream, key, &self.scratch, &mut bytes);
         match sealed {
             Ok(()) => {
                 self.metrics.packet(Direction::Out, bytes.len());
@@ -372,6 +385,8 @@ impl Core {
             addr: settings.addr,
             bump: settings.bump,
         };
+        let stream = SealStream::new(sender_id(settings.addr), settings.bump)
+            .map_err(GossipError::Envelope)?;
         let book = SharedBook::default();
         let foca = foca::Foca::with_custom_broadcast(
             identity,
@@ -387,6 +402,8 @@ impl Core {
             codec: PostcardCodec,
             wire: Wire {
                 ring,
+                stream,
+                replay: ReplayGuard::default(),
                 peer_keys: FastMap::default(),
                 metrics,
                 timers: TimerHeap::default(),
@@ -505,18 +522,26 @@ impl Core {
             self.wire.metrics.rejected(RejectReason::FromSelf);
             return;
         }
-        let key = KeyRing::peek_key_id(datagram);
-        let payload = match self.wire.ring.open(datagram) {
-            Ok(payload) => payload,
+        let opened = match self.wire.ring.open_envelope(datagram) {
+            Ok(opened) => opened,
             Err(err) => {
                 self.wire.metrics.rejected(RejectReason::envelope(&err));
                 return;
             }
         };
-        self.last_heard.insert(from, now);
-        if let Ok(key) = key {
-            self.wire.peer_keys.insert(from, key);
+        // Authentic from here on; the sequence decides whether it is new.
+        if opened.sequence.sender == self.wire.stream.sender() {
+            self.wire.metrics.rejected(RejectReason::FromSelf);
+            return;
         }
+        if let Err(replay) = self.wire.replay.admit(opened.sequence, now) {
+            tracing::trace!(%from, verdict = replay.as_str(), "gossip replay dropped");
+            self.wire.metrics.rejected(RejectReason::Replay);
+            return;
+        }
+        let payload = opened.payload;
+        self.last_heard.insert(from, now);
+        self.wire.peer_keys.insert(from, opened.key_id);
         match payload.split_first() {
             Some((&KIND_FOCA, body)) => self.handle_foca_packet(now, body),
             Some((&KIND_META, body)) => match MetaRecord::decode(body) {
@@ -800,7 +825,7 @@ impl Core {
                         .push(now + self.timing.meta_refresh, Task::MetaRefresh);
                 }
                 Task::Housekeeping => {
-                    self.housekeeping();
+                    self.housekeeping(now);
                     self.wire
                         .timers
                         .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
@@ -898,7 +923,7 @@ impl Core {
         }
     }
 
-    fn housekeeping(&mut self) {
+    fn housekeeping(&mut self, now: Duration) {
         let (mut alive, mut suspect, mut down) = (0, 0, 0);
         for member in self.foca.iter_membership_state() {
             match member.state() {
@@ -917,6 +942,7 @@ impl Core {
                 .peer_keys
                 .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
         }
+        self.wire.replay.prune(now, self.members.len() + 1);
         // Ask alive members for records that neither their push nor the gossip brought.
         let missing: Vec<SocketAddr> = self
             .missing_meta

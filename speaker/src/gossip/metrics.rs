@@ -78,6 +78,9 @@ pub enum RejectReason {
     Protocol,
     /// A metadata record in the payload was undecodable or too large.
     Metadata,
+    /// An authentic datagram seen before, too old to tell, or sent before its sender restarted
+    /// (see [`super::replay`]).
+    Replay,
 }
 
 impl RejectReason {
@@ -94,6 +97,7 @@ impl RejectReason {
             RejectReason::Decode => "decode",
             RejectReason::Protocol => "protocol",
             RejectReason::Metadata => "metadata",
+            RejectReason::Replay => "replay",
         }
     }
 }

@@ -5,6 +5,8 @@
 //! - [`driver`]: the tokio task around a core and a UDP socket ([`spawn`], [`GossipHandle`]).
 //! - `simnet`: a deterministic simulated network of cores (tests, `swimlb-lab sim`); compiled
 //!   only for tests and with the crate feature `simnet`, never into the daemon.
+//! - [`replay`]: replay protection: the sender id a speaker seals under and the receiver's
+//!   per-sender window ([`replay::ReplayGuard`]).
 //! - [`sync`]: the membership digest peers compare to find members the gossip never brought.
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
@@ -17,6 +19,7 @@ pub mod driver;
 pub mod identity;
 pub mod metadata;
 pub mod metrics;
+pub mod replay;
 #[cfg(any(test, feature = "simnet"))]
 pub mod simnet;
 pub mod sync;
@@ -24,6 +27,8 @@ pub mod timing;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod udp_tests;
 
 pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 pub use driver::{GossipHandle, spawn};

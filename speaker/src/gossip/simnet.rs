@@ -1,5 +1,7 @@
 //! A deterministic in-process network for gossip [`Core`]s: a virtual clock, one ordered event
-//! queue, seeded loss and delay, crashes and partitions. No sockets, no tokio, no wall clock.
+//! queue, seeded loss and delay, crashes and partitions, and a tap that records datagrams for
+//! replaying them later ([`SimNet::tap`], [`SimNet::inject`]). No sockets, no tokio, no wall
+//! clock.
 //!
 //! It runs the real core: the tests of this module and `swimlb-lab sim` drive the same code the
 //! speaker runs. Given the same seed and the same calls it produces the same run (the envelope's
@@ -43,6 +45,19 @@ pub struct Traffic {
     pub packets: u64,
     /// Sealed bytes sent.
     pub bytes: u64,
+}
+
+/// A datagram as a node sent it, recorded by [`SimNet::tap`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tapped {
+    /// When it was sent.
+    pub at: Duration,
+    /// The sender's address.
+    pub from: SocketAddr,
+    /// The destination.
+    pub to: SocketAddr,
+    /// The sealed bytes.
+    pub bytes: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -101,6 +116,7 @@ pub struct SimNet {
     links: Links,
     changes: Vec<(Duration, usize, LiveChange)>,
     record_changes: bool,
+    tapped: Option<Vec<Tapped>>,
 }
 
 impl SimNet {
@@ -116,6 +132,7 @@ impl SimNet {
             links,
             changes: Vec::new(),
             record_changes: true,
+            tapped: None,
         }
     }
 
@@ -201,6 +218,25 @@ impl SimNet {
         self.slots.get(i).map(|s| s.traffic).unwrap_or_default()
     }
 
+    /// Starts (`true`) or stops recording every datagram any node sends, as a tap on the
+    /// senders' links would: before loss and partitions. Starting clears the recording.
+    pub fn tap(&mut self, on: bool) {
+        self.tapped = on.then(Vec::new);
+    }
+
+    /// Takes what the tap recorded so far, in the order it was sent.
+    pub fn take_tapped(&mut self) -> Vec<Tapped> {
+        self.tapped.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Delivers `bytes` to the node at `to` now, as if `from` had sent it, whatever the loss and
+    /// partitions (a datagram an attacker on the link injects). Unknown destinations drop it.
+    pub fn inject(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
+        if let Some(&to) = self.by_addr.get(&to) {
+            self.push(self.now, EventKind::Deliver { to, from, bytes });
+        }
+    }
+
     /// Takes the recorded changes: (time, node index that saw it, change).
     pub fn drain_changes(&mut self) -> std::vec::Drain<'_, (Duration, usize, LiveChange)> {
         self.changes.drain(..)
@@ -276,6 +312,14 @@ impl SimNet {
         for out in outgoing {
             self.slots[i].traffic.packets += 1;
             self.slots[i].traffic.bytes += out.bytes.len() as u64;
+            if let Some(tapped) = self.tapped.as_mut() {
+                tapped.push(Tapped {
+                    at: self.now,
+                    from,
+                    to: out.to,
+                    bytes: out.bytes.clone(),
+                });
+            }
             if self.links.loss > 0.0 && self.rng.random_bool(self.links.loss.clamp(0.0, 1.0)) {
                 continue;
             }

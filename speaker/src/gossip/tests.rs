@@ -5,8 +5,9 @@ use std::time::Duration;
 use swimlb_proto::KeyRing;
 
 use super::core::{Core, GossipSettings, Phase};
+use super::identity::NodeIdentity;
 use super::metrics::{GossipMetrics, RejectReason};
-use super::simnet::{Links, SimNet};
+use super::simnet::{Links, SimNet, Tapped};
 use super::timing::Timing;
 use crate::membership::{LiveChange, MemberMeta};
 
@@ -314,7 +315,7 @@ fn garbage_and_own_datagrams_are_dropped_and_counted() {
         core.handle_datagram(now, peer, &mut flipped);
         let mut future = Vec::new();
         ring(&[K1]).seal(&[0, 1, 2], &mut future).unwrap();
-        future[4] = 2;
+        future[4] = 3;
         core.handle_datagram(now, peer, &mut future);
     });
     let metrics = net.core(0).unwrap().metrics().clone();
@@ -544,4 +545,134 @@ fn members_the_gossip_never_brought_are_found_by_the_digest_exchange() {
         "members still missing someone after the digest exchange"
     );
     assert!(repaired > 0);
+}
+
+fn replays(net: &SimNet, i: usize) -> u64 {
+    net.core(i)
+        .map_or(0, |c| c.metrics().rejected_count(RejectReason::Replay))
+}
+
+/// Each node's identity and live set (members with their metadata).
+fn views(net: &SimNet, n: usize) -> Vec<(NodeIdentity, Vec<MemberMeta>)> {
+    (0..n)
+        .map(|i| {
+            let core = net.core(i).unwrap();
+            (
+                core.identity().clone(),
+                core.live().iter().cloned().collect(),
+            )
+        })
+        .collect()
+}
+
+/// Injects every tapped datagram again, to its destination and from its source, and lets the
+/// cluster run for a second.
+fn replay_all(net: &mut SimNet, tapped: &[Tapped]) {
+    for datagram in tapped {
+        net.inject(datagram.from, datagram.to, datagram.bytes.clone());
+    }
+    net.run_for(Duration::from_secs(1));
+}
+
+#[test]
+fn captured_datagrams_replayed_later_and_after_a_restart_change_nothing_and_are_each_counted() {
+    let n = 3;
+    let mut net = cluster(n, 37, Links::default());
+    for i in 0..n {
+        net.with_core(i, |core, now| {
+            let mut meta = core.own_meta().clone();
+            meta.settled = true;
+            core.set_meta(now, meta).unwrap();
+        });
+    }
+    // Record two seconds of a running mesh: probes, acks, gossip, metadata, digests.
+    net.tap(true);
+    net.run_for(Duration::from_secs(2));
+    let tapped = net.take_tapped();
+    net.tap(false);
+    assert!(tapped.len() > 100, "only {} datagrams tapped", tapped.len());
+    let sent_to = |i: usize| tapped.iter().filter(|d| d.to == SimNet::addr(i)).count() as u64;
+    for i in 0..n {
+        assert_eq!(
+            replays(&net, i),
+            0,
+            "node {i} refused a datagram of a clean run"
+        );
+    }
+
+    // Ten seconds later, every datagram is sent again to its destination.
+    net.run_for(Duration::from_secs(10));
+    net.drain_changes().for_each(drop);
+    let before = views(&net, n);
+    replay_all(&mut net, &tapped);
+    assert_eq!(net.drain_changes().collect::<Vec<_>>(), vec![]);
+    assert_eq!(views(&net, n), before, "the replays changed a view");
+    for i in 0..n {
+        assert_eq!(
+            replays(&net, i),
+            sent_to(i),
+            "node {i}: every replay counted"
+        );
+    }
+
+    // Node 2, the sender of a third of them, restarts under a new epoch; the others restart
+    // nothing and still hold what they knew of node 2's previous life.
+    net.crash(2);
+    net.run_for(Duration::from_secs(2));
+    let restarted = core_with(&net, 2, 2, &[K1], Timing::fast());
+    net.start(2, restarted);
+    let rejoined = run_until(&mut net, Duration::from_secs(5), |net| {
+        (0..n).all(|i| {
+            let live = net.core(i).unwrap().live();
+            live.len() == n && live.iter().all(|m| m.version >= 1)
+        })
+    });
+    assert!(rejoined.is_some(), "node 2 rejoins after its restart");
+    net.run_for(Duration::from_secs(5));
+    net.drain_changes().for_each(drop);
+    let counted = [replays(&net, 0), replays(&net, 1), replays(&net, 2)];
+    assert_eq!(
+        counted,
+        [sent_to(0), sent_to(1), 0],
+        "no refusal around the restart"
+    );
+    let before = views(&net, n);
+    replay_all(&mut net, &tapped);
+    assert_eq!(net.drain_changes().collect::<Vec<_>>(), vec![]);
+    assert_eq!(
+        views(&net, n),
+        before,
+        "the replays after the restart changed a view"
+    );
+    for (i, counted) in counted.into_iter().enumerate() {
+        assert_eq!(
+            replays(&net, i),
+            counted + sent_to(i),
+            "node {i}: every replay after the restart counted"
+        );
+    }
+}
+
+#[test]
+fn a_datagram_sealed_by_this_node_and_sent_back_is_its_own() {
+    let mut net = cluster(2, 41, Links::default());
+    net.tap(true);
+    net.run_for(Duration::from_millis(500));
+    let from_0: Vec<Tapped> = net
+        .take_tapped()
+        .into_iter()
+        .filter(|d| d.from == SimNet::addr(0))
+        .collect();
+    assert!(!from_0.is_empty());
+    // Reflected to node 0 from node 1's address: authentic, but node 0's own stream.
+    for datagram in &from_0 {
+        net.inject(SimNet::addr(1), SimNet::addr(0), datagram.bytes.clone());
+    }
+    net.run_for(Duration::from_millis(10));
+    let metrics = net.core(0).unwrap().metrics();
+    assert_eq!(
+        metrics.rejected_count(RejectReason::FromSelf),
+        from_0.len() as u64
+    );
+    assert_eq!(metrics.rejected_count(RejectReason::Replay), 0);
 }

@@ -9,10 +9,17 @@
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
 
-use swimlb_proto::envelope::MAX_PAYLOAD_LEN;
+use swimlb_proto::envelope::{MAX_PAYLOAD_LEN, OVERHEAD};
 
 /// The largest foca packet: the envelope's payload bound minus the one-byte packet kind.
 pub const MAX_FOCA_PACKET: usize = MAX_PAYLOAD_LEN - 1;
+
+/// The default largest foca packet: sealed with its kind byte it makes a datagram of at most
+/// 1,438 bytes, which fits a 1,500-byte MTU over IPv6 (1,452 bytes of UDP payload) as well as
+/// IPv4 without fragmenting.
+pub const DEFAULT_MAX_PACKET: usize = 1438 - 1 - OVERHEAD;
+// 1,500 - 40 (IPv6 header) - 8 (UDP header).
+const _: () = assert!(1 + DEFAULT_MAX_PACKET + OVERHEAD <= 1452);
 
 use swimlb_config::standalone::GossipSettings;
 /// A named starting point for [`Timing`]: one type, the configuration's, so a file, the CLI and
@@ -158,7 +165,7 @@ impl Timing {
             sync_period: Duration::from_secs(1),
             join_retry: Duration::from_millis(250),
             meta_refresh: Duration::from_secs(15),
-            max_packet_size: 1400,
+            max_packet_size: DEFAULT_MAX_PACKET,
         }
     }
 
@@ -186,7 +193,7 @@ impl Timing {
             sync_period: Duration::from_secs(10),
             join_retry: Duration::from_secs(1),
             meta_refresh: Duration::from_secs(30),
-            max_packet_size: 1400,
+            max_packet_size: DEFAULT_MAX_PACKET,
         }
     }
 
