@@ -483,6 +483,33 @@ impl Core {
         &self.own
     }
 
+    /// Replaces the seeds (the Kubernetes mode learns its peers from the speaker Pods as they
+    /// come and go). Each new seed that is not a member yet is announced to at once, so a peer
+    /// that appears is joined without waiting for a retry; seeds that went away are simply no
+    /// longer announced to (members are left to the protocol). Our own address is ignored.
+    pub fn set_seeds(&mut self, now: Duration, seeds: Vec<SocketAddr>) {
+        let own = self.foca.identity().addr;
+        let mut next: Vec<SocketAddr> = seeds.into_iter().filter(|s| *s != own).collect();
+        next.sort();
+        next.dedup();
+        let fresh: Vec<SocketAddr> = next
+            .iter()
+            .filter(|s| !self.seeds.contains(s) && !self.members.contains_key(*s))
+            .copied()
+            .collect();
+        self.seeds = next;
+        for seed in fresh {
+            let mut io = self.wire.at(now);
+            if let Err(err) = self.foca.announce(NodeIdentity::seed(seed), &mut io) {
+                tracing::debug!(error = %err, "announce to a new seed");
+            }
+        }
+        if self.phase == Phase::Joining && !self.seeds.is_empty() {
+            self.schedule_join_retry(now + self.timing.join_retry);
+        }
+        self.settle(now);
+    }
+
     /// Replaces the key ring (key rotation): the new ring's first key seals from now on.
     pub fn set_key_ring(&mut self, ring: KeyRing) {
         self.wire.ring = ring;

@@ -32,6 +32,7 @@ const SEND_QUEUE: usize = 4096;
 enum Command {
     SetMeta(MemberMeta, oneshot::Sender<Result<(), GossipError>>),
     SetKeyRing(Box<KeyRing>, oneshot::Sender<()>),
+    SetSeeds(Vec<SocketAddr>),
     Leave(oneshot::Sender<()>),
 }
 
@@ -99,6 +100,14 @@ impl GossipHandle {
             .await
             .map_err(|_| GossipError::Stopped)?;
         answer.await.map_err(|_| GossipError::Stopped)
+    }
+
+    /// Replaces the seeds; new ones are announced to at once (see [`Core::set_seeds`]).
+    pub async fn set_seeds(&self, seeds: Vec<SocketAddr>) -> Result<(), GossipError> {
+        self.commands
+            .send(Command::SetSeeds(seeds))
+            .await
+            .map_err(|_| GossipError::Stopped)
     }
 
     /// Leaves the cluster: returns once the leave datagrams are sent and the task has stopped.
@@ -224,6 +233,7 @@ async fn run(
                     core.set_key_ring(*ring);
                     let _ = reply.send(());
                 }
+                Some(Command::SetSeeds(seeds)) => core.set_seeds(origin.elapsed(), seeds),
                 Some(Command::Leave(reply)) => {
                     core.leave(origin.elapsed());
                     for out in core.drain_outgoing() {

@@ -676,3 +676,36 @@ fn a_datagram_sealed_by_this_node_and_sent_back_is_its_own() {
     );
     assert_eq!(metrics.rejected_count(RejectReason::Replay), 0);
 }
+
+#[test]
+fn a_node_started_without_seeds_joins_the_peers_it_is_given_later() {
+    let mut net = cluster(2, 7, Links::default());
+    let settings = GossipSettings {
+        node: name(2),
+        addr: SimNet::addr(2),
+        seeds: vec![],
+        timing: Timing::fast(),
+        bump: 1,
+        rng_seed: 99,
+    };
+    let core = Core::new(
+        settings,
+        ring(&[K1]),
+        MemberMeta::new(name(2)),
+        GossipMetrics::default(),
+        net.now(),
+    )
+    .unwrap();
+    net.start(2, core);
+    net.run_for(Duration::from_secs(2));
+    assert_eq!(live_len(&net, 2), 1, "alone without seeds");
+    assert_eq!(net.core(2).map(|c| c.phase()), Some(Phase::Joining));
+    // The Kubernetes source learns the peers from the speaker Pods (itself included).
+    net.with_core(2, |core, now| {
+        core.set_seeds(now, vec![SimNet::addr(1), SimNet::addr(2)])
+    });
+    let joined = run_until(&mut net, Duration::from_secs(2), |net| {
+        (0..3).all(|i| live_len(net, i) == 3)
+    });
+    assert!(joined.is_some(), "everyone sees the newcomer");
+}
