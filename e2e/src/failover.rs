@@ -77,8 +77,6 @@ pub struct Options {
     pub loss: u8,
     /// Probe interval.
     pub probe_interval: Duration,
-    /// Where to write the JSON report.
-    pub json: Option<PathBuf>,
 }
 
 /// Starts, signals and restarts the daemon of each node.
@@ -551,12 +549,12 @@ pub fn run(
     }
     drop(responders);
     lab.teardown();
-    let report = Report::new(options, samples, failed_trials, false_failovers);
-    if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(report)
+    Ok(Report::new(
+        options,
+        samples,
+        failed_trials,
+        false_failovers,
+    ))
 }
 
 #[cfg(test)]
@@ -581,7 +579,6 @@ mod tests {
             trials: 2,
             loss: 0,
             probe_interval: Duration::from_millis(10),
-            json: None,
         };
         let report = Report::new(
             &options,

@@ -251,12 +251,14 @@ fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
         loss: args.loss,
         duration: Duration::from_secs(args.duration),
         flood_pps: args.flood_pps,
-        json: args.json,
     };
     let report = swimlb_e2e::soak::run(&options, std::env::current_exe()?, &mut |line| {
         println!("{line}")
     })?;
     print!("{}", report.table());
+    if let Some(path) = &args.json {
+        write_reports(path, &[report])?;
+    }
     Ok(())
 }
 
@@ -325,7 +327,6 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             trials: args.trials,
             loss: args.loss,
             probe_interval: Duration::from_millis(10),
-            json: None,
         };
         let report = failover::run(
             &options,

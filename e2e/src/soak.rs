@@ -31,8 +31,6 @@ pub struct Options {
     pub duration: Duration,
     /// Non-ARP frames per second sent at node 1 (0: none).
     pub flood_pps: u64,
-    /// Where to write the JSON report.
-    pub json: Option<PathBuf>,
 }
 
 /// One speaker's cost.
@@ -261,7 +259,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         .collect();
     drop(workers);
     lab.teardown();
-    let report = Report {
+    Ok(Report {
         nodes: options.nodes,
         loss: options.loss,
         duration_s: elapsed.as_secs_f64(),
@@ -271,12 +269,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         lost_probes: watched.iter().filter(|r| r.answer.is_none()).count(),
         owner_changes: probe::owner_changes(watched),
         speakers,
-    };
-    if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(report)
+    })
 }
 
 #[cfg(test)]

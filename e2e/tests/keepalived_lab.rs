@@ -18,7 +18,6 @@ fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
         trials: 1,
         loss: 0,
         probe_interval: Duration::from_millis(10),
-        json: None,
     };
     let report = failover::run(
         &options,
