@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns, spawn_in};
 
 /// One announcement seen by the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,66 +50,51 @@ impl AnnouncementWatcher {
     pub fn start(netns: &str, vips: Vec<IpAddr>) -> Result<AnnouncementWatcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (ns, flag, log) = (netns.to_string(), stop.clone(), seen.clone());
-        let thread = std::thread::Builder::new()
-            .name("announcements".into())
-            .spawn(move || {
-                let channel = (|| -> Result<_> {
-                    enter_netns(&ns)?;
-                    let iface = pnet_datalink::interfaces()
-                        .into_iter()
-                        .find(|i| i.name == "eth0")
-                        .context("no eth0 in the client namespace")?;
-                    Ok(swimlb_speaker::packet_socket::open(
-                        &iface,
-                        Duration::from_millis(20),
-                    )?)
-                })();
-                let mut channel = match channel {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        c
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
+        let (flag, log) = (stop.clone(), seen.clone());
+        let setup = || -> Result<_> {
+            let iface = pnet_datalink::interfaces()
+                .into_iter()
+                .find(|i| i.name == "eth0")
+                .context("no eth0 in the client namespace")?;
+            Ok(swimlb_speaker::packet_socket::open(
+                &iface,
+                Duration::from_millis(20),
+            )?)
+        };
+        let thread = spawn_in(netns, "announcements", setup, move |mut channel| {
+            while !flag.load(Ordering::Relaxed) {
+                let Ok(frame) = channel.rx.next() else {
+                    continue;
                 };
-                while !flag.load(Ordering::Relaxed) {
-                    let Ok(frame) = channel.rx.next() else {
-                        continue;
-                    };
-                    let at = Instant::now();
-                    let claim = match Frame::parse(frame) {
-                        Ok(Frame::Arp { arp, .. })
-                            if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
-                        {
-                            Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
-                        }
-                        Ok(Frame::Ndp(f)) => match f.ndp.message {
-                            NdpMessage::NeighborAdvert {
-                                target,
-                                target_link_addr,
-                                flags,
-                            } if !flags.solicited => Some((
-                                target_link_addr.unwrap_or(f.ethernet.src),
-                                IpAddr::V6(target),
-                            )),
-                            _ => None,
-                        },
-                        _ => None,
-                    };
-                    if let Some((mac, ip)) = claim
-                        && vips.contains(&ip)
+                let at = Instant::now();
+                let claim = match Frame::parse(frame) {
+                    Ok(Frame::Arp { arp, .. })
+                        if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
                     {
-                        log.lock()
-                            .expect("announcement log")
-                            .push(Announcement { at, mac, ip });
+                        Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
                     }
+                    Ok(Frame::Ndp(f)) => match f.ndp.message {
+                        NdpMessage::NeighborAdvert {
+                            target,
+                            target_link_addr,
+                            flags,
+                        } if !flags.solicited => Some((
+                            target_link_addr.unwrap_or(f.ethernet.src),
+                            IpAddr::V6(target),
+                        )),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some((mac, ip)) = claim
+                    && vips.contains(&ip)
+                {
+                    log.lock()
+                        .expect("announcement log")
+                        .push(Announcement { at, mac, ip });
                 }
-            })?;
-        ready_rx.recv().context("announcement watcher died")??;
+            }
+        })?;
         Ok(AnnouncementWatcher {
             stop,
             seen,

@@ -36,6 +36,41 @@ pub fn enter_netns(netns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Starts thread `name` in network namespace `netns`: it enters the namespace and runs `setup`
+/// there (opening its sockets) before this returns, with `setup`'s error if it failed; then it
+/// runs `body` with what `setup` made.
+pub fn spawn_in<S, B>(
+    netns: &str,
+    name: &str,
+    setup: impl FnOnce() -> Result<S> + Send + 'static,
+    body: B,
+) -> Result<JoinHandle<()>>
+where
+    B: FnOnce(S) + Send + 'static,
+{
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let ns = netns.to_string();
+    let handle = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let made = enter_netns(&ns).and_then(|()| setup());
+            match made {
+                Ok(made) => {
+                    let _ = ready_tx.send(Ok(()));
+                    body(made);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })?;
+    ready_rx
+        .recv()
+        .with_context(|| format!("thread {name} died"))?
+        .with_context(|| format!("thread {name} in {netns}"))?;
+    Ok(handle)
+}
+
 /// A background thread; stops when dropped.
 #[derive(Debug)]
 pub struct Worker {
@@ -73,46 +108,31 @@ pub fn spawn_responder(netns: &str, name: &str) -> Result<Vec<Worker>> {
 
 fn spawn_responder_family(netns: &str, name: &str, v6: bool) -> Result<Worker> {
     let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (netns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
-    let handle = std::thread::Builder::new()
-        .name(format!("responder-{name}"))
-        .spawn(move || {
-            let socket = (|| -> Result<UdpSocket> {
-                enter_netns(&netns)?;
-                let s = if v6 {
-                    socket_v6_only(PROBE_PORT)?
-                } else {
-                    UdpSocket::bind(("0.0.0.0", PROBE_PORT))?
-                };
-                // Only bounds how long a stop request waits.
-                s.set_read_timeout(Some(Duration::from_millis(50)))?;
-                Ok(s)
-            })();
-            let socket = match socket {
-                Ok(s) => {
-                    let _ = ready_tx.send(Ok(()));
-                    s
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let mut buf = [0u8; 64];
-            let mut reply = Vec::with_capacity(64);
-            while !flag.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = socket.recv_from(&mut buf)
-                    && n >= 8
-                {
-                    reply.clear();
-                    reply.extend_from_slice(&buf[..8]);
-                    reply.extend_from_slice(name.as_bytes());
-                    let _ = socket.send_to(&reply, from);
-                }
+    let (name, flag) = (name.to_string(), stop.clone());
+    let setup = move || -> Result<UdpSocket> {
+        let s = if v6 {
+            socket_v6_only(PROBE_PORT)?
+        } else {
+            UdpSocket::bind(("0.0.0.0", PROBE_PORT))?
+        };
+        // Only bounds how long a stop request waits.
+        s.set_read_timeout(Some(Duration::from_millis(50)))?;
+        Ok(s)
+    };
+    let handle = spawn_in(netns, &format!("responder-{name}"), setup, move |socket| {
+        let mut buf = [0u8; 64];
+        let mut reply = Vec::with_capacity(64);
+        while !flag.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = socket.recv_from(&mut buf)
+                && n >= 8
+            {
+                reply.clear();
+                reply.extend_from_slice(&buf[..8]);
+                reply.extend_from_slice(name.as_bytes());
+                let _ = socket.send_to(&reply, from);
             }
-        })?;
-    ready_rx.recv().context("responder thread died")??;
+        }
+    })?;
     Ok(Worker {
         stop,
         handle: Some(handle),
@@ -151,71 +171,56 @@ impl Prober {
     pub fn start(netns: &str, target: SocketAddr, interval: Duration) -> Result<Prober> {
         let stop = Arc::new(AtomicBool::new(false));
         let log: Arc<Mutex<Vec<ProbeRecord>>> = Arc::default();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (netns, flag, records) = (netns.to_string(), stop.clone(), log.clone());
-        let handle = std::thread::Builder::new()
-            .name("prober".into())
-            .spawn(move || {
-                let socket = (|| -> Result<UdpSocket> {
-                    enter_netns(&netns)?;
-                    let bind: SocketAddr = if target.is_ipv4() {
-                        "0.0.0.0:0".parse()?
-                    } else {
-                        "[::]:0".parse()?
-                    };
-                    let s = UdpSocket::bind(bind)?;
-                    s.set_read_timeout(Some(Duration::from_millis(1)))?;
-                    Ok(s)
-                })();
-                let socket = match socket {
-                    Ok(s) => {
-                        let _ = ready_tx.send(Ok(()));
-                        s
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let start = Instant::now();
-                let mut seq: u64 = 0;
-                let mut buf = [0u8; 128];
-                while !flag.load(Ordering::Relaxed) {
-                    let due = start + interval * (seq as u32);
+        let (flag, records) = (stop.clone(), log.clone());
+        let setup = move || -> Result<UdpSocket> {
+            let bind: SocketAddr = if target.is_ipv4() {
+                "0.0.0.0:0".parse()?
+            } else {
+                "[::]:0".parse()?
+            };
+            let s = UdpSocket::bind(bind)?;
+            s.set_read_timeout(Some(Duration::from_millis(1)))?;
+            Ok(s)
+        };
+        let handle = spawn_in(netns, "prober", setup, move |socket| {
+            let start = Instant::now();
+            let mut seq: u64 = 0;
+            let mut buf = [0u8; 128];
+            while !flag.load(Ordering::Relaxed) {
+                let due = start + interval * (seq as u32);
+                let now = Instant::now();
+                if now >= due {
+                    // A send error (no route while the owner moves) is a lost probe, not a stop.
+                    let _ = socket.send_to(&seq.to_be_bytes(), target);
+                    records.lock().expect("probe log").push(ProbeRecord {
+                        seq,
+                        sent: now,
+                        answer: None,
+                    });
+                    seq += 1;
+                    continue;
+                }
+                // Wait for answers until the next probe is due.
+                let wait = due.duration_since(now).max(Duration::from_micros(100));
+                if socket.set_read_timeout(Some(wait)).is_err() {
+                    continue;
+                }
+                if let Ok((n, _)) = socket.recv_from(&mut buf)
+                    && n >= 8
+                {
                     let now = Instant::now();
-                    if now >= due {
-                        // A send error (no route while the owner moves) is a lost probe, not a stop.
-                        let _ = socket.send_to(&seq.to_be_bytes(), target);
-                        records.lock().expect("probe log").push(ProbeRecord {
-                            seq,
-                            sent: now,
-                            answer: None,
-                        });
-                        seq += 1;
-                        continue;
-                    }
-                    // Wait for answers until the next probe is due.
-                    let wait = due.duration_since(now).max(Duration::from_micros(100));
-                    if socket.set_read_timeout(Some(wait)).is_err() {
-                        continue;
-                    }
-                    if let Ok((n, _)) = socket.recv_from(&mut buf)
-                        && n >= 8
+                    let answered = u64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
+                    let name = String::from_utf8_lossy(&buf[8..n]).into_owned();
+                    let mut log = records.lock().expect("probe log");
+                    if let Some(r) = log.get_mut(answered as usize)
+                        && r.answer.is_none()
+                        && now.duration_since(r.sent) <= interval * 50
                     {
-                        let now = Instant::now();
-                        let answered = u64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
-                        let name = String::from_utf8_lossy(&buf[8..n]).into_owned();
-                        let mut log = records.lock().expect("probe log");
-                        if let Some(r) = log.get_mut(answered as usize)
-                            && r.answer.is_none()
-                            && now.duration_since(r.sent) <= interval * 50
-                        {
-                            r.answer = Some((name, now));
-                        }
+                        r.answer = Some((name, now));
                     }
                 }
-            })?;
-        ready_rx.recv().context("prober thread died")??;
+            }
+        })?;
         Ok(Prober {
             worker: Worker {
                 stop,
