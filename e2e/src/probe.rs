@@ -8,13 +8,16 @@
 //! Failover time is measured as DESIGN.md defines it: from the fault to the first answer from a
 //! node other than the old owner.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use swimlb_proto::Frame;
+use swimlb_proto::arp::{ArpOperation, ArpRepr};
+use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
 /// The UDP port of the responders.
@@ -69,6 +72,17 @@ where
         .with_context(|| format!("thread {name} died"))?
         .with_context(|| format!("thread {name} in {netns}"))?;
     Ok(handle)
+}
+
+/// Runs `f` on a thread inside `netns` and returns its result.
+pub fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    let ns = netns.to_string();
+    std::thread::spawn(move || enter_netns(&ns).map(|()| f()))
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread in {netns} panicked"))?
 }
 
 /// A background thread; stops when dropped.
@@ -248,6 +262,84 @@ impl Prober {
         self.worker.stop();
         std::mem::take(&mut *self.log.lock().expect("probe log"))
     }
+}
+
+/// One ARP frame claiming an address, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArpClaim {
+    /// Since the first request was sent.
+    pub at: Duration,
+    /// The MAC that claimed the address.
+    pub mac: [u8; 6],
+    /// A reply (to anyone), rather than a gratuitous request.
+    pub reply: bool,
+}
+
+/// Sends `requests` ARP requests for `ip` from `netns`'s `eth0`, `interval` apart (broadcast, or
+/// unicast to `to`), and returns every frame that claimed `ip` (replies, gratuitous ARP) until
+/// `interval` after the last request.
+pub fn arp_claims(
+    netns: &str,
+    ip: Ipv4Addr,
+    to: Option<[u8; 6]>,
+    requests: usize,
+    interval: Duration,
+) -> Result<Vec<ArpClaim>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let setup = || -> Result<_> {
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "eth0")
+            .context("no eth0")?;
+        Ok(swimlb_speaker::packet_socket::open(
+            &iface,
+            Duration::from_millis(5),
+        )?)
+    };
+    let client_mac = MacAddr(0x02, 0, 0, 0, 0, 0xfe);
+    let request = ArpRepr {
+        operation: ArpOperation::Request,
+        sender_mac: client_mac,
+        sender_ip: crate::netns::CLIENT_V4,
+        target_mac: MacAddr(0, 0, 0, 0, 0, 0),
+        target_ip: ip,
+    };
+    let mut frame = vec![0u8; request.frame_len()];
+    request
+        .emit_frame(&mut frame)
+        .context("building the ARP request")?;
+    if let Some(dst) = to {
+        frame[..6].copy_from_slice(&dst);
+    }
+    let thread = spawn_in(netns, "arp-claims", setup, move |mut channel| {
+        let mut claims = Vec::new();
+        let start = Instant::now();
+        let end = start + interval * requests as u32;
+        let mut sent = 0;
+        while Instant::now() < end {
+            if sent < requests && Instant::now() >= start + interval * sent as u32 {
+                let _ = channel.tx.send_to(&frame, None);
+                sent += 1;
+            }
+            let Ok(bytes) = channel.rx.next() else {
+                continue;
+            };
+            if let Ok(Frame::Arp { arp, .. }) = Frame::parse(bytes)
+                && arp.sender_ip == ip
+                && (arp.operation == ArpOperation::Reply || arp.is_gratuitous())
+            {
+                let m = arp.sender_mac;
+                claims.push(ArpClaim {
+                    at: start.elapsed(),
+                    mac: [m.0, m.1, m.2, m.3, m.4, m.5],
+                    reply: arp.operation == ArpOperation::Reply,
+                });
+            }
+        }
+        let _ = tx.send(claims);
+    })?;
+    let _ = thread.join();
+    rx.recv().context("the ARP thread died")
 }
 
 /// What one fault cost, from the probe records.
