@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use swimlb_proto::Frame;
 use swimlb_proto::arp::ArpOperation;
 use swimlb_proto::ethernet::MacAddr;
@@ -188,30 +188,31 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
         SocketAddr::from((vip, PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(30))
-        .context("no steady owner (see the speaker logs in the lab directory)")?;
-    let old = lab
-        .nodes
-        .iter()
-        .find(|n| n.name == owner)
-        .cloned()
-        .context("owner is not a lab node")?;
-    out(&format!(
-        "{owner} owns 198.51.100.100 (MAC {})",
-        netns::mac_text(old.mac)
-    ));
-
     let watcher = AnnouncementWatcher::start(
         &lab.client_netns,
         vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
     )?;
+    // Measure only from a converged lab, and fault the node that owns the VIP at fault time.
+    let settled = match failover::settle(&lab, &mut daemons, &prober, out)? {
+        Ok(settled) => settled,
+        Err(reason) => bail!(
+            "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {}",
+            failover::CONVERGE_LIMIT,
+            daemons.dir().display()
+        ),
+    };
+    let owner = settled.owner;
+    let old = lab.node(settled.index).clone();
+    out(&format!(
+        "{owner} owns 198.51.100.100 (MAC {}): every speaker names it, and it alone answers ARP and the probes",
+        netns::mac_text(old.mac)
+    ));
     let survivors: Vec<(String, SocketAddr)> = lab
         .nodes
         .iter()
         .filter(|n| n.name != owner)
         .map(|n| (n.name.clone(), SocketAddr::from((n.v4, HTTP_PORT))))
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
     let members = watch_member_gone(
         &lab.client_netns,
         survivors,

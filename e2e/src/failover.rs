@@ -1,13 +1,16 @@
 //! `swimlb-lab failover`: repeated failover trials on real kernel networking.
 //!
-//! One lab (see [`crate::netns`]) serves every trial. Each trial waits until one node answers
-//! the client's probes steadily, faults that owner (link down, SIGKILL or SIGTERM of its
-//! daemon), waits for another node to answer, records the sample, then restores the old owner
-//! and waits for the lab to be steady again. Every wait is bounded.
+//! One lab (see [`crate::netns`]) serves every trial. Each trial waits until the lab has
+//! converged (see [`crate::converge`]: the daemons name one owner, and that owner alone answers
+//! ARP and the probes for a second), re-checks right before the fault, faults that owner (link
+//! down, SIGKILL or SIGTERM of its daemon), waits for another node to answer, records the sample,
+//! then restores the old owner. A trial whose lab does not converge within a minute is reported
+//! as failed, never measured. Every wait is bounded.
 //!
 //! The figures follow DESIGN.md: `failover_ms` runs from the fault to the first answer from a
 //! node other than the old owner; `lost_probes` counts the unanswered probes in between; a
-//! change of the answering node while no fault is in progress is a false failover.
+//! change of the answering node after the lab converged and before the fault is a false
+//! failover.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +20,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::converge::{self, SpeakerView, Views};
 use crate::keepalived;
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober, Worker};
@@ -89,6 +93,8 @@ pub trait Daemons {
     fn clean_after_kill(&mut self, _lab: &mut Lab, _index: usize) -> Result<()> {
         Ok(())
     }
+    /// What every node's daemon says about the VIP now, in node order.
+    fn views(&mut self, lab: &Lab) -> Views;
 }
 
 /// keepalived on every node.
@@ -96,6 +102,7 @@ pub trait Daemons {
 pub struct KeepalivedDaemons {
     dir: PathBuf,
     children: Vec<Option<usize>>,
+    states: Vec<Option<keepalived::StateReader>>,
 }
 
 impl KeepalivedDaemons {
@@ -104,6 +111,7 @@ impl KeepalivedDaemons {
         KeepalivedDaemons {
             dir: lab.work_dir(),
             children: vec![None; lab.nodes.len() + 1],
+            states: (0..=lab.nodes.len()).map(|_| None).collect(),
         }
     }
 }
@@ -113,10 +121,18 @@ impl Daemons for KeepalivedDaemons {
         let node = lab.node(index).clone();
         let instance =
             keepalived::Instance::write(&self.dir, &node.name, netns::vip_v4(0), netns::PREFIX_V4)?;
+        match &self.states[index] {
+            Some(reader) => reader.forget(),
+            None => self.states[index] = Some(keepalived::StateReader::start(&instance.fifo)?),
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("keepalived-{}.log", node.name)))?;
         let mut cmd = Lab::command_in(&node.netns, "keepalived");
         cmd.args(instance.args())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+            .stdout(log.try_clone()?)
+            .stderr(log);
         self.children[index] = Some(lab.spawn(cmd)?);
         Ok(())
     }
@@ -169,6 +185,14 @@ impl Daemons for KeepalivedDaemons {
         let _ = std::fs::remove_file(paths.pid);
         let _ = std::fs::remove_file(paths.vrrp_pid);
         Ok(())
+    }
+
+    fn views(&mut self, lab: &Lab) -> Views {
+        Views::Keepalived(
+            (1..=lab.nodes.len())
+                .map(|i| self.states[i].as_ref().and_then(|r| r.state()))
+                .collect(),
+        )
     }
 }
 
@@ -297,6 +321,39 @@ impl Daemons for SwimlbDaemons {
         self.exits[index] = lab.child(child).wait().ok();
         Ok(())
     }
+
+    fn views(&mut self, lab: &Lab) -> Views {
+        let nodes: Vec<SocketAddr> = lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+            .collect();
+        let count = nodes.len();
+        let views = probe::in_netns(&lab.client_netns, move || {
+            nodes
+                .iter()
+                .map(|addr| speaker_view(&crate::demo::http_get(*addr, "/status")?))
+                .collect()
+        });
+        Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
+    }
+}
+
+/// The VIP's part of a speaker's `/status` body (`None`: not the JSON expected).
+pub fn speaker_view(status: &str) -> Option<SpeakerView> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    let vip = netns::vip_v4(0).to_string();
+    let owner = v["addresses"]
+        .as_array()?
+        .iter()
+        .find(|a| a["ip"] == vip.as_str())
+        .and_then(|a| a["owner"].as_str())
+        .map(str::to_string);
+    Some(SpeakerView {
+        owner,
+        members: v["members"].as_array()?.len(),
+        ready: v["ready"].as_bool()?,
+    })
 }
 
 /// Percentiles of a sample set.
@@ -457,6 +514,61 @@ pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) ->
     }
 }
 
+/// How long a trial (or the demo) waits for the lab to converge before it is reported as failed.
+pub const CONVERGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// A lab ready for its fault, as [`settle`] leaves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The owner to fault: the node that owns the VIP right now.
+    pub owner: String,
+    /// Its 1-based index.
+    pub index: usize,
+    /// Owner changes seen after the lab first converged (a fault was not in progress).
+    pub false_failovers: usize,
+}
+
+/// Waits (at most [`CONVERGE_LIMIT`]) for the lab to converge, holds a quiet second, and
+/// re-checks right before returning, so the caller faults the node that owns the VIP at fault
+/// time. An owner that moved in between counts as false failovers, and the wait starts over.
+/// `Ok(Err(reason))`: the lab did not converge in time; the trial must not be measured.
+pub fn settle(
+    lab: &Lab,
+    daemons: &mut dyn Daemons,
+    prober: &Prober,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Result<Settled, converge::NotConverged>> {
+    let deadline = Instant::now() + CONVERGE_LIMIT;
+    let mut first_converged: Option<usize> = None;
+    loop {
+        let limit = deadline.saturating_duration_since(Instant::now());
+        let converged = match converge::wait(lab, daemons, prober, limit, progress)? {
+            Ok(c) => c,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let since = *first_converged.get_or_insert(converged.since);
+        // A quiet second with the converged owner, then the re-check right before the fault.
+        std::thread::sleep(Duration::from_secs(1));
+        let views = daemons.views(lab);
+        let records = prober.snapshot();
+        let answers = converge::answers(&records[converged.since.min(records.len())..]);
+        let changes = probe::owner_changes(&records[since.min(records.len())..]);
+        match converge::confirm(&lab.nodes, &converged.owner, &views, &answers) {
+            Ok(()) => {
+                return Ok(Ok(Settled {
+                    owner: converged.owner,
+                    index: converged.index,
+                    false_failovers: changes,
+                }));
+            }
+            Err(reason) => progress(&format!(
+                "  {} no longer holds the VIP alone before the fault ({reason}); waiting again",
+                converged.owner
+            )),
+        }
+    }
+}
+
 /// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
 pub fn run(
     options: &Options,
@@ -483,26 +595,26 @@ pub fn run(
     let mut false_failovers = 0;
     for trial in 1..=options.trials {
         let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
-        let owner = wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
-        // A quiet second with a steady owner before the fault: any owner change in it is a false
-        // failover. (Changes before the owner was steady are the previous trial's old owner
-        // coming back, which may legitimately take its VIP back.)
-        let steady_from = prober.snapshot().len();
-        std::thread::sleep(Duration::from_secs(1));
-        let quiet = prober.snapshot();
-        false_failovers += probe::owner_changes(&quiet[steady_from.saturating_sub(1)..]);
-        let index = lab
-            .nodes
-            .iter()
-            .find(|n| n.name == owner)
-            .map(|n| n.index)
-            .context("owner is not a lab node")?;
+        let settled = match settle(&lab, daemons.as_mut(), &prober, progress)? {
+            Ok(settled) => settled,
+            Err(reason) => {
+                prober.stop();
+                failed_trials += 1;
+                progress(&format!(
+                    "trial {trial}/{}: not measured: the lab did not converge within {CONVERGE_LIMIT:?} ({reason})",
+                    options.trials
+                ));
+                continue;
+            }
+        };
+        let (owner, index) = (settled.owner.clone(), settled.index);
         let fault = Instant::now();
         match options.scenario {
             Scenario::Poweroff => lab.set_link(index, false)?,
             Scenario::Kill => daemons.signal(&mut lab, index, "KILL")?,
             Scenario::Sigterm => daemons.signal(&mut lab, index, "TERM")?,
         }
+        false_failovers += settled.false_failovers;
         let deadline = fault + Duration::from_secs(30);
         let sample = loop {
             let records = prober.snapshot();
@@ -535,7 +647,7 @@ pub fn run(
                 ));
             }
         }
-        // Restore the old owner as a backup.
+        // Restore the old owner as a backup; the next trial waits for the lab to converge.
         match options.scenario {
             Scenario::Poweroff => lab.set_link(index, true)?,
             Scenario::Kill => {
@@ -544,8 +656,6 @@ pub fn run(
             }
             Scenario::Sigterm => daemons.start(&mut lab, index)?,
         }
-        // Let it rejoin before the next fault.
-        std::thread::sleep(Duration::from_secs(3));
     }
     drop(responders);
     lab.teardown();

@@ -1,5 +1,7 @@
 //! swimlb lab: network namespaces, the membership simulation, the fake Kubernetes API server.
 //!
+//! - [`converge`]: whether the lab has converged (one owner, named by the daemons, alone
+//!   answering for the VIP), so that a fault may be measured.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`fake_api`]: the fake Kubernetes API server for controller tests.
@@ -10,6 +12,7 @@
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
+pub mod converge;
 pub mod demo;
 pub mod failover;
 pub mod fake_api;

@@ -187,7 +187,13 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = crate::failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+    let owner = match crate::failover::settle(&lab, &mut daemons, &prober, progress)? {
+        Ok(settled) => settled.owner,
+        Err(reason) => anyhow::bail!(
+            "the lab did not converge within {:?} ({reason}); nothing watched",
+            crate::failover::CONVERGE_LIMIT
+        ),
+    };
     progress(&format!(
         "{owner} owns the VIP; watching for {:?}",
         options.duration
