@@ -32,6 +32,8 @@ pub enum Implementation {
     Swimlb,
     /// Debian's keepalived with its defaults.
     Keepalived,
+    /// keepalived tuned for speed: VRRPv3, `advert_int 0.1`, everything else default.
+    KeepalivedFast,
 }
 
 impl Implementation {
@@ -40,7 +42,20 @@ impl Implementation {
         match self {
             Implementation::Swimlb => "swimlb",
             Implementation::Keepalived => "keepalived",
+            Implementation::KeepalivedFast => "keepalived-fast",
         }
+    }
+
+    /// Every implementation, in the CLI's order.
+    pub const ALL: [Implementation; 3] = [
+        Implementation::Swimlb,
+        Implementation::Keepalived,
+        Implementation::KeepalivedFast,
+    ];
+
+    /// The implementation named `name` in the CLI.
+    pub fn parse(name: &str) -> Option<Implementation> {
+        Implementation::ALL.into_iter().find(|i| i.as_str() == name)
     }
 }
 
@@ -100,6 +115,7 @@ pub trait Daemons {
 /// keepalived on every node.
 #[derive(Debug)]
 pub struct KeepalivedDaemons {
+    tuning: keepalived::Tuning,
     dir: PathBuf,
     children: Vec<Option<usize>>,
     states: Vec<Option<keepalived::StateReader>>,
@@ -107,8 +123,9 @@ pub struct KeepalivedDaemons {
 
 impl KeepalivedDaemons {
     /// Files go to a directory named after the lab's run.
-    pub fn new(lab: &Lab) -> KeepalivedDaemons {
+    pub fn new(lab: &Lab, tuning: keepalived::Tuning) -> KeepalivedDaemons {
         KeepalivedDaemons {
+            tuning,
             dir: lab.work_dir(),
             children: vec![None; lab.nodes.len() + 1],
             states: (0..=lab.nodes.len()).map(|_| None).collect(),
@@ -119,8 +136,13 @@ impl KeepalivedDaemons {
 impl Daemons for KeepalivedDaemons {
     fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
         let node = lab.node(index).clone();
-        let instance =
-            keepalived::Instance::write(&self.dir, &node.name, netns::vip_v4(0), netns::PREFIX_V4)?;
+        let instance = keepalived::Instance::write(
+            &self.dir,
+            &node.name,
+            netns::vip_v4(0),
+            netns::PREFIX_V4,
+            self.tuning,
+        )?;
         match &self.states[index] {
             Some(reader) => reader.forget(),
             None => self.states[index] = Some(keepalived::StateReader::start(&instance.fifo)?),
@@ -409,7 +431,7 @@ pub struct Sample {
 /// The JSON report (DESIGN.md's contract).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
-    /// `swimlb` or `keepalived`.
+    /// `swimlb`, `keepalived` or `keepalived-fast`.
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     /// `poweroff`, `kill` or `sigterm`.
@@ -670,6 +692,18 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_implementation_parses_from_its_cli_name() {
+        for i in Implementation::ALL {
+            assert_eq!(Implementation::parse(i.as_str()), Some(i));
+        }
+        assert_eq!(
+            Implementation::parse("keepalived-fast"),
+            Some(Implementation::KeepalivedFast)
+        );
+        assert_eq!(Implementation::parse("vrrp"), None);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

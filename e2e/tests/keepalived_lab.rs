@@ -1,16 +1,32 @@
 //! keepalived in the lab, as the comparison peer of `swimlb-lab failover` (root only).
+//!
+//! The tests take a lock and run one at a time: `failover::run` names its lab after the
+//! process, so two labs of this binary at once would share their namespaces.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use swimlb_e2e::failover::{self, Implementation, KeepalivedDaemons, Options, Scenario};
+use swimlb_e2e::keepalived::Tuning;
 use swimlb_e2e::netns;
+
+/// One lab at a time (see the module doc).
+static LAB: Mutex<()> = Mutex::new(());
+
+/// The lab to oneself, or `None` (after saying why) without root.
+fn lab_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
+    if !netns::is_root() {
+        eprintln!("{test}: skipped: needs root (CAP_NET_ADMIN) to make network namespaces");
+        return None;
+    }
+    Some(LAB.lock().unwrap_or_else(|e| e.into_inner()))
+}
 
 #[test]
 fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
-    if !netns::is_root() {
-        eprintln!("keepalived_moves_the_vip_when_its_master_loses_its_link: skipped: needs root");
+    let Some(_one) = lab_or_skip("keepalived defaults") else {
         return;
-    }
+    };
     let options = Options {
         implementation: Implementation::Keepalived,
         scenario: Scenario::Poweroff,
@@ -21,7 +37,7 @@ fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
     };
     let report = failover::run(
         &options,
-        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab))),
+        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults))),
         &mut |line| eprintln!("{line}"),
     )
     .unwrap();
@@ -40,6 +56,40 @@ fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
     assert!(
         report.samples[0].failover_ms >= 1000.0,
         "a default keepalived fails over only after missed adverts: {:?}",
+        report.samples[0]
+    );
+}
+
+#[test]
+fn keepalived_tuned_for_speed_moves_the_vip_after_missed_tenth_of_a_second_adverts() {
+    let Some(_one) = lab_or_skip("keepalived-fast") else {
+        return;
+    };
+    let options = Options {
+        implementation: Implementation::KeepalivedFast,
+        scenario: Scenario::Poweroff,
+        nodes: 2,
+        trials: 1,
+        loss: 0,
+        probe_interval: Duration::from_millis(10),
+    };
+    let report = failover::run(
+        &options,
+        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast))),
+        &mut |line| eprintln!("{line}"),
+    )
+    .unwrap();
+    assert_eq!(report.implementation, "keepalived-fast");
+    assert_eq!(
+        (report.trials, report.failed_trials, report.samples.len()),
+        (1, 0, 1),
+        "the backup answered after the master's link went down"
+    );
+    // Three missed adverts of 0.1 s: at least a few probe intervals, never the milliseconds of
+    // a second MASTER already answering.
+    assert!(
+        report.samples[0].failover_ms >= 100.0 && report.samples[0].lost_probes > 0,
+        "{:?}",
         report.samples[0]
     );
 }
