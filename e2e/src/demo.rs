@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns, spawn_in};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns, open_eth0, spawn_in};
 
 /// One announcement seen by the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,16 +51,7 @@ impl AnnouncementWatcher {
         let stop = Arc::new(AtomicBool::new(false));
         let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
         let (flag, log) = (stop.clone(), seen.clone());
-        let setup = || -> Result<_> {
-            let iface = pnet_datalink::interfaces()
-                .into_iter()
-                .find(|i| i.name == "eth0")
-                .context("no eth0 in the client namespace")?;
-            Ok(swimlb_speaker::packet_socket::open(
-                &iface,
-                Duration::from_millis(20),
-            )?)
-        };
+        let setup = || open_eth0(Duration::from_millis(20));
         let thread = spawn_in(netns, "announcements", setup, move |mut channel| {
             while !flag.load(Ordering::Relaxed) {
                 let Ok(frame) = channel.rx.next() else {

@@ -264,6 +264,16 @@ impl Prober {
     }
 }
 
+/// Opens the speaker's filtered packet socket (ARP and NDP) on `eth0` of the calling thread's
+/// namespace; reads wait at most `read_timeout`.
+pub fn open_eth0(read_timeout: Duration) -> Result<swimlb_speaker::packet_socket::LinkChannel> {
+    let iface = pnet_datalink::interfaces()
+        .into_iter()
+        .find(|i| i.name == "eth0")
+        .context("no eth0 in this namespace")?;
+    Ok(swimlb_speaker::packet_socket::open(&iface, read_timeout)?)
+}
+
 /// One ARP frame claiming an address, as the client saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArpClaim {
@@ -286,16 +296,7 @@ pub fn arp_claims(
     interval: Duration,
 ) -> Result<Vec<ArpClaim>> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let setup = || -> Result<_> {
-        let iface = pnet_datalink::interfaces()
-            .into_iter()
-            .find(|i| i.name == "eth0")
-            .context("no eth0")?;
-        Ok(swimlb_speaker::packet_socket::open(
-            &iface,
-            Duration::from_millis(5),
-        )?)
-    };
+    let setup = || open_eth0(Duration::from_millis(5));
     let client_mac = MacAddr(0x02, 0, 0, 0, 0, 0xfe);
     let request = ArpRepr {
         operation: ArpOperation::Request,

@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use swimlb_e2e::failover::{self, Implementation, KeepalivedDaemons, Options, Scenario};
+use swimlb_e2e::failover::{self, Implementation, KeepalivedDaemons, Options, Sample, Scenario};
 use swimlb_e2e::keepalived::Tuning;
 use swimlb_e2e::netns;
 
@@ -22,13 +22,10 @@ fn lab_or_skip(test: &str) -> Option<MutexGuard<'static, ()>> {
     Some(LAB.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
-#[test]
-fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
-    let Some(_one) = lab_or_skip("keepalived defaults") else {
-        return;
-    };
+/// One power-off trial of keepalived with `tuning` on two nodes; its one sample.
+fn one_poweroff(implementation: Implementation, tuning: Tuning) -> Sample {
     let options = Options {
-        implementation: Implementation::Keepalived,
+        implementation,
         scenario: Scenario::Poweroff,
         nodes: 2,
         trials: 1,
@@ -37,26 +34,35 @@ fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
     };
     let report = failover::run(
         &options,
-        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults))),
+        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab, tuning))),
         &mut |line| eprintln!("{line}"),
     )
     .unwrap();
+    assert_eq!(report.implementation, implementation.as_str());
     assert_eq!(
         (report.trials, report.failed_trials, report.samples.len()),
         (1, 0, 1),
         "the backup answered after the master's link went down"
     );
+    report.samples[0]
+}
+
+#[test]
+fn keepalived_moves_the_vip_when_its_master_loses_its_link() {
+    let Some(_one) = lab_or_skip("keepalived defaults") else {
+        return;
+    };
+    let sample = one_poweroff(Implementation::Keepalived, Tuning::Defaults);
     assert!(
-        report.samples[0].lost_probes > 0,
+        sample.lost_probes > 0,
         "a default keepalived loses probes while it waits for adverts"
     );
     // The trial started from one MASTER (see `converge`): the backup waits for three missed
     // adverts (advert_int 1), so no failover of a converged lab takes a few milliseconds, the
     // figure a fault taken while both nodes were still MASTER gave.
     assert!(
-        report.samples[0].failover_ms >= 1000.0,
-        "a default keepalived fails over only after missed adverts: {:?}",
-        report.samples[0]
+        sample.failover_ms >= 1000.0,
+        "a default keepalived fails over only after missed adverts: {sample:?}"
     );
 }
 
@@ -65,31 +71,11 @@ fn keepalived_tuned_for_speed_moves_the_vip_after_missed_tenth_of_a_second_adver
     let Some(_one) = lab_or_skip("keepalived-fast") else {
         return;
     };
-    let options = Options {
-        implementation: Implementation::KeepalivedFast,
-        scenario: Scenario::Poweroff,
-        nodes: 2,
-        trials: 1,
-        loss: 0,
-        probe_interval: Duration::from_millis(10),
-    };
-    let report = failover::run(
-        &options,
-        &|lab| Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast))),
-        &mut |line| eprintln!("{line}"),
-    )
-    .unwrap();
-    assert_eq!(report.implementation, "keepalived-fast");
-    assert_eq!(
-        (report.trials, report.failed_trials, report.samples.len()),
-        (1, 0, 1),
-        "the backup answered after the master's link went down"
-    );
+    let sample = one_poweroff(Implementation::KeepalivedFast, Tuning::Fast);
     // Three missed adverts of 0.1 s: at least a few probe intervals, never the milliseconds of
     // a second MASTER already answering.
     assert!(
-        report.samples[0].failover_ms >= 100.0 && report.samples[0].lost_probes > 0,
-        "{:?}",
-        report.samples[0]
+        sample.failover_ms >= 100.0 && sample.lost_probes > 0,
+        "{sample:?}"
     );
 }
