@@ -351,10 +351,13 @@ impl Daemons for SwimlbDaemons {
             .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
             .collect();
         let count = nodes.len();
+        // Three tries each: with `--loss` a lost SYN fails one connection attempt.
         let views = probe::in_netns(&lab.client_netns, move || {
             nodes
                 .iter()
-                .map(|addr| speaker_view(&crate::demo::http_get(*addr, "/status")?))
+                .map(|addr| {
+                    (0..3).find_map(|_| speaker_view(&crate::demo::http_get(*addr, "/status")?))
+                })
                 .collect()
         });
         Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
@@ -490,7 +493,7 @@ impl Report {
     /// A table for the terminal.
     pub fn table(&self) -> String {
         format!(
-            "{:<10} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
+            "{:<15} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
             self.implementation,
             self.scenario,
             self.nodes,
