@@ -28,9 +28,8 @@ pub fn trim_meta(meta: &mut kube::api::ObjectMeta) {
     }
 }
 
-/// Reflects `api` into a store of objects trimmed by [`trim_meta`], driven by a background task
-/// that sends `()` on `changed` (when given) after every event. The task ends when `stop`
-/// resolves or the watch stream ends.
+/// A store of `api`'s objects (trimmed by [`trim_meta`]), kept by a background task until
+/// `stop` resolves; `changed` hears of every change.
 pub fn spawn_store<K>(
     api: Api<K>,
     changed: Option<UnboundedSender<()>>,
@@ -40,10 +39,29 @@ where
     K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    spawn_store_with(api, watcher::Config::default(), |_| {}, changed, stop)
+}
+
+/// [`spawn_store`] with a watch configuration (label or field selectors) and a trim of its own
+/// applied after [`trim_meta`] (for example dropping the parts of a Service nobody reads).
+pub fn spawn_store_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    changed: Option<UnboundedSender<()>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, config)
         .default_backoff()
-        .modify(|o: &mut K| trim_meta(o.meta_mut()))
+        .modify(move |o: &mut K| {
+            trim_meta(o.meta_mut());
+            trim(o);
+        })
         .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

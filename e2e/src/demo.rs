@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use swimlb_proto::Frame;
 use swimlb_proto::arp::ArpOperation;
 use swimlb_proto::ethernet::MacAddr;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns, open_eth0, spawn_in};
 
 /// One announcement seen by the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,66 +50,42 @@ impl AnnouncementWatcher {
     pub fn start(netns: &str, vips: Vec<IpAddr>) -> Result<AnnouncementWatcher> {
         let stop = Arc::new(AtomicBool::new(false));
         let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (ns, flag, log) = (netns.to_string(), stop.clone(), seen.clone());
-        let thread = std::thread::Builder::new()
-            .name("announcements".into())
-            .spawn(move || {
-                let channel = (|| -> Result<_> {
-                    enter_netns(&ns)?;
-                    let iface = pnet_datalink::interfaces()
-                        .into_iter()
-                        .find(|i| i.name == "eth0")
-                        .context("no eth0 in the client namespace")?;
-                    Ok(swimlb_speaker::packet_socket::open(
-                        &iface,
-                        Duration::from_millis(20),
-                    )?)
-                })();
-                let mut channel = match channel {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        c
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
+        let (flag, log) = (stop.clone(), seen.clone());
+        let setup = || open_eth0(Duration::from_millis(20));
+        let thread = spawn_in(netns, "announcements", setup, move |mut channel| {
+            while !flag.load(Ordering::Relaxed) {
+                let Ok(frame) = channel.rx.next() else {
+                    continue;
                 };
-                while !flag.load(Ordering::Relaxed) {
-                    let Ok(frame) = channel.rx.next() else {
-                        continue;
-                    };
-                    let at = Instant::now();
-                    let claim = match Frame::parse(frame) {
-                        Ok(Frame::Arp { arp, .. })
-                            if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
-                        {
-                            Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
-                        }
-                        Ok(Frame::Ndp(f)) => match f.ndp.message {
-                            NdpMessage::NeighborAdvert {
-                                target,
-                                target_link_addr,
-                                flags,
-                            } if !flags.solicited => Some((
-                                target_link_addr.unwrap_or(f.ethernet.src),
-                                IpAddr::V6(target),
-                            )),
-                            _ => None,
-                        },
-                        _ => None,
-                    };
-                    if let Some((mac, ip)) = claim
-                        && vips.contains(&ip)
+                let at = Instant::now();
+                let claim = match Frame::parse(frame) {
+                    Ok(Frame::Arp { arp, .. })
+                        if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
                     {
-                        log.lock()
-                            .expect("announcement log")
-                            .push(Announcement { at, mac, ip });
+                        Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
                     }
+                    Ok(Frame::Ndp(f)) => match f.ndp.message {
+                        NdpMessage::NeighborAdvert {
+                            target,
+                            target_link_addr,
+                            flags,
+                        } if !flags.solicited => Some((
+                            target_link_addr.unwrap_or(f.ethernet.src),
+                            IpAddr::V6(target),
+                        )),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some((mac, ip)) = claim
+                    && vips.contains(&ip)
+                {
+                    log.lock()
+                        .expect("announcement log")
+                        .push(Announcement { at, mac, ip });
                 }
-            })?;
-        ready_rx.recv().context("announcement watcher died")??;
+            }
+        })?;
         Ok(AnnouncementWatcher {
             stop,
             seen,
@@ -203,30 +179,31 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
         SocketAddr::from((vip, PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(30))
-        .context("no steady owner (see the speaker logs in the lab directory)")?;
-    let old = lab
-        .nodes
-        .iter()
-        .find(|n| n.name == owner)
-        .cloned()
-        .context("owner is not a lab node")?;
-    out(&format!(
-        "{owner} owns 198.51.100.100 (MAC {})",
-        netns::mac_text(old.mac)
-    ));
-
     let watcher = AnnouncementWatcher::start(
         &lab.client_netns,
         vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
     )?;
+    // Measure only from a converged lab, and fault the node that owns the VIP at fault time.
+    let settled = match failover::settle(&lab, &mut daemons, &prober, out)? {
+        Ok(settled) => settled,
+        Err(reason) => bail!(
+            "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {}",
+            failover::CONVERGE_LIMIT,
+            daemons.dir().display()
+        ),
+    };
+    let owner = settled.owner;
+    let old = lab.node(settled.index).clone();
+    out(&format!(
+        "{owner} owns 198.51.100.100 (MAC {}): every speaker names it, and it alone answers ARP and the probes",
+        netns::mac_text(old.mac)
+    ));
     let survivors: Vec<(String, SocketAddr)> = lab
         .nodes
         .iter()
         .filter(|n| n.name != owner)
         .map(|n| (n.name.clone(), SocketAddr::from((n.v4, HTTP_PORT))))
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
     let members = watch_member_gone(
         &lab.client_netns,
         survivors,

@@ -1,13 +1,16 @@
 //! `swimlb-lab failover`: repeated failover trials on real kernel networking.
 //!
-//! One lab (see [`crate::netns`]) serves every trial. Each trial waits until one node answers
-//! the client's probes steadily, faults that owner (link down, SIGKILL or SIGTERM of its
-//! daemon), waits for another node to answer, records the sample, then restores the old owner
-//! and waits for the lab to be steady again. Every wait is bounded.
+//! One lab (see [`crate::netns`]) serves every trial. Each trial waits until the lab has
+//! converged (see [`crate::converge`]: the daemons name one owner, and that owner alone answers
+//! ARP and the probes for a second), re-checks right before the fault, faults that owner (link
+//! down, SIGKILL or SIGTERM of its daemon), waits for another node to answer, records the sample,
+//! then restores the old owner. A trial whose lab does not converge within a minute is reported
+//! as failed, never measured. Every wait is bounded.
 //!
 //! The figures follow DESIGN.md: `failover_ms` runs from the fault to the first answer from a
 //! node other than the old owner; `lost_probes` counts the unanswered probes in between; a
-//! change of the answering node while no fault is in progress is a false failover.
+//! change of the answering node after the lab converged and before the fault is a false
+//! failover.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +20,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::converge::{self, SpeakerView, Views};
 use crate::keepalived;
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober, Worker};
@@ -28,6 +32,8 @@ pub enum Implementation {
     Swimlb,
     /// Debian's keepalived with its defaults.
     Keepalived,
+    /// keepalived tuned for speed: VRRPv3, `advert_int 0.1`, everything else default.
+    KeepalivedFast,
 }
 
 impl Implementation {
@@ -36,7 +42,20 @@ impl Implementation {
         match self {
             Implementation::Swimlb => "swimlb",
             Implementation::Keepalived => "keepalived",
+            Implementation::KeepalivedFast => "keepalived-fast",
         }
+    }
+
+    /// Every implementation, in the CLI's order.
+    pub const ALL: [Implementation; 3] = [
+        Implementation::Swimlb,
+        Implementation::Keepalived,
+        Implementation::KeepalivedFast,
+    ];
+
+    /// The implementation named `name` in the CLI.
+    pub fn parse(name: &str) -> Option<Implementation> {
+        Implementation::ALL.into_iter().find(|i| i.as_str() == name)
     }
 }
 
@@ -77,8 +96,6 @@ pub struct Options {
     pub loss: u8,
     /// Probe interval.
     pub probe_interval: Duration,
-    /// Where to write the JSON report.
-    pub json: Option<PathBuf>,
 }
 
 /// Starts, signals and restarts the daemon of each node.
@@ -91,21 +108,27 @@ pub trait Daemons {
     fn clean_after_kill(&mut self, _lab: &mut Lab, _index: usize) -> Result<()> {
         Ok(())
     }
+    /// What every node's daemon says about the VIP now, in node order.
+    fn views(&mut self, lab: &Lab) -> Views;
 }
 
 /// keepalived on every node.
 #[derive(Debug)]
 pub struct KeepalivedDaemons {
+    tuning: keepalived::Tuning,
     dir: PathBuf,
     children: Vec<Option<usize>>,
+    states: Vec<Option<keepalived::StateReader>>,
 }
 
 impl KeepalivedDaemons {
     /// Files go to a directory named after the lab's run.
-    pub fn new(lab: &Lab) -> KeepalivedDaemons {
+    pub fn new(lab: &Lab, tuning: keepalived::Tuning) -> KeepalivedDaemons {
         KeepalivedDaemons {
+            tuning,
             dir: lab.work_dir(),
             children: vec![None; lab.nodes.len() + 1],
+            states: (0..=lab.nodes.len()).map(|_| None).collect(),
         }
     }
 }
@@ -113,12 +136,25 @@ impl KeepalivedDaemons {
 impl Daemons for KeepalivedDaemons {
     fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
         let node = lab.node(index).clone();
-        let instance =
-            keepalived::Instance::write(&self.dir, &node.name, netns::vip_v4(0), netns::PREFIX_V4)?;
+        let instance = keepalived::Instance::write(
+            &self.dir,
+            &node.name,
+            netns::vip_v4(0),
+            netns::PREFIX_V4,
+            self.tuning,
+        )?;
+        match &self.states[index] {
+            Some(reader) => reader.forget(),
+            None => self.states[index] = Some(keepalived::StateReader::start(&instance.fifo)?),
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("keepalived-{}.log", node.name)))?;
         let mut cmd = Lab::command_in(&node.netns, "keepalived");
         cmd.args(instance.args())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+            .stdout(log.try_clone()?)
+            .stderr(log);
         self.children[index] = Some(lab.spawn(cmd)?);
         Ok(())
     }
@@ -171,6 +207,14 @@ impl Daemons for KeepalivedDaemons {
         let _ = std::fs::remove_file(paths.pid);
         let _ = std::fs::remove_file(paths.vrrp_pid);
         Ok(())
+    }
+
+    fn views(&mut self, lab: &Lab) -> Views {
+        Views::Keepalived(
+            (1..=lab.nodes.len())
+                .map(|i| self.states[i].as_ref().and_then(|r| r.state()))
+                .collect(),
+        )
     }
 }
 
@@ -299,6 +343,42 @@ impl Daemons for SwimlbDaemons {
         self.exits[index] = lab.child(child).wait().ok();
         Ok(())
     }
+
+    fn views(&mut self, lab: &Lab) -> Views {
+        let nodes: Vec<SocketAddr> = lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+            .collect();
+        let count = nodes.len();
+        // Three tries each: with `--loss` a lost SYN fails one connection attempt.
+        let views = probe::in_netns(&lab.client_netns, move || {
+            nodes
+                .iter()
+                .map(|addr| {
+                    (0..3).find_map(|_| speaker_view(&crate::demo::http_get(*addr, "/status")?))
+                })
+                .collect()
+        });
+        Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
+    }
+}
+
+/// The VIP's part of a speaker's `/status` body (`None`: not the JSON expected).
+pub fn speaker_view(status: &str) -> Option<SpeakerView> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    let vip = netns::vip_v4(0).to_string();
+    let owner = v["addresses"]
+        .as_array()?
+        .iter()
+        .find(|a| a["ip"] == vip.as_str())
+        .and_then(|a| a["owner"].as_str())
+        .map(str::to_string);
+    Some(SpeakerView {
+        owner,
+        members: v["members"].as_array()?.len(),
+        ready: v["ready"].as_bool()?,
+    })
 }
 
 /// Percentiles of a sample set.
@@ -354,7 +434,7 @@ pub struct Sample {
 /// The JSON report (DESIGN.md's contract).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
-    /// `swimlb` or `keepalived`.
+    /// `swimlb`, `keepalived` or `keepalived-fast`.
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     /// `poweroff`, `kill` or `sigterm`.
@@ -413,7 +493,7 @@ impl Report {
     /// A table for the terminal.
     pub fn table(&self) -> String {
         format!(
-            "{:<10} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
+            "{:<15} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
             self.implementation,
             self.scenario,
             self.nodes,
@@ -459,6 +539,61 @@ pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) ->
     }
 }
 
+/// How long a trial (or the demo) waits for the lab to converge before it is reported as failed.
+pub const CONVERGE_LIMIT: Duration = Duration::from_secs(60);
+
+/// A lab ready for its fault, as [`settle`] leaves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The owner to fault: the node that owns the VIP right now.
+    pub owner: String,
+    /// Its 1-based index.
+    pub index: usize,
+    /// Owner changes seen after the lab first converged (a fault was not in progress).
+    pub false_failovers: usize,
+}
+
+/// Waits (at most [`CONVERGE_LIMIT`]) for the lab to converge, holds a quiet second, and
+/// re-checks right before returning, so the caller faults the node that owns the VIP at fault
+/// time. An owner that moved in between counts as false failovers, and the wait starts over.
+/// `Ok(Err(reason))`: the lab did not converge in time; the trial must not be measured.
+pub fn settle(
+    lab: &Lab,
+    daemons: &mut dyn Daemons,
+    prober: &Prober,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Result<Settled, converge::NotConverged>> {
+    let deadline = Instant::now() + CONVERGE_LIMIT;
+    let mut first_converged: Option<usize> = None;
+    loop {
+        let limit = deadline.saturating_duration_since(Instant::now());
+        let converged = match converge::wait(lab, daemons, prober, limit, progress)? {
+            Ok(c) => c,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let since = *first_converged.get_or_insert(converged.since);
+        // A quiet second with the converged owner, then the re-check right before the fault.
+        std::thread::sleep(Duration::from_secs(1));
+        let views = daemons.views(lab);
+        let records = prober.snapshot();
+        let answers = converge::answers(&records[converged.since.min(records.len())..]);
+        let changes = probe::owner_changes(&records[since.min(records.len())..]);
+        match converge::confirm(&lab.nodes, &converged.owner, &views, &answers) {
+            Ok(()) => {
+                return Ok(Ok(Settled {
+                    owner: converged.owner,
+                    index: converged.index,
+                    false_failovers: changes,
+                }));
+            }
+            Err(reason) => progress(&format!(
+                "  {} no longer holds the VIP alone before the fault ({reason}); waiting again",
+                converged.owner
+            )),
+        }
+    }
+}
+
 /// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
 pub fn run(
     options: &Options,
@@ -485,26 +620,26 @@ pub fn run(
     let mut false_failovers = 0;
     for trial in 1..=options.trials {
         let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
-        let owner = wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
-        // A quiet second with a steady owner before the fault: any owner change in it is a false
-        // failover. (Changes before the owner was steady are the previous trial's old owner
-        // coming back, which may legitimately take its VIP back.)
-        let steady_from = prober.snapshot().len();
-        std::thread::sleep(Duration::from_secs(1));
-        let quiet = prober.snapshot();
-        false_failovers += probe::owner_changes(&quiet[steady_from.saturating_sub(1)..]);
-        let index = lab
-            .nodes
-            .iter()
-            .find(|n| n.name == owner)
-            .map(|n| n.index)
-            .context("owner is not a lab node")?;
+        let settled = match settle(&lab, daemons.as_mut(), &prober, progress)? {
+            Ok(settled) => settled,
+            Err(reason) => {
+                prober.stop();
+                failed_trials += 1;
+                progress(&format!(
+                    "trial {trial}/{}: not measured: the lab did not converge within {CONVERGE_LIMIT:?} ({reason})",
+                    options.trials
+                ));
+                continue;
+            }
+        };
+        let (owner, index) = (settled.owner.clone(), settled.index);
         let fault = Instant::now();
         match options.scenario {
             Scenario::Poweroff => lab.set_link(index, false)?,
             Scenario::Kill => daemons.signal(&mut lab, index, "KILL")?,
             Scenario::Sigterm => daemons.signal(&mut lab, index, "TERM")?,
         }
+        false_failovers += settled.false_failovers;
         let deadline = fault + Duration::from_secs(30);
         let sample = loop {
             let records = prober.snapshot();
@@ -537,7 +672,7 @@ pub fn run(
                 ));
             }
         }
-        // Restore the old owner as a backup.
+        // Restore the old owner as a backup; the next trial waits for the lab to converge.
         match options.scenario {
             Scenario::Poweroff => lab.set_link(index, true)?,
             Scenario::Kill => {
@@ -546,22 +681,32 @@ pub fn run(
             }
             Scenario::Sigterm => daemons.start(&mut lab, index)?,
         }
-        // Let it rejoin before the next fault.
-        std::thread::sleep(Duration::from_secs(3));
     }
     drop(responders);
     lab.teardown();
-    let report = Report::new(options, samples, failed_trials, false_failovers);
-    if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(report)
+    Ok(Report::new(
+        options,
+        samples,
+        failed_trials,
+        false_failovers,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_implementation_parses_from_its_cli_name() {
+        for i in Implementation::ALL {
+            assert_eq!(Implementation::parse(i.as_str()), Some(i));
+        }
+        assert_eq!(
+            Implementation::parse("keepalived-fast"),
+            Some(Implementation::KeepalivedFast)
+        );
+        assert_eq!(Implementation::parse("vrrp"), None);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
@@ -581,7 +726,6 @@ mod tests {
             trials: 2,
             loss: 0,
             probe_interval: Duration::from_millis(10),
-            json: None,
         };
         let report = Report::new(
             &options,

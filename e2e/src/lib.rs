@@ -2,6 +2,8 @@
 //! Kubernetes API server they run the controller against is its own dev crate, `swimlb-fake-api`
 //! (`e2e/fake-api/`).
 //!
+//! - [`converge`]: whether the lab has converged (one owner, named by the daemons, alone
+//!   answering for the VIP), so that a fault may be measured.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
@@ -11,6 +13,7 @@
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
+pub mod converge;
 pub mod demo;
 pub mod failover;
 pub mod keepalived;

@@ -1,7 +1,8 @@
 //! `swimlb-lab`: the swimlb lab.
 //!
 //! - `demo`: three nodes in network namespaces, the VIP's owner powered off, the timeline.
-//! - `failover`: repeated failover trials, swimlb or keepalived, with a JSON report.
+//! - `failover`: repeated failover trials, swimlb or keepalived (defaults or tuned for speed),
+//!   with a JSON report.
 //! - `sim`: the deterministic membership simulation (see `swimlb_e2e::sim`).
 //! - `speaker ...`: the speaker's own command line (`swimlb-speaker ...`), so the lab runs the
 //!   real speaker in its namespaces without a second binary.
@@ -69,8 +70,9 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
-    /// Which load balancer: swimlb or keepalived; `swimlb,keepalived` runs both, one after the
-    /// other, each in a fresh lab, and prints them side by side.
+    /// Which load balancer: swimlb, keepalived (Debian's defaults) or keepalived-fast (VRRPv3,
+    /// advert_int 0.1); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
+    /// each in a fresh lab, and prints them side by side.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,
     /// The fault: poweroff, kill or sigterm.
@@ -251,12 +253,14 @@ fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
         loss: args.loss,
         duration: Duration::from_secs(args.duration),
         flood_pps: args.flood_pps,
-        json: args.json,
     };
     let report = swimlb_e2e::soak::run(&options, std::env::current_exe()?, &mut |line| {
         println!("{line}")
     })?;
     print!("{}", report.table());
+    if let Some(path) = &args.json {
+        write_reports(path, &[report])?;
+    }
     Ok(())
 }
 
@@ -292,16 +296,15 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     use swimlb_e2e::failover::{
         self, Implementation, KeepalivedDaemons, Options, Scenario, SwimlbDaemons,
     };
+    use swimlb_e2e::keepalived::Tuning;
     cleanup_on_interrupt();
     let implementations = args
         .implementation
         .iter()
-        .map(|name| match name.as_str() {
-            "swimlb" => Ok(Implementation::Swimlb),
-            "keepalived" => Ok(Implementation::Keepalived),
-            other => Err(anyhow::anyhow!(
-                "--impl {other}: expected swimlb or keepalived"
-            )),
+        .map(|name| {
+            Implementation::parse(name).with_context(|| {
+                format!("--impl {name}: expected swimlb, keepalived or keepalived-fast")
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let scenario = match args.scenario.as_str() {
@@ -312,7 +315,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
-    if implementations.contains(&Implementation::Keepalived) {
+    if implementations.iter().any(|i| *i != Implementation::Swimlb) {
         ensure_packages(&[("keepalived", "keepalived")])?;
     }
     let program = std::env::current_exe()?;
@@ -325,14 +328,18 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             trials: args.trials,
             loss: args.loss,
             probe_interval: Duration::from_millis(10),
-            json: None,
         };
         let report = failover::run(
             &options,
             &|lab| match implementation {
                 Implementation::Swimlb => Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
                     as Box<dyn failover::Daemons>),
-                Implementation::Keepalived => Ok(Box::new(KeepalivedDaemons::new(lab))),
+                Implementation::Keepalived => {
+                    Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)))
+                }
+                Implementation::KeepalivedFast => {
+                    Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)))
+                }
             },
             &mut |line| println!("{line}"),
         )?;
@@ -347,13 +354,15 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             .find(|r| r.implementation == name && !r.samples.is_empty())
             .map(|r| r.failover_ms.p50)
     };
-    if let (Some(swimlb), Some(keepalived)) = (p50("swimlb"), p50("keepalived"))
-        && swimlb > 0.0
-    {
-        println!(
-            "keepalived's p50 is {:.1}x swimlb's in this run",
-            keepalived / swimlb
-        );
+    for peer in ["keepalived", "keepalived-fast"] {
+        if let (Some(swimlb), Some(theirs)) = (p50("swimlb"), p50(peer))
+            && swimlb > 0.0
+        {
+            println!(
+                "{peer}'s p50 is {:.1}x swimlb's in this run",
+                theirs / swimlb
+            );
+        }
     }
     if let Some(path) = &args.json {
         write_reports(path, &reports)?;

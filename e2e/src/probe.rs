@@ -8,13 +8,16 @@
 //! Failover time is measured as DESIGN.md defines it: from the fault to the first answer from a
 //! node other than the old owner.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use swimlb_proto::Frame;
+use swimlb_proto::arp::{ArpOperation, ArpRepr};
+use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
 /// The UDP port of the responders.
@@ -34,6 +37,52 @@ pub fn enter_netns(netns: &str) -> Result<()> {
             .with_context(|| format!("entering namespace {netns}"));
     }
     Ok(())
+}
+
+/// Starts thread `name` in network namespace `netns`: it enters the namespace and runs `setup`
+/// there (opening its sockets) before this returns, with `setup`'s error if it failed; then it
+/// runs `body` with what `setup` made.
+pub fn spawn_in<S, B>(
+    netns: &str,
+    name: &str,
+    setup: impl FnOnce() -> Result<S> + Send + 'static,
+    body: B,
+) -> Result<JoinHandle<()>>
+where
+    B: FnOnce(S) + Send + 'static,
+{
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let ns = netns.to_string();
+    let handle = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let made = enter_netns(&ns).and_then(|()| setup());
+            match made {
+                Ok(made) => {
+                    let _ = ready_tx.send(Ok(()));
+                    body(made);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })?;
+    ready_rx
+        .recv()
+        .with_context(|| format!("thread {name} died"))?
+        .with_context(|| format!("thread {name} in {netns}"))?;
+    Ok(handle)
+}
+
+/// Runs `f` on a thread inside `netns` and returns its result.
+pub fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    let ns = netns.to_string();
+    std::thread::spawn(move || enter_netns(&ns).map(|()| f()))
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread in {netns} panicked"))?
 }
 
 /// A background thread; stops when dropped.
@@ -73,46 +122,31 @@ pub fn spawn_responder(netns: &str, name: &str) -> Result<Vec<Worker>> {
 
 fn spawn_responder_family(netns: &str, name: &str, v6: bool) -> Result<Worker> {
     let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (netns, name, flag) = (netns.to_string(), name.to_string(), stop.clone());
-    let handle = std::thread::Builder::new()
-        .name(format!("responder-{name}"))
-        .spawn(move || {
-            let socket = (|| -> Result<UdpSocket> {
-                enter_netns(&netns)?;
-                let s = if v6 {
-                    socket_v6_only(PROBE_PORT)?
-                } else {
-                    UdpSocket::bind(("0.0.0.0", PROBE_PORT))?
-                };
-                // Only bounds how long a stop request waits.
-                s.set_read_timeout(Some(Duration::from_millis(50)))?;
-                Ok(s)
-            })();
-            let socket = match socket {
-                Ok(s) => {
-                    let _ = ready_tx.send(Ok(()));
-                    s
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            let mut buf = [0u8; 64];
-            let mut reply = Vec::with_capacity(64);
-            while !flag.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = socket.recv_from(&mut buf)
-                    && n >= 8
-                {
-                    reply.clear();
-                    reply.extend_from_slice(&buf[..8]);
-                    reply.extend_from_slice(name.as_bytes());
-                    let _ = socket.send_to(&reply, from);
-                }
+    let (name, flag) = (name.to_string(), stop.clone());
+    let setup = move || -> Result<UdpSocket> {
+        let s = if v6 {
+            socket_v6_only(PROBE_PORT)?
+        } else {
+            UdpSocket::bind(("0.0.0.0", PROBE_PORT))?
+        };
+        // Only bounds how long a stop request waits.
+        s.set_read_timeout(Some(Duration::from_millis(50)))?;
+        Ok(s)
+    };
+    let handle = spawn_in(netns, &format!("responder-{name}"), setup, move |socket| {
+        let mut buf = [0u8; 64];
+        let mut reply = Vec::with_capacity(64);
+        while !flag.load(Ordering::Relaxed) {
+            if let Ok((n, from)) = socket.recv_from(&mut buf)
+                && n >= 8
+            {
+                reply.clear();
+                reply.extend_from_slice(&buf[..8]);
+                reply.extend_from_slice(name.as_bytes());
+                let _ = socket.send_to(&reply, from);
             }
-        })?;
-    ready_rx.recv().context("responder thread died")??;
+        }
+    })?;
     Ok(Worker {
         stop,
         handle: Some(handle),
@@ -151,71 +185,56 @@ impl Prober {
     pub fn start(netns: &str, target: SocketAddr, interval: Duration) -> Result<Prober> {
         let stop = Arc::new(AtomicBool::new(false));
         let log: Arc<Mutex<Vec<ProbeRecord>>> = Arc::default();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (netns, flag, records) = (netns.to_string(), stop.clone(), log.clone());
-        let handle = std::thread::Builder::new()
-            .name("prober".into())
-            .spawn(move || {
-                let socket = (|| -> Result<UdpSocket> {
-                    enter_netns(&netns)?;
-                    let bind: SocketAddr = if target.is_ipv4() {
-                        "0.0.0.0:0".parse()?
-                    } else {
-                        "[::]:0".parse()?
-                    };
-                    let s = UdpSocket::bind(bind)?;
-                    s.set_read_timeout(Some(Duration::from_millis(1)))?;
-                    Ok(s)
-                })();
-                let socket = match socket {
-                    Ok(s) => {
-                        let _ = ready_tx.send(Ok(()));
-                        s
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let start = Instant::now();
-                let mut seq: u64 = 0;
-                let mut buf = [0u8; 128];
-                while !flag.load(Ordering::Relaxed) {
-                    let due = start + interval * (seq as u32);
+        let (flag, records) = (stop.clone(), log.clone());
+        let setup = move || -> Result<UdpSocket> {
+            let bind: SocketAddr = if target.is_ipv4() {
+                "0.0.0.0:0".parse()?
+            } else {
+                "[::]:0".parse()?
+            };
+            let s = UdpSocket::bind(bind)?;
+            s.set_read_timeout(Some(Duration::from_millis(1)))?;
+            Ok(s)
+        };
+        let handle = spawn_in(netns, "prober", setup, move |socket| {
+            let start = Instant::now();
+            let mut seq: u64 = 0;
+            let mut buf = [0u8; 128];
+            while !flag.load(Ordering::Relaxed) {
+                let due = start + interval * (seq as u32);
+                let now = Instant::now();
+                if now >= due {
+                    // A send error (no route while the owner moves) is a lost probe, not a stop.
+                    let _ = socket.send_to(&seq.to_be_bytes(), target);
+                    records.lock().expect("probe log").push(ProbeRecord {
+                        seq,
+                        sent: now,
+                        answer: None,
+                    });
+                    seq += 1;
+                    continue;
+                }
+                // Wait for answers until the next probe is due.
+                let wait = due.duration_since(now).max(Duration::from_micros(100));
+                if socket.set_read_timeout(Some(wait)).is_err() {
+                    continue;
+                }
+                if let Ok((n, _)) = socket.recv_from(&mut buf)
+                    && n >= 8
+                {
                     let now = Instant::now();
-                    if now >= due {
-                        // A send error (no route while the owner moves) is a lost probe, not a stop.
-                        let _ = socket.send_to(&seq.to_be_bytes(), target);
-                        records.lock().expect("probe log").push(ProbeRecord {
-                            seq,
-                            sent: now,
-                            answer: None,
-                        });
-                        seq += 1;
-                        continue;
-                    }
-                    // Wait for answers until the next probe is due.
-                    let wait = due.duration_since(now).max(Duration::from_micros(100));
-                    if socket.set_read_timeout(Some(wait)).is_err() {
-                        continue;
-                    }
-                    if let Ok((n, _)) = socket.recv_from(&mut buf)
-                        && n >= 8
+                    let answered = u64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
+                    let name = String::from_utf8_lossy(&buf[8..n]).into_owned();
+                    let mut log = records.lock().expect("probe log");
+                    if let Some(r) = log.get_mut(answered as usize)
+                        && r.answer.is_none()
+                        && now.duration_since(r.sent) <= interval * 50
                     {
-                        let now = Instant::now();
-                        let answered = u64::from_be_bytes(buf[..8].try_into().expect("8 bytes"));
-                        let name = String::from_utf8_lossy(&buf[8..n]).into_owned();
-                        let mut log = records.lock().expect("probe log");
-                        if let Some(r) = log.get_mut(answered as usize)
-                            && r.answer.is_none()
-                            && now.duration_since(r.sent) <= interval * 50
-                        {
-                            r.answer = Some((name, now));
-                        }
+                        r.answer = Some((name, now));
                     }
                 }
-            })?;
-        ready_rx.recv().context("prober thread died")??;
+            }
+        })?;
         Ok(Prober {
             worker: Worker {
                 stop,
@@ -243,6 +262,85 @@ impl Prober {
         self.worker.stop();
         std::mem::take(&mut *self.log.lock().expect("probe log"))
     }
+}
+
+/// Opens the speaker's filtered packet socket (ARP and NDP) on `eth0` of the calling thread's
+/// namespace; reads wait at most `read_timeout`.
+pub fn open_eth0(read_timeout: Duration) -> Result<swimlb_speaker::packet_socket::LinkChannel> {
+    let iface = pnet_datalink::interfaces()
+        .into_iter()
+        .find(|i| i.name == "eth0")
+        .context("no eth0 in this namespace")?;
+    Ok(swimlb_speaker::packet_socket::open(&iface, read_timeout)?)
+}
+
+/// One ARP frame claiming an address, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArpClaim {
+    /// Since the first request was sent.
+    pub at: Duration,
+    /// The MAC that claimed the address.
+    pub mac: [u8; 6],
+    /// A reply (to anyone), rather than a gratuitous request.
+    pub reply: bool,
+}
+
+/// Sends `requests` ARP requests for `ip` from `netns`'s `eth0`, `interval` apart (broadcast, or
+/// unicast to `to`), and returns every frame that claimed `ip` (replies, gratuitous ARP) until
+/// `interval` after the last request.
+pub fn arp_claims(
+    netns: &str,
+    ip: Ipv4Addr,
+    to: Option<[u8; 6]>,
+    requests: usize,
+    interval: Duration,
+) -> Result<Vec<ArpClaim>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let setup = || open_eth0(Duration::from_millis(5));
+    let client_mac = MacAddr(0x02, 0, 0, 0, 0, 0xfe);
+    let request = ArpRepr {
+        operation: ArpOperation::Request,
+        sender_mac: client_mac,
+        sender_ip: crate::netns::CLIENT_V4,
+        target_mac: MacAddr(0, 0, 0, 0, 0, 0),
+        target_ip: ip,
+    };
+    let mut frame = vec![0u8; request.frame_len()];
+    request
+        .emit_frame(&mut frame)
+        .context("building the ARP request")?;
+    if let Some(dst) = to {
+        frame[..6].copy_from_slice(&dst);
+    }
+    let thread = spawn_in(netns, "arp-claims", setup, move |mut channel| {
+        let mut claims = Vec::new();
+        let start = Instant::now();
+        let end = start + interval * requests as u32;
+        let mut sent = 0;
+        while Instant::now() < end {
+            if sent < requests && Instant::now() >= start + interval * sent as u32 {
+                let _ = channel.tx.send_to(&frame, None);
+                sent += 1;
+            }
+            let Ok(bytes) = channel.rx.next() else {
+                continue;
+            };
+            if let Ok(Frame::Arp { arp, .. }) = Frame::parse(bytes)
+                && arp.sender_ip == ip
+                && (arp.operation == ArpOperation::Reply || arp.is_gratuitous())
+            {
+                let m = arp.sender_mac;
+                claims.push(ArpClaim {
+                    at: start.elapsed(),
+                    mac: [m.0, m.1, m.2, m.3, m.4, m.5],
+                    reply: arp.operation == ArpOperation::Reply,
+                });
+            }
+        }
+        let _ = tx.send(claims);
+    })?;
+    let _ = thread.join();
+    rx.recv().context("the ARP thread died")
 }
 
 /// What one fault cost, from the probe records.

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::failover::{Daemons as _, SwimlbDaemons};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::probe::{self, PROBE_PORT, Prober, spawn_in};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,8 +31,6 @@ pub struct Options {
     pub duration: Duration,
     /// Non-ARP frames per second sent at node 1 (0: none).
     pub flood_pps: u64,
-    /// Where to write the JSON report.
-    pub json: Option<PathBuf>,
 }
 
 /// One speaker's cost.
@@ -120,69 +118,52 @@ fn flood(
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
 ) -> Result<std::thread::JoinHandle<()>> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let ns = netns.to_string();
-    let handle = std::thread::Builder::new()
-        .name("flood".into())
-        .spawn(move || {
-            let tx = (|| -> Result<_> {
-                enter_netns(&ns)?;
-                let iface = pnet_datalink::interfaces()
-                    .into_iter()
-                    .find(|i| i.name == "eth0")
-                    .context("no eth0")?;
-                let config = pnet_datalink::Config {
-                    promiscuous: false,
-                    ..Default::default()
-                };
-                match pnet_datalink::channel(&iface, config)? {
-                    pnet_datalink::Channel::Ethernet(tx, _rx) => Ok(tx),
-                    _ => anyhow::bail!("not an Ethernet channel"),
-                }
-            })();
-            let mut tx = match tx {
-                Ok(tx) => {
-                    let _ = ready_tx.send(Ok(()));
-                    tx
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            // A minimal IPv4/UDP frame to the node's MAC, client -> node, port 9 (discard).
-            let mut frame = [0u8; 60];
-            frame[..6].copy_from_slice(&dst_mac);
-            frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xfe]);
-            frame[12..14].copy_from_slice(&[0x08, 0x00]);
-            frame[14] = 0x45;
-            frame[16..18].copy_from_slice(&46u16.to_be_bytes());
-            frame[22] = 64;
-            frame[23] = 17;
-            frame[26..30].copy_from_slice(&netns::CLIENT_V4.octets());
-            frame[30..34].copy_from_slice(&[198, 51, 100, 11]);
-            frame[36..38].copy_from_slice(&9u16.to_be_bytes());
-            frame[38..40].copy_from_slice(&26u16.to_be_bytes());
-            let start = Instant::now();
-            let mut n: u64 = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
-                let now = Instant::now();
-                if now < due {
-                    std::thread::sleep((due - now).min(Duration::from_millis(1)));
-                    continue;
-                }
-                // Send in small batches to keep up with the rate.
-                for _ in 0..64 {
-                    if tx.send_to(&frame, None).is_some_and(|r| r.is_ok()) {
-                        sent.fetch_add(1, Ordering::Relaxed);
-                    }
-                    n += 1;
-                }
+    let setup = || -> Result<_> {
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "eth0")
+            .context("no eth0")?;
+        let config = pnet_datalink::Config {
+            promiscuous: false,
+            ..Default::default()
+        };
+        match pnet_datalink::channel(&iface, config)? {
+            pnet_datalink::Channel::Ethernet(tx, _rx) => Ok(tx),
+            _ => anyhow::bail!("not an Ethernet channel"),
+        }
+    };
+    spawn_in(netns, "flood", setup, move |mut tx| {
+        // A minimal IPv4/UDP frame to the node's MAC, client -> node, port 9 (discard).
+        let mut frame = [0u8; 60];
+        frame[..6].copy_from_slice(&dst_mac);
+        frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xfe]);
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        frame[14] = 0x45;
+        frame[16..18].copy_from_slice(&46u16.to_be_bytes());
+        frame[22] = 64;
+        frame[23] = 17;
+        frame[26..30].copy_from_slice(&netns::CLIENT_V4.octets());
+        frame[30..34].copy_from_slice(&[198, 51, 100, 11]);
+        frame[36..38].copy_from_slice(&9u16.to_be_bytes());
+        frame[38..40].copy_from_slice(&26u16.to_be_bytes());
+        let start = Instant::now();
+        let mut n: u64 = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
+            let now = Instant::now();
+            if now < due {
+                std::thread::sleep((due - now).min(Duration::from_millis(1)));
+                continue;
             }
-        })?;
-    ready_rx.recv().context("flood thread died")??;
-    Ok(handle)
+            // Send in small batches to keep up with the rate.
+            for _ in 0..64 {
+                if tx.send_to(&frame, None).is_some_and(|r| r.is_ok()) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                n += 1;
+            }
+        }
+    })
 }
 
 /// Runs the soak; `program` is the lab binary (for the speakers).
@@ -206,7 +187,13 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = crate::failover::wait_for_steady_owner(&prober, 100, Duration::from_secs(60))?;
+    let owner = match crate::failover::settle(&lab, &mut daemons, &prober, progress)? {
+        Ok(settled) => settled.owner,
+        Err(reason) => anyhow::bail!(
+            "the lab did not converge within {:?} ({reason}); nothing watched",
+            crate::failover::CONVERGE_LIMIT
+        ),
+    };
     progress(&format!(
         "{owner} owns the VIP; watching for {:?}",
         options.duration
@@ -261,7 +248,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         .collect();
     drop(workers);
     lab.teardown();
-    let report = Report {
+    Ok(Report {
         nodes: options.nodes,
         loss: options.loss,
         duration_s: elapsed.as_secs_f64(),
@@ -271,12 +258,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         lost_probes: watched.iter().filter(|r| r.answer.is_none()).count(),
         owner_changes: probe::owner_changes(watched),
         speakers,
-    };
-    if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(report)
+    })
 }
 
 #[cfg(test)]

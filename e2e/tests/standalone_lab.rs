@@ -21,8 +21,6 @@ use swimlb_e2e::demo::{AnnouncementWatcher, http_get};
 use swimlb_e2e::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe::{self, FailoverSample, PROBE_PORT, Prober, Worker};
-use swimlb_proto::Frame;
-use swimlb_proto::arp::{ArpOperation, ArpRepr};
 use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
@@ -32,9 +30,6 @@ static LAB: Mutex<()> = Mutex::new(());
 /// The longest failover the fast profile may take here: DESIGN.md measures 3-member detection
 /// at 0.5-1.1 s; this is that upper bound, used only inside generously slackened bounds.
 const DETECTION_BOUND: Duration = Duration::from_millis(1100);
-
-/// The client's MAC (see `netns`).
-const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 
 /// The lab to oneself; panics, naming `test`, without root.
 fn one_lab(test: &str) -> MutexGuard<'static, ()> {
@@ -276,13 +271,7 @@ impl Running {
 
 /// Runs `f` on a thread inside `netns` and returns its result.
 fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = netns.to_string();
-    std::thread::spawn(move || {
-        probe::enter_netns(&ns).expect("entering the namespace");
-        f()
-    })
-    .join()
-    .expect("namespace thread")
+    probe::in_netns(netns, f).expect("entering the namespace")
 }
 
 /// Waits (bounded by `limit`) until a node other than `old_owner` answers the prober after
@@ -317,9 +306,6 @@ fn first_new_answerer(prober: &Prober, fault: Instant, old_owner: &str) -> Optio
         .map(|(n, _)| n.clone())
 }
 
-/// Sends `count` ARP requests for `ip` from the client's `eth0`, 200 ms apart (broadcast, or
-/// unicast to `to`), and returns the sender MAC of every ARP reply for `ip` seen until 500 ms
-/// after the last request.
 /// The failover on a failing check that `swimlb-speaker check-config` prints for node `index`'s
 /// file (its first group's first check), computed by the same code.
 fn failing_check_figure(run: &Running, index: usize) -> Duration {
@@ -385,48 +371,16 @@ impl FlagCheck {
     }
 }
 
+/// Sends `count` ARP requests for `ip` from the client's `eth0`, 200 ms apart (broadcast, or
+/// unicast to `to`), and returns the sender MAC of every ARP reply for `ip` seen until 200 ms
+/// after the last request.
 fn arp_replies(netns: &str, ip: Ipv4Addr, to: Option<[u8; 6]>, count: usize) -> Vec<String> {
-    in_netns(netns, move || {
-        let iface = pnet_datalink::interfaces()
-            .into_iter()
-            .find(|i| i.name == "eth0")
-            .expect("eth0 in the client namespace");
-        let mut channel = swimlb_speaker::packet_socket::open(&iface, Duration::from_millis(20))
-            .expect("packet socket");
-        let request = ArpRepr {
-            operation: ArpOperation::Request,
-            sender_mac: mac(CLIENT_MAC),
-            sender_ip: netns::CLIENT_V4,
-            target_mac: MacAddr(0, 0, 0, 0, 0, 0),
-            target_ip: ip,
-        };
-        let mut frame = vec![0u8; request.frame_len()];
-        request.emit_frame(&mut frame).expect("ARP request");
-        if let Some(dst) = to {
-            frame[..6].copy_from_slice(&dst);
-        }
-        let mut replies = Vec::new();
-        let mut sent = 0;
-        let mut next_send = Instant::now();
-        let end = Instant::now() + Duration::from_millis(200 * count as u64 + 500);
-        while Instant::now() < end {
-            if sent < count && Instant::now() >= next_send {
-                let _ = channel.tx.send_to(&frame, None);
-                sent += 1;
-                next_send += Duration::from_millis(200);
-            }
-            let Ok(bytes) = channel.rx.next() else {
-                continue;
-            };
-            if let Ok(Frame::Arp { arp, .. }) = Frame::parse(bytes)
-                && arp.operation == ArpOperation::Reply
-                && arp.sender_ip == ip
-            {
-                replies.push(arp.sender_mac.to_string());
-            }
-        }
-        replies
-    })
+    probe::arp_claims(netns, ip, to, count, Duration::from_millis(200))
+        .expect("ARP requests from the client")
+        .into_iter()
+        .filter(|c| c.reply)
+        .map(|c| netns::mac_text(c.mac))
+        .collect()
 }
 
 /// The client's neighbor entry for the VIP: (MAC, state).
