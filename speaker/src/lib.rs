@@ -12,6 +12,7 @@
 //! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
+//! - [`kubernetes`]: the Kubernetes source: the reflector caches to a [`snapshot::Snapshot`].
 //! - [`local`]: the metadata this node gossips about itself.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
@@ -34,6 +35,7 @@ pub mod engine;
 pub mod gossip;
 pub mod http;
 pub mod interfaces;
+pub mod kubernetes;
 pub mod local;
 pub mod membership;
 pub mod notify;
