@@ -137,6 +137,23 @@ pub struct L2AdvertisementSpec {
     /// Services announced (empty: all of the selected pools').
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_selectors: Vec<LabelSelector>,
+    /// Soft preferences among the nodes this advertisement lets announce: a node's score is the
+    /// sum of the weights of the preferences it matches, summed over every advertisement that
+    /// applies to a Service, and the highest score announces (MetalLB main). Nodes outside
+    /// `nodeSelectors` score nothing from this advertisement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred_node_selectors: Vec<PreferredNodeSelector>,
+}
+
+/// A weighted soft preference for some nodes (the shape of Kubernetes'
+/// `PreferredSchedulingTerm`, with a label selector as MetalLB has it).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct PreferredNodeSelector {
+    /// Added to the score of every node the preference matches, 1 to 100.
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: i32,
+    /// The nodes the weight is given to (an empty selector: every node of the advertisement).
+    pub preference: LabelSelector,
 }
 
 /// Which node announces a Service, written by the speakers. The spec is empty.

@@ -319,7 +319,22 @@ pub struct Advertisement {
     pub interfaces: Vec<String>,
     /// Services announced: one must match (empty: all).
     pub service_selectors: Vec<Selector>,
+    /// Weighted node preferences (`preferredNodeSelectors`), in the order written.
+    pub preferred_nodes: Vec<Preference>,
 }
+
+/// One weighted node preference of an advertisement: nodes the selector matches score
+/// `weight`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preference {
+    /// The weight, 1 to 100.
+    pub weight: u8,
+    /// The nodes it is given to.
+    pub selector: Selector,
+}
+
+/// The range of a preference weight, as MetalLB's CRD declares it.
+pub const PREFERENCE_WEIGHTS: std::ops::RangeInclusive<i32> = 1..=100;
 
 /// The checked configuration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -382,6 +397,9 @@ pub enum Problem {
         /// The other pool's range.
         other: String,
     },
+    /// A preference weight outside [`PREFERENCE_WEIGHTS`].
+    #[error("weight {0} is outside 1..=100")]
+    WeightOutOfRange(i32),
     /// An advertisement names a pool that does not exist.
     #[error("unknown IPAddressPool {0:?}")]
     UnknownPool(String),
@@ -651,6 +669,33 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
             "spec.serviceSelectors",
             &mut report,
         );
+        let mut preferred_nodes = Vec::new();
+        for (i, preferred) in obj.spec.preferred_node_selectors.iter().enumerate() {
+            let weight = u8::try_from(preferred.weight)
+                .ok()
+                .filter(|_| PREFERENCE_WEIGHTS.contains(&preferred.weight));
+            if weight.is_none() {
+                report(
+                    format!("spec.preferredNodeSelectors[{i}].weight"),
+                    Problem::WeightOutOfRange(preferred.weight),
+                );
+            }
+            let selector = match Selector::parse(&preferred.preference) {
+                Ok(selector) => Some(selector),
+                Err(errors) => {
+                    for e in errors {
+                        report(
+                            format!("spec.preferredNodeSelectors[{i}].preference"),
+                            Problem::Selector(e),
+                        );
+                    }
+                    None
+                }
+            };
+            if let (Some(weight), Some(selector)) = (weight, selector) {
+                preferred_nodes.push(Preference { weight, selector });
+            }
+        }
         if own.is_empty() {
             model.advertisements.push(Advertisement {
                 name,
@@ -659,6 +704,7 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
                 node_selectors,
                 interfaces: obj.spec.interfaces.clone(),
                 service_selectors,
+                preferred_nodes,
             });
         } else {
             errors.extend(own);
@@ -988,6 +1034,42 @@ mod tests {
             model.advertisements[0].pools,
             BTreeSet::from(["a".to_string()])
         );
+    }
+
+    #[test]
+    fn preferred_node_selectors_are_checked_and_kept_in_order() {
+        use crate::crd::PreferredNodeSelector;
+        let prefer = |weight: i32, operator: &str| PreferredNodeSelector {
+            weight,
+            preference: LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "zone".into(),
+                    operator: operator.into(),
+                    values: Some(vec!["a".into()]),
+                }]),
+                match_labels: None,
+            },
+        };
+        let mut good = adv("good", &[]);
+        good.spec.preferred_node_selectors = vec![prefer(60, "In"), prefer(100, "NotIn")];
+        let mut bad = adv("bad", &[]);
+        bad.spec.preferred_node_selectors = vec![prefer(0, "In"), prefer(101, "Near")];
+        let v = validate(&[pool("a", &["192.0.2.0/28"])], &[good, bad]);
+        assert_eq!(
+            messages(&v),
+            vec![
+                "L2Advertisement default/bad: spec.preferredNodeSelectors[0].weight: weight 0 is outside 1..=100",
+                "L2Advertisement default/bad: spec.preferredNodeSelectors[1].weight: weight 101 is outside 1..=100",
+                "L2Advertisement default/bad: spec.preferredNodeSelectors[1].preference: matchExpressions[0].operator: unknown operator \"Near\" (want In, NotIn, Exists or DoesNotExist)",
+            ]
+        );
+        let kept = &v.model.advertisements;
+        assert_eq!(kept.len(), 1);
+        let weights: Vec<u8> = kept[0].preferred_nodes.iter().map(|p| p.weight).collect();
+        assert_eq!(weights, vec![60, 100]);
+        let east: BTreeMap<String, String> = [("zone".to_string(), "a".to_string())].into();
+        assert!(kept[0].preferred_nodes[0].selector.matches(&east));
+        assert!(!kept[0].preferred_nodes[1].selector.matches(&east));
     }
 
     #[test]

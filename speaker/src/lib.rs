@@ -12,7 +12,8 @@
 //! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
-//! - [`kubernetes`]: the Kubernetes source (records written back to the API).
+//! - [`kubernetes`]: the Kubernetes source: the reflector caches to a [`snapshot::Snapshot`],
+//!   records written back.
 //! - [`local`]: the metadata this node gossips about itself.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.

@@ -113,7 +113,8 @@ pub struct ServedIp {
     /// Which nodes may serve it.
     pub nodes: NodeFilter,
     /// `externalTrafficPolicy: Local`: the nodes with a ready endpoint. `None` for `Cluster`
-    /// policy and for standalone groups.
+    /// policy and for standalone groups, except the empty set for a `Cluster` Service with no
+    /// endpoint that can serve anywhere (nobody serves it, as in MetalLB).
     pub ready_endpoints: Option<NodeSet>,
     /// Per-node priority for an IP without a group (MetalLB's `preferredNodeSelectors`: the
     /// summed weights of the selectors a node matches, clamped to 254); a node not listed has

@@ -1,6 +1,10 @@
-//! The Kubernetes source of the speaker: what the cluster's objects say should be served, and
-//! what the speaker writes back.
+//! The Kubernetes source of the speaker: what the reflector caches (Services, EndpointSlices,
+//! Nodes, `IPAddressPool`s, `L2Advertisement`s) say should be served, with MetalLB's layer-2
+//! semantics, and what the speaker writes back.
 //!
+//! - [`snapshot`]: the caches to a [`Snapshot`](crate::snapshot::Snapshot), pure, with every
+//!   object left out named in a typed [`Dropped`](snapshot::Dropped).
 //! - [`records`]: the `ServiceL2Status` records of the Services this node announces.
 
 pub mod records;
+pub mod snapshot;
