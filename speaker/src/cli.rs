@@ -58,6 +58,18 @@ enum Command {
         #[arg(long, default_value = "info")]
         log: String,
     },
+    /// Run the speaker of a Kubernetes node (a DaemonSet on the host network) until SIGTERM or
+    /// SIGINT (then drain).
+    Kubernetes {
+        #[command(flatten)]
+        args: Box<crate::kubernetes::cli::Args>,
+        /// Log format.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
+        /// Log filter (tracing's EnvFilter syntax), also from RUST_LOG.
+        #[arg(long, default_value = "info")]
+        log: String,
+    },
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.
@@ -81,6 +93,11 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             log_format,
             log,
         } => standalone(&config, log_format, &log),
+        Command::Kubernetes {
+            args,
+            log_format,
+            log,
+        } => kubernetes(&args, log_format, &log),
     }
 }
 
@@ -160,6 +177,61 @@ fn init_tracing(format: LogFormat, filter: &str) {
     };
 }
 
+fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &str) -> ExitCode {
+    init_tracing(format, filter);
+    let settings = match args.settings() {
+        Ok(s) => s,
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("swimlb-speaker kubernetes: {e}");
+            }
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("swimlb-speaker: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let result = runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| format!("Kubernetes client: {e}"))?;
+        let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
+        crate::kubernetes::run::run(settings, client, shutdown)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "speaker stopped");
+            eprintln!("swimlb-speaker: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal()
+-> std::io::Result<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(Box::pin(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }))
+}
+
 fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
     init_tracing(format, filter);
     let config = match read_config(file) {
@@ -179,8 +251,6 @@ fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
     };
     let result = runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
         let mut hup = signal(SignalKind::hangup())?;
         let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
         tokio::spawn(async move {
@@ -188,12 +258,7 @@ fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
                 let _ = reload_tx.try_send(());
             }
         });
-        let shutdown = Box::pin(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        });
+        let shutdown = shutdown_signal()?;
         crate::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))

@@ -123,14 +123,14 @@ pub fn key_ring(config: &Standalone) -> Result<KeyRing, DaemonError> {
 /// `insecure: true`: a key everybody can derive from the cluster name. Datagrams still carry
 /// the envelope (so a misconfigured peer is rejected, not parsed), but they are not secret and
 /// anyone on the network can forge them.
-fn insecure_key(cluster: &str) -> [u8; 32] {
+pub(crate) fn insecure_key(cluster: &str) -> [u8; 32] {
     let digest = ring_digest(format!("swimlb insecure key for {cluster}").as_bytes());
     let mut key = [0u8; 32];
     key.copy_from_slice(&digest);
     key
 }
 
-fn ring_digest(data: &[u8]) -> [u8; 32] {
+pub(crate) fn ring_digest(data: &[u8]) -> [u8; 32] {
     use sha2::Digest as _;
     sha2::Sha256::digest(data).into()
 }

@@ -2,9 +2,13 @@
 //! Nodes, `IPAddressPool`s, `L2Advertisement`s) say should be served, with MetalLB's layer-2
 //! semantics, and what the speaker writes back.
 //!
+//! - [`cli`]: the flags of `swimlb-speaker kubernetes`, validated at once.
+//! - [`run`]: the loop: reflectors in, the shared engine and drivers, records out.
 //! - [`snapshot`]: the caches to a [`Snapshot`](crate::snapshot::Snapshot), pure, with every
 //!   object left out named in a typed [`Dropped`](snapshot::Dropped).
 //! - [`records`]: the `ServiceL2Status` records of the Services this node announces.
 
+pub mod cli;
 pub mod records;
+pub mod run;
 pub mod snapshot;

@@ -1,0 +1,184 @@
+//! `swimlb-speaker kubernetes`: flags with the environment fallbacks a DaemonSet passes (the
+//! downward API's `NODE_NAME`, `POD_NAMESPACE`, `POD_IP`), validated all at once (exit 64 with
+//! every error).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use swimlb_config::duration::parse_duration;
+use swimlb_config::standalone::GossipSettings;
+
+use super::run::Settings;
+use super::snapshot;
+use crate::gossip::Timing;
+use crate::gossip::timing::parse_profile;
+
+/// The gossip port when `--bind` is not given.
+pub const GOSSIP_PORT: u16 = 7946;
+
+/// The flags of `swimlb-speaker kubernetes`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The speaker's namespace: pools, advertisements, status records and peers live there.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "swimlb-system")]
+    pub namespace: String,
+    /// This Pod's IP (the downward API's status.podIP): the default gossip address.
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<IpAddr>,
+    /// The gossip address; default `$POD_IP:7946`.
+    #[arg(long)]
+    pub bind: Option<SocketAddr>,
+    /// The gossip cluster name (the same on every speaker).
+    #[arg(long, default_value = "swimlb")]
+    pub cluster: String,
+    /// The gossip key file (a mounted Secret: one base64 key per line, the first seals); a
+    /// change of the file rotates the keys without a restart.
+    #[arg(long, env = "SWIMLB_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Run without a key: gossip is neither secret nor authenticated.
+    #[arg(long)]
+    pub insecure: bool,
+    /// `/metrics`, `/healthz`, `/readyz`, `/status`.
+    #[arg(long, default_value = "0.0.0.0:7572")]
+    pub listen: SocketAddr,
+    /// Serve only Services of this loadBalancerClass (default: those without a class).
+    #[arg(long)]
+    pub load_balancer_class: Option<String>,
+    /// Let nodes labelled node.kubernetes.io/exclude-from-external-load-balancers announce.
+    #[arg(long)]
+    pub ignore_exclude_lb: bool,
+    /// Gossip timing profile: fast or lan.
+    #[arg(long, default_value = "fast")]
+    pub gossip_profile: String,
+    /// A node that comes back waits this long before it takes its IPs back (`0s`: at once, as
+    /// MetalLB does).
+    #[arg(long, default_value = "0s")]
+    pub preempt_delay: String,
+    /// Label selector of the speaker Pods (the gossip peers).
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=swimlb,app.kubernetes.io/component=speaker"
+    )]
+    pub speaker_selector: String,
+}
+
+impl Args {
+    /// The validated settings, or every problem.
+    pub fn settings(&self) -> Result<Settings, Vec<String>> {
+        let mut errors = Vec::new();
+        let node = self.node_name.clone().filter(|n| !n.is_empty());
+        if node.is_none() {
+            errors.push("--node-name (or NODE_NAME) is required".to_string());
+        }
+        let bind = self
+            .bind
+            .or_else(|| self.pod_ip.map(|ip| SocketAddr::new(ip, GOSSIP_PORT)));
+        if bind.is_none() {
+            errors.push("--bind or --pod-ip (or POD_IP) is required".to_string());
+        }
+        match (&self.key_file, self.insecure) {
+            (None, false) => errors.push(
+                "--key-file (or SWIMLB_KEY_FILE) is required, or --insecure to run without a key"
+                    .to_string(),
+            ),
+            (Some(_), true) => errors.push("--key-file and --insecure exclude each other".into()),
+            _ => {}
+        }
+        let timing = parse_profile(&self.gossip_profile)
+            .map_err(|e| e.to_string())
+            .and_then(|profile| {
+                Timing::from_settings(&GossipSettings {
+                    profile,
+                    ..GossipSettings::default()
+                })
+                .map_err(|e| e.to_string())
+            });
+        let timing = timing
+            .map_err(|e| errors.push(format!("--gossip-profile: {e}")))
+            .ok();
+        let preempt_delay = parse_duration(&self.preempt_delay)
+            .map_err(|e| errors.push(format!("--preempt-delay: {e}")))
+            .ok();
+        match (node, bind, timing, preempt_delay) {
+            (Some(node), Some(bind), Some(timing), Some(preempt_delay)) if errors.is_empty() => {
+                Ok(Settings {
+                    node,
+                    namespace: self.namespace.clone(),
+                    bind,
+                    cluster: self.cluster.clone(),
+                    key_file: self.key_file.clone(),
+                    listen: self.listen,
+                    timing,
+                    preempt_delay,
+                    speaker_selector: self.speaker_selector.clone(),
+                    options: snapshot::Options {
+                        load_balancer_class: self.load_balancer_class.clone(),
+                        ignore_exclude_lb: self.ignore_exclude_lb,
+                    },
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser, Debug)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(line: &[&str]) -> Args {
+        let mut all = vec!["swimlb-speaker"];
+        all.extend_from_slice(line);
+        Wrapper::try_parse_from(all).unwrap().args
+    }
+
+    #[test]
+    fn a_daemonset_passes_node_namespace_and_pod_ip() {
+        let settings = args(&[
+            "--node-name",
+            "worker-1",
+            "--pod-ip",
+            "192.0.2.21",
+            "--key-file",
+            "/etc/swimlb/keys/keys",
+            "--preempt-delay",
+            "30s",
+        ])
+        .settings()
+        .unwrap();
+        assert_eq!(settings.node, "worker-1");
+        assert_eq!(settings.bind, "192.0.2.21:7946".parse().unwrap());
+        assert_eq!(settings.namespace, "swimlb-system");
+        assert_eq!(settings.preempt_delay, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn every_missing_or_bad_flag_is_named_at_once() {
+        let errors = args(&["--gossip-profile", "wan", "--preempt-delay", "soon"])
+            .settings()
+            .unwrap_err();
+        let text = errors.join("\n");
+        for needle in [
+            "--node-name",
+            "--bind or --pod-ip",
+            "--key-file",
+            "--gossip-profile",
+            "--preempt-delay",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+        assert_eq!(errors.len(), 5);
+    }
+}

@@ -1,0 +1,572 @@
+//! The Kubernetes mode's loop: reflectors in, the shared engine and drivers, records out.
+//!
+//! Watches (kube-rs reflectors, trimmed caches): Services, EndpointSlices, Nodes, and in the
+//! speaker's namespace `IPAddressPool`s, `L2Advertisement`s and the speaker Pods (by label
+//! selector: the gossip peers). Any change rebuilds the [`Snapshot`](crate::snapshot::Snapshot)
+//! ([`snapshot::build`], pure) and hands it to the engine, which moves only the IPs that
+//! differ; the Pods' IPs become the gossip's seeds. Nothing is polled but the key file, and a
+//! membership change lists nothing: failover runs from gossip alone, so it goes on while the
+//! API server is away (the caches stay as they were; the watches resume with backoff).
+//!
+//! Written back: one `ServiceL2Status` record per Service this node announces and an Event
+//! `nodeAssigned` on the Service when this node starts announcing it ([`records`]). The writes
+//! run in their own task, so an unreachable API server never delays an announcement; failed
+//! writes are retried until the records are true again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use swimlb_config::crd::{IPAddressPool, L2Advertisement, ServiceL2StatusStatus};
+use swimlb_config::keyfile::parse_key_file;
+use swimlb_config::reflect::spawn_store_with;
+use swimlb_config::service::{ServiceKey, trim_service};
+use swimlb_proto::{KeyId, KeyRing};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::records::{RecordWriter, record_status};
+use super::snapshot::{self, Caches};
+use crate::announcer::Schedule;
+use crate::answering::AnsweringLinks;
+use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
+use crate::engine::{Engine, Input, Start};
+use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
+use crate::local::LocalState;
+use crate::responder;
+use crate::status::StatusBoard;
+
+/// How often the key file is read again (a mounted Secret changes in place).
+pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
+/// How soon a failed record write is tried again.
+pub const RECORD_RETRY: Duration = Duration::from_secs(1);
+
+/// Everything the Kubernetes speaker runs with (the command line, validated).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node (`NODE_NAME`).
+    pub node: String,
+    /// The speaker's namespace (`POD_NAMESPACE`): pools, advertisements, records, peers.
+    pub namespace: String,
+    /// The gossip address (`$POD_IP:7946`).
+    pub bind: SocketAddr,
+    /// The gossip cluster name (the envelope's associated data).
+    pub cluster: String,
+    /// The key file (a mounted Secret); `None`: insecure.
+    pub key_file: Option<PathBuf>,
+    /// `/metrics`, `/healthz`, `/readyz`, `/status`.
+    pub listen: SocketAddr,
+    /// Gossip timings.
+    pub timing: Timing,
+    /// A node that comes back waits this long before it takes its IPs back (0: MetalLB's
+    /// revertive behaviour).
+    pub preempt_delay: Duration,
+    /// Label selector of the speaker Pods.
+    pub speaker_selector: String,
+    /// What is served.
+    pub options: snapshot::Options,
+}
+
+/// Why the Kubernetes speaker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The gossip could not start.
+    #[error("gossip: {0}")]
+    Gossip(#[from] gossip::GossipError),
+    /// Links and routes could not be read.
+    #[error("interfaces: {0}")]
+    Interfaces(#[from] crate::interfaces::Error),
+    /// The HTTP listener could not be bound.
+    #[error("listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A watch's store was dropped before it was ready.
+    #[error("the {0} watch stopped before its first list")]
+    Watch(&'static str),
+}
+
+/// The reflector stores the snapshot is built from.
+struct Stores {
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
+    pools: Store<IPAddressPool>,
+    advertisements: Store<L2Advertisement>,
+    pods: Store<Pod>,
+}
+
+impl Stores {
+    /// Starts every watch; `changed` hears of each change.
+    fn spawn(
+        client: &Client,
+        settings: &Settings,
+        changed: futures::channel::mpsc::UnboundedSender<()>,
+    ) -> Stores {
+        let ns = settings.namespace.as_str();
+        let never = || std::future::pending::<()>();
+        let all = watcher::Config::default;
+        let tx = || Some(changed.clone());
+        Stores {
+            services: spawn_store_with(
+                Api::all(client.clone()),
+                all(),
+                trim_service,
+                tx(),
+                never(),
+            ),
+            slices: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
+            nodes: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
+            pools: spawn_store_with(
+                Api::namespaced(client.clone(), ns),
+                all(),
+                |_| {},
+                tx(),
+                never(),
+            ),
+            advertisements: spawn_store_with(
+                Api::namespaced(client.clone(), ns),
+                all(),
+                |_| {},
+                tx(),
+                never(),
+            ),
+            pods: spawn_store_with(
+                Api::namespaced(client.clone(), ns),
+                all().labels(&settings.speaker_selector),
+                |_| {},
+                tx(),
+                never(),
+            ),
+        }
+    }
+
+    /// Waits for every store's first list.
+    async fn ready(&self) -> Result<(), Error> {
+        self.services
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("Service"))?;
+        self.slices
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("EndpointSlice"))?;
+        self.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("Node"))?;
+        self.pools
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("IPAddressPool"))?;
+        self.advertisements
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("L2Advertisement"))?;
+        self.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::Watch("Pod"))?;
+        Ok(())
+    }
+
+    /// The snapshot of the caches now.
+    fn build(&self, options: &snapshot::Options) -> snapshot::Built {
+        let services = self.services.state();
+        let slices = self.slices.state();
+        let nodes = self.nodes.state();
+        let pools = self.pools.state();
+        let advertisements = self.advertisements.state();
+        let services: Vec<&Service> = services.iter().map(Arc::as_ref).collect();
+        let slices: Vec<&EndpointSlice> = slices.iter().map(Arc::as_ref).collect();
+        let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
+        let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
+        let advertisements: Vec<&L2Advertisement> =
+            advertisements.iter().map(Arc::as_ref).collect();
+        snapshot::build(
+            Caches {
+                services: &services,
+                endpoint_slices: &slices,
+                nodes: &nodes,
+                pools: &pools,
+                advertisements: &advertisements,
+            },
+            options,
+        )
+    }
+
+    /// The gossip addresses of the speaker Pods that have an IP (a Pod without one yet is
+    /// skipped; MetalLB #1533).
+    fn peers(&self, port: u16) -> Vec<SocketAddr> {
+        let mut peers: Vec<SocketAddr> = self
+            .pods
+            .state()
+            .iter()
+            .filter_map(|pod| {
+                pod.status
+                    .as_ref()?
+                    .pod_ip
+                    .as_deref()?
+                    .parse::<IpAddr>()
+                    .ok()
+            })
+            .map(|ip| SocketAddr::new(ip, port))
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+}
+
+/// What the records task is told: the records this node holds, and the orphans to delete.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Desired {
+    records: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
+    orphaned: BTreeSet<ServiceKey>,
+}
+
+/// Runs the Kubernetes speaker until `shutdown` resolves (then drains).
+pub async fn run(
+    settings: Settings,
+    client: Client,
+    mut shutdown: impl Future<Output = ()> + Unpin,
+) -> Result<(), Error> {
+    let (changed_tx, mut changed) = futures::channel::mpsc::unbounded();
+    let stores = Stores::spawn(&client, &settings, changed_tx);
+    tracing::info!("waiting for the first list of every watch");
+    stores.ready().await?;
+    let ring = wait_for_keys(&settings).await;
+    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
+
+    let mut registry = Registry::default();
+    let gossip_metrics = GossipMetrics::register(&mut registry);
+    let responder_metrics = responder::Metrics::default();
+    responder_metrics.register(&mut registry);
+    let dropped = Family::<DroppedLabels, Gauge>::default();
+    registry.register(
+        "swimlb_snapshot_dropped",
+        "Objects, Services, IPs and endpoints left out of what is served, by reason",
+        dropped.clone(),
+    );
+    let board = StatusBoard::new(&settings.node, &mut registry);
+
+    let (mut net, links, routes) = NetWatch::start().await?;
+    let built = stores.build(&settings.options);
+    report_dropped(&built, &dropped);
+    let mut local = LocalState::with_groups(
+        &settings.node,
+        BTreeMap::new(),
+        settings.preempt_delay,
+        Instant::now(),
+    );
+    let placement =
+        crate::engine::placement::Placement::new(&built.snapshot, links.clone(), routes.clone());
+    local.set_announce(placement.facts(&built.snapshot));
+    let seeds = stores.peers(settings.bind.port());
+    let gossip = gossip::spawn(
+        GossipSettings {
+            node: settings.node.clone(),
+            addr: settings.bind,
+            seeds,
+            timing: settings.timing.clone(),
+            bump: boot_millis(),
+            rng_seed: boot_millis() ^ u64::from(std::process::id()),
+        },
+        settings.bind,
+        ring,
+        local.meta().clone(),
+        gossip_metrics,
+    )
+    .await?;
+    let mut changes = gossip.subscribe();
+    let mut phase = gossip.phase();
+    let live = gossip.live().borrow().clone();
+    let mut hold = JoinHold::new(Instant::now(), false);
+    let (engine, initial) = Engine::new(
+        Instant::now(),
+        Start {
+            node: settings.node.clone(),
+            schedule: Schedule::default(),
+            snapshot: built.snapshot,
+            live,
+            links: links.clone(),
+            routes,
+            hold: true,
+        },
+    );
+    let (conflict_tx, mut conflicts) = mpsc::unbounded_channel();
+    let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+    let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
+        .await
+        .map_err(|source| Error::Listen {
+            addr: settings.listen,
+            source,
+        })?;
+    let mut daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
+    let (desired_tx, desired_rx) = watch::channel(Desired::default());
+    let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
+    let mut key_poll = tokio::time::interval(KEY_FILE_POLL);
+
+    loop {
+        let draining = daemon.engine.draining();
+        tokio::select! {
+            _ = &mut shutdown, if !draining => {
+                tracing::info!("draining: handing the IPs over");
+                if daemon.local.drain() {
+                    daemon.publish_meta().await;
+                }
+                daemon.board.update(|s| s.draining = true);
+                daemon.handle(Input::Drain).await;
+            }
+            Some(()) = changed.next() => {
+                // Every change queued so far is in the stores: one rebuild for all of them.
+                while changed.try_recv().is_ok() {}
+                let built = stores.build(&settings.options);
+                report_dropped(&built, &dropped);
+                daemon.handle(Input::Snapshot(built.snapshot)).await;
+                if let Err(e) = daemon.gossip().set_seeds(stores.peers(settings.bind.port())).await {
+                    tracing::warn!(error = %e, "gossip seeds not updated");
+                }
+            }
+            change = changes.recv() => {
+                if !daemon.membership(change).await {
+                    break;
+                }
+            }
+            Ok(()) = phase.changed() => {
+                let now = *phase.borrow_and_update();
+                tracing::info!(phase = now.as_str(), "gossip phase");
+                daemon.board.update(|s| s.ready = now == Phase::Active);
+            }
+            _ = sleep_until(daemon.local.settles_at()) => {
+                if daemon.local.tick(Instant::now()) {
+                    daemon.publish_meta().await;
+                }
+            }
+            _ = sleep_until(hold.next_deadline()) => {}
+            _ = sleep_until(daemon.next_deadline()) => daemon.handle(Input::Tick).await,
+            Some(c) = conflicts.recv() => daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await,
+            Some((links, routes)) = net.changed() => daemon.net(links, routes).await,
+            _ = key_poll.tick() => rotate_keys(&settings, &daemon, &mut ring_ids).await,
+        }
+        let phase_now = *daemon.phase().borrow();
+        if hold.release(Instant::now(), phase_now, daemon.engine.live()) {
+            tracing::info!("mesh formed: answering what this node owns");
+            daemon.handle(Input::Hold(false)).await;
+        }
+        if daemon.drained() {
+            break;
+        }
+        desired_tx.send_if_modified(|d| {
+            let next = desired(&settings.node, &daemon.engine);
+            let modified = *d != next;
+            *d = next;
+            modified
+        });
+    }
+    records.abort();
+    http.abort();
+    daemon.stop().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The records this node should hold: one per Service whose IP it answers for; and the
+/// Services that nobody announces, whose records the first live member (by name) deletes.
+fn desired(node: &str, engine: &Engine) -> Desired {
+    let election = engine.election();
+    let mut records = BTreeMap::new();
+    for (ip, links) in engine.answering() {
+        let Some(service) = election
+            .snapshot()
+            .get(ip)
+            .and_then(|s| service_key(&s.belongs_to))
+        else {
+            continue;
+        };
+        let links: Vec<String> = links.iter().cloned().collect();
+        records.insert(service.clone(), record_status(node, &service, &links));
+    }
+    let first_member = engine.live().iter().next().map(|m| m.node.as_str());
+    let orphaned = if first_member == Some(node) {
+        election
+            .outcomes()
+            .iter()
+            .filter(|(_, o)| o.owner().is_none())
+            .filter_map(|(ip, _)| service_key(&election.snapshot().get(ip)?.belongs_to))
+            .collect()
+    } else {
+        BTreeSet::new()
+    };
+    Desired { records, orphaned }
+}
+
+/// `namespace/name` as a key.
+fn service_key(belongs_to: &str) -> Option<ServiceKey> {
+    let (namespace, name) = belongs_to.split_once('/')?;
+    Some(ServiceKey::new(namespace, name))
+}
+
+/// The records task: applies what `desired` says, retries failures, and tells each Service
+/// this node starts announcing with an Event.
+async fn write_records(client: Client, settings: Settings, mut desired: watch::Receiver<Desired>) {
+    let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
+    let reporter = Reporter {
+        controller: "swimlb-speaker".into(),
+        instance: Some(settings.node.clone()),
+    };
+    let recorder = Recorder::new(client, reporter);
+    let mut announced: BTreeSet<ServiceKey> = BTreeSet::new();
+    loop {
+        let current = desired.borrow_and_update().clone();
+        let now: BTreeSet<ServiceKey> = current.records.keys().cloned().collect();
+        for service in now.difference(&announced) {
+            let event = Event {
+                type_: EventType::Normal,
+                reason: "nodeAssigned".into(),
+                note: Some(format!(
+                    "announcing from node {:?} with protocol \"layer2\"",
+                    settings.node
+                )),
+                action: "Announce".into(),
+                secondary: None,
+            };
+            let object = Service::object_ref_for(service);
+            if let Err(e) = recorder.publish(&event, &object).await {
+                tracing::warn!(%service, error = %e, "cannot publish the nodeAssigned event");
+            }
+        }
+        announced = now;
+        writer.set_desired(current.records, &current.orphaned);
+        for e in writer.flush().await {
+            tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
+        }
+        let retry = writer.is_pending();
+        tokio::select! {
+            changed = desired.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
+        }
+    }
+}
+
+/// An object reference to a Service by key.
+trait ObjectRefFor {
+    fn object_ref_for(key: &ServiceKey) -> k8s_openapi::api::core::v1::ObjectReference;
+}
+
+impl ObjectRefFor for Service {
+    fn object_ref_for(key: &ServiceKey) -> k8s_openapi::api::core::v1::ObjectReference {
+        let mut service = Service::default();
+        service.metadata.name = Some(key.name.clone());
+        service.metadata.namespace = Some(key.namespace.clone());
+        service.object_ref(&())
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct DroppedLabels {
+    reason: &'static str,
+}
+
+/// Logs what the snapshot left out and sets the gauge by reason.
+fn report_dropped(built: &snapshot::Built, gauge: &Family<DroppedLabels, Gauge>) {
+    let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+    for d in &built.dropped {
+        *counts.entry(d.as_str()).or_default() += 1;
+        tracing::debug!(reason = d.as_str(), "{d}");
+    }
+    gauge.clear();
+    for (reason, n) in counts {
+        gauge.get_or_create(&DroppedLabels { reason }).set(n);
+    }
+}
+
+/// The key ring from the key file; waits (not ready, logging once) while the file is missing or
+/// empty, for example until the controller has created the Secret.
+async fn wait_for_keys(settings: &Settings) -> KeyRing {
+    let mut said = false;
+    loop {
+        match read_keys(settings) {
+            Ok(ring) => return ring,
+            Err(why) => {
+                if !said {
+                    tracing::warn!(reason = %why, "waiting for the gossip key (the Secret is not there yet)");
+                    said = true;
+                }
+            }
+        }
+        tokio::time::sleep(KEY_FILE_POLL).await;
+    }
+}
+
+fn read_keys(settings: &Settings) -> Result<KeyRing, String> {
+    let keys = match &settings.key_file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            parse_key_file(&text).map_err(|errors| {
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })?
+        }
+        None => vec![crate::standalone::insecure_key(&settings.cluster)],
+    };
+    KeyRing::new(&settings.cluster, &keys).map_err(|e| e.to_string())
+}
+
+/// Reads the key file again and rotates when its keys changed.
+async fn rotate_keys(settings: &Settings, daemon: &Daemon, ids: &mut Vec<KeyId>) {
+    let Ok(ring) = read_keys(settings) else {
+        return;
+    };
+    let next: Vec<KeyId> = ring.key_ids().collect();
+    if next == *ids {
+        return;
+    }
+    let sealing = ring.sealing_key_id();
+    match daemon.gossip().set_key_ring(ring).await {
+        Ok(()) => {
+            tracing::info!(keys = next.len(), %sealing, "gossip keys replaced");
+            *ids = next;
+        }
+        Err(e) => tracing::error!(error = %e, "gossip keys not replaced"),
+    }
+}
+
+fn boot_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_key_is_namespace_slash_name() {
+        assert_eq!(service_key("ns/web"), Some(ServiceKey::new("ns", "web")));
+        assert_eq!(service_key("api"), None, "a standalone group is no Service");
+    }
+}
