@@ -280,6 +280,7 @@ pub async fn run(
         crate::engine::placement::Placement::new(&built.snapshot, links.clone(), routes.clone());
     local.set_announce(placement.facts(&built.snapshot));
     let seeds = stores.peers(settings.bind.port());
+    tracing::info!(peers = ?seeds, "gossip peers from the speaker Pods");
     let gossip = gossip::spawn(
         GossipSettings {
             node: settings.node.clone(),
