@@ -18,6 +18,7 @@
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
+//! - [`process_metrics`]: `swimlb_build_info` and `swimlb_ready`.
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 //! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
 //! - [`standalone`]: the standalone source: the file, checks, notify hooks, reload, the VIPs on
@@ -41,6 +42,7 @@ pub mod local;
 pub mod membership;
 pub mod notify;
 pub mod packet_socket;
+pub mod process_metrics;
 pub mod responder;
 pub mod snapshot;
 pub mod standalone;
