@@ -15,8 +15,18 @@ pub struct DocRow {
     pub kind: String,
     /// Label names (not `le`).
     pub labels: BTreeSet<String>,
-    /// `speaker`, `controller` or `both`.
+    /// Who exposes it: `speaker` (both modes), `standalone`, `kubernetes`, `controller` or
+    /// `all`.
     pub from: String,
+}
+
+impl DocRow {
+    /// Whether `component` (`standalone`, `kubernetes` or `controller`) exposes this row.
+    pub fn exposed_by(&self, component: &str) -> bool {
+        self.from == component
+            || self.from == "all"
+            || (self.from == "speaker" && matches!(component, "standalone" | "kubernetes"))
+    }
 }
 
 /// The rows of the metrics table: the lines under `## Metrics` whose first cell is a
@@ -127,8 +137,8 @@ fn label_names(line: &str) -> Vec<String> {
     names
 }
 
-/// Whether the families `component` (`speaker` or `controller`) exposes are exactly the
-/// README's rows for it (`from` is the component or `both`), with the same types and, for
+/// Whether the families `component` (`standalone`, `kubernetes` or `controller`) exposes are
+/// exactly the README's rows for it ([`DocRow::exposed_by`]), with the same types and, for
 /// families that have samples, the same labels. `Err` lists every difference.
 pub fn compare(
     rows: &[DocRow],
@@ -137,7 +147,7 @@ pub fn compare(
 ) -> Result<()> {
     let documented: BTreeMap<&str, &DocRow> = rows
         .iter()
-        .filter(|r| r.from == component || r.from == "both")
+        .filter(|r| r.exposed_by(component))
         .map(|r| (r.name.as_str(), r))
         .collect();
     let mut problems = Vec::new();
@@ -179,8 +189,9 @@ mod tests {
 
     const README: &str = "# x\n\n## Metrics\n\n| Metric | Type | Labels | From | Meaning |\n| --- | --- | --- | --- | --- |\n\
         | `swimlb_a_total` | counter | `reason` | speaker | A. |\n\
-        | `swimlb_b` | gauge | - | both | B. |\n\
-        | `swimlb_c_seconds` | histogram | - | controller | C. |\n\n## Next\n| `swimlb_z` | gauge | - | both | no |\n";
+        | `swimlb_b` | gauge | - | all | B. |\n\
+        | `swimlb_c_seconds` | histogram | - | controller | C. |\n\
+        | `swimlb_d` | gauge | - | kubernetes | D. |\n\n## Next\n| `swimlb_z` | gauge | - | all | no |\n";
 
     const TEXT: &str = "# HELP swimlb_a_total A.\n# TYPE swimlb_a_total counter\nswimlb_a_total{reason=\"x,=\\\"}\"} 1\n\
         # HELP swimlb_b B.\n# TYPE swimlb_b gauge\nswimlb_b 1\n";
@@ -188,13 +199,15 @@ mod tests {
     #[test]
     fn the_table_rows_and_the_exposed_families_are_read_with_types_and_labels() {
         let rows = readme_rows(README).unwrap();
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 4);
         assert_eq!(rows[0].labels, BTreeSet::from(["reason".to_string()]));
         assert!(rows[1].labels.is_empty());
         let exposed = families(TEXT);
         assert_eq!(exposed["swimlb_a_total"].labels, rows[0].labels);
         assert_eq!(exposed["swimlb_b"].kind, "gauge");
-        compare(&rows, "speaker", &exposed).unwrap();
+        compare(&rows, "standalone", &exposed).unwrap();
+        assert!(rows[3].exposed_by("kubernetes") && !rows[3].exposed_by("standalone"));
+        assert!(rows[0].exposed_by("kubernetes") && !rows[0].exposed_by("controller"));
     }
 
     #[test]

@@ -1307,7 +1307,7 @@ fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_
                 merged.labels.extend(family.labels);
             }
         }
-        match metrics_doc::compare(&rows, "speaker", &union) {
+        match metrics_doc::compare(&rows, "standalone", &union) {
             Ok(()) => break (bodies, union),
             Err(e) if Instant::now() > deadline => {
                 panic!("the README's table and the speakers' /metrics differ:\n{e}")
