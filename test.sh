@@ -3,7 +3,8 @@
 #
 # As root it installs the Debian packages the tests use when they are missing (tshark and scapy
 # decode our frames independently; iproute2 and nftables build the network-namespace lab;
-# keepalived is the comparison peer). Tests that need root are marked
+# keepalived is the comparison peer; prometheus brings promtool, which lints /metrics and
+# unit-tests deploy/prometheus/rules.yaml). Tests that need root are marked
 # #[ignore = "needs root: ..."]: as root this script runs them with --include-ignored; without
 # root they show as ignored, never as passed.
 #
@@ -19,6 +20,7 @@ command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v arping >/dev/null 2>&1 || need+=(arping)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "test.sh: installing ${need[*]}"

@@ -1,4 +1,6 @@
-//! The controller's HTTP listener: `/metrics` (OpenMetrics text), `/healthz` and `/readyz`.
+//! The controller's HTTP listener: `/metrics` (OpenMetrics text to a client that asks for it, as
+//! Prometheus does, the classic text format otherwise: see [`swimlb_proto::exposition`]),
+//! `/healthz` and `/readyz`.
 //!
 //! The run loop publishes a [`Health`] through a [`tokio::sync::watch`] channel; this module only
 //! reads it. [`route`] is the pure part (method, path and health in, response out) and is tested
@@ -12,6 +14,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
+use swimlb_proto::exposition::{self, Format};
 use tokio::sync::watch;
 
 /// What `/readyz` decides from.
@@ -29,14 +32,19 @@ pub struct Health {
 /// A response: status code, content type, body.
 pub type Reply = (StatusCode, &'static str, Bytes);
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 fn text(code: StatusCode, body: &'static str) -> Reply {
     (code, "text/plain", Bytes::from_static(body.as_bytes()))
 }
 
-/// Answers `method path` from `health` and `registry`.
-pub fn route(method: &Method, path: &str, health: Health, registry: &Registry) -> Reply {
+/// Answers `method path` from `health` and `registry`; `accept` (the request's `Accept` header)
+/// chooses the format of `/metrics`.
+pub fn route(
+    method: &Method,
+    path: &str,
+    accept: Option<&str>,
+    health: Health,
+    registry: &Registry,
+) -> Reply {
     if method != Method::GET && method != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
@@ -44,7 +52,18 @@ pub fn route(method: &Method, path: &str, health: Health, registry: &Registry) -
         "/metrics" => {
             let mut out = String::new();
             match prometheus_client::encoding::text::encode(&mut out, registry) {
-                Ok(()) => (StatusCode::OK, OPENMETRICS, Bytes::from(out)),
+                Ok(()) => match Format::negotiate(accept) {
+                    Format::OpenMetrics => (
+                        StatusCode::OK,
+                        Format::OpenMetrics.content_type(),
+                        Bytes::from(out),
+                    ),
+                    Format::Text => (
+                        StatusCode::OK,
+                        Format::Text.content_type(),
+                        Bytes::from(exposition::to_text(&out)),
+                    ),
+                },
                 Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n"),
             }
         }
@@ -72,8 +91,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let current = *health.borrow();
+                let accept = req
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
                 let (code, content_type, body) =
-                    route(req.method(), req.uri().path(), current, &registry);
+                    route(req.method(), req.uri().path(), accept, current, &registry);
                 let body = if req.method() == Method::HEAD {
                     Bytes::new()
                 } else {
@@ -112,7 +135,7 @@ mod tests {
     #[test]
     fn readyz_is_ready_for_a_standby_and_a_synced_leader_but_not_while_syncing_or_draining() {
         let r = Registry::default();
-        let get = |h: Health| route(&Method::GET, "/readyz", h, &r).0;
+        let get = |h: Health| route(&Method::GET, "/readyz", None, h, &r).0;
         assert_eq!(get(Health::default()), StatusCode::SERVICE_UNAVAILABLE);
         let standby = Health {
             ready: true,
@@ -133,16 +156,20 @@ mod tests {
     }
 
     #[test]
-    fn metrics_are_openmetrics_text_and_unknown_paths_are_404() {
+    fn metrics_are_openmetrics_to_prometheus_classic_text_to_others_and_unknown_paths_are_404() {
         let mut r = Registry::default();
         crate::metrics::ControllerMetrics::register(&mut r);
-        let (code, ct, body) = route(&Method::GET, "/metrics", Health::default(), &r);
+        let openmetrics = Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5");
+        let (code, ct, body) = route(&Method::GET, "/metrics", openmetrics, Health::default(), &r);
         assert_eq!(code, StatusCode::OK);
         assert!(ct.starts_with("application/openmetrics-text"));
         assert!(body.ends_with(b"# EOF\n"));
-        let (code, _, _) = route(&Method::GET, "/nope", Health::default(), &r);
+        let (code, ct, body) = route(&Method::GET, "/metrics", None, Health::default(), &r);
+        assert_eq!((code, ct), (StatusCode::OK, exposition::TEXT_CONTENT_TYPE));
+        assert!(!body.ends_with(b"# EOF\n"));
+        let (code, _, _) = route(&Method::GET, "/nope", None, Health::default(), &r);
         assert_eq!(code, StatusCode::NOT_FOUND);
-        let (code, _, _) = route(&Method::POST, "/healthz", Health::default(), &r);
+        let (code, _, _) = route(&Method::POST, "/healthz", None, Health::default(), &r);
         assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
     }
 }

@@ -1,4 +1,5 @@
-//! The controller's metrics: pool sizes and use per family, and allocation errors by reason.
+//! The controller's metrics: pool sizes and use per family, allocation errors by reason, and
+//! `swimlb_build_info`.
 //!
 //! [`ControllerMetrics::register`] registers into a registry it is handed (no globals). Labels are
 //! bounded: pool names come from validated pools, families and reasons from `as_str()`.
@@ -27,6 +28,15 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Labels of `swimlb_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version (`swimlb-controller --version`).
+    pub version: &'static str,
+    /// `controller` (the speaker exports `speaker`).
+    pub component: &'static str,
+}
+
 /// The controller's metrics. Clones share the same values.
 #[derive(Clone, Debug, Default)]
 pub struct ControllerMetrics {
@@ -39,6 +49,8 @@ pub struct ControllerMetrics {
     /// `swimlb_addresses_outside_pools`: addresses Services keep although no pool in force has
     /// them (their pool is invalid or gone).
     pub addresses_outside_pools: Gauge,
+    /// `swimlb_build_info{version,component}`: always 1.
+    pub build_info: Family<BuildLabels, Gauge>,
 }
 
 fn saturate(n: u128) -> i64 {
@@ -49,6 +61,17 @@ impl ControllerMetrics {
     /// New metrics, registered into `registry` under their `swimlb_` names.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                component: "controller",
+            })
+            .set(1);
+        registry.register(
+            "swimlb_build_info",
+            "Always 1; the labels say which swimlb build this is",
+            m.build_info.clone(),
+        );
         registry.register(
             "swimlb_pool_addresses",
             "Addresses an IPAddressPool can hand out, per family",
@@ -142,6 +165,13 @@ mod tests {
         );
         assert!(
             text.contains("swimlb_allocation_errors_total{reason=\"no_available_pool\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "swimlb_build_info{{version=\"{}\",component=\"controller\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
             "{text}"
         );
     }

@@ -7,9 +7,11 @@
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
+//! - [`metrics_doc`]: the README's metrics table against what a `/metrics` exposes.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
+//! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
@@ -17,7 +19,9 @@ pub mod converge;
 pub mod demo;
 pub mod failover;
 pub mod keepalived;
+pub mod metrics_doc;
 pub mod netns;
 pub mod probe;
+pub mod promtool;
 pub mod sim;
 pub mod soak;

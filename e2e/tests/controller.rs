@@ -542,6 +542,37 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
     drop(ctl);
 }
 
+/// Issue 14: `/metrics`, read as curl reads it, passes `promtool check metrics` and exposes
+/// exactly the README's controller metrics (an exhausted pool gives the error counter a series).
+#[tokio::test]
+async fn metrics_pass_promtool_and_are_the_readmes_table() {
+    use swimlb_e2e::metrics_doc;
+    let (api, client) = lab().await;
+    create_pool(&client, "one", json!({"addresses": ["192.0.2.40/32"]})).await;
+    let ctl = Controller::start(&api, "c-0");
+    create_service(&client, &service("first", json!({}), json!({}))).await;
+    assert_eq!(wait_assigned(&client, "first").await, vec!["192.0.2.40"]);
+    create_service(&client, &service("second", json!({}), json!({}))).await;
+    wait_event(&client, "default", "second", "AllocationFailed").await;
+    let (line, body) = eventually("/metrics with the allocation error", || async {
+        let (line, body) = ctl.get("/metrics").await?;
+        body.contains("swimlb_allocation_errors_total{")
+            .then_some((line, body))
+    })
+    .await;
+    assert!(line.contains("200"), "{line}");
+    if let Err(e) = swimlb_e2e::promtool::check_metrics(&body) {
+        panic!("{e}\n{body}");
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
+    if let Err(e) = metrics_doc::compare(&rows, "controller", &metrics_doc::families(&body)) {
+        panic!("the README's table and the controller's /metrics differ:\n{e}\n{body}");
+    }
+    drop(ctl);
+}
+
 #[tokio::test]
 async fn services_with_the_same_sharing_key_share_an_address_and_others_may_not() {
     let (api, client) = lab().await;

@@ -1239,3 +1239,122 @@ fn an_owner_whose_announcing_link_goes_down_hands_the_vip_over_and_waits_its_del
     drop(prober);
     run.lab.teardown();
 }
+
+/// Issue 14: every node's `/metrics`, read as curl reads it, passes `promtool check metrics`;
+/// together the three expose exactly the README's speaker metrics (every labelled family made
+/// to hold a series: a health check, a datagram that is no envelope, an ARP request for an
+/// address nobody owns); and `swimlb-speaker status`, run from the client, prints the owner
+/// every node agrees on.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_owner() {
+    use swimlb_e2e::metrics_doc::{self, Exposed};
+    let _one = one_lab("metrics");
+    let check = FlagCheck {
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(200),
+        rise: 1,
+        fall: 1,
+    };
+    let mut run = Running::start(31, |lab, daemons| check.install(lab, daemons));
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    drop(prober);
+
+    let gossip: Vec<SocketAddr> = run
+        .lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, failover::GOSSIP_PORT)))
+        .collect();
+    in_netns(&run.lab.client_netns, move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+        for addr in gossip {
+            socket
+                .send_to(b"not a gossip envelope", addr)
+                .expect("sent");
+        }
+    });
+    let _ = arp_replies(
+        &run.lab.client_netns,
+        Ipv4Addr::new(198, 51, 100, 250),
+        None,
+        1,
+    );
+
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
+    let nodes: Vec<SocketAddr> = run
+        .lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+        .collect();
+    // The counters above reach /metrics at once; the check's first result within its interval.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (bodies, union) = loop {
+        let addrs = nodes.clone();
+        let bodies: Vec<Option<String>> = in_netns(&run.lab.client_netns, move || {
+            addrs.iter().map(|a| http_get(*a, "/metrics")).collect()
+        });
+        let mut union: std::collections::BTreeMap<String, Exposed> = Default::default();
+        for body in bodies.iter().flatten() {
+            for (name, family) in metrics_doc::families(body) {
+                let merged = union.entry(name).or_default();
+                merged.kind = family.kind;
+                merged.samples += family.samples;
+                merged.labels.extend(family.labels);
+            }
+        }
+        match metrics_doc::compare(&rows, "standalone", &union) {
+            Ok(()) => break (bodies, union),
+            Err(e) if Instant::now() > deadline => {
+                panic!("the README's table and the speakers' /metrics differ:\n{e}")
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for (i, body) in bodies.iter().enumerate() {
+        let body = body
+            .as_ref()
+            .unwrap_or_else(|| panic!("node{} answers /metrics", i + 1));
+        if let Err(e) = swimlb_e2e::promtool::check_metrics(body) {
+            panic!("node{}: {e}\n{body}", i + 1);
+        }
+    }
+    eprintln!(
+        "metrics: {} families across the three speakers, promtool reports nothing",
+        union.len()
+    );
+
+    let node1 = nodes[0].to_string();
+    let program = program();
+    let table = run
+        .lab
+        .run_in(
+            &run.lab.client_netns,
+            &program.to_string_lossy(),
+            &["speaker", "status", &node1],
+        )
+        .expect("swimlb-speaker status exits 0");
+    eprintln!("$ swimlb-speaker status {node1}\n{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&vip.to_string()))
+        .unwrap_or_else(|| panic!("a row for {vip}:\n{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells.get(2), Some(&owner.as_str()), "{table}");
+    for node in &run.lab.nodes {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(&node.name) && l.contains("alive")),
+            "{} listed alive:\n{table}",
+            node.name
+        );
+    }
+    assert!(table.contains("flag"), "the check is listed:\n{table}");
+    run.lab.teardown();
+}

@@ -70,6 +70,16 @@ enum Command {
         #[arg(long, default_value = "info")]
         log: String,
     },
+    /// Print a running speaker's /status as tables: every VIP with its owner, interface and
+    /// verdict, the members, this node's checks.
+    Status {
+        /// The speaker's HTTP listener: host:port, or a host (port 7572).
+        #[arg(default_value = crate::status_table::DEFAULT_ADDR)]
+        addr: String,
+        /// Redraw every second until Ctrl-C.
+        #[arg(long, short)]
+        watch: bool,
+    },
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.
@@ -98,6 +108,35 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             log_format,
             log,
         } => kubernetes(&args, log_format, &log),
+        Command::Status { addr, watch } => status(&addr, watch),
+    }
+}
+
+fn status(addr: &str, watch: bool) -> ExitCode {
+    let socket = match crate::status_table::resolve(addr) {
+        Ok(socket) => socket,
+        Err(e) => {
+            eprintln!("swimlb-speaker status: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("swimlb-speaker status: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
+    };
+    let terminal = std::io::stdout().is_terminal();
+    match runtime.block_on(crate::status_table::run(socket, watch, terminal)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("swimlb-speaker status: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
     }
 }
 

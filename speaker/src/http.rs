@@ -1,5 +1,6 @@
-//! The speaker's HTTP listener: `/metrics` (OpenMetrics text), `/healthz`, `/readyz` and
-//! `/status` (JSON).
+//! The speaker's HTTP listener: `/metrics` (OpenMetrics text to a client that asks for it, as
+//! Prometheus does, the classic text format otherwise: see [`swimlb_proto::exposition`]),
+//! `/healthz`, `/readyz` and `/status` (JSON).
 //!
 //! The daemon publishes its state through a [`tokio::sync::watch`] channel; this module only
 //! reads it. [`route`] is the pure part (path and state in, response out) and is tested without
@@ -15,6 +16,7 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
+use swimlb_proto::exposition::{self, Format};
 use tokio::sync::watch;
 
 /// What `/status` shows and `/readyz` decides from.
@@ -90,10 +92,15 @@ pub struct CheckStatus {
 /// A response: status code, content type, body.
 pub type Reply = (StatusCode, &'static str, Bytes);
 
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Answers `method path` from `status` and `registry`.
-pub fn route(method: &Method, path: &str, status: &Status, registry: &Registry) -> Reply {
+/// Answers `method path` from `status` and `registry`; `accept` (the request's `Accept` header)
+/// chooses the format of `/metrics`.
+pub fn route(
+    method: &Method,
+    path: &str,
+    accept: Option<&str>,
+    status: &Status,
+    registry: &Registry,
+) -> Reply {
     if method != Method::GET && method != Method::HEAD {
         return (
             StatusCode::METHOD_NOT_ALLOWED,
@@ -105,7 +112,18 @@ pub fn route(method: &Method, path: &str, status: &Status, registry: &Registry) 
         "/metrics" => {
             let mut text = String::new();
             match prometheus_client::encoding::text::encode(&mut text, registry) {
-                Ok(()) => (StatusCode::OK, OPENMETRICS, Bytes::from(text)),
+                Ok(()) => match Format::negotiate(accept) {
+                    Format::OpenMetrics => (
+                        StatusCode::OK,
+                        Format::OpenMetrics.content_type(),
+                        Bytes::from(text),
+                    ),
+                    Format::Text => (
+                        StatusCode::OK,
+                        Format::Text.content_type(),
+                        Bytes::from(exposition::to_text(&text)),
+                    ),
+                },
                 Err(_) => (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "text/plain",
@@ -158,8 +176,12 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let current = status.borrow().clone();
+                let accept = req
+                    .headers()
+                    .get(hyper::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
                 let (code, content_type, body) =
-                    route(req.method(), req.uri().path(), &current, &registry);
+                    route(req.method(), req.uri().path(), accept, &current, &registry);
                 let body = if req.method() == Method::HEAD {
                     Bytes::new()
                 } else {
@@ -204,14 +226,39 @@ mod tests {
         r
     }
 
+    /// Prometheus 2.42's scrape header.
+    const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
     #[test]
-    fn metrics_are_openmetrics_text() {
-        let (code, ct, body) = route(&Method::GET, "/metrics", &Status::default(), &registry());
+    fn metrics_are_openmetrics_to_prometheus_and_classic_text_to_curl() {
+        let status = Status::default();
+        let (code, ct, body) = route(
+            &Method::GET,
+            "/metrics",
+            Some(PROMETHEUS_ACCEPT),
+            &status,
+            &registry(),
+        );
         assert_eq!(code, StatusCode::OK);
         assert!(ct.starts_with("application/openmetrics-text"));
         let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            text.contains("# TYPE swimlb_gratuitous_sent counter"),
+            "{text}"
+        );
         assert!(text.contains("swimlb_gratuitous_sent_total 1"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+        for accept in [None, Some("*/*")] {
+            let (code, ct, body) = route(&Method::GET, "/metrics", accept, &status, &registry());
+            assert_eq!((code, ct), (StatusCode::OK, exposition::TEXT_CONTENT_TYPE));
+            let text = String::from_utf8(body.to_vec()).unwrap();
+            assert!(
+                text.contains("# TYPE swimlb_gratuitous_sent_total counter"),
+                "{text}"
+            );
+            assert!(text.contains("swimlb_gratuitous_sent_total 1"), "{text}");
+            assert!(!text.contains("# EOF"), "{text}");
+        }
     }
 
     #[test]
@@ -219,17 +266,23 @@ mod tests {
         let r = registry();
         let mut s = Status::default();
         assert_eq!(
-            route(&Method::GET, "/readyz", &s, &r).0,
+            route(&Method::GET, "/readyz", None, &s, &r).0,
             StatusCode::SERVICE_UNAVAILABLE
         );
         s.ready = true;
-        assert_eq!(route(&Method::GET, "/readyz", &s, &r).0, StatusCode::OK);
+        assert_eq!(
+            route(&Method::GET, "/readyz", None, &s, &r).0,
+            StatusCode::OK
+        );
         s.draining = true;
         assert_eq!(
-            route(&Method::GET, "/readyz", &s, &r).2,
+            route(&Method::GET, "/readyz", None, &s, &r).2,
             Bytes::from_static(b"draining\n")
         );
-        assert_eq!(route(&Method::GET, "/healthz", &s, &r).0, StatusCode::OK);
+        assert_eq!(
+            route(&Method::GET, "/healthz", None, &s, &r).0,
+            StatusCode::OK
+        );
     }
 
     #[test]
@@ -250,7 +303,7 @@ mod tests {
             )]),
             ..Status::default()
         };
-        let (code, ct, body) = route(&Method::GET, "/status", &s, &registry());
+        let (code, ct, body) = route(&Method::GET, "/status", None, &s, &registry());
         assert_eq!((code, ct), (StatusCode::OK, "application/json"));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["addresses"][0]["owner"], "node2");
@@ -261,11 +314,11 @@ mod tests {
     fn unknown_paths_and_methods_are_refused() {
         let r = registry();
         assert_eq!(
-            route(&Method::GET, "/nope", &Status::default(), &r).0,
+            route(&Method::GET, "/nope", None, &Status::default(), &r).0,
             StatusCode::NOT_FOUND
         );
         assert_eq!(
-            route(&Method::POST, "/status", &Status::default(), &r).0,
+            route(&Method::POST, "/status", None, &Status::default(), &r).0,
             StatusCode::METHOD_NOT_ALLOWED
         );
     }

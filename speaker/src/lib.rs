@@ -4,7 +4,7 @@
 //! - [`announcer`]: when to start, stop and announce ([`announcer::Announcer`]), sans-IO.
 //! - [`answering`]: the responder threads of the links this node answers on.
 //! - [`checks`]: health checks (http, https, tcp, exec) with rise/fall hysteresis.
-//! - [`cli`]: the command line (`check-config`, `keygen`, `standalone`).
+//! - [`cli`]: the command line (`check-config`, `keygen`, `standalone`, `status`).
 //! - [`config_report`]: what `check-config` prints.
 //! - [`daemon`]: the drivers around the engine, shared by every mode.
 //! - [`election`]: who owns each IP ([`election::Election`]), pure.
@@ -18,11 +18,13 @@
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`notify`]: notify hooks run on group state changes.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
+//! - [`process_metrics`]: `swimlb_build_info` and `swimlb_ready`.
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 //! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
 //! - [`standalone`]: the standalone source: the file, checks, notify hooks, reload, the VIPs on
 //!   a dummy link.
 //! - [`status`]: `/status` and the owner gauges, from the engine's deltas.
+//! - [`status_table`]: `swimlb-speaker status`: a running speaker's `/status` as tables.
 
 pub mod addresses;
 pub mod announcer;
@@ -41,7 +43,9 @@ pub mod local;
 pub mod membership;
 pub mod notify;
 pub mod packet_socket;
+pub mod process_metrics;
 pub mod responder;
 pub mod snapshot;
 pub mod standalone;
 pub mod status;
+pub mod status_table;

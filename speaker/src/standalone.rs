@@ -297,6 +297,7 @@ impl Source {
         let metrics = Metrics::default();
         metrics.register(&mut registry);
         let board = StatusBoard::new(&node, &mut registry);
+        crate::process_metrics::register(&mut registry, board.subscribe());
 
         let (net, links, routes) = NetWatch::start().await?;
         let served = snapshot(&config);
