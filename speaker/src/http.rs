@@ -66,6 +66,9 @@ pub struct AddressStatus {
     pub interface: Option<String>,
     /// Every interface this node answers for it on.
     pub interfaces: Vec<String>,
+    /// When this node saw the owner change last (or the IP appear), in seconds since the Unix
+    /// epoch (`swimlb-speaker status` shows it as an age).
+    pub owner_since: Option<f64>,
 }
 
 /// Serializes a map as the list of its values.
@@ -299,6 +302,7 @@ mod tests {
                     verdict: "not_owner".into(),
                     interface: None,
                     interfaces: vec![],
+                    owner_since: None,
                 },
             )]),
             ..Status::default()

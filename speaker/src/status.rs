@@ -80,7 +80,14 @@ impl StatusBoard {
     pub fn address(&self, ip: IpAddr, view: Option<&AddressView>) {
         self.status.send_modify(|status| {
             let old = match view {
-                Some(view) => status.addresses.insert(ip, self.entry(ip, view)),
+                Some(view) => {
+                    let mut entry = self.entry(ip, view);
+                    entry.owner_since = match status.addresses.get(&ip) {
+                        Some(held) if held.owner == entry.owner => held.owner_since,
+                        _ => unix_now(),
+                    };
+                    status.addresses.insert(ip, entry)
+                }
                 None => status.addresses.remove(&ip),
             };
             if let Some(old) = old {
@@ -141,6 +148,7 @@ impl StatusBoard {
             verdict: view.verdict.to_string(),
             interface: view.links.first().cloned(),
             interfaces: view.links.clone(),
+            owner_since: None,
         }
     }
 
@@ -181,6 +189,14 @@ impl StatusBoard {
             node: self.node.clone(),
         }
     }
+}
+
+/// Seconds since the Unix epoch (the wall clock: `/status` is read by people and other hosts).
+fn unix_now() -> Option<f64> {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs_f64())
 }
 
 #[cfg(test)]
@@ -227,6 +243,11 @@ mod tests {
         );
         let status = board.current();
         assert_eq!(status.addresses[&ip].owner.as_deref(), Some("n3"));
+        let since = status.addresses[&ip].owner_since;
+        assert!(since.is_some());
+        // A delta that keeps the owner keeps the time.
+        board.address(ip, Some(&view("n3", &[])));
+        assert_eq!(board.current().addresses[&ip].owner_since, since);
         board.address(other, None);
         assert_eq!(board.current().addresses.len(), 1);
         assert!(!encode(&registry).contains(r#"ip="192.0.2.2""#));

@@ -452,6 +452,7 @@ ingress-long-name   tcp       failing   timeout
                     verdict: "owner".into(),
                     interface: Some("eth0".into()),
                     interfaces: vec!["eth0".into()],
+                    owner_since: None,
                 },
             )]
             .into(),

@@ -41,6 +41,7 @@ fn status() -> Status {
                 verdict: "not_owner".into(),
                 interface: None,
                 interfaces: vec![],
+                owner_since: None,
             },
         )]),
         checks: vec![],

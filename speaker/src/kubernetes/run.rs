@@ -266,6 +266,7 @@ pub async fn run(
         dropped.clone(),
     );
     let board = StatusBoard::new(&settings.node, &mut registry);
+    crate::process_metrics::register(&mut registry, board.subscribe());
 
     let (mut net, links, routes) = NetWatch::start().await?;
     let built = stores.build(&settings.options);
