@@ -2,8 +2,9 @@
 //! answer for, and the announcements to send.
 //!
 //! [`AnsweringLinks`] carries out the engine's [`Action::Silence`], [`Action::Answer`] and
-//! [`Action::Announce`]. A responder is opened on a link the first time an IP is answered there
-//! and closed when the link disappears, goes down or is re-created (a new index). Stopping is
+//! [`Action::Announce`]. A responder is opened on every link the drivers name ([`AnsweringLinks::open`],
+//! ahead of need) or at the latest when an IP is first answered there, and closed when the link
+//! disappears, goes down or is re-created (a new index). Stopping is
 //! immediate: a `Silence` reaches the thread before anything else of the same batch; an IP's
 //! new owned set reaches the thread before its first announcement.
 

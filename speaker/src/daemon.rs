@@ -170,6 +170,8 @@ impl Daemon {
     ) -> Daemon {
         let live = gossip.live();
         board.members(live.borrow().iter());
+        let mut answering = answering;
+        open_placed(&mut answering, &engine);
         let mut daemon = Daemon {
             engine,
             local,
@@ -264,6 +266,7 @@ impl Daemon {
             tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
         }
         self.handle(Input::Net { links, routes }).await;
+        open_placed(&mut self.answering, &self.engine);
     }
 
     /// Carries out `actions`, in order.
@@ -298,6 +301,17 @@ impl Daemon {
             tracing::warn!(error = %e, "leaving the mesh");
         }
         self.answering.stop();
+    }
+}
+
+/// Opens a responder on every link some IP is placed on, before any of them is needed: a new
+/// owner then answers at once instead of opening its packet socket first (tens of
+/// milliseconds), and conflicts on those links are seen all along.
+fn open_placed(answering: &mut AnsweringLinks, engine: &Engine) {
+    for link in engine.placed_links() {
+        if let Err(e) = answering.open(&link) {
+            tracing::warn!(error = %e, "cannot answer on a placed link yet");
+        }
     }
 }
 
