@@ -238,7 +238,7 @@ fn cleanup_on_interrupt() {
 fn run_demo() -> anyhow::Result<()> {
     cleanup_on_interrupt();
     ensure_packages(&[("ip", "iproute2")])?;
-    let program = std::env::current_exe()?;
+    let program = speaker_program()?;
     match swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))? {
         Some(_) => Ok(()),
         None => anyhow::bail!("the VIP did not fail over"),
@@ -318,7 +318,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     if implementations.iter().any(|i| *i != Implementation::Swimlb) {
         ensure_packages(&[("keepalived", "keepalived")])?;
     }
-    let program = std::env::current_exe()?;
+    let program = speaker_program()?;
     let mut reports = Vec::new();
     for &implementation in &implementations {
         let options = Options {
@@ -494,4 +494,14 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         anyhow::ensure!(bad.is_empty(), "sim --check failed: {}", bad.join("; "));
     }
     Ok(())
+}
+
+/// The program the lab runs its speakers with (`PROGRAM speaker standalone ...`): this binary,
+/// or the one named by `SWIMLB_LAB_SPEAKER_PROGRAM`, so one lab can measure two builds of the
+/// speaker side by side.
+fn speaker_program() -> std::io::Result<std::path::PathBuf> {
+    match std::env::var_os("SWIMLB_LAB_SPEAKER_PROGRAM") {
+        Some(path) => Ok(path.into()),
+        None => std::env::current_exe(),
+    }
 }
