@@ -10,7 +10,14 @@
 //!   peer selector, the ports are the binaries' defaults, the grace periods outlast the drain
 //!   deadlines, the key file is where the Secret is mounted;
 //! - real `kubectl apply --server-side -f deploy/swimlb.yaml` against the fake API server stores
-//!   every object, and a second apply changes nothing (the store's resourceVersion stays).
+//!   every object, and a second apply changes nothing (the store's resourceVersion stays);
+//! - the real controller, run against the fake API server through a scenario (assign, invalid
+//!   pool, release, SIGTERM), makes no request its RBAC in swimlb.yaml refuses (a small RBAC
+//!   evaluator over the fake server's request log; a server-side apply that creates needs
+//!   `create` too). Its run uses every rule but the Events' `patch` (an Event series). The
+//!   speaker's RBAC is checked by the same evaluator on the requests its code makes (listed by
+//!   hand from speaker/src/kubernetes/), not by a run: a Kubernetes speaker needs root and a
+//!   network namespace lab.
 //!
 //! Needs kubernetes-validate, checkov and kubectl (test.sh installs them), not root. A missing
 //! tool fails.
@@ -465,5 +472,409 @@ async fn kubectl_applies_swimlb_yaml_to_the_fake_api_server_and_a_second_apply_c
         before,
         "the second apply changed objects:\n{second}"
     );
+    api.shutdown().await;
+}
+
+/// One rule of a Role or ClusterRole.
+#[derive(Debug)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+    names: Vec<String>,
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn rules_of(role: &Value) -> Vec<Rule> {
+    role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .map(|r| Rule {
+            groups: strings(&r["apiGroups"]),
+            resources: strings(&r["resources"]),
+            verbs: strings(&r["verbs"]),
+            names: strings(&r["resourceNames"]),
+        })
+        .collect()
+}
+
+/// What RBAC grants the service account `swimlb-system/account` in deploy/swimlb.yaml: rules
+/// everywhere (ClusterRoleBindings) and rules in one namespace (RoleBindings).
+struct Grants {
+    cluster: Vec<Rule>,
+    namespaced: Vec<(String, Rule)>,
+}
+
+fn grants(objects: &[Value], account: &str) -> Grants {
+    let bound = |binding: &Value| {
+        binding["subjects"].as_array().is_some_and(|s| {
+            s.iter().any(|s| {
+                s["kind"] == "ServiceAccount"
+                    && s["name"] == account
+                    && s["namespace"] == "swimlb-system"
+            })
+        })
+    };
+    let role = |kind: &str, name: &Value| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    let mut out = Grants {
+        cluster: Vec::new(),
+        namespaced: Vec::new(),
+    };
+    for binding in objects.iter().filter(|o| bound(o)) {
+        let reference = &binding["roleRef"];
+        let rules = rules_of(role(
+            reference["kind"].as_str().expect("a kind"),
+            &reference["name"],
+        ));
+        match binding["kind"].as_str() {
+            Some("ClusterRoleBinding") => out.cluster.extend(rules),
+            Some("RoleBinding") => {
+                let ns = binding["metadata"]["namespace"]
+                    .as_str()
+                    .expect("a namespace");
+                out.namespaced
+                    .extend(rules.into_iter().map(|r| (ns.to_string(), r)));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A request as RBAC sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Attributes {
+    verb: &'static str,
+    group: String,
+    /// `services` or `services/status`.
+    resource: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+/// The attributes a real server authorizes a request of the fake server's log by; a server-side
+/// apply that created its object (201) is authorized as `create` as well. `None` for discovery.
+fn attributes(r: &swimlb_fake_api::RequestRecord) -> Vec<Attributes> {
+    use swimlb_fake_api::resources::{RESOURCES, Route, parse_path};
+    let Some(Route::Resource(p)) = parse_path(&r.path) else {
+        return Vec::new();
+    };
+    let kind = &RESOURCES[p.resource];
+    let resource = match &p.subresource {
+        Some(sub) => format!("{}/{sub}", kind.plural),
+        None => kind.plural.to_string(),
+    };
+    let verbs: &[&'static str] = match (r.method.as_str(), p.name.is_some(), r.watch) {
+        ("GET", _, true) => &["watch"],
+        ("GET", true, false) => &["get"],
+        ("GET", false, false) => &["list"],
+        ("POST", _, _) => &["create"],
+        ("PUT", _, _) => &["update"],
+        ("PATCH", _, _) if r.code == 201 => &["patch", "create"],
+        ("PATCH", _, _) => &["patch"],
+        ("DELETE", true, _) => &["delete"],
+        ("DELETE", false, _) => &["deletecollection"],
+        (other, _, _) => panic!("unexpected method {other}"),
+    };
+    verbs
+        .iter()
+        .map(|verb| Attributes {
+            verb,
+            group: kind.group.to_string(),
+            resource: resource.clone(),
+            namespace: p.namespace.clone(),
+            // RBAC matches resourceNames only for requests that name an object (not create).
+            name: if *verb == "create" {
+                None
+            } else {
+                p.name.clone()
+            },
+        })
+        .collect()
+}
+
+fn allows(rule: &Rule, a: &Attributes) -> bool {
+    let any = |list: &[String], value: &str| list.iter().any(|x| x == "*" || x == value);
+    any(&rule.groups, &a.group)
+        && any(&rule.resources, &a.resource)
+        && any(&rule.verbs, a.verb)
+        && (rule.names.is_empty() || a.name.as_ref().is_some_and(|n| rule.names.contains(n)))
+}
+
+fn allowed(grants: &Grants, a: &Attributes) -> bool {
+    grants.cluster.iter().any(|r| allows(r, a))
+        || grants
+            .namespaced
+            .iter()
+            .any(|(ns, r)| a.namespace.as_deref() == Some(ns.as_str()) && allows(r, a))
+}
+
+#[test]
+fn the_rbac_evaluation_matches_names_namespaces_and_the_create_of_an_apply() {
+    let objects = install_objects();
+    let controller = grants(&objects, "swimlb-controller");
+    let request = |method: &str, path: &str, code: u16| swimlb_fake_api::RequestRecord {
+        user: String::new(),
+        method: method.into(),
+        path: path.into(),
+        watch: false,
+        code,
+    };
+    let ok =
+        |r: swimlb_fake_api::RequestRecord| attributes(&r).iter().all(|a| allowed(&controller, a));
+    let lease = "/apis/coordination.k8s.io/v1/namespaces/swimlb-system/leases";
+    assert!(ok(request(
+        "GET",
+        &format!("{lease}/swimlb-controller"),
+        404
+    )));
+    assert!(!ok(request("GET", &format!("{lease}/other"), 404)));
+    assert!(ok(request("POST", lease, 201)));
+    assert!(!ok(request(
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        201
+    )));
+    assert!(ok(request(
+        "PATCH",
+        "/api/v1/namespaces/web/services/a/status",
+        200
+    )));
+    assert!(!ok(request(
+        "PATCH",
+        "/api/v1/namespaces/web/services/a",
+        200
+    )));
+    // The speaker's server-side apply of a new record needs `create`; it has it in its namespace.
+    let speaker = grants(&objects, "swimlb-speaker");
+    let record = "/apis/swimlb.io/v1beta1/namespaces/swimlb-system/servicel2statuses/l2-1";
+    let r = request("PATCH", record, 201);
+    assert!(attributes(&r).iter().all(|a| allowed(&speaker, a)));
+    let elsewhere = request("PATCH", &record.replace("swimlb-system", "default"), 201);
+    assert!(!attributes(&elsewhere).iter().all(|a| allowed(&speaker, a)));
+    assert!(!attributes(&r).iter().all(|a| allowed(&controller, a)));
+}
+
+#[test]
+fn the_speakers_rbac_allows_the_requests_its_code_makes_and_no_more() {
+    let speaker = grants(&install_objects(), "swimlb-speaker");
+    let request = |method: &str, path: &str, watch: bool, code: u16| {
+        attributes(&swimlb_fake_api::RequestRecord {
+            user: String::new(),
+            method: method.into(),
+            path: path.into(),
+            watch,
+            code,
+        })
+    };
+    let ns = "/apis/swimlb.io/v1beta1/namespaces/swimlb-system";
+    let record = format!("{ns}/servicel2statuses/l2-0123456789abcdef0123");
+    // speaker/src/kubernetes/run.rs (the reflectors: list, then watch) and records.rs.
+    let mut made = Vec::new();
+    for path in [
+        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        "/api/v1/nodes",
+        &format!("{ns}/ipaddresspools"),
+        &format!("{ns}/l2advertisements"),
+        "/api/v1/namespaces/swimlb-system/pods",
+    ] {
+        made.extend(request("GET", path, false, 200));
+        made.extend(request("GET", path, true, 200));
+    }
+    made.extend(request("PATCH", &record, false, 201));
+    made.extend(request("PATCH", &format!("{record}/status"), false, 200));
+    made.extend(request("DELETE", &record, false, 200));
+    // The nodeAssigned Event on a Service, in the Service's namespace.
+    made.extend(request(
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/web/events",
+        false,
+        201,
+    ));
+    made.extend(request(
+        "PATCH",
+        "/apis/events.k8s.io/v1/namespaces/web/events/e.1",
+        false,
+        200,
+    ));
+    let refused: Vec<_> = made.iter().filter(|a| !allowed(&speaker, a)).collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+
+    // Nothing beyond: no Pod elsewhere, no write to Services, no record elsewhere.
+    for (method, path, watch) in [
+        ("GET", "/api/v1/namespaces/default/pods", true),
+        ("PATCH", "/api/v1/namespaces/web/services/a/status", false),
+        ("GET", &format!("{ns}/servicel2statuses"), false),
+        (
+            "PATCH",
+            "/apis/swimlb.io/v1beta1/namespaces/default/servicel2statuses/l2-0",
+            false,
+        ),
+        ("PATCH", &format!("{ns}/ipaddresspools/lab/status"), false),
+    ] {
+        let attributes = request(method, path, watch, 200);
+        assert!(!attributes.is_empty(), "{path} is no resource");
+        for a in attributes {
+            assert!(!allowed(&speaker, &a), "allowed: {a:?}");
+        }
+    }
+}
+
+/// Waits until `check` holds, for at most 30 s.
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
+    use serde_json::json;
+    let api = swimlb_fake_api::FakeApi::start()
+        .await
+        .expect("the fake API server");
+    let client = api.client().await.expect("a client");
+    api.create(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}}),
+    )
+    .expect("the namespace");
+    api.create(json!({
+        "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "lab", "namespace": "swimlb-system"},
+        "spec": {"addresses": ["192.0.2.8/29"]},
+    }))
+    .expect("a pool");
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .expect("a Service");
+
+    // As deployed: the Lease in swimlb-system, its requests under the service account's name.
+    let kubeconfig = api
+        .kubeconfig_for_user("swimlb-controller")
+        .expect("a kubeconfig");
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
+        .arg("controller")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--lease-namespace", "swimlb-system", "--identity", "c-0"])
+        .arg(format!("--listen={listen}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the controller starts");
+
+    let assigned = |api: &swimlb_fake_api::FakeApi| {
+        api.objects("services").unwrap_or_default().iter().any(|s| {
+            s["metadata"]["name"] == "web" && s["status"]["loadBalancer"]["ingress"].is_array()
+        })
+    };
+    wait_for("the Service's address", || assigned(&api)).await;
+    // An invalid pool: a Warning Event on it, a Valid=False status.
+    api.create(json!({
+        "apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": "bad", "namespace": "swimlb-system"},
+        "spec": {"addresses": ["nonsense"]},
+    }))
+    .expect("a bad pool");
+    wait_for("the InvalidConfiguration Event", || {
+        api.objects("events.events.k8s.io")
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e["reason"] == "InvalidConfiguration")
+    })
+    .await;
+    // A deleted Service releases its address: the pool's status counts it.
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client, "default");
+    services
+        .delete("web", &Default::default())
+        .await
+        .expect("deleted");
+    wait_for("the pool status to count nothing assigned", || {
+        api.objects("ipaddresspools.swimlb.io")
+            .unwrap_or_default()
+            .iter()
+            .any(|p| p["metadata"]["name"] == "lab" && p["status"]["assignedIPv4"] == 0)
+    })
+    .await;
+    // SIGTERM: drain and release the Lease.
+    let pid = controller.id().expect("running").to_string();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(killed.success());
+    let exit = tokio::time::timeout(std::time::Duration::from_secs(30), controller.wait())
+        .await
+        .expect("the controller exits")
+        .expect("wait");
+    assert_eq!(exit.code(), Some(0));
+
+    let grants = grants(&install_objects(), "swimlb-controller");
+    let mut used = BTreeSet::new();
+    let mut denied = BTreeSet::new();
+    for r in api
+        .requests()
+        .iter()
+        .filter(|r| r.user == "swimlb-controller")
+    {
+        for a in attributes(r) {
+            if allowed(&grants, &a) {
+                used.insert((a.verb, a.group.clone(), a.resource.clone()));
+            } else {
+                denied.insert(a);
+            }
+        }
+    }
+    assert!(
+        denied.is_empty(),
+        "the controller's RBAC in deploy/swimlb.yaml refuses:\n{denied:#?}"
+    );
+    for (verb, group, resource) in &used {
+        eprintln!("used: {verb} {group}/{resource}");
+    }
+    for needed in [
+        ("watch", "", "services"),
+        ("patch", "", "services/status"),
+        ("patch", "swimlb.io", "ipaddresspools/status"),
+        ("create", "events.k8s.io", "events"),
+        ("create", "coordination.k8s.io", "leases"),
+        ("patch", "coordination.k8s.io", "leases"),
+    ] {
+        assert!(
+            used.contains(&(needed.0, needed.1.to_string(), needed.2.to_string())),
+            "the run never did {needed:?}: {used:#?}"
+        );
+    }
     api.shutdown().await;
 }
