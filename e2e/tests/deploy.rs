@@ -395,15 +395,49 @@ fn kubectl() -> PathBuf {
         })
 }
 
+/// The minor version of the kubectl client.
+async fn kubectl_minor() -> u32 {
+    let out = tokio::process::Command::new(kubectl())
+        .args(["version", "--client", "--output", "json"])
+        .output()
+        .await
+        .expect("kubectl runs");
+    let version: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "kubectl version --client -o json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    let minor = version["clientVersion"]["minor"]
+        .as_str()
+        .unwrap_or_default();
+    minor
+        .trim_end_matches('+')
+        .parse()
+        .unwrap_or_else(|_| panic!("kubectl's minor version {minor:?}"))
+}
+
 /// `kubectl apply --server-side -f deploy/swimlb.yaml` against `api`: its output, or a failure
-/// with it.
+/// with it and the server's last requests.
+///
+/// A kubectl older than 1.25 (Debian bookworm's kubernetes-client is 1.20) validates on the
+/// client, from the OpenAPI v2 schema, which the fake server does not serve: it gets
+/// `--validate=false` (kubernetes-validate checks the same objects above). A newer one asks the
+/// server to validate (`/openapi/v3`, `fieldValidation`), as against a real cluster.
 async fn kubectl_apply(api: &swimlb_fake_api::FakeApi, cache: &Path) -> String {
+    let old_validation: &[&str] = if kubectl_minor().await < 25 {
+        &["--validate=false"]
+    } else {
+        &[]
+    };
     let out = tokio::process::Command::new(kubectl())
         .arg("--kubeconfig")
         .arg(api.kubeconfig_path())
         .arg("--cache-dir")
         .arg(cache)
-        .args(["apply", "--server-side", "-f"])
+        .args(["apply", "--server-side"])
+        .args(old_validation)
+        .arg("-f")
         .arg(repo().join(manifests::INSTALL))
         .output()
         .await
@@ -413,11 +447,22 @@ async fn kubectl_apply(api: &swimlb_fake_api::FakeApi, cache: &Path) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        out.status.success(),
-        "kubectl apply --server-side -f deploy/swimlb.yaml ({}):\n{report}",
-        out.status
-    );
+    if !out.status.success() {
+        let requests: Vec<String> = api
+            .requests()
+            .iter()
+            .rev()
+            .take(10)
+            .rev()
+            .map(|r| format!("{} {} -> {}", r.method, r.path, r.code))
+            .collect();
+        panic!(
+            "kubectl apply --server-side -f deploy/swimlb.yaml ({}):\n{report}\nthe fake API \
+             server's last requests:\n{}",
+            out.status,
+            requests.join("\n")
+        );
+    }
     report
 }
 
