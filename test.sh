@@ -4,7 +4,8 @@
 # As root it installs the Debian packages the tests use when they are missing (tshark and scapy
 # decode our frames independently; iproute2 and nftables build the network-namespace lab;
 # keepalived is the comparison peer; prometheus brings promtool, which lints /metrics and
-# unit-tests deploy/prometheus/rules.yaml). Tests that need root are marked
+# unit-tests deploy/prometheus/rules.yaml; python3-venv holds the PyPI tools that check deploy/,
+# kubernetes-client is Debian's kubectl). Tests that need root are marked
 # #[ignore = "needs root: ..."]: as root this script runs them with --include-ignored; without
 # root they show as ignored, never as passed.
 #
@@ -21,6 +22,12 @@ command -v arping >/dev/null 2>&1 || need+=(arping)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+# The PyPI tools below need a python3 that can make a virtual environment.
+tools_venv=/opt/swimlb-tools
+if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
+  python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "test.sh: installing ${need[*]}"
@@ -29,6 +36,19 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   else
     echo "test.sh: not root, cannot install ${need[*]}; tests that need them will fail or say why they skip" >&2
+  fi
+fi
+
+# kubernetes-validate (the upstream schemas, --strict) and checkov check deploy/ in
+# e2e/tests/deploy.rs; they come from PyPI, pinned, into a virtual environment of their own.
+if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "test.sh: installing kubernetes-validate and checkov into $tools_venv"
+    python3 -m venv "$tools_venv"
+    "$tools_venv/bin/pip" install -q --disable-pip-version-check \
+      'kubernetes-validate==1.37.0' 'checkov==3.3.30'
+  else
+    echo "test.sh: not root, cannot install kubernetes-validate and checkov into $tools_venv; e2e/tests/deploy.rs will fail" >&2
   fi
 fi
 

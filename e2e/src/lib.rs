@@ -7,6 +7,9 @@
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
+//! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
+//!   any report.
+//! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
 //! - [`metrics_doc`]: the README's metrics table against what a `/metrics` exposes.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
@@ -19,6 +22,8 @@ pub mod converge;
 pub mod demo;
 pub mod failover;
 pub mod keepalived;
+pub mod manifest_tools;
+pub mod manifests;
 pub mod metrics_doc;
 pub mod netns;
 pub mod probe;

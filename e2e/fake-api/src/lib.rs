@@ -3,7 +3,9 @@
 //!
 //! It serves Namespaces, Services, Nodes, Pods, Events (core/v1 and events.k8s.io/v1),
 //! EndpointSlices, Leases and the swimlb.io/v1beta1 custom resources (IPAddressPool,
-//! L2Advertisement, ServiceL2Status) with: get, list (label and field selectors, `limit` and
+//! L2Advertisement, ServiceL2Status), and, stored with metadata checks only, what
+//! `deploy/swimlb.yaml` holds (ServiceAccounts, CustomResourceDefinitions, RBAC, Deployments,
+//! DaemonSets, PodDisruptionBudgets, NetworkPolicies) with: get, list (label and field selectors, `limit` and
 //! `continue`), watch (newline-delimited JSON events; ADDED for the current objects when started
 //! without a resourceVersion or with "0"; `sendInitialEvents` with the end bookmark; events after
 //! a resourceVersion from a bounded history and an ERROR event with a 410 `Expired` Status when
@@ -12,7 +14,8 @@
 //! resourceVersion), merge, JSON, strategic merge and apply patches, the status subresource
 //! (spec and metadata changes through it are ignored; status changes through the main resource are
 //! ignored), delete with finalizers (deletionTimestamp, then gone when the last finalizer goes), and
-//! discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}/{v}`, `/version`).
+//! discovery (`/api`, `/apis`, `/api/v1`, `/apis/{g}/{v}`, `/version`, and the `/openapi/v3`
+//! documents kubectl reads before it applies, without schemas).
 //!
 //! It rejects what a real server rejects, with the same code and reason: invalid names (422),
 //! a body name or namespace that differs from the URL (400 BadRequest: the real server answers

@@ -135,6 +135,12 @@ const fn grouped(
     }
 }
 
+/// `resource`, cluster-scoped.
+const fn cluster_scoped(mut resource: ResourceKind) -> ResourceKind {
+    resource.namespaced = false;
+    resource
+}
+
 /// Every served resource. Index into this table is the store's resource id.
 pub static RESOURCES: &[ResourceKind] = &[
     core(
@@ -256,6 +262,98 @@ pub static RESOURCES: &[ResourceKind] = &[
         true,
         NameRule::Subdomain,
     ),
+    // What `kubectl apply --server-side -f deploy/swimlb.yaml` creates besides the above
+    // (e2e/tests/deploy.rs): stored and served, with the metadata checks only.
+    core(
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        true,
+        false,
+        NameRule::Subdomain,
+        &[],
+    ),
+    cluster_scoped(grouped(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        "CustomResourceDefinition",
+        true,
+        NameRule::Subdomain,
+    )),
+    cluster_scoped(grouped(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        false,
+        NameRule::PathSegment,
+    )),
+    cluster_scoped(grouped(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        false,
+        NameRule::PathSegment,
+    )),
+    grouped(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "role",
+        "Role",
+        false,
+        NameRule::PathSegment,
+    ),
+    grouped(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
+        false,
+        NameRule::PathSegment,
+    ),
+    grouped(
+        "apps",
+        "v1",
+        "deployments",
+        "deployment",
+        "Deployment",
+        true,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        "apps",
+        "v1",
+        "daemonsets",
+        "daemonset",
+        "DaemonSet",
+        true,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        NameRule::Subdomain,
+    ),
+    grouped(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "networkpolicy",
+        "NetworkPolicy",
+        false,
+        NameRule::Subdomain,
+    ),
 ];
 
 /// Index of the namespaces resource in [`RESOURCES`].
@@ -286,6 +384,10 @@ pub enum Route {
     GroupList,
     /// `/api/v1` or `/apis/{group}/{version}`
     ResourceList { group: String, version: String },
+    /// `/openapi/v3`: the OpenAPI v3 discovery document (which group-versions have a spec).
+    OpenApiRoot,
+    /// `/openapi/v3/api/v1` or `/openapi/v3/apis/{group}/{version}`: a group-version's spec.
+    OpenApiGroupVersion { group: String, version: String },
     /// A collection or a named object, optionally a subresource.
     Resource(ResourcePath),
 }
@@ -315,6 +417,19 @@ pub fn parse_path(path: &str) -> Option<Route> {
             group: (*group).to_string(),
             version: (*version).to_string(),
         }),
+        ["openapi", "v3"] => Some(Route::OpenApiRoot),
+        ["openapi", "v3", "api", version] => {
+            group_exists("", version).then(|| Route::OpenApiGroupVersion {
+                group: String::new(),
+                version: (*version).to_string(),
+            })
+        }
+        ["openapi", "v3", "apis", group, version] => {
+            group_exists(group, version).then(|| Route::OpenApiGroupVersion {
+                group: (*group).to_string(),
+                version: (*version).to_string(),
+            })
+        }
         ["api", version, rest @ ..] => parse_resource("", version, rest).map(Route::Resource),
         ["apis", group, version, rest @ ..] => {
             parse_resource(group, version, rest).map(Route::Resource)
@@ -457,6 +572,31 @@ mod tests {
         assert_eq!(parse_path("/api/v1/configmaps"), None);
         assert_eq!(parse_path("/api/v1/namespaces/x/nodes/n"), None);
         assert_eq!(parse_path("/apis/swimlb.io/v1/ipaddresspools"), None);
+    }
+
+    #[test]
+    fn the_openapi_v3_documents_exist_for_served_group_versions_only() {
+        assert_eq!(parse_path("/openapi/v3"), Some(Route::OpenApiRoot));
+        assert_eq!(
+            parse_path("/openapi/v3/apis/apps/v1"),
+            Some(Route::OpenApiGroupVersion {
+                group: "apps".into(),
+                version: "v1".into()
+            })
+        );
+        assert!(parse_path("/openapi/v3/api/v1").is_some());
+        assert_eq!(parse_path("/openapi/v3/apis/batch/v1"), None);
+        assert_eq!(parse_path("/openapi/v2"), None);
+    }
+
+    #[test]
+    fn the_cluster_scoped_kinds_of_the_install_file_take_no_namespace() {
+        assert!(parse_path("/apis/rbac.authorization.k8s.io/v1/clusterroles/x").is_some());
+        assert_eq!(
+            parse_path("/apis/rbac.authorization.k8s.io/v1/namespaces/a/clusterroles/x"),
+            None
+        );
+        assert!(parse_path("/apis/rbac.authorization.k8s.io/v1/namespaces/a/roles/x").is_some());
     }
 
     #[test]

@@ -220,6 +220,10 @@ pub async fn handle(
         Some(Route::ResourceList { group, version }) => {
             json_response(200, &resource_list(&group, &version))
         }
+        Some(Route::OpenApiRoot) => json_response(200, &openapi_root()),
+        Some(Route::OpenApiGroupVersion { group, version }) => {
+            json_response(200, &openapi_group_version(&group, &version))
+        }
         Some(Route::Resource(rp)) => {
             let ctx = WriteContext {
                 now: now(),
@@ -298,6 +302,62 @@ fn resource_list(group: &str, version: &str) -> Value {
         format!("{group}/{version}")
     };
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list})
+}
+
+/// `/openapi/v3`: one entry per served group-version. kubectl asks for it before it applies:
+/// it sends `fieldValidation=Strict` when the server's spec says PATCH takes it, and otherwise
+/// wants the whole OpenAPI v2 schema to validate on the client.
+fn openapi_root() -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES {
+        let prefix = r.path_prefix();
+        let key = prefix.trim_start_matches('/').to_string();
+        paths.entry(key).or_insert_with(
+            || json!({"serverRelativeURL": format!("/openapi/v3{prefix}?hash=fake")}),
+        );
+    }
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/{prefix}`: a group-version's spec, reduced to what kubectl reads from it: the
+/// PATCH operation of each resource, with its kind and its `fieldValidation` parameter. No
+/// schemas. The fake server ignores `fieldValidation`: it checks no field names of built-in
+/// kinds (kubernetes-validate --strict does, in e2e/tests/deploy.rs).
+fn openapi_group_version(group: &str, version: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        let path = if r.namespaced {
+            format!(
+                "{}/namespaces/{{namespace}}/{}/{{name}}",
+                r.path_prefix(),
+                r.plural
+            )
+        } else {
+            format!("{}/{}/{{name}}", r.path_prefix(), r.plural)
+        };
+        paths.insert(
+            path,
+            json!({"patch": {
+                "operationId": format!("patch{}", r.kind),
+                "x-kubernetes-action": "patch",
+                "x-kubernetes-group-version-kind": {"group": r.group, "version": r.version, "kind": r.kind},
+                "parameters": [
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+                    {"name": "force", "in": "query", "schema": {"type": "boolean"}}
+                ],
+                "responses": {"200": {"description": "OK"}}
+            }}),
+        );
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "swimlb fake API server", "version": "v1.37.0"},
+        "paths": paths,
+    })
 }
 
 enum Served {
