@@ -248,13 +248,6 @@ pub async fn run(
     client: Client,
     mut shutdown: impl Future<Output = ()> + Unpin,
 ) -> Result<(), Error> {
-    let (changed_tx, mut changed) = futures::channel::mpsc::unbounded();
-    let stores = Stores::spawn(&client, &settings, changed_tx);
-    tracing::info!("waiting for the first list of every watch");
-    stores.ready().await?;
-    let ring = wait_for_keys(&settings).await;
-    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
-
     let mut registry = Registry::default();
     let gossip_metrics = GossipMetrics::register(&mut registry);
     let responder_metrics = responder::Metrics::default();
@@ -267,7 +260,28 @@ pub async fn run(
     );
     let board = StatusBoard::new(&settings.node, &mut registry);
     crate::process_metrics::register(&mut registry, board.subscribe());
-
+    // /healthz answers (and /readyz says not ready) while the watches list and the key is awaited.
+    let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
+        .await
+        .map_err(|source| Error::Listen {
+            addr: settings.listen,
+            source,
+        })?;
+    let (changed_tx, mut changed) = futures::channel::mpsc::unbounded();
+    let stores = Stores::spawn(&client, &settings, changed_tx);
+    tracing::info!("waiting for the first list of every watch");
+    // A stop before the caches and the key are there ends the speaker at once: it owns nothing.
+    let ring = tokio::select! {
+        _ = &mut shutdown => {
+            http.abort();
+            return Ok(());
+        }
+        ring = async {
+            stores.ready().await?;
+            Ok::<KeyRing, Error>(wait_for_keys(&settings).await)
+        } => ring?,
+    };
+    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
     let (mut net, links, routes) = NetWatch::start().await?;
     let built = stores.build(&settings.options);
     report_dropped(&built, &dropped);
@@ -315,12 +329,6 @@ pub async fn run(
     );
     let (conflict_tx, mut conflicts) = mpsc::unbounded_channel();
     let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
-    let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
-        .await
-        .map_err(|source| Error::Listen {
-            addr: settings.listen,
-            source,
-        })?;
     let mut daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
     let (desired_tx, desired_rx) = watch::channel(Desired::default());
     let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
