@@ -227,18 +227,7 @@ fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &s
             return ExitCode::from(EX_CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("swimlb-speaker: {e}");
-            return ExitCode::from(EX_UNAVAILABLE);
-        }
-    };
-    let result = runtime.block_on(async {
+    run_daemon(async {
         let client = kube::Client::try_default()
             .await
             .map_err(|e| format!("Kubernetes client: {e}"))?;
@@ -246,15 +235,7 @@ fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &s
         crate::kubernetes::run::run(settings, client, shutdown)
             .await
             .map_err(|e| e.to_string())
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = %e, "speaker stopped");
-            eprintln!("swimlb-speaker: {e}");
-            ExitCode::from(EX_UNAVAILABLE)
-        }
-    }
+    })
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
@@ -271,12 +252,9 @@ fn shutdown_signal()
     }))
 }
 
-fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
-    init_tracing(format, filter);
-    let config = match read_config(file) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+/// Runs a daemon on a two-thread runtime until it returns; its error is logged, printed and
+/// exits 69 (as does a runtime that cannot be built).
+fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -288,21 +266,7 @@ fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
             return ExitCode::from(EX_UNAVAILABLE);
         }
     };
-    let result = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = signal(SignalKind::hangup())?;
-        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                let _ = reload_tx.try_send(());
-            }
-        });
-        let shutdown = shutdown_signal()?;
-        crate::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))
-    });
-    match result {
+    match runtime.block_on(daemon) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "speaker stopped");
@@ -310,4 +274,26 @@ fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
             ExitCode::from(EX_UNAVAILABLE)
         }
     }
+}
+
+fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
+    init_tracing(format, filter);
+    let config = match read_config(file) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    run_daemon(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = reload_tx.try_send(());
+            }
+        });
+        let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
+        crate::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
+            .await
+            .map_err(|e| e.to_string())
+    })
 }

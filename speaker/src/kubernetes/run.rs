@@ -242,16 +242,268 @@ struct Desired {
     orphaned: BTreeSet<ServiceKey>,
 }
 
+/// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
+struct Inputs {
+    changed: futures::channel::mpsc::UnboundedReceiver<()>,
+    changes: tokio::sync::broadcast::Receiver<crate::membership::LiveChange>,
+    phase: watch::Receiver<Phase>,
+    conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
+    net: NetWatch,
+    key_poll: tokio::time::Interval,
+}
+
+/// The Kubernetes mode's state around the shared [`Daemon`].
+struct Source {
+    settings: Settings,
+    stores: Stores,
+    daemon: Daemon,
+    dropped: Family<DroppedLabels, Gauge>,
+    hold: JoinHold,
+    ring_ids: Vec<KeyId>,
+    desired: watch::Sender<Desired>,
+    records: tokio::task::JoinHandle<()>,
+    http: tokio::task::JoinHandle<()>,
+}
+
 /// Runs the Kubernetes speaker until `shutdown` resolves (then drains).
 pub async fn run(
     settings: Settings,
     client: Client,
     mut shutdown: impl Future<Output = ()> + Unpin,
 ) -> Result<(), Error> {
+    let Some((mut source, mut inputs)) = Source::start(settings, client, &mut shutdown).await?
+    else {
+        return Ok(());
+    };
+    loop {
+        let draining = source.daemon.engine.draining();
+        tokio::select! {
+            _ = &mut shutdown, if !draining => source.drain().await,
+            Some(()) = inputs.changed.next() => {
+                // Every change queued so far is in the stores: one rebuild for all of them.
+                while inputs.changed.try_recv().is_ok() {}
+                source.caches_changed().await;
+            }
+            change = inputs.changes.recv() => {
+                if !source.daemon.membership(change).await {
+                    break;
+                }
+            }
+            Ok(()) = inputs.phase.changed() => {
+                let now = *inputs.phase.borrow_and_update();
+                tracing::info!(phase = now.as_str(), "gossip phase");
+                source.daemon.board.update(|s| s.ready = now == Phase::Active);
+            }
+            _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
+            _ = sleep_until(source.hold.next_deadline()) => {}
+            _ = sleep_until(source.daemon.next_deadline()) => source.daemon.handle(Input::Tick).await,
+            Some(c) = inputs.conflicts.recv() => {
+                source.daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
+            }
+            Some((links, routes)) = inputs.net.changed() => source.daemon.net(links, routes).await,
+            _ = inputs.key_poll.tick() => source.rotate_keys().await,
+        }
+        source.check_hold().await;
+        if source.daemon.drained() {
+            break;
+        }
+        source.publish_records();
+    }
+    source.stop().await;
+    Ok(())
+}
+
+impl Source {
+    /// Serves `/healthz` at once, waits for the caches and the key (`None`: stopped meanwhile),
+    /// then starts the gossip, the engine and the records task.
+    async fn start(
+        settings: Settings,
+        client: Client,
+        shutdown: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<Option<(Source, Inputs)>, Error> {
+        let (registry, board, gossip_metrics, responder_metrics, dropped) = registry(&settings);
+        // /healthz answers (and /readyz says not ready) while the watches list and the key is
+        // awaited.
+        let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
+            .await
+            .map_err(|source| Error::Listen {
+                addr: settings.listen,
+                source,
+            })?;
+        let (changed_tx, changed) = futures::channel::mpsc::unbounded();
+        let stores = Stores::spawn(&client, &settings, changed_tx);
+        tracing::info!("waiting for the first list of every watch");
+        // A stop before the caches and the key are there ends the speaker at once: it owns
+        // nothing.
+        let ring = tokio::select! {
+            _ = shutdown => {
+                http.abort();
+                return Ok(None);
+            }
+            ring = async {
+                stores.ready().await?;
+                Ok::<KeyRing, Error>(wait_for_keys(&settings).await)
+            } => ring?,
+        };
+        let ring_ids: Vec<KeyId> = ring.key_ids().collect();
+        let (net, links, routes) = NetWatch::start().await?;
+        let built = stores.build(&settings.options);
+        report_dropped(&built, &dropped);
+        let local = first_record(&settings, &built.snapshot, &links, &routes);
+        let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
+        // Subscribe before the live set is read: a change in between is seen twice, never missed.
+        let changes = gossip.subscribe();
+        let phase = gossip.phase();
+        let live = gossip.live().borrow().clone();
+        let (engine, initial) = Engine::new(
+            Instant::now(),
+            Start {
+                node: settings.node.clone(),
+                schedule: Schedule::default(),
+                snapshot: built.snapshot,
+                live,
+                links: links.clone(),
+                routes,
+                hold: true,
+            },
+        );
+        let (conflict_tx, conflicts) = mpsc::unbounded_channel();
+        let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
+        let (desired, desired_rx) = watch::channel(Desired::default());
+        let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
+        let inputs = Inputs {
+            changed,
+            changes,
+            phase,
+            conflicts,
+            net,
+            key_poll: tokio::time::interval(KEY_FILE_POLL),
+        };
+        let source = Source {
+            settings,
+            stores,
+            daemon,
+            dropped,
+            hold: JoinHold::new(Instant::now(), false),
+            ring_ids,
+            desired,
+            records,
+            http,
+        };
+        Ok(Some((source, inputs)))
+    }
+
+    /// SIGTERM: mark draining (peers elect successors at once), hand over, then stop.
+    async fn drain(&mut self) {
+        tracing::info!("draining: handing the IPs over");
+        if self.daemon.local.drain() {
+            self.daemon.publish_meta().await;
+        }
+        self.daemon.board.update(|s| s.draining = true);
+        self.daemon.handle(Input::Drain).await;
+    }
+
+    /// A watch changed something: what is served, and who the peers are.
+    async fn caches_changed(&mut self) {
+        let built = self.stores.build(&self.settings.options);
+        report_dropped(&built, &self.dropped);
+        self.daemon.handle(Input::Snapshot(built.snapshot)).await;
+        let peers = self.stores.peers(self.settings.bind.port());
+        if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
+            tracing::warn!(error = %e, "gossip seeds not updated");
+        }
+    }
+
+    async fn settle(&mut self) {
+        if self.daemon.local.tick(Instant::now()) {
+            self.daemon.publish_meta().await;
+        }
+    }
+
+    /// Ends the start-up hold when the mesh has formed (or the grace passed).
+    async fn check_hold(&mut self) {
+        let phase = *self.daemon.phase().borrow();
+        if self
+            .hold
+            .release(Instant::now(), phase, self.daemon.engine.live())
+        {
+            tracing::info!("mesh formed: answering what this node owns");
+            self.daemon.handle(Input::Hold(false)).await;
+        }
+    }
+
+    /// Tells the records task what this node should hold now.
+    fn publish_records(&self) {
+        self.desired.send_if_modified(|d| {
+            let next = desired(&self.settings.node, &self.daemon.engine);
+            let modified = *d != next;
+            *d = next;
+            modified
+        });
+    }
+
+    /// Reads the key file again and rotates when its keys changed.
+    async fn rotate_keys(&mut self) {
+        let Ok(ring) = read_keys(&self.settings) else {
+            return;
+        };
+        let next: Vec<KeyId> = ring.key_ids().collect();
+        if next == self.ring_ids {
+            return;
+        }
+        let sealing = ring.sealing_key_id();
+        match self.daemon.gossip().set_key_ring(ring).await {
+            Ok(()) => {
+                tracing::info!(keys = next.len(), %sealing, "gossip keys replaced");
+                self.ring_ids = next;
+            }
+            Err(e) => tracing::error!(error = %e, "gossip keys not replaced"),
+        }
+    }
+
+    async fn stop(self) {
+        self.records.abort();
+        self.http.abort();
+        self.daemon.stop().await;
+        tracing::info!("stopped");
+    }
+}
+
+/// This node's first record: no groups, unsettled for the preemption delay, and where it can
+/// announce what the caches serve.
+fn first_record(
+    settings: &Settings,
+    snapshot: &crate::snapshot::Snapshot,
+    links: &[crate::interfaces::Link],
+    routes: &[crate::interfaces::Route],
+) -> LocalState {
+    let mut local = LocalState::with_groups(
+        &settings.node,
+        BTreeMap::new(),
+        settings.preempt_delay,
+        Instant::now(),
+    );
+    let placement =
+        crate::engine::placement::Placement::new(snapshot, links.to_vec(), routes.to_vec());
+    local.set_announce(placement.facts(snapshot));
+    local
+}
+
+/// Every metric of the Kubernetes speaker, registered; the parts that need a handle returned.
+fn registry(
+    settings: &Settings,
+) -> (
+    Registry,
+    StatusBoard,
+    GossipMetrics,
+    responder::Metrics,
+    Family<DroppedLabels, Gauge>,
+) {
     let mut registry = Registry::default();
-    let gossip_metrics = GossipMetrics::register(&mut registry);
-    let responder_metrics = responder::Metrics::default();
-    responder_metrics.register(&mut registry);
+    let gossip = GossipMetrics::register(&mut registry);
+    let responder = responder::Metrics::default();
+    responder.register(&mut registry);
     let dropped = Family::<DroppedLabels, Gauge>::default();
     registry.register(
         "swimlb_snapshot_dropped",
@@ -260,43 +512,20 @@ pub async fn run(
     );
     let board = StatusBoard::new(&settings.node, &mut registry);
     crate::process_metrics::register(&mut registry, board.subscribe());
-    // /healthz answers (and /readyz says not ready) while the watches list and the key is awaited.
-    let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
-        .await
-        .map_err(|source| Error::Listen {
-            addr: settings.listen,
-            source,
-        })?;
-    let (changed_tx, mut changed) = futures::channel::mpsc::unbounded();
-    let stores = Stores::spawn(&client, &settings, changed_tx);
-    tracing::info!("waiting for the first list of every watch");
-    // A stop before the caches and the key are there ends the speaker at once: it owns nothing.
-    let ring = tokio::select! {
-        _ = &mut shutdown => {
-            http.abort();
-            return Ok(());
-        }
-        ring = async {
-            stores.ready().await?;
-            Ok::<KeyRing, Error>(wait_for_keys(&settings).await)
-        } => ring?,
-    };
-    let mut ring_ids: Vec<KeyId> = ring.key_ids().collect();
-    let (mut net, links, routes) = NetWatch::start().await?;
-    let built = stores.build(&settings.options);
-    report_dropped(&built, &dropped);
-    let mut local = LocalState::with_groups(
-        &settings.node,
-        BTreeMap::new(),
-        settings.preempt_delay,
-        Instant::now(),
-    );
-    let placement =
-        crate::engine::placement::Placement::new(&built.snapshot, links.clone(), routes.clone());
-    local.set_announce(placement.facts(&built.snapshot));
+    (registry, board, gossip, responder, dropped)
+}
+
+/// Starts the gossip with this node's first record, the speaker Pods as seeds.
+async fn spawn_gossip(
+    settings: &Settings,
+    stores: &Stores,
+    ring: KeyRing,
+    local: &LocalState,
+    metrics: GossipMetrics,
+) -> Result<gossip::GossipHandle, Error> {
     let seeds = stores.peers(settings.bind.port());
     tracing::info!(peers = ?seeds, "gossip peers from the speaker Pods");
-    let gossip = gossip::spawn(
+    Ok(gossip::spawn(
         GossipSettings {
             node: settings.node.clone(),
             addr: settings.bind,
@@ -308,94 +537,9 @@ pub async fn run(
         settings.bind,
         ring,
         local.meta().clone(),
-        gossip_metrics,
+        metrics,
     )
-    .await?;
-    let mut changes = gossip.subscribe();
-    let mut phase = gossip.phase();
-    let live = gossip.live().borrow().clone();
-    let mut hold = JoinHold::new(Instant::now(), false);
-    let (engine, initial) = Engine::new(
-        Instant::now(),
-        Start {
-            node: settings.node.clone(),
-            schedule: Schedule::default(),
-            snapshot: built.snapshot,
-            live,
-            links: links.clone(),
-            routes,
-            hold: true,
-        },
-    );
-    let (conflict_tx, mut conflicts) = mpsc::unbounded_channel();
-    let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
-    let mut daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
-    let (desired_tx, desired_rx) = watch::channel(Desired::default());
-    let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
-    let mut key_poll = tokio::time::interval(KEY_FILE_POLL);
-
-    loop {
-        let draining = daemon.engine.draining();
-        tokio::select! {
-            _ = &mut shutdown, if !draining => {
-                tracing::info!("draining: handing the IPs over");
-                if daemon.local.drain() {
-                    daemon.publish_meta().await;
-                }
-                daemon.board.update(|s| s.draining = true);
-                daemon.handle(Input::Drain).await;
-            }
-            Some(()) = changed.next() => {
-                // Every change queued so far is in the stores: one rebuild for all of them.
-                while changed.try_recv().is_ok() {}
-                let built = stores.build(&settings.options);
-                report_dropped(&built, &dropped);
-                daemon.handle(Input::Snapshot(built.snapshot)).await;
-                if let Err(e) = daemon.gossip().set_seeds(stores.peers(settings.bind.port())).await {
-                    tracing::warn!(error = %e, "gossip seeds not updated");
-                }
-            }
-            change = changes.recv() => {
-                if !daemon.membership(change).await {
-                    break;
-                }
-            }
-            Ok(()) = phase.changed() => {
-                let now = *phase.borrow_and_update();
-                tracing::info!(phase = now.as_str(), "gossip phase");
-                daemon.board.update(|s| s.ready = now == Phase::Active);
-            }
-            _ = sleep_until(daemon.local.settles_at()) => {
-                if daemon.local.tick(Instant::now()) {
-                    daemon.publish_meta().await;
-                }
-            }
-            _ = sleep_until(hold.next_deadline()) => {}
-            _ = sleep_until(daemon.next_deadline()) => daemon.handle(Input::Tick).await,
-            Some(c) = conflicts.recv() => daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await,
-            Some((links, routes)) = net.changed() => daemon.net(links, routes).await,
-            _ = key_poll.tick() => rotate_keys(&settings, &daemon, &mut ring_ids).await,
-        }
-        let phase_now = *daemon.phase().borrow();
-        if hold.release(Instant::now(), phase_now, daemon.engine.live()) {
-            tracing::info!("mesh formed: answering what this node owns");
-            daemon.handle(Input::Hold(false)).await;
-        }
-        if daemon.drained() {
-            break;
-        }
-        desired_tx.send_if_modified(|d| {
-            let next = desired(&settings.node, &daemon.engine);
-            let modified = *d != next;
-            *d = next;
-            modified
-        });
-    }
-    records.abort();
-    http.abort();
-    daemon.stop().await;
-    tracing::info!("stopped");
-    Ok(())
+    .await?)
 }
 
 /// The records this node should hold: one per Service whose IP it answers for; and the
@@ -542,25 +686,6 @@ fn read_keys(settings: &Settings) -> Result<KeyRing, String> {
         None => vec![crate::standalone::insecure_key(&settings.cluster)],
     };
     KeyRing::new(&settings.cluster, &keys).map_err(|e| e.to_string())
-}
-
-/// Reads the key file again and rotates when its keys changed.
-async fn rotate_keys(settings: &Settings, daemon: &Daemon, ids: &mut Vec<KeyId>) {
-    let Ok(ring) = read_keys(settings) else {
-        return;
-    };
-    let next: Vec<KeyId> = ring.key_ids().collect();
-    if next == *ids {
-        return;
-    }
-    let sealing = ring.sealing_key_id();
-    match daemon.gossip().set_key_ring(ring).await {
-        Ok(()) => {
-            tracing::info!(keys = next.len(), %sealing, "gossip keys replaced");
-            *ids = next;
-        }
-        Err(e) => tracing::error!(error = %e, "gossip keys not replaced"),
-    }
 }
 
 fn boot_millis() -> u64 {
