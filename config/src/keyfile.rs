@@ -80,6 +80,20 @@ pub fn parse_key_file(text: &str) -> Result<Vec<[u8; KEY_LEN]>, Vec<KeyFileError
     }
 }
 
+/// A new random key from the system's randomness (`/dev/urandom`).
+pub fn random_key() -> std::io::Result<[u8; KEY_LEN]> {
+    use std::io::Read as _;
+    let mut key = [0u8; KEY_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    Ok(key)
+}
+
+/// A new key file holding one random key (what `swimlb-speaker keygen` prints, and what the
+/// controller puts into the gossip key Secret when there is none).
+pub fn new_key_file() -> std::io::Result<String> {
+    Ok(format!("{}\n", encode_key(&random_key()?)))
+}
+
 /// Encodes a key as one line of a key file.
 pub fn encode_key(key: &[u8; KEY_LEN]) -> String {
     base64::engine::general_purpose::STANDARD.encode(key)
@@ -88,6 +102,13 @@ pub fn encode_key(key: &[u8; KEY_LEN]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_key_file_parses_as_one_key_and_differs_each_time() {
+        let a = new_key_file().unwrap();
+        assert_eq!(parse_key_file(&a).unwrap().len(), 1);
+        assert_ne!(a, new_key_file().unwrap());
+    }
 
     #[test]
     fn keys_are_read_in_order_with_comments_skipped() {

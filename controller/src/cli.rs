@@ -56,6 +56,10 @@ struct Cli {
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:7473")]
     listen: SocketAddr,
+    /// The speakers' gossip key Secret (in the lease namespace) the leader creates when it is
+    /// missing; an empty name turns this off.
+    #[arg(long, default_value = "swimlb-gossip-key")]
+    gossip_key_secret: String,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -153,6 +157,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         identity: cli.identity.clone().unwrap_or_else(hostname),
         lease_duration_seconds: cli.lease_duration,
         listen: cli.listen,
+        gossip_key_secret: Some(cli.gossip_key_secret.clone()).filter(|n| !n.is_empty()),
     };
     let result = runtime.block_on(async {
         let shutdown = signals().map_err(CliError::Signals)?;

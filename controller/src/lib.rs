@@ -2,6 +2,7 @@
 
 pub mod allocator;
 pub mod cli;
+pub mod gossip_key;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;

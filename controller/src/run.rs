@@ -87,6 +87,9 @@ pub struct Settings {
     pub lease_duration_seconds: u64,
     /// The HTTP listen address.
     pub listen: SocketAddr,
+    /// The speakers' gossip key Secret, in the Lease's namespace, that the leader creates when
+    /// it is missing (`None`: never).
+    pub gossip_key_secret: Option<String>,
 }
 
 /// Why the controller stopped with an error.
@@ -258,6 +261,13 @@ pub async fn run(
             let _ = lost.wait_for(|l| !*l).await;
             let _ = lease_stop.send(Some(Stop::LostLease));
         });
+        if let Some(name) = settings.gossip_key_secret.clone() {
+            tokio::spawn(crate::gossip_key::ensure_with_retries(
+                client.clone(),
+                settings.lease_namespace.clone(),
+                name,
+            ));
+        }
         lead(
             client,
             &settings,

@@ -354,6 +354,46 @@ async fn pools_and_services_go_in_and_addresses_events_pool_status_and_metrics_c
 }
 
 #[tokio::test]
+async fn the_leader_creates_the_gossip_key_secret_once_and_never_changes_it() {
+    let (api, client) = lab().await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "default");
+    let first = Controller::start(&api, "c-0");
+    let secret = eventually("the gossip key Secret", || async {
+        secrets.get_opt("swimlb-gossip-key").await.ok().flatten()
+    })
+    .await;
+    let keys = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("keys"))
+        .map(|b| String::from_utf8(b.0.clone()).unwrap())
+        .expect("the key file");
+    assert_eq!(
+        swimlb_config::keyfile::parse_key_file(&keys).map(|k| k.len()),
+        Ok(1),
+        "one key in the speakers' key file format: {keys:?}"
+    );
+    let version = secret.metadata.resource_version.clone();
+    assert_eq!(first.terminate().await, Some(0));
+    // A new leader finds it and leaves it alone (rotation is the operator's).
+    let second = Controller::start(&api, "c-1");
+    eventually("the second leader", || async {
+        (lease_holder(&client).await.as_deref() == Some("c-1")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = secrets.get("swimlb-gossip-key").await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        version,
+        "{}",
+        second.log_text()
+    );
+    assert_eq!(second.terminate().await, Some(0));
+}
+
+#[tokio::test]
 async fn a_restart_keeps_every_address_and_a_service_created_meanwhile_gets_a_free_one() {
     let (api, client) = lab().await;
     create_pool(&client, "lab", json!({"addresses": ["192.0.2.16/29"]})).await;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use swimlb_config::keyfile::{encode_key, parse_key_file};
+use swimlb_config::keyfile::{new_key_file, parse_key_file};
 use swimlb_config::standalone::Standalone;
 
 /// sysexits.h: the configuration is invalid.
@@ -189,17 +189,16 @@ fn check_config(file: &Path) -> ExitCode {
 }
 
 fn keygen() -> ExitCode {
-    use std::io::Read as _;
-    let mut key = [0u8; 32];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut key))
-        .is_err()
-    {
-        eprintln!("swimlb-speaker: no system randomness");
-        return ExitCode::FAILURE;
+    match new_key_file() {
+        Ok(line) => {
+            print!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("swimlb-speaker: no system randomness: {e}");
+            ExitCode::FAILURE
+        }
     }
-    println!("{}", encode_key(&key));
-    ExitCode::SUCCESS
 }
 
 fn init_tracing(format: LogFormat, filter: &str) {

@@ -162,6 +162,15 @@ pub static RESOURCES: &[ResourceKind] = &[
         &["spec.clusterIP", "spec.type"],
     ),
     core(
+        "secrets",
+        "secret",
+        "Secret",
+        true,
+        false,
+        NameRule::Subdomain,
+        &["type"],
+    ),
+    core(
         "nodes",
         "node",
         "Node",
