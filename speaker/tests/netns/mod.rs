@@ -3,7 +3,9 @@
 //! Namespace A holds the code under test (a thread that entered it with `setns`; threads it
 //! spawns stay there), namespace B the client. Addresses are 198.51.100.1/24 and
 //! 2001:db8:100::1/64 in A, .2 in B; names carry a tag and the process id; the namespaces are
-//! deleted by a guard, also when an assertion fails. Each test binary uses a part of it.
+//! deleted by a guard, also when an assertion fails. Each test binary uses a part of it; every
+//! test that does is marked `#[ignore = "needs root: ..."]`, and [`require_root`] fails it, saying
+//! why, when it runs without root anyway.
 #![allow(dead_code)]
 
 use std::future::Future;
