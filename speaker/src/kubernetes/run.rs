@@ -257,7 +257,7 @@ struct Source {
     settings: Settings,
     stores: Stores,
     daemon: Daemon,
-    dropped: Family<DroppedLabels, Gauge>,
+    dropped: DroppedReport,
     hold: JoinHold,
     ring_ids: Vec<KeyId>,
     desired: watch::Sender<Desired>,
@@ -348,7 +348,11 @@ impl Source {
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
         let (net, links, routes) = NetWatch::start().await?;
         let built = stores.build(&settings.options);
-        report_dropped(&built, &dropped);
+        let mut dropped = DroppedReport {
+            gauge: dropped,
+            ..DroppedReport::default()
+        };
+        dropped.update(&built);
         let local = first_record(&settings, &built.snapshot, &links, &routes);
         let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
         // Subscribe before the live set is read: a change in between is seen twice, never missed.
@@ -407,7 +411,7 @@ impl Source {
     /// A watch changed something: what is served, and who the peers are.
     async fn caches_changed(&mut self) {
         let built = self.stores.build(&self.settings.options);
-        report_dropped(&built, &self.dropped);
+        self.dropped.update(&built);
         self.daemon.handle(Input::Snapshot(built.snapshot)).await;
         let peers = self.stores.peers(self.settings.bind.port());
         if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
@@ -639,16 +643,38 @@ struct DroppedLabels {
     reason: &'static str,
 }
 
-/// Logs what the snapshot left out and sets the gauge by reason.
-fn report_dropped(built: &snapshot::Built, gauge: &Family<DroppedLabels, Gauge>) {
-    let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
-    for d in &built.dropped {
-        *counts.entry(d.as_str()).or_default() += 1;
-        tracing::debug!(reason = d.as_str(), "{d}");
-    }
-    gauge.clear();
-    for (reason, n) in counts {
-        gauge.get_or_create(&DroppedLabels { reason }).set(n);
+/// What the snapshot left out: the gauge by reason, and one warning per object when it is first
+/// left out (not again on every rebuild).
+#[derive(Debug, Default)]
+struct DroppedReport {
+    gauge: Family<DroppedLabels, Gauge>,
+    /// The messages of the last rebuild's drops.
+    seen: BTreeSet<String>,
+    /// The reasons the gauge holds.
+    reasons: BTreeSet<&'static str>,
+}
+
+impl DroppedReport {
+    fn update(&mut self, built: &snapshot::Built) {
+        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for d in &built.dropped {
+            *counts.entry(d.as_str()).or_default() += 1;
+            let message = d.to_string();
+            if !self.seen.contains(&message) {
+                tracing::warn!(reason = d.as_str(), "not served: {message}");
+            }
+            seen.insert(message);
+        }
+        // Set in place: a scrape never sees the family emptied.
+        for gone in self.reasons.iter().filter(|r| !counts.contains_key(*r)) {
+            self.gauge.remove(&DroppedLabels { reason: gone });
+        }
+        for (reason, n) in &counts {
+            self.gauge.get_or_create(&DroppedLabels { reason }).set(*n);
+        }
+        self.reasons = counts.into_keys().collect();
+        self.seen = seen;
     }
 }
 
@@ -698,6 +724,44 @@ fn boot_millis() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn drops_are_counted_by_reason_in_place_and_cleared_when_gone() {
+        let mut registry = Registry::default();
+        let mut report = DroppedReport::default();
+        registry.register("swimlb_snapshot_dropped", "drops", report.gauge.clone());
+        let outside = |name: &str, ip: &str| snapshot::Dropped::OutsidePools {
+            service: ServiceKey::new("ns", name),
+            ip: ip.parse().unwrap(),
+        };
+        let built = |dropped| snapshot::Built {
+            dropped,
+            ..snapshot::Built::default()
+        };
+        report.update(&built(vec![
+            outside("a", "192.0.2.1"),
+            outside("b", "192.0.2.2"),
+        ]));
+        assert!(
+            encode(&registry).contains(r#"swimlb_snapshot_dropped{reason="outside_pools"} 2"#),
+            "{}",
+            encode(&registry)
+        );
+        assert_eq!(report.seen.len(), 2);
+        report.update(&built(vec![]));
+        assert!(
+            !encode(&registry).contains("outside_pools"),
+            "{}",
+            encode(&registry)
+        );
+        assert!(report.seen.is_empty());
+    }
 
     #[test]
     fn a_service_key_is_namespace_slash_name() {
