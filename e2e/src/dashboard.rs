@@ -64,16 +64,19 @@ pub fn queries(dashboard: &Value) -> Vec<Query> {
     out
 }
 
+/// The `namespace` variable's All value: it also matches series without the label.
+pub const ALL_NAMESPACES: &str = ".*";
+
 /// `expr` with Grafana's variables replaced: every `$namespace` (or `${namespace}`, with or
-/// without a format) by `.*` (the variable's All value, which also matches series without the
-/// label), `$__rate_interval` and `$__interval` by `rate_interval`, `$__range` by `range`.
-pub fn substitute(expr: &str, rate_interval: &str, range: &str) -> String {
+/// without a format) by `namespace` ([`ALL_NAMESPACES`] for All), `$__rate_interval` and
+/// `$__interval` by `rate_interval`, `$__range` by `range`.
+pub fn substitute(expr: &str, namespace: &str, rate_interval: &str, range: &str) -> String {
     let mut s = expr.to_string();
     for (from, to) in [
-        ("${namespace:regex}", ".*"),
-        ("${namespace:pipe}", ".*"),
-        ("${namespace}", ".*"),
-        ("$namespace", ".*"),
+        ("${namespace:regex}", namespace),
+        ("${namespace:pipe}", namespace),
+        ("${namespace}", namespace),
+        ("$namespace", namespace),
         ("${__rate_interval}", rate_interval),
         ("$__rate_interval", rate_interval),
         ("${__interval}", rate_interval),
@@ -230,7 +233,12 @@ mod tests {
             ["ip", "owner"].map(String::from).into_iter().collect()
         );
         assert_eq!(
-            substitute("x{namespace=~\"$namespace\"}[$__rate_interval]", "5s", "1m"),
+            substitute(
+                "x{namespace=~\"$namespace\"}[$__rate_interval]",
+                ALL_NAMESPACES,
+                "5s",
+                "1m"
+            ),
             "x{namespace=~\".*\"}[5s]"
         );
         assert_eq!(

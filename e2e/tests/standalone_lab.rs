@@ -1360,9 +1360,14 @@ fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_
     run.lab.teardown();
 }
 
+/// The `namespace` label the second scrape job of [`LabPrometheus`] adds, as Kubernetes
+/// service discovery would.
+const LAB_NAMESPACE: &str = "swimlb-system";
+
 /// A Prometheus server (Debian's `prometheus`) running in the lab's client namespace, scraping
-/// the three speakers over the lab network every second. Dropping it kills the server and
-/// removes its configuration and data directory.
+/// the three speakers over the lab network every second, twice: as standalone speakers are
+/// scraped (no `namespace` label) and as Kubernetes ones are (`namespace` [`LAB_NAMESPACE`]).
+/// Dropping it kills the server and removes its configuration and data directory.
 struct LabPrometheus {
     child: std::process::Child,
     dir: PathBuf,
@@ -1388,8 +1393,8 @@ impl LabPrometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 500ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: swimlb-speaker\n    static_configs:\n      - targets: [{}]\n",
-                targets.join(", ")
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 500ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: swimlb-speaker\n    static_configs:\n      - targets: [{t}]\n  - job_name: swimlb-speaker-in-{LAB_NAMESPACE}\n    static_configs:\n      - targets: [{t}]\n        labels: {{namespace: {LAB_NAMESPACE}}}\n",
+                t = targets.join(", ")
             ),
         )
         .expect("writing prometheus.yml");
@@ -1516,7 +1521,8 @@ fn owners_of(result: &[serde_json::Value], ip: &str) -> BTreeSet<String> {
 
 /// The dashboard against a real Prometheus (issue 14): a Prometheus server in the client's
 /// namespace scrapes the three speakers every second; every query of
-/// `deploy/grafana/swimlb.json`, its variables substituted as Grafana would with All selected,
+/// `deploy/grafana/swimlb.json`, its variables substituted as Grafana would with All selected
+/// (matching the job without a `namespace` label too) and with the labelled job's namespace,
 /// returns data (but the controller's, listed in [`NO_DATA_IN_THE_STANDALONE_LAB`]); the owner
 /// table's query names exactly the owner the speakers' `/status` agree on, and after the owner
 /// is powered off, exactly the new owner the survivors report; the detection histogram then
@@ -1576,10 +1582,10 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
 
     let prometheus = LabPrometheus::start(&run.lab);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while prometheus.targets_up() < run.lab.nodes.len() {
+    while prometheus.targets_up() < 2 * run.lab.nodes.len() {
         assert!(
             Instant::now() < deadline,
-            "Prometheus never saw the three speakers up\n{}",
+            "Prometheus never saw the three speakers up, in both jobs\n{}",
             prometheus.log()
         );
         std::thread::sleep(Duration::from_millis(250));
@@ -1601,8 +1607,11 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
         let mut empty = Vec::new();
         let mut unexpected = Vec::new();
         let mut nan = Vec::new();
-        for q in &queries {
-            let promql = dashboard::substitute(&q.expr, rate, range);
+        for (q, namespace) in queries
+            .iter()
+            .flat_map(|q| [(q, dashboard::ALL_NAMESPACES), (q, LAB_NAMESPACE)])
+        {
+            let promql = dashboard::substitute(&q.expr, namespace, rate, range);
             let result = prometheus
                 .query(&promql)
                 .unwrap_or_else(|e| panic!("panel {:?}: {e}", q.panel_title));
@@ -1610,11 +1619,17 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
                 .iter()
                 .any(|(t, _)| *t == q.panel_title);
             if result.is_empty() && !exempt {
-                empty.push(format!("{} {}: {promql}", q.panel_title, q.ref_id));
+                empty.push(format!(
+                    "{} {} ({namespace}): {promql}",
+                    q.panel_title, q.ref_id
+                ));
             } else if !result.is_empty() && exempt {
-                unexpected.push(format!("{} {}: {result:?}", q.panel_title, q.ref_id));
+                unexpected.push(format!(
+                    "{} {} ({namespace}): {result:?}",
+                    q.panel_title, q.ref_id
+                ));
             } else if result.iter().any(|s| s["value"][1] == "NaN") {
-                nan.push(format!("{} {}", q.panel_title, q.ref_id));
+                nan.push(format!("{} {} ({namespace})", q.panel_title, q.ref_id));
             }
         }
         assert!(
@@ -1623,12 +1638,13 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
         );
         if empty.is_empty() {
             eprintln!(
-                "prometheus: {} queries of {} panels return data ({} queries listed without: the controller's); NaN at rest (no member declared down yet): {nan:?}",
+                "prometheus: {} queries of {} panels return data with namespace {} and {LAB_NAMESPACE} ({} queries listed without: the controller's); NaN at rest (no member declared down yet): {nan:?}",
                 queries.len() - exempt_queries,
                 dashboard::panels(&dashboard_json)
                     .iter()
                     .filter(|p| p["type"] != "row")
                     .count(),
+                dashboard::ALL_NAMESPACES,
                 exempt_queries
             );
             break;
@@ -1641,12 +1657,36 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
         std::thread::sleep(Duration::from_millis(500));
     }
 
+    // The namespace variable's query (label_values(METRIC, namespace)) offers the labelled job's
+    // namespace.
+    let variable = dashboard_json["templating"]["list"]
+        .as_array()
+        .and_then(|l| l.iter().find(|v| v["name"] == "namespace"))
+        .and_then(|v| v["definition"].as_str())
+        .expect("the namespace variable");
+    let metric = variable
+        .trim_start_matches("label_values(")
+        .split(',')
+        .next()
+        .expect("label_values(METRIC, namespace)");
+    let values = prometheus
+        .get(&format!(
+            "/api/v1/label/namespace/values?match%5B%5D={metric}"
+        ))
+        .expect("label values");
+    assert_eq!(
+        values["data"],
+        serde_json::json!([LAB_NAMESPACE]),
+        "{variable}: {values}"
+    );
+
     // The owner table's query names exactly the owner the speakers agree on.
     let owner_query = queries
         .iter()
         .find(|q| q.panel_type == "table" && q.expr.contains("swimlb_owner"))
         .expect("the owner table");
-    let owner_promql = dashboard::substitute(&owner_query.expr, rate, range);
+    let owner_promql =
+        dashboard::substitute(&owner_query.expr, dashboard::ALL_NAMESPACES, rate, range);
     let vip_text = vip.to_string();
     let agreed = run.agreed_owner().expect("the speakers agree");
     assert_eq!(agreed, owner);
@@ -1709,7 +1749,8 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
         let values: Vec<Option<f64>> = latency
             .iter()
             .map(|q| {
-                let promql = dashboard::substitute(&q.expr, range, range);
+                let promql =
+                    dashboard::substitute(&q.expr, dashboard::ALL_NAMESPACES, range, range);
                 let result = prometheus.query(&promql).ok()?;
                 result.first()?["value"][1].as_str()?.parse().ok()
             })
