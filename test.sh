@@ -4,7 +4,8 @@
 # As root it installs the Debian packages the tests use when they are missing (tshark and scapy
 # decode our frames independently; iproute2 and nftables build the network-namespace lab;
 # keepalived is the comparison peer; prometheus brings promtool, which lints /metrics and
-# unit-tests deploy/prometheus/rules.yaml; python3-venv holds the PyPI tools that check deploy/,
+# unit-tests deploy/prometheus/rules.yaml, and the server that evaluates the Grafana dashboard
+# against the lab; python3-venv holds the PyPI tools that check deploy/,
 # kubernetes-client is Debian's kubectl). Tests that need root are marked
 # #[ignore = "needs root: ..."]: as root this script runs them with --include-ignored; without
 # root they show as ignored, never as passed.
@@ -21,7 +22,7 @@ command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v arping >/dev/null 2>&1 || need+=(arping)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 # The PyPI tools below need a python3 that can make a virtual environment.
 tools_venv=/opt/swimlb-tools

@@ -4,6 +4,7 @@
 //!
 //! - [`converge`]: whether the lab has converged (one owner, named by the daemons, alone
 //!   answering for the VIP), so that a fault may be measured.
+//! - [`dashboard`]: the Grafana dashboard's panels and queries, with variables substituted.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
@@ -19,6 +20,7 @@
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
 pub mod converge;
+pub mod dashboard;
 pub mod demo;
 pub mod failover;
 pub mod keepalived;

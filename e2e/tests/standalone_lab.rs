@@ -1,7 +1,8 @@
 //! End-to-end tests of the standalone speaker in the namespace lab (issue 5): power-off with the
 //! client's neighbor cache moved by gratuitous ARP, graceful handover, a killed speaker, a
 //! partition that heals to exactly one ARP answerer, a failing health check with its notify
-//! hook, the preemption delay of a rejoining node, an IPv6 VIP, and invalid files.
+//! hook, the preemption delay of a rejoining node, an IPv6 VIP, invalid files, and a real
+//! Prometheus server evaluating the Grafana dashboard's queries against the lab (issue 14).
 //!
 //! Every lab test needs root (it makes network namespaces): each is
 //! `#[ignore = "needs root: ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does);
@@ -1356,5 +1357,418 @@ fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_
         );
     }
     assert!(table.contains("flag"), "the check is listed:\n{table}");
+    run.lab.teardown();
+}
+
+/// The `namespace` label the second scrape job of [`LabPrometheus`] adds, as Kubernetes
+/// service discovery would.
+const LAB_NAMESPACE: &str = "swimlb-system";
+
+/// A Prometheus server (Debian's `prometheus`) running in the lab's client namespace, scraping
+/// the three speakers over the lab network every second, twice: as standalone speakers are
+/// scraped (no `namespace` label) and as Kubernetes ones are (`namespace` [`LAB_NAMESPACE`]).
+/// Dropping it kills the server and removes its configuration and data directory.
+struct LabPrometheus {
+    child: std::process::Child,
+    dir: PathBuf,
+    netns: String,
+    addr: SocketAddr,
+}
+
+impl LabPrometheus {
+    /// Where it listens: the client's lab address, so every byte stays inside the lab.
+    const PORT: u16 = 9090;
+
+    fn start(lab: &Lab) -> LabPrometheus {
+        let program = std::env::var("SWIMLB_PROMETHEUS").unwrap_or_else(|_| "prometheus".into());
+        let dir = std::env::temp_dir().join(format!("swimlb-prometheus-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).expect("the server's directory");
+        let targets: Vec<String> = lab
+            .nodes
+            .iter()
+            .map(|n| format!("'{}:{HTTP_PORT}'", n.v4))
+            .collect();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 500ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: swimlb-speaker\n    static_configs:\n      - targets: [{t}]\n  - job_name: swimlb-speaker-in-{LAB_NAMESPACE}\n    static_configs:\n      - targets: [{t}]\n        labels: {{namespace: {LAB_NAMESPACE}}}\n",
+                t = targets.join(", ")
+            ),
+        )
+        .expect("writing prometheus.yml");
+        let addr = SocketAddr::from((netns::CLIENT_V4, Self::PORT));
+        let log = std::fs::File::create(dir.join("prometheus.log")).expect("the server's log");
+        // `ip netns exec` execs the program: the child's pid is the server's.
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &lab.client_netns, &program])
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("running {program} (apt-get install prometheus; test.sh installs it): {e}")
+            });
+        LabPrometheus {
+            child,
+            dir,
+            netns: lab.client_netns.clone(),
+            addr,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// `GET path` of the server's HTTP API, as JSON (`None`: no answer or not JSON). HTTP/1.0,
+    /// so that the answer is never chunked.
+    fn get(&self, path: &str) -> Option<serde_json::Value> {
+        let (addr, path) = (self.addr, path.to_string());
+        in_netns(&self.netns, move || {
+            use std::io::{Read as _, Write as _};
+            let mut s =
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+            write!(s, "GET {path} HTTP/1.0\r\nHost: lab\r\n\r\n").ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).ok()?;
+            let (_, body) = text.split_once("\r\n\r\n")?;
+            serde_json::from_str(body).ok()
+        })
+    }
+
+    /// The result vector of an instant query (`Err`: the server's error, or no answer).
+    fn query(&self, promql: &str) -> Result<Vec<serde_json::Value>, String> {
+        let mut encoded = String::new();
+        for b in promql.bytes() {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                encoded.push(b as char);
+            } else {
+                encoded.push_str(&format!("%{b:02X}"));
+            }
+        }
+        let answer = self
+            .get(&format!("/api/v1/query?query={encoded}"))
+            .ok_or_else(|| format!("no answer to {promql}"))?;
+        if answer["status"] != "success" {
+            return Err(format!("{promql}: {answer}"));
+        }
+        match &answer["data"]["result"] {
+            serde_json::Value::Array(v) => Ok(v.clone()),
+            // A scalar or string result is one value.
+            other => Ok(vec![other.clone()]),
+        }
+    }
+
+    /// How many scrape targets are up.
+    fn targets_up(&self) -> usize {
+        self.get("/api/v1/targets")
+            .and_then(|v| {
+                Some(
+                    v["data"]["activeTargets"]
+                        .as_array()?
+                        .iter()
+                        .filter(|t| t["health"] == "up")
+                        .count(),
+                )
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for LabPrometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Dashboard queries that legitimately hold no series in this lab, by panel title, with why.
+/// The test fails if one of them does hold data (the list would be stale).
+const NO_DATA_IN_THE_STANDALONE_LAB: &[(&str, &str)] = &[
+    (
+        "Pool usage",
+        "pools are the controller's; the standalone lab runs none",
+    ),
+    (
+        "Pool addresses",
+        "pools are the controller's; the standalone lab runs none",
+    ),
+    (
+        "Allocation errors and addresses outside pools",
+        "the controller's; the standalone lab runs none",
+    ),
+];
+
+/// The owners an owner-panel result names for `ip`.
+fn owners_of(result: &[serde_json::Value], ip: &str) -> BTreeSet<String> {
+    result
+        .iter()
+        .filter(|s| s["metric"]["ip"] == ip)
+        .filter_map(|s| s["metric"]["owner"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The dashboard against a real Prometheus (issue 14): a Prometheus server in the client's
+/// namespace scrapes the three speakers every second; every query of
+/// `deploy/grafana/swimlb.json`, its variables substituted as Grafana would with All selected
+/// (matching the job without a `namespace` label too) and with the labelled job's namespace,
+/// returns data (but the controller's, listed in [`NO_DATA_IN_THE_STANDALONE_LAB`]); the owner
+/// table's query names exactly the owner the speakers' `/status` agree on, and after the owner
+/// is powered off, exactly the new owner the survivors report; the detection histogram then
+/// holds that member's declaration.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows_a_failover() {
+    use swimlb_e2e::dashboard;
+    let _one = one_lab("prometheus");
+    let dashboard_json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/grafana/swimlb.json"
+        ))
+        .expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let queries = dashboard::queries(&dashboard_json);
+    for (title, _) in NO_DATA_IN_THE_STANDALONE_LAB {
+        assert!(
+            queries.iter().any(|q| q.panel_title == *title),
+            "no panel {title:?}: NO_DATA_IN_THE_STANDALONE_LAB is stale"
+        );
+    }
+    let check = FlagCheck {
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(200),
+        rise: 1,
+        fall: 1,
+    };
+    let mut run = Running::start(41, |lab, daemons| check.install(lab, daemons));
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    drop(prober);
+    // Give the labelled counters a series: a datagram that is no envelope (a rejection) and
+    // an ARP request for an address nobody owns (a dropped frame), as the metrics test does.
+    let gossip: Vec<SocketAddr> = run
+        .lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, failover::GOSSIP_PORT)))
+        .collect();
+    in_netns(&run.lab.client_netns, move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+        for addr in gossip {
+            socket
+                .send_to(b"not a gossip envelope", addr)
+                .expect("sent");
+        }
+    });
+    let _ = arp_replies(
+        &run.lab.client_netns,
+        Ipv4Addr::new(198, 51, 100, 250),
+        None,
+        1,
+    );
+
+    let prometheus = LabPrometheus::start(&run.lab);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while prometheus.targets_up() < 2 * run.lab.nodes.len() {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never saw the three speakers up, in both jobs\n{}",
+            prometheus.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Every query returns data once a rate window holds two scrapes (a 10 s window at a 1 s
+    // scrape, as Grafana's $__rate_interval would be at least 4 scrapes).
+    let (rate, range) = ("10s", "1m");
+    let exempt_queries = queries
+        .iter()
+        .filter(|q| {
+            NO_DATA_IN_THE_STANDALONE_LAB
+                .iter()
+                .any(|(t, _)| *t == q.panel_title)
+        })
+        .count();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut empty = Vec::new();
+        let mut unexpected = Vec::new();
+        let mut nan = Vec::new();
+        for (q, namespace) in queries
+            .iter()
+            .flat_map(|q| [(q, dashboard::ALL_NAMESPACES), (q, LAB_NAMESPACE)])
+        {
+            let promql = dashboard::substitute(&q.expr, namespace, rate, range);
+            let result = prometheus
+                .query(&promql)
+                .unwrap_or_else(|e| panic!("panel {:?}: {e}", q.panel_title));
+            let exempt = NO_DATA_IN_THE_STANDALONE_LAB
+                .iter()
+                .any(|(t, _)| *t == q.panel_title);
+            if result.is_empty() && !exempt {
+                empty.push(format!(
+                    "{} {} ({namespace}): {promql}",
+                    q.panel_title, q.ref_id
+                ));
+            } else if !result.is_empty() && exempt {
+                unexpected.push(format!(
+                    "{} {} ({namespace}): {result:?}",
+                    q.panel_title, q.ref_id
+                ));
+            } else if result.iter().any(|s| s["value"][1] == "NaN") {
+                nan.push(format!("{} {} ({namespace})", q.panel_title, q.ref_id));
+            }
+        }
+        assert!(
+            unexpected.is_empty(),
+            "listed as holding no data here, but they do: {unexpected:?}"
+        );
+        if empty.is_empty() {
+            eprintln!(
+                "prometheus: {} queries of {} panels return data with namespace {} and {LAB_NAMESPACE} ({} queries listed without: the controller's); NaN at rest (no member declared down yet): {nan:?}",
+                queries.len() - exempt_queries,
+                dashboard::panels(&dashboard_json)
+                    .iter()
+                    .filter(|p| p["type"] != "row")
+                    .count(),
+                dashboard::ALL_NAMESPACES,
+                exempt_queries
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queries without data: {empty:#?}\n{}",
+            prometheus.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The namespace variable's query (label_values(METRIC, namespace)) offers the labelled job's
+    // namespace.
+    let variable = dashboard_json["templating"]["list"]
+        .as_array()
+        .and_then(|l| l.iter().find(|v| v["name"] == "namespace"))
+        .and_then(|v| v["definition"].as_str())
+        .expect("the namespace variable");
+    let metric = variable
+        .trim_start_matches("label_values(")
+        .split(',')
+        .next()
+        .expect("label_values(METRIC, namespace)");
+    let values = prometheus
+        .get(&format!(
+            "/api/v1/label/namespace/values?match%5B%5D={metric}"
+        ))
+        .expect("label values");
+    assert_eq!(
+        values["data"],
+        serde_json::json!([LAB_NAMESPACE]),
+        "{variable}: {values}"
+    );
+
+    // The owner table's query names exactly the owner the speakers agree on.
+    let owner_query = queries
+        .iter()
+        .find(|q| q.panel_type == "table" && q.expr.contains("swimlb_owner"))
+        .expect("the owner table");
+    let owner_promql =
+        dashboard::substitute(&owner_query.expr, dashboard::ALL_NAMESPACES, rate, range);
+    let vip_text = vip.to_string();
+    let agreed = run.agreed_owner().expect("the speakers agree");
+    assert_eq!(agreed, owner);
+    let result = prometheus.query(&owner_promql).expect("the owner query");
+    assert_eq!(
+        owners_of(&result, &vip_text),
+        BTreeSet::from([owner.clone()]),
+        "{owner_promql}: {result:?}"
+    );
+
+    // Power the owner off: the panel names the survivors' new owner, and only it.
+    let old = run.lab.node(run.index_of(&owner)).clone();
+    let fault = Instant::now();
+    run.lab.set_link(old.index, false).unwrap();
+    let deadline = fault + Duration::from_secs(20);
+    let (new_owner, seen) = loop {
+        let survivors: Vec<Option<String>> = run
+            .statuses()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i + 1 != old.index)
+            .map(|(_, s)| {
+                s?["addresses"]
+                    .as_array()?
+                    .iter()
+                    .find(|a| a["ip"] == vip_text.as_str())?["owner"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect();
+        let result = prometheus.query(&owner_promql).unwrap_or_default();
+        let seen = owners_of(&result, &vip_text);
+        if let Some(Some(new)) = survivors.first()
+            && *new != owner
+            && survivors.iter().all(|s| s.as_ref() == Some(new))
+            && seen == BTreeSet::from([new.clone()])
+        {
+            break (new.clone(), seen);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after powering {owner} off, the survivors report {survivors:?} and the owner panel {seen:?}\n{}",
+            run.logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    eprintln!(
+        "prometheus: owner panel {owner} -> {seen:?} ({new_owner} by /status) {:.1} s after the power-off",
+        fault.elapsed().as_secs_f64()
+    );
+
+    // The detection histogram holds the declaration of the powered-off member.
+    let latency: Vec<_> = queries
+        .iter()
+        .filter(|q| q.expr.contains("swimlb_failover_detect_seconds"))
+        .collect();
+    assert!(!latency.is_empty(), "a failover latency panel");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let values: Vec<Option<f64>> = latency
+            .iter()
+            .map(|q| {
+                let promql =
+                    dashboard::substitute(&q.expr, dashboard::ALL_NAMESPACES, range, range);
+                let result = prometheus.query(&promql).ok()?;
+                result.first()?["value"][1].as_str()?.parse().ok()
+            })
+            .collect();
+        if values
+            .iter()
+            .all(|v| v.is_some_and(|v| v.is_finite() && v > 0.0))
+        {
+            eprintln!("prometheus: detection panel after the failover (over {range}): {values:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the detection histogram never held the failover: {values:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    drop(prometheus);
     run.lab.teardown();
 }
