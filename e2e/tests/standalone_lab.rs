@@ -76,6 +76,43 @@ impl Running {
         }
     }
 
+    /// A lab (test number `n`) whose speakers run a fast flag check, settled on an owner
+    /// (returned), and whose labelled counters all have a series: a datagram that is no envelope
+    /// (a rejection) and an ARP request for an address nobody owns (a dropped frame).
+    fn start_with_every_series(n: u32) -> (Running, String) {
+        let check = FlagCheck {
+            interval: Duration::from_millis(200),
+            timeout: Duration::from_millis(200),
+            rise: 1,
+            fall: 1,
+        };
+        let run = Running::start(n, |lab, daemons| check.install(lab, daemons));
+        let vip = IpAddr::V4(netns::vip_v4(0));
+        let (prober, owner) = run.probe_until_steady(vip);
+        drop(prober);
+        let gossip: Vec<SocketAddr> = run
+            .lab
+            .nodes
+            .iter()
+            .map(|n| SocketAddr::from((n.v4, failover::GOSSIP_PORT)))
+            .collect();
+        in_netns(&run.lab.client_netns, move || {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+            for addr in gossip {
+                socket
+                    .send_to(b"not a gossip envelope", addr)
+                    .expect("sent");
+            }
+        });
+        let _ = arp_replies(
+            &run.lab.client_netns,
+            Ipv4Addr::new(198, 51, 100, 250),
+            None,
+            1,
+        );
+        (run, owner)
+    }
+
     /// Every speaker's log, for failure messages.
     fn logs(&self) -> String {
         let mut all = String::new();
@@ -1251,37 +1288,8 @@ fn an_owner_whose_announcing_link_goes_down_hands_the_vip_over_and_waits_its_del
 fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_owner() {
     use swimlb_e2e::metrics_doc::{self, Exposed};
     let _one = one_lab("metrics");
-    let check = FlagCheck {
-        interval: Duration::from_millis(200),
-        timeout: Duration::from_millis(200),
-        rise: 1,
-        fall: 1,
-    };
-    let mut run = Running::start(31, |lab, daemons| check.install(lab, daemons));
+    let (mut run, owner) = Running::start_with_every_series(31);
     let vip = IpAddr::V4(netns::vip_v4(0));
-    let (prober, owner) = run.probe_until_steady(vip);
-    drop(prober);
-
-    let gossip: Vec<SocketAddr> = run
-        .lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, failover::GOSSIP_PORT)))
-        .collect();
-    in_netns(&run.lab.client_netns, move || {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
-        for addr in gossip {
-            socket
-                .send_to(b"not a gossip envelope", addr)
-                .expect("sent");
-        }
-    });
-    let _ = arp_replies(
-        &run.lab.client_netns,
-        Ipv4Addr::new(198, 51, 100, 250),
-        None,
-        1,
-    );
 
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
@@ -1547,38 +1555,8 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
             "no panel {title:?}: NO_DATA_IN_THE_STANDALONE_LAB is stale"
         );
     }
-    let check = FlagCheck {
-        interval: Duration::from_millis(200),
-        timeout: Duration::from_millis(200),
-        rise: 1,
-        fall: 1,
-    };
-    let mut run = Running::start(41, |lab, daemons| check.install(lab, daemons));
+    let (mut run, owner) = Running::start_with_every_series(41);
     let vip = IpAddr::V4(netns::vip_v4(0));
-    let (prober, owner) = run.probe_until_steady(vip);
-    drop(prober);
-    // Give the labelled counters a series: a datagram that is no envelope (a rejection) and
-    // an ARP request for an address nobody owns (a dropped frame), as the metrics test does.
-    let gossip: Vec<SocketAddr> = run
-        .lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, failover::GOSSIP_PORT)))
-        .collect();
-    in_netns(&run.lab.client_netns, move || {
-        let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
-        for addr in gossip {
-            socket
-                .send_to(b"not a gossip envelope", addr)
-                .expect("sent");
-        }
-    });
-    let _ = arp_replies(
-        &run.lab.client_netns,
-        Ipv4Addr::new(198, 51, 100, 250),
-        None,
-        1,
-    );
 
     let prometheus = LabPrometheus::start(&run.lab);
     let deadline = Instant::now() + Duration::from_secs(30);

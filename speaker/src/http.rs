@@ -164,6 +164,14 @@ pub fn route(
     }
 }
 
+/// The registry as OpenMetrics text, for tests that look at what a scrape would see.
+#[cfg(test)]
+pub(crate) fn metrics_text(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+    text
+}
+
 /// Serves on `listener` until the task is dropped.
 pub async fn serve(
     listener: tokio::net::TcpListener,

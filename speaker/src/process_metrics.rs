@@ -68,11 +68,7 @@ pub fn register(registry: &mut Registry, status: watch::Receiver<Status>) {
 mod tests {
     use super::*;
 
-    fn encode(registry: &Registry) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
-        text
-    }
+    use crate::http::metrics_text as encode;
 
     #[test]
     fn ready_follows_the_status_channel_at_every_scrape() {

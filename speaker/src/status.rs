@@ -203,11 +203,7 @@ fn unix_now() -> Option<f64> {
 mod tests {
     use super::*;
 
-    fn encode(registry: &Registry) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
-        text
-    }
+    use crate::http::metrics_text as encode;
 
     #[test]
     fn a_delta_moves_one_label_set_and_one_entry() {

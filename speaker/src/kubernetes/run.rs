@@ -725,11 +725,7 @@ fn boot_millis() -> u64 {
 mod tests {
     use super::*;
 
-    fn encode(registry: &Registry) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
-        text
-    }
+    use crate::http::metrics_text as encode;
 
     #[test]
     fn drops_are_counted_by_reason_in_place_and_cleared_when_gone() {
