@@ -23,6 +23,7 @@ use swimlb_proto::ndp::NdpMessage;
 use tokio::time::Instant;
 
 use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use crate::kubelab;
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober, enter_netns, open_eth0, spawn_in};
 
@@ -159,8 +160,9 @@ pub fn watch_member_gone(
     })
 }
 
-/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers).
-pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
+/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers);
+/// `kubernetes`: the Kubernetes lab (see [`crate::kubelab`]) instead of standalone speakers.
+pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
     out(
         "swimlb demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms",
     );
@@ -169,7 +171,14 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
     for node in lab.nodes.clone() {
         workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
-    let mut daemons = SwimlbDaemons::new(&lab, program)?;
+    let mut daemons = if kubernetes {
+        out(
+            "Kubernetes lab: the fake API server on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
+        );
+        SwimlbDaemons::kubernetes(&mut lab, program)?
+    } else {
+        SwimlbDaemons::new(&lab, program)?
+    };
     for i in 1..=3 {
         daemons.start(&mut lab, i)?;
     }
@@ -194,6 +203,13 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
     };
     let owner = settled.owner;
     let old = lab.node(settled.index).clone();
+    let record = match daemons.before_fault(&owner, false)? {
+        Ok(record) => record,
+        Err(reason) => bail!(
+            "not measured: {reason}; see the speaker logs in {}",
+            daemons.dir().display()
+        ),
+    };
     out(&format!(
         "{owner} owns 198.51.100.100 (MAC {}): every speaker names it, and it alone answers ARP and the probes",
         netns::mac_text(old.mac)
@@ -210,6 +226,11 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
         owner.clone(),
         Duration::from_secs(20),
     );
+    if daemons.cluster().is_some() {
+        out(&format!(
+            "the ServiceL2Status record of default/web names {owner}"
+        ));
+    }
     out(&format!("powering {owner} off (its link goes down)"));
     let fault = Instant::now();
     lab.set_link(old.index, false)?;
@@ -227,6 +248,7 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
     std::thread::sleep(Duration::from_millis(200));
     let records = prober.stop();
     let detections = members.join().unwrap_or_default();
+    let record = record.map(kubelab::RecordChange::join);
     let announcements = watcher.seen();
     let ms = |t: Instant| t.duration_since(fault).as_secs_f64() * 1e3;
 
@@ -269,6 +291,16 @@ pub fn run(program: PathBuf, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
             .map(|(n, _)| n.clone())
             .unwrap_or_default();
         timeline.push((s.failover_ms, format!("first answer from {first}")));
+    }
+    match record {
+        Some(Some((node, at))) => timeline.push((
+            ms(at),
+            format!("the ServiceL2Status record of default/web names {node}"),
+        )),
+        Some(None) => missed.push(
+            "     ---   the ServiceL2Status record did not name another node within 30 s".into(),
+        ),
+        None => {}
     }
     timeline.sort_by(|a, b| a.0.total_cmp(&b.0));
     out("timeline (ms after the fault):");

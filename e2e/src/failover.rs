@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::converge::{self, SpeakerView, Views};
 use crate::keepalived;
+use crate::kubelab;
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober, Worker};
 
@@ -34,6 +35,8 @@ pub enum Implementation {
     Keepalived,
     /// keepalived tuned for speed: VRRPv3, `advert_int 0.1`, everything else default.
     KeepalivedFast,
+    /// swimlb's speaker in Kubernetes mode, in the Kubernetes lab ([`crate::kubelab`]).
+    SwimlbKubernetes,
 }
 
 impl Implementation {
@@ -43,14 +46,16 @@ impl Implementation {
             Implementation::Swimlb => "swimlb",
             Implementation::Keepalived => "keepalived",
             Implementation::KeepalivedFast => "keepalived-fast",
+            Implementation::SwimlbKubernetes => "swimlb-kubernetes",
         }
     }
 
     /// Every implementation, in the CLI's order.
-    pub const ALL: [Implementation; 3] = [
+    pub const ALL: [Implementation; 4] = [
         Implementation::Swimlb,
         Implementation::Keepalived,
         Implementation::KeepalivedFast,
+        Implementation::SwimlbKubernetes,
     ];
 
     /// The implementation named `name` in the CLI.
@@ -96,6 +101,9 @@ pub struct Options {
     pub loss: u8,
     /// Probe interval.
     pub probe_interval: Duration,
+    /// Kubernetes lab only: the API server is unreachable from right before each fault until
+    /// the trial's failover was measured.
+    pub api_down: bool,
 }
 
 /// Starts, signals and restarts the daemon of each node.
@@ -110,6 +118,19 @@ pub trait Daemons {
     }
     /// What every node's daemon says about the VIP now, in node order.
     fn views(&mut self, lab: &Lab) -> Views;
+    /// Right before the fault on `owner` (the lab has converged): `Ok(Err(reason))` if the trial
+    /// must not be measured. The Kubernetes lab waits for the status record to name `owner`,
+    /// starts watching it for the change (returned), and with `api_down` takes the API server
+    /// away.
+    fn before_fault(
+        &mut self,
+        _owner: &str,
+        _api_down: bool,
+    ) -> Result<Result<Option<kubelab::RecordChange>, String>> {
+        Ok(Ok(None))
+    }
+    /// After the failover was measured: brings the API server back (Kubernetes lab).
+    fn after_fault(&mut self) {}
 }
 
 /// keepalived on every node.
@@ -231,6 +252,8 @@ pub struct SwimlbDaemons {
     /// Extra YAML lines for node `index`'s group, each indented by 4 spaces (checks, priority,
     /// `preemptDelay`, `notify`): lets tests give nodes different group settings.
     pub group_extra: std::collections::BTreeMap<usize, String>,
+    /// The Kubernetes lab's cluster: speakers run in Kubernetes mode against it.
+    cluster: Option<Box<kubelab::Cluster>>,
 }
 
 /// The gossip port of the lab's speakers.
@@ -258,7 +281,30 @@ impl SwimlbDaemons {
             exits: vec![None; lab.nodes.len() + 1],
             extra: String::new(),
             group_extra: std::collections::BTreeMap::new(),
+            cluster: None,
         })
+    }
+
+    /// Speakers in Kubernetes mode (`program speaker kubernetes`), with the cluster of the
+    /// Kubernetes lab (API server, controller, objects) started in `lab` first.
+    pub fn kubernetes(lab: &mut Lab, program: PathBuf) -> Result<SwimlbDaemons> {
+        let mut daemons = SwimlbDaemons::new(lab, program.clone())?;
+        daemons.cluster = Some(Box::new(kubelab::Cluster::start(
+            lab,
+            program,
+            daemons.dir.clone(),
+        )?));
+        Ok(daemons)
+    }
+
+    /// The Kubernetes lab's cluster, in Kubernetes mode.
+    pub fn cluster(&self) -> Option<&kubelab::Cluster> {
+        self.cluster.as_deref()
+    }
+
+    /// The Kubernetes lab's cluster, in Kubernetes mode.
+    pub fn cluster_mut(&mut self) -> Option<&mut kubelab::Cluster> {
+        self.cluster.as_deref_mut()
     }
 
     /// The configuration file of node `index`.
@@ -314,18 +360,22 @@ impl SwimlbDaemons {
 
 impl Daemons for SwimlbDaemons {
     fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
-        let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
-        std::fs::write(&path, self.config(lab, index))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path(lab, index))?;
-        let program = self.program.to_string_lossy().into_owned();
-        let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
-        cmd.args(["speaker", "standalone", "--config"])
-            .arg(&path)
-            .stdout(std::process::Stdio::null())
-            .stderr(log);
+        let mut cmd = match &self.cluster {
+            Some(cluster) => cluster.speaker_command(lab, lab.node(index), &self.dir.join("keys")),
+            None => {
+                let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
+                std::fs::write(&path, self.config(lab, index))?;
+                let program = self.program.to_string_lossy().into_owned();
+                let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
+                cmd.args(["speaker", "standalone", "--config"]).arg(&path);
+                cmd
+            }
+        };
+        cmd.stdout(std::process::Stdio::null()).stderr(log);
         self.children[index] = Some(lab.spawn(cmd)?);
         Ok(())
     }
@@ -362,7 +412,43 @@ impl Daemons for SwimlbDaemons {
         });
         Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
     }
+
+    fn before_fault(
+        &mut self,
+        owner: &str,
+        api_down: bool,
+    ) -> Result<Result<Option<kubelab::RecordChange>, String>> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(Ok(None));
+        };
+        // The record must name the owner before the fault, or status_ms measures nothing.
+        if cluster
+            .wait_record(kubelab::APPS, kubelab::SERVICE, RECORD_LIMIT, |n| {
+                n == owner
+            })
+            .is_none()
+        {
+            return Ok(Err(format!(
+                "the ServiceL2Status record does not name {owner} (it names {:?})",
+                cluster.record_node(kubelab::APPS, kubelab::SERVICE)
+            )));
+        }
+        let change = cluster.records().watch_change(owner, RECORD_LIMIT);
+        if api_down {
+            cluster.set_reachable(false);
+        }
+        Ok(Ok(Some(change)))
+    }
+
+    fn after_fault(&mut self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.set_reachable(true);
+        }
+    }
 }
+
+/// How long the Kubernetes lab waits for a status record to name a node.
+pub const RECORD_LIMIT: Duration = Duration::from_secs(30);
 
 /// The VIP's part of a speaker's `/status` body (`None`: not the JSON expected).
 pub fn speaker_view(status: &str) -> Option<SpeakerView> {
@@ -429,6 +515,9 @@ pub struct Sample {
     pub failover_ms: f64,
     /// Probes lost in between.
     pub lost_probes: u64,
+    /// Kubernetes lab: fault to the `ServiceL2Status` record naming the new owner.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_ms: Option<f64>,
 }
 
 /// The JSON report (DESIGN.md's contract).
@@ -455,6 +544,13 @@ pub struct Report {
     pub lost_probes: LostProbes,
     /// Owner changes while no fault was in progress.
     pub false_failovers: usize,
+    /// Kubernetes lab: fault to the status record naming the new owner, over the samples that
+    /// have it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_ms: Option<Percentiles>,
+    /// Kubernetes lab: whether the API server was unreachable during each fault.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub api_down: bool,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -468,6 +564,7 @@ impl Report {
         false_failovers: usize,
     ) -> Report {
         let ms: Vec<f64> = samples.iter().map(|s| s.failover_ms).collect();
+        let status: Vec<f64> = samples.iter().filter_map(|s| s.status_ms).collect();
         let mut lost: Vec<u64> = samples.iter().map(|s| s.lost_probes).collect();
         lost.sort_unstable();
         Report {
@@ -486,6 +583,8 @@ impl Report {
                 max: lost.last().copied().unwrap_or(0),
             },
             false_failovers,
+            status_ms: (!status.is_empty()).then(|| percentiles(&status)),
+            api_down: options.api_down,
             samples,
         }
     }
@@ -507,7 +606,19 @@ impl Report {
             self.lost_probes.p50,
             self.lost_probes.max,
             self.false_failovers
-        )
+        ) + &match &self.status_ms {
+            Some(st) => format!(
+                " | status ms p50 {:.1} p99 {:.1}{}",
+                st.p50,
+                st.p99,
+                if self.api_down {
+                    " (API server down)"
+                } else {
+                    ""
+                }
+            ),
+            None => String::new(),
+        }
     }
 }
 
@@ -594,10 +705,24 @@ pub fn settle(
     }
 }
 
+/// The node that answered the first probe after `fault`, other than `owner`.
+pub fn first_other_answer(
+    records: &[probe::ProbeRecord],
+    fault: Instant,
+    owner: &str,
+) -> Option<String> {
+    records
+        .iter()
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, at)| *at >= fault && n != owner)
+        .min_by_key(|(_, at)| *at)
+        .map(|(n, _)| n.clone())
+}
+
 /// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
 pub fn run(
     options: &Options,
-    make_daemons: &dyn Fn(&Lab) -> Result<Box<dyn Daemons>>,
+    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     let mut lab = Lab::create(options.nodes).context("building the lab")?;
@@ -610,7 +735,7 @@ pub fn run(
             lab.set_loss(i, options.loss)?;
         }
     }
-    let mut daemons = make_daemons(&lab)?;
+    let mut daemons = make_daemons(&mut lab)?;
     for i in 1..=options.nodes {
         daemons.start(&mut lab, i)?;
     }
@@ -633,6 +758,18 @@ pub fn run(
             }
         };
         let (owner, index) = (settled.owner.clone(), settled.index);
+        let record = match daemons.before_fault(&owner, options.api_down)? {
+            Ok(record) => record,
+            Err(reason) => {
+                prober.stop();
+                failed_trials += 1;
+                progress(&format!(
+                    "trial {trial}/{}: not measured: {reason}",
+                    options.trials
+                ));
+                continue;
+            }
+        };
         let fault = Instant::now();
         match options.scenario {
             Scenario::Poweroff => lab.set_link(index, false)?,
@@ -652,16 +789,34 @@ pub fn run(
             std::thread::sleep(Duration::from_millis(10));
         };
         std::thread::sleep(Duration::from_millis(200));
-        prober.stop();
+        let records = prober.stop();
+        let new_owner = sample
+            .as_ref()
+            .and_then(|_| first_other_answer(&records, fault, &owner));
+        daemons.after_fault();
+        // The record must name the node that took over (not merely another one).
+        let status_ms = record
+            .and_then(|r| r.join())
+            .filter(|(node, _)| Some(node) == new_owner.as_ref())
+            .map(|(_, at)| at.duration_since(fault).as_secs_f64() * 1e3);
         match sample {
             Some(s) => {
+                let status = status_ms
+                    .map(|ms| {
+                        format!(
+                            ", status record names {} after {ms:.1} ms",
+                            new_owner.as_deref().unwrap_or("?")
+                        )
+                    })
+                    .unwrap_or_default();
                 progress(&format!(
-                    "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost",
+                    "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost{status}",
                     options.trials, s.failover_ms, s.lost_probes
                 ));
                 samples.push(Sample {
                     failover_ms: s.failover_ms,
                     lost_probes: s.lost_probes,
+                    status_ms,
                 });
             }
             None => {
@@ -726,6 +881,7 @@ mod tests {
             trials: 2,
             loss: 0,
             probe_interval: Duration::from_millis(10),
+            api_down: false,
         };
         let report = Report::new(
             &options,
@@ -733,10 +889,12 @@ mod tests {
                 Sample {
                     failover_ms: 3000.0,
                     lost_probes: 300,
+                    status_ms: None,
                 },
                 Sample {
                     failover_ms: 3400.0,
                     lost_probes: 340,
+                    status_ms: None,
                 },
             ],
             1,

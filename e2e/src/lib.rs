@@ -8,6 +8,8 @@
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`keepalived`]: keepalived as the comparison peer.
+//! - [`kubelab`]: the Kubernetes lab: the fake API server on the lab bridge, the controller,
+//!   speakers in Kubernetes mode, kube-proxy's DNAT.
 //! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
 //!   any report.
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
@@ -24,6 +26,7 @@ pub mod dashboard;
 pub mod demo;
 pub mod failover;
 pub mod keepalived;
+pub mod kubelab;
 pub mod manifest_tools;
 pub mod manifests;
 pub mod metrics_doc;

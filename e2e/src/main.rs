@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Three nodes, one VIP: power the owner off and show the failover's timeline.
-    Demo,
+    Demo(DemoArgs),
     /// Repeated failover trials in network namespaces.
     Failover(FailoverArgs),
     /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
@@ -47,6 +47,14 @@ enum Command {
     Speaker,
     /// Run the controller (same arguments as `swimlb-controller`).
     Controller,
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// The Kubernetes lab: the fake API server, the controller and speakers in Kubernetes mode;
+    /// the timeline adds the moment the ServiceL2Status record named the new owner.
+    #[arg(long)]
+    kubernetes: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,8 +78,9 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
-    /// Which load balancer: swimlb, keepalived (Debian's defaults) or keepalived-fast (VRRPv3,
-    /// advert_int 0.1); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
+    /// Which load balancer: swimlb, keepalived (Debian's defaults), keepalived-fast (VRRPv3,
+    /// advert_int 0.1) or swimlb-kubernetes (the Kubernetes lab: fake API server, controller,
+    /// speakers in Kubernetes mode); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
     /// each in a fresh lab, and prints them side by side.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,
@@ -87,6 +96,10 @@ struct FailoverArgs {
     /// Random loss on every node link, percent.
     #[arg(long, default_value_t = 0)]
     loss: u8,
+    /// swimlb-kubernetes: the API server is unreachable from right before every fault until
+    /// the failover was measured.
+    #[arg(long)]
+    api_down: bool,
     /// Write the report as JSON (an object for one implementation, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -184,7 +197,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let needs_root = matches!(
         cli.command,
-        Command::Demo | Command::Failover(_) | Command::Soak(_)
+        Command::Demo(_) | Command::Failover(_) | Command::Soak(_)
     );
     if needs_root && !swimlb_e2e::netns::is_root() {
         eprintln!(
@@ -193,7 +206,7 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(EXIT_NEEDS_ROOT);
     }
     let result = match cli.command {
-        Command::Demo => run_demo(),
+        Command::Demo(args) => run_demo(args),
         Command::Failover(args) => run_failover(args),
         Command::Sim(args) => run_sim(args),
         Command::Soak(args) => run_soak(args),
@@ -235,11 +248,15 @@ fn cleanup_on_interrupt() {
     });
 }
 
-fn run_demo() -> anyhow::Result<()> {
+fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
     cleanup_on_interrupt();
-    ensure_packages(&[("ip", "iproute2")])?;
+    if args.kubernetes {
+        ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    } else {
+        ensure_packages(&[("ip", "iproute2")])?;
+    }
     let program = speaker_program()?;
-    match swimlb_e2e::demo::run(program, &mut |line| println!("{line}"))? {
+    match swimlb_e2e::demo::run(program, args.kubernetes, &mut |line| println!("{line}"))? {
         Some(_) => Ok(()),
         None => anyhow::bail!("the VIP did not fail over"),
     }
@@ -303,7 +320,9 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
         .iter()
         .map(|name| {
             Implementation::parse(name).with_context(|| {
-                format!("--impl {name}: expected swimlb, keepalived or keepalived-fast")
+                format!(
+                    "--impl {name}: expected swimlb, keepalived, keepalived-fast or swimlb-kubernetes"
+                )
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -315,7 +334,19 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
-    if implementations.iter().any(|i| *i != Implementation::Swimlb) {
+    anyhow::ensure!(
+        !args.api_down
+            || implementations
+                .iter()
+                .all(|i| *i == Implementation::SwimlbKubernetes),
+        "--api-down applies to --impl swimlb-kubernetes only"
+    );
+    if implementations.iter().any(|i| {
+        matches!(
+            i,
+            Implementation::Keepalived | Implementation::KeepalivedFast
+        )
+    }) {
         ensure_packages(&[("keepalived", "keepalived")])?;
     }
     let program = speaker_program()?;
@@ -328,6 +359,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             trials: args.trials,
             loss: args.loss,
             probe_interval: Duration::from_millis(10),
+            api_down: args.api_down,
         };
         let report = failover::run(
             &options,
@@ -339,6 +371,9 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
                 }
                 Implementation::KeepalivedFast => {
                     Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)))
+                }
+                Implementation::SwimlbKubernetes => {
+                    Ok(Box::new(SwimlbDaemons::kubernetes(lab, program.clone())?))
                 }
             },
             &mut |line| println!("{line}"),

@@ -29,6 +29,7 @@ fn one_poweroff(implementation: Implementation, tuning: Tuning) -> Sample {
         trials: 1,
         loss: 0,
         probe_interval: Duration::from_millis(10),
+        api_down: false,
     };
     let report = failover::run(
         &options,

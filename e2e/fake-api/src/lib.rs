@@ -123,11 +123,11 @@ impl FakeApi {
         Self::start_with(FakeApiConfig::default()).await
     }
 
-    /// Starts a server with `config` on 127.0.0.1 (a free port) and writes its kubeconfig.
+    /// Starts a server with `config` on `config.bind` and writes its kubeconfig.
     pub async fn start_with(config: FakeApiConfig) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        let listener = TcpListener::bind(config.bind)
             .await
-            .context("binding 127.0.0.1:0")?;
+            .with_context(|| format!("binding {}", config.bind))?;
         let addr = listener.local_addr().context("reading the bound address")?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let now = store::rfc3339(
@@ -226,11 +226,14 @@ impl FakeApi {
     /// Every stored object of a resource named `services` or `ipaddresspools.swimlb.io`
     /// (the real server's qualified names), sorted by namespace and name.
     pub fn objects(&self, resource: &str) -> anyhow::Result<Vec<Value>> {
-        let index = resources::RESOURCES
-            .iter()
-            .position(|r| r.qualified_name() == resource)
-            .with_context(|| format!("the fake API server does not serve {resource:?}"))?;
+        let index = Self::index(resource)?;
         Ok(self.lock_store().objects(index))
+    }
+
+    /// One stored object of `resource` (as [`FakeApi::objects`] names it), if it exists.
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let index = Self::index(resource).ok()?;
+        self.lock_store().get(index, namespace, name).ok()
     }
 
     /// Creates `object` directly in the store (same validation and defaults as a POST), found by
@@ -252,6 +255,53 @@ impl FakeApi {
             created += 1;
         }
         Ok(created)
+    }
+
+    /// Applies a JSON merge patch (RFC 7386) to an object, or to its `/status` when `status`,
+    /// as a `PATCH` with `application/merge-patch+json` would (watchers see a MODIFIED event);
+    /// for tests and the lab that play the kubelet or the endpoint controller without a client.
+    pub fn merge_patch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> anyhow::Result<Value> {
+        let index = Self::index(resource)?;
+        let body = serde_json::to_vec(patch).context("encoding the patch")?;
+        self.lock_store()
+            .patch(
+                index,
+                namespace,
+                name,
+                store::PatchKind::Merge,
+                &body,
+                status,
+                &seed_context(),
+            )
+            .map_err(|e| anyhow::anyhow!("patching {resource} {name}: {e}"))
+    }
+
+    /// Deletes an object as a `DELETE` without options would.
+    pub fn delete(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        let index = Self::index(resource)?;
+        self.lock_store()
+            .delete(index, namespace, name, &Value::Null, &seed_context())
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("deleting {resource} {name}: {e}"))
+    }
+
+    fn index(resource: &str) -> anyhow::Result<usize> {
+        resources::RESOURCES
+            .iter()
+            .position(|r| r.qualified_name() == resource)
+            .with_context(|| format!("the fake API server does not serve {resource:?}"))
     }
 
     /// The current resourceVersion of the store.

@@ -36,6 +36,9 @@ pub struct FakeApiConfig {
     pub bookmark_interval: Duration,
     /// Watch duration when the client sends no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
+    /// Where to listen (`127.0.0.1:0` by default: a free port on loopback). The lab binds an
+    /// address of its bridge so that node namespaces reach the server.
+    pub bind: std::net::SocketAddr,
 }
 
 impl Default for FakeApiConfig {
@@ -44,6 +47,7 @@ impl Default for FakeApiConfig {
             history_capacity: 1000,
             bookmark_interval: Duration::from_secs(1),
             default_watch_timeout: Duration::from_secs(1800),
+            bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
 }

@@ -45,6 +45,7 @@ fn quick() -> FakeApiConfig {
         history_capacity: 1000,
         bookmark_interval: Duration::from_millis(100),
         default_watch_timeout: Duration::from_secs(60),
+        ..FakeApiConfig::default()
     }
 }
 
