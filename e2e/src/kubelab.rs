@@ -472,3 +472,91 @@ fn install_dnat(node: &Node) -> Result<()> {
     }
     Ok(())
 }
+
+/// The owner MetalLB's layer-2 order names for `ip` of Service `namespace/name` among `nodes`
+/// (every one a live candidate): the speakers' own election code, run here.
+pub fn metallb_owner(nodes: &[&str], ip: std::net::IpAddr, service: &str) -> Option<String> {
+    use swimlb_speaker::election::Election;
+    use swimlb_speaker::membership::{LiveSet, MemberMeta};
+    use swimlb_speaker::snapshot::{ServedIp, Snapshot};
+    let mut live = LiveSet::new();
+    for node in nodes {
+        let mut member = MemberMeta::new(*node);
+        member.settled = true;
+        live.upsert(member);
+    }
+    let snapshot = Snapshot::from_entries([(ip, ServedIp::service(service))]).ok()?;
+    Election::new(*nodes.first()?, snapshot, &live)
+        .owner(&ip)
+        .map(|o| o.to_string())
+}
+
+/// One speaker's `/status` entry for one address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressSeen {
+    /// The owner it elected.
+    pub owner: Option<String>,
+    /// Its verdict (`owner`, `not_owner`, `no_ready_endpoints`, ...).
+    pub verdict: String,
+    /// The members it sees.
+    pub members: usize,
+}
+
+/// What every node's speaker says of `ip`, in node order (`None`: no answer, or the address is
+/// not in its `/status`).
+pub fn address_views(lab: &Lab, ip: &str) -> Vec<Option<AddressSeen>> {
+    let nodes: Vec<SocketAddr> = lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, crate::failover::HTTP_PORT)))
+        .collect();
+    let count = nodes.len();
+    let ip = ip.to_string();
+    probe::in_netns(&lab.client_netns, move || {
+        nodes
+            .iter()
+            .map(|addr| {
+                let body = crate::demo::http_get(*addr, "/status")?;
+                let v: Value = serde_json::from_str(&body).ok()?;
+                let entry = v["addresses"]
+                    .as_array()?
+                    .iter()
+                    .find(|a| a["ip"] == ip.as_str())?;
+                Some(AddressSeen {
+                    owner: entry["owner"].as_str().map(str::to_string),
+                    verdict: entry["verdict"].as_str()?.to_string(),
+                    members: v["members"].as_array()?.len(),
+                })
+            })
+            .collect()
+    })
+    .unwrap_or_else(|_| vec![None; count])
+}
+
+/// Waits (at most `limit`, every 100 ms) until every speaker sees every member and they all name
+/// one owner for `ip` that `wanted` accepts (`None`: no owner); returns it, or the last views.
+pub fn wait_for_owner(
+    lab: &Lab,
+    ip: &str,
+    limit: Duration,
+    wanted: impl Fn(Option<&str>) -> bool,
+) -> Result<Option<String>, Vec<Option<AddressSeen>>> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let views = address_views(lab, ip);
+        let first = views.first().cloned().flatten();
+        if let Some(first) = first
+            && views.iter().all(|v| {
+                v.as_ref()
+                    .is_some_and(|v| v.owner == first.owner && v.members == lab.nodes.len())
+            })
+            && wanted(first.owner.as_deref())
+        {
+            return Ok(first.owner);
+        }
+        if Instant::now() > deadline {
+            return Err(views);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -125,6 +125,19 @@ impl RecordWriter {
         }
     }
 
+    /// The API server holds `status` (`None`: no record) for `service`'s record, as the watch
+    /// on the records saw it. If this node announces the Service and the record says otherwise
+    /// (another node overwrote it while the two could not hear each other, or somebody deleted
+    /// it), it is written again: a record never stays stale while its owner lives.
+    pub fn observe(&mut self, service: &ServiceKey, status: Option<&ServiceL2StatusStatus>) {
+        if let Some(mine) = self.written.get(service)
+            && Some(mine) != status
+        {
+            let mine = self.written.remove(service).expect("just read");
+            self.pending.insert(service.clone(), Write::Apply(mine));
+        }
+    }
+
     /// Whether writes are pending (a failed one included).
     pub fn is_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -301,6 +314,41 @@ mod tests {
         n2.set_desired(desired("n2", &["web"]), &BTreeSet::from([svc("db")]));
         assert!(n2.flush().await.is_empty());
         assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
+        api.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_record_overwritten_behind_the_owners_back_is_written_again() {
+        let api = api_with_namespace().await;
+        let client = api.client().await.unwrap();
+        let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
+        let mut n2 = RecordWriter::new(client, "swimlb-system");
+        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        assert!(n1.flush().await.is_empty());
+        // A partition: n2 also owns web for a while and writes the record.
+        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        assert!(n2.flush().await.is_empty());
+        let web = record_name(&svc("web"));
+        assert_eq!(records(&api), vec![(web.clone(), "n2".into(), "n2".into())]);
+        // The partition heals, n1 keeps web. Its own view of what it wrote hides the stale
+        // record; the watch shows it.
+        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        assert!(!n1.is_pending(), "nothing changed as far as n1 knows");
+        let theirs = record_status("n2", &svc("web"), &["eth0".to_string()]);
+        n1.observe(&svc("web"), Some(&theirs));
+        assert!(n1.is_pending());
+        assert!(n1.flush().await.is_empty());
+        assert_eq!(records(&api), vec![(web.clone(), "n1".into(), "n1".into())]);
+        // Seeing its own record again changes nothing; a deleted one is written again.
+        let mine = record_status("n1", &svc("web"), &["eth0".to_string()]);
+        n1.observe(&svc("web"), Some(&mine));
+        assert!(!n1.is_pending());
+        n1.observe(&svc("web"), None);
+        assert!(n1.is_pending());
+        // A Service this node does not announce is none of its business.
+        n2.set_desired(BTreeMap::new(), &BTreeSet::new());
+        n2.observe(&svc("web"), Some(&mine));
+        assert!(!n2.is_pending());
         api.shutdown().await;
     }
 

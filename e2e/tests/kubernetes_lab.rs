@@ -1,0 +1,514 @@
+//! The Kubernetes mode end to end in the Kubernetes lab (issue 13; see `swimlb_e2e::kubelab`):
+//! the fake API server on the lab bridge, the real controller, a speaker in Kubernetes mode in
+//! every node namespace, EndpointSlices written as the endpoint controller would, kube-proxy's
+//! DNAT on every node.
+//!
+//! - Cluster policy: the owner is the node MetalLB's order names; power it off and another node
+//!   answers, the client's neighbour entry moves by gratuitous ARP, the record names it.
+//! - Local policy: the IP follows the nodes with ready endpoints; with none nobody answers, and
+//!   `/status` says why.
+//! - API server down, then the owner powered off: the IP still moves; the record is corrected
+//!   once the API server is back, and no stale record remains.
+//! - A rolling restart of every speaker (SIGTERM, start, next) loses no probe.
+//! - `nodeSelectors` and the exclude label place the IP; two Services sharing an IP have one
+//!   announcer; a controller restart moves no IP.
+//!
+//! Every test needs root (network namespaces): each is `#[ignore = "needs root: ..."]` and runs
+//! with `--include-ignored` (as `sudo ./test.sh` does). The tests take a lock and run one at a
+//! time, as the other lab tests do. No time is asserted beyond generous functional bounds.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::json;
+use swimlb_e2e::demo::AnnouncementWatcher;
+use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
+use swimlb_e2e::kubelab::{self, APPS, NAMESPACE, Policy, SERVICE};
+use swimlb_e2e::netns::{self, Lab};
+use swimlb_e2e::probe::{self, PROBE_PORT, Prober, Worker};
+use swimlb_proto::ethernet::MacAddr;
+use tokio::time::Instant;
+
+static LAB: Mutex<()> = Mutex::new(());
+
+/// How long placement changes may take to reach every speaker (generous: a few watch events
+/// and one election).
+const PLACED: Duration = Duration::from_secs(15);
+
+fn one_lab(test: &str) -> MutexGuard<'static, ()> {
+    netns::require_root(test);
+    LAB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn program() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
+}
+
+/// A Kubernetes lab of three nodes with a responder on each. Fields drop in order: responders,
+/// daemons (the API server thread), then the lab (processes and namespaces).
+struct Running {
+    _responders: Vec<Worker>,
+    daemons: SwimlbDaemons,
+    lab: Lab,
+}
+
+impl Running {
+    fn start(n: u32) -> Running {
+        let id = format!("{}x{n}", std::process::id());
+        let mut lab = Lab::create_with_id(3, &id).expect("building the lab");
+        let mut responders = Vec::new();
+        for node in lab.nodes.clone() {
+            responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
+        }
+        let mut daemons =
+            SwimlbDaemons::kubernetes(&mut lab, program()).expect("the Kubernetes lab's cluster");
+        for i in 1..=lab.nodes.len() {
+            daemons.start(&mut lab, i).expect("starting a speaker");
+        }
+        Running {
+            _responders: responders,
+            daemons,
+            lab,
+        }
+    }
+
+    fn cluster(&self) -> &kubelab::Cluster {
+        self.daemons.cluster().expect("Kubernetes mode")
+    }
+
+    fn node_names(&self) -> Vec<String> {
+        self.lab.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    fn index_of(&self, name: &str) -> usize {
+        self.lab
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.index)
+            .unwrap_or_else(|| panic!("{name} is not a lab node"))
+    }
+
+    fn mac_of(&self, name: &str) -> String {
+        netns::mac_text(self.lab.node(self.index_of(name)).mac)
+    }
+
+    /// Every speaker's log and the controller's, for failure messages.
+    fn logs(&self) -> String {
+        let mut all = String::new();
+        for i in 1..=self.lab.nodes.len() {
+            let path = self.daemons.log_path(&self.lab, i);
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            all.push_str(&format!("--- {} ---\n{text}", path.display()));
+        }
+        let controller = self.daemons.dir().join("controller.log");
+        all.push_str(&format!(
+            "--- controller ---\n{}",
+            std::fs::read_to_string(controller).unwrap_or_default()
+        ));
+        all
+    }
+
+    /// Probes the VIP and waits for the lab to converge (the trials' own check); the owner.
+    fn settle(&mut self) -> (Prober, String) {
+        let prober = Prober::start(
+            &self.lab.client_netns,
+            SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
+            Duration::from_millis(10),
+        )
+        .expect("prober");
+        let settled = failover::settle(&self.lab, &mut self.daemons, &prober, &mut |line| {
+            eprintln!("{line}")
+        })
+        .expect("observing the lab")
+        .unwrap_or_else(|reason| panic!("the lab did not converge: {reason}\n{}", self.logs()));
+        (prober, settled.owner)
+    }
+
+    /// The single owner every speaker names for `ip` once `wanted` accepts it.
+    fn owner_of(&self, ip: &str, wanted: impl Fn(Option<&str>) -> bool) -> Option<String> {
+        kubelab::wait_for_owner(&self.lab, ip, PLACED, wanted).unwrap_or_else(|views| {
+            panic!(
+                "the speakers never agreed on an acceptable owner of {ip}: {views:?}\n{}",
+                self.logs()
+            )
+        })
+    }
+
+    /// The MACs that answer 3 ARP requests for `ip` from the client.
+    fn arp_answerers(&self, ip: Ipv4Addr) -> Vec<String> {
+        let mut macs: Vec<String> = probe::arp_claims(
+            &self.lab.client_netns,
+            ip,
+            None,
+            3,
+            Duration::from_millis(100),
+        )
+        .expect("ARP requests from the client")
+        .into_iter()
+        .filter(|c| c.reply)
+        .map(|c| netns::mac_text(c.mac))
+        .collect();
+        macs.sort();
+        macs.dedup();
+        macs
+    }
+}
+
+fn mac(m: [u8; 6]) -> MacAddr {
+    MacAddr(m[0], m[1], m[2], m[3], m[4], m[5])
+}
+
+/// The client's neighbour entry for `ip`: its MAC.
+fn neighbour_mac(lab: &Lab, ip: IpAddr) -> Option<String> {
+    let out = lab
+        .run_in(
+            &lab.client_netns,
+            "ip",
+            &["neigh", "show", &ip.to_string(), "dev", "eth0"],
+        )
+        .unwrap_or_default();
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "lladdr")?;
+    words.get(at + 1).map(|m| m.to_string())
+}
+
+/// Waits for a node other than `owner` to answer the prober after `fault`; that node.
+fn wait_for_failover(run: &Running, prober: &Prober, fault: Instant, owner: &str) -> String {
+    let deadline = fault + Duration::from_secs(10);
+    while probe::failover(&prober.snapshot(), fault, owner).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no other node answered within 10 s\n{}",
+            run.logs()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    failover::first_other_answer(&prober.snapshot(), fault, owner).expect("a new answerer")
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_and_the_record() {
+    let _one = one_lab("kubernetes cluster policy");
+    let mut run = Running::start(1);
+    let (prober, owner) = run.settle();
+    let names = run.node_names();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let expected = kubelab::metallb_owner(&names, vip, &format!("{APPS}/{SERVICE}"));
+    assert_eq!(
+        Some(&owner),
+        expected.as_ref(),
+        "MetalLB's order names the owner"
+    );
+    assert_eq!(
+        run.cluster().ingress(APPS, SERVICE),
+        vec![vip.to_string()],
+        "the controller assigned the VIP"
+    );
+    let record = run
+        .daemons
+        .before_fault(&owner, false)
+        .expect("observing the record")
+        .unwrap_or_else(|reason| panic!("{reason}\n{}", run.logs()))
+        .expect("a record watch in Kubernetes mode");
+    assert_eq!(
+        neighbour_mac(&run.lab, vip).as_deref(),
+        Some(run.mac_of(&owner).as_str())
+    );
+    let watcher = AnnouncementWatcher::start(&run.lab.client_netns, vec![vip]).unwrap();
+    let fault = Instant::now();
+    run.lab.set_link(run.index_of(&owner), false).unwrap();
+    let new_owner = wait_for_failover(&run, &prober, fault, &owner);
+    std::thread::sleep(Duration::from_millis(100));
+    let new_mac = mac(run.lab.node(run.index_of(&new_owner)).mac);
+    assert!(
+        watcher
+            .seen()
+            .iter()
+            .any(|a| a.at >= fault && a.mac == new_mac),
+        "the client saw no gratuitous ARP from {new_owner}"
+    );
+    assert_eq!(
+        neighbour_mac(&run.lab, vip).as_deref(),
+        Some(run.mac_of(&new_owner).as_str()),
+        "the client's neighbour entry holds the new owner's MAC"
+    );
+    let (named, _) = record
+        .join()
+        .unwrap_or_else(|| panic!("the record never changed\n{}", run.logs()));
+    assert_eq!(named, new_owner, "the record names the node that answers");
+    run.lab.teardown();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_status_says_why() {
+    let _one = one_lab("kubernetes local policy");
+    let run = Running::start(2);
+    let ip = Ipv4Addr::new(198, 51, 100, 101);
+    let api = run.cluster().api();
+    api.create(kubelab::service(
+        "local",
+        &ip.to_string(),
+        Policy::Local,
+        None,
+    ))
+    .unwrap();
+    api.create(kubelab::endpoint_slice("local", 0, &["node1", "node2"]))
+        .unwrap();
+    let expected = kubelab::metallb_owner(&["node1", "node2"], IpAddr::V4(ip), "default/local");
+    let owner = run.owner_of(&ip.to_string(), |o| o.is_some() && o == expected.as_deref());
+    let owner = owner.expect("an owner");
+    assert_eq!(run.arp_answerers(ip), vec![run.mac_of(&owner)]);
+
+    // The endpoints move to node3 alone: the IP follows.
+    let slice = json!({"endpoints": [{"addresses": ["203.0.113.30"], "nodeName": "node3",
+        "conditions": {"ready": true}}]});
+    api.merge_patch(
+        "endpointslices.discovery.k8s.io",
+        Some(APPS),
+        "local-0",
+        &slice,
+        false,
+    )
+    .unwrap();
+    run.owner_of(&ip.to_string(), |o| o == Some("node3"));
+    assert_eq!(run.arp_answerers(ip), vec![run.mac_of("node3")]);
+
+    // No ready endpoint anywhere: nobody answers, and every speaker says why.
+    let none = json!({"endpoints": [{"addresses": ["203.0.113.30"], "nodeName": "node3",
+        "conditions": {"ready": false, "serving": false}}]});
+    api.merge_patch(
+        "endpointslices.discovery.k8s.io",
+        Some(APPS),
+        "local-0",
+        &none,
+        false,
+    )
+    .unwrap();
+    run.owner_of(&ip.to_string(), |o| o.is_none());
+    let views = kubelab::address_views(&run.lab, &ip.to_string());
+    assert!(
+        views.iter().all(|v| v
+            .as_ref()
+            .is_some_and(|v| v.verdict == "no_ready_endpoints")),
+        "every speaker's /status gives the reason: {views:?}"
+    );
+    assert!(
+        run.arp_answerers(ip).is_empty(),
+        "nobody answers ARP for {ip}"
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn with_the_api_server_down_a_powered_off_owner_still_moves_and_the_record_is_corrected_after() {
+    let _one = one_lab("kubernetes API server outage");
+    let mut run = Running::start(3);
+    let (prober, owner) = run.settle();
+    let _ = run
+        .daemons
+        .before_fault(&owner, false)
+        .unwrap()
+        .unwrap_or_else(|reason| panic!("{reason}\n{}", run.logs()));
+    run.cluster().set_reachable(false);
+    let fault = Instant::now();
+    run.lab.set_link(run.index_of(&owner), false).unwrap();
+    let new_owner = wait_for_failover(&run, &prober, fault, &owner);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        run.cluster().record_node(APPS, SERVICE).as_deref(),
+        Some(owner.as_str()),
+        "nothing can be written while the API server is away"
+    );
+    run.cluster().set_reachable(true);
+    let corrected = run
+        .cluster()
+        .wait_record(APPS, SERVICE, Duration::from_secs(30), |n| n == new_owner);
+    assert!(
+        corrected.is_some(),
+        "the record was not corrected to {new_owner} once the API server was back\n{}",
+        run.logs()
+    );
+    assert_eq!(
+        run.cluster().records().all(),
+        vec![(format!("{APPS}/{SERVICE}"), new_owner.clone())],
+        "exactly one record, naming the new owner: nothing stale"
+    );
+    // The old owner comes back: it takes the IP back (MetalLB's revertive default) and the
+    // record follows; still one record.
+    run.lab.set_link(run.index_of(&owner), true).unwrap();
+    assert!(
+        run.cluster()
+            .wait_record(APPS, SERVICE, Duration::from_secs(30), |n| n == owner)
+            .is_some(),
+        "the record did not follow the returning owner\n{}",
+        run.logs()
+    );
+    assert_eq!(run.cluster().records().all().len(), 1);
+    drop(prober);
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_rolling_restart_of_every_speaker_loses_no_probe() {
+    let _one = one_lab("kubernetes rolling restart");
+    let mut run = Running::start(4);
+    let (prober, _) = run.settle();
+    let start = Instant::now();
+    for i in 1..=run.lab.nodes.len() {
+        run.daemons.signal(&mut run.lab, i, "TERM").unwrap();
+        assert!(
+            run.daemons.exit_status(i).is_some_and(|s| s.success()),
+            "node{i}'s speaker exited cleanly after SIGTERM\n{}",
+            run.logs()
+        );
+        run.daemons.start(&mut run.lab, i).unwrap();
+        // As a DaemonSet update waits for the new Pod to be ready: every speaker sees every
+        // member and they agree on the owner.
+        run.owner_of(&netns::vip_v4(0).to_string(), |o| o.is_some());
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let records = prober.stop();
+    // The last probes' answers may still be in flight.
+    let settled = &records[..records.len().saturating_sub(5)];
+    let lost: Vec<u64> = settled
+        .iter()
+        .filter(|r| r.sent >= start && r.answer.is_none())
+        .map(|r| r.seq)
+        .collect();
+    let answered = settled.iter().filter(|r| r.answer.is_some()).count();
+    eprintln!(
+        "rolling restart: {} probes, {answered} answered, lost {lost:?}, {} owner changes",
+        settled.len(),
+        probe::owner_changes(settled)
+    );
+    assert!(
+        lost.is_empty(),
+        "probes lost during the rolling restart: {lost:?}\n{}",
+        run.logs()
+    );
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
+    let _one = one_lab("kubernetes placement");
+    let mut run = Running::start(5);
+    let (prober, owner) = run.settle();
+    let vip = netns::vip_v4(0).to_string();
+
+    // A controller restart moves no IP.
+    let before = prober.snapshot().len();
+    run.daemons
+        .cluster_mut()
+        .unwrap()
+        .stop_controller(&mut run.lab)
+        .unwrap();
+    let cluster = run.daemons.cluster_mut().unwrap();
+    cluster.start_controller(&mut run.lab).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let records = prober.stop();
+    assert_eq!(
+        probe::owner_changes(&records[before.min(records.len())..]),
+        0,
+        "the answering node changed across a controller restart"
+    );
+    assert_eq!(run.cluster().ingress(APPS, SERVICE), vec![vip.clone()]);
+    assert_eq!(
+        run.owner_of(&vip, |o| o.is_some()).as_deref(),
+        Some(owner.as_str())
+    );
+
+    // nodeSelectors: the advertisement selects one other node; the IP goes there alone.
+    let chosen = run.node_names().into_iter().find(|n| *n != owner).unwrap();
+    let api = run.cluster().api();
+    let selectors = json!({"spec": {"nodeSelectors": [
+        {"matchLabels": {"kubernetes.io/hostname": chosen}}]}});
+    api.merge_patch(
+        "l2advertisements.swimlb.io",
+        Some(NAMESPACE),
+        "lab",
+        &selectors,
+        false,
+    )
+    .unwrap();
+    run.owner_of(&vip, |o| o == Some(chosen.as_str()));
+    assert_eq!(
+        run.arp_answerers(netns::vip_v4(0)),
+        vec![run.mac_of(&chosen)]
+    );
+    api.merge_patch(
+        "l2advertisements.swimlb.io",
+        Some(NAMESPACE),
+        "lab",
+        &json!({"spec": {"nodeSelectors": null}}),
+        false,
+    )
+    .unwrap();
+    run.owner_of(&vip, |o| o == Some(owner.as_str()));
+
+    // The exclude label takes the owner out; removing it brings the IP back.
+    let exclude = "node.kubernetes.io/exclude-from-external-load-balancers";
+    api.merge_patch(
+        "nodes",
+        None,
+        &owner,
+        &json!({"metadata": {"labels": {exclude: ""}}}),
+        false,
+    )
+    .unwrap();
+    let moved = run.owner_of(&vip, |o| o.is_some() && o != Some(owner.as_str()));
+    let moved = moved.unwrap();
+    assert_eq!(
+        run.arp_answerers(netns::vip_v4(0)),
+        vec![run.mac_of(&moved)]
+    );
+    api.merge_patch(
+        "nodes",
+        None,
+        &owner,
+        &json!({"metadata": {"labels": {exclude: null}}}),
+        false,
+    )
+    .unwrap();
+    run.owner_of(&vip, |o| o == Some(owner.as_str()));
+
+    // Two Services sharing one IP: one entry, one owner, one ARP answerer, both records on it.
+    let shared = Ipv4Addr::new(198, 51, 100, 102);
+    for name in ["shared-a", "shared-b"] {
+        api.create(kubelab::service(
+            name,
+            &shared.to_string(),
+            Policy::Cluster,
+            Some("lab-key"),
+        ))
+        .unwrap();
+        api.create(kubelab::endpoint_slice(
+            name,
+            0,
+            &["node1", "node2", "node3"],
+        ))
+        .unwrap();
+    }
+    let sharer = run.owner_of(&shared.to_string(), |o| o.is_some()).unwrap();
+    assert_eq!(run.arp_answerers(shared), vec![run.mac_of(&sharer)]);
+    let deadline = Instant::now() + PLACED;
+    let want = vec![
+        ("default/shared-a".to_string(), sharer.clone()),
+        ("default/shared-b".to_string(), sharer.clone()),
+    ];
+    let mut records = run.cluster().records().all();
+    while !want.iter().all(|w| records.contains(w)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        records = run.cluster().records().all();
+    }
+    assert!(
+        want.iter().all(|w| records.contains(w)),
+        "both sharing Services' records name {sharer}: {records:?}"
+    );
+}
