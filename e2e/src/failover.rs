@@ -73,6 +73,10 @@ pub enum Scenario {
     Kill,
     /// SIGTERM to the owner's daemon: a graceful stop.
     Sigterm,
+    /// SIGSTOP to the owner's daemon for 2 s, then SIGCONT (see [`crate::pause`]).
+    Pause,
+    /// SIGSTOP to a non-owner's daemon for 2 s, then SIGCONT: nothing may move.
+    PauseBackup,
 }
 
 impl Scenario {
@@ -82,6 +86,8 @@ impl Scenario {
             Scenario::Poweroff => "poweroff",
             Scenario::Kill => "kill",
             Scenario::Sigterm => "sigterm",
+            Scenario::Pause => "pause",
+            Scenario::PauseBackup => "pause-backup",
         }
     }
 }
@@ -131,6 +137,10 @@ pub trait Daemons {
     }
     /// After the failover was measured: brings the API server back (Kubernetes lab).
     fn after_fault(&mut self) {}
+    /// The process id of node `index`'s daemon (the one a pause stops), while it runs.
+    fn pid(&mut self, _lab: &mut Lab, _index: usize) -> Option<u32> {
+        None
+    }
 }
 
 /// keepalived on every node.
@@ -411,6 +421,10 @@ impl Daemons for SwimlbDaemons {
                 .collect()
         });
         Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
+    }
+
+    fn pid(&mut self, lab: &mut Lab, index: usize) -> Option<u32> {
+        SwimlbDaemons::pid(self, lab, index)
     }
 
     fn before_fault(
@@ -775,6 +789,9 @@ pub fn run(
             Scenario::Poweroff => lab.set_link(index, false)?,
             Scenario::Kill => daemons.signal(&mut lab, index, "KILL")?,
             Scenario::Sigterm => daemons.signal(&mut lab, index, "TERM")?,
+            Scenario::Pause | Scenario::PauseBackup => {
+                bail!("the pause scenarios run in crate::pause::run")
+            }
         }
         false_failovers += settled.false_failovers;
         let deadline = fault + Duration::from_secs(30);
@@ -835,6 +852,7 @@ pub fn run(
                 daemons.start(&mut lab, index)?;
             }
             Scenario::Sigterm => daemons.start(&mut lab, index)?,
+            Scenario::Pause | Scenario::PauseBackup => {}
         }
     }
     drop(responders);

@@ -15,6 +15,7 @@
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
 //! - [`metrics_doc`]: the README's metrics table against what a `/metrics` exposes.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
+//! - [`pause`]: the pause scenarios of `swimlb-lab failover`: a speaker not scheduled for 2 s.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
@@ -31,6 +32,7 @@ pub mod manifest_tools;
 pub mod manifests;
 pub mod metrics_doc;
 pub mod netns;
+pub mod pause;
 pub mod probe;
 pub mod promtool;
 pub mod sim;

@@ -330,8 +330,21 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
         "poweroff" => Scenario::Poweroff,
         "kill" => Scenario::Kill,
         "sigterm" => Scenario::Sigterm,
-        other => anyhow::bail!("--scenario {other}: expected poweroff, kill or sigterm"),
+        "pause" => Scenario::Pause,
+        "pause-backup" => Scenario::PauseBackup,
+        other => anyhow::bail!(
+            "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
+        ),
     };
+    let pause = matches!(scenario, Scenario::Pause | Scenario::PauseBackup);
+    anyhow::ensure!(
+        !pause
+            || implementations
+                .iter()
+                .all(|i| matches!(i, Implementation::Swimlb | Implementation::SwimlbKubernetes)),
+        "--scenario {}: swimlb and swimlb-kubernetes only (keepalived runs as several processes)",
+        args.scenario
+    );
     anyhow::ensure!(args.trials > 0, "--trials must be at least 1");
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
     anyhow::ensure!(
@@ -351,6 +364,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     }
     let program = speaker_program()?;
     let mut reports = Vec::new();
+    let mut pause_reports = Vec::new();
     for &implementation in &implementations {
         let options = Options {
             implementation,
@@ -361,24 +375,41 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             probe_interval: Duration::from_millis(10),
             api_down: args.api_down,
         };
-        let report = failover::run(
-            &options,
-            &|lab| match implementation {
-                Implementation::Swimlb => Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
-                    as Box<dyn failover::Daemons>),
-                Implementation::Keepalived => {
-                    Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)))
+        let make =
+            |lab: &mut swimlb_e2e::netns::Lab| -> anyhow::Result<Box<dyn failover::Daemons>> {
+                match implementation {
+                    Implementation::Swimlb => {
+                        Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
+                            as Box<dyn failover::Daemons>)
+                    }
+                    Implementation::Keepalived => {
+                        Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)))
+                    }
+                    Implementation::KeepalivedFast => {
+                        Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)))
+                    }
+                    Implementation::SwimlbKubernetes => {
+                        Ok(Box::new(SwimlbDaemons::kubernetes(lab, program.clone())?))
+                    }
                 }
-                Implementation::KeepalivedFast => {
-                    Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)))
-                }
-                Implementation::SwimlbKubernetes => {
-                    Ok(Box::new(SwimlbDaemons::kubernetes(lab, program.clone())?))
-                }
-            },
-            &mut |line| println!("{line}"),
-        )?;
-        reports.push(report);
+            };
+        if pause {
+            let report = swimlb_e2e::pause::run(&options, &make, &mut |line| println!("{line}"))?;
+            pause_reports.push(report);
+            continue;
+        }
+        reports.push(failover::run(&options, &make, &mut |line| {
+            println!("{line}")
+        })?);
+    }
+    if pause {
+        for report in &pause_reports {
+            println!("{}", report.table());
+        }
+        if let Some(path) = &args.json {
+            write_reports(path, &pause_reports)?;
+        }
+        return Ok(());
     }
     for report in &reports {
         println!("{}", report.table());
