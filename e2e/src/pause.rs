@@ -203,20 +203,20 @@ pub fn run(
             }
             _ => None,
         };
-        let rejoin_ms = Some(rejoined.duration_since(resume).as_secs_f64() * 1e3);
+        let rejoin_ms = rejoined.duration_since(resume).as_secs_f64() * 1e3;
         progress(&format!(
             "trial {trial}/{}: {} paused {} ms: failover {}, old owner's answers after resume {stale}, answering node changed {changes} times, rejoined {:.0} ms after resume",
             options.trials,
             paused.name,
             PAUSE.as_millis(),
             failover_ms.map_or("none".to_string(), |ms| format!("{ms:.1} ms")),
-            rejoin_ms.unwrap_or(0.0)
+            rejoin_ms
         ));
         samples.push(PauseSample {
             failover_ms,
             old_owner_answers: stale,
             owner_changes: changes,
-            rejoin_ms,
+            rejoin_ms: Some(rejoin_ms),
         });
     }
     drop(responders);
