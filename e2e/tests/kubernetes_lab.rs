@@ -498,7 +498,7 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
     let sharer = run.owner_of(&shared.to_string(), |o| o.is_some()).unwrap();
     assert_eq!(run.arp_answerers(shared), vec![run.mac_of(&sharer)]);
     let deadline = Instant::now() + PLACED;
-    let want = vec![
+    let want = [
         ("default/shared-a".to_string(), sharer.clone()),
         ("default/shared-b".to_string(), sharer.clone()),
     ];
