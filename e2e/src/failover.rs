@@ -21,6 +21,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::converge::{self, SpeakerView, Views};
+use crate::flood::{Flood, FloodKind};
 use crate::keepalived;
 use crate::kubelab;
 use crate::netns::{self, Lab};
@@ -110,6 +111,22 @@ pub struct Options {
     /// Kubernetes lab only: the API server is unreachable from right before each fault until
     /// the trial's failover was measured.
     pub api_down: bool,
+    /// A flood from the client during every trial (see [`crate::flood`]), and its rate.
+    pub flood: Option<(FloodKind, u64)>,
+}
+
+/// The flood a run ran under, and what the speakers spent meanwhile.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FloodReport {
+    /// `arp` or `gossip`.
+    pub kind: &'static str,
+    /// Packets per second asked for.
+    pub pps: u64,
+    /// Packets the client's kernel accepted.
+    pub sent: u64,
+    /// Each node's daemon's CPU over the run, percent of one core (node order; a daemon that
+    /// was restarted counts from its restart).
+    pub cpu_percent: Vec<(String, f64)>,
 }
 
 /// Starts, signals and restarts the daemon of each node.
@@ -565,6 +582,9 @@ pub struct Report {
     /// Kubernetes lab: whether the API server was unreachable during each fault.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub api_down: bool,
+    /// The flood during the trials, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<FloodReport>,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -599,6 +619,7 @@ impl Report {
             false_failovers,
             status_ms: (!status.is_empty()).then(|| percentiles(&status)),
             api_down: options.api_down,
+            flood: None,
             samples,
         }
     }
@@ -630,6 +651,19 @@ impl Report {
                 } else {
                     ""
                 }
+            ),
+            None => String::new(),
+        } + &match &self.flood {
+            Some(f) => format!(
+                " | {} flood {} pps ({} sent), CPU % {}",
+                f.kind,
+                f.pps,
+                f.sent,
+                f.cpu_percent
+                    .iter()
+                    .map(|(n, c)| format!("{n} {c:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             None => String::new(),
         }
@@ -754,6 +788,28 @@ pub fn run(
         daemons.start(&mut lab, i)?;
     }
     let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
+    let flood = match options.flood {
+        Some((kind, pps)) => {
+            let key = std::fs::read_to_string(lab.work_dir().join("keys"))
+                .ok()
+                .and_then(|text| swimlb_config::keyfile::parse_key_file(&text).ok())
+                .and_then(|keys| keys.first().copied());
+            let usage: Vec<Option<(u32, u64)>> = (1..=options.nodes)
+                .map(|i| {
+                    let pid = daemons.pid(&mut lab, i)?;
+                    Some((pid, crate::soak::proc_usage(pid)?.0))
+                })
+                .collect();
+            Some((
+                kind,
+                pps,
+                Flood::start(&lab, kind, pps, key)?,
+                usage,
+                Instant::now(),
+            ))
+        }
+        None => None,
+    };
     let mut samples = Vec::new();
     let mut failed_trials = 0;
     let mut false_failovers = 0;
@@ -855,14 +911,37 @@ pub fn run(
             Scenario::Pause | Scenario::PauseBackup => {}
         }
     }
+    let flood = flood.map(|(kind, pps, flood, before, started)| {
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu_percent = (1..=options.nodes)
+            .map(|i| {
+                let now = daemons
+                    .pid(&mut lab, i)
+                    .and_then(|pid| Some((pid, crate::soak::proc_usage(pid)?.0)));
+                let spent = match (before[i - 1], now) {
+                    (Some((p0, t0)), Some((p1, t1))) if p0 == p1 => t1.saturating_sub(t0),
+                    (_, Some((_, t1))) => t1,
+                    _ => 0,
+                };
+                // /proc counts USER_HZ ticks: 100 a second on Linux.
+                (
+                    lab.node(i).name.clone(),
+                    spent as f64 / 100.0 / elapsed * 100.0,
+                )
+            })
+            .collect();
+        FloodReport {
+            kind: kind.as_str(),
+            pps,
+            sent: flood.stop(),
+            cpu_percent,
+        }
+    });
     drop(responders);
     lab.teardown();
-    Ok(Report::new(
-        options,
-        samples,
-        failed_trials,
-        false_failovers,
-    ))
+    let mut report = Report::new(options, samples, failed_trials, false_failovers);
+    report.flood = flood;
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -900,6 +979,7 @@ mod tests {
             loss: 0,
             probe_interval: Duration::from_millis(10),
             api_down: false,
+            flood: None,
         };
         let report = Report::new(
             &options,

@@ -7,6 +7,7 @@
 //! - [`dashboard`]: the Grafana dashboard's panels and queries, with variables substituted.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline.
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
+//! - [`flood`]: paced floods from the client: frames, ARP requests for the VIP, forged gossip.
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`kubelab`]: the Kubernetes lab: the fake API server on the lab bridge, the controller,
 //!   speakers in Kubernetes mode, kube-proxy's DNAT.
@@ -26,6 +27,7 @@ pub mod converge;
 pub mod dashboard;
 pub mod demo;
 pub mod failover;
+pub mod flood;
 pub mod keepalived;
 pub mod kubelab;
 pub mod manifest_tools;

@@ -100,6 +100,11 @@ struct FailoverArgs {
     /// the failover was measured.
     #[arg(long)]
     api_down: bool,
+    /// A flood from the client during every trial: `arp PPS` (broadcast ARP requests for the
+    /// VIP) or `gossip PPS` (forged datagrams at every gossip port); the report adds each
+    /// daemon's CPU.
+    #[arg(long, num_args = 2, value_names = ["KIND", "PPS"])]
+    flood: Option<Vec<String>>,
     /// Write the report as JSON (an object for one implementation, an array for several).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -336,6 +341,18 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
         ),
     };
+    let flood = match args.flood.as_deref() {
+        None => None,
+        Some([kind, pps]) => Some((
+            swimlb_e2e::flood::FloodKind::parse(kind)
+                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
+            pps.parse::<u64>()
+                .ok()
+                .filter(|p| *p > 0)
+                .with_context(|| format!("--flood {kind} {pps}: a rate above 0"))?,
+        )),
+        Some(other) => anyhow::bail!("--flood takes KIND PPS, not {other:?}"),
+    };
     let pause = matches!(scenario, Scenario::Pause | Scenario::PauseBackup);
     anyhow::ensure!(
         !pause
@@ -374,6 +391,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             loss: args.loss,
             probe_interval: Duration::from_millis(10),
             api_down: args.api_down,
+            flood,
         };
         let make =
             |lab: &mut swimlb_e2e::netns::Lab| -> anyhow::Result<Box<dyn failover::Daemons>> {

@@ -8,8 +8,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -17,8 +15,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::failover::{Daemons as _, SwimlbDaemons};
+use crate::flood::{Flood, FloodKind};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, spawn_in};
+use crate::probe::{self, PROBE_PORT, Prober};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -92,7 +91,7 @@ impl Report {
 }
 
 /// The (utime + stime) of `pid`, in clock ticks, and its resident memory in KiB.
-fn proc_usage(pid: u32) -> Option<(u64, u64)> {
+pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which is in parentheses and may contain spaces.
     let rest = stat.rsplit_once(')')?.1;
@@ -108,62 +107,6 @@ fn proc_usage(pid: u32) -> Option<(u64, u64)> {
         .parse()
         .ok()?;
     Some((utime + stime, rss_kib))
-}
-
-/// Sends `pps` IPv4/UDP frames per second from `netns`'s `eth0` to `dst_mac`, until stopped.
-fn flood(
-    netns: &str,
-    dst_mac: [u8; 6],
-    pps: u64,
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-) -> Result<std::thread::JoinHandle<()>> {
-    let setup = || -> Result<_> {
-        let iface = pnet_datalink::interfaces()
-            .into_iter()
-            .find(|i| i.name == "eth0")
-            .context("no eth0")?;
-        let config = pnet_datalink::Config {
-            promiscuous: false,
-            ..Default::default()
-        };
-        match pnet_datalink::channel(&iface, config)? {
-            pnet_datalink::Channel::Ethernet(tx, _rx) => Ok(tx),
-            _ => anyhow::bail!("not an Ethernet channel"),
-        }
-    };
-    spawn_in(netns, "flood", setup, move |mut tx| {
-        // A minimal IPv4/UDP frame to the node's MAC, client -> node, port 9 (discard).
-        let mut frame = [0u8; 60];
-        frame[..6].copy_from_slice(&dst_mac);
-        frame[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0xfe]);
-        frame[12..14].copy_from_slice(&[0x08, 0x00]);
-        frame[14] = 0x45;
-        frame[16..18].copy_from_slice(&46u16.to_be_bytes());
-        frame[22] = 64;
-        frame[23] = 17;
-        frame[26..30].copy_from_slice(&netns::CLIENT_V4.octets());
-        frame[30..34].copy_from_slice(&[198, 51, 100, 11]);
-        frame[36..38].copy_from_slice(&9u16.to_be_bytes());
-        frame[38..40].copy_from_slice(&26u16.to_be_bytes());
-        let start = Instant::now();
-        let mut n: u64 = 0;
-        while !stop.load(Ordering::Relaxed) {
-            let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
-            let now = Instant::now();
-            if now < due {
-                std::thread::sleep((due - now).min(Duration::from_millis(1)));
-                continue;
-            }
-            // Send in small batches to keep up with the rate.
-            for _ in 0..64 {
-                if tx.send_to(&frame, None).is_some_and(|r| r.is_ok()) {
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-                n += 1;
-            }
-        }
-    })
 }
 
 /// Runs the soak; `program` is the lab binary (for the speakers).
@@ -206,15 +149,12 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         })
         .collect();
     let before: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicU64::new(0));
     let flooder = if options.flood_pps > 0 {
-        Some(flood(
-            &lab.client_netns,
-            lab.node(1).mac,
+        Some(Flood::start(
+            &lab,
+            FloodKind::Frames,
             options.flood_pps,
-            stop.clone(),
-            sent.clone(),
+            None,
         )?)
     } else {
         None
@@ -224,10 +164,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
     std::thread::sleep(options.duration);
     let elapsed = started.elapsed();
     let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
-    stop.store(true, Ordering::Relaxed);
-    if let Some(f) = flooder {
-        let _ = f.join();
-    }
+    let flood_sent = flooder.map_or(0, Flood::stop);
     let records = prober.stop();
     // The newest probes may still be in flight.
     let watched = &records[skip.min(records.len())..records.len().saturating_sub(5)];
@@ -253,7 +190,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         loss: options.loss,
         duration_s: elapsed.as_secs_f64(),
         flood_pps: options.flood_pps,
-        flood_sent: sent.load(Ordering::Relaxed),
+        flood_sent,
         probes: watched.len(),
         lost_probes: watched.iter().filter(|r| r.answer.is_none()).count(),
         owner_changes: probe::owner_changes(watched),

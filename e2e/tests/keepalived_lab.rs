@@ -30,6 +30,7 @@ fn one_poweroff(implementation: Implementation, tuning: Tuning) -> Sample {
         loss: 0,
         probe_interval: Duration::from_millis(10),
         api_down: false,
+        flood: None,
     };
     let report = failover::run(
         &options,
