@@ -6,9 +6,11 @@
 # keepalived is the comparison peer; prometheus brings promtool, which lints /metrics and
 # unit-tests deploy/prometheus/rules.yaml, and the server that evaluates the Grafana dashboard
 # against the lab; python3-venv holds the PyPI tools that check deploy/,
-# kubernetes-client is Debian's kubectl). Tests that need root are marked
-# #[ignore = "needs root: ..."]: as root this script runs them with --include-ignored; without
-# root they show as ignored, never as passed.
+# kubernetes-client is Debian's kubectl; buildah builds the Containerfile from scratch and
+# podman runs it, with runc because crun refuses this VM's hybrid cgroup layout, see
+# e2e/tests/image.rs). Tests that need root are marked #[ignore = "needs root: ..."]: as root
+# this script runs them with --include-ignored; without root they show as ignored, never as
+# passed.
 #
 # Arguments go to `cargo test`; those after a `--` go to the test binaries, after the flags below.
 set -euo pipefail
@@ -24,6 +26,9 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v keepalived >/dev/null 2>&1 || need+=(keepalived)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need+=(prometheus)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 # The PyPI tools below need a python3 that can make a virtual environment.
 tools_venv=/opt/swimlb-tools
 if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
@@ -69,7 +74,8 @@ if [ "$(id -u)" -eq 0 ]; then
   cargo test --workspace --benches --locked "${cargo_args[@]}" -- "$@"
 else
   echo "test.sh: not root: the network-namespace tests (speaker/tests/*_netns.rs, e2e/tests/*_lab.rs," >&2
-  echo "test.sh: e2e/tests/responder_netns.rs) show as ignored; run as root (sudo ./test.sh) to run them" >&2
+  echo "test.sh: e2e/tests/responder_netns.rs) and the image test (e2e/tests/image.rs) show as ignored;" >&2
+  echo "test.sh: run as root (sudo ./test.sh) to run them" >&2
   cargo test --workspace --all-targets --locked "${cargo_args[@]}" -- "$@"
 fi
 

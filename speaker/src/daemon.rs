@@ -10,9 +10,15 @@
 //!   so a netlink dump never delays a conflict or an announcement tick.
 //! - [`JoinHold`] decides when a starting node may answer: not while the mesh forms (a node
 //!   alone elects itself for everything, and two nodes would answer for one IP).
+//! - [`FailoverMetrics`] is the failover latency histogram: for every
+//!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
+//!   this node handed its first announcement of the IP to the responder.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
@@ -21,7 +27,7 @@ use crate::engine::{Action, Engine, Input, Notice};
 use crate::gossip::{GossipHandle, Phase};
 use crate::interfaces::{self, InterfaceWatch, Link, Route};
 use crate::local::LocalState;
-use crate::membership::{AnnounceFacts, LiveChange, LiveSet};
+use crate::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
 use crate::status::StatusBoard;
 
 /// A starting node answers at the latest this long after start, joined or not (its peers may
@@ -85,6 +91,64 @@ impl JoinHold {
             None => grace,
         })
     }
+}
+
+/// `swimlb_failover_seconds`: how long the IPs this node took over were unanswered, as far as
+/// this node can tell. One sample per IP taken over from a member that went down or left (see
+/// [`Notice::TookOver`] for what is not a takeover), from the last datagram this node heard
+/// from that member to the moment it handed its first gratuitous announcement of the IP to the
+/// responder (which sends it at once). Not timed: a previous owner this node never heard from
+/// directly. Cloning shares the series.
+#[derive(Debug, Clone)]
+pub struct FailoverMetrics {
+    seconds: Histogram,
+}
+
+impl Default for FailoverMetrics {
+    fn default() -> FailoverMetrics {
+        FailoverMetrics {
+            // 10 ms .. 10.24 s, doubling.
+            seconds: Histogram::new(exponential_buckets(0.01, 2.0, 11)),
+        }
+    }
+}
+
+impl FailoverMetrics {
+    /// The histogram, registered into `registry`.
+    pub fn register(registry: &mut Registry) -> FailoverMetrics {
+        let metrics = FailoverMetrics::default();
+        registry.register(
+            "swimlb_failover_seconds",
+            "From the last datagram heard from an IP's owner that went down or left to this node's first gratuitous announcement of the IP, one sample per IP taken over",
+            metrics.seconds.clone(),
+        );
+        metrics
+    }
+}
+
+/// Times every [`Notice::TookOver`] among `actions` into `failovers`: from when its previous
+/// owner was last heard from (`last_heard`; `None`: never directly, not timed) to `announced`,
+/// when the actions' announcements were handed to the responders. Returns each takeover with
+/// its duration, for the log.
+pub(crate) fn observe_takeovers<'a>(
+    actions: &'a [Action],
+    announced: Instant,
+    last_heard: impl Fn(&str) -> Option<Instant>,
+    failovers: &FailoverMetrics,
+) -> Vec<(IpAddr, &'a NodeName, Option<Duration>)> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Notice(Notice::TookOver { ip, from }) => {
+                let took = last_heard(from).map(|heard| announced.saturating_duration_since(heard));
+                if let Some(took) = took {
+                    failovers.seconds.observe(took.as_secs_f64());
+                }
+                Some((*ip, from, took))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The latest links and routes, dumped in the background after every kernel notification.
@@ -154,6 +218,7 @@ pub struct Daemon {
     pub board: StatusBoard,
     answering: AnsweringLinks,
     gossip: GossipHandle,
+    failovers: FailoverMetrics,
     live: watch::Receiver<LiveSet>,
     drained: bool,
 }
@@ -167,6 +232,7 @@ impl Daemon {
         board: StatusBoard,
         answering: AnsweringLinks,
         gossip: GossipHandle,
+        failovers: FailoverMetrics,
     ) -> Daemon {
         let live = gossip.live();
         board.members(live.borrow().iter());
@@ -178,6 +244,7 @@ impl Daemon {
             board,
             answering,
             gossip,
+            failovers,
             live,
             drained: false,
         };
@@ -272,6 +339,21 @@ impl Daemon {
     /// Carries out `actions`, in order.
     pub async fn perform(&mut self, actions: Vec<Action>) {
         self.answering.perform(&actions);
+        // The announcements are with the responders: the failovers among them end now.
+        let gossip = &self.gossip;
+        for (ip, from, took) in observe_takeovers(
+            &actions,
+            Instant::now(),
+            |node| gossip.last_heard_before_down(node),
+            &self.failovers,
+        ) {
+            tracing::info!(
+                %ip,
+                previous_owner = %from,
+                failover_ms = took.map(|t| t.as_secs_f64() * 1000.0),
+                "took over from a member that went down or left"
+            );
+        }
         let mut facts_changed = false;
         for action in actions {
             match action {
@@ -338,6 +420,8 @@ fn log(notice: &Notice) {
         Notice::Unplaced { ip, reason } => {
             tracing::warn!(%ip, reason = reason.as_str(), "owner, but no interface to announce on")
         }
+        // Logged with its duration where it is timed (`Daemon::perform`).
+        Notice::TookOver { .. } => {}
     }
 }
 

@@ -44,7 +44,7 @@ use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
-use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until};
 use crate::engine::placement::Placement;
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Timing};
@@ -292,6 +292,7 @@ impl Source {
         let timing = timing(&config).map_err(gossip::GossipError::from)?;
         let mut registry = Registry::default();
         let gossip_metrics = GossipMetrics::register(&mut registry);
+        let failovers = FailoverMetrics::register(&mut registry);
         let responder_metrics = responder::Metrics::default();
         responder_metrics.register(&mut registry);
         let metrics = Metrics::default();
@@ -350,7 +351,7 @@ impl Source {
             hook_results,
             net,
         };
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
         let mut source = Source {
             config,
             path,

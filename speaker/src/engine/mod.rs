@@ -27,6 +27,11 @@
 //!   [`DRAIN_DEADLINE`] passes; then [`Action::Drained`], once.
 //! - **Same facts, same state.** The answered set after any sequence of inputs equals what a
 //!   fresh engine computes from the final facts (a property test checks it).
+//! - **Failovers are told.** An IP this node comes to own because its owner went down or left
+//!   gets one [`Notice::TookOver`], right after its first announcement, for the drivers to time
+//!   the failover. Owning at start-up, taking over from a live member (preemption, a check or a
+//!   link lost, a draining owner's handover) and an IP that moves on before it is announced get
+//!   none.
 
 pub mod conflict;
 pub mod placement;
@@ -163,6 +168,15 @@ pub enum Notice {
         /// Why.
         reason: NoInterface,
     },
+    /// The first announcement of `ip` just went out (it is among this call's actions, before this
+    /// notice) since this node took it over from `from`, which went down or left while it owned
+    /// it. Once per takeover; never at start-up, nor from a member still alive.
+    TookOver {
+        /// The IP.
+        ip: IpAddr,
+        /// The previous owner.
+        from: NodeName,
+    },
 }
 
 /// One IP as this node sees it, for `/status` and the metrics.
@@ -201,6 +215,9 @@ pub struct Engine {
     facts: AnnounceFacts,
     drain: Option<Drain>,
     hold: bool,
+    /// IPs this node took over from a member that went down or left, until their first
+    /// announcement ([`Notice::TookOver`]) or until this node no longer owns them.
+    taken_over: BTreeMap<IpAddr, NodeName>,
 }
 
 /// Everything an engine starts from.
@@ -239,6 +256,7 @@ impl Engine {
             facts: AnnounceFacts::default(),
             drain: None,
             hold: start.hold,
+            taken_over: BTreeMap::new(),
         };
         let mut actions = Vec::new();
         engine.update_facts(&mut actions);
@@ -257,9 +275,26 @@ impl Engine {
                 joined,
             } => self.member(now, node, record, joined),
             Input::Live(live) => {
+                // Owners gone from the new live set, with their IPs: the ones this node takes
+                // are takeovers.
+                let gone: Vec<(IpAddr, NodeName)> = self
+                    .election
+                    .outcomes()
+                    .iter()
+                    .filter_map(|(ip, outcome)| {
+                        let owner = outcome.owner()?;
+                        (owner != self.election.local() && !live.contains(owner))
+                            .then(|| (*ip, owner.to_string()))
+                    })
+                    .collect();
                 self.live = live;
                 let node = self.election.local().to_string();
                 self.election = Election::new(node, self.election.snapshot().clone(), &self.live);
+                for (ip, from) in gone {
+                    if self.election.owns(&ip) {
+                        self.taken_over.insert(ip, from);
+                    }
+                }
                 self.all_ips()
             }
             Input::Snapshot(snapshot) => self.snapshot(snapshot, &mut actions),
@@ -348,6 +383,7 @@ impl Engine {
         record: Option<MemberMeta>,
         joined: bool,
     ) -> Vec<IpAddr> {
+        let gone = record.is_none();
         match record {
             Some(record) => {
                 // The gossip's record is authoritative (a restarted member starts its versions
@@ -360,6 +396,15 @@ impl Engine {
             }
         }
         let changes = self.election.member_changed(&self.live, &node);
+        if gone {
+            for change in &changes {
+                if change.from.as_deref() == Some(node.as_str())
+                    && change.to.as_deref() == Some(self.election.local())
+                {
+                    self.taken_over.insert(change.ip, node.clone());
+                }
+            }
+        }
         if joined && self.drain.is_none() {
             // A member (re)appeared, perhaps a healed partition: make sure it has our MAC.
             let ips: Vec<IpAddr> = self.answering.keys().copied().collect();
@@ -486,6 +531,9 @@ impl Engine {
     fn settle(&mut self, now: Instant, ips: &[IpAddr], actions: &mut Vec<Action>) {
         let mut starts = Vec::new();
         for ip in ips {
+            if !self.election.owns(ip) {
+                self.taken_over.remove(ip);
+            }
             let wanted = self.wanted_links(ip);
             let held = self.answering.get(ip);
             if wanted.as_ref() == held {
@@ -537,11 +585,15 @@ impl Engine {
         for effect in self.announcer.tick(now) {
             if let Effect::Announce(ip) = effect
                 && let Some(links) = self.answering.get(&ip)
+                && !links.is_empty()
             {
                 actions.extend(links.iter().map(|link| Action::Announce {
                     ip,
                     link: link.clone(),
                 }));
+                if let Some(from) = self.taken_over.remove(&ip) {
+                    actions.push(Action::Notice(Notice::TookOver { ip, from }));
+                }
             }
         }
         for ip in ips {

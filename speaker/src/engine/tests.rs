@@ -511,6 +511,221 @@ fn a_joining_member_gets_one_more_burst_of_what_we_own() {
     assert_eq!(announcements(&actions).len(), 5);
 }
 
+fn takeovers(actions: &[Action]) -> Vec<(IpAddr, NodeName)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Notice(Notice::TookOver { ip, from }) => Some((*ip, from.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn down(node: &str) -> Input {
+    Input::Member {
+        node: node.into(),
+        record: None,
+        joined: false,
+    }
+}
+
+fn changed(record: MemberMeta) -> Input {
+    Input::Member {
+        node: record.node.clone(),
+        record: Some(record),
+        joined: false,
+    }
+}
+
+#[test]
+fn a_takeover_from_a_dead_owner_is_told_once_right_after_its_first_announcement() {
+    let t0 = Instant::now();
+    let s = snapshot(&[("192.0.2.1", Interfaces::Default)]);
+    let members = [member("a", 50), member("b", 40)];
+    let (_, at_start) = Engine::new(
+        t0,
+        Start {
+            node: "a".into(),
+            schedule: Schedule::default(),
+            snapshot: s.clone(),
+            live: live(&members),
+            links: net().0,
+            routes: net().1,
+            hold: false,
+        },
+    );
+    assert_eq!(announcements(&at_start).len(), 5);
+    assert!(takeovers(&at_start).is_empty(), "owning at start-up");
+    let mut b = engine(t0, "b", s, &members);
+    let actions = b.handle(t0 + ms(700), down("a"));
+    assert_eq!(
+        takeovers(&actions),
+        [(ip("192.0.2.1"), "a".to_string())],
+        "{actions:?}"
+    );
+    let told = actions
+        .iter()
+        .position(|a| matches!(a, Action::Notice(Notice::TookOver { .. })))
+        .unwrap();
+    let first_announcement = actions
+        .iter()
+        .position(|a| matches!(a, Action::Announce { .. }))
+        .unwrap();
+    assert!(first_announcement < told, "{actions:?}");
+    // The second burst and a conflict's burst are no takeover.
+    assert_eq!(b.next_deadline(), Some(t0 + ms(5700)));
+    let second = b.handle(t0 + ms(5700), Input::Tick);
+    assert_eq!(announcements(&second).len(), 5);
+    let conflict = b.handle(
+        t0 + ms(5800),
+        Input::Conflict {
+            ip: ip("192.0.2.1"),
+            mac: OTHER_MAC,
+        },
+    );
+    assert!(!announcements(&conflict).is_empty());
+    assert!(takeovers(&second).is_empty() && takeovers(&conflict).is_empty());
+}
+
+#[test]
+fn taking_over_from_a_live_owner_is_no_failover() {
+    let t0 = Instant::now();
+    let s = snapshot(&[("192.0.2.1", Interfaces::Default)]);
+    // a outranks b until its priority drops (a check failing): b preempts a live member.
+    let mut b = engine(t0, "b", s.clone(), &[member("a", 50), member("b", 40)]);
+    let mut lower = member("a", 30);
+    lower.version = 2;
+    let actions = b.handle(t0 + ms(10), changed(lower));
+    assert_eq!(announcements(&actions).len(), 5);
+    assert!(takeovers(&actions).is_empty(), "{actions:?}");
+    // a drains: its handover is graceful (it answers until b announces), then it leaves.
+    let mut b = engine(t0, "b", s, &[member("a", 50), member("b", 40)]);
+    let mut draining = member("a", 50);
+    draining.draining = true;
+    draining.version = 2;
+    let actions = b.handle(t0 + ms(10), changed(draining));
+    assert_eq!(announcements(&actions).len(), 5);
+    let left = b.handle(t0 + ms(20), down("a"));
+    assert!(
+        takeovers(&actions).is_empty() && takeovers(&left).is_empty(),
+        "{actions:?} {left:?}"
+    );
+}
+
+#[test]
+fn a_takeover_held_back_is_told_when_first_announced_and_forgotten_if_the_ip_moves_on() {
+    let t0 = Instant::now();
+    let s = snapshot(&[("192.0.2.1", Interfaces::Default)]);
+    let held = |s: Snapshot| {
+        Engine::new(
+            t0,
+            Start {
+                node: "b".into(),
+                schedule: Schedule::default(),
+                snapshot: s,
+                live: live(&[member("a", 50), member("b", 40)]),
+                links: net().0,
+                routes: net().1,
+                hold: true,
+            },
+        )
+        .0
+    };
+    let mut b = held(s.clone());
+    let while_held = b.handle(t0 + ms(10), down("a"));
+    assert!(announcements(&while_held).is_empty() && takeovers(&while_held).is_empty());
+    let released = b.handle(t0 + ms(900), Input::Hold(false));
+    assert_eq!(takeovers(&released), [(ip("192.0.2.1"), "a".to_string())]);
+    // a comes back before b announced: the IP is a's again and the takeover is forgotten, so
+    // b's later preemption of a live a is told as nothing.
+    let mut b = held(s);
+    b.handle(t0 + ms(10), down("a"));
+    b.handle(
+        t0 + ms(20),
+        Input::Member {
+            node: "a".into(),
+            record: Some(member("a", 50)),
+            joined: true,
+        },
+    );
+    let released = b.handle(t0 + ms(900), Input::Hold(false));
+    assert!(answers(&released).is_empty());
+    let mut lower = member("a", 30);
+    lower.version = 2;
+    let preempted = b.handle(t0 + ms(1000), changed(lower));
+    assert_eq!(announcements(&preempted).len(), 5);
+    assert!(takeovers(&preempted).is_empty(), "{preempted:?}");
+}
+
+#[test]
+fn a_resynchronised_live_set_without_the_owner_is_a_takeover() {
+    let t0 = Instant::now();
+    let s = snapshot(&[("192.0.2.1", Interfaces::Default)]);
+    let mut b = engine(t0, "b", s, &[member("a", 50), member("b", 40)]);
+    let actions = b.handle(t0 + ms(10), Input::Live(live(&[member("b", 40)])));
+    assert_eq!(takeovers(&actions), [(ip("192.0.2.1"), "a".to_string())]);
+}
+
+#[test]
+fn the_new_owner_times_the_failover_from_the_last_datagram_of_the_old_one() {
+    let t0 = Instant::now();
+    let s = snapshot(&[("192.0.2.1", Interfaces::Default)]);
+    let members = [member("a", 50), member("b", 40)];
+    let mut registry = prometheus_client::registry::Registry::default();
+    let failovers = crate::daemon::FailoverMetrics::register(&mut registry);
+    let heard_a = t0 + ms(100);
+    let last_heard = |node: &str| (node == "a").then_some(heard_a);
+    let (mut b, at_start) = Engine::new(
+        t0,
+        Start {
+            node: "b".into(),
+            schedule: Schedule::default(),
+            snapshot: s.clone(),
+            live: live(&members),
+            links: net().0,
+            routes: net().1,
+            hold: false,
+        },
+    );
+    let (_, a_at_start) = Engine::new(
+        t0,
+        Start {
+            node: "a".into(),
+            schedule: Schedule::default(),
+            snapshot: s,
+            live: live(&members),
+            links: net().0,
+            routes: net().1,
+            hold: false,
+        },
+    );
+    for actions in [&at_start, &a_at_start] {
+        assert!(crate::daemon::observe_takeovers(actions, t0, last_heard, &failovers).is_empty());
+    }
+    let text = crate::http::metrics_text(&registry);
+    assert!(text.contains("swimlb_failover_seconds_count 0\n"), "{text}");
+
+    let actions = b.handle(t0 + ms(790), down("a"));
+    let timed = crate::daemon::observe_takeovers(&actions, t0 + ms(800), last_heard, &failovers);
+    assert_eq!(
+        timed,
+        [(ip("192.0.2.1"), &"a".to_string(), Some(ms(700)))],
+        "from a's last datagram to b's first announcement"
+    );
+    let text = crate::http::metrics_text(&registry);
+    assert!(text.contains("swimlb_failover_seconds_count 1\n"), "{text}");
+    assert!(text.contains("swimlb_failover_seconds_sum 0.7\n"), "{text}");
+    assert!(
+        text.contains(r#"swimlb_failover_seconds_bucket{le="0.64"} 0"#)
+            && text.contains(r#"swimlb_failover_seconds_bucket{le="1.28"} 1"#),
+        "{text}"
+    );
+    // A previous owner never heard from directly is not timed.
+    let never = crate::daemon::observe_takeovers(&actions, t0 + ms(800), |_| None, &failovers);
+    assert_eq!(never, [(ip("192.0.2.1"), &"a".to_string(), None)]);
+    assert!(crate::http::metrics_text(&registry).contains("swimlb_failover_seconds_count 1\n"));
+}
+
 // The property: any sequence of inputs leaves the engine answering exactly what a fresh engine
 // computes from the final facts, with the same status.
 

@@ -340,6 +340,9 @@ pub struct Core {
     /// Alive members whose metadata record has not arrived yet.
     missing_meta: BTreeSet<NodeName>,
     last_heard: FastMap<SocketAddr, Duration>,
+    /// Members down or gone, by name: when their last datagram was heard (see
+    /// [`Core::last_heard_before_down`]). Kept until the name comes up again.
+    heard_before_down: FastMap<NodeName, Duration>,
     phase: Phase,
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
@@ -427,6 +430,7 @@ impl Core {
             by_node: FastMap::default(),
             missing_meta: BTreeSet::new(),
             last_heard: FastMap::default(),
+            heard_before_down: FastMap::default(),
             phase: Phase::Joining,
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
@@ -476,6 +480,14 @@ impl Core {
     /// The metrics this core counts into.
     pub fn metrics(&self) -> &GossipMetrics {
         &self.wire.metrics
+    }
+
+    /// When `node`, declared down or gone (it left), was last heard from: the last datagram from
+    /// its address that opened here, on the core's clock. `None` while it is alive, and when no
+    /// datagram of it ever reached this node directly (it was known through the gossip only).
+    /// The new owner of its IPs times the failover from here.
+    pub fn last_heard_before_down(&self, node: &str) -> Option<Duration> {
+        self.heard_before_down.get(node).copied()
     }
 
     /// This node's own metadata, as last published.
@@ -1079,6 +1091,7 @@ impl Core {
         match note {
             OwnedNotification::MemberUp(id) => {
                 let node = id.node.to_string();
+                self.heard_before_down.remove(&node);
                 self.by_node.insert(node.clone(), id.addr);
                 let addr = id.addr;
                 self.hold_member(id);
@@ -1117,6 +1130,10 @@ impl Core {
                     .get(&id.addr)
                     .filter(|(held, ..)| *held == id)
                     .map(|(_, _, since, _)| *since);
+                match heard {
+                    Some(at) => self.heard_before_down.insert(id.node.to_string(), at),
+                    None => self.heard_before_down.remove(id.node.as_str()),
+                };
                 let since = heard.max(suspected);
                 self.wire
                     .metrics

@@ -1,6 +1,7 @@
 //! The tokio task around a gossip [`Core`]: it owns the UDP socket, sleeps until the core's next
-//! deadline, and publishes the [`LiveSet`] (a `watch`), every [`LiveChange`] (a `broadcast`) and
-//! the node's [`Phase`] (a `watch`).
+//! deadline, and publishes the [`LiveSet`] (a `watch`), every [`LiveChange`] (a `broadcast`),
+//! the node's [`Phase`] (a `watch`) and when each member that went down was last heard from
+//! ([`GossipHandle::last_heard_before_down`], on the tokio clock).
 //!
 //! One task owns the core; callers talk to it through [`GossipHandle`]. Sends go through a
 //! separate sender task (a fresh tokio socket's first immediate `try_send_to` was observed to be
@@ -8,7 +9,7 @@
 //! [`GossipHandle::leave`] sends the leave datagrams itself and returns only once they are out.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use swimlb_proto::KeyRing;
@@ -20,8 +21,9 @@ use tokio::time::Instant;
 
 use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 use super::identity::NodeIdentity;
+use super::metadata::FastMap;
 use super::metrics::GossipMetrics;
-use crate::membership::{LiveChange, LiveSet, MemberMeta};
+use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
 const CHANGE_BACKLOG: usize = 4096;
@@ -36,11 +38,17 @@ enum Command {
     Leave(oneshot::Sender<()>),
 }
 
+/// When each member that went down or left was last heard from (see
+/// [`GossipHandle::last_heard_before_down`]): written by the task before it publishes the
+/// `Down`, so a subscriber that reads it on the change finds the entry.
+type HeardBeforeDown = Arc<Mutex<FastMap<NodeName, Instant>>>;
+
 /// The caller's side of a running gossip task.
 #[derive(Debug)]
 pub struct GossipHandle {
     live: watch::Receiver<LiveSet>,
     changes: broadcast::Sender<LiveChange>,
+    heard_before_down: HeardBeforeDown,
     identity: watch::Receiver<NodeIdentity>,
     phase: watch::Receiver<Phase>,
     commands: mpsc::Sender<Command>,
@@ -57,6 +65,17 @@ impl GossipHandle {
     /// Every change to the live set from now on, in order.
     pub fn subscribe(&self) -> broadcast::Receiver<LiveChange> {
         self.changes.subscribe()
+    }
+
+    /// When `node`, which went down or left, was last heard from (its last datagram that opened
+    /// here); `None` while it is alive, and when none of its datagrams ever reached this node
+    /// directly ([`Core::last_heard_before_down`]). Set before its `Down` is published.
+    pub fn last_heard_before_down(&self, node: &str) -> Option<Instant> {
+        self.heard_before_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(node)
+            .copied()
     }
 
     /// The node's current identity (renewed when it learns it was declared down).
@@ -154,6 +173,7 @@ pub async fn spawn(
     let (identity_tx, identity_rx) = watch::channel(core.identity().clone());
     let (phase_tx, phase_rx) = watch::channel(core.phase());
     let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
+    let heard_before_down = HeardBeforeDown::default();
     let (commands_tx, commands_rx) = mpsc::channel(16);
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
     tokio::spawn(send_loop(socket.clone(), send_rx));
@@ -164,15 +184,18 @@ pub async fn spawn(
         send_tx,
         commands_rx,
         Published {
+            origin,
             live: live_tx,
             identity: identity_tx,
             phase: phase_tx,
             changes: changes_tx.clone(),
+            heard_before_down: heard_before_down.clone(),
         },
     ));
     Ok(GossipHandle {
         live: live_rx,
         changes: changes_tx,
+        heard_before_down,
         identity: identity_rx,
         phase: phase_rx,
         commands: commands_tx,
@@ -191,10 +214,13 @@ async fn send_loop(socket: Arc<UdpSocket>, mut queue: mpsc::Receiver<Outgoing>) 
 
 /// What the task publishes after every event.
 struct Published {
+    /// The instant the core's clock counts from.
+    origin: Instant,
     live: watch::Sender<LiveSet>,
     identity: watch::Sender<NodeIdentity>,
     phase: watch::Sender<Phase>,
     changes: broadcast::Sender<LiveChange>,
+    heard_before_down: HeardBeforeDown,
 }
 
 async fn run(
@@ -260,10 +286,12 @@ async fn run(
 
 fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published) {
     let Published {
+        origin,
         live,
         identity,
         phase,
         changes,
+        heard_before_down,
     } = published;
     for out in core.drain_outgoing() {
         if send.try_send(out).is_err() {
@@ -275,6 +303,31 @@ fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published
     let pending: Vec<LiveChange> = core.drain_changes().collect();
     if !pending.is_empty() {
         live.send_replace(core.live().clone());
+    }
+    // Likewise when a member that went down was last heard from, before its `Down`.
+    if pending
+        .iter()
+        .any(|c| matches!(c, LiveChange::Up(_) | LiveChange::Down(_)))
+    {
+        let mut heard = heard_before_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for change in &pending {
+            match change {
+                LiveChange::Up(node) => {
+                    heard.remove(node);
+                }
+                LiveChange::Down(node) => match core.last_heard_before_down(node) {
+                    Some(at) => {
+                        heard.insert(node.clone(), *origin + at);
+                    }
+                    None => {
+                        heard.remove(node);
+                    }
+                },
+                LiveChange::Meta(_) => {}
+            }
+        }
     }
     for change in pending {
         let _ = changes.send(change);

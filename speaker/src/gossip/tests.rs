@@ -287,6 +287,42 @@ fn restarted_member_comes_back_under_a_new_identity_with_fresh_metadata() {
 }
 
 #[test]
+fn a_crashed_member_is_remembered_as_last_heard_before_its_crash_until_it_comes_back() {
+    let mut net = cluster(3, 31, Links::default());
+    assert_eq!(
+        net.core(0).unwrap().last_heard_before_down(&name(2)),
+        None,
+        "alive"
+    );
+    let crashed_at = net.now();
+    net.crash(2);
+    run_until(&mut net, Duration::from_secs(5), |net| {
+        !net.core(0).unwrap().live().contains(&name(2))
+    })
+    .expect("node 0 marks the crashed member down");
+    let heard = net
+        .core(0)
+        .unwrap()
+        .last_heard_before_down(&name(2))
+        .expect("a member of a 3-node cluster was heard directly");
+    assert!(
+        heard <= crashed_at && crashed_at - heard < Duration::from_millis(500),
+        "last heard {heard:?}, crashed at {crashed_at:?}: its last datagram came just before"
+    );
+    let restarted = core_with(&net, 2, 2, &[K1], Timing::fast());
+    net.start(2, restarted);
+    run_until(&mut net, Duration::from_secs(5), |net| {
+        net.core(0).unwrap().live().contains(&name(2))
+    })
+    .expect("the restarted member is back");
+    assert_eq!(
+        net.core(0).unwrap().last_heard_before_down(&name(2)),
+        None,
+        "forgotten once it is up again"
+    );
+}
+
+#[test]
 fn garbage_and_own_datagrams_are_dropped_and_counted() {
     let mut net = cluster(2, 29, Links::default());
     let own = SimNet::addr(0);

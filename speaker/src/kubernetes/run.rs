@@ -43,7 +43,7 @@ use super::records::{RecordWriter, record_status};
 use super::snapshot::{self, Caches};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
-use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until};
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::local::LocalState;
@@ -321,7 +321,14 @@ impl Source {
         client: Client,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<Option<(Source, Inputs)>, Error> {
-        let (registry, board, gossip_metrics, responder_metrics, dropped) = registry(&settings);
+        let Registered {
+            registry,
+            board,
+            gossip: gossip_metrics,
+            failovers,
+            responder: responder_metrics,
+            dropped,
+        } = registry(&settings);
         // /healthz answers (and /readyz says not ready) while the watches list and the key is
         // awaited.
         let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
@@ -373,7 +380,7 @@ impl Source {
         );
         let (conflict_tx, conflicts) = mpsc::unbounded_channel();
         let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
         let (desired, desired_rx) = watch::channel(Desired::default());
         let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
         let inputs = Inputs {
@@ -494,18 +501,21 @@ fn first_record(
     local
 }
 
+/// The registry of the Kubernetes speaker and the metrics handles its parts count into.
+struct Registered {
+    registry: Registry,
+    board: StatusBoard,
+    gossip: GossipMetrics,
+    failovers: FailoverMetrics,
+    responder: responder::Metrics,
+    dropped: Family<DroppedLabels, Gauge>,
+}
+
 /// Every metric of the Kubernetes speaker, registered; the parts that need a handle returned.
-fn registry(
-    settings: &Settings,
-) -> (
-    Registry,
-    StatusBoard,
-    GossipMetrics,
-    responder::Metrics,
-    Family<DroppedLabels, Gauge>,
-) {
+fn registry(settings: &Settings) -> Registered {
     let mut registry = Registry::default();
     let gossip = GossipMetrics::register(&mut registry);
+    let failovers = FailoverMetrics::register(&mut registry);
     let responder = responder::Metrics::default();
     responder.register(&mut registry);
     let dropped = Family::<DroppedLabels, Gauge>::default();
@@ -516,7 +526,14 @@ fn registry(
     );
     let board = StatusBoard::new(&settings.node, &mut registry);
     crate::process_metrics::register(&mut registry, board.subscribe());
-    (registry, board, gossip, responder, dropped)
+    Registered {
+        registry,
+        board,
+        gossip,
+        failovers,
+        responder,
+        dropped,
+    }
 }
 
 /// Starts the gossip with this node's first record, the speaker Pods as seeds.
