@@ -229,6 +229,7 @@ fn every_query_names_only_metrics_and_labels_of_the_readmes_table() {
         "swimlb_members",
         "swimlb_member_down_total",
         "swimlb_failover_detect_seconds",
+        "swimlb_failover_seconds",
         "swimlb_gossip_packets_total",
         "swimlb_gossip_bytes_total",
         "swimlb_gossip_rejected_total",

@@ -1716,10 +1716,14 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
         fault.elapsed().as_secs_f64()
     );
 
-    // The detection histogram holds the declaration of the powered-off member.
+    // The failover histogram holds the new owner's takeover, and the detection histogram the
+    // declaration of the powered-off member.
     let latency: Vec<_> = queries
         .iter()
-        .filter(|q| q.expr.contains("swimlb_failover_detect_seconds"))
+        .filter(|q| {
+            q.expr.contains("swimlb_failover_seconds")
+                || q.expr.contains("swimlb_failover_detect_seconds")
+        })
         .collect();
     assert!(!latency.is_empty(), "a failover latency panel");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1737,12 +1741,14 @@ fn a_real_prometheus_evaluates_every_dashboard_query_and_the_owner_panel_follows
             .iter()
             .all(|v| v.is_some_and(|v| v.is_finite() && v > 0.0))
         {
-            eprintln!("prometheus: detection panel after the failover (over {range}): {values:?}");
+            eprintln!(
+                "prometheus: failover latency panel after the failover (over {range}): {values:?}"
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the detection histogram never held the failover: {values:?}"
+            "the failover latency panel never held the failover: {values:?}"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
