@@ -1,0 +1,74 @@
+//! `/metrics` of a speaker that announces 10,000 IPs (issue 14's target: rendered in under 50 ms
+//! and under 5 MB): every IP has its `swimlb_announced` and `swimlb_owner` series, set through
+//! the status board as the engine's status deltas set them, with the process and gossip families
+//! a speaker registers beside them. Prints the body's size once per format.
+//!
+//! `cargo bench -p swimlb-speaker --bench metrics`
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv6Addr};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use hyper::Method;
+use prometheus_client::registry::Registry;
+use swimlb_speaker::engine::AddressView;
+use swimlb_speaker::gossip::GossipMetrics;
+use swimlb_speaker::http::route;
+use swimlb_speaker::status::StatusBoard;
+
+const IPS: u32 = 10_000;
+
+fn speaker_registry() -> (Registry, StatusBoard) {
+    let mut registry = Registry::default();
+    let board = StatusBoard::new("node-1", &mut registry);
+    let _gossip = GossipMetrics::register(&mut registry);
+    for i in 0..IPS {
+        let ip = IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            0,
+            0,
+            0,
+            0,
+            (i >> 16) as u16,
+            i as u16,
+        ));
+        let view = AddressView {
+            belongs_to: format!("namespace-{}/service-{i}", i % 100),
+            owner: Some("node-1".to_string()),
+            verdict: "owner",
+            links: vec!["eth0".to_string()],
+        };
+        board.address(ip, Some(&view));
+    }
+    (registry, board)
+}
+
+fn render(c: &mut Criterion) {
+    let (registry, board) = speaker_registry();
+    let status = board.current();
+    for (name, accept) in [
+        ("classic text", None),
+        (
+            "OpenMetrics",
+            Some("application/openmetrics-text; version=1.0.0"),
+        ),
+    ] {
+        let (_, _, body) = route(&Method::GET, "/metrics", accept, &status, &registry);
+        println!(
+            "/metrics ({name}) with {IPS} announced IPs: {} bytes ({:.2} MB)",
+            body.len(),
+            body.len() as f64 / 1e6
+        );
+        c.bench_function(&format!("metrics/render 10k announced IPs, {name}"), |b| {
+            b.iter(|| black_box(route(&Method::GET, "/metrics", accept, &status, &registry)))
+        });
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20);
+    targets = render
+}
+criterion_main!(benches);
