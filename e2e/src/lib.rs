@@ -19,6 +19,7 @@
 //! - [`pause`]: the pause scenarios of `swimlb-lab failover`: a speaker not scheduled for 2 s.
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
+//! - [`prometheus_lab`]: a real Prometheus server scraping the lab, for the dashboard's queries.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
@@ -36,6 +37,7 @@ pub mod metrics_doc;
 pub mod netns;
 pub mod pause;
 pub mod probe;
+pub mod prometheus_lab;
 pub mod promtool;
 pub mod sim;
 pub mod soak;
