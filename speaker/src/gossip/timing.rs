@@ -82,6 +82,17 @@ pub struct Timing {
     pub meta_refresh: Duration,
     /// The largest foca packet, at most [`MAX_FOCA_PACKET`].
     pub max_packet_size: usize,
+    /// Lifeguard: a suspicion nobody confirms lasts this many times the suspicion timeout
+    /// (memberlist's `SuspicionMaxTimeoutMult`); 1 turns the shrinking suspicion off.
+    pub suspicion_max_mult: u32,
+    /// Lifeguard: independent confirmations that bring a suspicion down to the suspicion
+    /// timeout (memberlist's `SuspicionMult - 2`).
+    pub suspicion_confirmations: u32,
+    /// Members a suspecting node asks to probe the suspect for it (see `core`); 0: none.
+    pub suspicion_inquiries: usize,
+    /// Lifeguard: local health stretches probe and suspicion timeouts up to this many times
+    /// (memberlist's `AwarenessMaxMultiplier`); 1 turns local health off.
+    pub health_max: u32,
 }
 
 impl Default for Timing {
@@ -166,6 +177,10 @@ impl Timing {
             join_retry: Duration::from_millis(250),
             meta_refresh: Duration::from_secs(15),
             max_packet_size: DEFAULT_MAX_PACKET,
+            suspicion_max_mult: 6,
+            suspicion_confirmations: 3,
+            suspicion_inquiries: 4,
+            health_max: super::lifeguard::HEALTH_MAX,
         }
     }
 
@@ -194,6 +209,10 @@ impl Timing {
             join_retry: Duration::from_secs(1),
             meta_refresh: Duration::from_secs(30),
             max_packet_size: DEFAULT_MAX_PACKET,
+            suspicion_max_mult: 6,
+            suspicion_confirmations: 3,
+            suspicion_inquiries: 4,
+            health_max: super::lifeguard::HEALTH_MAX,
         }
     }
 
@@ -222,6 +241,8 @@ impl Timing {
             ));
         }
         for (name, value) in [
+            ("suspicion_max_mult", self.suspicion_max_mult as usize),
+            ("health_max", self.health_max as usize),
             ("indirect_probes", self.indirect_probes),
             ("gossip_fanout", self.gossip_fanout),
             ("announce_down_fanout", self.announce_down_fanout),
