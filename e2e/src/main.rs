@@ -159,6 +159,19 @@ struct SimArgs {
     /// long the heal took and whether any member went down after it.
     #[arg(long)]
     partition: Option<f64>,
+    /// After the crashes, make one member handle its datagrams and timers this many
+    /// milliseconds late, 10 s at a time (three times); report the other members' false downs
+    /// and how long the slow member took to recover.
+    #[arg(long)]
+    slow: Option<u64>,
+    /// After the crashes, stop one member entirely for this many milliseconds, then resume it
+    /// (three times); report as for --slow.
+    #[arg(long)]
+    pause: Option<u64>,
+    /// Lifeguard (local health and suspicion that shrinks with confirmations): true (default)
+    /// or false, to compare with plain SWIM.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    lifeguard: bool,
     /// Exit 1 unless in every run every member saw every member after the warm-up, crashes were
     /// measured, every crash was seen by every survivor within the cap, and no member was
     /// falsely declared down (correctness only, never a time).
@@ -431,8 +444,13 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let profile = swimlb_speaker::gossip::timing::parse_profile(profile)?;
         for &nodes in &args.nodes {
             for &loss in &args.loss {
-                let timing =
+                let mut timing =
                     swimlb_speaker::gossip::Timing::from_settings(&sim_gossip(&args, profile)?)?;
+                if !args.lifeguard {
+                    timing.health_max = 1;
+                    timing.suspicion_max_mult = 1;
+                    timing.suspicion_inquiries = 0;
+                }
                 let opts = SimOptions {
                     nodes,
                     loss_pct: loss,
@@ -441,6 +459,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     timing,
                     seed: args.seed,
                     partition: args.partition.map(Duration::from_secs_f64),
+                    slow: args.slow.map(Duration::from_millis),
+                    pause: args.pause.map(Duration::from_millis),
                 };
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
@@ -456,6 +476,23 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                         p.downs_after_heal,
                         p.cut_off_downs_after_heal
                     );
+                }
+                for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
+                    if let Some(st) = stall {
+                        println!(
+                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}",
+                            st.stall_ms,
+                            st.member,
+                            st.stalls,
+                            st.window_ms,
+                            st.false_downs_of_others,
+                            st.downs_of_stalled,
+                            st.recover_ms.p50,
+                            st.recover_ms.max,
+                            st.unrecovered,
+                            st.max_health
+                        );
+                    }
                 }
                 reports.push(report);
             }
@@ -476,10 +513,14 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                         .partition
                         .as_ref()
                         .is_some_and(|p| !p.healed || p.downs_after_heal > 0)
+                    || [&r.slow, &r.pause]
+                        .into_iter()
+                        .flatten()
+                        .any(|st| st.false_downs_of_others > 0)
             })
             .map(|r| {
                 format!(
-                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}",
+                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}, slow {:?}, pause {:?}",
                     r.nodes,
                     r.loss,
                     r.profile,
@@ -487,7 +528,9 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     r.crashes,
                     r.undetected,
                     r.false_downs,
-                    r.partition
+                    r.partition,
+                    r.slow,
+                    r.pause
                 )
             })
             .collect();
