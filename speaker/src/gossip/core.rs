@@ -189,6 +189,10 @@ pub enum Phase {
     Active,
     /// We left the cluster; the core does nothing more.
     Left,
+    /// The process was not scheduled for longer than the suspicion timeout and has not heard
+    /// the cluster since (published by the driver, never the core's own phase): what this node
+    /// believes may be stale, so it must not answer for anything.
+    Paused,
 }
 
 impl Phase {
@@ -198,6 +202,7 @@ impl Phase {
             Phase::Joining => "joining",
             Phase::Active => "active",
             Phase::Left => "left",
+            Phase::Paused => "paused",
         }
     }
 }
@@ -429,6 +434,8 @@ pub struct Core {
     /// Alive members whose metadata record has not arrived yet.
     missing_meta: BTreeSet<NodeName>,
     last_heard: FastMap<SocketAddr, Duration>,
+    /// Authentic, fresh datagrams received.
+    heard: u64,
     phase: Phase,
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
@@ -462,6 +469,9 @@ struct Suspicion {
     token: u32,
     /// `Task::Suspicion` entries in the heap for it.
     pending: u32,
+    /// Local health's stretch (score + 1) when the suspicion started: a member that recovers
+    /// its health does not shorten the suspicions it started while unhealthy.
+    stretch: u32,
 }
 
 /// An inquiry this node serves.
@@ -554,6 +564,7 @@ impl Core {
             by_node: FastMap::default(),
             missing_meta: BTreeSet::new(),
             last_heard: FastMap::default(),
+            heard: 0,
             phase: Phase::Joining,
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
@@ -602,6 +613,17 @@ impl Core {
     /// Where the node is in its life in the cluster.
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// How many authentic, fresh datagrams this node has received (the driver's sign that it
+    /// hears the cluster again after a pause).
+    pub fn heard(&self) -> u64 {
+        self.heard
+    }
+
+    /// The timings this core runs with.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
     }
 
     /// The metrics this core counts into.
@@ -698,6 +720,7 @@ impl Core {
             return;
         }
         let payload = opened.payload;
+        self.heard += 1;
         self.last_heard.insert(from, now);
         self.wire.peer_keys.insert(from, opened.key_id);
         match payload.split_first() {
@@ -1190,6 +1213,7 @@ impl Core {
                 accused,
                 token,
                 pending: 0,
+                stretch: self.wire.health.score() + 1,
             },
         );
         self.schedule_suspicion(addr);
@@ -1203,7 +1227,8 @@ impl Core {
         let confirmations = u32::try_from(s.confirmers.len()).unwrap_or(u32::MAX);
         let timeout =
             suspicion_timeout(confirmations, self.timing.suspicion_confirmations, min, max);
-        s.since + self.wire.health.scale(timeout)
+        let stretch = s.stretch.max(self.wire.health.score() + 1);
+        s.since + timeout.saturating_mul(stretch)
     }
 
     fn schedule_suspicion(&mut self, addr: SocketAddr) {
@@ -1385,7 +1410,10 @@ impl Core {
         let relay = &mut self.relays[at];
         if relay.attempts >= RELAY_ATTEMPTS {
             let relay = self.relays.swap_remove(at);
-            self.send_verdict(relay.requester, relay.token, VERDICT_UNREACHABLE);
+            // An unhealthy member's silence is no evidence: it confirms nothing.
+            if self.wire.health.score() == 0 {
+                self.send_verdict(relay.requester, relay.token, VERDICT_UNREACHABLE);
+            }
             return;
         }
         relay.attempts += 1;
