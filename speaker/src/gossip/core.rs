@@ -1024,6 +1024,11 @@ impl Core {
                     if let Err(err) = self.foca.handle_timer(timer, &mut io) {
                         tracing::debug!(error = %err, "foca timer");
                     }
+                    // The suspicion a failed probe starts is timed with the health from before
+                    // that failure counts.
+                    if !self.wire.accusations.is_empty() {
+                        self.take_accusations(now);
+                    }
                     if probe && self.wire.probe_failed {
                         self.wire.health(1);
                     } else if probe && started {
