@@ -21,7 +21,9 @@ use std::time::Duration;
 use serde::Serialize;
 use swimlb_proto::KeyRing;
 use swimlb_speaker::gossip::simnet::{Links, SimNet};
-use swimlb_speaker::gossip::{Core, GossipMetrics, GossipSettings, Profile, Timing};
+use swimlb_speaker::gossip::{
+    Core, GossipMetrics, GossipSettings, Profile, SuspicionOutcome, Timing,
+};
 use swimlb_speaker::membership::{LiveChange, MemberMeta};
 
 /// What to simulate.
@@ -87,6 +89,9 @@ pub struct SimReport {
     pub duration_s: f64,
     /// RNG seed.
     pub seed: u64,
+    /// How the suspicions the members timed ended (Lifeguard), summed over the members running
+    /// at the end (a crashed member's counts go with it).
+    pub suspicions: SuspicionCounts,
     /// The partition phase, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionReport>,
@@ -96,6 +101,17 @@ pub struct SimReport {
     /// The paused-member phase, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause: Option<StallReport>,
+}
+
+/// Suspicions by how they ended (`swimlb_gossip_suspicions_total{outcome}`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SuspicionCounts {
+    /// The suspect refuted.
+    pub refuted: u64,
+    /// Declared down with at least one independent confirmation.
+    pub confirmed: u64,
+    /// Declared down by a lone observer's timeout.
+    pub expired: u64,
 }
 
 /// What stalling one member did (`sim --slow MS`, `sim --pause MS`).
@@ -352,6 +368,13 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         .pause
         .map(|pause| stall(&mut net, n, stalled, Stall::Pause(pause)));
     samples_ms.sort_by(f64::total_cmp);
+    let mut suspicions = SuspicionCounts::default();
+    for core in (0..n).filter_map(|i| net.core(i)) {
+        let m = core.metrics();
+        suspicions.refuted += m.suspicions_ended(SuspicionOutcome::Refuted);
+        suspicions.confirmed += m.suspicions_ended(SuspicionOutcome::Confirmed);
+        suspicions.expired += m.suspicions_ended(SuspicionOutcome::Expired);
+    }
     Ok(SimReport {
         nodes: n,
         loss: opts.loss_pct,
@@ -370,6 +393,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         converged,
         duration_s: measured + warmup.as_secs_f64(),
         seed: opts.seed,
+        suspicions,
         partition,
         slow,
         pause,
@@ -631,6 +655,27 @@ mod tests {
         assert_eq!(p.cut_off, 3);
         assert!(p.healed, "{p:?}");
         assert_eq!(p.downs_after_heal, 0, "{p:?}");
+    }
+
+    #[test]
+    fn a_slow_and_a_paused_member_take_no_other_member_down_and_recover() {
+        let opts = SimOptions {
+            nodes: 8,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(10),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 3,
+            partition: None,
+            slow: Some(Duration::from_millis(500)),
+            pause: Some(Duration::from_millis(2000)),
+        };
+        let report = run(&opts).unwrap();
+        for stall in [report.slow.unwrap(), report.pause.unwrap()] {
+            assert_eq!(stall.stalls, STALLS);
+            assert_eq!(stall.false_downs_of_others, 0, "{stall:?}");
+            assert_eq!(stall.unrecovered, 0, "{stall:?}");
+        }
     }
 
     #[test]
