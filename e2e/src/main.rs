@@ -40,7 +40,7 @@ enum Command {
     /// Repeated failover trials in network namespaces.
     Failover(FailoverArgs),
     /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
-    Sim(SimArgs),
+    Sim(Box<SimArgs>),
     /// No fault: count false failovers and measure the speakers at rest (or under a flood).
     Soak(SoakArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
@@ -208,7 +208,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo => run_demo(),
         Command::Failover(args) => run_failover(args),
-        Command::Sim(args) => run_sim(args),
+        Command::Sim(args) => run_sim(*args),
         Command::Soak(args) => run_soak(args),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
