@@ -40,7 +40,7 @@ enum Command {
     /// Repeated failover trials in network namespaces.
     Failover(FailoverArgs),
     /// Deterministic in-process membership simulation (virtual clock, seeded RNG).
-    Sim(SimArgs),
+    Sim(Box<SimArgs>),
     /// No fault: count false failovers and measure the speakers at rest (or under a flood).
     Soak(SoakArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
@@ -177,6 +177,19 @@ struct SimArgs {
     /// long the heal took and whether any member went down after it.
     #[arg(long)]
     partition: Option<f64>,
+    /// After the crashes, make one member handle its datagrams and timers this many
+    /// milliseconds late, 10 s at a time (three times); report the other members' false downs
+    /// and how long the slow member took to recover.
+    #[arg(long)]
+    slow: Option<u64>,
+    /// After the crashes, stop one member entirely for this many milliseconds, then resume it
+    /// (three times); report as for --slow.
+    #[arg(long)]
+    pause: Option<u64>,
+    /// Lifeguard (local health and suspicion that shrinks with confirmations): true (default)
+    /// or false, to compare with plain SWIM.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    lifeguard: bool,
     /// Exit 1 unless in every run every member saw every member after the warm-up, crashes were
     /// measured, every crash was seen by every survivor within the cap, and no member was
     /// falsely declared down (correctness only, never a time).
@@ -213,7 +226,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Demo(args) => run_demo(args),
         Command::Failover(args) => run_failover(args),
-        Command::Sim(args) => run_sim(args),
+        Command::Sim(args) => run_sim(*args),
         Command::Soak(args) => run_soak(args),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
@@ -515,8 +528,13 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let profile = swimlb_speaker::gossip::timing::parse_profile(profile)?;
         for &nodes in &args.nodes {
             for &loss in &args.loss {
-                let timing =
+                let mut timing =
                     swimlb_speaker::gossip::Timing::from_settings(&sim_gossip(&args, profile)?)?;
+                if !args.lifeguard {
+                    timing.health_max = 1;
+                    timing.suspicion_max_mult = 1;
+                    timing.suspicion_inquiries = 0;
+                }
                 let opts = SimOptions {
                     nodes,
                     loss_pct: loss,
@@ -525,6 +543,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     timing,
                     seed: args.seed,
                     partition: args.partition.map(Duration::from_secs_f64),
+                    slow: args.slow.map(Duration::from_millis),
+                    pause: args.pause.map(Duration::from_millis),
                 };
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
@@ -540,6 +560,23 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                         p.downs_after_heal,
                         p.cut_off_downs_after_heal
                     );
+                }
+                for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
+                    if let Some(st) = stall {
+                        println!(
+                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}",
+                            st.stall_ms,
+                            st.member,
+                            st.stalls,
+                            st.window_ms,
+                            st.false_downs_of_others,
+                            st.downs_of_stalled,
+                            st.recover_ms.p50,
+                            st.recover_ms.max,
+                            st.unrecovered,
+                            st.max_health
+                        );
+                    }
                 }
                 reports.push(report);
             }
@@ -560,10 +597,14 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                         .partition
                         .as_ref()
                         .is_some_and(|p| !p.healed || p.downs_after_heal > 0)
+                    || [&r.slow, &r.pause]
+                        .into_iter()
+                        .flatten()
+                        .any(|st| st.false_downs_of_others > 0)
             })
             .map(|r| {
                 format!(
-                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}",
+                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}, slow {:?}, pause {:?}",
                     r.nodes,
                     r.loss,
                     r.profile,
@@ -571,7 +612,9 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     r.crashes,
                     r.undetected,
                     r.false_downs,
-                    r.partition
+                    r.partition,
+                    r.slow,
+                    r.pause
                 )
             })
             .collect();

@@ -9,13 +9,21 @@
 //! rejoin, next. Detection time runs from the crash to the last survivor's `MemberDown`. A false
 //! down is a `MemberDown` of any member that was not crashed. Traffic counts datagrams and
 //! sealed bytes sent per member per second after the warm-up.
+//!
+//! After the crashes (and after the traffic was counted), `--slow MS` and `--pause MS` stall one
+//! member ([`STALLS`] times): slow, it handles its datagrams and timers MS late for 10 s; paused,
+//! it handles nothing for MS. Each stall is followed by up to 10 s of recovery. The report counts
+//! the downs of the *other* members (a stalled member must not accuse healthy ones) and how long
+//! after each stall every member held the stalled one alive and it held every member.
 
 use std::time::Duration;
 
 use serde::Serialize;
 use swimlb_proto::KeyRing;
 use swimlb_speaker::gossip::simnet::{Links, SimNet};
-use swimlb_speaker::gossip::{Core, GossipMetrics, GossipSettings, Profile, Timing};
+use swimlb_speaker::gossip::{
+    Core, GossipMetrics, GossipSettings, Profile, SuspicionOutcome, Timing,
+};
 use swimlb_speaker::membership::{LiveChange, MemberMeta};
 
 /// What to simulate.
@@ -35,6 +43,10 @@ pub struct SimOptions {
     pub seed: u64,
     /// After the crashes: cut a third of the members off for this long, then heal.
     pub partition: Option<Duration>,
+    /// After the crashes: one member handles everything this much late, 10 s at a time.
+    pub slow: Option<Duration>,
+    /// After the crashes: one member stops entirely for this long, then resumes.
+    pub pause: Option<Duration>,
 }
 
 /// Percentiles of the detection time, in milliseconds.
@@ -77,10 +89,62 @@ pub struct SimReport {
     pub duration_s: f64,
     /// RNG seed.
     pub seed: u64,
+    /// How the suspicions the members timed ended (Lifeguard), summed over the members running
+    /// at the end (a crashed member's counts go with it).
+    pub suspicions: SuspicionCounts,
     /// The partition phase, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionReport>,
+    /// The slow-member phase, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slow: Option<StallReport>,
+    /// The paused-member phase, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause: Option<StallReport>,
 }
+
+/// Suspicions by how they ended (`swimlb_gossip_suspicions_total{outcome}`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SuspicionCounts {
+    /// The suspect refuted.
+    pub refuted: u64,
+    /// Declared down with at least one independent confirmation.
+    pub confirmed: u64,
+    /// Declared down by a lone observer's timeout.
+    pub expired: u64,
+}
+
+/// What stalling one member did (`sim --slow MS`, `sim --pause MS`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StallReport {
+    /// The stalled member's index.
+    pub member: usize,
+    /// The lag (slow) or the pause, in milliseconds.
+    pub stall_ms: f64,
+    /// How long each stall lasted, in milliseconds (10 s when slow, the pause when paused).
+    pub window_ms: f64,
+    /// Stalls run.
+    pub stalls: usize,
+    /// `MemberDown` of any member other than the stalled one, summed over observers (the
+    /// stalled one's own observations included): the false downs a stall must not cause.
+    pub false_downs_of_others: u64,
+    /// `MemberDown` of the stalled member, summed over observers.
+    pub downs_of_stalled: u64,
+    /// Per stall, from its end until every member held the stalled one alive and it held every
+    /// member (a stall not recovered within 10 s counts 10 s).
+    pub recover_ms: Quantiles,
+    /// Stalls not recovered within 10 s.
+    pub unrecovered: usize,
+    /// The stalled member's highest local health score seen (sampled every 100 ms).
+    pub max_health: i64,
+}
+
+/// Stalls per `--slow` / `--pause` phase.
+pub const STALLS: usize = 3;
+/// How long a slow member stays slow each time.
+const SLOW_WINDOW: Duration = Duration::from_secs(10);
+/// The longest wait for a recovery after a stall.
+const RECOVERY_CAP: Duration = Duration::from_secs(10);
 
 /// What a partition and its heal did (`sim --partition SECONDS`).
 #[derive(Debug, Clone, Serialize)]
@@ -286,16 +350,31 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     }
 
     let measured = (net.now() - warmup).as_secs_f64().max(1e-9);
-    let partition = opts
-        .partition
-        .map(|cut| partition_and_heal(&mut net, n, cut));
+    // Traffic of the crash phase only: the partition and stall phases come after.
     let (mut packets, mut bytes) = (0u64, 0u64);
     for (i, start) in traffic_start.iter().enumerate() {
         let t = net.traffic(i);
         packets += t.packets - start.packets;
         bytes += t.bytes - start.bytes;
     }
+    let partition = opts
+        .partition
+        .map(|cut| partition_and_heal(&mut net, n, cut));
+    let stalled = n / 2;
+    let slow = opts
+        .slow
+        .map(|lag| stall(&mut net, n, stalled, Stall::Slow(lag)));
+    let pause = opts
+        .pause
+        .map(|pause| stall(&mut net, n, stalled, Stall::Pause(pause)));
     samples_ms.sort_by(f64::total_cmp);
+    let mut suspicions = SuspicionCounts::default();
+    for core in (0..n).filter_map(|i| net.core(i)) {
+        let m = core.metrics();
+        suspicions.refuted += m.suspicions_ended(SuspicionOutcome::Refuted);
+        suspicions.confirmed += m.suspicions_ended(SuspicionOutcome::Confirmed);
+        suspicions.expired += m.suspicions_ended(SuspicionOutcome::Expired);
+    }
     Ok(SimReport {
         nodes: n,
         loss: opts.loss_pct,
@@ -314,8 +393,99 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         converged,
         duration_s: measured + warmup.as_secs_f64(),
         seed: opts.seed,
+        suspicions,
         partition,
+        slow,
+        pause,
     })
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Stall {
+    Slow(Duration),
+    Pause(Duration),
+}
+
+/// Stalls member `stalled` [`STALLS`] times (see the module docs) and reports what it did.
+fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport {
+    let name = node_name(stalled);
+    let (mut false_downs_of_others, mut downs_of_stalled) = (0u64, 0u64);
+    let mut max_health = 0i64;
+    let mut recover = Vec::new();
+    let mut unrecovered = 0usize;
+    net.drain_changes().for_each(drop);
+    let mut count = |net: &mut SimNet| {
+        for (_, _, change) in net.drain_changes() {
+            if let LiveChange::Down(node) = change {
+                if node == name {
+                    downs_of_stalled += 1;
+                } else {
+                    false_downs_of_others += 1;
+                }
+            }
+        }
+    };
+    let health = |net: &SimNet| net.core(stalled).map_or(0, |c| c.metrics().health_score());
+    let window = match kind {
+        Stall::Slow(_) => SLOW_WINDOW,
+        Stall::Pause(pause) => pause,
+    };
+    for _ in 0..STALLS {
+        let end = net.now() + window;
+        match kind {
+            Stall::Slow(lag) => net.set_lag(stalled, lag),
+            Stall::Pause(pause) => net.pause(stalled, net.now() + pause),
+        }
+        while net.now() < end {
+            net.run_for(Duration::from_millis(100).min(end - net.now()));
+            count(net);
+            max_health = max_health.max(health(net));
+        }
+        net.set_lag(stalled, Duration::ZERO);
+        let recovered = |net: &SimNet| {
+            net.core(stalled).is_some_and(|c| c.live().len() == n)
+                && (0..n).all(|i| net.core(i).is_some_and(|c| c.live().contains(&name)))
+        };
+        let mut done = false;
+        while net.now() < end + RECOVERY_CAP {
+            net.run_for(Duration::from_millis(20));
+            count(net);
+            max_health = max_health.max(health(net));
+            if recovered(net) {
+                done = true;
+                break;
+            }
+        }
+        let took = net.now() - end;
+        if !done {
+            unrecovered += 1;
+        }
+        recover.push(took.as_secs_f64() * 1e3);
+        // The rest of the recovery window: downs a late flap causes are still counted.
+        while net.now() < end + RECOVERY_CAP {
+            net.run_for(Duration::from_millis(100));
+            count(net);
+            max_health = max_health.max(health(net));
+        }
+    }
+    recover.sort_by(f64::total_cmp);
+    StallReport {
+        member: stalled,
+        stall_ms: match kind {
+            Stall::Slow(d) | Stall::Pause(d) => d.as_secs_f64() * 1e3,
+        },
+        window_ms: window.as_secs_f64() * 1e3,
+        stalls: STALLS,
+        false_downs_of_others,
+        downs_of_stalled,
+        recover_ms: Quantiles {
+            p50: quantile(&recover, 0.5),
+            p99: quantile(&recover, 0.99),
+            max: recover.last().copied().unwrap_or(0.0),
+        },
+        unrecovered,
+        max_health,
+    }
 }
 
 /// The members a partition cuts off: every third, seed 2 among them.
@@ -439,6 +609,8 @@ mod tests {
             timing: Timing::fast(),
             seed: 1,
             partition: None,
+            slow: None,
+            pause: None,
         };
         let report = run(&opts).unwrap();
         assert!(report.crashes >= 3, "{report:?}");
@@ -457,6 +629,8 @@ mod tests {
             timing: Timing::fast(),
             seed: 42,
             partition: Some(Duration::from_secs(3)),
+            slow: None,
+            pause: None,
         };
         let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
         let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
@@ -473,12 +647,35 @@ mod tests {
             timing: Timing::fast(),
             seed: 7,
             partition: Some(Duration::from_secs(5)),
+            slow: None,
+            pause: None,
         };
         let report = run(&opts).unwrap();
         let p = report.partition.expect("a partition phase ran");
         assert_eq!(p.cut_off, 3);
         assert!(p.healed, "{p:?}");
         assert_eq!(p.downs_after_heal, 0, "{p:?}");
+    }
+
+    #[test]
+    fn a_slow_and_a_paused_member_take_no_other_member_down_and_recover() {
+        let opts = SimOptions {
+            nodes: 8,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(10),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 3,
+            partition: None,
+            slow: Some(Duration::from_millis(500)),
+            pause: Some(Duration::from_millis(2000)),
+        };
+        let report = run(&opts).unwrap();
+        for stall in [report.slow.unwrap(), report.pause.unwrap()] {
+            assert_eq!(stall.stalls, STALLS);
+            assert_eq!(stall.false_downs_of_others, 0, "{stall:?}");
+            assert_eq!(stall.unrecovered, 0, "{stall:?}");
+        }
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //! - [`NetWatch`] dumps links and routes in its own task whenever the kernel reports a change,
 //!   so a netlink dump never delays a conflict or an announcement tick.
 //! - [`JoinHold`] decides when a starting node may answer: not while the mesh forms (a node
-//!   alone elects itself for everything, and two nodes would answer for one IP).
+//!   alone elects itself for everything, and two nodes would answer for one IP). The same hold
+//!   comes back after a pause: when the gossip reports [`Phase::Paused`] (the process was not
+//!   scheduled for longer than the suspicion timeout, see `gossip::driver`), the node answers
+//!   nothing until it has heard the cluster again, so it never answers for an IP the cluster
+//!   moved while it slept.
 //! - [`FailoverMetrics`] is the failover latency histogram: for every
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
@@ -71,13 +75,23 @@ impl JoinHold {
             Phase::Active => {
                 self.active_since.get_or_insert(now);
             }
-            Phase::Joining | Phase::Left => self.active_since = None,
+            Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
         }
         let settled = self
             .active_since
             .is_some_and(|t| now >= t + JOIN_SETTLE && live.iter().all(|m| m.version > 0));
         self.released = settled || now >= self.started + JOIN_GRACE;
         self.released
+    }
+
+    /// Puts the hold back on when the gossip reports a pause (the hold then ends as at start-up,
+    /// [`JOIN_GRACE`] after `now` at the latest); returns true once per pause, when it does.
+    pub fn rearm(&mut self, now: Instant, phase: Phase) -> bool {
+        if phase != Phase::Paused || !self.released {
+            return false;
+        }
+        *self = JoinHold::new(now, false);
+        true
     }
 
     /// When to look again.
@@ -492,5 +506,19 @@ mod tests {
         assert!(!hold.release(t0 + JOIN_GRACE - ms(1), Phase::Joining, &live));
         assert!(hold.release(t0 + JOIN_GRACE, Phase::Joining, &live));
         assert!(!JoinHold::new(t0, true).holding());
+    }
+
+    #[test]
+    fn a_pause_puts_the_hold_back_until_the_node_is_active_again() {
+        let t0 = Instant::now();
+        let live = LiveSet::new();
+        let mut hold = JoinHold::new(t0, true);
+        assert!(!hold.rearm(t0, Phase::Active));
+        assert!(hold.rearm(t0 + ms(10), Phase::Paused));
+        assert!(hold.holding());
+        assert!(!hold.rearm(t0 + ms(20), Phase::Paused), "once per pause");
+        assert!(!hold.release(t0 + ms(30), Phase::Paused, &live));
+        assert!(!hold.release(t0 + ms(40), Phase::Active, &live));
+        assert!(hold.release(t0 + ms(40) + JOIN_SETTLE, Phase::Active, &live));
     }
 }

@@ -409,6 +409,9 @@ impl Source {
     /// Ends the start-up hold when the mesh has formed (or the grace passed).
     async fn check_hold(&mut self) {
         let phase = *self.daemon.phase().borrow();
+        if self.hold.rearm(Instant::now(), phase) {
+            self.daemon.handle(Input::Hold(true)).await;
+        }
         let live = self.daemon.engine.live();
         if self.hold.release(Instant::now(), phase, live) {
             let members = live.len();
@@ -698,7 +701,7 @@ pub fn ready(phase: Phase, alone: bool) -> bool {
     match phase {
         Phase::Active => true,
         Phase::Joining => alone,
-        Phase::Left => false,
+        Phase::Left | Phase::Paused => false,
     }
 }
 

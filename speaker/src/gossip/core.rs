@@ -28,7 +28,30 @@
 //! `0`: a foca packet. `1`: a metadata record sent straight to one member. `2`: a request for the
 //! receiver's metadata record (sent for alive members whose record has not arrived). `3`: a
 //! membership digest ([`super::sync`]), answered with foca updates for the members the sender
-//! seems to miss.
+//! seems to miss. `4`: an inquiry about a suspect (token, the suspect as a foca member update).
+//! `5` / `6`: a ping to a suspect on an inquirer's behalf and its answer (nonce, suspect bump).
+//! `7`: the verdict on an inquiry (token, reachable or not).
+//!
+//! Lifeguard on foca (see [`super::lifeguard`]). foca 2 has neither local health nor suspicion
+//! that shrinks with confirmations, and exposes no suspicion events, but it schedules every
+//! timer through our runtime, so both are built around it without changing it:
+//! - Local health: the probe timers foca asks for (`ProbeRandomMember`, `SendIndirectProbe`) are
+//!   stretched by `score + 1` before they enter the heap. The score rises on a failed probe of
+//!   ours (foca's `ProbeFailed`), on a refutation of our own suspicion (our incarnation went up
+//!   in a header foca sent) and on a timer run later than a probe period; it falls on every
+//!   probe that did not fail. foca sends no nacks, so a failed probe always counts.
+//! - Suspicion: foca's `ChangeSuspectToDown` timer is not scheduled as foca asks; the core keeps
+//!   the suspicion and ends it itself at [`suspicion_timeout`] (stretched by local health) from
+//!   its start, with foca's own timer event (foca still checks the incarnation). foca's
+//!   suspicion updates name no accuser, so confirmations cannot be counted from the gossip as
+//!   memberlist does. Instead a member that suspects asks a few other members to probe the
+//!   suspect for it (an inquiry): each answers with what it holds when that is news (the
+//!   member's down, or its refutation), else pings the suspect up to three times and sends a
+//!   verdict. Every "unreachable" verdict from a distinct member is one independent
+//!   confirmation; a "reachable" one restarts the suspicion at its longest and tells the suspect
+//!   (so it refutes). A member that only heard of a suspicion through the gossip inquires too
+//!   once it has held it for a while, and declares the member down itself only when at least one
+//!   confirmation came back.
 
 use std::collections::{BTreeSet, BinaryHeap};
 use std::net::SocketAddr;
@@ -41,9 +64,10 @@ use swimlb_proto::envelope::KeyId;
 use swimlb_proto::{KeyRing, SealStream};
 
 use super::identity::NodeIdentity;
+use super::lifeguard::{LocalHealth, suspicion_timeout};
 use super::metadata::FastMap;
 use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
-use super::metrics::{Direction, GossipMetrics, RejectReason};
+use super::metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 use super::replay::{ReplayGuard, sender_id};
 use super::sync::{Digest, RunningDigest};
 use super::timing::{Timing, TimingError};
@@ -53,6 +77,19 @@ const KIND_FOCA: u8 = 0;
 const KIND_META: u8 = 1;
 const KIND_META_PULL: u8 = 2;
 const KIND_SYNC: u8 = 3;
+const KIND_INQUIRE: u8 = 4;
+const KIND_PING: u8 = 5;
+const KIND_PONG: u8 = 6;
+const KIND_VERDICT: u8 = 7;
+
+const VERDICT_UNREACHABLE: u8 = 0;
+const VERDICT_REACHABLE: u8 = 1;
+
+/// Pings a member sends to a suspect for one inquiry before it answers "unreachable".
+const RELAY_ATTEMPTS: u32 = 3;
+/// The most inquiries a member serves at once (a bound against floods; authentic peers send a
+/// few per suspicion).
+const MAX_RELAYS: usize = 64;
 
 /// The most datagrams of updates one digest is answered with (about 40 members each): a view
 /// that differs more is repaired over several periods.
@@ -152,6 +189,10 @@ pub enum Phase {
     Active,
     /// We left the cluster; the core does nothing more.
     Left,
+    /// The process was not scheduled for longer than the suspicion timeout and has not heard
+    /// the cluster since (published by the driver, never the core's own phase): what this node
+    /// believes may be stale, so it must not answer for anything.
+    Paused,
 }
 
 impl Phase {
@@ -161,6 +202,7 @@ impl Phase {
             Phase::Joining => "joining",
             Phase::Active => "active",
             Phase::Left => "left",
+            Phase::Paused => "paused",
         }
     }
 }
@@ -173,6 +215,10 @@ enum Task {
     Housekeeping,
     SuspectSweep,
     Sync,
+    /// A suspicion this node holds may be due (see [`Core::suspicion_due`]).
+    Suspicion(SocketAddr),
+    /// The next ping of an inquiry this node serves (by nonce).
+    Relay(u64),
 }
 
 #[derive(Debug)]
@@ -216,9 +262,9 @@ impl TimerHeap {
         });
     }
 
-    fn pop_due(&mut self, now: Duration) -> Option<Task> {
+    fn pop_due(&mut self, now: Duration) -> Option<(Duration, Task)> {
         if self.heap.peek().is_some_and(|s| s.at <= now) {
-            self.heap.pop().map(|s| s.task)
+            self.heap.pop().map(|s| (s.at, s.task))
         } else {
             None
         }
@@ -243,6 +289,24 @@ struct Wire {
     outbox: Vec<Outgoing>,
     notes: Vec<OwnedNotification<NodeIdentity>>,
     scratch: Vec<u8>,
+    /// Lifeguard's local health (see [`super::lifeguard`]).
+    health: LocalHealth,
+    /// foca started a probe (sent a `Ping`) since the last probe timer.
+    probe_started: bool,
+    /// foca reported the last probe failed.
+    probe_failed: bool,
+    /// Our incarnation as last seen in a header foca sent.
+    incarnation: u16,
+    /// foca's `ChangeSuspectToDown` timers, taken over by the core: (member, incarnation, event).
+    accusations: Vec<(NodeIdentity, u16, Timer<NodeIdentity>)>,
+}
+
+impl Wire {
+    fn health(&mut self, delta: i32) {
+        if self.health.apply(delta) {
+            self.metrics.set_health(self.health.score());
+        }
+    }
 }
 
 impl Wire {
@@ -304,9 +368,24 @@ struct CallIo<'a> {
 impl foca::Runtime<NodeIdentity> for CallIo<'_> {
     fn notify(&mut self, notification: foca::Notification<'_, NodeIdentity>) {
         match notification {
-            // Per-packet notifications: not needed, and copying them would allocate per packet.
-            foca::Notification::DataReceived(_) | foca::Notification::DataSent(_) => {}
-            other => self.wire.notes.push(other.to_owned()),
+            // Per-packet notifications are read in place (copying them would allocate per
+            // packet): a ping starts a probe, and a raised incarnation is a refutation of ours.
+            foca::Notification::DataSent(header) => {
+                if matches!(header.message, Message::Ping(_)) {
+                    self.wire.probe_started = true;
+                }
+                if header.src_incarnation > self.wire.incarnation {
+                    self.wire.health(1);
+                }
+                self.wire.incarnation = header.src_incarnation;
+            }
+            foca::Notification::DataReceived(_) => {}
+            other => {
+                if matches!(other, foca::Notification::ProbeFailed(..)) {
+                    self.wire.probe_failed = true;
+                }
+                self.wire.notes.push(other.to_owned());
+            }
         }
     }
 
@@ -315,6 +394,21 @@ impl foca::Runtime<NodeIdentity> for CallIo<'_> {
     }
 
     fn submit_after(&mut self, event: Timer<NodeIdentity>, after: Duration) {
+        let after = match &event {
+            Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. } => {
+                self.wire.health.scale(after)
+            }
+            Timer::ChangeSuspectToDown {
+                member_id,
+                incarnation,
+                ..
+            } => {
+                let (id, incarnation) = (member_id.clone(), *incarnation);
+                self.wire.accusations.push((id, incarnation, event));
+                return;
+            }
+            _ => after,
+        };
         self.wire.timers.push(self.now + after, Task::Foca(event));
     }
 }
@@ -343,6 +437,8 @@ pub struct Core {
     /// Members down or gone, by name: when their last datagram was heard (see
     /// [`Core::last_heard_before_down`]). Kept until the name comes up again.
     heard_before_down: FastMap<NodeName, Duration>,
+    /// Authentic, fresh datagrams received.
+    heard: u64,
     phase: Phase,
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
@@ -352,8 +448,44 @@ pub struct Core {
     /// Members foca holds as suspect: (identity, incarnation) and since when (see
     /// [`Core::sweep_suspects`]).
     suspects: FastMap<SocketAddr, (NodeIdentity, u16, Duration, u32)>,
-    /// Picks the member each digest goes to.
+    /// Picks the member each digest goes to (and the members asked about a suspect).
     sync_rng: StdRng,
+    /// The suspicions this node times itself (Lifeguard), by the suspect's address.
+    suspicions: FastMap<SocketAddr, Suspicion>,
+    /// Token of the next suspicion (matches verdicts to suspicions).
+    next_token: u32,
+    /// Inquiries this node serves: pings to a suspect on another member's behalf.
+    relays: Vec<Relay>,
+}
+
+/// A suspicion this node times (see the module docs).
+#[derive(Debug)]
+struct Suspicion {
+    id: NodeIdentity,
+    incarnation: u16,
+    /// Start; moved to the latest "reachable" verdict.
+    since: Duration,
+    /// Members whose probe on our behalf went unanswered (independent confirmations).
+    confirmers: Vec<SocketAddr>,
+    /// foca's own timer event when this node's probe failed (this node accused the member).
+    accused: Option<Timer<NodeIdentity>>,
+    token: u32,
+    /// `Task::Suspicion` entries in the heap for it.
+    pending: u32,
+    /// Local health's stretch (score + 1) when the suspicion started: a member that recovers
+    /// its health does not shorten the suspicions it started while unhealthy.
+    stretch: u32,
+}
+
+/// An inquiry this node serves.
+#[derive(Debug)]
+struct Relay {
+    requester: SocketAddr,
+    token: u32,
+    target: SocketAddr,
+    bump: u64,
+    nonce: u64,
+    attempts: u32,
 }
 
 impl std::fmt::Debug for Core {
@@ -413,6 +545,11 @@ impl Core {
                 outbox: Vec::new(),
                 notes: Vec::new(),
                 scratch: Vec::with_capacity(2048),
+                health: LocalHealth::new(settings.timing.health_max),
+                probe_started: false,
+                probe_failed: false,
+                incarnation: 0,
+                accusations: Vec::new(),
             },
             seeds: settings
                 .seeds
@@ -431,16 +568,21 @@ impl Core {
             missing_meta: BTreeSet::new(),
             last_heard: FastMap::default(),
             heard_before_down: FastMap::default(),
+            heard: 0,
             phase: Phase::Joining,
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
             suspects: FastMap::default(),
             sync_rng: StdRng::seed_from_u64(settings.rng_seed ^ 0x5359_4e43),
             rng_seed: settings.rng_seed,
+            suspicions: FastMap::default(),
+            next_token: 0,
+            relays: Vec::new(),
         };
         core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
         core.wire.metrics.set_members(0, 0, 0);
+        core.wire.metrics.set_health(0);
         core.live.upsert(own.clone());
         core.changes.push(LiveChange::Up(own.node));
         core.schedule_join_retry(now);
@@ -475,6 +617,17 @@ impl Core {
     /// Where the node is in its life in the cluster.
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// How many authentic, fresh datagrams this node has received (the driver's sign that it
+    /// hears the cluster again after a pause).
+    pub fn heard(&self) -> u64 {
+        self.heard
+    }
+
+    /// The timings this core runs with.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
     }
 
     /// The metrics this core counts into.
@@ -579,6 +732,7 @@ impl Core {
             return;
         }
         let payload = opened.payload;
+        self.heard += 1;
         self.last_heard.insert(from, now);
         self.wire.peer_keys.insert(from, opened.key_id);
         match payload.split_first() {
@@ -596,6 +750,30 @@ impl Core {
             }
             Some((&KIND_SYNC, body)) => match Digest::decode(body) {
                 Ok((digest, echo)) => self.answer_digest(from, &digest, echo),
+                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
+            },
+            Some((&KIND_INQUIRE, body)) => self.answer_inquiry(now, from, body),
+            Some((&KIND_PING, body)) => match <[u8; 16]>::try_from(body) {
+                Ok(ping) => {
+                    let bump = u64::from_be_bytes([
+                        ping[8], ping[9], ping[10], ping[11], ping[12], ping[13], ping[14],
+                        ping[15],
+                    ]);
+                    if bump == self.foca.identity().bump {
+                        self.seal(from, KIND_PONG, &ping[..8]);
+                    }
+                }
+                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
+            },
+            Some((&KIND_PONG, body)) => match <[u8; 8]>::try_from(body) {
+                Ok(nonce) => self.relay_answered(from, u64::from_be_bytes(nonce)),
+                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
+            },
+            Some((&KIND_VERDICT, body)) => match <[u8; 5]>::try_from(body) {
+                Ok(v) => {
+                    let token = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
+                    self.verdict(now, from, token, v[4]);
+                }
                 Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
             },
             _ => self.wire.metrics.rejected(RejectReason::Decode),
@@ -839,17 +1017,39 @@ impl Core {
 
     /// Runs every timer due at `now`, in deadline order.
     pub fn handle_due_timers(&mut self, now: Duration) {
-        while let Some(task) = self.wire.timers.pop_due(now) {
+        let mut late = false;
+        while let Some((at, task)) = self.wire.timers.pop_due(now) {
             if self.phase == Phase::Left {
                 continue;
             }
+            // Scheduled late (a starved or paused process): count it against ourselves once.
+            if !late && now.saturating_sub(at) > self.timing.probe_period {
+                late = true;
+                self.wire.health(1);
+            }
             match task {
                 Task::Foca(timer) => {
+                    let probe = matches!(timer, Timer::ProbeRandomMember(_));
+                    let started = std::mem::take(&mut self.wire.probe_started);
+                    self.wire.probe_failed = false;
                     let mut io = self.wire.at(now);
                     if let Err(err) = self.foca.handle_timer(timer, &mut io) {
                         tracing::debug!(error = %err, "foca timer");
                     }
+                    // The suspicion a failed probe starts is timed with the health from before
+                    // that failure counts.
+                    if !self.wire.accusations.is_empty() {
+                        self.take_accusations(now);
+                    }
+                    if probe && self.wire.probe_failed {
+                        self.wire.health(1);
+                    } else if probe && started {
+                        self.wire.health(-1);
+                    }
+                    self.wire.probe_started |= started && !probe;
                 }
+                Task::Suspicion(addr) => self.suspicion_due(now, addr),
+                Task::Relay(nonce) => self.relay_ping(now, nonce),
                 Task::JoinRetry => {
                     self.join_retry_pending = false;
                     if self.phase == Phase::Joining {
@@ -915,9 +1115,11 @@ impl Core {
     /// and `SUSPECT_EXPIRE_AFTER` is declared down.
     fn sweep_suspects(&mut self, now: Duration) {
         let patience = (self.scaled.0 * 2 + self.timing.probe_period).max(SUSPECT_PATIENCE_MIN);
+        let inquire_after = self.scaled.0 + self.timing.probe_period;
         let mut held = FastMap::with_capacity_and_hasher(self.suspects.len(), Default::default());
         let mut ask = Vec::new();
         let mut expired = Vec::new();
+        let mut inquire = Vec::new();
         for member in self.foca.iter_membership_state() {
             if member.state() != State::Suspect {
                 continue;
@@ -931,6 +1133,13 @@ impl Core {
                 }
                 _ => (now, 0),
             };
+            let timed = self
+                .suspicions
+                .get(&id.addr)
+                .is_some_and(|s| s.id == *id && s.incarnation == member.incarnation());
+            if !timed && now.saturating_sub(since) >= inquire_after {
+                inquire.push((id.clone(), member.incarnation(), since));
+            }
             if now.saturating_sub(since) >= patience {
                 if asks >= SUSPECT_MAX_ASKS && now.saturating_sub(since) >= SUSPECT_EXPIRE_AFTER {
                     expired.push(foca::Member::new(
@@ -946,6 +1155,27 @@ impl Core {
             held.insert(id.addr, (id.clone(), member.incarnation(), since, asks));
         }
         self.suspects = held;
+        // Suspicions that ended while no timer of theirs was pending: count how they ended.
+        let ended: Vec<SocketAddr> = self
+            .suspicions
+            .iter()
+            .filter(|(addr, s)| {
+                s.pending == 0
+                    && !self
+                        .suspects
+                        .get(*addr)
+                        .is_some_and(|(id, inc, ..)| *id == s.id && *inc == s.incarnation)
+            })
+            .map(|(addr, _)| *addr)
+            .collect();
+        for addr in ended {
+            if let Some(s) = self.suspicions.remove(&addr) {
+                self.count_outcome(&s);
+            }
+        }
+        for (id, incarnation, since) in inquire {
+            self.start_suspicion(since, id, incarnation, None);
+        }
         for id in ask {
             self.send_suspicion_notice(id.clone());
             let mut io = self.wire.at(now);
@@ -960,6 +1190,307 @@ impl Core {
         if let Err(err) = self.foca.apply_many(expired.into_iter(), true, &mut io) {
             tracing::debug!(error = %err, "suspicion timeout");
         }
+    }
+
+    /// Starts timing the suspicions foca asked a timer for (our own probe failed).
+    fn take_accusations(&mut self, now: Duration) {
+        for (id, incarnation, timer) in std::mem::take(&mut self.wire.accusations) {
+            if let Some(s) = self.suspicions.get_mut(&id.addr)
+                && s.id == id
+                && s.incarnation == incarnation
+            {
+                s.accused.get_or_insert(timer);
+                continue;
+            }
+            self.start_suspicion(now, id, incarnation, Some(timer));
+        }
+    }
+
+    /// Times a suspicion of `id` at `incarnation` from `since` and asks members to probe it.
+    fn start_suspicion(
+        &mut self,
+        since: Duration,
+        id: NodeIdentity,
+        incarnation: u16,
+        accused: Option<Timer<NodeIdentity>>,
+    ) {
+        if let Some(previous) = self.suspicions.remove(&id.addr) {
+            self.count_outcome(&previous);
+        }
+        self.next_token = self.next_token.wrapping_add(1);
+        let token = self.next_token;
+        let addr = id.addr;
+        self.suspicions.insert(
+            addr,
+            Suspicion {
+                id: id.clone(),
+                incarnation,
+                since,
+                confirmers: Vec::new(),
+                accused,
+                token,
+                pending: 0,
+                stretch: self.wire.health.score() + 1,
+            },
+        );
+        self.schedule_suspicion(addr);
+        self.send_inquiries(&id, incarnation, token);
+    }
+
+    /// When the suspicion of the member at `addr` ends, as things stand.
+    fn suspicion_deadline(&self, s: &Suspicion) -> Duration {
+        let min = self.scaled.0;
+        let max = min.saturating_mul(self.timing.suspicion_max_mult);
+        let confirmations = u32::try_from(s.confirmers.len()).unwrap_or(u32::MAX);
+        let timeout =
+            suspicion_timeout(confirmations, self.timing.suspicion_confirmations, min, max);
+        let stretch = s.stretch.max(self.wire.health.score() + 1);
+        s.since + timeout.saturating_mul(stretch)
+    }
+
+    fn schedule_suspicion(&mut self, addr: SocketAddr) {
+        let Some(at) = self
+            .suspicions
+            .get(&addr)
+            .map(|s| self.suspicion_deadline(s))
+        else {
+            return;
+        };
+        if let Some(s) = self.suspicions.get_mut(&addr) {
+            s.pending += 1;
+        }
+        self.wire.timers.push(at, Task::Suspicion(addr));
+    }
+
+    /// A suspicion's timer fired: end it if it is due and still stands.
+    fn suspicion_due(&mut self, now: Duration, addr: SocketAddr) {
+        let Some(s) = self.suspicions.get_mut(&addr) else {
+            return;
+        };
+        s.pending = s.pending.saturating_sub(1);
+        let s = &self.suspicions[&addr];
+        let stands = self.foca.iter_membership_state().any(|m| {
+            m.id() == &s.id && m.state() == State::Suspect && m.incarnation() == s.incarnation
+        });
+        if !stands {
+            if s.pending == 0
+                && let Some(s) = self.suspicions.remove(&addr)
+            {
+                self.count_outcome(&s);
+            }
+            return;
+        }
+        let deadline = self.suspicion_deadline(s);
+        let s = self.suspicions.get_mut(&addr).expect("looked up above");
+        if now < deadline {
+            if s.pending == 0 {
+                self.schedule_suspicion(addr);
+            }
+            return;
+        }
+        if s.accused.is_none() && s.confirmers.is_empty() {
+            // Heard of through the gossip and confirmed by nobody: not ours to end; the sweep
+            // keeps asking the suspect.
+            return;
+        }
+        let Some(s) = self.suspicions.remove(&addr) else {
+            return;
+        };
+        let outcome = if s.confirmers.is_empty() {
+            SuspicionOutcome::Expired
+        } else {
+            SuspicionOutcome::Confirmed
+        };
+        self.wire.metrics.suspicion(outcome);
+        let mut io = self.wire.at(now);
+        let result = match s.accused {
+            Some(timer) => self.foca.handle_timer(timer, &mut io),
+            None => self.foca.apply_many(
+                std::iter::once(foca::Member::new(s.id, s.incarnation, State::Down)),
+                true,
+                &mut io,
+            ),
+        };
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "suspicion timeout");
+        }
+    }
+
+    /// Counts how a suspicion this node timed ended without this node ending it.
+    fn count_outcome(&self, s: &Suspicion) {
+        let refuted = self.foca.iter_membership_state().any(|m| {
+            m.id().addr == s.id.addr
+                && m.state() != State::Down
+                && (m.id() != &s.id || m.incarnation() > s.incarnation)
+        });
+        self.wire.metrics.suspicion(if refuted {
+            SuspicionOutcome::Refuted
+        } else {
+            SuspicionOutcome::Confirmed
+        });
+    }
+
+    /// Asks a few random alive members (not the suspect) to probe the suspect for us.
+    fn send_inquiries(&mut self, id: &NodeIdentity, incarnation: u16, token: u32) {
+        let want = self.timing.suspicion_inquiries;
+        if want == 0 {
+            return;
+        }
+        let members = &self.members;
+        let mut candidates: Vec<SocketAddr> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| {
+                m.state() == State::Alive
+                    && m.id().addr != id.addr
+                    && members.get(&m.id().addr) == Some(m.id())
+            })
+            .map(|m| m.id().addr)
+            .collect();
+        let mut body = Vec::with_capacity(96);
+        body.extend_from_slice(&token.to_be_bytes());
+        let update = foca::Member::new(id.clone(), incarnation, State::Suspect);
+        if self.codec.encode_member(&update, &mut body).is_err() {
+            return;
+        }
+        for _ in 0..want.min(candidates.len()) {
+            let pick = self.sync_rng.random_range(0..candidates.len());
+            let to = candidates.swap_remove(pick);
+            self.seal(to, KIND_INQUIRE, &body);
+        }
+    }
+
+    /// Serves a member's inquiry about a suspect: what we hold when it is news to the
+    /// inquirer, else pings to the suspect and a verdict.
+    fn answer_inquiry(&mut self, now: Duration, from: SocketAddr, body: &[u8]) {
+        let Some(requester) = self.members.get(&from).cloned() else {
+            return;
+        };
+        let Some((token, mut rest)) = body.split_first_chunk::<4>() else {
+            self.wire.metrics.rejected(RejectReason::Decode);
+            return;
+        };
+        let token = u32::from_be_bytes(*token);
+        let Ok(accused) = Codec::<NodeIdentity>::decode_member(&mut self.codec, &mut rest) else {
+            self.wire.metrics.rejected(RejectReason::Decode);
+            return;
+        };
+        let id = accused.id();
+        if id.addr == self.foca.identity().addr {
+            // About ourselves: we are alive; refute at once.
+            if id == self.foca.identity() {
+                let mut io = self.wire.at(now);
+                let suspect = std::iter::once(accused.clone());
+                if let Err(err) = self.foca.apply_many(suspect, true, &mut io) {
+                    tracing::debug!(error = %err, "refuting an inquiry about ourselves");
+                }
+            }
+            self.send_verdict(from, token, VERDICT_REACHABLE);
+            return;
+        }
+        let news = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id().addr == id.addr)
+            .filter(|m| {
+                if m.id() == id {
+                    m.state() == State::Down || m.incarnation() > accused.incarnation()
+                } else {
+                    m.id().bump > id.bump
+                }
+            })
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), m.state()));
+        if let Some(news) = news {
+            self.send_updates(requester, &[news], 1);
+            return;
+        }
+        if self.relays.len() >= MAX_RELAYS {
+            return;
+        }
+        let nonce = self.sync_rng.random::<u64>();
+        self.relays.push(Relay {
+            requester: from,
+            token,
+            target: id.addr,
+            bump: id.bump,
+            nonce,
+            attempts: 0,
+        });
+        self.relay_ping(now, nonce);
+    }
+
+    /// Pings the suspect of an inquiry again, or answers "unreachable" after the last ping.
+    fn relay_ping(&mut self, now: Duration, nonce: u64) {
+        let Some(at) = self.relays.iter().position(|r| r.nonce == nonce) else {
+            return;
+        };
+        let relay = &mut self.relays[at];
+        if relay.attempts >= RELAY_ATTEMPTS {
+            let relay = self.relays.swap_remove(at);
+            // An unhealthy member's silence is no evidence: it confirms nothing.
+            if self.wire.health.score() == 0 {
+                self.send_verdict(relay.requester, relay.token, VERDICT_UNREACHABLE);
+            }
+            return;
+        }
+        relay.attempts += 1;
+        let mut ping = [0u8; 16];
+        ping[..8].copy_from_slice(&nonce.to_be_bytes());
+        ping[8..].copy_from_slice(&relay.bump.to_be_bytes());
+        let target = relay.target;
+        self.seal(target, KIND_PING, &ping);
+        let wait = self.wire.health.scale(self.timing.probe_rtt);
+        self.wire.timers.push(now + wait, Task::Relay(nonce));
+    }
+
+    /// The suspect of an inquiry answered our ping.
+    fn relay_answered(&mut self, from: SocketAddr, nonce: u64) {
+        let Some(at) = self
+            .relays
+            .iter()
+            .position(|r| r.nonce == nonce && r.target == from)
+        else {
+            return;
+        };
+        let relay = self.relays.swap_remove(at);
+        self.send_verdict(relay.requester, relay.token, VERDICT_REACHABLE);
+    }
+
+    fn send_verdict(&mut self, to: SocketAddr, token: u32, verdict: u8) {
+        let mut body = [0u8; 5];
+        body[..4].copy_from_slice(&token.to_be_bytes());
+        body[4] = verdict;
+        self.seal(to, KIND_VERDICT, &body);
+    }
+
+    /// A member's verdict on one of our inquiries.
+    fn verdict(&mut self, now: Duration, from: SocketAddr, token: u32, verdict: u8) {
+        if !self.members.contains_key(&from) {
+            return;
+        }
+        let Some((&addr, s)) = self.suspicions.iter_mut().find(|(_, s)| s.token == token) else {
+            return;
+        };
+        match verdict {
+            VERDICT_UNREACHABLE => {
+                if from == addr || s.confirmers.contains(&from) {
+                    return;
+                }
+                s.confirmers.push(from);
+            }
+            VERDICT_REACHABLE => {
+                // Someone reached it: start over at the longest, and tell it so it refutes.
+                s.since = now;
+                s.confirmers.clear();
+                let id = s.id.clone();
+                self.send_suspicion_notice(id);
+            }
+            _ => {
+                self.wire.metrics.rejected(RejectReason::Decode);
+                return;
+            }
+        }
+        self.schedule_suspicion(addr);
     }
 
     fn housekeeping(&mut self, now: Duration) {
@@ -1059,6 +1590,9 @@ impl Core {
 
     /// Reacts to foca's notifications until there are none, then applies new metadata.
     fn settle(&mut self, now: Duration) {
+        if !self.wire.accusations.is_empty() {
+            self.take_accusations(now);
+        }
         while !self.wire.notes.is_empty() {
             let notes = std::mem::take(&mut self.wire.notes);
             for note in notes {
@@ -1225,6 +1759,9 @@ impl Core {
             .heap
             .retain(|s| !matches!(s.task, Task::Foca(_)));
         self.suspects.clear();
+        self.suspicions.clear();
+        self.wire.accusations.clear();
+        self.wire.incarnation = 0;
         let held = std::mem::take(&mut self.wire.notes);
         if let Err(err) = self
             .foca

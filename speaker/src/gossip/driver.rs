@@ -7,6 +7,14 @@
 //! separate sender task (a fresh tokio socket's first immediate `try_send_to` was observed to be
 //! lost; awaiting `send_to` from a dedicated task avoids both that and blocking the core).
 //! [`GossipHandle::leave`] sends the leave datagrams itself and returns only once they are out.
+//!
+//! Pauses: the task wakes at least every gossip period while the node is in the mesh, so a turn
+//! that starts more than the suspicion timeout after the deadline it slept for means the process
+//! was not scheduled (SIGSTOP, a starved VM, a frozen cgroup). The peers may have declared the
+//! node down and moved its addresses meanwhile, so the task publishes [`Phase::Paused`] until
+//! it has heard an authentic datagram again and then one suspicion timeout plus a probe period
+//! has passed (the cluster's news, its own down included, has arrived by then); the daemon holds
+//! every answer meanwhile (see `daemon::JoinHold`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -167,6 +175,7 @@ pub async fn spawn(
         settings.addr = local_addr;
     }
     let origin = Instant::now();
+    let pause = PauseWatch::new(&settings.timing);
     let core = Core::new(settings, ring, meta, metrics, Duration::ZERO)?;
     let socket = Arc::new(socket);
     let (live_tx, live_rx) = watch::channel(core.live().clone());
@@ -179,6 +188,7 @@ pub async fn spawn(
     tokio::spawn(send_loop(socket.clone(), send_rx));
     let task = tokio::spawn(run(
         core,
+        pause,
         origin,
         socket,
         send_tx,
@@ -223,8 +233,69 @@ struct Published {
     heard_before_down: HeardBeforeDown,
 }
 
+/// Notices that the task was not scheduled for a while, and when the node hears the cluster
+/// again (see the module docs). Pure: `now` is an argument.
+#[derive(Debug)]
+struct PauseWatch {
+    /// How late a turn may start before it counts as a pause.
+    limit: Duration,
+    /// How long after the first datagram heard again the pause ends.
+    settle: Duration,
+    paused: bool,
+    /// `Core::heard` when the pause was noticed.
+    heard_before: u64,
+    heard_again: Option<Instant>,
+}
+
+impl PauseWatch {
+    fn new(timing: &super::Timing) -> PauseWatch {
+        PauseWatch {
+            limit: timing.suspect_to_down_after,
+            settle: timing.suspect_to_down_after + timing.probe_period,
+            paused: false,
+            heard_before: 0,
+            heard_again: None,
+        }
+    }
+
+    /// One turn of the task that had planned to wake at `planned`, with `heard` datagrams
+    /// received so far; returns whether the node counts as paused.
+    fn turn(&mut self, now: Instant, planned: Instant, heard: u64) -> bool {
+        let late = now.saturating_duration_since(planned);
+        if late > self.limit {
+            if !self.paused {
+                tracing::warn!(
+                    late_ms = late.as_millis() as u64,
+                    "gossip was not scheduled for longer than the suspicion timeout: answering nothing until the cluster is heard again"
+                );
+            }
+            self.paused = true;
+            self.heard_before = heard;
+            self.heard_again = None;
+        }
+        if self.paused {
+            if self.heard_again.is_none() && heard > self.heard_before {
+                self.heard_again = Some(now);
+            }
+            if self.heard_again.is_some_and(|t| now >= t + self.settle) {
+                tracing::info!("the cluster is heard again after a pause");
+                self.paused = false;
+            }
+        }
+        self.paused
+    }
+
+    /// When the pause may end (a wake-up the task must not sleep past).
+    fn next_deadline(&self) -> Option<Instant> {
+        self.heard_again
+            .filter(|_| self.paused)
+            .map(|t| t + self.settle)
+    }
+}
+
 async fn run(
     mut core: Core,
+    mut pause: PauseWatch,
     origin: Instant,
     socket: Arc<UdpSocket>,
     send: mpsc::Sender<Outgoing>,
@@ -234,12 +305,13 @@ async fn run(
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
-    publish(&mut core, &send, &published);
+    publish(&mut core, &send, &published, false);
     loop {
-        let deadline = core
+        let planned = core
             .next_deadline()
             .map(|at| origin + at)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let deadline = pause.next_deadline().map_or(planned, |at| at.min(planned));
         tokio::select! {
             received = socket.recv_from(&mut buf) => match received {
                 Ok((len, from)) => {
@@ -280,11 +352,14 @@ async fn run(
                 }
             },
         }
-        publish(&mut core, &send, &published);
+        // Only a node in the mesh wakes often enough for a late turn to mean a pause.
+        let in_mesh = core.phase() == Phase::Active;
+        let paused = in_mesh && pause.turn(Instant::now(), planned, core.heard());
+        publish(&mut core, &send, &published, paused);
     }
 }
 
-fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published) {
+fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published, paused: bool) {
     let Published {
         origin,
         live,
@@ -335,6 +410,43 @@ fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published
     if *identity.borrow() != *core.identity() {
         identity.send_replace(core.identity().clone());
     }
-    let now = core.phase();
+    let now = if paused { Phase::Paused } else { core.phase() };
     phase.send_if_modified(|p| std::mem::replace(p, now) != now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_late_turn_is_a_pause_until_the_cluster_is_heard_again_and_settles() {
+        let timing = super::super::Timing::fast();
+        let limit = timing.suspect_to_down_after;
+        let settle = timing.suspect_to_down_after + timing.probe_period;
+        let mut watch = PauseWatch::new(&timing);
+        let t0 = Instant::now();
+        assert!(
+            !watch.turn(t0 + limit, t0, 5),
+            "late by exactly the limit: not a pause"
+        );
+        let resumed = t0 + ms(2000);
+        assert!(watch.turn(resumed, t0 + ms(20), 5), "two seconds late");
+        assert!(
+            watch.turn(resumed + ms(50), resumed + ms(60), 5),
+            "nothing heard yet"
+        );
+        assert_eq!(watch.next_deadline(), None);
+        assert!(
+            watch.turn(resumed + ms(60), resumed + ms(70), 6),
+            "heard: settling"
+        );
+        assert_eq!(watch.next_deadline(), Some(resumed + ms(60) + settle));
+        assert!(watch.turn(resumed + ms(59) + settle, resumed + ms(59) + settle, 9));
+        assert!(!watch.turn(resumed + ms(60) + settle, resumed + ms(60) + settle, 9));
+        assert_eq!(watch.next_deadline(), None);
+    }
 }

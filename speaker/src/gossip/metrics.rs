@@ -103,6 +103,35 @@ impl RejectReason {
 }
 label_value!(RejectReason);
 
+/// How a suspicion this node timed ended (see [`super::lifeguard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SuspicionOutcome {
+    /// The suspect showed it is alive (a higher incarnation, or a newer identity).
+    Refuted,
+    /// The suspect was declared down after at least one independent confirmation, here or by
+    /// another member.
+    Confirmed,
+    /// This node's own timeout ran out with no confirmation and it declared the suspect down.
+    Expired,
+}
+
+impl SuspicionOutcome {
+    /// The label value.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            SuspicionOutcome::Refuted => "refuted",
+            SuspicionOutcome::Confirmed => "confirmed",
+            SuspicionOutcome::Expired => "expired",
+        }
+    }
+}
+label_value!(SuspicionOutcome);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: SuspicionOutcome,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StateLabels {
     state: MemberState,
@@ -128,6 +157,8 @@ pub struct GossipMetrics {
     bytes: Family<DirectionLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
     sync_updates: Counter,
+    health: Gauge,
+    suspicions: Family<OutcomeLabels, Counter>,
     /// The four traffic series, resolved once: they are counted on every datagram, and a
     /// family lookup (hash and lock) per datagram was a measurable share of the simulation.
     traffic: [(Counter, Counter); 2],
@@ -154,6 +185,8 @@ impl Default for GossipMetrics {
             bytes,
             rejected: Family::default(),
             sync_updates: Counter::default(),
+            health: Gauge::default(),
+            suspicions: Family::default(),
             traffic,
         }
     }
@@ -199,7 +232,39 @@ impl GossipMetrics {
             "Member updates sent to peers whose membership digest differed from ours (members the gossip had not brought them)",
             metrics.sync_updates.clone(),
         );
+        registry.register(
+            "swimlb_gossip_local_health",
+            "Lifeguard local health score: 0 is healthy; probe and suspicion timeouts are stretched by score + 1",
+            metrics.health.clone(),
+        );
+        registry.register(
+            "swimlb_gossip_suspicions",
+            "Suspicions this node timed, by how they ended (refuted, confirmed, expired)",
+            metrics.suspicions.clone(),
+        );
         metrics
+    }
+
+    pub(crate) fn set_health(&self, score: u32) {
+        self.health.set(i64::from(score));
+    }
+
+    /// The local health score last set.
+    pub fn health_score(&self) -> i64 {
+        self.health.get()
+    }
+
+    pub(crate) fn suspicion(&self, outcome: SuspicionOutcome) {
+        self.suspicions
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Suspicions that ended with `outcome` (for tests and the lab).
+    pub fn suspicions_ended(&self, outcome: SuspicionOutcome) -> u64 {
+        self.suspicions
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
     }
 
     pub(crate) fn set_members(&self, alive: usize, suspect: usize, down: usize) {

@@ -7,6 +7,7 @@
 //!   only for tests and with the crate feature `simnet`, never into the daemon.
 //! - [`replay`]: replay protection: the sender id a speaker seals under and the receiver's
 //!   per-sender window ([`replay::ReplayGuard`]).
+//! - [`lifeguard`]: local health and the suspicion that shrinks with confirmations.
 //! - [`sync`]: the membership digest peers compare to find members the gossip never brought.
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
@@ -17,6 +18,7 @@
 pub mod core;
 pub mod driver;
 pub mod identity;
+pub mod lifeguard;
 pub mod metadata;
 pub mod metrics;
 pub mod replay;
@@ -33,5 +35,5 @@ mod udp_tests;
 pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 pub use driver::{GossipHandle, spawn};
 pub use identity::NodeIdentity;
-pub use metrics::{Direction, GossipMetrics, RejectReason};
+pub use metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 pub use timing::{Profile, Timing, TimingError};

@@ -1,5 +1,6 @@
 //! A deterministic in-process network for gossip [`Core`]s: a virtual clock, one ordered event
-//! queue, seeded loss and delay, crashes and partitions, and a tap that records datagrams for
+//! queue, seeded loss and delay, crashes and partitions, slow and paused nodes
+//! ([`SimNet::set_lag`], [`SimNet::pause`]), and a tap that records datagrams for
 //! replaying them later ([`SimNet::tap`], [`SimNet::inject`]). No sockets, no tokio, no wall
 //! clock.
 //!
@@ -102,6 +103,10 @@ struct Slot {
     wake: Option<Duration>,
     group: u32,
     traffic: Traffic,
+    /// Everything this node handles (datagrams and timers) is handled this much late.
+    lag: Duration,
+    /// The node handles nothing before this time (paused).
+    paused_until: Option<Duration>,
 }
 
 /// The simulated network. Node `i` lives at [`SimNet::addr`]`(i)`.
@@ -166,6 +171,8 @@ impl SimNet {
         self.by_addr.insert(Self::addr(i), i);
         self.slots[i].core = Some(core);
         self.slots[i].wake = None;
+        self.slots[i].lag = Duration::ZERO;
+        self.slots[i].paused_until = None;
         self.flush(i);
     }
 
@@ -203,6 +210,22 @@ impl SimNet {
     pub fn set_group(&mut self, i: usize, group: u32) {
         if let Some(slot) = self.slots.get_mut(i) {
             slot.group = group;
+        }
+    }
+
+    /// From now on node `i` handles its datagrams and its timers `lag` late (zero: on time), as
+    /// a starved process would. Datagrams already on their way keep their time.
+    pub fn set_lag(&mut self, i: usize, lag: Duration) {
+        if let Some(slot) = self.slots.get_mut(i) {
+            slot.lag = lag;
+        }
+    }
+
+    /// Stops node `i` entirely until `until` (SIGSTOP): what arrives meanwhile waits for it,
+    /// and its timers run when it resumes.
+    pub fn pause(&mut self, i: usize, until: Duration) {
+        if let Some(slot) = self.slots.get_mut(i) {
+            slot.paused_until = Some(until);
         }
     }
 
@@ -249,6 +272,23 @@ impl SimNet {
                 break;
             };
             self.now = event.at;
+            let node = match &event.kind {
+                EventKind::Deliver { to, .. } => *to,
+                EventKind::Wake { node } => *node,
+            };
+            if let Some(until) = self.slots[node].paused_until {
+                if self.now < until {
+                    if matches!(event.kind, EventKind::Wake { .. }) {
+                        if self.slots[node].wake != Some(event.at) {
+                            continue;
+                        }
+                        self.slots[node].wake = Some(until);
+                    }
+                    self.push(until, event.kind);
+                    continue;
+                }
+                self.slots[node].paused_until = None;
+            }
             match event.kind {
                 EventKind::Deliver {
                     to,
@@ -309,6 +349,7 @@ impl SimNet {
         }
         let deadline = core.next_deadline();
         let group = self.slots[i].group;
+        let lag = self.slots[i].lag;
         for out in outgoing {
             self.slots[i].traffic.packets += 1;
             self.slots[i].traffic.bytes += out.bytes.len() as u64;
@@ -335,7 +376,7 @@ impl SimNet {
             } else {
                 span.mul_f64(self.rng.random::<f64>())
             };
-            let at = self.now + self.links.delay_min + jitter;
+            let at = self.now + self.links.delay_min + jitter + self.slots[to].lag;
             self.push(
                 at,
                 EventKind::Deliver {
@@ -346,7 +387,7 @@ impl SimNet {
             );
         }
         if let Some(at) = deadline {
-            let at = at.max(self.now);
+            let at = at.max(self.now) + lag;
             if self.slots[i].wake != Some(at) {
                 self.slots[i].wake = Some(at);
                 self.push(at, EventKind::Wake { node: i });

@@ -6,7 +6,7 @@ use swimlb_proto::KeyRing;
 
 use super::core::{Core, GossipSettings, Phase};
 use super::identity::NodeIdentity;
-use super::metrics::{GossipMetrics, RejectReason};
+use super::metrics::{GossipMetrics, RejectReason, SuspicionOutcome};
 use super::simnet::{Links, SimNet, Tapped};
 use super::timing::Timing;
 use crate::membership::{LiveChange, MemberMeta};
@@ -744,4 +744,71 @@ fn a_node_started_without_seeds_joins_the_peers_it_is_given_later() {
         (0..3).all(|i| live_len(net, i) == 3)
     });
     assert!(joined.is_some(), "everyone sees the newcomer");
+}
+
+fn suspicions(net: &SimNet, i: usize, outcome: SuspicionOutcome) -> u64 {
+    net.core(i)
+        .map_or(0, |c| c.metrics().suspicions_ended(outcome))
+}
+
+#[test]
+fn a_crash_confirmed_by_the_members_asked_is_declared_after_the_shortest_suspicion() {
+    let mut net = cluster(8, 21, Links::default());
+    net.crash(5);
+    let took = run_until(&mut net, Duration::from_secs(5), |net| {
+        (0..8)
+            .filter(|i| *i != 5)
+            .all(|i| !net.core(i).unwrap().live().contains(&name(5)))
+    })
+    .expect("every survivor marks the crashed member down");
+    // Unconfirmed, the suspicion would last 6 x 150 ms.
+    assert!(took < Duration::from_millis(800), "detection took {took:?}");
+    let confirmed: u64 = (0..8)
+        .map(|i| suspicions(&net, i, SuspicionOutcome::Confirmed))
+        .sum();
+    let expired: u64 = (0..8)
+        .map(|i| suspicions(&net, i, SuspicionOutcome::Expired))
+        .sum();
+    assert!(confirmed >= 1, "confirmed {confirmed}");
+    assert_eq!(expired, 0);
+}
+
+#[test]
+fn a_slow_member_stretches_its_timeouts_and_accuses_nobody() {
+    let mut net = cluster(6, 23, Links::default());
+    net.set_lag(2, Duration::from_millis(500));
+    net.run_for(Duration::from_secs(10));
+    let health = net.core(2).unwrap().metrics().health_score();
+    assert!(health >= 1, "local health of the slow member: {health}");
+    net.set_lag(2, Duration::ZERO);
+    net.run_for(Duration::from_secs(10));
+    let downs_of_others: Vec<_> = net
+        .drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(n) if *n != name(2)))
+        .collect();
+    assert!(downs_of_others.is_empty(), "{downs_of_others:?}");
+    for i in 0..6 {
+        assert_eq!(live_len(&net, i), 6, "node {i} sees everyone again");
+    }
+    assert_eq!(
+        net.core(2).unwrap().metrics().health_score(),
+        0,
+        "recovered as its probes succeed"
+    );
+}
+
+#[test]
+fn a_paused_member_takes_nobody_down_when_it_resumes() {
+    let mut net = cluster(6, 29, Links::default());
+    let resume = net.now() + Duration::from_secs(2);
+    net.pause(4, resume);
+    net.run_for(Duration::from_secs(12));
+    let downs_of_others: Vec<_> = net
+        .drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(n) if *n != name(4)))
+        .collect();
+    assert!(downs_of_others.is_empty(), "{downs_of_others:?}");
+    for i in 0..6 {
+        assert_eq!(live_len(&net, i), 6, "node {i} sees everyone again");
+    }
 }

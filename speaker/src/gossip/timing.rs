@@ -44,8 +44,9 @@ pub struct Timing {
     pub probe_rtt: Duration,
     /// Members asked to probe indirectly (and fan-out of foca's own gossip calls).
     pub indirect_probes: usize,
-    /// How long a suspect stays alive before it is declared down (for up to 10 members; see
-    /// `scale_suspicion`).
+    /// How long a suspect stays alive before it is declared down once enough independent
+    /// confirmations came back (Lifeguard's shortest suspicion; an unconfirmed one lasts
+    /// `suspicion_max_mult` times this), for up to 10 members (see `scale_suspicion`).
     pub suspect_to_down_after: Duration,
     /// How many times each update is piggybacked before it is dropped (at least; see
     /// `scale_transmissions`).
@@ -82,6 +83,17 @@ pub struct Timing {
     pub meta_refresh: Duration,
     /// The largest foca packet, at most [`MAX_FOCA_PACKET`].
     pub max_packet_size: usize,
+    /// Lifeguard: a suspicion nobody confirms lasts this many times the suspicion timeout
+    /// (memberlist's `SuspicionMaxTimeoutMult`); 1 turns the shrinking suspicion off.
+    pub suspicion_max_mult: u32,
+    /// Lifeguard: independent confirmations that bring a suspicion down to the suspicion
+    /// timeout (memberlist's `SuspicionMult - 2`).
+    pub suspicion_confirmations: u32,
+    /// Members a suspecting node asks to probe the suspect for it (see `core`); 0: none.
+    pub suspicion_inquiries: usize,
+    /// Lifeguard: local health stretches probe and suspicion timeouts up to this many times
+    /// (memberlist's `AwarenessMaxMultiplier`); 1 turns local health off.
+    pub health_max: u32,
 }
 
 impl Default for Timing {
@@ -150,8 +162,9 @@ impl Timing {
             suspect_to_down_after: Duration::from_millis(150),
             max_transmissions: 8,
             // A flat, short suspicion is safe because suspects are told at once and refute
-            // while the suspicion spreads (measured: no false down at 5 % loss over 600 s with
-            // 100 members; 100 ms collapsed at 10 % loss, 200 ms missed p50 <= 400 ms);
+            // while the suspicion spreads, and because it is only this short once members
+            // asked to probe the suspect confirm it (Lifeguard; unconfirmed it lasts 6 x as
+            // long: no false down at 10 % loss over 600 s with 100 members, seeds 1-5);
             // scaling it would cost 150 ms per decade of members.
             scale_suspicion: false,
             scale_transmissions: true,
@@ -166,6 +179,10 @@ impl Timing {
             join_retry: Duration::from_millis(250),
             meta_refresh: Duration::from_secs(15),
             max_packet_size: DEFAULT_MAX_PACKET,
+            suspicion_max_mult: 6,
+            suspicion_confirmations: 3,
+            suspicion_inquiries: 4,
+            health_max: super::lifeguard::HEALTH_MAX,
         }
     }
 
@@ -194,6 +211,10 @@ impl Timing {
             join_retry: Duration::from_secs(1),
             meta_refresh: Duration::from_secs(30),
             max_packet_size: DEFAULT_MAX_PACKET,
+            suspicion_max_mult: 6,
+            suspicion_confirmations: 3,
+            suspicion_inquiries: 4,
+            health_max: super::lifeguard::HEALTH_MAX,
         }
     }
 
@@ -222,6 +243,8 @@ impl Timing {
             ));
         }
         for (name, value) in [
+            ("suspicion_max_mult", self.suspicion_max_mult as usize),
+            ("health_max", self.health_max as usize),
             ("indirect_probes", self.indirect_probes),
             ("gossip_fanout", self.gossip_fanout),
             ("announce_down_fanout", self.announce_down_fanout),

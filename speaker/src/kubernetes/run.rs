@@ -435,6 +435,9 @@ impl Source {
     /// Ends the start-up hold when the mesh has formed (or the grace passed).
     async fn check_hold(&mut self) {
         let phase = *self.daemon.phase().borrow();
+        if self.hold.rearm(Instant::now(), phase) {
+            self.daemon.handle(Input::Hold(true)).await;
+        }
         if self
             .hold
             .release(Instant::now(), phase, self.daemon.engine.live())
