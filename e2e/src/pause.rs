@@ -186,10 +186,12 @@ pub fn run(
                     .filter_map(|r| r.answer.as_ref())
                     .filter(|(n, at)| *n == paused.name && in_window(*at))
                     .count();
-                (claims + answers) as u64
+                (claims as u64, answers as u64)
             }
-            _ => 0,
+            _ => (0, 0),
         };
+        let (claims, probe_answers) = stale;
+        let stale = claims + probe_answers;
         let changes = probe::owner_changes(
             &records
                 .iter()
@@ -205,7 +207,7 @@ pub fn run(
         };
         let rejoin_ms = rejoined.duration_since(resume).as_secs_f64() * 1e3;
         progress(&format!(
-            "trial {trial}/{}: {} paused {} ms: failover {}, old owner's answers after resume {stale}, answering node changed {changes} times, rejoined {:.0} ms after resume",
+            "trial {trial}/{}: {} paused {} ms: failover {}, old owner's answers after resume {stale} ({claims} ARP, {probe_answers} probes), answering node changed {changes} times, rejoined {:.0} ms after resume",
             options.trials,
             paused.name,
             PAUSE.as_millis(),

@@ -21,6 +21,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use pnet_datalink::{DataLinkReceiver, DataLinkSender};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -253,6 +254,8 @@ pub enum DropReasonLabel {
     not_a_request,
     /// See [`Drop::Conflict`].
     conflict,
+    /// Received while the thread was quarantined after a pause (see [`PauseFuse`]).
+    paused,
 }
 
 impl From<&Drop> for DropReasonLabel {
@@ -411,6 +414,62 @@ impl std::ops::Drop for Responder {
     }
 }
 
+/// A turn of the responder's loop this much later than the last one means the thread (the
+/// process) was not scheduled: stopped, or starved. The loop turns at least every
+/// `answering::COMMAND_LATENCY` (5 ms) otherwise. The gossip's own pause watch uses the suspicion
+/// timeout (150 ms in the `fast` profile): this fires no later.
+pub const PAUSE_FUSE: Duration = Duration::from_millis(100);
+/// How long a responder that woke from a pause answers nothing and sends no announcement unless
+/// its owner set is renewed first (the daemon holds after a pause, then re-answers).
+pub const QUARANTINE: Duration = Duration::from_millis(500);
+
+/// What a responder thread does after a pause: the ARP requests queued while it slept, and the
+/// announcements its daemon may still send from a stale view before the gossip reports the
+/// pause, would claim IPs the cluster moved meanwhile. So it answers nothing for
+/// [`QUARANTINE`], or until its owned set is renewed (the daemon's hold, then its release).
+#[derive(Debug, Clone, Copy)]
+pub struct PauseFuse {
+    last_turn: Instant,
+    quarantine_until: Option<Instant>,
+}
+
+impl PauseFuse {
+    /// A fuse whose last turn is `now`.
+    pub fn new(now: Instant) -> PauseFuse {
+        PauseFuse {
+            last_turn: now,
+            quarantine_until: None,
+        }
+    }
+
+    /// A loop turn at `now`; true when it found a pause (and started the quarantine).
+    pub fn turn(&mut self, now: Instant) -> bool {
+        let paused = now.saturating_duration_since(self.last_turn) > PAUSE_FUSE;
+        self.last_turn = now;
+        if paused {
+            self.quarantine_until = Some(now + QUARANTINE);
+        }
+        paused
+    }
+
+    /// The owned set was renewed: the daemon has acted since the pause.
+    pub fn renewed(&mut self) {
+        self.quarantine_until = None;
+    }
+
+    /// Whether the thread must stay silent at `now`.
+    pub fn quarantined(&mut self, now: Instant) -> bool {
+        match self.quarantine_until {
+            Some(until) if now < until => true,
+            Some(_) => {
+                self.quarantine_until = None;
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 fn run(
     mac: MacAddr,
     mut tx: Box<dyn DataLinkSender>,
@@ -422,7 +481,13 @@ fn run(
 ) {
     let mut owned = Owned::default();
     let mut out = [0u8; 128];
+    let mut fuse = PauseFuse::new(Instant::now());
     loop {
+        if fuse.turn(Instant::now()) {
+            tracing::warn!(
+                "the responder was not scheduled for over {PAUSE_FUSE:?}: answering nothing until the speaker renews what it owns (at most {QUARANTINE:?})"
+            );
+        }
         // Commands first: a stop or a new owned set takes effect before the next frame.
         loop {
             match commands.try_recv() {
@@ -431,8 +496,12 @@ fn run(
                         update_groups(m, &owned, &next);
                     }
                     owned = next;
+                    fuse.renewed();
                 }
                 Ok(Control::Announce(ip)) => {
+                    if fuse.quarantined(Instant::now()) {
+                        continue;
+                    }
                     if let Ok(len) = announcement(mac, ip, &mut out) {
                         send(&mut *tx, &out[..len], metrics, &metrics.gratuitous_sent);
                     }
@@ -454,6 +523,15 @@ fn run(
                 continue;
             }
         };
+        if fuse.quarantined(Instant::now()) {
+            metrics
+                .dropped
+                .get_or_create(&DropLabels {
+                    reason: DropReasonLabel::paused,
+                })
+                .inc();
+            continue;
+        }
         match decide(frame, mac, &owned) {
             Ok(reply) => {
                 let counter = match reply {
@@ -514,6 +592,31 @@ fn update_groups(membership: &Membership, old: &Owned, new: &Owned) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pause_quarantines_until_the_owned_set_is_renewed_or_the_quarantine_ends() {
+        let t0 = Instant::now();
+        let mut fuse = PauseFuse::new(t0);
+        // Ordinary turns, a few milliseconds apart, never trip it.
+        for ms in (5..100).step_by(5) {
+            assert!(!fuse.turn(t0 + Duration::from_millis(ms)));
+            assert!(!fuse.quarantined(t0 + Duration::from_millis(ms)));
+        }
+        // A 2 s gap: quarantined from the first turn after it.
+        let resumed = t0 + Duration::from_millis(2095);
+        assert!(fuse.turn(resumed));
+        assert!(fuse.quarantined(resumed));
+        assert!(fuse.quarantined(resumed + QUARANTINE - Duration::from_millis(1)));
+        // Renewed by the daemon: answering again at once.
+        fuse.renewed();
+        assert!(!fuse.quarantined(resumed + Duration::from_millis(10)));
+        // Another pause, never renewed: the quarantine ends by itself.
+        let again = resumed + Duration::from_secs(5);
+        assert!(fuse.turn(again));
+        assert!(fuse.quarantined(again + Duration::from_millis(1)));
+        assert!(!fuse.quarantined(again + QUARANTINE));
+        assert!(!fuse.quarantined(again + QUARANTINE + Duration::from_millis(1)));
+    }
     use swimlb_proto::ethernet::{EtherType, EthernetRepr, ZERO};
     use swimlb_proto::ndp::{NdpRepr, NeighborFlags};
 

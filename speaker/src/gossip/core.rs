@@ -439,6 +439,8 @@ pub struct Core {
     heard_before_down: FastMap<NodeName, Duration>,
     /// Authentic, fresh datagrams received.
     heard: u64,
+    /// Times this node learnt it was declared down and renewed its identity.
+    rejoins: u64,
     phase: Phase,
     join_retry_pending: bool,
     /// The (suspicion, transmissions) foca currently runs with.
@@ -569,6 +571,7 @@ impl Core {
             last_heard: FastMap::default(),
             heard_before_down: FastMap::default(),
             heard: 0,
+            rejoins: 0,
             phase: Phase::Joining,
             join_retry_pending: false,
             scaled: (Duration::ZERO, 0),
@@ -623,6 +626,12 @@ impl Core {
     /// hears the cluster again after a pause).
     pub fn heard(&self) -> u64 {
         self.heard
+    }
+
+    /// How many times this node learnt it was declared down and renewed its identity (the
+    /// driver's sign that the cluster moved its addresses while it was paused).
+    pub fn rejoins(&self) -> u64 {
+        self.rejoins
     }
 
     /// The timings this core runs with.
@@ -1242,10 +1251,30 @@ impl Core {
         let min = self.scaled.0;
         let max = min.saturating_mul(self.timing.suspicion_max_mult);
         let confirmations = u32::try_from(s.confirmers.len()).unwrap_or(u32::MAX);
-        let timeout =
-            suspicion_timeout(confirmations, self.timing.suspicion_confirmations, min, max);
-        let stretch = s.stretch.max(self.wire.health.score() + 1);
+        let timeout = suspicion_timeout(confirmations, self.wanted_confirmations(), min, max);
+        // Where no confirmations are wanted (a small cluster), nothing else tells a lone
+        // observer's lossy link from a crash either: the suspicion keeps its shortest, unstretched,
+        // as in plain SWIM.
+        let stretch = if self.wanted_confirmations() == 0 {
+            1
+        } else {
+            s.stretch.max(self.wire.health.score() + 1)
+        };
         s.since + timeout.saturating_mul(stretch)
+    }
+
+    /// How many independent confirmations shrink a suspicion to its shortest. As memberlist
+    /// does: none in a cluster too small to give them all (fewer members than wanted besides
+    /// the suspect and this node), where a suspicion lasts its shortest and any member that holds
+    /// it may end it, as plain SWIM does. Lifeguard's trust in numbers needs numbers.
+    fn wanted_confirmations(&self) -> u32 {
+        let could_confirm = self.members.len().saturating_sub(1);
+        let wanted = self.timing.suspicion_confirmations;
+        if could_confirm < wanted as usize {
+            0
+        } else {
+            wanted
+        }
     }
 
     fn schedule_suspicion(&mut self, addr: SocketAddr) {
@@ -1288,7 +1317,7 @@ impl Core {
             }
             return;
         }
-        if s.accused.is_none() && s.confirmers.is_empty() {
+        if s.accused.is_none() && s.confirmers.is_empty() && self.wanted_confirmations() > 0 {
             // Heard of through the gossip and confirmed by nobody: not ours to end; the sweep
             // keeps asking the suspect.
             return;
@@ -1323,6 +1352,7 @@ impl Core {
                 && m.state() != State::Down
                 && (m.id() != &s.id || m.incarnation() > s.incarnation)
         });
+
         self.wire.metrics.suspicion(if refuted {
             SuspicionOutcome::Refuted
         } else {
@@ -1698,6 +1728,7 @@ impl Core {
                 }
             }
             OwnedNotification::Rejoin(id) => {
+                self.rejoins += 1;
                 tracing::info!(
                     bump = id.bump,
                     "declared down; rejoining under a renewed identity"

@@ -239,12 +239,19 @@ struct Published {
 struct PauseWatch {
     /// How late a turn may start before it counts as a pause.
     limit: Duration,
-    /// How long after the first datagram heard again the pause ends.
+    /// How long after the first datagram heard again the pause ends, once the node knows where
+    /// it stands: it was declared down and has rejoined under a renewed identity.
     settle: Duration,
+    /// How long after the first datagram heard again the pause ends when no "you are down"
+    /// came: the longest suspicion plus a probe period, by when the cluster would have said so.
+    long_settle: Duration,
     paused: bool,
     /// `Core::heard` when the pause was noticed.
     heard_before: u64,
+    /// `Core::rejoins` when the pause was noticed.
+    rejoins_before: u64,
     heard_again: Option<Instant>,
+    rejoined: bool,
 }
 
 impl PauseWatch {
@@ -252,15 +259,27 @@ impl PauseWatch {
         PauseWatch {
             limit: timing.suspect_to_down_after,
             settle: timing.suspect_to_down_after + timing.probe_period,
+            long_settle: timing
+                .suspect_to_down_after
+                .saturating_mul(timing.suspicion_max_mult.max(1))
+                + timing.probe_period,
             paused: false,
             heard_before: 0,
+            rejoins_before: 0,
             heard_again: None,
+            rejoined: false,
         }
     }
 
     /// One turn of the task that had planned to wake at `planned`, with `heard` datagrams
-    /// received so far; returns whether the node counts as paused.
-    fn turn(&mut self, now: Instant, planned: Instant, heard: u64) -> bool {
+    /// received and `rejoins` renewals of its identity so far; returns whether the node counts
+    /// as paused.
+    ///
+    /// A paused node must not answer before it knows whether the cluster declared it down (and
+    /// moved its addresses): it waits to hear the cluster, then either for its own renewal (it
+    /// was declared down: its record is unsettled now, so it ranks last until it settles) and
+    /// `settle`, or, without one, for `long_settle`, by when a "you are down" would have come.
+    fn turn(&mut self, now: Instant, planned: Instant, heard: u64, rejoins: u64) -> bool {
         let late = now.saturating_duration_since(planned);
         if late > self.limit {
             if !self.paused {
@@ -271,13 +290,16 @@ impl PauseWatch {
             }
             self.paused = true;
             self.heard_before = heard;
+            self.rejoins_before = rejoins;
             self.heard_again = None;
+            self.rejoined = false;
         }
         if self.paused {
             if self.heard_again.is_none() && heard > self.heard_before {
                 self.heard_again = Some(now);
             }
-            if self.heard_again.is_some_and(|t| now >= t + self.settle) {
+            self.rejoined |= rejoins > self.rejoins_before;
+            if self.next_deadline().is_some_and(|end| now >= end) {
                 tracing::info!("the cluster is heard again after a pause");
                 self.paused = false;
             }
@@ -287,9 +309,12 @@ impl PauseWatch {
 
     /// When the pause may end (a wake-up the task must not sleep past).
     fn next_deadline(&self) -> Option<Instant> {
-        self.heard_again
-            .filter(|_| self.paused)
-            .map(|t| t + self.settle)
+        let wait = if self.rejoined {
+            self.settle
+        } else {
+            self.long_settle
+        };
+        self.heard_again.filter(|_| self.paused).map(|t| t + wait)
     }
 }
 
@@ -354,7 +379,7 @@ async fn run(
         }
         // Only a node in the mesh wakes often enough for a late turn to mean a pause.
         let in_mesh = core.phase() == Phase::Active;
-        let paused = in_mesh && pause.turn(Instant::now(), planned, core.heard());
+        let paused = in_mesh && pause.turn(Instant::now(), planned, core.heard(), core.rejoins());
         publish(&mut core, &send, &published, paused);
     }
 }
@@ -427,26 +452,41 @@ mod tests {
         let timing = super::super::Timing::fast();
         let limit = timing.suspect_to_down_after;
         let settle = timing.suspect_to_down_after + timing.probe_period;
+        let long = timing.suspect_to_down_after * timing.suspicion_max_mult + timing.probe_period;
+        assert!(long > settle);
         let mut watch = PauseWatch::new(&timing);
         let t0 = Instant::now();
         assert!(
-            !watch.turn(t0 + limit, t0, 5),
+            !watch.turn(t0 + limit, t0, 5, 0),
             "late by exactly the limit: not a pause"
         );
+        // Declared down meanwhile: free once heard, renewed, and settled.
         let resumed = t0 + ms(2000);
-        assert!(watch.turn(resumed, t0 + ms(20), 5), "two seconds late");
+        assert!(watch.turn(resumed, t0 + ms(20), 5, 0), "two seconds late");
         assert!(
-            watch.turn(resumed + ms(50), resumed + ms(60), 5),
+            watch.turn(resumed + ms(50), resumed + ms(60), 5, 0),
             "nothing heard yet"
         );
         assert_eq!(watch.next_deadline(), None);
         assert!(
-            watch.turn(resumed + ms(60), resumed + ms(70), 6),
+            watch.turn(resumed + ms(60), resumed + ms(70), 6, 0),
             "heard: settling"
         );
-        assert_eq!(watch.next_deadline(), Some(resumed + ms(60) + settle));
-        assert!(watch.turn(resumed + ms(59) + settle, resumed + ms(59) + settle, 9));
-        assert!(!watch.turn(resumed + ms(60) + settle, resumed + ms(60) + settle, 9));
+        assert_eq!(watch.next_deadline(), Some(resumed + ms(60) + long));
+        assert!(
+            watch.turn(resumed + ms(60) + settle, resumed + ms(60) + settle, 9, 0),
+            "heard and settled, but the cluster has not said whether it declared us down"
+        );
+        assert!(
+            !watch.turn(resumed + ms(70) + settle, resumed + ms(70) + settle, 9, 1),
+            "renewed: we know where we stand"
+        );
         assert_eq!(watch.next_deadline(), None);
+        // Not declared down (a shorter pause): free after the long settle.
+        let again = resumed + ms(10_000);
+        assert!(watch.turn(again, resumed + ms(8_000), 9, 1));
+        assert!(watch.turn(again + ms(10), again + ms(10), 10, 1));
+        assert!(watch.turn(again + ms(10) + settle, again + ms(10) + settle, 12, 1));
+        assert!(!watch.turn(again + ms(10) + long, again + ms(10) + long, 14, 1));
     }
 }
