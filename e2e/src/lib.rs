@@ -23,6 +23,7 @@
 //! - [`probe`]: UDP responders on the nodes and the client's prober; failover time from their
 //!   records.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
+//! - [`rbac`]: Kubernetes RBAC evaluated over the fake API server's request log.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
@@ -42,5 +43,6 @@ pub mod netns;
 pub mod pause;
 pub mod probe;
 pub mod promtool;
+pub mod rbac;
 pub mod sim;
 pub mod soak;

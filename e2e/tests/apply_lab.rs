@@ -29,7 +29,7 @@ use swimlb_e2e::kubelab::{self, APPS, Cluster, NAMESPACE};
 use swimlb_e2e::kubelet::{self, Kubelet};
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe::{self, PROBE_PORT, Prober, Worker};
-use swimlb_e2e::{failover, manifests};
+use swimlb_e2e::{failover, manifests, rbac};
 use tokio::time::Instant;
 
 static LAB: Mutex<()> = Mutex::new(());
@@ -254,6 +254,109 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
             .is_some(),
         "the controller made no gossip key Secret"
     );
+
+    // The README's checks, with kubectl. The fake API server's tables have no printer
+    // columns: the columns a real server would print come from the CRD (and, for Pods, the
+    // usual ones), evaluated by kubectl.
+    let crd = run
+        .cluster
+        .api()
+        .get(
+            "customresourcedefinitions.apiextensions.k8s.io",
+            None,
+            "servicel2statuses.swimlb.io",
+        )
+        .expect("the ServiceL2Status CRD");
+    let mut record_columns = vec!["NAME:.metadata.name".to_string()];
+    for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let header = c["name"]
+            .as_str()
+            .unwrap_or("?")
+            .to_uppercase()
+            .replace(' ', "_");
+        record_columns.push(format!("{header}:{}", c["jsonPath"].as_str().unwrap_or("")));
+    }
+    let pod_columns = "NAME:.metadata.name,READY:.status.containerStatuses[0].ready,\
+        STATUS:.status.phase,RESTARTS:.status.containerStatuses[0].restartCount,\
+        IP:.status.podIP,NODE:.spec.nodeName";
+    let records = format!("custom-columns={}", record_columns.join(","));
+    let pods_columns = format!("custom-columns={pod_columns}");
+    for args in [
+        ["-n", NAMESPACE, "get", "pods", "-o", &pods_columns],
+        ["-n", NAMESPACE, "get", "servicel2statuses", "-o", &records],
+    ] {
+        let out = kubectl.run(&args, None).unwrap_or_else(|e| panic!("{e:#}"));
+        eprintln!("$ kubectl {}\n{out}", args.join(" "));
+        if args[3] == "servicel2statuses" {
+            let line = out.lines().nth(1).unwrap_or_default();
+            assert!(line.contains(&owner) && line.contains("web"), "{out}");
+        }
+    }
+
+    // `kubectl exec ds/swimlb-speaker -- swimlb-speaker status` (README): the speaker's own
+    // command in the owner's namespace, its default address.
+    let node = run
+        .lab
+        .nodes
+        .iter()
+        .find(|n| n.name == owner)
+        .expect("the owner is a lab node");
+    let status = run
+        .lab
+        .run_in(
+            &node.netns,
+            &program().to_string_lossy(),
+            &["speaker", "status"],
+        )
+        .unwrap_or_else(|e| panic!("swimlb-speaker status on {owner}: {e:#}"));
+    eprintln!("$ swimlb-speaker status   (on {owner})\n{status}");
+    assert!(status.contains(&ip.to_string()), "{status}");
+
+    // Every request the Pods made under their service accounts is one the applied RBAC allows.
+    let api = run.cluster.api();
+    let mut rbac_objects = Vec::new();
+    for resource in [
+        "clusterroles",
+        "clusterrolebindings",
+        "roles",
+        "rolebindings",
+    ] {
+        rbac_objects.extend(
+            api.objects(&format!("{resource}.rbac.authorization.k8s.io"))
+                .expect("RBAC objects"),
+        );
+    }
+    let log = api.requests();
+    let mut accounts: Vec<String> = pods
+        .iter()
+        .filter_map(|(pod, _, _)| api.get("pods", Some(NAMESPACE), pod))
+        .filter_map(|p| p["spec"]["serviceAccountName"].as_str().map(str::to_string))
+        .collect();
+    accounts.sort();
+    accounts.dedup();
+    for account in &accounts {
+        let grants =
+            rbac::Grants::of(&rbac_objects, NAMESPACE, account).unwrap_or_else(|e| panic!("{e:#}"));
+        let audit = rbac::audit(&grants, &log, account);
+        assert!(audit.requests > 0, "no request came as {account}");
+        assert!(
+            audit.denied.is_empty(),
+            "the applied RBAC refuses requests of {account}:\n{:#?}",
+            audit.denied
+        );
+        eprintln!(
+            "{account}: {} requests, all allowed; used: {}",
+            audit.requests,
+            audit.used.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+        for rule in &audit.unused {
+            eprintln!("  granted, not needed in this run: {rule:?}");
+        }
+    }
 
     eprintln!("from the start of `kubectl apply` (first probe answered by {first_answerer}):");
     eprintln!(
