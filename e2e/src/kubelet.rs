@@ -1014,12 +1014,23 @@ impl Kubelet {
         let mut kubelet = Kubelet {
             workers: Vec::new(),
         };
+        // One kubeconfig per service account, written before any container reads it.
+        let mut kubeconfigs: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+        for (pod, _) in &placed {
+            let account = text(pod, "/spec/serviceAccountName").unwrap_or("default");
+            if !kubeconfigs.contains_key(account) {
+                kubeconfigs.insert(account.to_string(), kubeconfig(&api, pod)?);
+            }
+        }
         for (pod, sandbox) in placed {
+            let account = text(&pod, "/spec/serviceAccountName").unwrap_or("default");
+            let kubeconfig = kubeconfigs.get(account).cloned().flatten();
             let created = api.create(pod)?;
             kubelet.workers.push(PodWorker::start(
                 api.clone(),
                 created,
                 sandbox,
+                kubeconfig,
                 program.to_path_buf(),
                 dir,
             )?);
@@ -1094,6 +1105,7 @@ impl PodWorker {
         api: Arc<FakeApi>,
         pod: Value,
         sandbox: Sandbox,
+        kubeconfig: Option<PathBuf>,
         program: PathBuf,
         dir: &Path,
     ) -> Result<PodWorker> {
@@ -1108,6 +1120,7 @@ impl PodWorker {
             api,
             pod,
             sandbox,
+            kubeconfig,
             program,
             pod_dir,
             log: log.clone(),
@@ -1149,6 +1162,8 @@ struct PodRun {
     api: Arc<FakeApi>,
     pod: Value,
     sandbox: Sandbox,
+    /// The in-cluster configuration's substitute (`KUBECONFIG`), if the token is mounted.
+    kubeconfig: Option<PathBuf>,
     program: PathBuf,
     pod_dir: PathBuf,
     log: PathBuf,
@@ -1311,7 +1326,6 @@ impl PodRun {
             .collect();
         let process = container_process(&self.pod, container, &lookup, &mounts)?;
         let privileges = Privileges::of(&self.pod["spec"], container)?;
-        let kubeconfig = self.kubeconfig()?;
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -1330,7 +1344,7 @@ impl PodRun {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        if let Some(kubeconfig) = kubeconfig {
+        if let Some(kubeconfig) = &self.kubeconfig {
             cmd.env("KUBECONFIG", kubeconfig);
         }
         let child = cmd.spawn().context("starting the container")?;
@@ -1354,24 +1368,6 @@ impl PodRun {
             s.ready = false;
         });
         Ok(())
-    }
-
-    /// The kubeconfig standing for the in-cluster configuration of the Pod's service account,
-    /// or none when its token is not mounted.
-    fn kubeconfig(&self) -> Result<Option<PathBuf>> {
-        let account = text(&self.pod, "/spec/serviceAccountName").unwrap_or("default");
-        let object = self
-            .api
-            .get("serviceaccounts", Some(&self.namespace()), account)
-            .with_context(|| format!("ServiceAccount {account} not found"))?;
-        let automount = self.pod["spec"]["automountServiceAccountToken"]
-            .as_bool()
-            .or_else(|| object["automountServiceAccountToken"].as_bool())
-            .unwrap_or(true);
-        if !automount {
-            return Ok(None);
-        }
-        self.api.kubeconfig_for_user(account).map(Some)
     }
 
     fn run_probes(&mut self, now: Instant) {
@@ -1481,6 +1477,25 @@ impl PodRun {
             self.published = Some(status);
         }
     }
+}
+
+/// The kubeconfig standing for the in-cluster configuration of `pod`'s service account, or
+/// none when its token is not mounted; a missing ServiceAccount refuses the Pod, as the
+/// ServiceAccount admission plugin does.
+fn kubeconfig(api: &FakeApi, pod: &Value) -> Result<Option<PathBuf>> {
+    let account = text(pod, "/spec/serviceAccountName").unwrap_or("default");
+    let namespace = text(pod, "/metadata/namespace").unwrap_or("default");
+    let object = api
+        .get("serviceaccounts", Some(namespace), account)
+        .with_context(|| format!("ServiceAccount {namespace}/{account} not found"))?;
+    let automount = pod["spec"]["automountServiceAccountToken"]
+        .as_bool()
+        .or_else(|| object["automountServiceAccountToken"].as_bool())
+        .unwrap_or(true);
+    if !automount {
+        return Ok(None);
+    }
+    api.kubeconfig_for_user(account).map(Some)
 }
 
 fn now_rfc3339() -> String {

@@ -15,6 +15,13 @@
 //!    answered by that owner, the `ServiceL2Status` record names it, and every Pod is ready
 //!    without a restart.
 //!
+//! Then the README's checks run (`kubectl get pods` and `servicel2statuses` with the columns a
+//! real server would print, `swimlb-speaker status` on the owner), and every request the
+//! speakers and the controller made under their service accounts is audited against the RBAC
+//! kubectl applied (`swimlb_e2e::rbac`). A second test rotates the gossip key by the README's
+//! procedure through the Secret (kubectl patch; the lab's kubelet rewrites the mounted file):
+//! the owner answers every probe meanwhile and no speaker refuses a datagram.
+//!
 //! The time from the start of `kubectl apply` to the first answered probe is printed, never
 //! asserted. Needs root (network namespaces) and kubectl: `#[ignore = "needs root: ..."]`, run
 //! with `--include-ignored` as `sudo ./test.sh` does, one lab at a time as the other lab tests.
@@ -118,142 +125,186 @@ fn since(t0: Instant, t: Option<Instant>) -> String {
         .unwrap_or_else(|| "     never".into())
 }
 
+/// A lab installed by `kubectl apply` alone whose Service `web` is served: the moments on the
+/// way, the address, the owner, the prober that saw it answered.
+struct Serving {
+    prober: Prober,
+    run: Bare,
+    kubectl: Kubectl,
+    ip: IpAddr,
+    owner: String,
+    t0: Instant,
+    t_applied: Instant,
+    t_assigned: Instant,
+    first: (String, Instant),
+}
+
+impl Serving {
+    /// Steps 1 to 4 of the module's list, each asserted.
+    fn start(n: u32) -> Serving {
+        let mut run = Bare::start(n);
+        let kubectl = run.kubectl();
+        let names: Vec<String> = run.lab.nodes.iter().map(|n| n.name.clone()).collect();
+
+        // The install: one command.
+        let t0 = Instant::now();
+        let applied = kubectl
+            .apply(Source::File(&repo().join(manifests::INSTALL)))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let t_applied = Instant::now();
+        eprint!("{applied}");
+
+        // What the cluster runs for it.
+        run.kubelet = Some(
+            Kubelet::start(
+                &run.lab,
+                run.cluster.api_handle(),
+                &program(),
+                &run.lab.work_dir(),
+            )
+            .unwrap_or_else(|e| panic!("the applied workloads cannot run in the lab: {e:#}")),
+        );
+        let pods = run.kubelet.as_ref().expect("started").pods();
+        let speakers = pods
+            .iter()
+            .filter(|(p, _, _)| p.starts_with("swimlb-speaker-"));
+        assert_eq!(
+            speakers.count(),
+            names.len(),
+            "one speaker Pod per node: {pods:?}"
+        );
+
+        // The operator's addresses, a user's Service, the endpoint controller's EndpointSlice.
+        kubectl
+            .apply(Source::Text(&pool_manifest()))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        kubectl
+            .apply(Source::Text(&service_manifest("web")))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let everywhere: Vec<&str> = names.iter().map(String::as_str).collect();
+        run.cluster
+            .api()
+            .create(kubelab::endpoint_slice("web", 0, &everywhere))
+            .expect("the EndpointSlice");
+
+        // The controller assigns an address.
+        let deadline = Instant::now() + STAGE;
+        let ip: IpAddr = loop {
+            if let Some(ip) = run.cluster.ingress(APPS, "web").first() {
+                break ip.parse().expect("an IP");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the controller assigned no address within {STAGE:?}\n{}",
+                run.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let t_assigned = Instant::now();
+
+        // The client's probes are answered.
+        let prober = Prober::start(
+            &run.lab.client_netns,
+            SocketAddr::new(ip, PROBE_PORT),
+            Duration::from_millis(10),
+        )
+        .expect("prober");
+        let deadline = Instant::now() + STAGE;
+        let first = loop {
+            let first = prober
+                .snapshot()
+                .into_iter()
+                .filter_map(|r| r.answer)
+                .min_by_key(|(_, at)| *at);
+            if let Some(first) = first {
+                break first;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no probe to {ip} was answered within {STAGE:?}\n{}",
+                run.logs()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+
+        // One owner: it answers, every speaker names it, the record names it.
+        let owner = failover::wait_for_steady_owner(&prober, 50, STAGE)
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", run.logs()));
+        let agreed = kubelab::wait_for_owner(&run.lab, &ip.to_string(), STAGE, |o| {
+            o == Some(owner.as_str())
+        })
+        .unwrap_or_else(|views| {
+            panic!(
+                "the speakers do not all name {owner} for {ip}: {views:?}\n{}",
+                run.logs()
+            )
+        });
+        assert_eq!(agreed.as_deref(), Some(owner.as_str()));
+        let (recorded, _) = run
+            .cluster
+            .wait_record(APPS, "web", STAGE, |n| n == owner)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no ServiceL2Status names {owner}: {:?}\n{}",
+                    run.cluster.records().all(),
+                    run.logs()
+                )
+            });
+        assert_eq!(recorded, owner);
+
+        // Every Pod ready, none restarted; the controller made the gossip key.
+        let kubelet = run.kubelet.as_ref().expect("started");
+        if let Err(pending) = kubelet.wait_ready(STAGE) {
+            panic!("Pods not ready: {pending:#?}\n{}", run.logs());
+        }
+        for (pod, node, state) in kubelet.pods() {
+            assert_eq!(
+                state.restarts,
+                0,
+                "{pod} on {node} restarted ({:?})\n{}",
+                state.last_stop,
+                run.logs()
+            );
+        }
+        assert!(
+            run.cluster
+                .api()
+                .get("secrets", Some(NAMESPACE), "swimlb-gossip-key")
+                .is_some(),
+            "the controller made no gossip key Secret"
+        );
+        Serving {
+            prober,
+            run,
+            kubectl,
+            ip,
+            owner,
+            t0,
+            t_applied,
+            t_assigned,
+            first,
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     let _one = one_lab("apply lab");
-    let mut run = Bare::start(1);
-    let kubectl = run.kubectl();
-    let names: Vec<String> = run.lab.nodes.iter().map(|n| n.name.clone()).collect();
-
-    // The install: one command.
-    let t0 = Instant::now();
-    let applied = kubectl
-        .apply(Source::File(&repo().join(manifests::INSTALL)))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let t_applied = Instant::now();
-    eprint!("{applied}");
-
-    // What the cluster runs for it.
-    run.kubelet = Some(
-        Kubelet::start(
-            &run.lab,
-            run.cluster.api_handle(),
-            &program(),
-            &run.lab.work_dir(),
-        )
-        .unwrap_or_else(|e| panic!("the applied workloads cannot run in the lab: {e:#}")),
-    );
+    let serving = Serving::start(1);
+    let Serving {
+        run,
+        kubectl,
+        ip,
+        owner,
+        t0,
+        t_applied,
+        t_assigned,
+        ..
+    } = &serving;
+    let (first_answerer, t_first) = serving.first.clone();
+    let (ip, owner, t0) = (*ip, owner.clone(), *t0);
     let pods = run.kubelet.as_ref().expect("started").pods();
-    let speakers = pods
-        .iter()
-        .filter(|(p, _, _)| p.starts_with("swimlb-speaker-"));
-    assert_eq!(
-        speakers.count(),
-        names.len(),
-        "one speaker Pod per node: {pods:?}"
-    );
-
-    // The operator's addresses, a user's Service, the endpoint controller's EndpointSlice.
-    kubectl
-        .apply(Source::Text(&pool_manifest()))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    kubectl
-        .apply(Source::Text(&service_manifest("web")))
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let everywhere: Vec<&str> = names.iter().map(String::as_str).collect();
-    run.cluster
-        .api()
-        .create(kubelab::endpoint_slice("web", 0, &everywhere))
-        .expect("the EndpointSlice");
-
-    // The controller assigns an address.
-    let deadline = Instant::now() + STAGE;
-    let ip: IpAddr = loop {
-        if let Some(ip) = run.cluster.ingress(APPS, "web").first() {
-            break ip.parse().expect("an IP");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the controller assigned no address within {STAGE:?}\n{}",
-            run.logs()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let t_assigned = Instant::now();
-
-    // The client's probes are answered.
-    let prober = Prober::start(
-        &run.lab.client_netns,
-        SocketAddr::new(ip, PROBE_PORT),
-        Duration::from_millis(10),
-    )
-    .expect("prober");
-    let deadline = Instant::now() + STAGE;
-    let (first_answerer, t_first) = loop {
-        let first = prober
-            .snapshot()
-            .into_iter()
-            .filter_map(|r| r.answer)
-            .min_by_key(|(_, at)| *at);
-        if let Some(first) = first {
-            break first;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no probe to {ip} was answered within {STAGE:?}\n{}",
-            run.logs()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-
-    // One owner: it answers, every speaker names it, the record names it.
-    let owner = failover::wait_for_steady_owner(&prober, 50, STAGE)
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", run.logs()));
-    let agreed = kubelab::wait_for_owner(&run.lab, &ip.to_string(), STAGE, |o| {
-        o == Some(owner.as_str())
-    })
-    .unwrap_or_else(|views| {
-        panic!(
-            "the speakers do not all name {owner} for {ip}: {views:?}\n{}",
-            run.logs()
-        )
-    });
-    assert_eq!(agreed.as_deref(), Some(owner.as_str()));
-    let (recorded, _) = run
-        .cluster
-        .wait_record(APPS, "web", STAGE, |n| n == owner)
-        .unwrap_or_else(|| {
-            panic!(
-                "no ServiceL2Status names {owner}: {:?}\n{}",
-                run.cluster.records().all(),
-                run.logs()
-            )
-        });
-    assert_eq!(recorded, owner);
-
-    // Every Pod ready, none restarted; the controller made the gossip key.
-    let kubelet = run.kubelet.as_ref().expect("started");
-    if let Err(pending) = kubelet.wait_ready(STAGE) {
-        panic!("Pods not ready: {pending:#?}\n{}", run.logs());
-    }
-    let pods = kubelet.pods();
-    for (pod, node, state) in &pods {
-        assert_eq!(
-            state.restarts,
-            0,
-            "{pod} on {node} restarted ({:?})\n{}",
-            state.last_stop,
-            run.logs()
-        );
-    }
-    assert!(
-        run.cluster
-            .api()
-            .get("secrets", Some(NAMESPACE), "swimlb-gossip-key")
-            .is_some(),
-        "the controller made no gossip key Secret"
-    );
 
     // The README's checks, with kubectl. The fake API server's tables have no printer
     // columns: the columns a real server would print come from the CRD (and, for Pods, the
@@ -361,7 +412,7 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     eprintln!("from the start of `kubectl apply` (first probe answered by {first_answerer}):");
     eprintln!(
         "  {}  kubectl apply --server-side -f deploy/swimlb.yaml returned",
-        since(t0, Some(t_applied))
+        since(t0, Some(*t_applied))
     );
     for (pod, node, state) in &pods {
         eprintln!(
@@ -373,11 +424,149 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     }
     eprintln!(
         "  {}  {ip} assigned to {APPS}/web",
-        since(t0, Some(t_assigned))
+        since(t0, Some(*t_assigned))
     );
     eprintln!(
         "  {}  first probe to {ip} answered (by {first_answerer}): apply -> serving",
         since(t0, Some(t_first))
     );
     eprintln!("  owner {owner}, named by every speaker and by its ServiceL2Status");
+}
+
+/// The speakers' gossip keys as the Secret holds them.
+fn gossip_keys(run: &Bare) -> String {
+    let secret = run
+        .cluster
+        .api()
+        .get("secrets", Some(NAMESPACE), "swimlb-gossip-key")
+        .expect("the gossip key Secret");
+    let bytes: k8s_openapi::ByteString =
+        serde_json::from_value(secret["data"]["keys"].clone()).expect("base64 data");
+    String::from_utf8(bytes.0).expect("a key file is text")
+}
+
+/// How many times the log of `pod` says its keys were replaced.
+fn replacements(run: &Bare, pod: &str) -> usize {
+    let log = run
+        .kubelet
+        .as_ref()
+        .and_then(|k| k.log_of(pod))
+        .unwrap_or_default();
+    log.matches("gossip keys replaced").count()
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn the_readme_key_rotation_through_the_secret_keeps_the_ip_with_its_owner() {
+    let _one = one_lab("apply lab key rotation");
+    let serving = Serving::start(2);
+    let (run, owner) = (&serving.run, serving.owner.as_str());
+    let old = gossip_keys(run);
+    let old = old.trim();
+    assert_eq!(
+        old.lines().count(),
+        1,
+        "the controller makes one key: {old}"
+    );
+    let new = run
+        .lab
+        .run_in(
+            &run.lab.client_netns,
+            &program().to_string_lossy(),
+            &["speaker", "keygen"],
+        )
+        .expect("swimlb-speaker keygen");
+    let new = new.trim();
+    let speakers: Vec<String> = run
+        .kubelet
+        .as_ref()
+        .expect("started")
+        .pods()
+        .into_iter()
+        .map(|(pod, _, _)| pod)
+        .filter(|pod| pod.starts_with("swimlb-speaker-"))
+        .collect();
+    let start = Instant::now();
+    // README, "Key rotation": the new key second, then first, then the old one dropped; each
+    // step once every speaker logged `gossip keys replaced`.
+    for (step, keys) in [
+        (1, format!("{old}\n{new}\n")),
+        (2, format!("{new}\n{old}\n")),
+        (3, format!("{new}\n")),
+    ] {
+        let data =
+            serde_json::to_value(k8s_openapi::ByteString(keys.into_bytes())).expect("base64");
+        let patch = serde_json::json!({"data": {"keys": data}}).to_string();
+        serving
+            .kubectl
+            .run(
+                &[
+                    "-n",
+                    NAMESPACE,
+                    "patch",
+                    "secret",
+                    "swimlb-gossip-key",
+                    "--type",
+                    "merge",
+                    "-p",
+                    &patch,
+                ],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let deadline = Instant::now() + STAGE;
+        while speakers.iter().any(|pod| replacements(run, pod) < step) {
+            assert!(
+                Instant::now() < deadline,
+                "step {step}: not every speaker replaced its keys within {STAGE:?}\n{}",
+                run.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "step {step}: every speaker replaced its keys {} ms after the rotation began",
+            start.elapsed().as_millis()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The owner answered every probe meanwhile; no datagram was refused.
+    let records = serving.prober.snapshot();
+    let settled = records.len().saturating_sub(3);
+    let during: Vec<_> = records[..settled]
+        .iter()
+        .filter(|r| r.sent >= start)
+        .collect();
+    let lost = during.iter().filter(|r| r.answer.is_none()).count();
+    let others: Vec<&str> = during
+        .iter()
+        .filter_map(|r| r.answer.as_ref().map(|(n, _)| n.as_str()))
+        .filter(|n| *n != owner)
+        .collect();
+    eprintln!(
+        "{} probes during the rotation: {lost} lost, {} answered by another node than {owner}",
+        during.len(),
+        others.len()
+    );
+    assert!(
+        others.is_empty(),
+        "the IP moved during the rotation: {others:?}\n{}",
+        run.logs()
+    );
+    assert_eq!(lost, 0, "probes lost during the rotation\n{}", run.logs());
+    for node in &run.lab.nodes {
+        let addr = SocketAddr::from((node.v4, failover::HTTP_PORT));
+        let metrics = probe::in_netns(&run.lab.client_netns, move || {
+            swimlb_e2e::demo::http_get(addr, "/metrics")
+        })
+        .expect("the client's namespace")
+        .unwrap_or_else(|| panic!("no /metrics from {}", node.name));
+        let refused: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("swimlb_gossip_rejected_total"))
+            .filter(|l| !l.ends_with(" 0"))
+            .collect();
+        assert!(refused.is_empty(), "{}: {refused:?}", node.name);
+    }
+    assert_eq!(gossip_keys(run).trim(), new);
 }
