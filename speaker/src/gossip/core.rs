@@ -286,7 +286,7 @@ impl Wire {
                     self.offered.remove(&to);
                 } else {
                     let sent = self.offered.entry(to).or_insert(0);
-                    let offer = *sent % OFFER_EVERY == 0;
+                    let offer = sent.is_multiple_of(OFFER_EVERY);
                     *sent = sent.wrapping_add(1);
                     if offer {
                         self.seal_one(to, None);
