@@ -920,6 +920,8 @@ struct Sandbox {
 pub struct PodState {
     /// When the container first started.
     pub started: Option<Instant>,
+    /// The process id of the running container.
+    pub pid: Option<u32>,
     /// When every Secret volume first held data.
     pub volumes_filled: Option<Instant>,
     /// Whether the readiness probe (if any) passes now.
@@ -1348,6 +1350,7 @@ impl PodRun {
             cmd.env("KUBECONFIG", kubeconfig);
         }
         let child = cmd.spawn().context("starting the container")?;
+        let pid = child.id();
         self.child = Some(child);
         let probe = |field: &str| -> Result<Option<ProbeRun>> {
             Ok(http_probe(container, field)?.map(|p| ProbeRun::new(p, now)))
@@ -1360,6 +1363,7 @@ impl PodRun {
         let restart = self.state().started.is_some();
         self.update(|s| {
             s.waiting = None;
+            s.pid = Some(pid);
             s.started.get_or_insert(now);
             if restart {
                 s.restarts += 1;
@@ -1405,6 +1409,7 @@ impl PodRun {
     fn crashed(&mut self, why: String, now: Instant) {
         self.update(|s| {
             s.ready = false;
+            s.pid = None;
             s.last_stop = Some(why);
         });
         self.next_start = now + self.backoff;
@@ -1438,6 +1443,7 @@ impl PodRun {
         };
         self.update(|s| {
             s.ready = false;
+            s.pid = None;
             s.last_stop = Some(format!("{why}: {status}"));
         });
     }

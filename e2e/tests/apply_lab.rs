@@ -367,6 +367,27 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     eprintln!("$ swimlb-speaker status   (on {owner})\n{status}");
     assert!(status.contains(&ip.to_string()), "{status}");
 
+    // Each container runs with the user and capabilities its securityContext names: the
+    // speaker as root with NET_RAW alone, the controller as 65532 with none.
+    for (pod, _, state) in &pods {
+        let pid = state.pid.unwrap_or_else(|| panic!("{pod} runs no process"));
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+                .unwrap_or_default()
+        };
+        let (uid, caps) = (field("Uid:"), field("CapEff:"));
+        eprintln!("{pod}: uid {uid}, effective capabilities {caps}");
+        if pod.starts_with("swimlb-speaker-") {
+            assert_eq!((uid.as_str(), caps.as_str()), ("0", "0000000000002000"));
+        } else {
+            assert_eq!((uid.as_str(), caps.as_str()), ("65532", "0000000000000000"));
+        }
+    }
+
     // Every request the Pods made under their service accounts is one the applied RBAC allows.
     let api = run.cluster.api();
     let mut rbac_objects = Vec::new();
