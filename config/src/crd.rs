@@ -121,6 +121,9 @@ pub struct IPAddressPoolStatus {
     printcolumn = r#"{"name":"Node Selectors","type":"string","jsonPath":".spec.nodeSelectors","priority":10}"#
 )]
 #[serde(rename_all = "camelCase")]
+// MetalLB's simplest L2Advertisement has no `spec` (every pool, every node): the API server fills
+// in `{}` so it applies, and the derived type, which requires `spec`, reads it.
+#[schemars(extend("default" = {}))]
 pub struct L2AdvertisementSpec {
     /// Pools announced by name. With no names and no selectors, every pool is announced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

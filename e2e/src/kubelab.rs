@@ -155,6 +155,24 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Starts only the API server (nothing in it but its default namespaces) and installs
+    /// kube-proxy's DNAT on every node: a cluster before anything of swimlb is applied to it,
+    /// for [`crate::kubelet`] to play its kubelets and workload controllers. No controller is
+    /// started ([`Cluster::start_controller`] is not for this cluster: the Deployment's Pod
+    /// runs the controller there).
+    pub fn start_empty(lab: &Lab, program: PathBuf, dir: PathBuf) -> Result<Cluster> {
+        let api = ApiThread::start(&lab.client_netns, API_ADDR)?;
+        for node in &lab.nodes {
+            install_dnat(node)?;
+        }
+        Ok(Cluster {
+            api,
+            program,
+            dir,
+            controller: None,
+        })
+    }
+
     fn seed(&self, nodes: &[Node]) -> Result<()> {
         let api = self.api();
         api.create(json!({"apiVersion": "v1", "kind": "Namespace",
@@ -204,6 +222,11 @@ impl Cluster {
     /// The fake API server.
     pub fn api(&self) -> &FakeApi {
         &self.api.api
+    }
+
+    /// The fake API server, for another thread.
+    pub fn api_handle(&self) -> Arc<FakeApi> {
+        self.api.api.clone()
     }
 
     /// The kubeconfig of the API server (reachable from every namespace of the lab).

@@ -11,6 +11,9 @@
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`kubelab`]: the Kubernetes lab: the fake API server on the lab bridge, the controller,
 //!   speakers in Kubernetes mode, kube-proxy's DNAT.
+//! - [`kubectl`]: real `kubectl` against the fake API server, from a lab namespace or not.
+//! - [`kubelet`]: the apply lab's kubelets and workload controllers: the Pods of the applied
+//!   DaemonSets and Deployments, run from their specs.
 //! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
 //!   any report.
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
@@ -21,6 +24,7 @@
 //!   records.
 //! - [`prometheus_lab`]: a real Prometheus server scraping the lab, for the dashboard's queries.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
+//! - [`rbac`]: Kubernetes RBAC evaluated over the fake API server's request log.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
@@ -30,7 +34,9 @@ pub mod demo;
 pub mod failover;
 pub mod flood;
 pub mod keepalived;
+pub mod kubectl;
 pub mod kubelab;
+pub mod kubelet;
 pub mod manifest_tools;
 pub mod manifests;
 pub mod metrics_doc;
@@ -39,5 +45,6 @@ pub mod pause;
 pub mod probe;
 pub mod prometheus_lab;
 pub mod promtool;
+pub mod rbac;
 pub mod sim;
 pub mod soak;

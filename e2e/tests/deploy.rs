@@ -15,9 +15,10 @@
 //!   pool, release, SIGTERM), makes no request its RBAC in swimlb.yaml refuses (a small RBAC
 //!   evaluator over the fake server's request log; a server-side apply that creates needs
 //!   `create` too). Its run uses every rule but the Events' `patch` (an Event series). The
-//!   speaker's RBAC is checked by the same evaluator on the requests its code makes (listed by
-//!   hand from speaker/src/kubernetes/), not by a run: a Kubernetes speaker needs root and a
-//!   network namespace lab.
+//!   speaker's RBAC is checked by the same evaluator (`swimlb_e2e::rbac`) on the requests its
+//!   code makes (listed by hand from speaker/src/kubernetes/); a run needs root and a network
+//!   namespace lab: the apply lab (`e2e/tests/apply_lab.rs`) audits every request of the real
+//!   speakers and controller there.
 //!
 //! Needs kubernetes-validate, checkov and kubectl (test.sh installs them), not root. A missing
 //! tool fails.
@@ -27,7 +28,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use swimlb_e2e::manifest_tools::{self, Finding};
-use swimlb_e2e::manifests;
+use swimlb_e2e::rbac::{Attributes, Grants, attributes};
+use swimlb_e2e::{kubectl, manifests};
 
 /// The Kubernetes version the manifests are validated against: the one k8s-openapi's `latest`
 /// feature builds the binaries for (checked by
@@ -381,54 +383,17 @@ fn the_manifests_agree_with_the_binaries() {
 
 /// `kubectl` from `PATH`, or a failure that says how to install it.
 fn kubectl() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "kubectl is not on PATH: apt-get install kubernetes-client (Debian's kubectl; \
-                 test.sh installs it as root)"
-            )
-        })
-}
-
-/// The minor version of the kubectl client.
-async fn kubectl_minor() -> u32 {
-    let out = tokio::process::Command::new(kubectl())
-        .args(["version", "--client", "--output", "json"])
-        .output()
-        .await
-        .expect("kubectl runs");
-    let version: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "kubectl version --client -o json: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
-    let minor = version["clientVersion"]["minor"]
-        .as_str()
-        .unwrap_or_default();
-    minor
-        .trim_end_matches('+')
-        .parse()
-        .unwrap_or_else(|_| panic!("kubectl's minor version {minor:?}"))
+    kubectl::path().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// `kubectl apply --server-side -f deploy/swimlb.yaml` against `api`: its output, or a failure
 /// with it and the server's last requests.
 ///
-/// A kubectl older than 1.25 (Debian bookworm's kubernetes-client is 1.20) validates on the
-/// client, from the OpenAPI v2 schema, which the fake server does not serve: it gets
-/// `--validate=false` (kubernetes-validate checks the same objects above). A newer one asks the
-/// server to validate (`/openapi/v3`, `fieldValidation`), as against a real cluster.
+/// With the flags of [`kubectl::apply_flags`] (an old kubectl's client-side validation is
+/// turned off: kubernetes-validate checks the same objects above).
 async fn kubectl_apply(api: &swimlb_fake_api::FakeApi, cache: &Path) -> String {
-    let old_validation: &[&str] = if kubectl_minor().await < 25 {
-        &["--validate=false"]
-    } else {
-        &[]
-    };
+    let minor = kubectl::minor(&kubectl()).unwrap_or_else(|e| panic!("{e:#}"));
+    let old_validation = kubectl::apply_flags(minor);
     let out = tokio::process::Command::new(kubectl())
         .arg("--kubeconfig")
         .arg(api.kubeconfig_path())
@@ -519,153 +484,13 @@ async fn kubectl_applies_swimlb_yaml_to_the_fake_api_server_and_a_second_apply_c
     api.shutdown().await;
 }
 
-/// One rule of a Role or ClusterRole.
-#[derive(Debug)]
-struct Rule {
-    groups: Vec<String>,
-    resources: Vec<String>,
-    verbs: Vec<String>,
-    names: Vec<String>,
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn rules_of(role: &Value) -> Vec<Rule> {
-    role["rules"]
-        .as_array()
-        .expect("rules")
-        .iter()
-        .map(|r| Rule {
-            groups: strings(&r["apiGroups"]),
-            resources: strings(&r["resources"]),
-            verbs: strings(&r["verbs"]),
-            names: strings(&r["resourceNames"]),
-        })
-        .collect()
-}
-
-/// What RBAC grants the service account `swimlb-system/account` in deploy/swimlb.yaml: rules
-/// everywhere (ClusterRoleBindings) and rules in one namespace (RoleBindings).
-struct Grants {
-    cluster: Vec<Rule>,
-    namespaced: Vec<(String, Rule)>,
-}
-
+/// What RBAC in deploy/swimlb.yaml grants the service account `swimlb-system/account`.
 fn grants(objects: &[Value], account: &str) -> Grants {
-    let bound = |binding: &Value| {
-        binding["subjects"].as_array().is_some_and(|s| {
-            s.iter().any(|s| {
-                s["kind"] == "ServiceAccount"
-                    && s["name"] == account
-                    && s["namespace"] == "swimlb-system"
-            })
-        })
-    };
-    let role = |kind: &str, name: &Value| {
-        objects
-            .iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["name"] == *name)
-            .unwrap_or_else(|| panic!("no {kind} {name}"))
-    };
-    let mut out = Grants {
-        cluster: Vec::new(),
-        namespaced: Vec::new(),
-    };
-    for binding in objects.iter().filter(|o| bound(o)) {
-        let reference = &binding["roleRef"];
-        let rules = rules_of(role(
-            reference["kind"].as_str().expect("a kind"),
-            &reference["name"],
-        ));
-        match binding["kind"].as_str() {
-            Some("ClusterRoleBinding") => out.cluster.extend(rules),
-            Some("RoleBinding") => {
-                let ns = binding["metadata"]["namespace"]
-                    .as_str()
-                    .expect("a namespace");
-                out.namespaced
-                    .extend(rules.into_iter().map(|r| (ns.to_string(), r)));
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-/// A request as RBAC sees it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Attributes {
-    verb: &'static str,
-    group: String,
-    /// `services` or `services/status`.
-    resource: String,
-    namespace: Option<String>,
-    name: Option<String>,
-}
-
-/// The attributes a real server authorizes a request of the fake server's log by; a server-side
-/// apply that created its object (201) is authorized as `create` as well. `None` for discovery.
-fn attributes(r: &swimlb_fake_api::RequestRecord) -> Vec<Attributes> {
-    use swimlb_fake_api::resources::{RESOURCES, Route, parse_path};
-    let Some(Route::Resource(p)) = parse_path(&r.path) else {
-        return Vec::new();
-    };
-    let kind = &RESOURCES[p.resource];
-    let resource = match &p.subresource {
-        Some(sub) => format!("{}/{sub}", kind.plural),
-        None => kind.plural.to_string(),
-    };
-    let verbs: &[&'static str] = match (r.method.as_str(), p.name.is_some(), r.watch) {
-        ("GET", _, true) => &["watch"],
-        ("GET", true, false) => &["get"],
-        ("GET", false, false) => &["list"],
-        ("POST", _, _) => &["create"],
-        ("PUT", _, _) => &["update"],
-        ("PATCH", _, _) if r.code == 201 => &["patch", "create"],
-        ("PATCH", _, _) => &["patch"],
-        ("DELETE", true, _) => &["delete"],
-        ("DELETE", false, _) => &["deletecollection"],
-        (other, _, _) => panic!("unexpected method {other}"),
-    };
-    verbs
-        .iter()
-        .map(|verb| Attributes {
-            verb,
-            group: kind.group.to_string(),
-            resource: resource.clone(),
-            namespace: p.namespace.clone(),
-            // RBAC matches resourceNames only for requests that name an object (not create).
-            name: if *verb == "create" {
-                None
-            } else {
-                p.name.clone()
-            },
-        })
-        .collect()
-}
-
-fn allows(rule: &Rule, a: &Attributes) -> bool {
-    let any = |list: &[String], value: &str| list.iter().any(|x| x == "*" || x == value);
-    any(&rule.groups, &a.group)
-        && any(&rule.resources, &a.resource)
-        && any(&rule.verbs, a.verb)
-        && (rule.names.is_empty() || a.name.as_ref().is_some_and(|n| rule.names.contains(n)))
+    Grants::of(objects, "swimlb-system", account).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn allowed(grants: &Grants, a: &Attributes) -> bool {
-    grants.cluster.iter().any(|r| allows(r, a))
-        || grants
-            .namespaced
-            .iter()
-            .any(|(ns, r)| a.namespace.as_deref() == Some(ns.as_str()) && allows(r, a))
+    grants.allows(a)
 }
 
 #[test]

@@ -240,12 +240,21 @@ mod tests {
 
     #[test]
     fn a_missing_spec_is_required() {
-        let mut p = json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
+        let mut p = json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
                            "metadata": {"name": "a", "namespace": "n"}});
-        let errs = custom_resource_errors("L2Advertisement", &mut p);
+        let errs = custom_resource_errors("IPAddressPool", &mut p);
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert_eq!(errs[0].field, "spec");
         assert_eq!(errs[0].kind, FieldErrorKind::Required);
+    }
+
+    #[test]
+    fn an_advertisement_without_spec_gets_an_empty_one_as_metallbs_does() {
+        let mut a = json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
+                           "metadata": {"name": "a", "namespace": "n"}});
+        let errs = custom_resource_errors("L2Advertisement", &mut a);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(a["spec"], json!({}));
     }
 
     #[test]

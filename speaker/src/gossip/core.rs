@@ -271,6 +271,10 @@ impl TimerHeap {
     }
 }
 
+/// One datagram in this many to a peer that seals with another key than our sealing key also
+/// goes out sealed with ours (see [`Wire::seal`]).
+const OFFER_EVERY: u8 = 4;
+
 /// Everything a foca call writes to besides foca itself: the envelope, the outgoing queue, the
 /// timers and the notifications. Kept apart from [`Core::foca`] so a call can borrow both.
 struct Wire {
@@ -284,6 +288,9 @@ struct Wire {
     /// talking to peers whose ring does not have that key yet (rings `[k2, k1]` and `[k1]`
     /// interoperate). Every key in the ring is trusted, so a peer choosing one gains nothing.
     peer_keys: FastMap<SocketAddr, KeyId>,
+    /// Datagrams sent to each peer that seals with another key than our sealing key, since it
+    /// last sealed with ours: every [`OFFER_EVERY`]th carries an offer (see [`Wire::seal`]).
+    offered: FastMap<SocketAddr, u8>,
     metrics: GossipMetrics,
     timers: TimerHeap,
     outbox: Vec<Outgoing>,
@@ -323,12 +330,33 @@ impl Wire {
     /// `[k2, k1]` in the middle of a rotation still reaches seeds that hold only `[k1]`, and the
     /// first answer tells us which key that peer uses. Rings hold one or two keys, and only
     /// datagrams to silent peers are copied.
+    ///
+    /// A peer that seals with another key than our sealing key also gets, on one datagram in
+    /// [`OFFER_EVERY`], a second copy sealed with our sealing key (after the copy it can open):
+    /// a peer that holds that key opens both, remembers the last one and answers with it, and
+    /// the pair moves to our sealing key. Without the offer, two peers whose rings both seal
+    /// with a new key would go on with the old one (each answering the other with the key it
+    /// last used) until one of them drops it, and the other's next datagrams would be refused
+    /// (`unknown_key`) at the last step of a rotation. A peer whose ring lacks our sealing key
+    /// (a rotation whose new key is not yet in every ring) refuses the offers, and counts them.
     fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
         self.scratch.clear();
         self.scratch.push(kind);
         self.scratch.extend_from_slice(body);
         match self.peer_keys.get(&to) {
-            Some(&key) if self.ring.has_key(key) => self.seal_one(to, Some(key)),
+            Some(&key) if self.ring.has_key(key) => {
+                self.seal_one(to, Some(key));
+                if key == self.ring.sealing_key_id() {
+                    self.offered.remove(&to);
+                } else {
+                    let sent = self.offered.entry(to).or_insert(0);
+                    let offer = sent.is_multiple_of(OFFER_EVERY);
+                    *sent = sent.wrapping_add(1);
+                    if offer {
+                        self.seal_one(to, None);
+                    }
+                }
+            }
             Some(_) => self.seal_one(to, None),
             None => {
                 self.seal_one(to, None);
@@ -542,6 +570,7 @@ impl Core {
                 stream,
                 replay: ReplayGuard::default(),
                 peer_keys: FastMap::default(),
+                offered: FastMap::default(),
                 metrics,
                 timers: TimerHeap::default(),
                 outbox: Vec::new(),
@@ -1540,6 +1569,11 @@ impl Core {
         if self.wire.peer_keys.len() > members.len() + seeds.len() {
             self.wire
                 .peer_keys
+                .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
+        }
+        if self.wire.offered.len() > members.len() + seeds.len() {
+            self.wire
+                .offered
                 .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
         }
         self.wire.replay.prune(now, self.members.len() + 1);

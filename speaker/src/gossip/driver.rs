@@ -117,9 +117,11 @@ impl GossipHandle {
         answer.await.map_err(|_| GossipError::Stopped)?
     }
 
-    /// Replaces the key ring. Rotation: put the new key first on each node in turn (a node
-    /// answers each peer with the key that peer seals with, so rings `[new, old]` and `[old]`
-    /// interoperate), then drop the old key everywhere.
+    /// Replaces the key ring. Rotation (README, "Key rotation"): add the new key second
+    /// everywhere, then put it first everywhere, then drop the old one. A node answers each peer
+    /// with the key that peer seals with, so rings `[new, old]` and `[old]` interoperate, and
+    /// offers its sealing key to peers on another one (see `Wire::seal`), so once every ring
+    /// seals with the new key every pair uses it and dropping the old key refuses nothing.
     pub async fn set_key_ring(&self, ring: KeyRing) -> Result<(), GossipError> {
         let (reply, answer) = oneshot::channel();
         self.commands

@@ -193,6 +193,44 @@ fn keys_rotate_without_a_member_going_down() {
 }
 
 #[test]
+fn the_readmes_three_step_rotation_refuses_no_datagram() {
+    // README, "Key rotation": the new key second everywhere, then first everywhere, then the old
+    // one dropped; each step reaches the nodes one after another (a kubelet updates a mounted
+    // Secret on each node at its own time). No datagram may be refused (a refusal fires the
+    // SwimlbGossipRejected alert), with loss and reordering, whatever the cluster's size.
+    let links = Links {
+        loss: 0.05,
+        delay_min: Duration::from_micros(200),
+        delay_max: Duration::from_millis(3),
+    };
+    for seed in 1..9u64 {
+        let n = 3 + (seed as usize % 4);
+        let mut net = cluster(n, seed, links);
+        for keys in [&[K1, K2][..], &[K2, K1][..], &[K2][..]] {
+            for i in 0..n {
+                net.with_core(i, |core, _| core.set_key_ring(ring(keys)));
+                net.run_for(Duration::from_secs(2));
+            }
+        }
+        let downs = net
+            .drain_changes()
+            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+            .count();
+        assert_eq!(downs, 0, "seed {seed}, {n} nodes");
+        for i in 0..n {
+            let metrics = net.core(i).unwrap().metrics();
+            for reason in ["unknown_key", "authentication_failed"] {
+                assert_eq!(
+                    metrics.rejected_count(RejectReason::Envelope(reason)),
+                    0,
+                    "seed {seed}, {n} nodes, node {i}: {reason}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn a_node_that_starts_with_the_new_key_first_joins_seeds_that_hold_only_the_old_key() {
     // A rotation in progress: the cluster still holds [k1], a node (re)starts with [k2, k1].
     // Its announces to the seed go out once per key, so the seed opens the k1 copy and both
@@ -409,7 +447,15 @@ fn heal_after_cut(
     n: usize,
     minority: &[usize],
 ) -> (SimNet, Vec<(Duration, usize, LiveChange)>) {
-    let mut net = cluster(n, seed, Links::default());
+    let mut net = cluster(
+        n,
+        seed,
+        Links {
+            loss: 0.05,
+            delay_min: Duration::from_micros(200),
+            delay_max: Duration::from_millis(3),
+        },
+    );
     for i in 0..n {
         net.with_core(i, |core, now| {
             let mut meta = core.own_meta().clone();

@@ -1,0 +1,145 @@
+//! Real `kubectl`, as an operator runs it, against the fake API server: the one from `PATH`
+//! (Debian's `kubernetes-client`, which test.sh installs, or any other).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::netns::Lab;
+
+/// `kubectl` from `PATH`, or an error that says how to install it.
+pub fn path() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())
+        .context(
+            "kubectl is not on PATH: apt-get install kubernetes-client (Debian's kubectl; \
+             test.sh installs it as root)",
+        )
+}
+
+/// The minor version of the kubectl client.
+pub fn minor(kubectl: &Path) -> Result<u32> {
+    let out = Command::new(kubectl)
+        .args(["version", "--client", "--output", "json"])
+        .output()
+        .context("running kubectl version")?;
+    let version: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "kubectl version --client -o json: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    let minor = version["clientVersion"]["minor"]
+        .as_str()
+        .unwrap_or_default();
+    minor
+        .trim_end_matches('+')
+        .parse()
+        .with_context(|| format!("kubectl's minor version {minor:?}"))
+}
+
+/// The flags `kubectl apply` needs against the fake API server: a kubectl older than 1.25
+/// (Debian bookworm's kubernetes-client is 1.20) validates on the client from the OpenAPI v2
+/// schema, which the fake server does not serve, so it gets `--validate=false`; a newer one asks
+/// the server to validate (`/openapi/v3`, `fieldValidation`), as against a real cluster.
+pub fn apply_flags(minor: u32) -> &'static [&'static str] {
+    if minor < 25 {
+        &["--validate=false"]
+    } else {
+        &[]
+    }
+}
+
+/// What `kubectl apply` applies.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// A manifest file (`-f FILE`).
+    File(&'a Path),
+    /// Manifests given on standard input (`-f -`), as an operator pastes them.
+    Text(&'a str),
+}
+
+/// `kubectl` run from network namespace `netns` (or this one) with `kubeconfig` and its
+/// discovery cache in `cache`.
+#[derive(Debug, Clone)]
+pub struct Kubectl {
+    netns: Option<String>,
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+}
+
+impl Kubectl {
+    /// kubectl against the server of `kubeconfig`, from `netns` when given.
+    pub fn new(netns: Option<&str>, kubeconfig: &Path, cache: &Path) -> Kubectl {
+        Kubectl {
+            netns: netns.map(str::to_string),
+            kubeconfig: kubeconfig.to_path_buf(),
+            cache: cache.to_path_buf(),
+        }
+    }
+
+    /// Runs `kubectl ARGS` (with `stdin` on its standard input); its standard output, or an
+    /// error with its output and exit status.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let kubectl = path()?;
+        let kubectl = kubectl.to_string_lossy();
+        let mut cmd = match &self.netns {
+            Some(netns) => Lab::command_in(netns, &kubectl),
+            None => Command::new(kubectl.as_ref()),
+        };
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("running kubectl")?;
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .context("kubectl's stdin")?
+                .write_all(text.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!(
+                "kubectl {} ({}):\n{stdout}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(stdout)
+    }
+
+    /// `kubectl apply --server-side -f FILE` (or `-f -`); its output.
+    pub fn apply(&self, source: Source<'_>) -> Result<String> {
+        let minor = minor(&path()?)?;
+        let mut args = vec!["apply", "--server-side"];
+        args.extend_from_slice(apply_flags(minor));
+        match source {
+            Source::File(file) => {
+                let file = file.to_str().context("a manifest path that is not UTF-8")?;
+                args.extend(["-f", file]);
+                self.run(&args, None)
+            }
+            Source::Text(text) => {
+                args.extend(["-f", "-"]);
+                self.run(&args, Some(text))
+            }
+        }
+    }
+}
