@@ -91,12 +91,12 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
-use swimlb_config::pools::{Advertisement, ConfigError, Model, ObjectKind, validate};
+use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
 
 use crate::election::MAX_PRIORITY;
 use crate::membership::NodeName;
-use crate::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot, SnapshotError};
+use crate::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
 
 /// The annotations that let a Service share its IP, in every spelling the controller accepts.
 pub const ALLOW_SHARED_IP: [&str; 3] = [
@@ -260,87 +260,17 @@ impl Dropped {
     }
 }
 
-/// The snapshot the caches describe, and everything left out of it (module docs).
+/// The snapshot the caches describe, and everything left out of it (module docs). The same as
+/// a [`Keeper`] given the same caches ([`Keeper::resync`]).
 pub fn build(caches: Caches<'_>, options: &Options) -> Built {
-    let mut dropped = Vec::new();
-    let pools: Vec<IPAddressPool> = caches.pools.iter().map(|p| (*p).clone()).collect();
-    let ads: Vec<L2Advertisement> = caches.advertisements.iter().map(|a| (*a).clone()).collect();
-    let validated = validate(&pools, &ads);
-    dropped.extend(validated.errors.into_iter().map(|e| match e.kind {
-        ObjectKind::IPAddressPool => Dropped::InvalidPool(e),
-        ObjectKind::L2Advertisement => Dropped::InvalidAdvertisement(e),
-    }));
-    let config = Resolved::new(&validated.model, caches.nodes, options);
-    let slices = slices_by_service(caches.endpoint_slices);
-
-    let mut services: Vec<(ServiceKey, &Service)> = caches
-        .services
-        .iter()
-        .filter(|svc| is_ours(svc, options))
-        .map(|svc| (key_of(svc), *svc))
-        .collect();
-    services.sort_by(|a, b| a.0.cmp(&b.0));
-
-    let mut placements = HashMap::new();
-    let mut holders: BTreeMap<IpAddr, Vec<Holder>> = BTreeMap::new();
-    for (key, svc) in services {
-        let slices = slices
-            .get(&(key.namespace.as_str(), key.name.as_str()))
-            .map_or(&[][..], Vec::as_slice);
-        let Some(served) = config.serve(&key, svc, slices, &mut placements, &mut dropped) else {
-            continue;
-        };
-        let shares = allows_shared_ip(svc);
-        for (ip, entry) in served {
-            holders.entry(ip).or_default().push(Holder {
-                key: key.clone(),
-                shares,
-                served: entry,
-            });
-        }
-    }
-
-    let mut snapshot = Snapshot::new();
-    for (ip, holders) in holders {
-        let mut holders = holders.into_iter();
-        let Some(first) = holders.next() else {
-            continue;
-        };
-        let mut entry = first.served;
-        for other in holders {
-            if first.shares && other.shares {
-                entry.ready_endpoints =
-                    merge_ready(entry.ready_endpoints.take(), other.served.ready_endpoints);
-            } else {
-                dropped.push(Dropped::IpConflict {
-                    ip,
-                    kept: first.key.to_string(),
-                    dropped: other.key.to_string(),
-                });
-            }
-        }
-        // One entry per IP: a refusal cannot happen, and would be reported if it did.
-        if let Err(SnapshotError::DuplicateIp { ip, first, second }) = snapshot.insert(ip, entry) {
-            dropped.push(Dropped::IpConflict {
-                ip,
-                kept: first,
-                dropped: second,
-            });
-        }
-    }
-    Built { snapshot, dropped }
-}
-
-/// One Service's claim on an IP.
-struct Holder {
-    key: ServiceKey,
-    shares: bool,
-    served: ServedIp,
+    let mut keeper = Keeper::new(options.clone());
+    keeper.resync(caches);
+    keeper.built()
 }
 
 /// Where an IP may be served from, shared by every Service with the same applicable
 /// advertisements.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Placement {
     nodes: NodeFilter,
     interfaces: Interfaces,
@@ -381,9 +311,9 @@ impl PoolMiss<'_> {
     }
 }
 
-/// An advertisement with its nodes resolved against the Node cache.
-struct ResolvedAd<'m> {
-    ad: &'m Advertisement,
+/// An advertisement's nodes, resolved against the Node cache.
+#[derive(Debug, PartialEq, Eq)]
+struct ResolvedAd {
     /// The candidate nodes it covers (its `nodeSelectors`, minus excluded nodes).
     nodes: BTreeSet<NodeName>,
     /// The preference score it gives each of its nodes (nodes scoring 0 are absent).
@@ -391,30 +321,28 @@ struct ResolvedAd<'m> {
 }
 
 /// The configuration resolved against the Nodes: what every Service is checked against.
-struct Resolved<'m> {
-    model: &'m Model,
-    ads: Vec<ResolvedAd<'m>>,
-    /// The advertisements of each pool, by index into `ads`, in (namespace, name) order.
-    by_pool: HashMap<&'m str, Vec<usize>>,
+#[derive(Debug, Default)]
+struct Resolved {
+    model: Model,
+    /// One per advertisement of the model, in the same order.
+    ads: Vec<ResolvedAd>,
+    /// The advertisements of each pool, by index, in (namespace, name) order.
+    by_pool: HashMap<String, Vec<usize>>,
 }
 
-impl<'m> Resolved<'m> {
-    fn new(model: &'m Model, nodes: &[&Node], options: &Options) -> Resolved<'m> {
-        let known: Vec<(&str, &BTreeMap<String, String>, bool)> = nodes
-            .iter()
-            .filter_map(|node| {
-                let name = node.metadata.name.as_deref()?;
-                let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-                Some((name, labels, can_announce(node, options)))
-            })
-            .collect();
-        let ads: Vec<ResolvedAd<'m>> = model
+/// What a Node contributes to the resolved configuration: its name, labels and whether it may
+/// announce at all.
+type NodeFacts<'a> = (&'a str, &'a BTreeMap<String, String>, bool);
+
+impl Resolved {
+    fn new(model: Model, nodes: &[NodeFacts<'_>]) -> Resolved {
+        let ads: Vec<ResolvedAd> = model
             .advertisements
             .iter()
             .map(|ad| {
                 let mut covered = BTreeSet::new();
                 let mut scores = BTreeMap::new();
-                for (name, labels, eligible) in &known {
+                for (name, labels, eligible) in nodes {
                     let selected = ad.node_selectors.is_empty()
                         || ad.node_selectors.iter().any(|s| s.matches(labels));
                     if !selected || !eligible {
@@ -432,16 +360,15 @@ impl<'m> Resolved<'m> {
                     }
                 }
                 ResolvedAd {
-                    ad,
                     nodes: covered,
                     scores,
                 }
             })
             .collect();
-        let mut by_pool: HashMap<&'m str, Vec<usize>> = HashMap::new();
-        for (index, resolved) in ads.iter().enumerate() {
-            for pool in &resolved.ad.pools {
-                by_pool.entry(pool.as_str()).or_default().push(index);
+        let mut by_pool: HashMap<String, Vec<usize>> = HashMap::new();
+        for (index, ad) in model.advertisements.iter().enumerate() {
+            for pool in &ad.pools {
+                by_pool.entry(pool.clone()).or_default().push(index);
             }
         }
         Resolved {
@@ -449,6 +376,15 @@ impl<'m> Resolved<'m> {
             ads,
             by_pool,
         }
+    }
+
+    fn ad(&self, index: usize) -> &Advertisement {
+        &self.model.advertisements[index]
+    }
+
+    /// Whether every Service would be checked the same against `other`.
+    fn same_as(&self, other: &Resolved) -> bool {
+        self.model == other.model && self.ads == other.ads
     }
 
     /// The entries of one Service, or `None` (reported in `dropped`) when it is left out.
@@ -488,7 +424,7 @@ impl<'m> Resolved<'m> {
             .flatten()
             .copied()
             .filter(|&i| {
-                let selectors = &self.ads[i].ad.service_selectors;
+                let selectors = &self.ad(i).service_selectors;
                 selectors.is_empty() || selectors.iter().any(|s| s.matches(labels))
             })
             .collect();
@@ -502,9 +438,9 @@ impl<'m> Resolved<'m> {
         if allows_shared_ip(svc)
             && let Some(&i) = applicable
                 .iter()
-                .find(|&&i| !self.ads[i].ad.service_selectors.is_empty())
+                .find(|&&i| !self.ad(i).service_selectors.is_empty())
         {
-            let ad = self.ads[i].ad;
+            let ad = self.ad(i);
             dropped.push(Dropped::SharedIpWithServiceSelector {
                 service: key.clone(),
                 advertisement: format!("{}/{}", ad.namespace, ad.name),
@@ -516,11 +452,12 @@ impl<'m> Resolved<'m> {
             .or_insert_with_key(|applicable| self.placement(applicable))
             .clone();
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
+        let belongs_to = key.to_string();
         Some(
             ips.into_iter()
                 .map(|ip| {
                     let served = ServedIp {
-                        belongs_to: key.to_string(),
+                        belongs_to: belongs_to.clone(),
                         group: None,
                         interfaces: placement.interfaces.clone(),
                         nodes: placement.nodes.clone(),
@@ -535,7 +472,7 @@ impl<'m> Resolved<'m> {
     }
 
     /// The one valid pool holding every IP of a Service.
-    fn pool_of(&self, first: IpAddr, rest: &[IpAddr]) -> Result<&'m str, PoolMiss<'m>> {
+    fn pool_of(&self, first: IpAddr, rest: &[IpAddr]) -> Result<&str, PoolMiss<'_>> {
         let find = |ip: IpAddr| {
             let pool = self.model.pools.values().find(|p| p.contains(ip));
             pool.map(|p| p.name.as_str()).ok_or(PoolMiss::Outside(ip))
@@ -557,15 +494,21 @@ impl<'m> Resolved<'m> {
 
     /// The nodes, interfaces and priorities of a set of applicable advertisements.
     fn placement(&self, applicable: &[usize]) -> Placement {
-        let ads = applicable.iter().map(|&i| &self.ads[i]);
-        let nodes: BTreeSet<NodeName> = ads.clone().flat_map(|r| r.nodes.iter().cloned()).collect();
-        let interfaces = if ads.clone().any(|r| r.ad.interfaces.is_empty()) {
+        let ads = applicable.iter().map(|&i| (self.ad(i), &self.ads[i]));
+        let nodes: BTreeSet<NodeName> = ads
+            .clone()
+            .flat_map(|(_, r)| r.nodes.iter().cloned())
+            .collect();
+        let interfaces = if ads.clone().any(|(ad, _)| ad.interfaces.is_empty()) {
             Interfaces::Default
         } else {
-            Interfaces::named(ads.clone().flat_map(|r| r.ad.interfaces.iter().cloned()))
+            Interfaces::named(
+                ads.clone()
+                    .flat_map(|(ad, _)| ad.interfaces.iter().cloned()),
+            )
         };
         let mut scores: BTreeMap<NodeName, u64> = BTreeMap::new();
-        for resolved in ads {
+        for (_, resolved) in ads {
             for (node, score) in &resolved.scores {
                 *scores.entry(node.clone()).or_default() += score;
             }
@@ -701,10 +644,14 @@ fn endpoints_of(slice: &EndpointSlice) -> &[Endpoint] {
 /// Either shape of `EndpointSlice.endpoints` as a slice (see [`endpoints_of`]).
 trait AsEndpoints {
     fn as_endpoints(&self) -> &[Endpoint];
+    fn as_endpoints_mut(&mut self) -> &mut [Endpoint];
 }
 
 impl AsEndpoints for Vec<Endpoint> {
     fn as_endpoints(&self) -> &[Endpoint] {
+        self
+    }
+    fn as_endpoints_mut(&mut self) -> &mut [Endpoint] {
         self
     }
 }
@@ -712,6 +659,74 @@ impl AsEndpoints for Vec<Endpoint> {
 impl AsEndpoints for Option<Vec<Endpoint>> {
     fn as_endpoints(&self) -> &[Endpoint] {
         self.as_deref().unwrap_or_default()
+    }
+    fn as_endpoints_mut(&mut self) -> &mut [Endpoint] {
+        self.as_deref_mut().unwrap_or_default()
+    }
+}
+
+/// Drops what a cached object's metadata holds that nothing here reads (the reflector keys
+/// its store by namespace and name; the watch keeps its own resourceVersion).
+fn trim_cached_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.annotations = None;
+    meta.creation_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.generation = None;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.resource_version = None;
+    meta.uid = None;
+}
+
+/// Trims a cached EndpointSlice to what [`build`] reads: its namespace, name and
+/// `kubernetes.io/service-name` label, and each endpoint's `nodeName` and `ready`/`serving`
+/// conditions (addresses, ports, targets and hints go: 3 endpoints keep about a tenth of their
+/// size). Idempotent; [`build`] gives the same result before and after.
+pub fn trim_endpoint_slice(slice: &mut EndpointSlice) {
+    trim_cached_meta(&mut slice.metadata);
+    if let Some(labels) = slice.metadata.labels.as_mut() {
+        labels.retain(|k, _| k == SERVICE_NAME_LABEL);
+    }
+    slice.ports = None;
+    for endpoint in slice.endpoints.as_endpoints_mut() {
+        endpoint.addresses = Vec::new();
+        endpoint.deprecated_topology = None;
+        endpoint.hints = None;
+        endpoint.hostname = None;
+        endpoint.target_ref = None;
+        endpoint.zone = None;
+        if let Some(conditions) = endpoint.conditions.as_mut() {
+            conditions.terminating = None;
+        }
+    }
+}
+
+/// Trims a cached Node to what [`build`] reads: its name, labels and `NetworkUnavailable`
+/// condition (a Node's status, with its image list, is most of its size). Idempotent;
+/// [`build`] gives the same result before and after.
+pub fn trim_node(node: &mut Node) {
+    trim_cached_meta(&mut node.metadata);
+    node.spec = None;
+    if let Some(status) = node.status.take() {
+        let conditions: Vec<_> = status
+            .conditions
+            .into_iter()
+            .flatten()
+            .filter(|c| c.type_ == NETWORK_UNAVAILABLE)
+            .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                ..Default::default()
+            })
+            .collect();
+        if !conditions.is_empty() {
+            node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(conditions),
+                ..Default::default()
+            });
+        }
     }
 }
 
@@ -769,5 +784,8 @@ fn merge_ready(a: Option<NodeSet>, b: Option<NodeSet>) -> Option<NodeSet> {
     Some(Arc::new(a.union(&b).cloned().collect()))
 }
 
+mod keeper;
 #[cfg(test)]
 mod tests;
+
+pub use keeper::{Changes, Keeper, service_label};
