@@ -12,7 +12,8 @@
 //! performs the pending writes and keeps those that fail (the API server may be away) for the
 //! next flush, so the records become true again once it is back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -51,6 +52,110 @@ pub fn record_status(
             .iter()
             .map(|name| InterfaceInfo { name: name.clone() })
             .collect(),
+    }
+}
+
+/// One served IP as the records see it: its Service, the links this node answers it on (none:
+/// this node does not), and whether nobody owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpFacts {
+    /// The Service it belongs to.
+    pub service: ServiceKey,
+    /// The links this node answers on (`None`: it does not answer).
+    pub links: Option<BTreeSet<String>>,
+    /// The election names no owner.
+    pub unowned: bool,
+}
+
+/// What this node holds, IP by IP, and the record of each Service that follows from it: kept
+/// up to date from the IPs that changed, so a change costs what it touches.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    node: String,
+    ips: HashMap<IpAddr, IpFacts>,
+    by_service: HashMap<ServiceKey, BTreeSet<IpAddr>>,
+}
+
+impl Holdings {
+    /// Nothing held yet, by `node`.
+    pub fn new(node: &str) -> Holdings {
+        Holdings {
+            node: node.to_string(),
+            ..Holdings::default()
+        }
+    }
+
+    /// The facts of `ip` as last set.
+    pub fn get(&self, ip: &IpAddr) -> Option<&IpFacts> {
+        self.ips.get(ip)
+    }
+
+    /// Every IP with facts.
+    pub fn ips(&self) -> impl Iterator<Item = &IpAddr> {
+        self.ips.keys()
+    }
+
+    /// Every Service with an IP.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.by_service.keys()
+    }
+
+    /// Sets `ip`'s facts (`None`: no longer served). Returns the Services whose record may
+    /// have changed (none when the facts are the same).
+    pub fn set(&mut self, ip: IpAddr, facts: Option<IpFacts>) -> Vec<ServiceKey> {
+        if self.ips.get(&ip) == facts.as_ref() {
+            return Vec::new();
+        }
+        let mut touched = Vec::new();
+        let before = match facts {
+            Some(facts) => {
+                let service = facts.service.clone();
+                self.by_service
+                    .entry(service.clone())
+                    .or_default()
+                    .insert(ip);
+                touched.push(service);
+                self.ips.insert(ip, facts)
+            }
+            None => self.ips.remove(&ip),
+        };
+        if let Some(before) = before
+            && !touched.contains(&before.service)
+        {
+            if let Some(ips) = self.by_service.get_mut(&before.service) {
+                ips.remove(&ip);
+                if ips.is_empty() {
+                    self.by_service.remove(&before.service);
+                }
+            }
+            touched.push(before.service);
+        }
+        touched
+    }
+
+    /// The record this node should hold for `service` (`None`: it answers none of its IPs),
+    /// on the links of every IP it answers; and whether some IP of it has no owner (or the
+    /// Service is gone): then its record is an orphan.
+    pub fn record(&self, service: &ServiceKey) -> (Option<ServiceL2StatusStatus>, bool) {
+        let Some(ips) = self.by_service.get(service) else {
+            return (None, true);
+        };
+        let facts = ips.iter().filter_map(|ip| self.ips.get(ip));
+        let mut links: Option<BTreeSet<&str>> = None;
+        let mut unowned = false;
+        for f in facts {
+            unowned |= f.unowned;
+            if let Some(l) = &f.links {
+                links
+                    .get_or_insert_default()
+                    .extend(l.iter().map(String::as_str));
+            }
+        }
+        let record = links.map(|links| {
+            let links: Vec<String> = links.into_iter().map(str::to_string).collect();
+            record_status(&self.node, service, &links)
+        });
+        (record, unowned)
     }
 }
 
@@ -121,6 +226,37 @@ impl RecordWriter {
         for service in orphaned {
             if !desired.contains_key(service) {
                 self.pending.insert(service.clone(), Write::Delete);
+            }
+        }
+    }
+
+    /// The record this node should hold for one Service (`None`: none), and whether the
+    /// Service is orphaned (announced by nobody, or gone: its record is deleted). What
+    /// [`RecordWriter::set_desired`] does for every Service, for this one alone: a watch event
+    /// costs what it changes.
+    pub fn set(
+        &mut self,
+        service: &ServiceKey,
+        desired: Option<ServiceL2StatusStatus>,
+        orphaned: bool,
+    ) {
+        match desired {
+            Some(status) => {
+                if self.written.get(service) != Some(&status) {
+                    self.pending.insert(service.clone(), Write::Apply(status));
+                } else {
+                    self.pending.remove(service);
+                }
+            }
+            None => {
+                self.written.remove(service);
+                if orphaned {
+                    self.pending.insert(service.clone(), Write::Delete);
+                } else {
+                    // Given up: another node took it (its apply wins); a delete not done yet
+                    // would now remove that node's record.
+                    self.pending.remove(service);
+                }
             }
         }
     }

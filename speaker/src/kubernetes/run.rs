@@ -15,32 +15,30 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::Resource as _;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use kube::{Client, Resource};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::crd::{IPAddressPool, L2Advertisement, ServiceL2StatusStatus};
+use swimlb_config::crd::ServiceL2StatusStatus;
 use swimlb_config::keyfile::parse_key_file;
-use swimlb_config::reflect::spawn_store_with;
-use swimlb_config::service::{ServiceKey, trim_service};
+use swimlb_config::service::ServiceKey;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::metrics::{DroppedLabels, KubeMetrics, Resource};
 use super::records::{RecordWriter, record_status};
-use super::snapshot::{self, Caches};
+use super::snapshot;
+use super::watch::{Change, NeverListed, Stores};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::daemon::{Daemon, JoinHold, NetWatch, sleep_until};
@@ -99,140 +97,8 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A watch's store was dropped before it was ready.
-    #[error("the {0} watch stopped before its first list")]
-    Watch(&'static str),
-}
-
-/// The reflector stores the snapshot is built from.
-struct Stores {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-    nodes: Store<Node>,
-    pools: Store<IPAddressPool>,
-    advertisements: Store<L2Advertisement>,
-    pods: Store<Pod>,
-}
-
-impl Stores {
-    /// Starts every watch; `changed` hears of each change.
-    fn spawn(
-        client: &Client,
-        settings: &Settings,
-        changed: futures::channel::mpsc::UnboundedSender<()>,
-    ) -> Stores {
-        let ns = settings.namespace.as_str();
-        let never = || std::future::pending::<()>();
-        let all = watcher::Config::default;
-        let tx = || Some(changed.clone());
-        Stores {
-            services: spawn_store_with(
-                Api::all(client.clone()),
-                all(),
-                trim_service,
-                tx(),
-                never(),
-            ),
-            slices: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
-            nodes: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
-            pools: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all(),
-                |_| {},
-                tx(),
-                never(),
-            ),
-            advertisements: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all(),
-                |_| {},
-                tx(),
-                never(),
-            ),
-            pods: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all().labels(&settings.speaker_selector),
-                |_| {},
-                tx(),
-                never(),
-            ),
-        }
-    }
-
-    /// Waits for every store's first list.
-    async fn ready(&self) -> Result<(), Error> {
-        self.services
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Service"))?;
-        self.slices
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("EndpointSlice"))?;
-        self.nodes
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Node"))?;
-        self.pools
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("IPAddressPool"))?;
-        self.advertisements
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("L2Advertisement"))?;
-        self.pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Pod"))?;
-        Ok(())
-    }
-
-    /// The snapshot of the caches now.
-    fn build(&self, options: &snapshot::Options) -> snapshot::Built {
-        let services = self.services.state();
-        let slices = self.slices.state();
-        let nodes = self.nodes.state();
-        let pools = self.pools.state();
-        let advertisements = self.advertisements.state();
-        let services: Vec<&Service> = services.iter().map(Arc::as_ref).collect();
-        let slices: Vec<&EndpointSlice> = slices.iter().map(Arc::as_ref).collect();
-        let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
-        let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
-        let advertisements: Vec<&L2Advertisement> =
-            advertisements.iter().map(Arc::as_ref).collect();
-        snapshot::build(
-            Caches {
-                services: &services,
-                endpoint_slices: &slices,
-                nodes: &nodes,
-                pools: &pools,
-                advertisements: &advertisements,
-            },
-            options,
-        )
-    }
-
-    /// The gossip addresses of the speaker Pods that have an IP (a Pod without one yet is
-    /// skipped; MetalLB #1533).
-    fn peers(&self, port: u16) -> Vec<SocketAddr> {
-        let mut peers: Vec<SocketAddr> = self
-            .pods
-            .state()
-            .iter()
-            .filter_map(|pod| {
-                pod.status
-                    .as_ref()?
-                    .pod_ip
-                    .as_deref()?
-                    .parse::<IpAddr>()
-                    .ok()
-            })
-            .map(|ip| SocketAddr::new(ip, port))
-            .collect();
-        peers.sort();
-        peers.dedup();
-        peers
-    }
+    #[error(transparent)]
+    Watch(#[from] NeverListed),
 }
 
 /// What the records task is told: the records this node holds, and the orphans to delete.
@@ -244,7 +110,7 @@ struct Desired {
 
 /// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
 struct Inputs {
-    changed: futures::channel::mpsc::UnboundedReceiver<()>,
+    changed: futures::channel::mpsc::UnboundedReceiver<Change>,
     changes: tokio::sync::broadcast::Receiver<crate::membership::LiveChange>,
     phase: watch::Receiver<Phase>,
     conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
@@ -257,6 +123,7 @@ struct Source {
     settings: Settings,
     stores: Stores,
     daemon: Daemon,
+    metrics: KubeMetrics,
     dropped: DroppedReport,
     hold: JoinHold,
     ring_ids: Vec<KeyId>,
@@ -279,10 +146,13 @@ pub async fn run(
         let draining = source.daemon.engine.draining();
         tokio::select! {
             _ = &mut shutdown, if !draining => source.drain().await,
-            Some(()) = inputs.changed.next() => {
-                // Every change queued so far is in the stores: one rebuild for all of them.
-                while inputs.changed.try_recv().is_ok() {}
-                source.caches_changed().await;
+            Some(change) = inputs.changed.next() => {
+                // Every change queued so far is in the stores: handled together.
+                let mut batch = vec![change];
+                while let Ok(more) = inputs.changed.try_recv() {
+                    batch.push(more);
+                }
+                source.caches_changed(&batch).await;
             }
             change = inputs.changes.recv() => {
                 if !source.daemon.membership(change).await {
@@ -321,7 +191,7 @@ impl Source {
         client: Client,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<Option<(Source, Inputs)>, Error> {
-        let (registry, board, gossip_metrics, responder_metrics, dropped) = registry(&settings);
+        let (registry, board, gossip_metrics, responder_metrics, metrics) = registry(&settings);
         // /healthz answers (and /readyz says not ready) while the watches list and the key is
         // awaited.
         let (_, http) = crate::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
@@ -330,8 +200,12 @@ impl Source {
                 addr: settings.listen,
                 source,
             })?;
-        let (changed_tx, changed) = futures::channel::mpsc::unbounded();
-        let stores = Stores::spawn(&client, &settings, changed_tx);
+        let (stores, mut changed) = Stores::spawn(
+            &client,
+            &settings.namespace,
+            &settings.speaker_selector,
+            &metrics,
+        );
         tracing::info!("waiting for the first list of every watch");
         // A stop before the caches and the key are there ends the speaker at once: it owns
         // nothing.
@@ -347,9 +221,11 @@ impl Source {
         };
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
         let (net, links, routes) = NetWatch::start().await?;
+        // What the first lists brought is in the stores: the first build covers it.
+        while changed.try_recv().is_ok() {}
         let built = stores.build(&settings.options);
         let mut dropped = DroppedReport {
-            gauge: dropped,
+            gauge: metrics.dropped.clone(),
             ..DroppedReport::default()
         };
         dropped.update(&built);
@@ -375,7 +251,12 @@ impl Source {
         let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
         let daemon = Daemon::new(engine, initial, local, board, answering, gossip).await;
         let (desired, desired_rx) = watch::channel(Desired::default());
-        let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
+        let records = tokio::spawn(write_records(
+            client,
+            settings.clone(),
+            desired_rx,
+            metrics.clone(),
+        ));
         let inputs = Inputs {
             changed,
             changes,
@@ -388,6 +269,7 @@ impl Source {
             settings,
             stores,
             daemon,
+            metrics,
             dropped,
             hold: JoinHold::new(Instant::now(), false),
             ring_ids,
@@ -408,14 +290,21 @@ impl Source {
         self.daemon.handle(Input::Drain).await;
     }
 
-    /// A watch changed something: what is served, and who the peers are.
-    async fn caches_changed(&mut self) {
+    /// Watches changed something: what is served, and who the peers are.
+    async fn caches_changed(&mut self, batch: &[Change]) {
         let built = self.stores.build(&self.settings.options);
         self.dropped.update(&built);
         self.daemon.handle(Input::Snapshot(built.snapshot)).await;
-        let peers = self.stores.peers(self.settings.bind.port());
-        if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
-            tracing::warn!(error = %e, "gossip seeds not updated");
+        let done = Instant::now();
+        for change in batch {
+            let seconds = done.saturating_duration_since(change.at).as_secs_f64();
+            self.metrics.event_handled(change.resource, seconds);
+        }
+        if batch.iter().any(|c| c.resource == Resource::Pods) {
+            let peers = self.stores.peers(self.settings.bind.port());
+            if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
+                tracing::warn!(error = %e, "gossip seeds not updated");
+            }
         }
     }
 
@@ -502,21 +391,16 @@ fn registry(
     StatusBoard,
     GossipMetrics,
     responder::Metrics,
-    Family<DroppedLabels, Gauge>,
+    KubeMetrics,
 ) {
     let mut registry = Registry::default();
     let gossip = GossipMetrics::register(&mut registry);
     let responder = responder::Metrics::default();
     responder.register(&mut registry);
-    let dropped = Family::<DroppedLabels, Gauge>::default();
-    registry.register(
-        "swimlb_snapshot_dropped",
-        "Objects, Services, IPs and endpoints left out of what is served, by reason",
-        dropped.clone(),
-    );
+    let kube = KubeMetrics::register(&mut registry);
     let board = StatusBoard::new(&settings.node, &mut registry);
     crate::process_metrics::register(&mut registry, board.subscribe());
-    (registry, board, gossip, responder, dropped)
+    (registry, board, gossip, responder, kube)
 }
 
 /// Starts the gossip with this node's first record, the speaker Pods as seeds.
@@ -584,7 +468,12 @@ fn service_key(belongs_to: &str) -> Option<ServiceKey> {
 
 /// The records task: applies what `desired` says, retries failures, and tells each Service
 /// this node starts announcing with an Event.
-async fn write_records(client: Client, settings: Settings, mut desired: watch::Receiver<Desired>) {
+async fn write_records(
+    client: Client,
+    settings: Settings,
+    mut desired: watch::Receiver<Desired>,
+    metrics: KubeMetrics,
+) {
     let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
     let reporter = Reporter {
         controller: "swimlb-speaker".into(),
@@ -608,12 +497,14 @@ async fn write_records(client: Client, settings: Settings, mut desired: watch::R
             };
             let object = Service::object_ref_for(service);
             if let Err(e) = recorder.publish(&event, &object).await {
+                metrics.write_error(Resource::Events);
                 tracing::warn!(%service, error = %e, "cannot publish the nodeAssigned event");
             }
         }
         announced = now;
         writer.set_desired(current.records, &current.orphaned);
         for e in writer.flush().await {
+            metrics.write_error(Resource::ServiceL2Statuses);
             tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
         }
         let retry = writer.is_pending();
@@ -636,11 +527,6 @@ impl ObjectRefFor for Service {
         service.metadata.namespace = Some(key.namespace.clone());
         service.object_ref(&())
     }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct DroppedLabels {
-    reason: &'static str,
 }
 
 /// What the snapshot left out: the gauge by reason, and one warning per object when it is first
