@@ -287,7 +287,22 @@ fn measure_ten_thousand_services() {
         let log = std::env::temp_dir().join(format!("swimlb-scale-{}.log", std::process::id()));
         let log_file = std::fs::File::create(&log).expect("speaker log");
         let started = Instant::now();
-        let mut speaker = tokio::process::Command::new(env!("CARGO_BIN_EXE_swimlb-speaker"))
+        // SWIMLB_MEASURE_WRAPPER runs the speaker under a profiler ("heaptrack -o FILE"); the
+        // memory figures are then the profiler's.
+        let wrapper: Vec<String> = std::env::var("SWIMLB_MEASURE_WRAPPER")
+            .map(|w| w.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        let program = wrapper
+            .first()
+            .cloned()
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_swimlb-speaker").to_string());
+        let mut command = tokio::process::Command::new(program);
+        if !wrapper.is_empty() {
+            command
+                .args(&wrapper[1..])
+                .arg(env!("CARGO_BIN_EXE_swimlb-speaker"));
+        }
+        let mut speaker = command
             .args([
                 "kubernetes",
                 "--node-name",
@@ -322,8 +337,28 @@ fn measure_ten_thousand_services() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let synced = started.elapsed();
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The writes of a cold start (a record and an Event per Service) end before the
+        // changes, so that the changes are timed in a steady state.
+        let mut written = None;
+        let until = Instant::now() + Duration::from_secs(300);
+        while Instant::now() < until {
+            let records = api
+                .objects("servicel2statuses.swimlb.io")
+                .map(|r| r.len())
+                .unwrap_or(0);
+            let events = api
+                .objects("events.events.k8s.io")
+                .map(|e| e.len())
+                .unwrap_or(0);
+            if records >= count && events >= count {
+                written = Some(started.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let rss = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
+        let rss_parts = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
         let cpu_synced = cpu_seconds(pid);
 
         // EndpointSlice changes, one at a time: every endpoint of a Service not ready (nobody
@@ -366,14 +401,23 @@ fn measure_ten_thousand_services() {
         let _ = speaker.start_kill();
         let _ = speaker.wait().await;
         let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Ok(keep) = std::env::var("SWIMLB_MEASURE_LOG") {
+            let _ = std::fs::copy(&log, keep);
+        }
         let _ = std::fs::remove_file(&log);
         (
-            (seeded, synced, all, rss, rss_after, cpu_synced, cpu_end),
+            (
+                seeded, synced, written, all, rss, rss_parts, rss_after, cpu_synced, cpu_end,
+            ),
             (before, after, first_stop_seen, metrics_bytes),
             log_text,
         )
     });
-    let ((seeded, synced, all, (rss, hwm), rss_after, cpu_synced, cpu_end), timing, log) = report;
+    let (
+        (seeded, synced, written, all, (rss, hwm), (anon, file), rss_after, cpu_synced, cpu_end),
+        timing,
+        log,
+    ) = report;
     let (before, after, first_stop_seen, metrics_bytes) = timing;
     let (b, sum_b) = handling(&before, "endpointslices");
     let (a, sum_a) = handling(&after, "endpointslices");
@@ -386,13 +430,18 @@ fn measure_ten_thousand_services() {
     };
     println!(
         "{count} Services, {count} EndpointSlices of 3 endpoints, 100 Nodes: seeded in {:.1} s; \
-         every IP announced {:.1} s after the speaker started (CPU {:.2} s); VmRSS {} KiB \
-         ({:.1} MiB), peak VmHWM {} KiB, after {changes} changes {} KiB; /metrics {} bytes",
+         every IP announced {:.1} s after the speaker started, every record and nodeAssigned \
+         Event written after {:.1} s (CPU {:.2} s); then VmRSS {} KiB \
+         ({:.1} MiB: anonymous {} KiB, file {} KiB), peak VmHWM {} KiB, after {changes} changes {} KiB; \
+         /metrics {} bytes",
         seeded.as_secs_f64(),
         synced.as_secs_f64(),
+        written.map_or(f64::NAN, |w| w.as_secs_f64()),
         cpu_synced.unwrap_or(0.0),
         rss.unwrap_or(0),
         rss.unwrap_or(0) as f64 / 1024.0,
+        anon.unwrap_or(0),
+        file.unwrap_or(0),
         hwm.unwrap_or(0),
         rss_after.unwrap_or(0),
         metrics_bytes,

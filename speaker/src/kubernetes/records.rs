@@ -7,13 +7,16 @@
 //! delete its own, but it does not need to: the successor overwrites it). Writes per failover
 //! are proportional to the Services that moved.
 //!
-//! [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set_desired`]
+//! [`Holdings`] follows what this node answers, IP by IP, and says which Services' records
+//! changed. [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set`]
 //! is pure bookkeeping (which records this node must write or delete); [`RecordWriter::flush`]
 //! performs the pending writes and keeps those that fail (the API server may be away) for the
 //! next flush, so the records become true again once it is back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -61,8 +64,9 @@ pub fn record_status(
 pub struct IpFacts {
     /// The Service it belongs to.
     pub service: ServiceKey,
-    /// The links this node answers on (`None`: it does not answer).
-    pub links: Option<BTreeSet<String>>,
+    /// The links this node answers on (`None`: it does not answer); shared between the IPs
+    /// answered on the same links ([`Holdings::links`]).
+    pub links: Option<Arc<BTreeSet<String>>>,
     /// The election names no owner.
     pub unowned: bool,
 }
@@ -73,7 +77,10 @@ pub struct IpFacts {
 pub struct Holdings {
     node: String,
     ips: HashMap<IpAddr, IpFacts>,
-    by_service: HashMap<ServiceKey, BTreeSet<IpAddr>>,
+    /// The IPs of each Service (mostly one: a small vector).
+    by_service: HashMap<ServiceKey, Vec<IpAddr>>,
+    /// The distinct link sets (a handful), shared by the IPs.
+    link_sets: Vec<Arc<BTreeSet<String>>>,
 }
 
 impl Holdings {
@@ -85,9 +92,36 @@ impl Holdings {
         }
     }
 
-    /// The facts of `ip` as last set.
-    pub fn get(&self, ip: &IpAddr) -> Option<&IpFacts> {
-        self.ips.get(ip)
+    /// Whether `ip`'s facts as last set are these (without allocating).
+    pub fn matches(
+        &self,
+        ip: &IpAddr,
+        service: Option<(&str, &str)>,
+        links: Option<&BTreeSet<String>>,
+        unowned: bool,
+    ) -> bool {
+        match (self.ips.get(ip), service) {
+            (None, None) => true,
+            (Some(f), Some((namespace, name))) => {
+                f.service.namespace == namespace
+                    && f.service.name == name
+                    && f.unowned == unowned
+                    && f.links.as_deref() == links
+            }
+            _ => false,
+        }
+    }
+
+    /// `links` as a shared set (the same `Arc` for equal sets).
+    pub fn links(&mut self, links: &BTreeSet<String>) -> Arc<BTreeSet<String>> {
+        if let Some(set) = self.link_sets.iter().find(|s| ***s == *links) {
+            return set.clone();
+        }
+        // Sets no IP uses any more go first (links renamed or gone).
+        self.link_sets.retain(|s| Arc::strong_count(s) > 1);
+        let set = Arc::new(links.clone());
+        self.link_sets.push(set.clone());
+        set
     }
 
     /// Every IP with facts.
@@ -110,10 +144,11 @@ impl Holdings {
         let before = match facts {
             Some(facts) => {
                 let service = facts.service.clone();
-                self.by_service
-                    .entry(service.clone())
-                    .or_default()
-                    .insert(ip);
+                let ips = self.by_service.entry(service.clone()).or_default();
+                if !ips.contains(&ip) {
+                    ips.push(ip);
+                    ips.sort_unstable();
+                }
                 touched.push(service);
                 self.ips.insert(ip, facts)
             }
@@ -123,7 +158,7 @@ impl Holdings {
             && !touched.contains(&before.service)
         {
             if let Some(ips) = self.by_service.get_mut(&before.service) {
-                ips.remove(&ip);
+                ips.retain(|held| *held != ip);
                 if ips.is_empty() {
                     self.by_service.remove(&before.service);
                 }
@@ -159,6 +194,18 @@ impl Holdings {
     }
 }
 
+/// A record's status in a word: what [`RecordWriter`] keeps of what it wrote.
+fn fingerprint(status: &ServiceL2StatusStatus) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    status.node.hash(&mut hasher);
+    status.service_name.hash(&mut hasher);
+    status.service_namespace.hash(&mut hasher);
+    for interface in &status.interfaces {
+        interface.name.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// One write the writer has to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
@@ -185,8 +232,8 @@ pub struct WriteError {
 #[derive(Debug)]
 pub struct RecordWriter {
     api: Api<ServiceL2Status>,
-    /// What the API holds from this node, as far as it knows.
-    written: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
+    /// What the API holds from this node, as far as it knows ([`fingerprint`] of the status).
+    written: HashMap<ServiceKey, u64>,
     /// What is still to do.
     pending: BTreeMap<ServiceKey, Write>,
 }
@@ -196,44 +243,15 @@ impl RecordWriter {
     pub fn new(client: kube::Client, namespace: &str) -> RecordWriter {
         RecordWriter {
             api: Api::namespaced(client, namespace),
-            written: BTreeMap::new(),
+            written: HashMap::new(),
             pending: BTreeMap::new(),
         }
     }
 
-    /// The records this node should hold now: one per Service it announces (`desired`), and
-    /// the records of `orphaned` Services (announced by nobody, or gone) deleted. A Service this
-    /// node stops announcing to another node is left alone: its new owner takes it over.
-    pub fn set_desired(
-        &mut self,
-        desired: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
-        orphaned: &BTreeSet<ServiceKey>,
-    ) {
-        for (service, status) in &desired {
-            if self.written.get(service) != Some(status) {
-                self.pending
-                    .insert(service.clone(), Write::Apply(status.clone()));
-            } else if matches!(self.pending.get(service), Some(Write::Apply(_))) {
-                self.pending.remove(service);
-            }
-        }
-        // Given up: another node took it (its apply wins), or it is orphaned (deleted below).
-        self.pending.retain(|service, write| {
-            matches!(write, Write::Delete) || desired.contains_key(service)
-        });
-        self.written
-            .retain(|service, _| desired.contains_key(service));
-        for service in orphaned {
-            if !desired.contains_key(service) {
-                self.pending.insert(service.clone(), Write::Delete);
-            }
-        }
-    }
-
     /// The record this node should hold for one Service (`None`: none), and whether the
-    /// Service is orphaned (announced by nobody, or gone: its record is deleted). What
-    /// [`RecordWriter::set_desired`] does for every Service, for this one alone: a watch event
-    /// costs what it changes.
+    /// Service is orphaned (announced by nobody, or gone: its record is deleted). A Service
+    /// this node stops announcing to another node is left alone: its new owner takes it over.
+    /// One Service at a time: a watch event costs what it changes.
     pub fn set(
         &mut self,
         service: &ServiceKey,
@@ -242,7 +260,7 @@ impl RecordWriter {
     ) {
         match desired {
             Some(status) => {
-                if self.written.get(service) != Some(&status) {
+                if self.written.get(service) != Some(&fingerprint(&status)) {
                     self.pending.insert(service.clone(), Write::Apply(status));
                 } else {
                     self.pending.remove(service);
@@ -283,7 +301,7 @@ impl RecordWriter {
             match result {
                 Ok(()) => {
                     if let Write::Apply(status) = write {
-                        self.written.insert(service, status);
+                        self.written.insert(service, fingerprint(&status));
                     }
                 }
                 Err(source) => {
@@ -354,11 +372,8 @@ mod tests {
         ServiceKey::new("default", name)
     }
 
-    fn desired(node: &str, names: &[&str]) -> BTreeMap<ServiceKey, ServiceL2StatusStatus> {
-        names
-            .iter()
-            .map(|n| (svc(n), record_status(node, &svc(n), &["eth0".to_string()])))
-            .collect()
+    fn status(node: &str, name: &str) -> Option<ServiceL2StatusStatus> {
+        Some(record_status(node, &svc(name), &["eth0".to_string()]))
     }
 
     /// Every record in the namespace: (name, node label, status node).
@@ -385,6 +400,51 @@ mod tests {
         all
     }
 
+    fn facts(service: &str, links: Option<&[&str]>, unowned: bool) -> Option<IpFacts> {
+        Some(IpFacts {
+            service: svc(service),
+            links: links.map(|l| Arc::new(l.iter().map(|s| s.to_string()).collect())),
+            unowned,
+        })
+    }
+
+    #[test]
+    fn holdings_say_which_records_change_and_what_they_hold() {
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        assert_eq!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)),
+            vec![svc("web")]
+        );
+        assert!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)).is_empty(),
+            "same facts"
+        );
+        assert_eq!(
+            h.set(v6, facts("web", Some(&["eth1"]), false)),
+            vec![svc("web")]
+        );
+        let (record, orphaned) = h.record(&svc("web"));
+        let record = record.expect("announced");
+        assert_eq!(record.node, "n1");
+        let links: Vec<&str> = record.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(links, ["eth0", "eth1"], "the links of every IP it answers");
+        assert!(!orphaned);
+        // Another node answers the IPv6 address; nobody owns the IPv4 one.
+        h.set(v6, facts("web", None, false));
+        h.set(v4, facts("web", None, true));
+        assert_eq!(h.record(&svc("web")), (None, true));
+        // The IP moves to another Service: both records may change.
+        assert_eq!(
+            h.set(v4, facts("db", Some(&["eth0"]), false)),
+            vec![svc("db"), svc("web")]
+        );
+        h.set(v6, None);
+        assert_eq!(h.record(&svc("web")), (None, true), "gone: an orphan");
+        assert_eq!(h.services().collect::<Vec<_>>(), vec![&svc("db")]);
+    }
+
     #[test]
     fn record_names_are_dns_labels_and_the_same_everywhere() {
         let name = record_name(&svc("a-very-long-service-name-that-goes-on-and-on"));
@@ -407,7 +467,8 @@ mod tests {
         let client = api.client().await.unwrap();
         let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
         let mut n2 = RecordWriter::new(client, "swimlb-system");
-        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
         let errors = n1.flush().await;
         assert!(errors.is_empty(), "{errors:?}");
         let web = record_name(&svc("web"));
@@ -420,7 +481,7 @@ mod tests {
         assert_eq!(records(&api), expected);
         let writes_before = api.requests().iter().filter(|r| r.is_write()).count();
         // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        n2.set(&svc("web"), status("n2", "web"), false);
         assert!(n2.flush().await.is_empty());
         let writes = api.requests().iter().filter(|r| r.is_write()).count() - writes_before;
         assert_eq!(writes, 2, "one Service moved: its object and its status");
@@ -431,10 +492,10 @@ mod tests {
         expected.sort();
         assert_eq!(records(&api), expected);
         // Nothing changed: nothing is written.
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        n2.set(&svc("web"), status("n2", "web"), false);
         assert!(!n2.is_pending());
         // db is announced by nobody now: the record goes.
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::from([svc("db")]));
+        n2.set(&svc("db"), None, true);
         assert!(n2.flush().await.is_empty());
         assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
         api.shutdown().await;
@@ -446,13 +507,17 @@ mod tests {
         let client = api.client().await.unwrap();
         api.set_reachable(false);
         let mut n1 = RecordWriter::new(client, "swimlb-system");
-        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
+        n1.set(&svc("gone"), None, true);
         let errors = n1.flush().await;
-        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors.len(), 3, "{errors:?}");
         assert!(n1.is_pending(), "kept for the next flush");
         assert!(records(&api).is_empty());
-        // Ownership of db moved away meanwhile: its failed write is dropped.
-        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        // Ownership of db moved away meanwhile: its failed write is dropped; and gone is
+        // announced again, by another node: its delete is dropped too.
+        n1.set(&svc("db"), None, false);
+        n1.set(&svc("gone"), None, false);
         api.set_reachable(true);
         assert!(n1.flush().await.is_empty());
         assert!(!n1.is_pending());

@@ -88,12 +88,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use k8s_openapi::api::core::v1::Node;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
 
+use super::views::{ConditionsView, ServiceView, SliceView, trim_cached_meta};
 use crate::election::MAX_PRIORITY;
 use crate::membership::NodeName;
 use crate::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
@@ -120,9 +120,9 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Caches<'a> {
     /// Services (any type and class: those that are not ours are skipped).
-    pub services: &'a [&'a Service],
+    pub services: &'a [&'a ServiceView],
     /// EndpointSlices of every namespace.
-    pub endpoint_slices: &'a [&'a EndpointSlice],
+    pub endpoint_slices: &'a [&'a SliceView],
     /// Nodes.
     pub nodes: &'a [&'a Node],
     /// `IPAddressPool`s of the speaker's namespace.
@@ -391,11 +391,11 @@ impl Resolved {
     fn serve(
         &self,
         key: &ServiceKey,
-        svc: &Service,
-        slices: &[&EndpointSlice],
+        svc: &ServiceView,
+        slices: &[&SliceView],
         placements: &mut HashMap<Vec<usize>, Placement>,
         dropped: &mut Vec<Dropped>,
-    ) -> Option<Vec<(IpAddr, ServedIp)>> {
+    ) -> Option<(Vec<IpAddr>, ServedIp)> {
         let ips = match ingress_ips(svc) {
             Ok(ips) => ips,
             Err((index, text)) => {
@@ -452,23 +452,17 @@ impl Resolved {
             .or_insert_with_key(|applicable| self.placement(applicable))
             .clone();
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
-        let belongs_to = key.to_string();
-        Some(
-            ips.into_iter()
-                .map(|ip| {
-                    let served = ServedIp {
-                        belongs_to: belongs_to.clone(),
-                        group: None,
-                        interfaces: placement.interfaces.clone(),
-                        nodes: placement.nodes.clone(),
-                        ready_endpoints: ready_endpoints.clone(),
-                        node_priority: placement.node_priority.clone(),
-                        order_ip: Some(first),
-                    };
-                    (ip, served)
-                })
-                .collect(),
-        )
+        // Every IP of the Service has the same entry.
+        let served = ServedIp {
+            belongs_to: key.to_string(),
+            group: None,
+            interfaces: placement.interfaces,
+            nodes: placement.nodes,
+            ready_endpoints,
+            node_priority: placement.node_priority,
+            order_ip: Some(first),
+        };
+        Some((ips, served))
     }
 
     /// The one valid pool holding every IP of a Service.
@@ -534,7 +528,7 @@ impl Resolved {
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// Whether the Service is of type LoadBalancer and of the class this speaker serves.
-fn is_ours(svc: &Service, options: &Options) -> bool {
+fn is_ours(svc: &ServiceView, options: &Options) -> bool {
     let Some(spec) = svc.spec.as_ref() else {
         return false;
     };
@@ -543,7 +537,7 @@ fn is_ours(svc: &Service, options: &Options) -> bool {
 }
 
 /// The Service's namespace and name.
-fn key_of(svc: &Service) -> ServiceKey {
+fn key_of(svc: &ServiceView) -> ServiceKey {
     ServiceKey::new(
         svc.metadata.namespace.clone().unwrap_or_default(),
         svc.metadata.name.clone().unwrap_or_default(),
@@ -551,7 +545,7 @@ fn key_of(svc: &Service) -> ServiceKey {
 }
 
 /// Whether the Service carries `allow-shared-ip` under any spelling (any value).
-fn allows_shared_ip(svc: &Service) -> bool {
+fn allows_shared_ip(svc: &ServiceView) -> bool {
     svc.metadata
         .annotations
         .as_ref()
@@ -559,7 +553,7 @@ fn allows_shared_ip(svc: &Service) -> bool {
 }
 
 /// `spec.externalTrafficPolicy`, `Cluster` unless it says `Local`.
-fn traffic_policy(svc: &Service) -> TrafficPolicy {
+fn traffic_policy(svc: &ServiceView) -> TrafficPolicy {
     match svc
         .spec
         .as_ref()
@@ -572,7 +566,7 @@ fn traffic_policy(svc: &Service) -> TrafficPolicy {
 
 /// The Service's ingress IPs in order, without repeats, IPv4-mapped IPv6 read as IPv4 (as Go
 /// reads them); or the position and text of the first entry without a parsable IP.
-fn ingress_ips(svc: &Service) -> Result<Vec<IpAddr>, (usize, String)> {
+fn ingress_ips(svc: &ServiceView) -> Result<Vec<IpAddr>, (usize, String)> {
     let entries = svc
         .status
         .as_ref()
@@ -611,21 +605,16 @@ fn can_announce(node: &Node, options: &Options) -> bool {
 
 /// The EndpointSlices of each Service, by (namespace, service name), each list by slice name.
 fn slices_by_service<'a>(
-    slices: &[&'a EndpointSlice],
-) -> HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>> {
-    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    slices: &[&'a SliceView],
+) -> HashMap<(&'a str, &'a str), Vec<&'a SliceView>> {
+    let mut by_service: HashMap<(&str, &str), Vec<&SliceView>> = HashMap::new();
     for slice in slices {
         let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
-        let Some(service) = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-        else {
+        let Some(service) = slice.service() else {
             continue;
         };
         by_service
-            .entry((namespace, service.as_str()))
+            .entry((namespace, service))
             .or_default()
             .push(slice);
     }
@@ -635,79 +624,12 @@ fn slices_by_service<'a>(
     by_service
 }
 
-/// The endpoints of a slice. `endpoints` is required up to Kubernetes 1.35 and optional from
-/// 1.36 in k8s-openapi's types; both read the same here.
-fn endpoints_of(slice: &EndpointSlice) -> &[Endpoint] {
-    slice.endpoints.as_endpoints()
-}
-
-/// Either shape of `EndpointSlice.endpoints` as a slice (see [`endpoints_of`]).
-trait AsEndpoints {
-    fn as_endpoints(&self) -> &[Endpoint];
-    fn as_endpoints_mut(&mut self) -> &mut [Endpoint];
-}
-
-impl AsEndpoints for Vec<Endpoint> {
-    fn as_endpoints(&self) -> &[Endpoint] {
-        self
-    }
-    fn as_endpoints_mut(&mut self) -> &mut [Endpoint] {
-        self
-    }
-}
-
-impl AsEndpoints for Option<Vec<Endpoint>> {
-    fn as_endpoints(&self) -> &[Endpoint] {
-        self.as_deref().unwrap_or_default()
-    }
-    fn as_endpoints_mut(&mut self) -> &mut [Endpoint] {
-        self.as_deref_mut().unwrap_or_default()
-    }
-}
-
-/// Drops what a cached object's metadata holds that nothing here reads (the reflector keys
-/// its store by namespace and name; the watch keeps its own resourceVersion).
-fn trim_cached_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-    meta.annotations = None;
-    meta.creation_timestamp = None;
-    meta.deletion_grace_period_seconds = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.generation = None;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.resource_version = None;
-    meta.uid = None;
-}
-
-/// Trims a cached EndpointSlice to what [`build`] reads: its namespace, name and
-/// `kubernetes.io/service-name` label, and each endpoint's `nodeName` and `ready`/`serving`
-/// conditions (addresses, ports, targets and hints go: 3 endpoints keep about a tenth of their
-/// size). Idempotent; [`build`] gives the same result before and after.
-pub fn trim_endpoint_slice(slice: &mut EndpointSlice) {
-    trim_cached_meta(&mut slice.metadata);
-    if let Some(labels) = slice.metadata.labels.as_mut() {
-        labels.retain(|k, _| k == SERVICE_NAME_LABEL);
-    }
-    slice.ports = None;
-    for endpoint in slice.endpoints.as_endpoints_mut() {
-        endpoint.addresses = Vec::new();
-        endpoint.deprecated_topology = None;
-        endpoint.hints = None;
-        endpoint.hostname = None;
-        endpoint.target_ref = None;
-        endpoint.zone = None;
-        if let Some(conditions) = endpoint.conditions.as_mut() {
-            conditions.terminating = None;
-        }
-    }
-}
-
 /// Trims a cached Node to what [`build`] reads: its name, labels and `NetworkUnavailable`
 /// condition (a Node's status, with its image list, is most of its size). Idempotent;
 /// [`build`] gives the same result before and after.
 pub fn trim_node(node: &mut Node) {
     trim_cached_meta(&mut node.metadata);
+    node.metadata.annotations = None;
     node.spec = None;
     if let Some(status) = node.status.take() {
         let conditions: Vec<_> = status
@@ -731,7 +653,7 @@ pub fn trim_node(node: &mut Node) {
 }
 
 /// MetalLB's "can serve": `ready` unset or true, or else `serving` true.
-fn can_serve(conditions: Option<&EndpointConditions>) -> bool {
+fn can_serve(conditions: Option<&ConditionsView>) -> bool {
     conditions.is_none_or(|c| c.ready.is_none_or(|ready| ready) || c.serving == Some(true))
 }
 
@@ -740,22 +662,22 @@ fn can_serve(conditions: Option<&EndpointConditions>) -> bool {
 /// set.
 fn ready_endpoints(
     key: &ServiceKey,
-    svc: &Service,
-    slices: &[&EndpointSlice],
+    svc: &ServiceView,
+    slices: &[&SliceView],
     dropped: &mut Vec<Dropped>,
 ) -> Option<NodeSet> {
     match traffic_policy(svc) {
         TrafficPolicy::Cluster => {
             let serving = slices
                 .iter()
-                .flat_map(|s| endpoints_of(s))
+                .flat_map(|s| s.endpoints.iter())
                 .any(|e| can_serve(e.conditions.as_ref()));
             (!serving).then(|| Arc::new(BTreeSet::new()))
         }
         TrafficPolicy::Local => {
             let mut nodes = BTreeSet::new();
             for slice in slices {
-                for (index, endpoint) in endpoints_of(slice).iter().enumerate() {
+                for (index, endpoint) in slice.endpoints.iter().enumerate() {
                     match endpoint.node_name.as_deref().filter(|n| !n.is_empty()) {
                         None => dropped.push(Dropped::EndpointWithoutNode {
                             service: key.clone(),
@@ -788,4 +710,4 @@ mod keeper;
 #[cfg(test)]
 mod tests;
 
-pub use keeper::{Changes, Keeper, service_label};
+pub use keeper::{Changes, Keeper};

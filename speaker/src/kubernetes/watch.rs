@@ -12,19 +12,19 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource as _};
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::reflect::{Seen, spawn_store_observed};
-use swimlb_config::service::{ServiceKey, trim_service};
+use swimlb_config::service::ServiceKey;
 use tokio::time::Instant;
 
 use super::metrics::{KubeMetrics, Resource};
-use super::snapshot::{self, Caches, Keeper, trim_endpoint_slice, trim_node};
+use super::snapshot::{Caches, Keeper, trim_node};
+use super::views::{ServiceView, SliceView, trim_service, trim_slice};
 
 /// One watch event as the loop hears of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +54,8 @@ pub enum What {
 /// The reflector stores the snapshot is built from.
 #[derive(Debug)]
 pub struct Stores {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
+    services: Store<ServiceView>,
+    slices: Store<SliceView>,
     nodes: Store<Node>,
     pools: Store<IPAddressPool>,
     advertisements: Store<L2Advertisement>,
@@ -89,7 +89,7 @@ impl Stores {
             slices: spawn(
                 Api::all(client.clone()),
                 all(),
-                trim_endpoint_slice,
+                trim_slice,
                 Resource::EndpointSlices,
                 &tx,
                 metrics,
@@ -161,8 +161,8 @@ impl Stores {
         let nodes = self.nodes.state();
         let pools = self.pools.state();
         let advertisements = self.advertisements.state();
-        let services: Vec<&Service> = services.iter().map(Arc::as_ref).collect();
-        let slices: Vec<&EndpointSlice> = slices.iter().map(Arc::as_ref).collect();
+        let services: Vec<&ServiceView> = services.iter().map(Arc::as_ref).collect();
+        let slices: Vec<&SliceView> = slices.iter().map(Arc::as_ref).collect();
         let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
         let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
         let advertisements: Vec<&L2Advertisement> =
@@ -201,20 +201,18 @@ impl Stores {
             keys.extend(keeper.services().cloned());
             keys.sort();
             keys.dedup();
-            for key in keys {
-                self.set_service(keeper, &key);
+            for key in &keys {
+                self.set_service(keeper, key);
             }
         }
     }
 
-    /// Follows the EndpointSlice `namespace/name` to its Service (as the store holds it now)
-    /// and sets the Services it left and joined.
-    pub fn set_slice(&self, keeper: &mut Keeper, namespace: &str, name: &str) {
+    /// Follows the EndpointSlice `namespace/name` to its Service (as the store holds it now):
+    /// returns the Services to set again (the one it left, the one it belongs to).
+    pub fn slice_moved(&self, keeper: &mut Keeper, namespace: &str, name: &str) -> Vec<ServiceKey> {
         let slice = self.slices.get(&ObjectRef::new(name).within(namespace));
-        let service = slice.as_deref().and_then(snapshot::service_label);
-        for key in keeper.index_slice(namespace, name, service) {
-            self.set_service(keeper, &key);
-        }
+        let service = slice.as_deref().and_then(SliceView::service);
+        keeper.index_slice(namespace, name, service)
     }
 
     /// Sets the Service `key` into `keeper` as the stores hold it and its slices now.
@@ -222,14 +220,14 @@ impl Stores {
         let service = self
             .services
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
-        let slices: Vec<Arc<EndpointSlice>> = keeper
+        let slices: Vec<Arc<SliceView>> = keeper
             .slices_of(key)
             .filter_map(|name| {
                 self.slices
                     .get(&ObjectRef::new(name).within(&key.namespace))
             })
             .collect();
-        let slices: Vec<&EndpointSlice> = slices.iter().map(Arc::as_ref).collect();
+        let slices: Vec<&SliceView> = slices.iter().map(Arc::as_ref).collect();
         keeper.set_service(key, service.as_deref(), &slices);
     }
 
@@ -328,13 +326,4 @@ pub fn trim_pod(pod: &mut Pod) {
                 pod_ip: Some(ip),
                 ..Default::default()
             });
-}
-
-impl Stores {
-    /// The snapshot of the caches now, built from scratch ([`snapshot::build`]).
-    pub fn build(&self, options: &snapshot::Options) -> snapshot::Built {
-        let mut keeper = Keeper::new(options.clone());
-        self.resync(&mut keeper);
-        keeper.built()
-    }
 }

@@ -18,24 +18,25 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Node;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{ObjectKind, validate};
 use swimlb_config::service::ServiceKey;
 
+use super::super::views::{ServiceView, SliceView};
 use super::{
-    Built, Caches, Dropped, NO_LABELS, NodeFacts, Options, Placement, Resolved, SERVICE_NAME_LABEL,
-    allows_shared_ip, can_announce, is_ours, key_of, merge_ready, slices_by_service,
+    Built, Caches, Dropped, NO_LABELS, NodeFacts, Options, Placement, Resolved, allows_shared_ip,
+    can_announce, is_ours, key_of, merge_ready, slices_by_service,
 };
 use crate::snapshot::{ServedIp, Snapshot};
 
-/// One Service's claim: the entries of its IPs (none when it is left out) and what was left
-/// out of it.
+/// One Service's claim: its IPs and their entry (none when it is left out: every IP of a
+/// Service has the same entry) and what was left out of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Claim {
     shares: bool,
-    entries: Vec<(IpAddr, ServedIp)>,
+    ips: Vec<IpAddr>,
+    entry: Option<ServedIp>,
     dropped: Vec<Dropped>,
 }
 
@@ -56,11 +57,25 @@ impl Changes {
         self.ips.is_empty() && self.dropped.is_empty() && self.restored.is_empty()
     }
 
+    /// Notes what went from `before` to `after`, netted against what is noted already: a drop
+    /// that appears and goes between two [`Keeper::take_changes`] is not reported at all.
     fn drops(&mut self, before: &[Dropped], after: &[Dropped]) {
-        self.restored
-            .extend(before.iter().filter(|d| !after.contains(d)).cloned());
-        self.dropped
-            .extend(after.iter().filter(|d| !before.contains(d)).cloned());
+        for gone in before.iter().filter(|d| !after.contains(d)) {
+            match self.dropped.iter().position(|d| d == gone) {
+                Some(at) => {
+                    self.dropped.swap_remove(at);
+                }
+                None => self.restored.push(gone.clone()),
+            }
+        }
+        for new in after.iter().filter(|d| !before.contains(d)) {
+            match self.restored.iter().position(|d| d == new) {
+                Some(at) => {
+                    self.restored.swap_remove(at);
+                }
+                None => self.dropped.push(new.clone()),
+            }
+        }
     }
 }
 
@@ -69,8 +84,8 @@ impl Changes {
 struct SliceIndex {
     /// (namespace, slice name) -> Service name.
     service_of: HashMap<(String, String), String>,
-    /// Service -> slice names, in name order.
-    slices_of: HashMap<ServiceKey, BTreeSet<String>>,
+    /// Service -> slice names, in name order (mostly one: a small vector).
+    slices_of: HashMap<ServiceKey, Vec<String>>,
 }
 
 impl SliceIndex {
@@ -86,7 +101,9 @@ impl SliceIndex {
         if let Some(before) = before {
             let key = ServiceKey::new(namespace, before);
             if let Some(names) = self.slices_of.get_mut(&key) {
-                names.remove(name);
+                if let Ok(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
+                    names.remove(at);
+                }
                 if names.is_empty() {
                     self.slices_of.remove(&key);
                 }
@@ -95,10 +112,10 @@ impl SliceIndex {
         }
         if let Some(service) = service {
             let key = ServiceKey::new(namespace, service);
-            self.slices_of
-                .entry(key.clone())
-                .or_default()
-                .insert(name.to_string());
+            let names = self.slices_of.entry(key.clone()).or_default();
+            if let Err(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
+                names.insert(at, name.to_string());
+            }
             if !touched.contains(&key) {
                 touched.push(key);
             }
@@ -117,7 +134,8 @@ pub struct Keeper {
     /// until the configuration changes.
     placements: HashMap<Vec<usize>, Placement>,
     services: BTreeMap<ServiceKey, Claim>,
-    holders: BTreeMap<IpAddr, BTreeSet<ServiceKey>>,
+    /// The Services holding each IP, in (namespace, name) order (mostly one: a small vector).
+    holders: BTreeMap<IpAddr, Vec<ServiceKey>>,
     conflicts: BTreeMap<IpAddr, Vec<Dropped>>,
     slices: SliceIndex,
     snapshot: Snapshot,
@@ -177,6 +195,27 @@ impl Keeper {
             .map(String::as_str)
     }
 
+    /// The interfaces named by the valid advertisements that cover `node` (its candidates
+    /// include it), as (advertisement `namespace/name`, interface).
+    pub fn named_interfaces(&self, node: &str) -> BTreeSet<(String, String)> {
+        let mut named = BTreeSet::new();
+        for (ad, resolved) in self
+            .config
+            .model
+            .advertisements
+            .iter()
+            .zip(&self.config.ads)
+        {
+            if !resolved.nodes.contains(node) {
+                continue;
+            }
+            for interface in &ad.interfaces {
+                named.insert((format!("{}/{}", ad.namespace, ad.name), interface.clone()));
+            }
+        }
+        named
+    }
+
     /// What changed since the last call.
     pub fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)
@@ -190,10 +229,10 @@ impl Keeper {
         for slice in caches.endpoint_slices {
             let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
             let name = slice.metadata.name.as_deref().unwrap_or_default();
-            self.slices.set(namespace, name, service_label(slice));
+            self.slices.set(namespace, name, slice.service());
         }
         let slices = slices_by_service(caches.endpoint_slices);
-        let mut services: Vec<(ServiceKey, &Service)> =
+        let mut services: Vec<(ServiceKey, &ServiceView)> =
             caches.services.iter().map(|s| (key_of(s), *s)).collect();
         services.sort_by(|a, b| a.0.cmp(&b.0));
         let present: BTreeSet<&ServiceKey> = services.iter().map(|(k, _)| k).collect();
@@ -270,18 +309,22 @@ impl Keeper {
     pub fn set_service(
         &mut self,
         key: &ServiceKey,
-        svc: Option<&Service>,
-        slices: &[&EndpointSlice],
+        svc: Option<&ServiceView>,
+        slices: &[&SliceView],
     ) {
         let claim = svc.filter(|s| is_ours(s, &self.options)).map(|svc| {
             let mut dropped = Vec::new();
-            let entries = self
+            let served = self
                 .config
-                .serve(key, svc, slices, &mut self.placements, &mut dropped)
-                .unwrap_or_default();
+                .serve(key, svc, slices, &mut self.placements, &mut dropped);
+            let (ips, entry) = match served {
+                Some((ips, entry)) => (ips, Some(entry)),
+                None => (Vec::new(), None),
+            };
             Claim {
                 shares: allows_shared_ip(svc),
-                entries,
+                ips,
+                entry,
                 dropped,
             }
         });
@@ -296,26 +339,29 @@ impl Keeper {
         let after_drops = self.services.get(key).map_or(&no_drops, |c| &c.dropped);
         let before_drops = before.as_ref().map_or(&no_drops, |c| &c.dropped);
         self.changes.drops(before_drops, after_drops);
-        let before_ips: BTreeSet<IpAddr> = before
-            .iter()
-            .flat_map(|c| c.entries.iter().map(|(ip, _)| *ip))
-            .collect();
+        let before_ips: BTreeSet<IpAddr> =
+            before.iter().flat_map(|c| c.ips.iter().copied()).collect();
         let after_ips: BTreeSet<IpAddr> = self
             .services
             .get(key)
             .into_iter()
-            .flat_map(|c| c.entries.iter().map(|(ip, _)| *ip))
+            .flat_map(|c| c.ips.iter().copied())
             .collect();
         for ip in before_ips.difference(&after_ips) {
             if let Some(holders) = self.holders.get_mut(ip) {
-                holders.remove(key);
+                if let Ok(at) = holders.binary_search(key) {
+                    holders.remove(at);
+                }
                 if holders.is_empty() {
                     self.holders.remove(ip);
                 }
             }
         }
         for ip in &after_ips {
-            self.holders.entry(*ip).or_default().insert(key.clone());
+            let holders = self.holders.entry(*ip).or_default();
+            if let Err(at) = holders.binary_search(key) {
+                holders.insert(at, key.clone());
+            }
         }
         for ip in before_ips.union(&after_ips) {
             self.settle(*ip);
@@ -366,19 +412,5 @@ impl Keeper {
 
 /// The entry `claim` has for `ip`.
 fn entry_of(claim: &Claim, ip: IpAddr) -> Option<&ServedIp> {
-    claim
-        .entries
-        .iter()
-        .find(|(held, _)| *held == ip)
-        .map(|(_, entry)| entry)
-}
-
-/// The Service an EndpointSlice belongs to, by its label.
-pub fn service_label(slice: &EndpointSlice) -> Option<&str> {
-    slice
-        .metadata
-        .labels
-        .as_ref()?
-        .get(SERVICE_NAME_LABEL)
-        .map(String::as_str)
+    claim.entry.as_ref().filter(|_| claim.ips.contains(&ip))
 }

@@ -4,14 +4,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::service::ServiceKey;
 
 use super::*;
 use crate::election::{Election, Outcome};
+use crate::kubernetes::views::{ServiceView as Service, SliceView as EndpointSlice, trim_slice};
 use crate::membership::{LiveSet, MemberMeta};
 
 const NS: &str = "swimlb-system";
@@ -1227,7 +1227,7 @@ mod keeper_tests {
                         .slices
                         .iter()
                         .find(|s| s.metadata.name.as_deref() == Some(name.as_str()))
-                        .and_then(|s| service_label(s).map(str::to_string));
+                        .and_then(|s| s.service().map(str::to_string));
                     for key in self.keeper.index_slice("shop", &name, label.as_deref()) {
                         self.set_service(&key);
                     }
@@ -1367,13 +1367,10 @@ fn trimmed_slices_and_nodes_build_the_same_snapshot() {
     ));
     let untrimmed = world.built();
     for slice in &mut world.slices {
-        trim_endpoint_slice(slice);
+        trim_slice(slice);
         assert!(
-            slice
-                .endpoints
-                .as_endpoints()
-                .iter()
-                .all(|e| e.addresses.is_empty())
+            slice.metadata.labels.is_none(),
+            "the Service moved out of the labels"
         );
     }
     for node in &mut world.nodes {
