@@ -144,7 +144,10 @@ impl Holdings {
         let before = match facts {
             Some(facts) => {
                 let service = facts.service.clone();
-                let ips = self.by_service.entry(service.clone()).or_default();
+                let ips = self
+                    .by_service
+                    .entry(service.clone())
+                    .or_insert_with(|| Vec::with_capacity(1));
                 if !ips.contains(&ip) {
                     ips.push(ip);
                     ips.sort_unstable();

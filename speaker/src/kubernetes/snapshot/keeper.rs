@@ -112,7 +112,10 @@ impl SliceIndex {
         }
         if let Some(service) = service {
             let key = ServiceKey::new(namespace, service);
-            let names = self.slices_of.entry(key.clone()).or_default();
+            let names = self
+                .slices_of
+                .entry(key.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
             if let Err(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
                 names.insert(at, name.to_string());
             }
@@ -358,7 +361,11 @@ impl Keeper {
             }
         }
         for ip in &after_ips {
-            let holders = self.holders.entry(*ip).or_default();
+            // Mostly one holder: no room for more until needed.
+            let holders = self
+                .holders
+                .entry(*ip)
+                .or_insert_with(|| Vec::with_capacity(1));
             if let Err(at) = holders.binary_search(key) {
                 holders.insert(at, key.clone());
             }
