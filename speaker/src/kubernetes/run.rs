@@ -425,6 +425,7 @@ impl Source {
     /// all (an announcement tick changes nothing). Every IP is compared, without allocating
     /// for the unchanged ones; the warnings waiting for the mesh go out.
     fn sync_records(&mut self) {
+        self.warn_invalid_ads();
         if !self.board.has_changed().unwrap_or(false) {
             return;
         }
@@ -477,7 +478,6 @@ impl Source {
                 orphaned: unowned && first,
             });
         }
-        self.warn_invalid_ads();
     }
 
     /// Remembers the invalid advertisements to warn about (and forgets the fixed ones).
