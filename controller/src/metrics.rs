@@ -119,6 +119,24 @@ impl ControllerMetrics {
             "Addresses Services keep although no IPAddressPool in force has them",
             m.addresses_outside_pools.clone(),
         );
+        // Every series of a known resource at 0, so that rate() and alerts see them from the
+        // start.
+        for resource in [
+            resource::SERVICES,
+            resource::NAMESPACES,
+            resource::IP_ADDRESS_POOLS,
+            resource::L2_ADVERTISEMENTS,
+        ] {
+            let _ = m.watch_errors.get_or_create(&ResourceLabels { resource });
+        }
+        for resource in [
+            resource::SERVICES,
+            resource::IP_ADDRESS_POOLS,
+            resource::EVENTS,
+            resource::SECRETS,
+        ] {
+            let _ = m.write_errors.get_or_create(&ResourceLabels { resource });
+        }
         registry.register(
             "swimlb_kubernetes_watch_errors",
             "Failed watches and lists of a resource (each is retried with backoff)",
@@ -227,6 +245,10 @@ mod tests {
         );
         assert!(
             text.contains("swimlb_kubernetes_write_errors_total{resource=\"events\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_kubernetes_write_errors_total{resource=\"secrets\"} 0"),
             "{text}"
         );
         assert!(

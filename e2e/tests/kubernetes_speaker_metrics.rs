@@ -9,7 +9,8 @@
 //! the start (`swimlb_kubernetes_event_handling_seconds`), a datagram that is no envelope
 //! (`swimlb_gossip_rejected_total`), an ARP request for an address nobody owns
 //! (`swimlb_responder_dropped_frames_total`), and the API server away before the first record
-//! is written (`swimlb_kubernetes_watch_errors_total`, `swimlb_kubernetes_write_errors_total`).
+//! is written (`swimlb_kubernetes_watch_errors_total`, `swimlb_kubernetes_write_errors_total`:
+//! their series exist at 0 from the start; these make them count).
 //! Root only: network namespaces and packet sockets.
 
 use std::net::SocketAddr;
@@ -103,12 +104,19 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
         .ok()?
 }
 
-/// Polls `/metrics` until every needle is in it (at most 30 s).
+/// Whether a sample line starting with `needle` holds a value other than 0.
+fn holds(body: &str, needle: &str) -> bool {
+    body.lines()
+        .any(|l| l.starts_with(needle) && !l.ends_with(" 0") && !l.ends_with(" 0.0"))
+}
+
+/// Polls `/metrics` until a sample line starting with every needle holds a value other than 0
+/// (at most 30 s).
 async fn metrics_with(listen: SocketAddr, needles: &[&str]) -> String {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let body = get(listen, "/metrics").await.unwrap_or_default();
-        let missing: Vec<&&str> = needles.iter().filter(|n| !body.contains(**n)).collect();
+        let missing: Vec<&&str> = needles.iter().filter(|n| !holds(&body, n)).collect();
         if missing.is_empty() {
             return body;
         }

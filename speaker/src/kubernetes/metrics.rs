@@ -34,6 +34,18 @@ pub enum Resource {
 }
 
 impl Resource {
+    /// Every resource the speaker watches.
+    pub const WATCHED: [Resource; 6] = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::IpAddressPools,
+        Resource::L2Advertisements,
+        Resource::Pods,
+    ];
+    /// Every resource the speaker writes.
+    pub const WRITTEN: [Resource; 2] = [Resource::ServiceL2Statuses, Resource::Events];
+
     /// The resource's plural name, as in an API path: the metrics' `resource` label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -107,9 +119,17 @@ impl Default for KubeMetrics {
 }
 
 impl KubeMetrics {
-    /// New metrics, registered into `registry`.
+    /// New metrics, registered into `registry`, every series of a known resource at 0 (so
+    /// that `rate()` and alerts see them from the start).
     pub fn register(registry: &mut Registry) -> KubeMetrics {
         let m = KubeMetrics::default();
+        for resource in Resource::WATCHED {
+            let _ = m.watch_errors.get_or_create(&resource.into());
+            let _ = m.event_handling.get_or_create(&resource.into());
+        }
+        for resource in Resource::WRITTEN {
+            let _ = m.write_errors.get_or_create(&resource.into());
+        }
         registry.register(
             "swimlb_kubernetes_watch_errors",
             "Failed watches and lists of a resource (each is retried with backoff)",
@@ -169,6 +189,8 @@ mod tests {
         for line in [
             "swimlb_kubernetes_watch_errors_total{resource=\"endpointslices\"} 2\n",
             "swimlb_kubernetes_write_errors_total{resource=\"servicel2statuses\"} 1\n",
+            "swimlb_kubernetes_write_errors_total{resource=\"events\"} 0\n",
+            "swimlb_kubernetes_watch_errors_total{resource=\"pods\"} 0\n",
             "swimlb_kubernetes_event_handling_seconds_bucket{le=\"0.003\",resource=\"endpointslices\"} 0\n",
             "swimlb_kubernetes_event_handling_seconds_bucket{le=\"0.005\",resource=\"endpointslices\"} 1\n",
             "swimlb_kubernetes_event_handling_seconds_count{resource=\"endpointslices\"} 1\n",
