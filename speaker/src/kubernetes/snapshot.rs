@@ -11,7 +11,7 @@
 //! - **Ours**: a Service of type LoadBalancer whose `spec.loadBalancerClass` equals
 //!   [`Options::load_balancer_class`] (both absent by default) and with `status.loadBalancer
 //!   .ingress`. Other Services, and ours without an IP yet, are not ours to report.
-//! - **Pools**: the pools and advertisements are checked by [`validate`]; an invalid one is
+//! - **Pools**: the pools and advertisements are checked by [`validate`](swimlb_config::pools::validate); an invalid one is
 //!   ignored and reported ([`Dropped::InvalidPool`], [`Dropped::InvalidAdvertisement`]), the
 //!   others apply. All IPs of a Service must parse and lie in one valid pool, else the whole
 //!   Service is left out, as MetalLB withdraws it (`invalidIP`, `ipNotAllowed`).
@@ -73,7 +73,7 @@
 //!   two preferences matching a node, two very high scores may tie where MetalLB would order
 //!   them.
 //! - **Invalid objects** are ignored one by one, where MetalLB rejects the whole configuration
-//!   and keeps the previous one. [`validate`] also rejects an advertisement that names an
+//!   and keeps the previous one. [`validate`](swimlb_config::pools::validate) also rejects an advertisement that names an
 //!   unknown pool, where MetalLB skips only the unknown name.
 //!
 //! # Cost
@@ -82,7 +82,9 @@
 //! for each Service a scan of the pools and of its pool's advertisements. Node sets, interface
 //! sets and priority tables are built once per distinct set of applicable advertisements and
 //! shared between Services behind [`Arc`], so thousands of Services in one pool hold one set
-//! (and compare by pointer in [`Snapshot::diff`]).
+//! (and compare by pointer in [`Snapshot::diff`]). [`build`] does all of it; the [`Keeper`]
+//! the running speaker holds does it once, then per watch event only for the Service concerned
+//! (and for every Service only when the resolved configuration changed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
