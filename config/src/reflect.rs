@@ -1,5 +1,6 @@
 //! Caches of Kubernetes objects: what every cached object drops ([`trim_meta`]) and a reflector
-//! store kept by a background task ([`spawn_store`]).
+//! store kept by a background task ([`spawn_store`]; [`spawn_store_observed`] also shows each
+//! event and error to the caller).
 //!
 //! Guarantees: a store holds only trimmed objects; its task ends when the caller's stop future
 //! resolves (or the watch stream ends), and a failed watch is logged and retried with backoff,
@@ -55,6 +56,43 @@ where
     K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    spawn_store_observed(
+        api,
+        config,
+        trim,
+        move |seen| {
+            if let (Seen::Event(_), Some(tx)) = (seen, &changed) {
+                let _ = tx.unbounded_send(());
+            }
+        },
+        stop,
+    )
+}
+
+/// What a store's task shows its observer ([`spawn_store_observed`]).
+#[derive(Debug)]
+pub enum Seen<'a, K> {
+    /// An event of the watch, already applied to the store (the object trimmed).
+    Event(&'a watcher::Event<K>),
+    /// The watch failed (it is logged here and retried with backoff).
+    Error(&'a watcher::Error),
+}
+
+/// [`spawn_store_with`] that shows `observe` every event once it is in the store, and every
+/// watch error: for a caller that needs to know what changed (not only that something did), or
+/// counts the errors. `observe` runs on the store's task: it must not block.
+pub fn spawn_store_observed<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    mut observe: F,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    F: FnMut(Seen<'_, K>) + Send + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = watcher(api, config)
         .default_backoff()
@@ -71,8 +109,11 @@ where
                 _ = &mut stop => return,
                 event = stream.next() => match event {
                     None => return,
-                    Some(Err(e)) => tracing::warn!(error = %e, "watch failed; retrying"),
-                    Some(Ok(_)) => if let Some(tx) = &changed { let _ = tx.unbounded_send(()); },
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watch failed; retrying");
+                        observe(Seen::Error(&e));
+                    }
+                    Some(Ok(event)) => observe(Seen::Event(&event)),
                 },
             }
         }

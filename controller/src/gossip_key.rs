@@ -81,8 +81,13 @@ pub async fn ensure(client: Client, namespace: &str, name: &str) -> Result<Outco
 }
 
 /// [`ensure`], retried with a doubling backoff (1 s to 60 s) until it succeeds; logs the
-/// outcome. Meant to run in its own task.
-pub async fn ensure_with_retries(client: Client, namespace: String, name: String) {
+/// outcome and counts each failure. Meant to run in its own task.
+pub async fn ensure_with_retries(
+    client: Client,
+    namespace: String,
+    name: String,
+    metrics: crate::metrics::ControllerMetrics,
+) {
     let mut backoff = Duration::from_secs(1);
     loop {
         match ensure(client.clone(), &namespace, &name).await {
@@ -92,6 +97,7 @@ pub async fn ensure_with_retries(client: Client, namespace: String, name: String
             }
             Ok(Outcome::Exists) => return,
             Err(e) => {
+                metrics.write_error(crate::metrics::resource::SECRETS);
                 tracing::warn!(error = %e, "gossip key Secret not ensured; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(60));

@@ -1,5 +1,5 @@
-//! The controller's metrics: pool sizes and use per family, allocation errors by reason, and
-//! `swimlb_build_info`.
+//! The controller's metrics: pool sizes and use per family, allocation errors by reason,
+//! failed Kubernetes watches and writes by resource, and `swimlb_build_info`.
 //!
 //! [`ControllerMetrics::register`] registers into a registry it is handed (no globals). Labels are
 //! bounded: pool names come from validated pools, families and reasons from `as_str()`.
@@ -28,6 +28,29 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the Kubernetes error counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    /// The resource's plural name, as in an API path ([`resource`]).
+    pub resource: &'static str,
+}
+
+/// The resources the controller watches and writes, as the `resource` label spells them.
+pub mod resource {
+    /// `services`: watched; their `status.loadBalancer` written.
+    pub const SERVICES: &str = "services";
+    /// `namespaces`: watched.
+    pub const NAMESPACES: &str = "namespaces";
+    /// `ipaddresspools`: watched; their status written.
+    pub const IP_ADDRESS_POOLS: &str = "ipaddresspools";
+    /// `l2advertisements`: watched.
+    pub const L2_ADVERTISEMENTS: &str = "l2advertisements";
+    /// `events`: written.
+    pub const EVENTS: &str = "events";
+    /// `secrets`: the speakers' gossip key, created.
+    pub const SECRETS: &str = "secrets";
+}
+
 /// Labels of `swimlb_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
@@ -51,6 +74,10 @@ pub struct ControllerMetrics {
     pub addresses_outside_pools: Gauge,
     /// `swimlb_build_info{version,component}`: always 1.
     pub build_info: Family<BuildLabels, Gauge>,
+    /// `swimlb_kubernetes_watch_errors_total{resource}`: failed watches and lists.
+    pub watch_errors: Family<ResourceLabels, Counter>,
+    /// `swimlb_kubernetes_write_errors_total{resource}`: failed writes.
+    pub write_errors: Family<ResourceLabels, Counter>,
 }
 
 fn saturate(n: u128) -> i64 {
@@ -92,7 +119,49 @@ impl ControllerMetrics {
             "Addresses Services keep although no IPAddressPool in force has them",
             m.addresses_outside_pools.clone(),
         );
+        // Every series of a known resource at 0, so that rate() and alerts see them from the
+        // start.
+        for resource in [
+            resource::SERVICES,
+            resource::NAMESPACES,
+            resource::IP_ADDRESS_POOLS,
+            resource::L2_ADVERTISEMENTS,
+        ] {
+            let _ = m.watch_errors.get_or_create(&ResourceLabels { resource });
+        }
+        for resource in [
+            resource::SERVICES,
+            resource::IP_ADDRESS_POOLS,
+            resource::EVENTS,
+            resource::SECRETS,
+        ] {
+            let _ = m.write_errors.get_or_create(&ResourceLabels { resource });
+        }
+        registry.register(
+            "swimlb_kubernetes_watch_errors",
+            "Failed watches and lists of a resource (each is retried with backoff)",
+            m.watch_errors.clone(),
+        );
+        registry.register(
+            "swimlb_kubernetes_write_errors",
+            "Writes to the API server that failed, by resource (statuses are retried)",
+            m.write_errors.clone(),
+        );
         m
+    }
+
+    /// Counts one failed watch or list of `resource` (a [`resource`] name).
+    pub fn watch_error(&self, resource: &'static str) {
+        self.watch_errors
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
+    }
+
+    /// Counts one failed write of `resource` (a [`resource`] name).
+    pub fn write_error(&self, resource: &'static str) {
+        self.write_errors
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
     }
 
     /// Sets the pool gauges from [`crate::allocator::Allocator::usage`]; pools no longer present
@@ -149,6 +218,9 @@ mod tests {
         ]);
         m.count_error(&AllocationError::NoAvailablePool);
         m.count_error(&AllocationError::NoAvailablePool);
+        m.watch_error(resource::NAMESPACES);
+        m.write_error(resource::EVENTS);
+        m.write_error(resource::EVENTS);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
         assert!(
@@ -165,6 +237,18 @@ mod tests {
         );
         assert!(
             text.contains("swimlb_allocation_errors_total{reason=\"no_available_pool\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_kubernetes_watch_errors_total{resource=\"namespaces\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_kubernetes_write_errors_total{resource=\"events\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("swimlb_kubernetes_write_errors_total{resource=\"secrets\"} 0"),
             "{text}"
         );
         assert!(

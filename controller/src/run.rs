@@ -53,8 +53,8 @@ use tokio::sync::watch;
 
 use crate::allocator::Allocator;
 use crate::http::Health;
-use crate::metrics::ControllerMetrics;
-use swimlb_config::reflect::{spawn_store, trim_meta};
+use crate::metrics::{ControllerMetrics, resource};
+use swimlb_config::reflect::{Seen, spawn_store_observed, trim_meta};
 use swimlb_config::service::trim_service;
 
 use crate::reconcile::{
@@ -266,6 +266,7 @@ pub async fn run(
                 client.clone(),
                 settings.lease_namespace.clone(),
                 name,
+                metrics.clone(),
             ));
         }
         lead(
@@ -315,6 +316,7 @@ async fn stopped(mut stop: watch::Receiver<Option<Stop>>) {
 /// it did not have yet) on the returned channel. The task ends when `stop` fires.
 fn reflect_namespaces(
     api: Api<Namespace>,
+    metrics: ControllerMetrics,
     mut stop: watch::Receiver<Option<Stop>>,
 ) -> (
     Store<Namespace>,
@@ -336,7 +338,10 @@ fn reflect_namespaces(
             };
             match event {
                 None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "namespace watch failed; retrying"),
+                Some(Err(e)) => {
+                    metrics.watch_error(resource::NAMESPACES);
+                    tracing::warn!(error = %e, "namespace watch failed; retrying");
+                }
                 Some(Ok(watcher::Event::Apply(ns) | watcher::Event::InitApply(ns))) => {
                     if namespace_labels_changed(&mut labels, &ns) {
                         tracing::debug!(namespace = %ns.name_any(), "namespace labels changed");
@@ -363,6 +368,22 @@ pub fn namespace_labels_changed(
     match known.insert(ns.name_any(), now.clone()) {
         Some(before) => before != now,
         None => false,
+    }
+}
+
+/// A store observer: every event tells `changed`, every watch error is counted.
+fn observe<K>(
+    changed: &futures::channel::mpsc::UnboundedSender<()>,
+    metrics: &ControllerMetrics,
+    resource: &'static str,
+) -> impl FnMut(Seen<'_, K>) + Send + 'static {
+    let changed = changed.clone();
+    let metrics = metrics.clone();
+    move |seen| match seen {
+        Seen::Event(_) => {
+            let _ = changed.unbounded_send(());
+        }
+        Seen::Error(_) => metrics.watch_error(resource),
     }
 }
 
@@ -395,18 +416,26 @@ async fn lead(
     stop: watch::Receiver<Option<Stop>>,
 ) {
     let (config_tx, mut config_rx) = futures::channel::mpsc::unbounded::<()>();
-    let (namespaces, namespace_changes) =
-        reflect_namespaces(Api::<Namespace>::all(client.clone()), stop.clone());
-    let pools = spawn_store(
+    let (namespaces, namespace_changes) = reflect_namespaces(
+        Api::<Namespace>::all(client.clone()),
+        metrics.clone(),
+        stop.clone(),
+    );
+    let pools = spawn_store_observed(
         Api::<IPAddressPool>::all(client.clone()),
-        Some(config_tx.clone()),
+        watcher::Config::default(),
+        |_| {},
+        observe(&config_tx, &metrics, resource::IP_ADDRESS_POOLS),
         stopped(stop.clone()),
     );
-    let advertisements = spawn_store(
+    let advertisements = spawn_store_observed(
         Api::<L2Advertisement>::all(client.clone()),
-        Some(config_tx),
+        watcher::Config::default(),
+        |_| {},
+        observe(&config_tx, &metrics, resource::L2_ADVERTISEMENTS),
         stopped(stop.clone()),
     );
+    drop(config_tx);
     // One cache of the Services, trimmed to what the controller reads: the Controller is fed
     // from this reflector (and drives it), and this loop reads the same store for the load
     // before the first reconcile and for releases.
@@ -467,6 +496,7 @@ async fn lead(
             }
         }
     };
+    let watch_metrics = ctx.metrics.clone();
     let controller_task = tokio::spawn(
         controller
             .reconcile_all_on(resync_rx)
@@ -474,14 +504,19 @@ async fn lead(
                 let _ = graceful.wait_for(Option::is_some).await;
             })
             .run(reconciler, error_policy, ctx.clone())
-            .for_each(|result| async move {
-                match result {
-                    // The Service watch (it retries with backoff).
-                    Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
-                        tracing::warn!(error = %e, "service watch failed; retrying");
+            .for_each(move |result| {
+                if let Err(kube::runtime::controller::Error::QueueError(_)) = &result {
+                    watch_metrics.watch_error(resource::SERVICES);
+                }
+                async move {
+                    match result {
+                        // The Service watch (it retries with backoff).
+                        Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
+                            tracing::warn!(error = %e, "service watch failed; retrying");
+                        }
+                        Err(e) => tracing::debug!(error = %e, "controller"),
+                        Ok(_) => {}
                     }
-                    Err(e) => tracing::debug!(error = %e, "controller"),
-                    Ok(_) => {}
                 }
             }),
     );
@@ -608,6 +643,7 @@ async fn apply_config(
             secondary: None,
         };
         if let Err(e) = recorder.publish(&event, &pool.object_ref(&())).await {
+            ctx.metrics.write_error(resource::EVENTS);
             tracing::warn!(pool = %name, error = %e, "cannot publish event");
         }
     }
@@ -720,6 +756,7 @@ async fn write_pool_statuses(
             match apply_pool_status(&ctx.client, &key.0, &key.1, &status).await {
                 Ok(()) => {}
                 Err(e) => {
+                    ctx.metrics.write_error(resource::IP_ADDRESS_POOLS);
                     tracing::warn!(error = %e, "pool status");
                     continue;
                 }

@@ -562,6 +562,8 @@ fn the_speakers_rbac_allows_the_requests_its_code_makes_and_no_more() {
         &format!("{ns}/ipaddresspools"),
         &format!("{ns}/l2advertisements"),
         "/api/v1/namespaces/swimlb-system/pods",
+        // The records' own watch (a record overwritten behind its owner's back is rewritten).
+        &format!("{ns}/servicel2statuses"),
     ] {
         made.extend(request("GET", path, false, 200));
         made.extend(request("GET", path, true, 200));
@@ -586,16 +588,17 @@ fn the_speakers_rbac_allows_the_requests_its_code_makes_and_no_more() {
     assert!(refused.is_empty(), "refused: {refused:#?}");
 
     // Nothing beyond: no Pod elsewhere, no write to Services, no record elsewhere.
+    let elsewhere = "/apis/swimlb.io/v1beta1/namespaces/default/servicel2statuses";
     for (method, path, watch) in [
         ("GET", "/api/v1/namespaces/default/pods", true),
         ("PATCH", "/api/v1/namespaces/web/services/a/status", false),
-        ("GET", &format!("{ns}/servicel2statuses"), false),
         (
             "PATCH",
             "/apis/swimlb.io/v1beta1/namespaces/default/servicel2statuses/l2-0",
             false,
         ),
         ("PATCH", &format!("{ns}/ipaddresspools/lab/status"), false),
+        ("GET", elsewhere, true),
     ] {
         let attributes = request(method, path, watch, 200);
         assert!(!attributes.is_empty(), "{path} is no resource");

@@ -790,6 +790,37 @@ impl Election {
         changes
     }
 
+    /// Replaces `ip`'s entry (`None`: no longer served) and elects it again; only that IP is
+    /// touched. Returns its owner change, if any.
+    pub fn set_entry(
+        &mut self,
+        ip: IpAddr,
+        entry: Option<ServedIp>,
+        live: &LiveSet,
+    ) -> Option<OwnerChange> {
+        self.snapshot.remove(&ip);
+        let outcome = entry.map(|served| {
+            let outcome = elect_one(&ip, &served, live, &mut String::with_capacity(48));
+            // Removed just before: the IP is free.
+            let _ = self.snapshot.insert(ip, served);
+            outcome
+        });
+        let from = self
+            .outcomes
+            .get(&ip)
+            .and_then(Outcome::owner)
+            .map(str::to_string);
+        let to = outcome
+            .as_ref()
+            .and_then(Outcome::owner)
+            .map(str::to_string);
+        match outcome {
+            Some(outcome) => self.outcomes.insert(ip, outcome),
+            None => self.outcomes.remove(&ip),
+        };
+        (from != to).then_some(OwnerChange { ip, from, to })
+    }
+
     /// Bytes held by this state, counted from its structures (an estimate for the memory
     /// target: map nodes are counted at entry size plus 30 % overhead).
     pub fn approximate_bytes(&self) -> usize {

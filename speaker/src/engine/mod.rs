@@ -52,7 +52,7 @@ use crate::announcer::{Announcer, Effect, Schedule};
 use crate::election::{Election, OwnerChange};
 use crate::interfaces::{Link, NoInterface, Route};
 use crate::membership::{AnnounceFacts, LiveSet, MemberMeta, NodeName};
-use crate::snapshot::{Snapshot, SnapshotChange};
+use crate::snapshot::{ServedIp, Snapshot, SnapshotChange};
 
 /// How long a draining speaker keeps answering at most, waiting for its successors.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
@@ -75,6 +75,11 @@ pub enum Input {
     Live(LiveSet),
     /// What should be served changed.
     Snapshot(Snapshot),
+    /// What should be served changed for these IPs only: their entries now (`None`: no longer
+    /// served). The same as [`Input::Snapshot`] with those entries replaced, at the cost of the
+    /// IPs named (a source that knows what changed, as the Kubernetes watches do, need not
+    /// build and diff the whole snapshot on every event).
+    Served(Vec<(IpAddr, Option<ServedIp>)>),
     /// The node's links or routes changed.
     Net {
         /// Every link.
@@ -298,6 +303,7 @@ impl Engine {
                 self.all_ips()
             }
             Input::Snapshot(snapshot) => self.snapshot(snapshot, &mut actions),
+            Input::Served(entries) => self.served(entries, &mut actions),
             Input::Net { links, routes } => {
                 let changed = self
                     .placement
@@ -434,6 +440,32 @@ impl Engine {
             touched.push(ip);
         }
         if !touched.is_empty() {
+            self.update_facts(actions);
+        }
+        touched
+    }
+
+    fn served(
+        &mut self,
+        entries: Vec<(IpAddr, Option<ServedIp>)>,
+        actions: &mut Vec<Action>,
+    ) -> Vec<IpAddr> {
+        let mut touched = Vec::with_capacity(entries.len());
+        let mut facts_may_change = false;
+        for (ip, entry) in entries {
+            let before = self.election.snapshot().get(&ip);
+            if before == entry.as_ref() {
+                continue;
+            }
+            // The facts depend only on each IP's interfaces and where it is placed.
+            facts_may_change |=
+                before.map(|b| &b.interfaces) != entry.as_ref().map(|e| &e.interfaces);
+            self.election.set_entry(ip, entry, &self.live);
+            let wanted = self.election.snapshot().get(&ip).map(|s| &s.interfaces);
+            facts_may_change |= self.placement.replace(ip, wanted);
+            touched.push(ip);
+        }
+        if facts_may_change {
             self.update_facts(actions);
         }
         touched

@@ -734,6 +734,8 @@ enum Step {
     Up(usize, u8, bool),
     Down(usize),
     Serve(Vec<(u8, u8)>),
+    /// One IP's entry alone ([`Input::Served`]): its interface, or gone.
+    ServeOne(u8, Option<u8>),
     LinkUp(usize, bool),
     Hold(bool),
     Conflict(u8),
@@ -748,6 +750,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0..4usize, 1..100u8, any::<bool>()).prop_map(|(n, p, l)| Step::Up(n, p, l)),
         (0..4usize).prop_map(Step::Down),
         proptest::collection::vec((0..12u8, 0..4u8), 0..8).prop_map(Step::Serve),
+        (0..12u8, proptest::option::of(0..4u8)).prop_map(|(h, i)| Step::ServeOne(h, i)),
         (0..3usize, any::<bool>()).prop_map(|(i, up)| Step::LinkUp(i, up)),
         any::<bool>().prop_map(Step::Hold),
         (0..12u8).prop_map(Step::Conflict),
@@ -765,17 +768,18 @@ struct World {
     version: u64,
 }
 
+fn served_ip(iface: u8) -> ServedIp {
+    let interfaces = match iface {
+        3 => Interfaces::Default,
+        i => Interfaces::named([IFACES[usize::from(i)]]),
+    };
+    ServedIp::group("api", interfaces)
+}
+
 fn served(entries: &[(u8, u8)]) -> Snapshot {
     let mut s = Snapshot::new();
     for (host, iface) in entries {
-        let interfaces = match iface {
-            3 => Interfaces::Default,
-            i => Interfaces::named([IFACES[usize::from(*i)]]),
-        };
-        let _ = s.insert(
-            IpAddr::from([192, 0, 2, *host]),
-            ServedIp::group("api", interfaces),
-        );
+        let _ = s.insert(IpAddr::from([192, 0, 2, *host]), served_ip(*iface));
     }
     s
 }
@@ -813,6 +817,15 @@ impl World {
             Step::Serve(entries) => {
                 self.snapshot = served(entries);
                 Input::Snapshot(self.snapshot.clone())
+            }
+            Step::ServeOne(host, iface) => {
+                let ip = IpAddr::from([192, 0, 2, *host]);
+                let entry = iface.map(served_ip);
+                self.snapshot.remove(&ip);
+                if let Some(e) = &entry {
+                    let _ = self.snapshot.insert(ip, e.clone());
+                }
+                Input::Served(vec![(ip, entry)])
             }
             Step::LinkUp(i, up) => {
                 self.links[*i].up = *up;
@@ -870,5 +883,6 @@ proptest! {
         let (fresh, _) = Engine::new(now, start(&world));
         prop_assert_eq!(engine.answering(), fresh.answering());
         prop_assert_eq!(&engine.views, &fresh.views);
+        prop_assert_eq!(engine.facts(), fresh.facts());
     }
 }

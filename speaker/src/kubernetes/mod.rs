@@ -7,8 +7,16 @@
 //! - [`snapshot`]: the caches to a [`Snapshot`](crate::snapshot::Snapshot), pure, with every
 //!   object left out named in a typed [`Dropped`](snapshot::Dropped).
 //! - [`records`]: the `ServiceL2Status` records of the Services this node announces.
+//! - [`watch`]: the reflector stores, trimmed, and a [`Change`](watch::Change) per event.
+//! - [`metrics`]: watch and write errors, event handling time, drops.
+//! - [`views`]: the cached Services and EndpointSlices, only the fields read.
+//! - [`events`]: `nodeAssigned` and the warnings, written without kube's caching `Recorder`.
 
 pub mod cli;
+pub mod events;
+pub mod metrics;
 pub mod records;
 pub mod run;
 pub mod snapshot;
+pub mod views;
+pub mod watch;

@@ -7,12 +7,16 @@
 //! delete its own, but it does not need to: the successor overwrites it). Writes per failover
 //! are proportional to the Services that moved.
 //!
-//! [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set_desired`]
+//! [`Holdings`] follows what this node answers, IP by IP, and says which Services' records
+//! changed. [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set`]
 //! is pure bookkeeping (which records this node must write or delete); [`RecordWriter::flush`]
 //! performs the pending writes and keeps those that fail (the API server may be away) for the
 //! next flush, so the records become true again once it is back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -54,6 +58,157 @@ pub fn record_status(
     }
 }
 
+/// One served IP as the records see it: its Service, the links this node answers it on (none:
+/// this node does not), and whether nobody owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpFacts {
+    /// The Service it belongs to.
+    pub service: ServiceKey,
+    /// The links this node answers on (`None`: it does not answer); shared between the IPs
+    /// answered on the same links ([`Holdings::links`]).
+    pub links: Option<Arc<BTreeSet<String>>>,
+    /// The election names no owner.
+    pub unowned: bool,
+}
+
+/// What this node holds, IP by IP, and the record of each Service that follows from it: kept
+/// up to date from the IPs that changed, so a change costs what it touches.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    node: String,
+    ips: HashMap<IpAddr, IpFacts>,
+    /// The IPs of each Service (mostly one: a small vector).
+    by_service: HashMap<ServiceKey, Vec<IpAddr>>,
+    /// The distinct link sets (a handful), shared by the IPs.
+    link_sets: Vec<Arc<BTreeSet<String>>>,
+}
+
+impl Holdings {
+    /// Nothing held yet, by `node`.
+    pub fn new(node: &str) -> Holdings {
+        Holdings {
+            node: node.to_string(),
+            ..Holdings::default()
+        }
+    }
+
+    /// Whether `ip`'s facts as last set are these (without allocating).
+    pub fn matches(
+        &self,
+        ip: &IpAddr,
+        service: Option<(&str, &str)>,
+        links: Option<&BTreeSet<String>>,
+        unowned: bool,
+    ) -> bool {
+        match (self.ips.get(ip), service) {
+            (None, None) => true,
+            (Some(f), Some((namespace, name))) => {
+                f.service.namespace == namespace
+                    && f.service.name == name
+                    && f.unowned == unowned
+                    && f.links.as_deref() == links
+            }
+            _ => false,
+        }
+    }
+
+    /// `links` as a shared set (the same `Arc` for equal sets).
+    pub fn links(&mut self, links: &BTreeSet<String>) -> Arc<BTreeSet<String>> {
+        if let Some(set) = self.link_sets.iter().find(|s| ***s == *links) {
+            return set.clone();
+        }
+        // Sets no IP uses any more go first (links renamed or gone).
+        self.link_sets.retain(|s| Arc::strong_count(s) > 1);
+        let set = Arc::new(links.clone());
+        self.link_sets.push(set.clone());
+        set
+    }
+
+    /// Every IP with facts.
+    pub fn ips(&self) -> impl Iterator<Item = &IpAddr> {
+        self.ips.keys()
+    }
+
+    /// Every Service with an IP.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.by_service.keys()
+    }
+
+    /// Sets `ip`'s facts (`None`: no longer served). Returns the Services whose record may
+    /// have changed (none when the facts are the same).
+    pub fn set(&mut self, ip: IpAddr, facts: Option<IpFacts>) -> Vec<ServiceKey> {
+        if self.ips.get(&ip) == facts.as_ref() {
+            return Vec::new();
+        }
+        let mut touched = Vec::new();
+        let before = match facts {
+            Some(facts) => {
+                let service = facts.service.clone();
+                let ips = self
+                    .by_service
+                    .entry(service.clone())
+                    .or_insert_with(|| Vec::with_capacity(1));
+                if !ips.contains(&ip) {
+                    ips.push(ip);
+                    ips.sort_unstable();
+                }
+                touched.push(service);
+                self.ips.insert(ip, facts)
+            }
+            None => self.ips.remove(&ip),
+        };
+        if let Some(before) = before
+            && !touched.contains(&before.service)
+        {
+            if let Some(ips) = self.by_service.get_mut(&before.service) {
+                ips.retain(|held| *held != ip);
+                if ips.is_empty() {
+                    self.by_service.remove(&before.service);
+                }
+            }
+            touched.push(before.service);
+        }
+        touched
+    }
+
+    /// The record this node should hold for `service` (`None`: it answers none of its IPs),
+    /// on the links of every IP it answers; and whether some IP of it has no owner (or the
+    /// Service is gone): then its record is an orphan.
+    pub fn record(&self, service: &ServiceKey) -> (Option<ServiceL2StatusStatus>, bool) {
+        let Some(ips) = self.by_service.get(service) else {
+            return (None, true);
+        };
+        let facts = ips.iter().filter_map(|ip| self.ips.get(ip));
+        let mut links: Option<BTreeSet<&str>> = None;
+        let mut unowned = false;
+        for f in facts {
+            unowned |= f.unowned;
+            if let Some(l) = &f.links {
+                links
+                    .get_or_insert_default()
+                    .extend(l.iter().map(String::as_str));
+            }
+        }
+        let record = links.map(|links| {
+            let links: Vec<String> = links.into_iter().map(str::to_string).collect();
+            record_status(&self.node, service, &links)
+        });
+        (record, unowned)
+    }
+}
+
+/// A record's status in a word: what [`RecordWriter`] keeps of what it wrote.
+fn fingerprint(status: &ServiceL2StatusStatus) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    status.node.hash(&mut hasher);
+    status.service_name.hash(&mut hasher);
+    status.service_namespace.hash(&mut hasher);
+    for interface in &status.interfaces {
+        interface.name.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// One write the writer has to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
@@ -80,8 +235,8 @@ pub struct WriteError {
 #[derive(Debug)]
 pub struct RecordWriter {
     api: Api<ServiceL2Status>,
-    /// What the API holds from this node, as far as it knows.
-    written: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
+    /// What the API holds from this node, as far as it knows ([`fingerprint`] of the status).
+    written: HashMap<ServiceKey, u64>,
     /// What is still to do.
     pending: BTreeMap<ServiceKey, Write>,
 }
@@ -91,50 +246,58 @@ impl RecordWriter {
     pub fn new(client: kube::Client, namespace: &str) -> RecordWriter {
         RecordWriter {
             api: Api::namespaced(client, namespace),
-            written: BTreeMap::new(),
+            written: HashMap::new(),
             pending: BTreeMap::new(),
         }
     }
 
-    /// The records this node should hold now: one per Service it announces (`desired`), and
-    /// the records of `orphaned` Services (announced by nobody, or gone) deleted. A Service this
-    /// node stops announcing to another node is left alone: its new owner takes it over.
-    pub fn set_desired(
+    /// The record this node should hold for one Service (`None`: none), and whether the
+    /// Service is orphaned (announced by nobody, or gone: its record is deleted). A Service
+    /// this node stops announcing to another node is left alone: its new owner takes it over.
+    /// One Service at a time: a watch event costs what it changes.
+    pub fn set(
         &mut self,
-        desired: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
-        orphaned: &BTreeSet<ServiceKey>,
+        service: &ServiceKey,
+        desired: Option<ServiceL2StatusStatus>,
+        orphaned: bool,
     ) {
-        for (service, status) in &desired {
-            if self.written.get(service) != Some(status) {
-                self.pending
-                    .insert(service.clone(), Write::Apply(status.clone()));
-            } else if matches!(self.pending.get(service), Some(Write::Apply(_))) {
-                self.pending.remove(service);
+        match desired {
+            Some(status) => {
+                if self.written.get(service) != Some(&fingerprint(&status)) {
+                    self.pending.insert(service.clone(), Write::Apply(status));
+                } else {
+                    self.pending.remove(service);
+                }
             }
-        }
-        // Given up: another node took it (its apply wins), or it is orphaned (deleted below).
-        self.pending.retain(|service, write| {
-            matches!(write, Write::Delete) || desired.contains_key(service)
-        });
-        self.written
-            .retain(|service, _| desired.contains_key(service));
-        for service in orphaned {
-            if !desired.contains_key(service) {
-                self.pending.insert(service.clone(), Write::Delete);
+            None => {
+                self.written.remove(service);
+                if orphaned {
+                    self.pending.insert(service.clone(), Write::Delete);
+                } else {
+                    // Given up: another node took it (its apply wins); a delete not done yet
+                    // would now remove that node's record.
+                    self.pending.remove(service);
+                }
             }
         }
     }
 
     /// The API server holds `status` (`None`: no record) for `service`'s record, as the watch
-    /// on the records saw it. If this node announces the Service and the record says otherwise
-    /// (another node overwrote it while the two could not hear each other, or somebody deleted
-    /// it), it is written again: a record never stays stale while its owner lives.
-    pub fn observe(&mut self, service: &ServiceKey, status: Option<&ServiceL2StatusStatus>) {
-        if let Some(mine) = self.written.get(service)
-            && Some(mine) != status
-        {
-            let mine = self.written.remove(service).expect("just read");
-            self.pending.insert(service.clone(), Write::Apply(mine));
+    /// on the records saw it. If this node wrote the record and it says otherwise now (another
+    /// node overwrote it while the two could not hear each other, or somebody deleted it), the
+    /// writer forgets it wrote it and returns true: the caller sets the record again, so a
+    /// record never stays stale while its owner lives.
+    pub fn observe(
+        &mut self,
+        service: &ServiceKey,
+        status: Option<&ServiceL2StatusStatus>,
+    ) -> bool {
+        match self.written.get(service) {
+            Some(mine) if status.map(fingerprint) != Some(*mine) => {
+                self.written.remove(service);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -160,7 +323,7 @@ impl RecordWriter {
             match result {
                 Ok(()) => {
                     if let Write::Apply(status) = write {
-                        self.written.insert(service, status);
+                        self.written.insert(service, fingerprint(&status));
                     }
                 }
                 Err(source) => {
@@ -231,11 +394,8 @@ mod tests {
         ServiceKey::new("default", name)
     }
 
-    fn desired(node: &str, names: &[&str]) -> BTreeMap<ServiceKey, ServiceL2StatusStatus> {
-        names
-            .iter()
-            .map(|n| (svc(n), record_status(node, &svc(n), &["eth0".to_string()])))
-            .collect()
+    fn status(node: &str, name: &str) -> Option<ServiceL2StatusStatus> {
+        Some(record_status(node, &svc(name), &["eth0".to_string()]))
     }
 
     /// Every record in the namespace: (name, node label, status node).
@@ -262,6 +422,51 @@ mod tests {
         all
     }
 
+    fn facts(service: &str, links: Option<&[&str]>, unowned: bool) -> Option<IpFacts> {
+        Some(IpFacts {
+            service: svc(service),
+            links: links.map(|l| Arc::new(l.iter().map(|s| s.to_string()).collect())),
+            unowned,
+        })
+    }
+
+    #[test]
+    fn holdings_say_which_records_change_and_what_they_hold() {
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        assert_eq!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)),
+            vec![svc("web")]
+        );
+        assert!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)).is_empty(),
+            "same facts"
+        );
+        assert_eq!(
+            h.set(v6, facts("web", Some(&["eth1"]), false)),
+            vec![svc("web")]
+        );
+        let (record, orphaned) = h.record(&svc("web"));
+        let record = record.expect("announced");
+        assert_eq!(record.node, "n1");
+        let links: Vec<&str> = record.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(links, ["eth0", "eth1"], "the links of every IP it answers");
+        assert!(!orphaned);
+        // Another node answers the IPv6 address; nobody owns the IPv4 one.
+        h.set(v6, facts("web", None, false));
+        h.set(v4, facts("web", None, true));
+        assert_eq!(h.record(&svc("web")), (None, true));
+        // The IP moves to another Service: both records may change.
+        assert_eq!(
+            h.set(v4, facts("db", Some(&["eth0"]), false)),
+            vec![svc("db"), svc("web")]
+        );
+        h.set(v6, None);
+        assert_eq!(h.record(&svc("web")), (None, true), "gone: an orphan");
+        assert_eq!(h.services().collect::<Vec<_>>(), vec![&svc("db")]);
+    }
+
     #[test]
     fn record_names_are_dns_labels_and_the_same_everywhere() {
         let name = record_name(&svc("a-very-long-service-name-that-goes-on-and-on"));
@@ -284,7 +489,8 @@ mod tests {
         let client = api.client().await.unwrap();
         let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
         let mut n2 = RecordWriter::new(client, "swimlb-system");
-        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
         let errors = n1.flush().await;
         assert!(errors.is_empty(), "{errors:?}");
         let web = record_name(&svc("web"));
@@ -297,7 +503,7 @@ mod tests {
         assert_eq!(records(&api), expected);
         let writes_before = api.requests().iter().filter(|r| r.is_write()).count();
         // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        n2.set(&svc("web"), status("n2", "web"), false);
         assert!(n2.flush().await.is_empty());
         let writes = api.requests().iter().filter(|r| r.is_write()).count() - writes_before;
         assert_eq!(writes, 2, "one Service moved: its object and its status");
@@ -308,10 +514,10 @@ mod tests {
         expected.sort();
         assert_eq!(records(&api), expected);
         // Nothing changed: nothing is written.
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        n2.set(&svc("web"), status("n2", "web"), false);
         assert!(!n2.is_pending());
         // db is announced by nobody now: the record goes.
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::from([svc("db")]));
+        n2.set(&svc("db"), None, true);
         assert!(n2.flush().await.is_empty());
         assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
         api.shutdown().await;
@@ -323,32 +529,32 @@ mod tests {
         let client = api.client().await.unwrap();
         let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
         let mut n2 = RecordWriter::new(client, "swimlb-system");
-        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        n1.set(&svc("web"), status("n1", "web"), false);
         assert!(n1.flush().await.is_empty());
         // A partition: n2 also owns web for a while and writes the record.
-        n2.set_desired(desired("n2", &["web"]), &BTreeSet::new());
+        n2.set(&svc("web"), status("n2", "web"), false);
         assert!(n2.flush().await.is_empty());
         let web = record_name(&svc("web"));
         assert_eq!(records(&api), vec![(web.clone(), "n2".into(), "n2".into())]);
-        // The partition heals, n1 keeps web. Its own view of what it wrote hides the stale
-        // record; the watch shows it.
-        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        // The partition heals, n1 keeps web. What it knows it wrote hides the stale record;
+        // the watch shows it.
+        n1.set(&svc("web"), status("n1", "web"), false);
         assert!(!n1.is_pending(), "nothing changed as far as n1 knows");
-        let theirs = record_status("n2", &svc("web"), &["eth0".to_string()]);
-        n1.observe(&svc("web"), Some(&theirs));
+        let theirs = status("n2", "web").unwrap();
+        assert!(
+            n1.observe(&svc("web"), Some(&theirs)),
+            "stale: set it again"
+        );
+        n1.set(&svc("web"), status("n1", "web"), false);
         assert!(n1.is_pending());
         assert!(n1.flush().await.is_empty());
         assert_eq!(records(&api), vec![(web.clone(), "n1".into(), "n1".into())]);
-        // Seeing its own record again changes nothing; a deleted one is written again.
-        let mine = record_status("n1", &svc("web"), &["eth0".to_string()]);
-        n1.observe(&svc("web"), Some(&mine));
-        assert!(!n1.is_pending());
-        n1.observe(&svc("web"), None);
-        assert!(n1.is_pending());
+        // Seeing its own record changes nothing; a deleted one is set again.
+        let mine = status("n1", "web").unwrap();
+        assert!(!n1.observe(&svc("web"), Some(&mine)));
+        assert!(n1.observe(&svc("web"), None));
         // A Service this node does not announce is none of its business.
-        n2.set_desired(BTreeMap::new(), &BTreeSet::new());
-        n2.observe(&svc("web"), Some(&mine));
-        assert!(!n2.is_pending());
+        assert!(!n2.observe(&svc("db"), Some(&mine)));
         api.shutdown().await;
     }
 
@@ -358,13 +564,17 @@ mod tests {
         let client = api.client().await.unwrap();
         api.set_reachable(false);
         let mut n1 = RecordWriter::new(client, "swimlb-system");
-        n1.set_desired(desired("n1", &["web", "db"]), &BTreeSet::new());
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
+        n1.set(&svc("gone"), None, true);
         let errors = n1.flush().await;
-        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert_eq!(errors.len(), 3, "{errors:?}");
         assert!(n1.is_pending(), "kept for the next flush");
         assert!(records(&api).is_empty());
-        // Ownership of db moved away meanwhile: its failed write is dropped.
-        n1.set_desired(desired("n1", &["web"]), &BTreeSet::new());
+        // Ownership of db moved away meanwhile: its failed write is dropped; and gone is
+        // announced again, by another node: its delete is dropped too.
+        n1.set(&svc("db"), None, false);
+        n1.set(&svc("gone"), None, false);
         api.set_reachable(true);
         assert!(n1.flush().await.is_empty());
         assert!(!n1.is_pending());

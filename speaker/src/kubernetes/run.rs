@@ -1,17 +1,26 @@
 //! The Kubernetes mode's loop: reflectors in, the shared engine and drivers, records out.
 //!
-//! Watches (kube-rs reflectors, trimmed caches): Services, EndpointSlices, Nodes, and in the
-//! speaker's namespace `IPAddressPool`s, `L2Advertisement`s and the speaker Pods (by label
-//! selector: the gossip peers). Any change rebuilds the [`Snapshot`](crate::snapshot::Snapshot)
-//! ([`snapshot::build`], pure) and hands it to the engine, which moves only the IPs that
-//! differ; the Pods' IPs become the gossip's seeds. Nothing is polled but the key file, and a
-//! membership change lists nothing: failover runs from gossip alone, so it goes on while the
-//! API server is away (the caches stay as they were; the watches resume with backoff).
+//! Watches ([`watch`](super::watch): trimmed reflector caches): Services, EndpointSlices, Nodes,
+//! and in the speaker's namespace `IPAddressPool`s, `L2Advertisement`s and the speaker Pods (by
+//! label selector: the gossip peers). Each watch event names the object it is about; the
+//! [`Keeper`] settles only what that object touches (one Service and its IPs for a Service or
+//! EndpointSlice event; every Service only when the resolved configuration changed), and the
+//! engine moves only the IPs that differ. The Pods' IPs become the gossip's seeds. Nothing is
+//! polled but the key file, and a membership change lists nothing: failover runs from gossip
+//! alone, so it goes on while the API server is away (the caches stay as they were; the
+//! watches resume with backoff).
 //!
-//! Written back: one `ServiceL2Status` record per Service this node announces and an Event
-//! `nodeAssigned` on the Service when this node starts announcing it ([`records`]). The writes
-//! run in their own task, so an unreachable API server never delays an announcement; failed
-//! writes are retried until the records are true again.
+//! Written back, in their own task so an unreachable API server never delays an announcement:
+//! one `ServiceL2Status` record per Service this node announces ([`records`](super::records);
+//! only the records of the Services whose IPs changed are looked at), an Event `nodeAssigned`
+//! on the Service when this node starts announcing it, and Warning Events on bad input: an
+//! invalid `L2Advertisement` (from the first live member by name only, once per problem, not
+//! once per speaker) and an interface an advertisement names that this node lacks (from that
+//! node, once per advertisement and interface). Failed record writes are retried until the
+//! records are true again; every failed write is counted.
+//!
+//! `swimlb_kubernetes_event_handling_seconds{resource}` times each watch event from its
+//! arrival to the engine's actions for it carried out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -21,31 +30,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use kube::{Client, Resource};
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::Client;
+use kube::Resource as _;
+use kube::runtime::WatchStreamExt as _;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::crd::{IPAddressPool, L2Advertisement, ServiceL2StatusStatus};
+use swimlb_config::crd::{ServiceL2Status, ServiceL2StatusStatus};
 use swimlb_config::keyfile::parse_key_file;
-use swimlb_config::reflect::spawn_store_with;
-use swimlb_config::service::{ServiceKey, trim_service};
+use swimlb_config::service::ServiceKey;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::records::{RecordWriter, record_status};
-use super::snapshot::{self, Caches};
+use super::events::{EventType, EventWriter, Note};
+use super::metrics::{DroppedLabels, KubeMetrics, Resource};
+use super::records::{Holdings, IpFacts, RecordWriter};
+use super::snapshot::{self, Changes, Dropped, Keeper};
+use super::watch::{Change, NeverListed, Stores, What};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until};
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
+use crate::interfaces::{Link, Route};
 use crate::local::LocalState;
 use crate::responder;
 use crate::status::StatusBoard;
@@ -54,6 +63,8 @@ use crate::status::StatusBoard;
 pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
 /// How soon a failed record write is tried again.
 pub const RECORD_RETRY: Duration = Duration::from_secs(1);
+/// Events written between two looks at the records to write.
+const EVENTS_PER_ROUND: usize = 32;
 
 /// Everything the Kubernetes speaker runs with (the command line, validated).
 #[derive(Debug, Clone)]
@@ -99,152 +110,31 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A watch's store was dropped before it was ready.
-    #[error("the {0} watch stopped before its first list")]
-    Watch(&'static str),
+    #[error(transparent)]
+    Watch(#[from] NeverListed),
 }
 
-/// The reflector stores the snapshot is built from.
-struct Stores {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-    nodes: Store<Node>,
-    pools: Store<IPAddressPool>,
-    advertisements: Store<L2Advertisement>,
-    pods: Store<Pod>,
-}
-
-impl Stores {
-    /// Starts every watch; `changed` hears of each change.
-    fn spawn(
-        client: &Client,
-        settings: &Settings,
-        changed: futures::channel::mpsc::UnboundedSender<()>,
-    ) -> Stores {
-        let ns = settings.namespace.as_str();
-        let never = || std::future::pending::<()>();
-        let all = watcher::Config::default;
-        let tx = || Some(changed.clone());
-        Stores {
-            services: spawn_store_with(
-                Api::all(client.clone()),
-                all(),
-                trim_service,
-                tx(),
-                never(),
-            ),
-            slices: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
-            nodes: spawn_store_with(Api::all(client.clone()), all(), |_| {}, tx(), never()),
-            pools: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all(),
-                |_| {},
-                tx(),
-                never(),
-            ),
-            advertisements: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all(),
-                |_| {},
-                tx(),
-                never(),
-            ),
-            pods: spawn_store_with(
-                Api::namespaced(client.clone(), ns),
-                all().labels(&settings.speaker_selector),
-                |_| {},
-                tx(),
-                never(),
-            ),
-        }
-    }
-
-    /// Waits for every store's first list.
-    async fn ready(&self) -> Result<(), Error> {
-        self.services
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Service"))?;
-        self.slices
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("EndpointSlice"))?;
-        self.nodes
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Node"))?;
-        self.pools
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("IPAddressPool"))?;
-        self.advertisements
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("L2Advertisement"))?;
-        self.pods
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::Watch("Pod"))?;
-        Ok(())
-    }
-
-    /// The snapshot of the caches now.
-    fn build(&self, options: &snapshot::Options) -> snapshot::Built {
-        let services = self.services.state();
-        let slices = self.slices.state();
-        let nodes = self.nodes.state();
-        let pools = self.pools.state();
-        let advertisements = self.advertisements.state();
-        let services: Vec<&Service> = services.iter().map(Arc::as_ref).collect();
-        let slices: Vec<&EndpointSlice> = slices.iter().map(Arc::as_ref).collect();
-        let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
-        let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
-        let advertisements: Vec<&L2Advertisement> =
-            advertisements.iter().map(Arc::as_ref).collect();
-        snapshot::build(
-            Caches {
-                services: &services,
-                endpoint_slices: &slices,
-                nodes: &nodes,
-                pools: &pools,
-                advertisements: &advertisements,
-            },
-            options,
-        )
-    }
-
-    /// The gossip addresses of the speaker Pods that have an IP (a Pod without one yet is
-    /// skipped; MetalLB #1533).
-    fn peers(&self, port: u16) -> Vec<SocketAddr> {
-        let mut peers: Vec<SocketAddr> = self
-            .pods
-            .state()
-            .iter()
-            .filter_map(|pod| {
-                pod.status
-                    .as_ref()?
-                    .pod_ip
-                    .as_deref()?
-                    .parse::<IpAddr>()
-                    .ok()
-            })
-            .map(|ip| SocketAddr::new(ip, port))
-            .collect();
-        peers.sort();
-        peers.dedup();
-        peers
-    }
-}
-
-/// What the records task is told: the records this node holds, and the orphans to delete.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Desired {
-    records: BTreeMap<ServiceKey, ServiceL2StatusStatus>,
-    orphaned: BTreeSet<ServiceKey>,
+/// What the records task is told.
+#[derive(Debug, Clone, PartialEq)]
+enum ToWrite {
+    /// The record this node should hold for a Service now (`None`: none), and whether its
+    /// record is an orphan this node deletes.
+    Record {
+        service: ServiceKey,
+        record: Option<ServiceL2StatusStatus>,
+        orphaned: bool,
+    },
+    /// A Warning Event on an object.
+    Warning {
+        object: ObjectReference,
+        reason: &'static str,
+        note: String,
+    },
 }
 
 /// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
 struct Inputs {
-    changed: futures::channel::mpsc::UnboundedReceiver<()>,
+    changed: futures::channel::mpsc::UnboundedReceiver<Change>,
     changes: tokio::sync::broadcast::Receiver<crate::membership::LiveChange>,
     phase: watch::Receiver<Phase>,
     conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
@@ -256,11 +146,25 @@ struct Inputs {
 struct Source {
     settings: Settings,
     stores: Stores,
+    keeper: Keeper,
     daemon: Daemon,
+    metrics: KubeMetrics,
     dropped: DroppedReport,
     hold: JoinHold,
     ring_ids: Vec<KeyId>,
-    desired: watch::Sender<Desired>,
+    /// What the records task was told, IP by IP.
+    holdings: Holdings,
+    /// Whether this node was the first live member by name when the records were last synced.
+    first: bool,
+    /// `/status` as last synced into the records: unchanged, nothing to sync.
+    board: watch::Receiver<crate::http::Status>,
+    /// The names of this node's links.
+    links: BTreeSet<String>,
+    /// (advertisement, interface) pairs naming an interface this node lacks.
+    unknown_interfaces: BTreeSet<(String, String)>,
+    /// Invalid advertisements not warned about yet (by the first member, once joined).
+    invalid_ads: BTreeMap<(String, String), Vec<String>>,
+    to_write: mpsc::UnboundedSender<ToWrite>,
     records: tokio::task::JoinHandle<()>,
     http: tokio::task::JoinHandle<()>,
 }
@@ -279,10 +183,13 @@ pub async fn run(
         let draining = source.daemon.engine.draining();
         tokio::select! {
             _ = &mut shutdown, if !draining => source.drain().await,
-            Some(()) = inputs.changed.next() => {
-                // Every change queued so far is in the stores: one rebuild for all of them.
-                while inputs.changed.try_recv().is_ok() {}
-                source.caches_changed().await;
+            Some(change) = inputs.changed.next() => {
+                // Every change queued so far is in the stores: handled together.
+                let mut batch = vec![change];
+                while let Ok(more) = inputs.changed.try_recv() {
+                    batch.push(more);
+                }
+                source.caches_changed(&batch).await;
             }
             change = inputs.changes.recv() => {
                 if !source.daemon.membership(change).await {
@@ -300,14 +207,14 @@ pub async fn run(
             Some(c) = inputs.conflicts.recv() => {
                 source.daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
             }
-            Some((links, routes)) = inputs.net.changed() => source.daemon.net(links, routes).await,
+            Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
             _ = inputs.key_poll.tick() => source.rotate_keys().await,
         }
         source.check_hold().await;
         if source.daemon.drained() {
             break;
         }
-        source.publish_records();
+        source.sync_records();
     }
     source.stop().await;
     Ok(())
@@ -327,7 +234,7 @@ impl Source {
             gossip: gossip_metrics,
             failovers,
             responder: responder_metrics,
-            dropped,
+            kube: metrics,
         } = registry(&settings);
         // /healthz answers (and /readyz says not ready) while the watches list and the key is
         // awaited.
@@ -337,8 +244,12 @@ impl Source {
                 addr: settings.listen,
                 source,
             })?;
-        let (changed_tx, changed) = futures::channel::mpsc::unbounded();
-        let stores = Stores::spawn(&client, &settings, changed_tx);
+        let (stores, mut changed) = Stores::spawn(
+            &client,
+            &settings.namespace,
+            &settings.speaker_selector,
+            &metrics,
+        );
         tracing::info!("waiting for the first list of every watch");
         // A stop before the caches and the key are there ends the speaker at once: it owns
         // nothing.
@@ -354,24 +265,27 @@ impl Source {
         };
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
         let (net, links, routes) = NetWatch::start().await?;
-        let built = stores.build(&settings.options);
-        let mut dropped = DroppedReport {
-            gauge: dropped,
-            ..DroppedReport::default()
-        };
-        dropped.update(&built);
-        let local = first_record(&settings, &built.snapshot, &links, &routes);
+        // What the first lists brought is in the stores: the first resync covers it.
+        while changed.try_recv().is_ok() {}
+        let mut keeper = Keeper::new(settings.options.clone());
+        stores.resync(&mut keeper);
+        let mut dropped = DroppedReport::new(metrics.dropped.clone());
+        let first_changes = keeper.take_changes();
+        dropped.apply(&first_changes);
+        let snapshot = keeper.snapshot().clone();
+        let local = first_record(&settings, &snapshot, &links, &routes);
         let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
         // Subscribe before the live set is read: a change in between is seen twice, never missed.
         let changes = gossip.subscribe();
         let phase = gossip.phase();
         let live = gossip.live().borrow().clone();
+        let link_names = links.iter().map(|l| l.name.clone()).collect();
         let (engine, initial) = Engine::new(
             Instant::now(),
             Start {
                 node: settings.node.clone(),
                 schedule: Schedule::default(),
-                snapshot: built.snapshot,
+                snapshot,
                 live,
                 links: links.clone(),
                 routes,
@@ -380,9 +294,15 @@ impl Source {
         );
         let (conflict_tx, conflicts) = mpsc::unbounded_channel();
         let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+        let board_seen = board.subscribe();
         let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
-        let (desired, desired_rx) = watch::channel(Desired::default());
-        let records = tokio::spawn(write_records(client, settings.clone(), desired_rx));
+        let (to_write, to_write_rx) = mpsc::unbounded_channel();
+        let records = tokio::spawn(write_records(
+            client,
+            settings.clone(),
+            to_write_rx,
+            metrics.clone(),
+        ));
         let inputs = Inputs {
             changed,
             changes,
@@ -391,17 +311,27 @@ impl Source {
             net,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
         };
-        let source = Source {
+        let mut source = Source {
+            holdings: Holdings::new(&settings.node),
             settings,
             stores,
+            keeper,
             daemon,
+            metrics,
             dropped,
             hold: JoinHold::new(Instant::now(), false),
             ring_ids,
-            desired,
+            first: false,
+            board: board_seen,
+            links: link_names,
+            unknown_interfaces: BTreeSet::new(),
+            invalid_ads: BTreeMap::new(),
+            to_write,
             records,
             http,
         };
+        source.note_invalid_ads(&first_changes);
+        source.check_interfaces();
         Ok(Some((source, inputs)))
     }
 
@@ -415,15 +345,70 @@ impl Source {
         self.daemon.handle(Input::Drain).await;
     }
 
-    /// A watch changed something: what is served, and who the peers are.
-    async fn caches_changed(&mut self) {
-        let built = self.stores.build(&self.settings.options);
-        self.dropped.update(&built);
-        self.daemon.handle(Input::Snapshot(built.snapshot)).await;
-        let peers = self.stores.peers(self.settings.bind.port());
-        if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
-            tracing::warn!(error = %e, "gossip seeds not updated");
+    /// Watches changed something: what is served, and who the peers are. Only the objects
+    /// named by `batch` are looked at, unless a watch listed again.
+    async fn caches_changed(&mut self, batch: &[Change]) {
+        let mut resync = false;
+        let mut config = false;
+        let mut pods = false;
+        let mut services: BTreeSet<ServiceKey> = BTreeSet::new();
+        for change in batch {
+            match (change.resource, &change.what) {
+                (Resource::Pods, _) => pods = true,
+                (_, What::Resync) => resync = true,
+                (Resource::Services, What::Object { namespace, name }) => {
+                    services.insert(ServiceKey::new(namespace.as_str(), name.as_str()));
+                }
+                (Resource::EndpointSlices, What::Object { namespace, name }) => {
+                    services.extend(self.stores.slice_moved(&mut self.keeper, namespace, name));
+                }
+                _ => config = true,
+            }
         }
+        if resync {
+            self.stores.resync(&mut self.keeper);
+        } else {
+            if config {
+                self.stores.set_config(&mut self.keeper);
+            }
+            for key in &services {
+                self.stores.set_service(&mut self.keeper, key);
+            }
+        }
+        let changes = self.keeper.take_changes();
+        self.dropped.apply(&changes);
+        if !changes.ips.is_empty() {
+            let entries = changes
+                .ips
+                .iter()
+                .map(|ip| (*ip, self.keeper.snapshot().get(ip).cloned()))
+                .collect();
+            self.daemon.handle(Input::Served(entries)).await;
+            self.sync_ips(changes.ips.iter().copied());
+        }
+        let done = Instant::now();
+        for change in batch {
+            let seconds = done.saturating_duration_since(change.at).as_secs_f64();
+            self.metrics.event_handled(change.resource, seconds);
+        }
+        self.note_invalid_ads(&changes);
+        if resync || config {
+            self.check_interfaces();
+        }
+        if pods {
+            let peers = self.stores.peers(self.settings.bind.port());
+            if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
+                tracing::warn!(error = %e, "gossip seeds not updated");
+            }
+        }
+    }
+
+    /// New links and routes: the engine places again, and the advertisements' interfaces are
+    /// checked against the links.
+    async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
+        self.links = links.iter().map(|l| l.name.clone()).collect();
+        self.daemon.net(links, routes).await;
+        self.check_interfaces();
     }
 
     async fn settle(&mut self) {
@@ -447,14 +432,150 @@ impl Source {
         }
     }
 
-    /// Tells the records task what this node should hold now.
-    fn publish_records(&self) {
-        self.desired.send_if_modified(|d| {
-            let next = desired(&self.settings.node, &self.daemon.engine);
-            let modified = *d != next;
-            *d = next;
-            modified
-        });
+    /// Tells the records task what changed since the last sync, when `/status` changed at
+    /// all (an announcement tick changes nothing). Every IP is compared, without allocating
+    /// for the unchanged ones; the warnings waiting for the mesh go out.
+    fn sync_records(&mut self) {
+        self.warn_invalid_ads();
+        if !self.board.has_changed().unwrap_or(false) {
+            return;
+        }
+        self.board.mark_unchanged();
+        let engine = &self.daemon.engine;
+        let election = engine.election();
+        let mut differ: Vec<IpAddr> = election
+            .outcomes()
+            .keys()
+            .filter(|ip| {
+                let service = election
+                    .snapshot()
+                    .get(ip)
+                    .and_then(|s| s.belongs_to.split_once('/'));
+                let links = engine.answering().get(ip);
+                let unowned = election.owner(ip).is_none();
+                !self.holdings.matches(ip, service, links, unowned)
+            })
+            .copied()
+            .collect();
+        differ.extend(
+            self.holdings
+                .ips()
+                .filter(|ip| !election.outcomes().contains_key(ip)),
+        );
+        self.sync_ips(differ.into_iter());
+    }
+
+    /// Tells the records task about the Services of `ips` (every Service when this node
+    /// became or stopped being the first live member: it deletes the orphans).
+    fn sync_ips(&mut self, ips: impl Iterator<Item = IpAddr>) {
+        self.board.mark_unchanged();
+        let engine = &self.daemon.engine;
+        let mut touched: BTreeSet<ServiceKey> = BTreeSet::new();
+        for ip in ips {
+            let facts = ip_facts(engine, &mut self.holdings, &ip);
+            touched.extend(self.holdings.set(ip, facts));
+        }
+        let node = self.settings.node.as_str();
+        let first = engine.live().iter().next().map(|m| m.node.as_str()) == Some(node);
+        if first != self.first {
+            self.first = first;
+            touched.extend(self.holdings.services().cloned());
+        }
+        for service in touched {
+            let (record, unowned) = self.holdings.record(&service);
+            let _ = self.to_write.send(ToWrite::Record {
+                service,
+                record,
+                orphaned: unowned && first,
+            });
+        }
+    }
+
+    /// Remembers the invalid advertisements to warn about (and forgets the fixed ones).
+    fn note_invalid_ads(&mut self, changes: &Changes) {
+        for d in &changes.restored {
+            if let Dropped::InvalidAdvertisement(e) = d {
+                self.invalid_ads
+                    .remove(&(e.namespace.clone(), e.name.clone()));
+            }
+        }
+        for d in &changes.dropped {
+            if let Dropped::InvalidAdvertisement(e) = d {
+                self.invalid_ads
+                    .entry((e.namespace.clone(), e.name.clone()))
+                    .or_default()
+                    .push(d.to_string());
+            }
+        }
+    }
+
+    /// A Warning Event on each invalid advertisement noted, from the first live member only
+    /// (one Event per problem, not one per speaker), once the mesh has formed.
+    fn warn_invalid_ads(&mut self) {
+        if self.invalid_ads.is_empty() || self.hold.holding() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.invalid_ads);
+        if !self.first {
+            return;
+        }
+        let ads = self.stores.advertisements();
+        for ((namespace, name), notes) in pending {
+            let Some(ad) = ads.iter().find(|a| {
+                a.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && a.metadata.name.as_deref() == Some(name.as_str())
+            }) else {
+                continue;
+            };
+            let _ = self.to_write.send(ToWrite::Warning {
+                object: ad.object_ref(&()),
+                reason: "InvalidConfiguration",
+                note: notes.join("; "),
+            });
+        }
+    }
+
+    /// Counts, logs and warns (an Event on the advertisement, from this node) about every
+    /// interface an advertisement covering this node names and this node lacks, once per
+    /// advertisement and interface.
+    fn check_interfaces(&mut self) {
+        let missing: BTreeSet<(String, String)> = self
+            .keeper
+            .named_interfaces(&self.settings.node)
+            .into_iter()
+            .filter(|(_, interface)| !self.links.contains(interface))
+            .collect();
+        if missing == self.unknown_interfaces {
+            return;
+        }
+        let ads = self.stores.advertisements();
+        for (ad_key, interface) in missing.difference(&self.unknown_interfaces) {
+            tracing::warn!(
+                advertisement = %ad_key,
+                %interface,
+                "the advertisement names an interface this node does not have: not announced there"
+            );
+            let Some(ad) = ads.iter().find(|a| {
+                format!(
+                    "{}/{}",
+                    a.metadata.namespace.as_deref().unwrap_or_default(),
+                    a.metadata.name.as_deref().unwrap_or_default()
+                ) == *ad_key
+            }) else {
+                continue;
+            };
+            let _ = self.to_write.send(ToWrite::Warning {
+                object: ad.object_ref(&()),
+                reason: "UnknownInterface",
+                note: format!(
+                    "interface {interface:?} is not on node {:?}; this node does not announce on it",
+                    self.settings.node
+                ),
+            });
+        }
+        self.unknown_interfaces = missing;
+        self.dropped
+            .set(UNKNOWN_INTERFACE, self.unknown_interfaces.len() as i64);
     }
 
     /// Reads the key file again and rotates when its keys changed.
@@ -511,7 +632,7 @@ struct Registered {
     gossip: GossipMetrics,
     failovers: FailoverMetrics,
     responder: responder::Metrics,
-    dropped: Family<DroppedLabels, Gauge>,
+    kube: KubeMetrics,
 }
 
 /// Every metric of the Kubernetes speaker, registered; the parts that need a handle returned.
@@ -521,12 +642,7 @@ fn registry(settings: &Settings) -> Registered {
     let failovers = FailoverMetrics::register(&mut registry);
     let responder = responder::Metrics::default();
     responder.register(&mut registry);
-    let dropped = Family::<DroppedLabels, Gauge>::default();
-    registry.register(
-        "swimlb_snapshot_dropped",
-        "Objects, Services, IPs and endpoints left out of what is served, by reason",
-        dropped.clone(),
-    );
+    let kube = KubeMetrics::register(&mut registry);
     let board = StatusBoard::new(&settings.node, &mut registry);
     crate::process_metrics::register(&mut registry, board.subscribe());
     Registered {
@@ -535,7 +651,7 @@ fn registry(settings: &Settings) -> Registered {
         gossip,
         failovers,
         responder,
-        dropped,
+        kube,
     }
 }
 
@@ -566,34 +682,15 @@ async fn spawn_gossip(
     .await?)
 }
 
-/// The records this node should hold: one per Service whose IP it answers for; and the
-/// Services that nobody announces, whose records the first live member (by name) deletes.
-fn desired(node: &str, engine: &Engine) -> Desired {
+/// `ip` as the records see it in the engine now (`None`: not served, or not a Service's).
+fn ip_facts(engine: &Engine, holdings: &mut Holdings, ip: &IpAddr) -> Option<IpFacts> {
     let election = engine.election();
-    let mut records = BTreeMap::new();
-    for (ip, links) in engine.answering() {
-        let Some(service) = election
-            .snapshot()
-            .get(ip)
-            .and_then(|s| service_key(&s.belongs_to))
-        else {
-            continue;
-        };
-        let links: Vec<String> = links.iter().cloned().collect();
-        records.insert(service.clone(), record_status(node, &service, &links));
-    }
-    let first_member = engine.live().iter().next().map(|m| m.node.as_str());
-    let orphaned = if first_member == Some(node) {
-        election
-            .outcomes()
-            .iter()
-            .filter(|(_, o)| o.owner().is_none())
-            .filter_map(|(ip, _)| service_key(&election.snapshot().get(ip)?.belongs_to))
-            .collect()
-    } else {
-        BTreeSet::new()
-    };
-    Desired { records, orphaned }
+    let service = service_key(&election.snapshot().get(ip)?.belongs_to)?;
+    Some(IpFacts {
+        service,
+        links: engine.answering().get(ip).map(|l| holdings.links(l)),
+        unowned: election.owner(ip).is_none(),
+    })
 }
 
 /// `namespace/name` as a key.
@@ -602,55 +699,165 @@ fn service_key(belongs_to: &str) -> Option<ServiceKey> {
     Some(ServiceKey::new(namespace, name))
 }
 
-/// The records task: applies what `desired` says, retries failures, and tells each Service
-/// this node starts announcing with an Event.
-async fn write_records(client: Client, settings: Settings, mut desired: watch::Receiver<Desired>) {
+/// The records task: applies what it is told, retries failed record writes, tells each
+/// Service this node starts announcing with an Event, and publishes the warnings. Counts every
+/// failed write.
+async fn write_records(
+    client: Client,
+    settings: Settings,
+    mut told: mpsc::UnboundedReceiver<ToWrite>,
+    metrics: KubeMetrics,
+) {
     let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
-    let reporter = Reporter {
-        controller: "swimlb-speaker".into(),
-        instance: Some(settings.node.clone()),
-    };
-    let recorder = Recorder::new(client, reporter);
+    // The records as the API server holds them: one this node wrote and somebody else
+    // overwrote (the other side of a healed partition) or deleted is written again.
+    let mut seen_records = kube::runtime::watcher(
+        kube::Api::<ServiceL2Status>::namespaced(client.clone(), &settings.namespace),
+        kube::runtime::watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut mine: std::collections::HashMap<ServiceKey, ServiceL2StatusStatus> =
+        std::collections::HashMap::new();
+    let mut recorder = EventWriter::new(client, "swimlb-speaker", &settings.node);
     let mut announced: BTreeSet<ServiceKey> = BTreeSet::new();
+    // The Services assigned are kept as keys until their Event is written (10,000 at a cold
+    // start): the Event is made when it is written.
+    let mut assigned_to: Vec<ServiceKey> = Vec::new();
+    let mut events: Vec<(ObjectReference, Note)> = Vec::new();
+    let mut next = None;
     loop {
-        let current = desired.borrow_and_update().clone();
-        let now: BTreeSet<ServiceKey> = current.records.keys().cloned().collect();
-        for service in now.difference(&announced) {
-            let event = Event {
-                type_: EventType::Normal,
-                reason: "nodeAssigned".into(),
-                note: Some(format!(
-                    "announcing from node {:?} with protocol \"layer2\"",
-                    settings.node
+        // Everything told so far, at once.
+        while let Some(item) = next.take().or_else(|| told.try_recv().ok()) {
+            match item {
+                ToWrite::Record {
+                    service,
+                    record,
+                    orphaned,
+                } => {
+                    if record.is_some() {
+                        if announced.insert(service.clone()) {
+                            assigned_to.push(service.clone());
+                        }
+                    } else {
+                        announced.remove(&service);
+                    }
+                    match &record {
+                        Some(r) => mine.insert(service.clone(), r.clone()),
+                        None => mine.remove(&service),
+                    };
+                    writer.set(&service, record, orphaned);
+                }
+                ToWrite::Warning {
+                    object,
+                    reason,
+                    note,
+                } => events.push((
+                    object,
+                    Note {
+                        type_: EventType::Warning,
+                        reason,
+                        action: "Validate",
+                        note,
+                    },
                 )),
-                action: "Announce".into(),
-                secondary: None,
-            };
-            let object = Service::object_ref_for(service);
-            if let Err(e) = recorder.publish(&event, &object).await {
-                tracing::warn!(%service, error = %e, "cannot publish the nodeAssigned event");
             }
         }
-        announced = now;
-        writer.set_desired(current.records, &current.orphaned);
         for e in writer.flush().await {
+            metrics.write_error(Resource::ServiceL2Statuses);
             tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
         }
-        let retry = writer.is_pending();
-        tokio::select! {
-            changed = desired.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
+        // A few Events per round, warnings first, so that records keep being written while
+        // thousands of Events go out (a cold start, a node taking over many Services).
+        let warnings: Vec<(ObjectReference, Note)> =
+            events.drain(..events.len().min(EVENTS_PER_ROUND)).collect();
+        let room = (EVENTS_PER_ROUND - warnings.len()).min(assigned_to.len());
+        let round: Vec<(ObjectReference, Note)> = warnings
+            .into_iter()
+            .chain(
+                assigned_to
+                    .drain(..room)
+                    .map(|service| (Service::object_ref_for(&service), assigned(&settings))),
+            )
+            .collect();
+        for (object, event) in round {
+            if let Err(e) = recorder.publish(&object, &event).await {
+                metrics.write_error(Resource::Events);
+                tracing::warn!(
+                    object = object.name.as_deref().unwrap_or_default(),
+                    reason = event.reason,
+                    error = %e,
+                    "cannot publish an event"
+                );
+            }
         }
+        let more = !events.is_empty() || !assigned_to.is_empty();
+        let retry = writer.is_pending() && !more;
+        tokio::select! {
+            biased;
+            item = told.recv() => match item {
+                Some(item) => next = Some(item),
+                None => return,
+            },
+            () = std::future::ready(()), if more => {}
+            _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
+            event = seen_records.next() => {
+                let seen = match event {
+                    Some(Ok(kube::runtime::watcher::Event::Apply(r)
+                        | kube::runtime::watcher::Event::InitApply(r))) => {
+                        record_service(&r).map(|key| (key, r.status))
+                    }
+                    Some(Ok(kube::runtime::watcher::Event::Delete(r))) => {
+                        record_service(&r).map(|key| (key, None))
+                    }
+                    Some(Ok(_)) => None,
+                    Some(Err(e)) => {
+                        metrics.watch_error(Resource::ServiceL2Statuses);
+                        tracing::debug!(error = %e, "ServiceL2Status watch failed; retrying");
+                        None
+                    }
+                    None => return,
+                };
+                if let Some((service, status)) = seen
+                    && writer.observe(&service, status.as_ref())
+                {
+                    tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
+                    writer.set(&service, mine.get(&service).cloned(), false);
+                }
+            }
+        }
+    }
+}
+
+/// The Service a record is about, from its labels.
+fn record_service(record: &ServiceL2Status) -> Option<ServiceKey> {
+    let labels = record.metadata.labels.as_ref()?;
+    Some(ServiceKey::new(
+        labels.get(super::records::SERVICE_NAMESPACE_LABEL)?,
+        labels.get(super::records::SERVICE_NAME_LABEL)?,
+    ))
+}
+
+/// The Event `nodeAssigned` of this node (MetalLB's words).
+fn assigned(settings: &Settings) -> Note {
+    Note {
+        type_: EventType::Normal,
+        reason: "nodeAssigned",
+        action: "Announce",
+        note: format!(
+            "announcing from node {:?} with protocol \"layer2\"",
+            settings.node
+        ),
     }
 }
 
 /// An object reference to a Service by key.
 trait ObjectRefFor {
-    fn object_ref_for(key: &ServiceKey) -> k8s_openapi::api::core::v1::ObjectReference;
+    fn object_ref_for(key: &ServiceKey) -> ObjectReference;
 }
 
 impl ObjectRefFor for Service {
-    fn object_ref_for(key: &ServiceKey) -> k8s_openapi::api::core::v1::ObjectReference {
+    fn object_ref_for(key: &ServiceKey) -> ObjectReference {
         let mut service = Service::default();
         service.metadata.name = Some(key.name.clone());
         service.metadata.namespace = Some(key.namespace.clone());
@@ -658,43 +865,51 @@ impl ObjectRefFor for Service {
     }
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct DroppedLabels {
-    reason: &'static str,
-}
+/// The `swimlb_snapshot_dropped` reason of interfaces named but missing on this node.
+const UNKNOWN_INTERFACE: &str = "unknown_interface";
 
-/// What the snapshot left out: the gauge by reason, and one warning per object when it is first
-/// left out (not again on every rebuild).
+/// What the snapshot left out: the gauge by reason, kept from the changes (a drop is logged
+/// when it appears, not again on every event).
 #[derive(Debug, Default)]
 struct DroppedReport {
     gauge: Family<DroppedLabels, Gauge>,
-    /// The messages of the last rebuild's drops.
-    seen: BTreeSet<String>,
-    /// The reasons the gauge holds.
-    reasons: BTreeSet<&'static str>,
+    counts: BTreeMap<&'static str, i64>,
 }
 
 impl DroppedReport {
-    fn update(&mut self, built: &snapshot::Built) {
-        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
-        let mut seen = BTreeSet::new();
-        for d in &built.dropped {
-            *counts.entry(d.as_str()).or_default() += 1;
-            let message = d.to_string();
-            if !self.seen.contains(&message) {
-                tracing::warn!(reason = d.as_str(), "not served: {message}");
-            }
-            seen.insert(message);
+    fn new(gauge: Family<DroppedLabels, Gauge>) -> DroppedReport {
+        DroppedReport {
+            gauge,
+            counts: BTreeMap::new(),
         }
-        // Set in place: a scrape never sees the family emptied.
-        for gone in self.reasons.iter().filter(|r| !counts.contains_key(*r)) {
-            self.gauge.remove(&DroppedLabels { reason: gone });
+    }
+
+    fn apply(&mut self, changes: &Changes) {
+        let mut touched = BTreeSet::new();
+        for d in &changes.restored {
+            *self.counts.entry(d.as_str()).or_default() -= 1;
+            touched.insert(d.as_str());
         }
-        for (reason, n) in &counts {
-            self.gauge.get_or_create(&DroppedLabels { reason }).set(*n);
+        for d in &changes.dropped {
+            tracing::warn!(reason = d.as_str(), "not served: {d}");
+            *self.counts.entry(d.as_str()).or_default() += 1;
+            touched.insert(d.as_str());
         }
-        self.reasons = counts.into_keys().collect();
-        self.seen = seen;
+        for reason in touched {
+            let n = self.counts.get(reason).copied().unwrap_or_default();
+            self.set(reason, n);
+        }
+    }
+
+    /// Sets one reason's count in place (a scrape never sees the family emptied); 0 removes it.
+    fn set(&mut self, reason: &'static str, n: i64) {
+        if n > 0 {
+            self.counts.insert(reason, n);
+            self.gauge.get_or_create(&DroppedLabels { reason }).set(n);
+        } else {
+            self.counts.remove(reason);
+            self.gauge.remove(&DroppedLabels { reason });
+        }
     }
 }
 
@@ -756,27 +971,33 @@ mod tests {
             service: ServiceKey::new("ns", name),
             ip: ip.parse().unwrap(),
         };
-        let built = |dropped| snapshot::Built {
-            dropped,
-            ..snapshot::Built::default()
-        };
-        report.update(&built(vec![
-            outside("a", "192.0.2.1"),
-            outside("b", "192.0.2.2"),
-        ]));
+        report.apply(&Changes {
+            dropped: vec![outside("a", "192.0.2.1"), outside("b", "192.0.2.2")],
+            ..Changes::default()
+        });
+        report.set(UNKNOWN_INTERFACE, 1);
+        let text = encode(&registry);
         assert!(
-            encode(&registry).contains(r#"swimlb_snapshot_dropped{reason="outside_pools"} 2"#),
-            "{}",
-            encode(&registry)
+            text.contains(r#"swimlb_snapshot_dropped{reason="outside_pools"} 2"#),
+            "{text}"
         );
-        assert_eq!(report.seen.len(), 2);
-        report.update(&built(vec![]));
         assert!(
-            !encode(&registry).contains("outside_pools"),
-            "{}",
-            encode(&registry)
+            text.contains(r#"swimlb_snapshot_dropped{reason="unknown_interface"} 1"#),
+            "{text}"
         );
-        assert!(report.seen.is_empty());
+        report.apply(&Changes {
+            restored: vec![outside("a", "192.0.2.1")],
+            ..Changes::default()
+        });
+        assert!(encode(&registry).contains(r#"swimlb_snapshot_dropped{reason="outside_pools"} 1"#));
+        report.apply(&Changes {
+            restored: vec![outside("b", "192.0.2.2")],
+            ..Changes::default()
+        });
+        report.set(UNKNOWN_INTERFACE, 0);
+        let text = encode(&registry);
+        assert!(!text.contains("outside_pools"), "{text}");
+        assert!(!text.contains("unknown_interface"), "{text}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! - **Ours**: a Service of type LoadBalancer whose `spec.loadBalancerClass` equals
 //!   [`Options::load_balancer_class`] (both absent by default) and with `status.loadBalancer
 //!   .ingress`. Other Services, and ours without an IP yet, are not ours to report.
-//! - **Pools**: the pools and advertisements are checked by [`validate`]; an invalid one is
+//! - **Pools**: the pools and advertisements are checked by [`validate`](swimlb_config::pools::validate); an invalid one is
 //!   ignored and reported ([`Dropped::InvalidPool`], [`Dropped::InvalidAdvertisement`]), the
 //!   others apply. All IPs of a Service must parse and lie in one valid pool, else the whole
 //!   Service is left out, as MetalLB withdraws it (`invalidIP`, `ipNotAllowed`).
@@ -73,7 +73,7 @@
 //!   two preferences matching a node, two very high scores may tie where MetalLB would order
 //!   them.
 //! - **Invalid objects** are ignored one by one, where MetalLB rejects the whole configuration
-//!   and keeps the previous one. [`validate`] also rejects an advertisement that names an
+//!   and keeps the previous one. [`validate`](swimlb_config::pools::validate) also rejects an advertisement that names an
 //!   unknown pool, where MetalLB skips only the unknown name.
 //!
 //! # Cost
@@ -82,21 +82,23 @@
 //! for each Service a scan of the pools and of its pool's advertisements. Node sets, interface
 //! sets and priority tables are built once per distinct set of applicable advertisements and
 //! shared between Services behind [`Arc`], so thousands of Services in one pool hold one set
-//! (and compare by pointer in [`Snapshot::diff`]).
+//! (and compare by pointer in [`Snapshot::diff`]). [`build`] does all of it; the [`Keeper`]
+//! the running speaker holds does it once, then per watch event only for the Service concerned
+//! (and for every Service only when the resolved configuration changed).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+use k8s_openapi::api::core::v1::Node;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
-use swimlb_config::pools::{Advertisement, ConfigError, Model, ObjectKind, validate};
+use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
 
+use super::views::{ConditionsView, ServiceView, SliceView, trim_cached_meta};
 use crate::election::MAX_PRIORITY;
 use crate::membership::NodeName;
-use crate::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot, SnapshotError};
+use crate::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
 
 /// The annotations that let a Service share its IP, in every spelling the controller accepts.
 pub const ALLOW_SHARED_IP: [&str; 3] = [
@@ -120,9 +122,9 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Caches<'a> {
     /// Services (any type and class: those that are not ours are skipped).
-    pub services: &'a [&'a Service],
+    pub services: &'a [&'a ServiceView],
     /// EndpointSlices of every namespace.
-    pub endpoint_slices: &'a [&'a EndpointSlice],
+    pub endpoint_slices: &'a [&'a SliceView],
     /// Nodes.
     pub nodes: &'a [&'a Node],
     /// `IPAddressPool`s of the speaker's namespace.
@@ -260,87 +262,17 @@ impl Dropped {
     }
 }
 
-/// The snapshot the caches describe, and everything left out of it (module docs).
+/// The snapshot the caches describe, and everything left out of it (module docs). The same as
+/// a [`Keeper`] given the same caches ([`Keeper::resync`]).
 pub fn build(caches: Caches<'_>, options: &Options) -> Built {
-    let mut dropped = Vec::new();
-    let pools: Vec<IPAddressPool> = caches.pools.iter().map(|p| (*p).clone()).collect();
-    let ads: Vec<L2Advertisement> = caches.advertisements.iter().map(|a| (*a).clone()).collect();
-    let validated = validate(&pools, &ads);
-    dropped.extend(validated.errors.into_iter().map(|e| match e.kind {
-        ObjectKind::IPAddressPool => Dropped::InvalidPool(e),
-        ObjectKind::L2Advertisement => Dropped::InvalidAdvertisement(e),
-    }));
-    let config = Resolved::new(&validated.model, caches.nodes, options);
-    let slices = slices_by_service(caches.endpoint_slices);
-
-    let mut services: Vec<(ServiceKey, &Service)> = caches
-        .services
-        .iter()
-        .filter(|svc| is_ours(svc, options))
-        .map(|svc| (key_of(svc), *svc))
-        .collect();
-    services.sort_by(|a, b| a.0.cmp(&b.0));
-
-    let mut placements = HashMap::new();
-    let mut holders: BTreeMap<IpAddr, Vec<Holder>> = BTreeMap::new();
-    for (key, svc) in services {
-        let slices = slices
-            .get(&(key.namespace.as_str(), key.name.as_str()))
-            .map_or(&[][..], Vec::as_slice);
-        let Some(served) = config.serve(&key, svc, slices, &mut placements, &mut dropped) else {
-            continue;
-        };
-        let shares = allows_shared_ip(svc);
-        for (ip, entry) in served {
-            holders.entry(ip).or_default().push(Holder {
-                key: key.clone(),
-                shares,
-                served: entry,
-            });
-        }
-    }
-
-    let mut snapshot = Snapshot::new();
-    for (ip, holders) in holders {
-        let mut holders = holders.into_iter();
-        let Some(first) = holders.next() else {
-            continue;
-        };
-        let mut entry = first.served;
-        for other in holders {
-            if first.shares && other.shares {
-                entry.ready_endpoints =
-                    merge_ready(entry.ready_endpoints.take(), other.served.ready_endpoints);
-            } else {
-                dropped.push(Dropped::IpConflict {
-                    ip,
-                    kept: first.key.to_string(),
-                    dropped: other.key.to_string(),
-                });
-            }
-        }
-        // One entry per IP: a refusal cannot happen, and would be reported if it did.
-        if let Err(SnapshotError::DuplicateIp { ip, first, second }) = snapshot.insert(ip, entry) {
-            dropped.push(Dropped::IpConflict {
-                ip,
-                kept: first,
-                dropped: second,
-            });
-        }
-    }
-    Built { snapshot, dropped }
-}
-
-/// One Service's claim on an IP.
-struct Holder {
-    key: ServiceKey,
-    shares: bool,
-    served: ServedIp,
+    let mut keeper = Keeper::new(options.clone());
+    keeper.resync(caches);
+    keeper.built()
 }
 
 /// Where an IP may be served from, shared by every Service with the same applicable
 /// advertisements.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Placement {
     nodes: NodeFilter,
     interfaces: Interfaces,
@@ -381,9 +313,9 @@ impl PoolMiss<'_> {
     }
 }
 
-/// An advertisement with its nodes resolved against the Node cache.
-struct ResolvedAd<'m> {
-    ad: &'m Advertisement,
+/// An advertisement's nodes, resolved against the Node cache.
+#[derive(Debug, PartialEq, Eq)]
+struct ResolvedAd {
     /// The candidate nodes it covers (its `nodeSelectors`, minus excluded nodes).
     nodes: BTreeSet<NodeName>,
     /// The preference score it gives each of its nodes (nodes scoring 0 are absent).
@@ -391,30 +323,28 @@ struct ResolvedAd<'m> {
 }
 
 /// The configuration resolved against the Nodes: what every Service is checked against.
-struct Resolved<'m> {
-    model: &'m Model,
-    ads: Vec<ResolvedAd<'m>>,
-    /// The advertisements of each pool, by index into `ads`, in (namespace, name) order.
-    by_pool: HashMap<&'m str, Vec<usize>>,
+#[derive(Debug, Default)]
+struct Resolved {
+    model: Model,
+    /// One per advertisement of the model, in the same order.
+    ads: Vec<ResolvedAd>,
+    /// The advertisements of each pool, by index, in (namespace, name) order.
+    by_pool: HashMap<String, Vec<usize>>,
 }
 
-impl<'m> Resolved<'m> {
-    fn new(model: &'m Model, nodes: &[&Node], options: &Options) -> Resolved<'m> {
-        let known: Vec<(&str, &BTreeMap<String, String>, bool)> = nodes
-            .iter()
-            .filter_map(|node| {
-                let name = node.metadata.name.as_deref()?;
-                let labels = node.metadata.labels.as_ref().unwrap_or(&NO_LABELS);
-                Some((name, labels, can_announce(node, options)))
-            })
-            .collect();
-        let ads: Vec<ResolvedAd<'m>> = model
+/// What a Node contributes to the resolved configuration: its name, labels and whether it may
+/// announce at all.
+type NodeFacts<'a> = (&'a str, &'a BTreeMap<String, String>, bool);
+
+impl Resolved {
+    fn new(model: Model, nodes: &[NodeFacts<'_>]) -> Resolved {
+        let ads: Vec<ResolvedAd> = model
             .advertisements
             .iter()
             .map(|ad| {
                 let mut covered = BTreeSet::new();
                 let mut scores = BTreeMap::new();
-                for (name, labels, eligible) in &known {
+                for (name, labels, eligible) in nodes {
                     let selected = ad.node_selectors.is_empty()
                         || ad.node_selectors.iter().any(|s| s.matches(labels));
                     if !selected || !eligible {
@@ -432,16 +362,15 @@ impl<'m> Resolved<'m> {
                     }
                 }
                 ResolvedAd {
-                    ad,
                     nodes: covered,
                     scores,
                 }
             })
             .collect();
-        let mut by_pool: HashMap<&'m str, Vec<usize>> = HashMap::new();
-        for (index, resolved) in ads.iter().enumerate() {
-            for pool in &resolved.ad.pools {
-                by_pool.entry(pool.as_str()).or_default().push(index);
+        let mut by_pool: HashMap<String, Vec<usize>> = HashMap::new();
+        for (index, ad) in model.advertisements.iter().enumerate() {
+            for pool in &ad.pools {
+                by_pool.entry(pool.clone()).or_default().push(index);
             }
         }
         Resolved {
@@ -451,15 +380,24 @@ impl<'m> Resolved<'m> {
         }
     }
 
+    fn ad(&self, index: usize) -> &Advertisement {
+        &self.model.advertisements[index]
+    }
+
+    /// Whether every Service would be checked the same against `other`.
+    fn same_as(&self, other: &Resolved) -> bool {
+        self.model == other.model && self.ads == other.ads
+    }
+
     /// The entries of one Service, or `None` (reported in `dropped`) when it is left out.
     fn serve(
         &self,
         key: &ServiceKey,
-        svc: &Service,
-        slices: &[&EndpointSlice],
+        svc: &ServiceView,
+        slices: &[&SliceView],
         placements: &mut HashMap<Vec<usize>, Placement>,
         dropped: &mut Vec<Dropped>,
-    ) -> Option<Vec<(IpAddr, ServedIp)>> {
+    ) -> Option<(Vec<IpAddr>, ServedIp)> {
         let ips = match ingress_ips(svc) {
             Ok(ips) => ips,
             Err((index, text)) => {
@@ -488,7 +426,7 @@ impl<'m> Resolved<'m> {
             .flatten()
             .copied()
             .filter(|&i| {
-                let selectors = &self.ads[i].ad.service_selectors;
+                let selectors = &self.ad(i).service_selectors;
                 selectors.is_empty() || selectors.iter().any(|s| s.matches(labels))
             })
             .collect();
@@ -502,9 +440,9 @@ impl<'m> Resolved<'m> {
         if allows_shared_ip(svc)
             && let Some(&i) = applicable
                 .iter()
-                .find(|&&i| !self.ads[i].ad.service_selectors.is_empty())
+                .find(|&&i| !self.ad(i).service_selectors.is_empty())
         {
-            let ad = self.ads[i].ad;
+            let ad = self.ad(i);
             dropped.push(Dropped::SharedIpWithServiceSelector {
                 service: key.clone(),
                 advertisement: format!("{}/{}", ad.namespace, ad.name),
@@ -516,26 +454,21 @@ impl<'m> Resolved<'m> {
             .or_insert_with_key(|applicable| self.placement(applicable))
             .clone();
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
-        Some(
-            ips.into_iter()
-                .map(|ip| {
-                    let served = ServedIp {
-                        belongs_to: key.to_string(),
-                        group: None,
-                        interfaces: placement.interfaces.clone(),
-                        nodes: placement.nodes.clone(),
-                        ready_endpoints: ready_endpoints.clone(),
-                        node_priority: placement.node_priority.clone(),
-                        order_ip: Some(first),
-                    };
-                    (ip, served)
-                })
-                .collect(),
-        )
+        // Every IP of the Service has the same entry.
+        let served = ServedIp {
+            belongs_to: key.to_string(),
+            group: None,
+            interfaces: placement.interfaces,
+            nodes: placement.nodes,
+            ready_endpoints,
+            node_priority: placement.node_priority,
+            order_ip: Some(first),
+        };
+        Some((ips, served))
     }
 
     /// The one valid pool holding every IP of a Service.
-    fn pool_of(&self, first: IpAddr, rest: &[IpAddr]) -> Result<&'m str, PoolMiss<'m>> {
+    fn pool_of(&self, first: IpAddr, rest: &[IpAddr]) -> Result<&str, PoolMiss<'_>> {
         let find = |ip: IpAddr| {
             let pool = self.model.pools.values().find(|p| p.contains(ip));
             pool.map(|p| p.name.as_str()).ok_or(PoolMiss::Outside(ip))
@@ -557,15 +490,21 @@ impl<'m> Resolved<'m> {
 
     /// The nodes, interfaces and priorities of a set of applicable advertisements.
     fn placement(&self, applicable: &[usize]) -> Placement {
-        let ads = applicable.iter().map(|&i| &self.ads[i]);
-        let nodes: BTreeSet<NodeName> = ads.clone().flat_map(|r| r.nodes.iter().cloned()).collect();
-        let interfaces = if ads.clone().any(|r| r.ad.interfaces.is_empty()) {
+        let ads = applicable.iter().map(|&i| (self.ad(i), &self.ads[i]));
+        let nodes: BTreeSet<NodeName> = ads
+            .clone()
+            .flat_map(|(_, r)| r.nodes.iter().cloned())
+            .collect();
+        let interfaces = if ads.clone().any(|(ad, _)| ad.interfaces.is_empty()) {
             Interfaces::Default
         } else {
-            Interfaces::named(ads.clone().flat_map(|r| r.ad.interfaces.iter().cloned()))
+            Interfaces::named(
+                ads.clone()
+                    .flat_map(|(ad, _)| ad.interfaces.iter().cloned()),
+            )
         };
         let mut scores: BTreeMap<NodeName, u64> = BTreeMap::new();
-        for resolved in ads {
+        for (_, resolved) in ads {
             for (node, score) in &resolved.scores {
                 *scores.entry(node.clone()).or_default() += score;
             }
@@ -591,7 +530,7 @@ impl<'m> Resolved<'m> {
 static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// Whether the Service is of type LoadBalancer and of the class this speaker serves.
-fn is_ours(svc: &Service, options: &Options) -> bool {
+fn is_ours(svc: &ServiceView, options: &Options) -> bool {
     let Some(spec) = svc.spec.as_ref() else {
         return false;
     };
@@ -600,7 +539,7 @@ fn is_ours(svc: &Service, options: &Options) -> bool {
 }
 
 /// The Service's namespace and name.
-fn key_of(svc: &Service) -> ServiceKey {
+fn key_of(svc: &ServiceView) -> ServiceKey {
     ServiceKey::new(
         svc.metadata.namespace.clone().unwrap_or_default(),
         svc.metadata.name.clone().unwrap_or_default(),
@@ -608,7 +547,7 @@ fn key_of(svc: &Service) -> ServiceKey {
 }
 
 /// Whether the Service carries `allow-shared-ip` under any spelling (any value).
-fn allows_shared_ip(svc: &Service) -> bool {
+fn allows_shared_ip(svc: &ServiceView) -> bool {
     svc.metadata
         .annotations
         .as_ref()
@@ -616,7 +555,7 @@ fn allows_shared_ip(svc: &Service) -> bool {
 }
 
 /// `spec.externalTrafficPolicy`, `Cluster` unless it says `Local`.
-fn traffic_policy(svc: &Service) -> TrafficPolicy {
+fn traffic_policy(svc: &ServiceView) -> TrafficPolicy {
     match svc
         .spec
         .as_ref()
@@ -629,7 +568,7 @@ fn traffic_policy(svc: &Service) -> TrafficPolicy {
 
 /// The Service's ingress IPs in order, without repeats, IPv4-mapped IPv6 read as IPv4 (as Go
 /// reads them); or the position and text of the first entry without a parsable IP.
-fn ingress_ips(svc: &Service) -> Result<Vec<IpAddr>, (usize, String)> {
+fn ingress_ips(svc: &ServiceView) -> Result<Vec<IpAddr>, (usize, String)> {
     let entries = svc
         .status
         .as_ref()
@@ -668,21 +607,16 @@ fn can_announce(node: &Node, options: &Options) -> bool {
 
 /// The EndpointSlices of each Service, by (namespace, service name), each list by slice name.
 fn slices_by_service<'a>(
-    slices: &[&'a EndpointSlice],
-) -> HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>> {
-    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    slices: &[&'a SliceView],
+) -> HashMap<(&'a str, &'a str), Vec<&'a SliceView>> {
+    let mut by_service: HashMap<(&str, &str), Vec<&SliceView>> = HashMap::new();
     for slice in slices {
         let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
-        let Some(service) = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-        else {
+        let Some(service) = slice.service() else {
             continue;
         };
         by_service
-            .entry((namespace, service.as_str()))
+            .entry((namespace, service))
             .or_default()
             .push(slice);
     }
@@ -692,31 +626,36 @@ fn slices_by_service<'a>(
     by_service
 }
 
-/// The endpoints of a slice. `endpoints` is required up to Kubernetes 1.35 and optional from
-/// 1.36 in k8s-openapi's types; both read the same here.
-fn endpoints_of(slice: &EndpointSlice) -> &[Endpoint] {
-    slice.endpoints.as_endpoints()
-}
-
-/// Either shape of `EndpointSlice.endpoints` as a slice (see [`endpoints_of`]).
-trait AsEndpoints {
-    fn as_endpoints(&self) -> &[Endpoint];
-}
-
-impl AsEndpoints for Vec<Endpoint> {
-    fn as_endpoints(&self) -> &[Endpoint] {
-        self
-    }
-}
-
-impl AsEndpoints for Option<Vec<Endpoint>> {
-    fn as_endpoints(&self) -> &[Endpoint] {
-        self.as_deref().unwrap_or_default()
+/// Trims a cached Node to what [`build`] reads: its name, labels and `NetworkUnavailable`
+/// condition (a Node's status, with its image list, is most of its size). Idempotent;
+/// [`build`] gives the same result before and after.
+pub fn trim_node(node: &mut Node) {
+    trim_cached_meta(&mut node.metadata);
+    node.metadata.annotations = None;
+    node.spec = None;
+    if let Some(status) = node.status.take() {
+        let conditions: Vec<_> = status
+            .conditions
+            .into_iter()
+            .flatten()
+            .filter(|c| c.type_ == NETWORK_UNAVAILABLE)
+            .map(|c| k8s_openapi::api::core::v1::NodeCondition {
+                type_: c.type_,
+                status: c.status,
+                ..Default::default()
+            })
+            .collect();
+        if !conditions.is_empty() {
+            node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(conditions),
+                ..Default::default()
+            });
+        }
     }
 }
 
 /// MetalLB's "can serve": `ready` unset or true, or else `serving` true.
-fn can_serve(conditions: Option<&EndpointConditions>) -> bool {
+fn can_serve(conditions: Option<&ConditionsView>) -> bool {
     conditions.is_none_or(|c| c.ready.is_none_or(|ready| ready) || c.serving == Some(true))
 }
 
@@ -725,22 +664,22 @@ fn can_serve(conditions: Option<&EndpointConditions>) -> bool {
 /// set.
 fn ready_endpoints(
     key: &ServiceKey,
-    svc: &Service,
-    slices: &[&EndpointSlice],
+    svc: &ServiceView,
+    slices: &[&SliceView],
     dropped: &mut Vec<Dropped>,
 ) -> Option<NodeSet> {
     match traffic_policy(svc) {
         TrafficPolicy::Cluster => {
             let serving = slices
                 .iter()
-                .flat_map(|s| endpoints_of(s))
+                .flat_map(|s| s.endpoints.iter())
                 .any(|e| can_serve(e.conditions.as_ref()));
             (!serving).then(|| Arc::new(BTreeSet::new()))
         }
         TrafficPolicy::Local => {
             let mut nodes = BTreeSet::new();
             for slice in slices {
-                for (index, endpoint) in endpoints_of(slice).iter().enumerate() {
+                for (index, endpoint) in slice.endpoints.iter().enumerate() {
                     match endpoint.node_name.as_deref().filter(|n| !n.is_empty()) {
                         None => dropped.push(Dropped::EndpointWithoutNode {
                             service: key.clone(),
@@ -769,5 +708,8 @@ fn merge_ready(a: Option<NodeSet>, b: Option<NodeSet>) -> Option<NodeSet> {
     Some(Arc::new(a.union(&b).cloned().collect()))
 }
 
+mod keeper;
 #[cfg(test)]
 mod tests;
+
+pub use keeper::{Changes, Keeper};

@@ -4,14 +4,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::Node;
 use serde_json::{Value, json};
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::service::ServiceKey;
 
 use super::*;
 use crate::election::{Election, Outcome};
+use crate::kubernetes::views::{ServiceView as Service, SliceView as EndpointSlice, trim_slice};
 use crate::membership::{LiveSet, MemberMeta};
 
 const NS: &str = "swimlb-system";
@@ -1028,4 +1028,354 @@ fn the_same_caches_in_another_order_give_the_same_result() {
     world.ads.reverse();
     assert_eq!(world.built(), first);
     assert_eq!(labels(&first), vec!["outside_pools", "ip_conflict"]);
+}
+
+/// The keeper, driven object by object as the watches drive it: after any sequence of changes
+/// its snapshot and drops are what [`build`] makes of the final caches, and the changes it
+/// reported account for every difference.
+mod keeper_tests {
+    use super::*;
+    use crate::snapshot::SnapshotChange;
+    use proptest::prelude::*;
+
+    const SERVICES: usize = 5;
+    const SLICES: usize = 6;
+    const IPS: [&str; 5] = [
+        "192.0.2.1",
+        "192.0.2.2",
+        "192.0.2.17",
+        "2001:db8::1",
+        "198.51.100.1",
+    ];
+
+    /// A Service's version: IP indexes, shared, Local, label, class.
+    type ServiceVersion = (Vec<usize>, bool, bool, bool, bool);
+    /// A slice's version: the Service it names (index) and endpoints (node index or none,
+    /// ready).
+    type SliceVersion = (usize, Vec<(Option<usize>, bool)>);
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Service(usize, Option<ServiceVersion>),
+        Slice(usize, Option<SliceVersion>),
+        /// Node labels (zone x or y per node), one node unavailable or not.
+        Nodes([bool; 4], Option<usize>),
+        /// Which advertisements exist.
+        Ads([bool; 5]),
+    }
+
+    const NODES: [&str; 4] = ["a", "b", "c", "d"];
+
+    fn service_name(i: usize) -> String {
+        format!("shop/s{i}")
+    }
+
+    fn make_service(i: usize, (ips, shared, local, label, class): &ServiceVersion) -> Service {
+        let ips: Vec<&str> = ips.iter().map(|&n| IPS[n % IPS.len()]).collect();
+        let mut extra = json!({"metadata": {"labels": {"app": if *label { "x" } else { "y" }}}});
+        if *shared {
+            extra["metadata"]["annotations"] = json!({"metallb.io/allow-shared-ip": "k"});
+        }
+        if *local {
+            extra["spec"] = json!({"externalTrafficPolicy": "Local"});
+        }
+        if *class {
+            extra["spec"]["loadBalancerClass"] = json!("other");
+        }
+        service(&service_name(i), &ips, extra)
+    }
+
+    fn make_slice(j: usize, (owner, endpoints): &SliceVersion) -> EndpointSlice {
+        let endpoints: Vec<Ep> = endpoints
+            .iter()
+            .map(|(node, ready)| (node.map(|n| NODES[n % 4]), Some(*ready), None))
+            .collect();
+        slice(
+            &service_name(owner % SERVICES),
+            &format!("slice-{j}"),
+            &endpoints,
+        )
+    }
+
+    fn make_nodes(zones: [bool; 4], unavailable: Option<usize>) -> Vec<Node> {
+        NODES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut node = node(n, json!({"zone": if zones[i] { "x" } else { "y" }}));
+                if unavailable == Some(i) {
+                    node.status = node_with_condition(n, NETWORK_UNAVAILABLE, "True").status;
+                }
+                node
+            })
+            .collect()
+    }
+
+    fn make_ads(which: [bool; 5]) -> Vec<L2Advertisement> {
+        let all = [
+            adv("all", json!({})),
+            adv(
+                "web-x",
+                json!({"ipAddressPools": ["web"], "nodeSelectors": [{"matchLabels": {"zone": "x"}}]}),
+            ),
+            adv(
+                "eth0",
+                json!({"interfaces": ["eth0"], "serviceSelectors": [{"matchLabels": {"app": "x"}}]}),
+            ),
+            adv(
+                "bad",
+                json!({"nodeSelectors": [{"matchExpressions": [{"key": "zone", "operator": "Bogus"}]}]}),
+            ),
+            adv(
+                "pref",
+                json!({"preferredNodeSelectors": [{"weight": 10, "preference": {"matchLabels": {"zone": "y"}}}]}),
+            ),
+        ];
+        all.into_iter()
+            .zip(which)
+            .filter_map(|(ad, keep)| keep.then_some(ad))
+            .collect()
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let service_version = (
+            prop::collection::vec(0..IPS.len(), 0..3),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::bool::weighted(0.1),
+        );
+        let slice_version = (
+            0..SERVICES,
+            prop::collection::vec(
+                (prop::option::weighted(0.9, 0..4usize), any::<bool>()),
+                0..3,
+            ),
+        );
+        prop_oneof![
+            4 => (0..SERVICES, prop::option::weighted(0.8, service_version)).prop_map(|(i, v)| Op::Service(i, v)),
+            4 => (0..SLICES, prop::option::weighted(0.8, slice_version)).prop_map(|(j, v)| Op::Slice(j, v)),
+            1 => (any::<[bool; 4]>(), prop::option::of(0..4usize)).prop_map(|(z, u)| Op::Nodes(z, u)),
+            1 => any::<[bool; 5]>().prop_map(Op::Ads),
+        ]
+    }
+
+    /// The world and the keeper side by side; `apply` changes both as the loop does.
+    struct Driven {
+        world: World,
+        keeper: Keeper,
+    }
+
+    impl Driven {
+        fn new() -> Driven {
+            let mut world = World {
+                nodes: make_nodes([true, false, true, false], None),
+                pools: vec![
+                    pool("web", &["192.0.2.0/28", "2001:db8::/64"]),
+                    pool("db", &["192.0.2.16/28"]),
+                ],
+                ads: make_ads([true, false, false, false, false]),
+                ..World::default()
+            };
+            world.services.clear();
+            let mut keeper = Keeper::new(Options::default());
+            let (nodes, pools, ads) = world.config();
+            keeper.set_config(&pools, &ads, &nodes);
+            Driven { world, keeper }
+        }
+
+        fn set_service(&mut self, key: &ServiceKey) {
+            let service = self
+                .world
+                .services
+                .iter()
+                .find(|s| key_of(s) == *key)
+                .cloned();
+            let names: Vec<String> = self.keeper.slices_of(key).map(str::to_string).collect();
+            let slices: Vec<&EndpointSlice> = names
+                .iter()
+                .filter_map(|n| {
+                    self.world.slices.iter().find(|s| {
+                        s.metadata.name.as_deref() == Some(n.as_str())
+                            && s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                    })
+                })
+                .collect();
+            self.keeper.set_service(key, service.as_ref(), &slices);
+        }
+
+        fn apply(&mut self, op: &Op) {
+            match op {
+                Op::Service(i, version) => {
+                    let name = service_name(*i);
+                    self.world.services.retain(|s| key_of(s) != key(&name));
+                    if let Some(v) = version {
+                        self.world.services.push(make_service(*i, v));
+                    }
+                    self.set_service(&key(&name));
+                }
+                Op::Slice(j, version) => {
+                    let name = format!("slice-{j}");
+                    self.world
+                        .slices
+                        .retain(|s| s.metadata.name.as_deref() != Some(name.as_str()));
+                    if let Some(v) = version {
+                        self.world.slices.push(make_slice(*j, v));
+                    }
+                    let label = self
+                        .world
+                        .slices
+                        .iter()
+                        .find(|s| s.metadata.name.as_deref() == Some(name.as_str()))
+                        .and_then(|s| s.service().map(str::to_string));
+                    for key in self.keeper.index_slice("shop", &name, label.as_deref()) {
+                        self.set_service(&key);
+                    }
+                }
+                Op::Nodes(zones, unavailable) => {
+                    self.world.nodes = make_nodes(*zones, *unavailable);
+                    self.config_changed();
+                }
+                Op::Ads(which) => {
+                    self.world.ads = make_ads(*which);
+                    self.config_changed();
+                }
+            }
+        }
+
+        fn config_changed(&mut self) {
+            let (nodes, pools, ads) = self.world.config();
+            if self.keeper.set_config(&pools, &ads, &nodes) {
+                let mut keys: BTreeSet<ServiceKey> =
+                    self.world.services.iter().map(key_of).collect();
+                keys.extend(self.keeper.services().cloned());
+                for key in keys {
+                    self.set_service(&key);
+                }
+            }
+        }
+    }
+
+    impl World {
+        fn config(&self) -> (Vec<&Node>, Vec<&IPAddressPool>, Vec<&L2Advertisement>) {
+            (
+                self.nodes.iter().collect(),
+                self.pools.iter().collect(),
+                self.ads.iter().collect(),
+            )
+        }
+    }
+
+    fn sorted(dropped: &[Dropped]) -> Vec<String> {
+        let mut all: Vec<String> = dropped.iter().map(ToString::to_string).collect();
+        all.sort();
+        all
+    }
+
+    proptest! {
+        #[test]
+        fn the_keeper_equals_a_fresh_build_after_any_changes(ops in prop::collection::vec(op(), 1..40)) {
+            let mut driven = Driven::new();
+            let _ = driven.keeper.take_changes();
+            for op in &ops {
+                let before = driven.keeper.built();
+                driven.apply(op);
+                let changes = driven.keeper.take_changes();
+                let after = driven.keeper.built();
+                prop_assert_eq!(&after, &driven.world.built(), "after {:?}", op);
+                // Every IP whose entry differs is reported, and only those.
+                let differ: BTreeSet<IpAddr> = before
+                    .snapshot
+                    .diff(&after.snapshot)
+                    .into_iter()
+                    .map(|c| match c {
+                        SnapshotChange::Added(ip) | SnapshotChange::Removed(ip) | SnapshotChange::Changed(ip) => ip,
+                    })
+                    .collect();
+                prop_assert_eq!(&changes.ips, &differ, "after {:?}", op);
+                // before - restored + dropped = after, as multisets.
+                let mut accounted = sorted(&before.dropped);
+                for gone in sorted(&changes.restored) {
+                    let at = accounted.iter().position(|d| *d == gone);
+                    prop_assert!(at.is_some(), "restored {} was not dropped", gone);
+                    accounted.remove(at.unwrap_or_default());
+                }
+                accounted.extend(sorted(&changes.dropped));
+                accounted.sort();
+                prop_assert_eq!(accounted, sorted(&after.dropped), "after {:?}", op);
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_change_that_no_selector_reads_changes_nothing() {
+        let mut driven = Driven::new();
+        driven.apply(&Op::Service(0, Some((vec![0], false, false, true, false))));
+        let _ = driven.keeper.take_changes();
+        let mut nodes = driven.world.nodes.clone();
+        nodes[0].metadata.annotations = Some(BTreeMap::from([("x".into(), "y".into())]));
+        nodes[0].status = Some(Default::default());
+        let nodes: Vec<&Node> = nodes.iter().collect();
+        let pools: Vec<&IPAddressPool> = driven.world.pools.iter().collect();
+        let ads: Vec<&L2Advertisement> = driven.world.ads.iter().collect();
+        assert!(!driven.keeper.set_config(&pools, &ads, &nodes));
+        assert!(driven.keeper.take_changes().is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_slice_moved_to_another_service_touches_both() {
+        let mut driven = Driven::new();
+        let local = (vec![0], false, true, true, false);
+        driven.apply(&Op::Service(0, Some(local.clone())));
+        driven.apply(&Op::Service(1, Some((vec![1], false, true, true, false))));
+        driven.apply(&Op::Slice(0, Some((0, vec![(Some(1), true)]))));
+        let _ = driven.keeper.take_changes();
+        driven.apply(&Op::Slice(0, Some((1, vec![(Some(1), true)]))));
+        let changes = driven.keeper.take_changes();
+        assert_eq!(
+            changes.ips,
+            BTreeSet::from([ip("192.0.2.1"), ip("192.0.2.2")])
+        );
+        assert_eq!(driven.keeper.built(), driven.world.built());
+    }
+}
+
+#[test]
+fn trimmed_slices_and_nodes_build_the_same_snapshot() {
+    let mut world = World::three_nodes()
+        .with_service(
+            "shop/a",
+            &["192.0.2.10"],
+            json!({"spec": {"externalTrafficPolicy": "Local"}}),
+        )
+        .with_service("shop/b", &["192.0.2.11"], json!({}));
+    world
+        .nodes
+        .push(node_with_condition("d", NETWORK_UNAVAILABLE, "True"));
+    world.nodes[0].metadata.labels = Some(from_json(json!({"zone": "x"})));
+    world.ads.push(adv(
+        "x",
+        json!({"nodeSelectors": [{"matchLabels": {"zone": "x"}}], "interfaces": ["eth1"]}),
+    ));
+    world.slices.push(slice(
+        "shop/a",
+        "a-2",
+        &[
+            (Some("b"), Some(false), Some(true)),
+            (None, Some(true), None),
+        ],
+    ));
+    let untrimmed = world.built();
+    for slice in &mut world.slices {
+        trim_slice(slice);
+        assert!(
+            slice.metadata.labels.is_none(),
+            "the Service moved out of the labels"
+        );
+    }
+    for node in &mut world.nodes {
+        trim_node(node);
+    }
+    assert_eq!(world.built(), untrimmed);
+    assert_eq!(labels(&untrimmed), vec!["endpoint_without_node"]);
 }
