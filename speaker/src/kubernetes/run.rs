@@ -33,7 +33,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::Client;
 use kube::Resource as _;
-use kube::runtime::WatchStreamExt as _;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -711,12 +710,19 @@ async fn write_records(
     let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
     // The records as the API server holds them: one this node wrote and somebody else
     // overwrote (the other side of a healed partition) or deleted is written again.
-    let mut seen_records = kube::runtime::watcher(
-        kube::Api::<ServiceL2Status>::namespaced(client.clone(), &settings.namespace),
-        kube::runtime::watcher::Config::default(),
-    )
-    .default_backoff()
-    .boxed();
+    // After an error the watch starts over (a fresh list) a second later: kube's default
+    // backoff grows to 30 s while a node is cut off, and the node that comes back must see at
+    // once what the other side wrote meanwhile.
+    let records_api = kube::Api::<ServiceL2Status>::namespaced(client.clone(), &settings.namespace);
+    let watch_records = || {
+        kube::runtime::watcher(
+            records_api.clone(),
+            kube::runtime::watcher::Config::default(),
+        )
+        .boxed()
+    };
+    let mut seen_records = Some(watch_records());
+    let mut rewatch_at: Option<Instant> = None;
     let mut mine: std::collections::HashMap<ServiceKey, ServiceL2StatusStatus> =
         std::collections::HashMap::new();
     let mut recorder = EventWriter::new(client, "swimlb-speaker", &settings.node);
@@ -801,7 +807,11 @@ async fn write_records(
             },
             () = std::future::ready(()), if more => {}
             _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
-            event = seen_records.next() => {
+            () = sleep_until(rewatch_at), if rewatch_at.is_some() => {
+                seen_records = Some(watch_records());
+                rewatch_at = None;
+            }
+            event = async { seen_records.as_mut().expect("guarded").next().await }, if seen_records.is_some() => {
                 let seen = match event {
                     Some(Ok(kube::runtime::watcher::Event::Apply(r)
                         | kube::runtime::watcher::Event::InitApply(r))) => {
@@ -814,9 +824,15 @@ async fn write_records(
                     Some(Err(e)) => {
                         metrics.watch_error(Resource::ServiceL2Statuses);
                         tracing::debug!(error = %e, "ServiceL2Status watch failed; retrying");
+                        seen_records = None;
+                        rewatch_at = Some(Instant::now() + RECORDS_REWATCH);
                         None
                     }
-                    None => return,
+                    None => {
+                        seen_records = None;
+                        rewatch_at = Some(Instant::now() + RECORDS_REWATCH);
+                        None
+                    }
                 };
                 if let Some((service, status)) = seen
                     && writer.observe(&service, status.as_ref())
@@ -828,6 +844,9 @@ async fn write_records(
         }
     }
 }
+
+/// How long after a failure the records' watch starts over.
+const RECORDS_REWATCH: Duration = Duration::from_secs(1);
 
 /// The Service a record is about, from its labels.
 fn record_service(record: &ServiceL2Status) -> Option<ServiceKey> {
