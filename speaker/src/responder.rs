@@ -21,7 +21,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use pnet_datalink::{DataLinkReceiver, DataLinkSender};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
