@@ -242,6 +242,15 @@ impl GossipMetrics {
             "Suspicions this node timed, by how they ended (refuted, confirmed, expired)",
             metrics.suspicions.clone(),
         );
+        // Every outcome has its series from the start, at 0 (a rate over a series that appears
+        // at its first increment misses that increment).
+        for outcome in [
+            SuspicionOutcome::Refuted,
+            SuspicionOutcome::Confirmed,
+            SuspicionOutcome::Expired,
+        ] {
+            drop(metrics.suspicions.get_or_create(&OutcomeLabels { outcome }));
+        }
         metrics
     }
 
