@@ -287,6 +287,10 @@ impl RecordWriter {
     /// node overwrote it while the two could not hear each other, or somebody deleted it), the
     /// writer forgets it wrote it and returns true: the caller sets the record again, so a
     /// record never stays stale while its owner lives.
+    ///
+    /// A write is two requests (the object, then its status), and the watch shows the object in
+    /// between with the status it had before: the caller calls this only once what it saw
+    /// has stood for a while ([`RecordWriter::differs`] first).
     pub fn observe(
         &mut self,
         service: &ServiceKey,
@@ -299,6 +303,13 @@ impl RecordWriter {
             }
             _ => false,
         }
+    }
+
+    /// Whether this node wrote `service`'s record and `status` says otherwise.
+    pub fn differs(&self, service: &ServiceKey, status: Option<&ServiceL2StatusStatus>) -> bool {
+        self.written
+            .get(service)
+            .is_some_and(|mine| status.map(fingerprint) != Some(*mine))
     }
 
     /// Whether writes are pending (a failed one included).

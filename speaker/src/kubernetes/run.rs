@@ -129,6 +129,9 @@ enum ToWrite {
         reason: &'static str,
         note: String,
     },
+    /// The node drains: it answers until its successors announce, but their records are
+    /// theirs; it no longer writes back a record another node took over.
+    Draining,
 }
 
 /// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
@@ -341,6 +344,7 @@ impl Source {
             self.daemon.publish_meta().await;
         }
         self.daemon.board.update(|s| s.draining = true);
+        let _ = self.to_write.send(ToWrite::Draining);
         self.daemon.handle(Input::Drain).await;
     }
 
@@ -723,6 +727,13 @@ async fn write_records(
     };
     let mut seen_records = Some(watch_records());
     let mut rewatch_at: Option<Instant> = None;
+    // Records seen saying otherwise than this node wrote, with the latest status seen and when
+    // to look again: a write's own two requests show such a state for a moment.
+    let mut suspect: std::collections::HashMap<
+        ServiceKey,
+        (Instant, Option<ServiceL2StatusStatus>),
+    > = std::collections::HashMap::new();
+    let mut draining = false;
     let mut mine: std::collections::HashMap<ServiceKey, ServiceL2StatusStatus> =
         std::collections::HashMap::new();
     let mut recorder = EventWriter::new(client, "swimlb-speaker", &settings.node);
@@ -767,6 +778,10 @@ async fn write_records(
                         note,
                     },
                 )),
+                ToWrite::Draining => {
+                    draining = true;
+                    suspect.clear();
+                }
             }
         }
         for e in writer.flush().await {
@@ -807,6 +822,21 @@ async fn write_records(
             },
             () = std::future::ready(()), if more => {}
             _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
+            () = sleep_until(suspect.values().map(|(at, _)| *at).min()), if !suspect.is_empty() => {
+                let now = Instant::now();
+                let due: Vec<ServiceKey> = suspect
+                    .iter()
+                    .filter(|(_, (at, _))| *at <= now)
+                    .map(|(service, _)| service.clone())
+                    .collect();
+                for service in due {
+                    let (_, status) = suspect.remove(&service).expect("listed above");
+                    if writer.observe(&service, status.as_ref()) {
+                        tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
+                        writer.set(&service, mine.get(&service).cloned(), false);
+                    }
+                }
+            }
             () = sleep_until(rewatch_at), if rewatch_at.is_some() => {
                 seen_records = Some(watch_records());
                 rewatch_at = None;
@@ -834,16 +864,20 @@ async fn write_records(
                         None
                     }
                 };
-                if let Some((service, status)) = seen
-                    && writer.observe(&service, status.as_ref())
-                {
-                    tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
-                    writer.set(&service, mine.get(&service).cloned(), false);
+                if let Some((service, status)) = seen {
+                    if let Some(entry) = suspect.get_mut(&service) {
+                        entry.1 = status;
+                    } else if !draining && writer.differs(&service, status.as_ref()) {
+                        suspect.insert(service, (Instant::now() + RECORD_SETTLE, status));
+                    }
                 }
             }
         }
     }
 }
+
+/// How long a record must say otherwise than this node wrote before it is written again.
+const RECORD_SETTLE: Duration = Duration::from_secs(1);
 
 /// How long after a failure the records' watch starts over.
 const RECORDS_REWATCH: Duration = Duration::from_secs(1);
