@@ -23,7 +23,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
 use swimlb_fake_api::{FakeApi, FakeApiConfig};
@@ -473,27 +473,7 @@ fn install_dnat(node: &Node) -> Result<()> {
         "table ip swimlb_lab_proxy {{\n  chain prerouting {{ type nat hook prerouting priority dstnat; ip daddr {POOL} dnat to {}; }}\n}}\n",
         node.v4
     );
-    let mut child = Lab::command_in(&node.netns, "nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .context("nft stdin")?
-        .write_all(rules.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "nft in {}: {}",
-            node.netns,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    netns::nft_apply(&node.netns, &rules)
 }
 
 /// The owner MetalLB's layer-2 order names for `ip` of Service `namespace/name` among `nodes`

@@ -308,26 +308,7 @@ impl Lab {
         let rules = format!(
             "table inet swimlb_lab_loss {{\n  chain in {{ type filter hook input priority -300; {verdict}; }}\n  chain out {{ type filter hook output priority -300; {verdict}; }}\n}}\n"
         );
-        let mut child = Lab::command_in(netns, "nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running nft")?;
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .context("nft stdin")?
-            .write_all(rules.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "nft in {netns}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
+        nft_apply(netns, &rules)
     }
 
     /// Every namespace of this lab.
@@ -364,6 +345,30 @@ impl Drop for Lab {
     fn drop(&mut self) {
         self.teardown();
     }
+}
+
+/// Loads `rules` into `netns`'s nftables (`nft -f -`); fails with nft's message.
+pub fn nft_apply(netns: &str, rules: &str) -> Result<()> {
+    let mut child = Lab::command_in(netns, "nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running nft")?;
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .context("nft stdin")?
+        .write_all(rules.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "nft in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Deletes the namespaces and work directories of lab runs whose process is gone (a crash or a
