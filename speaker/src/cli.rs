@@ -254,6 +254,7 @@ fn shutdown_signal()
 /// Runs a daemon on a two-thread runtime until it returns; its error is logged, printed and
 /// exits 69 (as does a runtime that cannot be built).
 fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    crate::memory::limit_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -265,6 +266,7 @@ fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> 
             return ExitCode::from(EX_UNAVAILABLE);
         }
     };
+    runtime.spawn(crate::memory::trim_every(crate::memory::TRIM_PERIOD));
     match runtime.block_on(daemon) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -16,8 +16,9 @@
 //!   records written back.
 //! - [`local`]: the metadata this node gossips about itself.
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
+//! - [`memory`]: fewer malloc arenas and free pages handed back (`unsafe`: libc calls).
 //! - [`notify`]: notify hooks run on group state changes.
-//! - [`packet_socket`]: the filtered AF_PACKET channel (the only `unsafe` code).
+//! - [`packet_socket`]: the filtered AF_PACKET channel (`unsafe`, as [`memory`]).
 //! - [`process_metrics`]: `swimlb_build_info` and `swimlb_ready`.
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
 //! - [`snapshot`]: what should be served ([`snapshot::Snapshot`]).
@@ -41,6 +42,7 @@ pub mod interfaces;
 pub mod kubernetes;
 pub mod local;
 pub mod membership;
+pub mod memory;
 pub mod notify;
 pub mod packet_socket;
 pub mod process_metrics;

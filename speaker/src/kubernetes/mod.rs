@@ -8,11 +8,13 @@
 //!   object left out named in a typed [`Dropped`](snapshot::Dropped).
 //! - [`records`]: the `ServiceL2Status` records of the Services this node announces.
 //! - [`watch`]: the reflector stores, trimmed, and a [`Change`](watch::Change) per event.
+//! - [`compact`]: the Service and EndpointSlice caches, kept compact.
 //! - [`metrics`]: watch and write errors, event handling time, drops.
 //! - [`views`]: the cached Services and EndpointSlices, only the fields read.
 //! - [`events`]: `nodeAssigned` and the warnings, written without kube's caching `Recorder`.
 
 pub mod cli;
+pub mod compact;
 pub mod events;
 pub mod metrics;
 pub mod records;

@@ -1,5 +1,7 @@
-//! The watches of the Kubernetes mode: one reflector store per resource, each object trimmed to
-//! what the speaker reads, and a [`Change`] for every event, stamped with the moment it arrived.
+//! The watches of the Kubernetes mode: one store per resource, each object trimmed to what the
+//! speaker reads (Services and EndpointSlices, the bulk, in [`compact`](super::compact) stores;
+//! the others in kube's reflector stores), and a [`Change`] for every event, stamped with the
+//! moment it arrived.
 //!
 //! Watched: Services, EndpointSlices and Nodes of the cluster; `IPAddressPool`s,
 //! `L2Advertisement`s and the speaker Pods (by label selector) in the speaker's namespace. A
@@ -8,23 +10,25 @@
 //! the object it is about, so the loop settles only what that object touches; a re-list
 //! ([`What::Resync`]) replaces a whole store and asks for everything to be looked at again.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
 use kube::api::Api;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, Resource as _};
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::reflect::{Seen, spawn_store_observed};
 use swimlb_config::service::ServiceKey;
 use tokio::time::Instant;
 
+use super::compact::{self, Compact, CompactService, CompactSlice, CompactStore, Observed};
 use super::metrics::{KubeMetrics, Resource};
-use super::snapshot::{Caches, Keeper, trim_node};
-use super::views::{ServiceView, SliceView, trim_service, trim_slice};
+use super::snapshot::{Keeper, trim_node};
+use super::views::{SliceView, trim_service, trim_slice};
 
 /// One watch event as the loop hears of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +58,8 @@ pub enum What {
 /// The reflector stores the snapshot is built from.
 #[derive(Debug)]
 pub struct Stores {
-    services: Store<ServiceView>,
-    slices: Store<SliceView>,
+    services: CompactStore<CompactService>,
+    slices: CompactStore<CompactSlice>,
     nodes: Store<Node>,
     pools: Store<IPAddressPool>,
     advertisements: Store<L2Advertisement>,
@@ -78,17 +82,15 @@ impl Stores {
         let (tx, rx) = unbounded();
         let all = watcher::Config::default;
         let stores = Stores {
-            services: spawn(
+            services: spawn_compact(
                 Api::all(client.clone()),
-                all(),
                 trim_service,
                 Resource::Services,
                 &tx,
                 metrics,
             ),
-            slices: spawn(
+            slices: spawn_compact(
                 Api::all(client.clone()),
-                all(),
                 trim_slice,
                 Resource::EndpointSlices,
                 &tx,
@@ -136,11 +138,11 @@ impl Stores {
         self.services
             .wait_until_ready()
             .await
-            .map_err(fail("Service"))?;
+            .map_err(|()| NeverListed("Service"))?;
         self.slices
             .wait_until_ready()
             .await
-            .map_err(fail("EndpointSlice"))?;
+            .map_err(|()| NeverListed("EndpointSlice"))?;
         self.nodes.wait_until_ready().await.map_err(fail("Node"))?;
         self.pools
             .wait_until_ready()
@@ -154,49 +156,53 @@ impl Stores {
         Ok(())
     }
 
-    /// Sets every object of the stores into `keeper` ([`Keeper::resync`]).
+    /// Sets every object of the stores into `keeper`, as [`Keeper::resync`] does, one Service
+    /// at a time (its view made again from the compact store only while it is set).
     pub fn resync(&self, keeper: &mut Keeper) {
-        let services = self.services.state();
-        let slices = self.slices.state();
+        self.set_config_only(keeper);
+        {
+            let slices = self.slices.lock();
+            keeper.reindex_slices(
+                slices.iter().map(|(key, slice)| {
+                    (key.namespace.as_str(), key.name.as_str(), slice.service())
+                }),
+            );
+        }
+        let mut keys: Vec<ServiceKey> = self
+            .services
+            .lock()
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.sort();
+        keeper.forget_services_but(&keys.iter().collect::<BTreeSet<_>>());
+        for key in &keys {
+            self.set_service(keeper, key);
+        }
+    }
+
+    /// Sets the pools, advertisements and Nodes into `keeper`; whether that changed what the
+    /// Services are checked against.
+    fn set_config_only(&self, keeper: &mut Keeper) -> bool {
         let nodes = self.nodes.state();
         let pools = self.pools.state();
         let advertisements = self.advertisements.state();
-        let services: Vec<&ServiceView> = services.iter().map(Arc::as_ref).collect();
-        let slices: Vec<&SliceView> = slices.iter().map(Arc::as_ref).collect();
         let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
         let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
         let advertisements: Vec<&L2Advertisement> =
             advertisements.iter().map(Arc::as_ref).collect();
-        keeper.resync(Caches {
-            services: &services,
-            endpoint_slices: &slices,
-            nodes: &nodes,
-            pools: &pools,
-            advertisements: &advertisements,
-        });
+        keeper.set_config(&pools, &advertisements, &nodes)
     }
 
     /// Sets the pools, advertisements and Nodes into `keeper`; when that changes what the
     /// Services are checked against, sets every Service again.
     pub fn set_config(&self, keeper: &mut Keeper) {
-        let nodes = self.nodes.state();
-        let pools = self.pools.state();
-        let advertisements = self.advertisements.state();
-        let nodes: Vec<&Node> = nodes.iter().map(Arc::as_ref).collect();
-        let pools: Vec<&IPAddressPool> = pools.iter().map(Arc::as_ref).collect();
-        let advertisements: Vec<&L2Advertisement> =
-            advertisements.iter().map(Arc::as_ref).collect();
-        if keeper.set_config(&pools, &advertisements, &nodes) {
+        if self.set_config_only(keeper) {
             let mut keys: Vec<ServiceKey> = self
                 .services
-                .state()
+                .lock()
                 .iter()
-                .map(|s| {
-                    ServiceKey::new(
-                        s.meta().namespace.clone().unwrap_or_default(),
-                        s.meta().name.clone().unwrap_or_default(),
-                    )
-                })
+                .map(|(key, _)| key.clone())
                 .collect();
             keys.extend(keeper.services().cloned());
             keys.sort();
@@ -210,25 +216,27 @@ impl Stores {
     /// Follows the EndpointSlice `namespace/name` to its Service (as the store holds it now):
     /// returns the Services to set again (the one it left, the one it belongs to).
     pub fn slice_moved(&self, keeper: &mut Keeper, namespace: &str, name: &str) -> Vec<ServiceKey> {
-        let slice = self.slices.get(&ObjectRef::new(name).within(namespace));
-        let service = slice.as_deref().and_then(SliceView::service);
+        let key = ServiceKey::new(namespace, name);
+        let slices = self.slices.lock();
+        let service = slices.get(&key).and_then(CompactSlice::service);
         keeper.index_slice(namespace, name, service)
     }
 
     /// Sets the Service `key` into `keeper` as the stores hold it and its slices now.
     pub fn set_service(&self, keeper: &mut Keeper, key: &ServiceKey) {
-        let service = self
-            .services
-            .get(&ObjectRef::new(&key.name).within(&key.namespace));
-        let slices: Vec<Arc<SliceView>> = keeper
-            .slices_of(key)
-            .filter_map(|name| {
-                self.slices
-                    .get(&ObjectRef::new(name).within(&key.namespace))
-            })
-            .collect();
-        let slices: Vec<&SliceView> = slices.iter().map(Arc::as_ref).collect();
-        keeper.set_service(key, service.as_deref(), &slices);
+        let service = self.services.get(key);
+        let slices: Vec<SliceView> = {
+            let store = self.slices.lock();
+            keeper
+                .slices_of(key)
+                .filter_map(|name| {
+                    let slice = ServiceKey::new(key.namespace.clone(), name);
+                    store.get(&slice).map(|s| s.view(&slice))
+                })
+                .collect()
+        };
+        let slices: Vec<&SliceView> = slices.iter().collect();
+        keeper.set_service(key, service.as_ref(), &slices);
     }
 
     /// The gossip addresses of the speaker Pods that have an IP (a Pod without one yet is
@@ -257,6 +265,36 @@ impl Stores {
     pub fn advertisements(&self) -> Vec<Arc<L2Advertisement>> {
         self.advertisements.state()
     }
+}
+
+/// Starts the compact store of one resource, its changes sent on `tx` and its errors counted.
+fn spawn_compact<C: Compact>(
+    api: Api<C::View>,
+    trim: fn(&mut C::View),
+    resource: Resource,
+    tx: &UnboundedSender<Change>,
+    metrics: &KubeMetrics,
+) -> CompactStore<C> {
+    let tx = tx.clone();
+    let metrics = metrics.clone();
+    compact::spawn(api, watcher::Config::default(), trim, move |seen| {
+        let what = match seen {
+            Observed::Error(_) => {
+                metrics.watch_error(resource);
+                return;
+            }
+            Observed::Object(key) => What::Object {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            },
+            Observed::Listed => What::Resync,
+        };
+        let _ = tx.unbounded_send(Change {
+            at: Instant::now(),
+            resource,
+            what,
+        });
+    })
 }
 
 /// Starts the store of one resource, its changes sent on `tx` and its errors counted.

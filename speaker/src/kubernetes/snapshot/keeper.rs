@@ -228,17 +228,42 @@ impl Keeper {
     /// index and every Service's claim are set again; only what differs is in the changes.
     pub fn resync(&mut self, caches: Caches<'_>) {
         self.set_config(caches.pools, caches.advertisements, caches.nodes);
-        self.slices = SliceIndex::default();
-        for slice in caches.endpoint_slices {
-            let namespace = slice.metadata.namespace.as_deref().unwrap_or_default();
-            let name = slice.metadata.name.as_deref().unwrap_or_default();
-            self.slices.set(namespace, name, slice.service());
-        }
+        self.reindex_slices(caches.endpoint_slices.iter().map(|slice| {
+            (
+                slice.metadata.namespace.as_deref().unwrap_or_default(),
+                slice.metadata.name.as_deref().unwrap_or_default(),
+                slice.service(),
+            )
+        }));
         let slices = slices_by_service(caches.endpoint_slices);
         let mut services: Vec<(ServiceKey, &ServiceView)> =
             caches.services.iter().map(|s| (key_of(s), *s)).collect();
         services.sort_by(|a, b| a.0.cmp(&b.0));
         let present: BTreeSet<&ServiceKey> = services.iter().map(|(k, _)| k).collect();
+        self.forget_services_but(&present);
+        for (key, svc) in &services {
+            let slices = slices
+                .get(&(key.namespace.as_str(), key.name.as_str()))
+                .map_or(&[][..], Vec::as_slice);
+            self.set_service(key, Some(svc), slices);
+        }
+    }
+
+    /// Replaces the slice index with `slices`, as (namespace, name, Service) (a re-list's
+    /// first step; the Services are set again after it).
+    pub fn reindex_slices<'a>(
+        &mut self,
+        slices: impl IntoIterator<Item = (&'a str, &'a str, Option<&'a str>)>,
+    ) {
+        self.slices = SliceIndex::default();
+        for (namespace, name, service) in slices {
+            self.slices.set(namespace, name, service);
+        }
+    }
+
+    /// Sets every claimed Service that is not in `present` as deleted (a re-list's step
+    /// before the present ones are set again).
+    pub fn forget_services_but(&mut self, present: &BTreeSet<&ServiceKey>) {
         let gone: Vec<ServiceKey> = self
             .services
             .keys()
@@ -247,12 +272,6 @@ impl Keeper {
             .collect();
         for key in gone {
             self.set_service(&key, None, &[]);
-        }
-        for (key, svc) in &services {
-            let slices = slices
-                .get(&(key.namespace.as_str(), key.name.as_str()))
-                .map_or(&[][..], Vec::as_slice);
-            self.set_service(key, Some(svc), slices);
         }
     }
 
