@@ -176,6 +176,8 @@ struct Source {
     holdings: Holdings,
     /// Records of Services not served, to sweep.
     strays: Strays,
+    /// A stray was seen or the members changed since the strays were last looked at.
+    sweep_due: bool,
     /// Whether this node was the first live member by name when the records were last synced.
     first: bool,
     /// `/status` as last synced into the records: unchanged, nothing to sync.
@@ -217,6 +219,7 @@ pub async fn run(
                 if !source.daemon.membership(change).await {
                     break;
                 }
+                source.sweep_due = true;
             }
             Ok(()) = inputs.phase.changed() => {
                 let now = *inputs.phase.borrow_and_update();
@@ -346,6 +349,7 @@ impl Source {
         let mut source = Source {
             holdings: Holdings::new(&settings.node),
             strays: Strays::new(),
+            sweep_due: false,
             settings,
             stores,
             keeper,
@@ -553,15 +557,21 @@ impl Source {
             SeenRecord::Record { service, node } => {
                 let served = self.holdings.holds(&service);
                 self.strays.seen(&service, node.as_deref(), served);
+                self.sweep_due |= node.is_some() && !served;
             }
         }
     }
 
     /// Sweeps the strays this node deletes (module docs of [`records`](super::records)):
     /// once the mesh has formed (a lone node is the first member of its own view), and not
-    /// while draining (the node is leaving: the others take over).
+    /// while draining (the node is leaving: the others take over). Looked at only when a
+    /// stray was seen or the members changed since.
     fn sweep(&mut self) {
-        if self.strays.is_empty() || self.hold.holding() || self.daemon.engine.draining() {
+        if !self.sweep_due || self.hold.holding() || self.daemon.engine.draining() {
+            return;
+        }
+        self.sweep_due = false;
+        if self.strays.is_empty() {
             return;
         }
         let live = self.daemon.engine.live();
