@@ -501,14 +501,12 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
 
     // Two Services sharing one IP: one entry, one owner, one ARP answerer.
     let shared = Ipv4Addr::new(198, 51, 100, 102);
-    for name in ["shared-a", "shared-b"] {
-        api.create(kubelab::service(
-            name,
-            &shared.to_string(),
-            Policy::Cluster,
-            Some("lab-key"),
-        ))
-        .unwrap();
+    for (i, name) in ["shared-a", "shared-b"].into_iter().enumerate() {
+        let mut service =
+            kubelab::service(name, &shared.to_string(), Policy::Cluster, Some("lab-key"));
+        // Sharing needs distinct ports: the controller refuses a second (port, protocol).
+        service["spec"]["ports"][0]["port"] = json!(PROBE_PORT + i as u16);
+        api.create(service).unwrap();
         api.create(kubelab::endpoint_slice(
             name,
             0,
@@ -518,23 +516,79 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
     }
     let sharer = run.owner_of(&shared.to_string(), |o| o.is_some()).unwrap();
     assert_eq!(run.arp_answerers(shared), vec![run.mac_of(&sharer)]);
-    // One record is written for a shared IP, the Service the snapshot files the IP under; the
-    // other sharing Service gets none (a known gap, see the README's open problems).
-    let deadline = Instant::now() + PLACED;
-    let sharing = |records: &[(String, String)]| -> Vec<(String, String)> {
-        records
-            .iter()
+    // Each sharing Service has its own record, both naming the one announcer (as MetalLB).
+    let sharing = |run: &Running| -> Vec<(String, String)> {
+        run.cluster()
+            .records()
+            .all()
+            .into_iter()
             .filter(|(s, _)| s.starts_with("default/shared-"))
-            .cloned()
             .collect()
     };
-    let mut records = sharing(&run.cluster().records().all());
-    while records.is_empty() && Instant::now() < deadline {
+    let both = vec![
+        ("default/shared-a".to_string(), sharer.clone()),
+        ("default/shared-b".to_string(), sharer.clone()),
+    ];
+    let deadline = Instant::now() + PLACED;
+    while sharing(&run) != both && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        records = sharing(&run.cluster().records().all());
     }
-    assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0].1, sharer, "the record names the one announcer");
+    assert_eq!(
+        run.cluster().ingress("default", "shared-b"),
+        vec![shared.to_string()],
+        "both Services hold the IP"
+    );
+    assert_eq!(sharing(&run), both, "one record per sharing Service");
+    // One of them goes: its record goes, the other's stays.
+    api.delete("services", Some("default"), "shared-a").unwrap();
+    let left = vec![("default/shared-b".to_string(), sharer.clone())];
+    let deadline = Instant::now() + PLACED;
+    while sharing(&run) != left && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        sharing(&run),
+        left,
+        "only the deleted Service's record goes"
+    );
+    assert_eq!(run.arp_answerers(shared), vec![run.mac_of(&sharer)]);
+
+    // A record left by a speaker that is gone, of a Service that does not exist (deleted while
+    // every speaker was down): no event will ever touch it; the sweep deletes it.
+    let ghost = swimlb_speaker::kubernetes::records::record_name(
+        &swimlb_config::service::ServiceKey::new("default", "ghost"),
+    );
+    api.create(json!({
+        "apiVersion": "swimlb.io/v1beta1", "kind": "ServiceL2Status",
+        "metadata": {"name": ghost, "namespace": NAMESPACE, "labels": {
+            "swimlb.io/node": "node9",
+            "swimlb.io/service-name": "ghost",
+            "swimlb.io/service-namespace": "default"}},
+        "spec": {},
+    }))
+    .unwrap();
+    api.merge_patch(
+        "servicel2statuses.swimlb.io",
+        Some(NAMESPACE),
+        &ghost,
+        &json!({"status": {"node": "node9", "serviceName": "ghost",
+            "serviceNamespace": "default", "interfaces": []}}),
+        true,
+    )
+    .unwrap();
+    let stray = |run: &Running| {
+        run.cluster()
+            .records()
+            .all()
+            .contains(&("default/ghost".to_string(), "node9".to_string()))
+    };
+    assert!(stray(&run), "the stray record is there");
+    let deadline = Instant::now() + PLACED;
+    while stray(&run) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!stray(&run), "the stray record is swept\n{}", run.logs());
+    assert_eq!(sharing(&run), left, "and nothing else");
 }
 
 /// Dashboard queries that hold no series in the Kubernetes lab, by panel title, with why. The

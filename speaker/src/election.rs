@@ -836,6 +836,9 @@ impl Election {
             bytes += node_overhead(std::mem::size_of_val(ip) + std::mem::size_of_val(served));
             bytes += served.belongs_to.capacity();
             bytes += served.group.as_ref().map_or(0, String::capacity);
+            for other in served.shared_with.iter().flatten() {
+                bytes += std::mem::size_of::<String>() + other.capacity();
+            }
             if let Interfaces::Named(names) = &served.interfaces {
                 bytes += names.iter().map(String::capacity).sum::<usize>();
             }

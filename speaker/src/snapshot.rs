@@ -125,6 +125,10 @@ pub struct ServedIp {
     /// a Service's first ingress IP for all of its IPs; set this to that IP to place a
     /// dual-stack Service exactly as MetalLB does.
     pub order_ip: Option<IpAddr>,
+    /// The other owners sharing the IP (Kubernetes Services with `allow-shared-ip`, as
+    /// `namespace/service`, in order), each with a record of its own; `None` when the IP is not
+    /// shared, the common case, which allocates nothing.
+    pub shared_with: Option<Box<[String]>>,
 }
 
 impl ServedIp {
@@ -138,6 +142,7 @@ impl ServedIp {
             ready_endpoints: None,
             node_priority: None,
             order_ip: None,
+            shared_with: None,
         }
     }
 
@@ -152,6 +157,7 @@ impl ServedIp {
             ready_endpoints: None,
             node_priority: None,
             order_ip: None,
+            shared_with: None,
         }
     }
 
@@ -182,6 +188,7 @@ impl ServedIp {
             && self.group == other.group
             && self.interfaces.same_as(&other.interfaces)
             && self.order_ip == other.order_ip
+            && self.shared_with == other.shared_with
     }
 }
 

@@ -104,6 +104,8 @@ pub struct KubeMetrics {
     write_errors: Family<ResourceLabels, Counter>,
     /// `swimlb_kubernetes_event_handling_seconds{resource}`.
     event_handling: HistogramFamily,
+    /// `swimlb_kubernetes_records_swept_total`.
+    records_swept: Counter,
     /// `swimlb_snapshot_dropped{reason}`.
     pub dropped: Family<DroppedLabels, Gauge>,
 }
@@ -114,6 +116,7 @@ impl Default for KubeMetrics {
             watch_errors: Family::default(),
             write_errors: Family::default(),
             event_handling: Family::new_with_constructor(event_handling_histogram),
+            records_swept: Counter::default(),
             dropped: Family::default(),
         }
     }
@@ -147,6 +150,11 @@ impl KubeMetrics {
             m.event_handling.clone(),
         );
         registry.register(
+            "swimlb_kubernetes_records_swept",
+            "ServiceL2Status records of Services no longer served deleted by this node's sweep (left by a speaker that no longer takes care of them)",
+            m.records_swept.clone(),
+        );
+        registry.register(
             "swimlb_snapshot_dropped",
             "Objects, Services, IPs and endpoints left out of what is served, and interfaces named but missing on this node, by reason",
             m.dropped.clone(),
@@ -162,6 +170,13 @@ impl KubeMetrics {
     /// Counts one failed write of `resource`.
     pub fn write_error(&self, resource: Resource) {
         self.write_errors.get_or_create(&resource.into()).inc();
+    }
+
+    /// Counts `n` records swept.
+    pub fn records_swept(&self, n: u64) {
+        if n > 0 {
+            self.records_swept.inc_by(n);
+        }
     }
 
     /// Observes one watch event of `resource` handled `seconds` after it arrived.
@@ -186,12 +201,14 @@ mod tests {
         m.watch_error(Resource::EndpointSlices);
         m.write_error(Resource::ServiceL2Statuses);
         m.event_handled(Resource::EndpointSlices, 0.004);
+        m.records_swept(2);
         let text = encode(&registry);
         for line in [
             "swimlb_kubernetes_watch_errors_total{resource=\"endpointslices\"} 2\n",
             "swimlb_kubernetes_write_errors_total{resource=\"servicel2statuses\"} 1\n",
             "swimlb_kubernetes_write_errors_total{resource=\"events\"} 0\n",
             "swimlb_kubernetes_watch_errors_total{resource=\"pods\"} 0\n",
+            "swimlb_kubernetes_records_swept_total 2\n",
             "swimlb_kubernetes_event_handling_seconds_bucket{le=\"0.003\",resource=\"endpointslices\"} 0\n",
             "swimlb_kubernetes_event_handling_seconds_bucket{le=\"0.005\",resource=\"endpointslices\"} 1\n",
             "swimlb_kubernetes_event_handling_seconds_count{resource=\"endpointslices\"} 1\n",

@@ -5,7 +5,21 @@
 //! ([`record_name`]), so every speaker writes the same object: a new owner takes the record
 //! over with a forced server-side apply, and a dead owner's record never dangles (it cannot
 //! delete its own, but it does not need to: the successor overwrites it). Writes per failover
-//! are proportional to the Services that moved.
+//! are proportional to the Services that moved. Services sharing an IP (`allow-shared-ip`)
+//! have one owner and one record each, all naming it, as in MetalLB: the owner writes them all.
+//!
+//! A record whose Service the snapshot does not serve (the Service is gone, or has no IP
+//! served) is deleted: by the first live member by name when the Service stops being served
+//! while the speakers run; and, for the records no event will ever touch again (the Service
+//! went while every speaker was down, or before this speaker saw it), by the sweep
+//! ([`Strays`]). Exactly one node sweeps each record, chosen from gossiped facts alone so every
+//! speaker agrees: **the node the record names, if it is a live member; otherwise the first
+//! live member by name**. The named node goes first because it wrote the record and is the one
+//! that knows best it no longer serves the Service (its caches produced the record); the first
+//! member covers a record left by a node that is gone or renamed. The sweep waits until the
+//! served Services are known in full (the caches listed and the holdings filled: a half-known
+//! snapshot would sweep valid records), and the caller also holds it while the mesh forms
+//! (a lone node is the first live member of its own view) and while the node drains.
 //!
 //! [`Holdings`] follows what this node answers, IP by IP, and says which Services' records
 //! changed. [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set`]
@@ -58,17 +72,27 @@ pub fn record_status(
     }
 }
 
-/// One served IP as the records see it: its Service, the links this node answers it on (none:
+/// One served IP as the records see it: its Services, the links this node answers it on (none:
 /// this node does not), and whether nobody owns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpFacts {
-    /// The Service it belongs to.
+    /// The Service it belongs to (the first of those sharing it).
     pub service: ServiceKey,
+    /// The other Services sharing it, each with its own record (`None`: not shared, the
+    /// common case, which allocates nothing).
+    pub shared_with: Option<Box<[ServiceKey]>>,
     /// The links this node answers on (`None`: it does not answer); shared between the IPs
     /// answered on the same links ([`Holdings::links`]).
     pub links: Option<Arc<BTreeSet<String>>>,
     /// The election names no owner.
     pub unowned: bool,
+}
+
+impl IpFacts {
+    /// Every Service holding the IP: the first, then the others sharing it.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        std::iter::once(&self.service).chain(self.shared_with.iter().flatten())
+    }
 }
 
 /// What this node holds, IP by IP, and the record of each Service that follows from it: kept
@@ -92,19 +116,38 @@ impl Holdings {
         }
     }
 
-    /// Whether `ip`'s facts as last set are these (without allocating).
+    /// Whether `ip`'s facts as last set are these (without allocating): its Service, the
+    /// others sharing it (`namespace/name`), its links, whether it is unowned.
     pub fn matches(
         &self,
         ip: &IpAddr,
         service: Option<(&str, &str)>,
+        shared_with: Option<&[String]>,
         links: Option<&BTreeSet<String>>,
         unowned: bool,
     ) -> bool {
+        let is = |key: &ServiceKey, (namespace, name): (&str, &str)| {
+            key.namespace == namespace && key.name == name
+        };
+        let same_siblings = match (
+            self.ips.get(ip).map(|f| f.shared_with.as_deref()),
+            shared_with,
+        ) {
+            (None | Some(None), None) => true,
+            (Some(Some(held)), Some(now)) => {
+                held.len() == now.len()
+                    && held
+                        .iter()
+                        .zip(now)
+                        .all(|(key, s)| s.split_once('/').is_some_and(|s| is(key, s)))
+            }
+            _ => false,
+        };
         match (self.ips.get(ip), service) {
             (None, None) => true,
-            (Some(f), Some((namespace, name))) => {
-                f.service.namespace == namespace
-                    && f.service.name == name
+            (Some(f), Some(service)) => {
+                is(&f.service, service)
+                    && same_siblings
                     && f.unowned == unowned
                     && f.links.as_deref() == links
             }
@@ -134,39 +177,44 @@ impl Holdings {
         self.by_service.keys()
     }
 
+    /// Whether `service` has an IP (shared or not): the snapshot serves it.
+    pub fn holds(&self, service: &ServiceKey) -> bool {
+        self.by_service.contains_key(service)
+    }
+
     /// Sets `ip`'s facts (`None`: no longer served). Returns the Services whose record may
     /// have changed (none when the facts are the same).
     pub fn set(&mut self, ip: IpAddr, facts: Option<IpFacts>) -> Vec<ServiceKey> {
         if self.ips.get(&ip) == facts.as_ref() {
             return Vec::new();
         }
-        let mut touched = Vec::new();
-        let before = match facts {
-            Some(facts) => {
-                let service = facts.service.clone();
-                let ips = self
-                    .by_service
-                    .entry(service.clone())
-                    .or_insert_with(|| Vec::with_capacity(1));
-                if !ips.contains(&ip) {
-                    ips.push(ip);
-                    ips.sort_unstable();
-                }
-                touched.push(service);
-                self.ips.insert(ip, facts)
+        let mut touched: Vec<ServiceKey> = Vec::new();
+        for service in facts.iter().flat_map(IpFacts::services) {
+            let ips = self
+                .by_service
+                .entry(service.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
+            if !ips.contains(&ip) {
+                ips.push(ip);
+                ips.sort_unstable();
             }
+            touched.push(service.clone());
+        }
+        let before = match facts {
+            Some(facts) => self.ips.insert(ip, facts),
             None => self.ips.remove(&ip),
         };
-        if let Some(before) = before
-            && !touched.contains(&before.service)
-        {
-            if let Some(ips) = self.by_service.get_mut(&before.service) {
+        for service in before.iter().flat_map(IpFacts::services) {
+            if touched.contains(service) {
+                continue;
+            }
+            if let Some(ips) = self.by_service.get_mut(service) {
                 ips.retain(|held| *held != ip);
                 if ips.is_empty() {
-                    self.by_service.remove(&before.service);
+                    self.by_service.remove(service);
                 }
             }
-            touched.push(before.service);
+            touched.push(service.clone());
         }
         touched
     }
@@ -197,6 +245,91 @@ impl Holdings {
     }
 }
 
+/// The records the API holds for Services the snapshot does not serve: no owner will write
+/// them and no orphan delete will come for them, so one node sweeps each (module docs: the
+/// node the record names if it is live, else the first live member by name). Mostly empty: a
+/// record is kept here only while its Service is not served.
+#[derive(Debug, Default)]
+pub struct Strays {
+    /// Service -> the node its record names (empty: none), and whether its delete was
+    /// handed out already.
+    records: HashMap<ServiceKey, (String, bool)>,
+    /// The served Services are known in full: sweeping may start.
+    synced: bool,
+}
+
+impl Strays {
+    /// None known, and no sweep until [`Strays::synced`].
+    pub fn new() -> Strays {
+        Strays::default()
+    }
+
+    /// The served Services are known in full from now on (the caches listed and every IP
+    /// of the snapshot is in the holdings): sweeping may start.
+    pub fn synced(&mut self) {
+        self.synced = true;
+    }
+
+    /// The API holds a record of `service` naming `node` (`None`: the record is gone);
+    /// `served`: whether the snapshot serves the Service now. A record seen again (written
+    /// again) may be handed out again.
+    pub fn seen(&mut self, service: &ServiceKey, node: Option<&str>, served: bool) {
+        match node {
+            Some(node) if !served => {
+                self.records
+                    .insert(service.clone(), (node.to_string(), false));
+            }
+            _ => {
+                self.records.remove(service);
+            }
+        }
+    }
+
+    /// `service` is served now: its record is no stray (its owner writes it).
+    pub fn served(&mut self, service: &ServiceKey) {
+        self.records.remove(service);
+    }
+
+    /// The records forgotten: the watch on them lists again.
+    pub fn clear(&mut self) {
+        self.records.clear();
+    }
+
+    /// Whether no stray is known.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The strays `node` deletes now (none before [`Strays::synced`]): those whose record
+    /// names it, and, when it is the `first` live member by name, those whose record names no
+    /// member `is_live` says is live. Each is handed out once, until it is seen again.
+    pub fn due(
+        &mut self,
+        node: &str,
+        is_live: impl Fn(&str) -> bool,
+        first: Option<&str>,
+    ) -> Vec<ServiceKey> {
+        if !self.synced {
+            return Vec::new();
+        }
+        let first = first == Some(node);
+        let mut due = Vec::new();
+        for (service, (named, handed_out)) in &mut self.records {
+            let mine = if named.as_str() == node {
+                true
+            } else {
+                first && !is_live(named)
+            };
+            if mine && !*handed_out {
+                *handed_out = true;
+                due.push(service.clone());
+            }
+        }
+        due.sort();
+        due
+    }
+}
+
 /// A record's status in a word: what [`RecordWriter`] keeps of what it wrote.
 fn fingerprint(status: &ServiceL2StatusStatus) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -216,6 +349,8 @@ pub enum Write {
     Apply(ServiceL2StatusStatus),
     /// Delete the record of the Service.
     Delete,
+    /// Delete the record of a Service not served ([`Strays`]), counted when it is deleted.
+    Sweep,
 }
 
 /// Why a write failed.
@@ -239,6 +374,8 @@ pub struct RecordWriter {
     written: HashMap<ServiceKey, u64>,
     /// What is still to do.
     pending: BTreeMap<ServiceKey, Write>,
+    /// Records swept since the last [`RecordWriter::take_swept`].
+    swept: u64,
 }
 
 impl RecordWriter {
@@ -248,7 +385,21 @@ impl RecordWriter {
             api: Api::namespaced(client, namespace),
             written: HashMap::new(),
             pending: BTreeMap::new(),
+            swept: 0,
         }
+    }
+
+    /// Deletes the record of `service`, a Service the snapshot does not serve, left by a
+    /// node that no longer takes care of it ([`Strays::due`]). Undone by a later
+    /// [`RecordWriter::set`] (the Service is served again).
+    pub fn sweep(&mut self, service: &ServiceKey) {
+        self.written.remove(service);
+        self.pending.insert(service.clone(), Write::Sweep);
+    }
+
+    /// How many records were swept (deleted by this node, not found gone) since the last call.
+    pub fn take_swept(&mut self) -> u64 {
+        std::mem::take(&mut self.swept)
     }
 
     /// The record this node should hold for one Service (`None`: none), and whether the
@@ -325,11 +476,18 @@ impl RecordWriter {
             let name = record_name(&service);
             let result = match &write {
                 Write::Apply(status) => self.apply(&name, &service, status).await,
-                Write::Delete => match self.api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-                    Err(e) => Err(e),
-                },
+                Write::Delete | Write::Sweep => {
+                    match self.api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {
+                            if write == Write::Sweep {
+                                self.swept += 1;
+                            }
+                            Ok(())
+                        }
+                        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
             };
             match result {
                 Ok(()) => {
@@ -436,6 +594,7 @@ mod tests {
     fn facts(service: &str, links: Option<&[&str]>, unowned: bool) -> Option<IpFacts> {
         Some(IpFacts {
             service: svc(service),
+            shared_with: None,
             links: links.map(|l| Arc::new(l.iter().map(|s| s.to_string()).collect())),
             unowned,
         })
@@ -593,6 +752,212 @@ mod tests {
             records(&api),
             vec![(record_name(&svc("web")), "n1".into(), "n1".into())]
         );
+        api.shutdown().await;
+    }
+
+    /// A client whose requests the fake server logs under `user`.
+    async fn client_of(api: &FakeApi, user: &str) -> kube::Client {
+        let path = api.kubeconfig_for_user(user).unwrap();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// Every record in the namespace: (Service name label, status node).
+    fn records_by_service(api: &FakeApi) -> Vec<(String, String)> {
+        let mut all: Vec<(String, String)> = api
+            .objects("servicel2statuses.swimlb.io")
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["labels"][SERVICE_NAME_LABEL]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    o["status"]["node"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// The DELETE requests `user` sent.
+    fn deletes_by(api: &FakeApi, user: &str) -> Vec<String> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.user == user && r.method == "DELETE")
+            .map(|r| r.path)
+            .collect()
+    }
+
+    /// What the loop does with the Services an IP change touched, for the first live member:
+    /// each one's record set (an orphan's deleted).
+    fn tell(h: &Holdings, writer: &mut RecordWriter, touched: Vec<ServiceKey>) {
+        for service in touched {
+            let (record, unowned) = h.record(&service);
+            writer.set(&service, record, unowned);
+        }
+    }
+
+    #[tokio::test]
+    async fn services_sharing_an_ip_each_get_a_record_naming_the_owner_until_one_goes() {
+        let api = api_with_namespace().await;
+        let mut writer = RecordWriter::new(api.client().await.unwrap(), "swimlb-system");
+        let ip: IpAddr = "192.0.2.10".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        let shared = IpFacts {
+            shared_with: Some(vec![svc("web-udp")].into_boxed_slice()),
+            ..facts("web-tcp", Some(&["eth0"]), false).unwrap()
+        };
+        let touched = h.set(ip, Some(shared));
+        assert_eq!(touched, vec![svc("web-tcp"), svc("web-udp")]);
+        assert!(h.holds(&svc("web-udp")));
+        tell(&h, &mut writer, touched);
+        assert!(writer.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![
+                ("web-tcp".to_string(), "n1".to_string()),
+                ("web-udp".to_string(), "n1".to_string()),
+            ],
+            "one record per Service, both naming the owner"
+        );
+        // web-udp is deleted (or takes another IP): only its record goes.
+        let touched = h.set(ip, facts("web-tcp", Some(&["eth0"]), false));
+        assert_eq!(touched, vec![svc("web-tcp"), svc("web-udp")]);
+        assert!(!h.holds(&svc("web-udp")));
+        tell(&h, &mut writer, touched);
+        assert!(writer.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web-tcp".to_string(), "n1".to_string())]
+        );
+        api.shutdown().await;
+    }
+
+    #[test]
+    fn holdings_compare_the_services_sharing_an_ip() {
+        let ip: IpAddr = "192.0.2.10".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        let links: BTreeSet<String> = ["eth0".to_string()].into();
+        let shared = IpFacts {
+            shared_with: Some(vec![svc("web-udp")].into_boxed_slice()),
+            ..facts("web-tcp", Some(&["eth0"]), false).unwrap()
+        };
+        h.set(ip, Some(shared));
+        let tcp = Some(("default", "web-tcp"));
+        let udp = ["default/web-udp".to_string()];
+        let other = ["default/db".to_string()];
+        assert!(h.matches(&ip, tcp, Some(&udp), Some(&links), false));
+        assert!(!h.matches(&ip, tcp, None, Some(&links), false));
+        assert!(!h.matches(&ip, tcp, Some(&other), Some(&links), false));
+        assert!(!h.matches(&ip, tcp, Some(&[]), Some(&links), false));
+    }
+
+    /// Writes a record of `service` naming `node`, as that node would have.
+    async fn leave_record(api: &FakeApi, node: &str, service: &str) {
+        let mut writer = RecordWriter::new(api.client().await.unwrap(), "swimlb-system");
+        writer.set(&svc(service), status(node, service), false);
+        assert!(writer.flush().await.is_empty());
+    }
+
+    /// Every record the API holds, seen by `strays` as the records' watch lists them, against
+    /// the Services `served`.
+    async fn list_into(api: &FakeApi, strays: &mut Strays, served: &[&str]) {
+        let list = Api::<ServiceL2Status>::namespaced(api.client().await.unwrap(), "swimlb-system")
+            .list(&Default::default())
+            .await
+            .unwrap();
+        for record in list {
+            let status = record.status.expect("written with a status");
+            let service = ServiceKey::new(&status.service_namespace, &status.service_name);
+            let is_served = served.contains(&service.name.as_str());
+            strays.seen(&service, Some(&status.node), is_served);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_of_a_service_not_served_is_swept_by_one_node_only() {
+        let api = api_with_namespace().await;
+        // Left while every speaker was down: n3 is gone for good, n2 comes back.
+        leave_record(&api, "n3", "gone").await;
+        leave_record(&api, "n2", "old").await;
+        leave_record(&api, "n2", "web").await;
+        let mut n1 = RecordWriter::new(client_of(&api, "n1").await, "swimlb-system");
+        let mut n2 = RecordWriter::new(client_of(&api, "n2").await, "swimlb-system");
+        let (mut s1, mut s2) = (Strays::new(), Strays::new());
+        s1.synced();
+        s2.synced();
+        list_into(&api, &mut s1, &["web"]).await;
+        list_into(&api, &mut s2, &["web"]).await;
+        let live = |node: &str| node == "n1" || node == "n2";
+        // The record naming a dead node is the first member's; the one naming n2 is n2's.
+        let due1 = s1.due("n1", live, Some("n1"));
+        let due2 = s2.due("n2", live, Some("n1"));
+        assert_eq!(due1, vec![svc("gone")]);
+        assert_eq!(due2, vec![svc("old")]);
+        assert!(s1.due("n1", live, Some("n1")).is_empty(), "handed out once");
+        for service in &due1 {
+            n1.sweep(service);
+        }
+        for service in &due2 {
+            n2.sweep(service);
+        }
+        assert!(n1.flush().await.is_empty());
+        assert!(n2.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web".to_string(), "n2".to_string())],
+            "the served Service's record stays"
+        );
+        assert_eq!(
+            deletes_by(&api, "n1"),
+            vec![format!(
+                "/apis/swimlb.io/v1beta1/namespaces/swimlb-system/servicel2statuses/{}",
+                record_name(&svc("gone"))
+            )]
+        );
+        assert_eq!(deletes_by(&api, "n2").len(), 1, "one delete each: no race");
+        assert_eq!((n1.take_swept(), n2.take_swept()), (1, 1));
+        assert_eq!(n1.take_swept(), 0, "taken");
+        api.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn nothing_is_swept_before_the_served_services_are_known() {
+        let api = api_with_namespace().await;
+        leave_record(&api, "n1", "web").await;
+        let mut n1 = RecordWriter::new(client_of(&api, "n1").await, "swimlb-system");
+        let mut strays = Strays::new();
+        // The caches have not listed yet: nothing is served as far as this node knows.
+        list_into(&api, &mut strays, &[]).await;
+        let alone = |node: &str| node == "n1";
+        assert!(strays.due("n1", alone, Some("n1")).is_empty());
+        assert!(!n1.is_pending());
+        // They list: web is served, its record is no stray, and nothing is swept either.
+        strays.served(&svc("web"));
+        strays.synced();
+        assert!(strays.due("n1", alone, Some("n1")).is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web".to_string(), "n1".to_string())]
+        );
+        assert!(deletes_by(&api, "n1").is_empty());
+        // Had web not been served, the record would have been swept now.
+        list_into(&api, &mut strays, &[]).await;
+        assert_eq!(strays.due("n1", alone, Some("n1")), vec![svc("web")]);
+        // And a sweep is undone when the Service is served again before it is performed.
+        n1.sweep(&svc("web"));
+        n1.set(&svc("web"), status("n1", "web"), false);
+        assert!(n1.flush().await.is_empty());
+        assert!(deletes_by(&api, "n1").is_empty());
         api.shutdown().await;
     }
 }

@@ -17,7 +17,10 @@
 //! invalid `L2Advertisement` (from the first live member by name only, once per problem, not
 //! once per speaker) and an interface an advertisement names that this node lacks (from that
 //! node, once per advertisement and interface). Failed record writes are retried until the
-//! records are true again; every failed write is counted.
+//! records are true again; every failed write is counted. Records of Services not served
+//! that no running speaker will touch again are swept by one node
+//! ([`Strays`](super::records::Strays)), once the holdings are filled, the mesh has formed,
+//! and not while draining; each deletion is counted.
 //!
 //! `swimlb_kubernetes_event_handling_seconds{resource}` times each watch event from its
 //! arrival to the engine's actions for it carried out.
@@ -45,7 +48,7 @@ use tokio::time::Instant;
 
 use super::events::{EventType, EventWriter, Note};
 use super::metrics::{DroppedLabels, KubeMetrics, Resource};
-use super::records::{Holdings, IpFacts, RecordWriter};
+use super::records::{Holdings, IpFacts, RecordWriter, Strays};
 use super::snapshot::{self, Changes, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
 use crate::announcer::Schedule;
@@ -132,6 +135,20 @@ enum ToWrite {
     /// The node drains: it answers until its successors announce, but their records are
     /// theirs; it no longer writes back a record another node took over.
     Draining,
+    /// Delete the record of a Service not served that this node sweeps.
+    Sweep(ServiceKey),
+}
+
+/// What the records' watch saw, told back to the loop for the sweep.
+#[derive(Debug, Clone, PartialEq)]
+enum SeenRecord {
+    /// The watch lists every record again: forget those seen.
+    Relisted,
+    /// A record of `service` naming `node` (`None`: deleted).
+    Record {
+        service: ServiceKey,
+        node: Option<String>,
+    },
 }
 
 /// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
@@ -142,6 +159,7 @@ struct Inputs {
     conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
     net: NetWatch,
     key_poll: tokio::time::Interval,
+    seen_records: mpsc::UnboundedReceiver<SeenRecord>,
 }
 
 /// The Kubernetes mode's state around the shared [`Daemon`].
@@ -156,6 +174,10 @@ struct Source {
     ring_ids: Vec<KeyId>,
     /// What the records task was told, IP by IP.
     holdings: Holdings,
+    /// Records of Services not served, to sweep.
+    strays: Strays,
+    /// A stray was seen or the members changed since the strays were last looked at.
+    sweep_due: bool,
     /// Whether this node was the first live member by name when the records were last synced.
     first: bool,
     /// `/status` as last synced into the records: unchanged, nothing to sync.
@@ -197,6 +219,7 @@ pub async fn run(
                 if !source.daemon.membership(change).await {
                     break;
                 }
+                source.sweep_due = true;
             }
             Ok(()) = inputs.phase.changed() => {
                 let now = *inputs.phase.borrow_and_update();
@@ -211,12 +234,19 @@ pub async fn run(
             }
             Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
             _ = inputs.key_poll.tick() => source.rotate_keys().await,
+            Some(seen) = inputs.seen_records.recv() => {
+                source.record_seen(seen);
+                while let Ok(more) = inputs.seen_records.try_recv() {
+                    source.record_seen(more);
+                }
+            }
         }
         source.check_hold().await;
         if source.daemon.drained() {
             break;
         }
         source.sync_records();
+        source.sweep();
     }
     source.stop().await;
     Ok(())
@@ -299,10 +329,12 @@ impl Source {
         let board_seen = board.subscribe();
         let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
+        let (seen_tx, seen_records) = mpsc::unbounded_channel();
         let records = tokio::spawn(write_records(
             client,
             settings.clone(),
             to_write_rx,
+            seen_tx,
             metrics.clone(),
         ));
         let inputs = Inputs {
@@ -312,9 +344,12 @@ impl Source {
             conflicts,
             net,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
+            seen_records,
         };
         let mut source = Source {
             holdings: Holdings::new(&settings.node),
+            strays: Strays::new(),
+            sweep_due: false,
             settings,
             stores,
             keeper,
@@ -334,6 +369,18 @@ impl Source {
         };
         source.note_invalid_ads(&first_changes);
         source.check_interfaces();
+        // Every IP of the first snapshot (the caches listed in full) into the holdings: from
+        // now on a Service not held is not served, and its record may be swept.
+        let ips: Vec<IpAddr> = source
+            .daemon
+            .engine
+            .election()
+            .outcomes()
+            .keys()
+            .copied()
+            .collect();
+        source.sync_ips(ips.into_iter());
+        source.strays.synced();
         Ok(Some((source, inputs)))
     }
 
@@ -454,9 +501,15 @@ impl Source {
                     .snapshot()
                     .get(ip)
                     .and_then(|s| s.belongs_to.split_once('/'));
+                let shared_with = election
+                    .snapshot()
+                    .get(ip)
+                    .and_then(|s| s.shared_with.as_deref());
                 let links = engine.answering().get(ip);
                 let unowned = election.owner(ip).is_none();
-                !self.holdings.matches(ip, service, links, unowned)
+                !self
+                    .holdings
+                    .matches(ip, service, shared_with, links, unowned)
             })
             .copied()
             .collect();
@@ -485,12 +538,51 @@ impl Source {
             touched.extend(self.holdings.services().cloned());
         }
         for service in touched {
+            if self.holdings.holds(&service) {
+                self.strays.served(&service);
+            }
             let (record, unowned) = self.holdings.record(&service);
             let _ = self.to_write.send(ToWrite::Record {
                 service,
                 record,
                 orphaned: unowned && first,
             });
+        }
+    }
+
+    /// A record the records' watch saw: a stray when its Service is not served.
+    fn record_seen(&mut self, seen: SeenRecord) {
+        match seen {
+            SeenRecord::Relisted => self.strays.clear(),
+            SeenRecord::Record { service, node } => {
+                let served = self.holdings.holds(&service);
+                self.strays.seen(&service, node.as_deref(), served);
+                self.sweep_due |= node.is_some() && !served;
+            }
+        }
+    }
+
+    /// Sweeps the strays this node deletes (module docs of [`records`](super::records)):
+    /// once the mesh has formed (a lone node is the first member of its own view), and not
+    /// while draining (the node is leaving: the others take over). Looked at only when a
+    /// stray was seen or the members changed since.
+    fn sweep(&mut self) {
+        if !self.sweep_due || self.hold.holding() || self.daemon.engine.draining() {
+            return;
+        }
+        self.sweep_due = false;
+        if self.strays.is_empty() {
+            return;
+        }
+        let live = self.daemon.engine.live();
+        let due = self.strays.due(
+            &self.settings.node,
+            |node| live.contains(node),
+            live.iter().next().map(|m| m.node.as_str()),
+        );
+        for service in due {
+            tracing::info!(%service, "sweeping the ServiceL2Status of a Service not served");
+            let _ = self.to_write.send(ToWrite::Sweep(service));
         }
     }
 
@@ -688,9 +780,15 @@ async fn spawn_gossip(
 /// `ip` as the records see it in the engine now (`None`: not served, or not a Service's).
 fn ip_facts(engine: &Engine, holdings: &mut Holdings, ip: &IpAddr) -> Option<IpFacts> {
     let election = engine.election();
-    let service = service_key(&election.snapshot().get(ip)?.belongs_to)?;
+    let served = election.snapshot().get(ip)?;
+    let service = service_key(&served.belongs_to)?;
+    let shared_with = served
+        .shared_with
+        .as_deref()
+        .map(|others| others.iter().filter_map(|o| service_key(o)).collect());
     Some(IpFacts {
         service,
+        shared_with,
         links: engine.answering().get(ip).map(|l| holdings.links(l)),
         unowned: election.owner(ip).is_none(),
     })
@@ -709,6 +807,7 @@ async fn write_records(
     client: Client,
     settings: Settings,
     mut told: mpsc::UnboundedReceiver<ToWrite>,
+    seen_back: mpsc::UnboundedSender<SeenRecord>,
     metrics: KubeMetrics,
 ) {
     let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
@@ -782,12 +881,14 @@ async fn write_records(
                     draining = true;
                     suspect.clear();
                 }
+                ToWrite::Sweep(service) => writer.sweep(&service),
             }
         }
         for e in writer.flush().await {
             metrics.write_error(Resource::ServiceL2Statuses);
             tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
         }
+        metrics.records_swept(writer.take_swept());
         // A few Events per round, warnings first, so that records keep being written while
         // thousands of Events go out (a cold start, a node taking over many Services).
         let warnings: Vec<(ObjectReference, Note)> =
@@ -845,10 +946,26 @@ async fn write_records(
                 let seen = match event {
                     Some(Ok(kube::runtime::watcher::Event::Apply(r)
                         | kube::runtime::watcher::Event::InitApply(r))) => {
-                        record_service(&r).map(|key| (key, r.status))
+                        record_service(&r).map(|key| {
+                            let _ = seen_back.send(SeenRecord::Record {
+                                service: key.clone(),
+                                node: Some(record_node(&r).to_string()),
+                            });
+                            (key, r.status)
+                        })
                     }
                     Some(Ok(kube::runtime::watcher::Event::Delete(r))) => {
-                        record_service(&r).map(|key| (key, None))
+                        record_service(&r).map(|key| {
+                            let _ = seen_back.send(SeenRecord::Record {
+                                service: key.clone(),
+                                node: None,
+                            });
+                            (key, None)
+                        })
+                    }
+                    Some(Ok(kube::runtime::watcher::Event::Init)) => {
+                        let _ = seen_back.send(SeenRecord::Relisted);
+                        None
                     }
                     Some(Ok(_)) => None,
                     Some(Err(e)) => {
@@ -889,6 +1006,19 @@ fn record_service(record: &ServiceL2Status) -> Option<ServiceKey> {
         labels.get(super::records::SERVICE_NAMESPACE_LABEL)?,
         labels.get(super::records::SERVICE_NAME_LABEL)?,
     ))
+}
+
+/// The node a record names: its status's, else its label's (empty: none).
+fn record_node(record: &ServiceL2Status) -> &str {
+    match &record.status {
+        Some(status) if !status.node.is_empty() => &status.node,
+        _ => record
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(super::records::NODE_LABEL))
+            .map_or("", String::as_str),
+    }
 }
 
 /// The Event `nodeAssigned` of this node (MetalLB's words).

@@ -46,7 +46,8 @@
 //! - **Shared IPs**: an IP held by several Services is one entry, with one owner. The entry is
 //!   the first holder's by (namespace, name) ([`ServedIp::belongs_to`] names it). When every
 //!   holder allows a shared IP, their endpoints are merged (the IP is served where any of them
-//!   can be); a holder that does not allow sharing is left out for that IP
+//!   can be), and the others are named in [`ServedIp::shared_with`] (each Service gets its own
+//!   record); a holder that does not allow sharing is left out for that IP
 //!   ([`Dropped::IpConflict`]).
 //!
 //! # Choices where MetalLB leaves room
@@ -463,6 +464,7 @@ impl Resolved {
             ready_endpoints,
             node_priority: placement.node_priority,
             order_ip: Some(first),
+            shared_with: None,
         };
         Some((ips, served))
     }

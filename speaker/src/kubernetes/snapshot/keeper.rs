@@ -395,9 +395,11 @@ impl Keeper {
     }
 
     /// Brings `ip`'s snapshot entry and conflicts to what its holders say: the first holder's
-    /// entry, with the endpoints of the others merged when every one allows sharing.
+    /// entry, with the endpoints of the others merged and their names in
+    /// [`ServedIp::shared_with`] when every one allows sharing.
     fn settle(&mut self, ip: IpAddr) {
         let mut conflicts = Vec::new();
+        let mut shared_with = Vec::new();
         let entry = self.holders.get(&ip).and_then(|holders| {
             let mut holders = holders.iter();
             let first_key = holders.next()?;
@@ -410,6 +412,7 @@ impl Keeper {
                 if first.shares && other.shares {
                     let theirs = entry_of(other, ip).and_then(|e| e.ready_endpoints.clone());
                     entry.ready_endpoints = merge_ready(entry.ready_endpoints.take(), theirs);
+                    shared_with.push(other_key.to_string());
                 } else {
                     conflicts.push(Dropped::IpConflict {
                         ip,
@@ -417,6 +420,9 @@ impl Keeper {
                         dropped: other_key.to_string(),
                     });
                 }
+            }
+            if !shared_with.is_empty() {
+                entry.shared_with = Some(std::mem::take(&mut shared_with).into_boxed_slice());
             }
             Some(entry)
         });

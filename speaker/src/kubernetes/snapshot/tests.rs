@@ -225,6 +225,7 @@ fn an_ip_in_an_advertised_pool_is_served_by_every_node_with_the_services_key() {
             ready_endpoints: None,
             node_priority: None,
             order_ip: Some(ip("192.0.2.10")),
+            shared_with: None,
         }
     );
 }
@@ -809,6 +810,15 @@ fn an_ip_shared_by_several_services_is_one_entry_of_the_first_service() {
         Some(Arc::new(set(&["a", "b"]))),
         "the IP is served where either Service can be"
     );
+    assert_eq!(
+        built
+            .snapshot
+            .get(&ip("192.0.2.10"))
+            .expect("served")
+            .shared_with,
+        Some(vec!["shop/web-udp".to_string()].into_boxed_slice()),
+        "the sibling is named: it gets a record of its own"
+    );
     // A Cluster sibling that can serve makes every candidate ready.
     world.services[0] = service("shop/web-udp", &["192.0.2.10"], shared("Cluster"));
     let built = world.built();
@@ -820,6 +830,12 @@ fn an_ip_shared_by_several_services_is_one_entry_of_the_first_service() {
             .ready_endpoints,
         None
     );
+    // The sibling goes: the IP is no longer shared.
+    world.services.remove(0);
+    let built = world.built();
+    let entry = built.snapshot.get(&ip("192.0.2.10")).expect("served");
+    assert_eq!(entry.belongs_to, "shop/web-tcp");
+    assert_eq!(entry.shared_with, None);
 }
 
 #[test]
@@ -834,6 +850,15 @@ fn an_ip_held_by_services_that_do_not_all_allow_sharing_is_kept_for_the_first() 
     world.ads = vec![adv("all", json!({}))];
     let built = world.built();
     assert_eq!(served(&built), vec![(ip("192.0.2.10"), "shop/a".into())]);
+    assert_eq!(
+        built
+            .snapshot
+            .get(&ip("192.0.2.10"))
+            .expect("served")
+            .shared_with,
+        None,
+        "a Service left out is no sibling"
+    );
     assert_eq!(
         built.dropped,
         vec![Dropped::IpConflict {
