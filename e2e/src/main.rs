@@ -59,6 +59,10 @@ struct DemoArgs {
 
 #[derive(Debug, clap::Args)]
 struct SoakArgs {
+    /// Which load balancer: swimlb, keepalived, keepalived-fast or swimlb-kubernetes; a comma
+    /// list runs each in turn, each in a fresh lab.
+    #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
+    implementation: Vec<String>,
     /// Nodes in the lab.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
@@ -282,21 +286,78 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
 
 fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
     cleanup_on_interrupt();
+    let implementations = parse_implementations(&args.implementation)?;
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
-    let options = swimlb_e2e::soak::Options {
-        nodes: args.nodes,
-        loss: args.loss,
-        duration: Duration::from_secs(args.duration),
-        flood_pps: args.flood_pps,
-    };
-    let report = swimlb_e2e::soak::run(&options, std::env::current_exe()?, &mut |line| {
-        println!("{line}")
-    })?;
-    print!("{}", report.table());
+    ensure_keepalived(&implementations)?;
+    let program = speaker_program()?;
+    let mut reports = Vec::new();
+    for &implementation in &implementations {
+        let options = swimlb_e2e::soak::Options {
+            implementation,
+            nodes: args.nodes,
+            loss: args.loss,
+            duration: Duration::from_secs(args.duration),
+            flood_pps: args.flood_pps,
+        };
+        let make = |lab: &mut swimlb_e2e::netns::Lab| make_daemons(implementation, &program, lab);
+        let report = swimlb_e2e::soak::run(&options, &make, &mut |line| println!("{line}"))?;
+        print!("{}", report.table());
+        reports.push(report);
+    }
     if let Some(path) = &args.json {
-        write_reports(path, &[report])?;
+        write_reports(path, &reports)?;
     }
     Ok(())
+}
+
+/// The implementations named by `--impl` (a comma list).
+fn parse_implementations(
+    names: &[String],
+) -> anyhow::Result<Vec<swimlb_e2e::failover::Implementation>> {
+    names
+        .iter()
+        .map(|name| {
+            swimlb_e2e::failover::Implementation::parse(name).with_context(|| {
+                format!(
+                    "--impl {name}: expected swimlb, keepalived, keepalived-fast or swimlb-kubernetes"
+                )
+            })
+        })
+        .collect()
+}
+
+/// Installs keepalived when one of `implementations` is keepalived.
+fn ensure_keepalived(
+    implementations: &[swimlb_e2e::failover::Implementation],
+) -> anyhow::Result<()> {
+    use swimlb_e2e::failover::Implementation;
+    if implementations.iter().any(|i| {
+        matches!(
+            i,
+            Implementation::Keepalived | Implementation::KeepalivedFast
+        )
+    }) {
+        ensure_packages(&[("keepalived", "keepalived")])?;
+    }
+    Ok(())
+}
+
+/// The daemons of `implementation` in `lab` (`program`: the lab binary, for the speakers).
+fn make_daemons(
+    implementation: swimlb_e2e::failover::Implementation,
+    program: &std::path::Path,
+    lab: &mut swimlb_e2e::netns::Lab,
+) -> anyhow::Result<Box<dyn swimlb_e2e::failover::Daemons>> {
+    use swimlb_e2e::failover::{Implementation, KeepalivedDaemons, SwimlbDaemons};
+    use swimlb_e2e::keepalived::Tuning;
+    Ok(match implementation {
+        Implementation::Swimlb => Box::new(SwimlbDaemons::new(lab, program.to_path_buf())?),
+        Implementation::Keepalived => Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)),
+        Implementation::KeepalivedFast => Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)),
+        Implementation::SwimlbKubernetes => {
+            Box::new(SwimlbDaemons::kubernetes(lab, program.to_path_buf())?)
+        }
+    })
 }
 
 /// Installs the Debian packages whose programs are missing (the lab runs as root).
@@ -328,22 +389,9 @@ fn ensure_packages(needed: &[(&str, &str)]) -> anyhow::Result<()> {
 }
 
 fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
-    use swimlb_e2e::failover::{
-        self, Implementation, KeepalivedDaemons, Options, Scenario, SwimlbDaemons,
-    };
-    use swimlb_e2e::keepalived::Tuning;
+    use swimlb_e2e::failover::{self, Implementation, Options, Scenario};
     cleanup_on_interrupt();
-    let implementations = args
-        .implementation
-        .iter()
-        .map(|name| {
-            Implementation::parse(name).with_context(|| {
-                format!(
-                    "--impl {name}: expected swimlb, keepalived, keepalived-fast or swimlb-kubernetes"
-                )
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let implementations = parse_implementations(&args.implementation)?;
     let scenario = match args.scenario.as_str() {
         "poweroff" => Scenario::Poweroff,
         "kill" => Scenario::Kill,
@@ -384,14 +432,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
                 .all(|i| *i == Implementation::SwimlbKubernetes),
         "--api-down applies to --impl swimlb-kubernetes only"
     );
-    if implementations.iter().any(|i| {
-        matches!(
-            i,
-            Implementation::Keepalived | Implementation::KeepalivedFast
-        )
-    }) {
-        ensure_packages(&[("keepalived", "keepalived")])?;
-    }
+    ensure_keepalived(&implementations)?;
     let program = speaker_program()?;
     let mut reports = Vec::new();
     let mut pause_reports = Vec::new();
@@ -406,24 +447,7 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             api_down: args.api_down,
             flood,
         };
-        let make =
-            |lab: &mut swimlb_e2e::netns::Lab| -> anyhow::Result<Box<dyn failover::Daemons>> {
-                match implementation {
-                    Implementation::Swimlb => {
-                        Ok(Box::new(SwimlbDaemons::new(lab, program.clone())?)
-                            as Box<dyn failover::Daemons>)
-                    }
-                    Implementation::Keepalived => {
-                        Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)))
-                    }
-                    Implementation::KeepalivedFast => {
-                        Ok(Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)))
-                    }
-                    Implementation::SwimlbKubernetes => {
-                        Ok(Box::new(SwimlbDaemons::kubernetes(lab, program.clone())?))
-                    }
-                }
-            };
+        let make = |lab: &mut swimlb_e2e::netns::Lab| make_daemons(implementation, &program, lab);
         if pause {
             let report = swimlb_e2e::pause::run(&options, &make, &mut |line| println!("{line}"))?;
             pause_reports.push(report);

@@ -1,20 +1,19 @@
 //! `swimlb-lab soak`: the lab with no fault at all, for what must NOT happen and what the speaker
 //! costs at rest.
 //!
-//! N nodes run swimlb, optionally with random loss on every link and with a flood of non-ARP
+//! N nodes run swimlb (or keepalived, for comparison), optionally with random loss on every link and with a flood of non-ARP
 //! frames at one node; the client probes the VIP the whole time. The report counts owner changes
 //! (each one a false failover), lost probes, and each speaker's resident memory and CPU use,
 //! read from `/proc` over the run.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::failover::{Daemons as _, SwimlbDaemons};
+use crate::failover::{Daemons, Implementation};
 use crate::flood::{Flood, FloodKind};
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober};
@@ -22,6 +21,8 @@ use crate::probe::{self, PROBE_PORT, Prober};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// Which load balancer.
+    pub implementation: Implementation,
     /// Nodes.
     pub nodes: usize,
     /// Random loss on every node link, percent.
@@ -46,6 +47,9 @@ pub struct SpeakerCost {
 /// The report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
+    /// Which load balancer (`swimlb`, `keepalived`, `keepalived-fast`, `swimlb-kubernetes`).
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
     /// Nodes.
     pub nodes: usize,
     /// Loss, percent.
@@ -70,7 +74,8 @@ impl Report {
     /// A few lines for the terminal.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "soak: {} nodes, {}% loss, {:.0} s, flood {} fps at node1 ({} sent): {} probes, {} lost, {} owner changes (false failovers)\n",
+            "soak ({}): {} nodes, {}% loss, {:.0} s, flood {} fps at node1 ({} sent): {} probes, {} lost, {} owner changes (false failovers)\n",
+            self.implementation,
             self.nodes,
             self.loss,
             self.duration_s,
@@ -109,8 +114,12 @@ pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
     Some((utime + stime, rss_kib))
 }
 
-/// Runs the soak; `program` is the lab binary (for the speakers).
-pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+/// Runs the soak with the daemons `make_daemons` starts in the lab.
+pub fn run(
+    options: &Options,
+    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report> {
     let mut lab = Lab::create(options.nodes).context("building the lab")?;
     let mut workers = Vec::new();
     for node in lab.nodes.clone() {
@@ -121,7 +130,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
             lab.set_loss(i, options.loss)?;
         }
     }
-    let mut daemons = SwimlbDaemons::new(&lab, program)?;
+    let mut daemons = make_daemons(&mut lab)?;
     for i in 1..=options.nodes {
         daemons.start(&mut lab, i)?;
     }
@@ -130,7 +139,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = match crate::failover::settle(&lab, &mut daemons, &prober, progress)? {
+    let owner = match crate::failover::settle(&lab, daemons.as_mut(), &prober, progress)? {
         Ok(settled) => settled.owner,
         Err(reason) => anyhow::bail!(
             "the lab did not converge within {:?} ({reason}); nothing watched",
@@ -186,6 +195,7 @@ pub fn run(options: &Options, program: PathBuf, progress: &mut dyn FnMut(&str)) 
     drop(workers);
     lab.teardown();
     Ok(Report {
+        implementation: options.implementation.as_str(),
         nodes: options.nodes,
         loss: options.loss,
         duration_s: elapsed.as_secs_f64(),
