@@ -64,7 +64,7 @@ use swimlb_proto::envelope::KeyId;
 use swimlb_proto::{KeyRing, SealStream};
 
 use super::identity::NodeIdentity;
-use super::lifeguard::{LocalHealth, suspicion_timeout};
+use super::lifeguard::{LocalHealth, suspicion_timeout, wanted_confirmations};
 use super::metadata::FastMap;
 use super::metadata::{MetaBroadcasts, MetaError, MetaRecord, SharedBook};
 use super::metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
@@ -1292,18 +1292,10 @@ impl Core {
         s.since + timeout.saturating_mul(stretch)
     }
 
-    /// How many independent confirmations shrink a suspicion to its shortest. As memberlist
-    /// does: none in a cluster too small to give them all (fewer members than wanted besides
-    /// the suspect and this node), where a suspicion lasts its shortest and any member that holds
-    /// it may end it, as plain SWIM does. Lifeguard's trust in numbers needs numbers.
+    /// How many independent confirmations shrink a suspicion to its shortest, with the members
+    /// this node knows (see [`wanted_confirmations`]).
     fn wanted_confirmations(&self) -> u32 {
-        let could_confirm = self.members.len().saturating_sub(1);
-        let wanted = self.timing.suspicion_confirmations;
-        if could_confirm < wanted as usize {
-            0
-        } else {
-            wanted
-        }
+        wanted_confirmations(self.timing.suspicion_confirmations, self.members.len())
     }
 
     fn schedule_suspicion(&mut self, addr: SocketAddr) {

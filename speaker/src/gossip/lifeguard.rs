@@ -80,6 +80,24 @@ pub fn suspicion_timeout(
     Duration::from_secs_f64(timeout.max(min.as_secs_f64()))
 }
 
+/// How many independent confirmations shrink a suspicion to its shortest, out of `wanted`
+/// (the timing's `suspicion_confirmations`), for a node that knows `others` other members.
+///
+/// Only the members besides this node and the suspect can confirm (`others - 1`), and wanting
+/// every one of them lets a single silent one (a lost datagram, a member busy with its own
+/// failed probe) stretch the suspicion towards its longest: at most all but one are wanted.
+/// In a cluster too small to give `wanted` at all, none are (as memberlist does): a suspicion
+/// lasts its shortest and any member that holds it may end it, as plain SWIM does. Lifeguard's
+/// trust in numbers needs numbers. With 3 wanted: none up to 4 members, 2 at 5, 3 from 6.
+pub fn wanted_confirmations(wanted: u32, others: usize) -> u32 {
+    let could_confirm = u32::try_from(others.saturating_sub(1)).unwrap_or(u32::MAX);
+    if could_confirm < wanted {
+        0
+    } else {
+        wanted.min(could_confirm.saturating_sub(1))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +141,34 @@ mod tests {
         assert_eq!(suspicion_timeout(9, 3, min, max), min);
         assert_eq!(suspicion_timeout(0, 0, min, max), min);
         assert_eq!(suspicion_timeout(0, 3, max, min), max, "max below min: min");
+    }
+
+    #[test]
+    fn small_clusters_want_no_confirmations_and_leave_one_confirmer_spare() {
+        // `others` excludes this node: 5 members are 4 others, 3 of whom could confirm.
+        let wanted: Vec<u32> = (0..=8)
+            .map(|others| wanted_confirmations(3, others))
+            .collect();
+        assert_eq!(wanted, [0, 0, 0, 0, 2, 3, 3, 3, 3]);
+        // The 5-member case: two confirmations out of three reach the shortest suspicion, so
+        // one silent confirmer no longer stretches it.
+        let (min, max) = (ms(150), ms(900));
+        assert_eq!(
+            suspicion_timeout(2, wanted_confirmations(3, 4), min, max),
+            min
+        );
+        assert_eq!(
+            wanted_confirmations(1, 1),
+            0,
+            "only the suspect: none can confirm"
+        );
+        assert_eq!(wanted_confirmations(1, 3), 1);
+        assert_eq!(wanted_confirmations(0, 99), 0);
+        assert_eq!(wanted_confirmations(0, 0), 0);
+        assert_eq!(
+            wanted_confirmations(3, 99),
+            3,
+            "large clusters: all that are wanted"
+        );
     }
 }
