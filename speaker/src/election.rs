@@ -83,6 +83,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -795,7 +796,7 @@ impl Election {
     pub fn set_entry(
         &mut self,
         ip: IpAddr,
-        entry: Option<ServedIp>,
+        entry: Option<Arc<ServedIp>>,
         live: &LiveSet,
     ) -> Option<OwnerChange> {
         self.snapshot.remove(&ip);

@@ -207,10 +207,12 @@ pub enum SnapshotError {
     },
 }
 
-/// Everything that should be served, keyed by IP.
+/// Everything that should be served, keyed by IP. Entries are shared ([`Arc`]): a Service's
+/// IPs, the Kubernetes keeper's snapshot and the engine's hold one entry, not a copy each, and
+/// a clone of the snapshot copies no entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    ips: BTreeMap<IpAddr, ServedIp>,
+    ips: BTreeMap<IpAddr, Arc<ServedIp>>,
 }
 
 /// How one IP differs between two snapshots.
@@ -232,14 +234,19 @@ impl Snapshot {
 
     /// Adds `ip`. Re-inserting an IP for the same `belongs_to` replaces its entry; an IP already
     /// held by a different `belongs_to` is refused and the snapshot is unchanged.
-    pub fn insert(&mut self, ip: IpAddr, served: ServedIp) -> Result<(), SnapshotError> {
+    pub fn insert(
+        &mut self,
+        ip: IpAddr,
+        served: impl Into<Arc<ServedIp>>,
+    ) -> Result<(), SnapshotError> {
+        let served = served.into();
         if let Some(held) = self.ips.get(&ip)
             && held.belongs_to != served.belongs_to
         {
             return Err(SnapshotError::DuplicateIp {
                 ip,
                 first: held.belongs_to.clone(),
-                second: served.belongs_to,
+                second: served.belongs_to.clone(),
             });
         }
         self.ips.insert(ip, served);
@@ -247,8 +254,8 @@ impl Snapshot {
     }
 
     /// Builds a snapshot from entries, stopping at the first IP claimed twice.
-    pub fn from_entries(
-        entries: impl IntoIterator<Item = (IpAddr, ServedIp)>,
+    pub fn from_entries<S: Into<Arc<ServedIp>>>(
+        entries: impl IntoIterator<Item = (IpAddr, S)>,
     ) -> Result<Snapshot, SnapshotError> {
         let mut snapshot = Snapshot::new();
         for (ip, served) in entries {
@@ -258,18 +265,23 @@ impl Snapshot {
     }
 
     /// Removes `ip`; returns its entry.
-    pub fn remove(&mut self, ip: &IpAddr) -> Option<ServedIp> {
+    pub fn remove(&mut self, ip: &IpAddr) -> Option<Arc<ServedIp>> {
         self.ips.remove(ip)
     }
 
     /// The entry for `ip`.
     pub fn get(&self, ip: &IpAddr) -> Option<&ServedIp> {
+        self.ips.get(ip).map(Arc::as_ref)
+    }
+
+    /// The entry for `ip`, to share.
+    pub fn get_shared(&self, ip: &IpAddr) -> Option<&Arc<ServedIp>> {
         self.ips.get(ip)
     }
 
     /// All entries in IP order.
     pub fn iter(&self) -> impl Iterator<Item = (&IpAddr, &ServedIp)> {
-        self.ips.iter()
+        self.ips.iter().map(|(ip, served)| (ip, served.as_ref()))
     }
 
     /// Number of IPs.

@@ -41,6 +41,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use swimlb_proto::ethernet::MacAddr;
@@ -79,7 +80,7 @@ pub enum Input {
     /// served). The same as [`Input::Snapshot`] with those entries replaced, at the cost of the
     /// IPs named (a source that knows what changed, as the Kubernetes watches do, need not
     /// build and diff the whole snapshot on every event).
-    Served(Vec<(IpAddr, Option<ServedIp>)>),
+    Served(Vec<(IpAddr, Option<Arc<ServedIp>>)>),
     /// The node's links or routes changed.
     Net {
         /// Every link.
@@ -447,14 +448,14 @@ impl Engine {
 
     fn served(
         &mut self,
-        entries: Vec<(IpAddr, Option<ServedIp>)>,
+        entries: Vec<(IpAddr, Option<Arc<ServedIp>>)>,
         actions: &mut Vec<Action>,
     ) -> Vec<IpAddr> {
         let mut touched = Vec::with_capacity(entries.len());
         let mut facts_may_change = false;
         for (ip, entry) in entries {
             let before = self.election.snapshot().get(&ip);
-            if before == entry.as_ref() {
+            if before == entry.as_deref() {
                 continue;
             }
             // The facts depend only on each IP's interfaces and where it is placed.

@@ -825,7 +825,7 @@ impl World {
                 if let Some(e) = &entry {
                     let _ = self.snapshot.insert(ip, e.clone());
                 }
-                Input::Served(vec![(ip, entry)])
+                Input::Served(vec![(ip, entry.map(Arc::new))])
             }
             Step::LinkUp(i, up) => {
                 self.links[*i].up = *up;

@@ -431,7 +431,7 @@ impl Source {
             let entries = changes
                 .ips
                 .iter()
-                .map(|ip| (*ip, self.keeper.snapshot().get(ip).cloned()))
+                .map(|ip| (*ip, self.keeper.snapshot().get_shared(ip).cloned()))
                 .collect();
             self.daemon.handle(Input::Served(entries)).await;
             self.sync_ips(changes.ips.iter().copied());

@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
@@ -36,7 +37,7 @@ use crate::snapshot::{ServedIp, Snapshot};
 struct Claim {
     shares: bool,
     ips: Vec<IpAddr>,
-    entry: Option<ServedIp>,
+    entry: Option<Arc<ServedIp>>,
     dropped: Vec<Dropped>,
 }
 
@@ -340,7 +341,7 @@ impl Keeper {
                 .config
                 .serve(key, svc, slices, &mut self.placements, &mut dropped);
             let (ips, entry) = match served {
-                Some((ips, entry)) => (ips, Some(entry)),
+                Some((ips, entry)) => (ips, Some(Arc::new(entry))),
                 None => (Vec::new(), None),
             };
             Claim {
@@ -411,6 +412,7 @@ impl Keeper {
                 };
                 if first.shares && other.shares {
                     let theirs = entry_of(other, ip).and_then(|e| e.ready_endpoints.clone());
+                    let entry = Arc::make_mut(&mut entry);
                     entry.ready_endpoints = merge_ready(entry.ready_endpoints.take(), theirs);
                     shared_with.push(other_key.to_string());
                 } else {
@@ -422,11 +424,12 @@ impl Keeper {
                 }
             }
             if !shared_with.is_empty() {
-                entry.shared_with = Some(std::mem::take(&mut shared_with).into_boxed_slice());
+                Arc::make_mut(&mut entry).shared_with =
+                    Some(std::mem::take(&mut shared_with).into_boxed_slice());
             }
             Some(entry)
         });
-        if self.snapshot.get(&ip) != entry.as_ref() {
+        if self.snapshot.get_shared(&ip) != entry.as_ref() {
             self.snapshot.remove(&ip);
             if let Some(entry) = entry {
                 // Removed just before: the IP is free.
@@ -443,6 +446,6 @@ impl Keeper {
 }
 
 /// The entry `claim` has for `ip`.
-fn entry_of(claim: &Claim, ip: IpAddr) -> Option<&ServedIp> {
+fn entry_of(claim: &Claim, ip: IpAddr) -> Option<&Arc<ServedIp>> {
     claim.entry.as_ref().filter(|_| claim.ips.contains(&ip))
 }
