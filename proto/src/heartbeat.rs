@@ -1,5 +1,6 @@
-//! The owner watch's datagram payload (issue 17): heartbeats from an owner to its watchers, the
-//! watcher's quick second check (a poll, direct or relayed), and the takeover claim.
+//! The owner watch's datagram payload (issue 17): heartbeats from an owner to its watchers and
+//! their acknowledgements, the watcher's quick second check (a poll, direct or relayed), and the
+//! takeover claim.
 //!
 //! A watch datagram is an ordinary sealed envelope ([`crate::envelope`]): the payload below is
 //! what [`KeyRing::seal_in`](crate::KeyRing::seal_in) seals and
@@ -18,14 +19,15 @@
 //!  0      1         2        3
 //!  +------+---------+--------+------------------------------+
 //!  | kind | version | type   | body (by type, exact length) |
-//!  | 0x80 | 1       | 1..=5  |                              |
+//!  | 0x80 | 1       | 1..=6  |                              |
 //!  +------+---------+--------+------------------------------+
 //!
-//!  type 1 Heartbeat   incarnation u64, seq u64                                      16 bytes
+//!  type 1 Heartbeat   incarnation u64, seq u64, interval ms u16 (not 0)             18 bytes
 //!  type 2 Poll        nonce u64, incarnation u64                                    16 bytes
 //!  type 3 PollReply   nonce u64, alive u8 (0 or 1)                                   9 bytes
 //!  type 4 Relay       nonce u64, target node                                     variable
 //!  type 5 Claim       ip, epoch u64, claimant node, accused node                 variable
+//!  type 6 Ack         incarnation u64, seq u64                                      16 bytes
 //!
 //!  node = name length u8 (1..=253), name (UTF-8), address, bump u64
 //!  address = family u8 (4 or 6), IPv4 (4 bytes) | IPv6 (16 bytes), port u16,
@@ -40,6 +42,13 @@
 //!
 //! - `Heartbeat`: the owner to each watcher, every interval. `seq` grows by one per heartbeat
 //!   of that incarnation (to that watcher or to all: the watcher only needs it to increase).
+//!   `interval` is the owner's promise: the next heartbeat is due within that interval (plus
+//!   its jitter), so the watcher measures silence at the rate the owner actually sends, slow
+//!   (1 s) or fast, and a change of rate takes effect with the heartbeat that announces it (as
+//!   BFD's Desired Min TX Interval does).
+//! - `Ack`: the watcher to the owner: "I heard your heartbeat `seq` of `incarnation`". The owner
+//!   sends at the slow rate until a watcher acknowledges, then fast (the watch is established),
+//!   and back to slow when acknowledgements stop.
 //! - `Poll`: the watcher to the owner, or a relay to the owner on the watcher's behalf: "are you
 //!   alive as `incarnation`?". The owner answers with a `PollReply` with the same `nonce` and
 //!   `alive = true` only when `incarnation` is its own (as the gossip's relayed ping does).
@@ -68,7 +77,7 @@ pub const HEADER_LEN: usize = 3;
 /// The longest node name, in bytes (a DNS subdomain, as a Kubernetes node name).
 pub const MAX_NAME_LEN: usize = 253;
 /// Length of a heartbeat payload.
-pub const HEARTBEAT_LEN: usize = HEADER_LEN + 16;
+pub const HEARTBEAT_LEN: usize = HEADER_LEN + 18;
 /// The longest payload of any type: a claim about an IPv6 address between two IPv6 nodes with
 /// the longest names.
 pub const MAX_LEN: usize = HEADER_LEN + IP6_LEN + 8 + 2 * MAX_NODE_LEN;
@@ -103,6 +112,8 @@ pub enum MessageType {
     Relay,
     /// Code 5.
     Claim,
+    /// Code 6.
+    Ack,
 }
 
 impl MessageType {
@@ -114,6 +125,7 @@ impl MessageType {
             MessageType::PollReply => 3,
             MessageType::Relay => 4,
             MessageType::Claim => 5,
+            MessageType::Ack => 6,
         }
     }
 
@@ -125,6 +137,7 @@ impl MessageType {
             3 => Some(MessageType::PollReply),
             4 => Some(MessageType::Relay),
             5 => Some(MessageType::Claim),
+            6 => Some(MessageType::Ack),
             _ => None,
         }
     }
@@ -137,6 +150,7 @@ impl MessageType {
             MessageType::PollReply => "poll_reply",
             MessageType::Relay => "relay",
             MessageType::Claim => "claim",
+            MessageType::Ack => "ack",
         }
     }
 }
@@ -168,6 +182,9 @@ pub enum WatchMessage<'a> {
         incarnation: u64,
         /// The heartbeat's number in that incarnation.
         seq: u64,
+        /// The owner's promise, in milliseconds (1 to 65,535): the next heartbeat is due within
+        /// this interval, plus up to a quarter of it of jitter.
+        interval_ms: u16,
     },
     /// "Are you alive as `incarnation`?"; answered with a [`WatchMessage::PollReply`].
     Poll {
@@ -201,6 +218,13 @@ pub enum WatchMessage<'a> {
         /// The owner found silent (its bump: the incarnation found silent).
         accused: NodeRef<'a>,
     },
+    /// The watcher heard the owner's heartbeat `seq` of `incarnation`.
+    Ack {
+        /// The incarnation of the heartbeat heard.
+        incarnation: u64,
+        /// Its number.
+        seq: u64,
+    },
 }
 
 impl<'a> WatchMessage<'a> {
@@ -212,6 +236,7 @@ impl<'a> WatchMessage<'a> {
             WatchMessage::PollReply { .. } => MessageType::PollReply,
             WatchMessage::Relay { .. } => MessageType::Relay,
             WatchMessage::Claim { .. } => MessageType::Claim,
+            WatchMessage::Ack { .. } => MessageType::Ack,
         }
     }
 
@@ -247,6 +272,10 @@ impl<'a> WatchMessage<'a> {
             MessageType::Heartbeat => WatchMessage::Heartbeat {
                 incarnation: r.u64()?,
                 seq: r.u64()?,
+                interval_ms: match r.u16()? {
+                    0 => return Err(Error::MalformedWatch("heartbeat interval is zero")),
+                    ms => ms,
+                },
             },
             MessageType::Poll => WatchMessage::Poll {
                 nonce: r.u64()?,
@@ -270,6 +299,10 @@ impl<'a> WatchMessage<'a> {
                 claimant: r.node()?,
                 accused: r.node()?,
             },
+            MessageType::Ack => WatchMessage::Ack {
+                incarnation: r.u64()?,
+                seq: r.u64()?,
+            },
         };
         if !r.rest.is_empty() {
             return Err(Error::TrailingBytes);
@@ -281,7 +314,8 @@ impl<'a> WatchMessage<'a> {
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
             + match self {
-                WatchMessage::Heartbeat { .. } | WatchMessage::Poll { .. } => 16,
+                WatchMessage::Heartbeat { .. } => 18,
+                WatchMessage::Poll { .. } | WatchMessage::Ack { .. } => 16,
                 WatchMessage::PollReply { .. } => 9,
                 WatchMessage::Relay { target, .. } => 8 + target.buffer_len(),
                 WatchMessage::Claim {
@@ -297,10 +331,13 @@ impl<'a> WatchMessage<'a> {
     /// that length.
     ///
     /// Fails with [`Error::OutOfRange`] when a node name is empty or longer than
-    /// [`MAX_NAME_LEN`] bytes, and with [`Error::BufferTooSmall`] when `buf` is too short; `buf`
+    /// [`MAX_NAME_LEN`] bytes or a heartbeat's interval is zero, and with [`Error::BufferTooSmall`] when `buf` is too short; `buf`
     /// is then unchanged.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         match self {
+            WatchMessage::Heartbeat { interval_ms: 0, .. } => {
+                return Err(Error::OutOfRange("heartbeat interval must not be zero"));
+            }
             WatchMessage::Relay { target, .. } => check_name(target.name)?,
             WatchMessage::Claim {
                 claimant, accused, ..
@@ -317,7 +354,16 @@ impl<'a> WatchMessage<'a> {
         let mut w = Writer { out, at: 0 };
         w.bytes(&[KIND, VERSION, self.message_type().code()]);
         match *self {
-            WatchMessage::Heartbeat { incarnation, seq } => {
+            WatchMessage::Heartbeat {
+                incarnation,
+                seq,
+                interval_ms,
+            } => {
+                w.u64(incarnation);
+                w.u64(seq);
+                w.bytes(&interval_ms.to_be_bytes());
+            }
+            WatchMessage::Ack { incarnation, seq } => {
                 w.u64(incarnation);
                 w.u64(seq);
             }
@@ -493,10 +539,11 @@ mod tests {
     }
 
     /// A heartbeat, byte by byte.
-    const HEARTBEAT: [u8; 19] = [
+    const HEARTBEAT: [u8; 21] = [
         0x80, 0x01, 0x01, // kind, version 1, type heartbeat
         0x00, 0x00, 0x01, 0x8b, 0xcf, 0xe5, 0x68, 0x00, // incarnation 1_700_000_000_000
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, // seq 258
+        0x00, 0x14, // interval 20 ms
     ];
 
     /// A claim for 192.0.2.100 by `b` (IPv4 gossip address) against `na` (IPv6 gossip address, scope 3).
@@ -529,7 +576,8 @@ mod tests {
             WatchMessage::parse(&HEARTBEAT),
             Ok(WatchMessage::Heartbeat {
                 incarnation: 1_700_000_000_000,
-                seq: 258
+                seq: 258,
+                interval_ms: 20,
             })
         );
     }
@@ -540,6 +588,7 @@ mod tests {
         let hb = WatchMessage::Heartbeat {
             incarnation: 1_700_000_000_000,
             seq: 258,
+            interval_ms: 20,
         };
         assert_eq!(hb.buffer_len(), HEARTBEAT_LEN);
         assert_eq!(hb.emit(&mut buf), Ok(HEARTBEAT_LEN));
@@ -575,6 +624,16 @@ mod tests {
         .emit(&mut buf)
         .unwrap();
         assert_eq!(buf[..n], [0x80, 1, 3, 1, 2, 3, 4, 5, 6, 7, 8, 1]);
+        let n = WatchMessage::Ack {
+            incarnation: 0x0102_0304_0506_0708,
+            seq: 9,
+        }
+        .emit(&mut buf)
+        .unwrap();
+        assert_eq!(
+            buf[..n],
+            [0x80, 1, 6, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 9]
+        );
         let n = WatchMessage::Relay {
             nonce: 1,
             target: node("a", "192.0.2.10:7946", 4),
@@ -627,7 +686,7 @@ mod tests {
         let mut p = HEARTBEAT;
         p[1] = 2;
         assert_eq!(WatchMessage::parse(&p), Err(Error::UnsupportedVersion(2)));
-        for code in [0, 6, 0xff] {
+        for code in [0, 7, 0xff] {
             let mut p = HEARTBEAT;
             p[2] = code;
             assert_eq!(WatchMessage::parse(&p), Err(Error::WatchMessageType(code)));
@@ -636,6 +695,12 @@ mod tests {
 
     #[test]
     fn bad_field_values_are_malformed() {
+        let mut zero_interval = HEARTBEAT;
+        zero_interval[20] = 0;
+        assert_eq!(
+            WatchMessage::parse(&zero_interval),
+            Err(Error::MalformedWatch("heartbeat interval is zero"))
+        );
         let reply = [0x80, 1, 3, 0, 0, 0, 0, 0, 0, 0, 1, 2];
         assert_eq!(
             WatchMessage::parse(&reply),
@@ -677,6 +742,12 @@ mod tests {
             };
             assert!(matches!(relay.emit(&mut buf), Err(Error::OutOfRange(_))));
         }
+        let never = WatchMessage::Heartbeat {
+            incarnation: 1,
+            seq: 1,
+            interval_ms: 0,
+        };
+        assert!(matches!(never.emit(&mut buf), Err(Error::OutOfRange(_))));
         let claim = golden_claim();
         assert_eq!(
             claim.emit(&mut buf[..CLAIM.len() - 1]),
@@ -708,6 +779,7 @@ mod tests {
         WatchMessage::Heartbeat {
             incarnation: 1,
             seq: 2,
+            interval_ms: 1000,
         }
         .emit(&mut payload)
         .unwrap();
@@ -721,7 +793,8 @@ mod tests {
             WatchMessage::parse(opened.payload),
             Ok(WatchMessage::Heartbeat {
                 incarnation: 1,
-                seq: 2
+                seq: 2,
+                interval_ms: 1000,
             })
         );
     }

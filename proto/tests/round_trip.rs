@@ -232,8 +232,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
 
     #[test]
-    fn watch_heartbeat_round_trips(incarnation in any::<u64>(), seq in any::<u64>()) {
-        watch_round_trips(WatchMessage::Heartbeat { incarnation, seq })?;
+    fn watch_heartbeat_round_trips(
+        incarnation in any::<u64>(), seq in any::<u64>(), interval_ms in 1u16..,
+    ) {
+        watch_round_trips(WatchMessage::Heartbeat { incarnation, seq, interval_ms })?;
+    }
+
+    #[test]
+    fn watch_ack_round_trips(incarnation in any::<u64>(), seq in any::<u64>()) {
+        watch_round_trips(WatchMessage::Ack { incarnation, seq })?;
     }
 
     #[test]
