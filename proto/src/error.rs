@@ -20,7 +20,7 @@ pub enum Error {
     /// The envelope does not start with the swimlb magic bytes.
     #[error("wrong magic")]
     WrongMagic,
-    /// The envelope carries a version this build does not speak.
+    /// The envelope or the owner-watch payload carries a version this build does not speak.
     #[error("unsupported version {0}")]
     UnsupportedVersion(u8),
     /// The envelope was sealed with a key that is not in the key ring.
@@ -107,6 +107,19 @@ pub enum Error {
     /// than 255 addresses, or an address of the wrong family).
     #[error("value out of range: {0}")]
     OutOfRange(&'static str),
+    /// A payload given to the owner-watch parser does not start with its kind byte (it is a
+    /// gossip payload, or garbage); the first byte.
+    #[error("not an owner-watch payload (kind byte {0:#04x})")]
+    NotWatchPayload(u8),
+    /// The owner-watch message type is unknown.
+    #[error("unknown owner-watch message type {0}")]
+    WatchMessageType(u8),
+    /// An owner-watch field holds a value the format does not allow (the field is named).
+    #[error("malformed owner-watch message: {0}")]
+    MalformedWatch(&'static str),
+    /// Bytes are left after a complete message.
+    #[error("trailing bytes after the message")]
+    TrailingBytes,
 }
 
 impl Error {
@@ -145,6 +158,10 @@ impl Error {
             Error::VrrpType(_) => "vrrp_type",
             Error::VrrpAddressCount(_) => "vrrp_address_count",
             Error::OutOfRange(_) => "out_of_range",
+            Error::NotWatchPayload(_) => "not_watch_payload",
+            Error::WatchMessageType(_) => "watch_message_type",
+            Error::MalformedWatch(_) => "malformed_watch",
+            Error::TrailingBytes => "trailing_bytes",
         }
     }
 }
@@ -191,6 +208,10 @@ mod tests {
             Error::VrrpType(0),
             Error::VrrpAddressCount(0),
             Error::OutOfRange(""),
+            Error::NotWatchPayload(0),
+            Error::WatchMessageType(0),
+            Error::MalformedWatch(""),
+            Error::TrailingBytes,
         ];
         let mut labels: Vec<&str> = all.iter().map(Error::as_str).collect();
         for l in &labels {

@@ -18,6 +18,8 @@
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`memory`]: fewer malloc arenas and free pages handed back (`unsafe`: libc calls).
 //! - [`notify`]: notify hooks run on group state changes.
+//! - [`owner_watch`]: the owner watch's decisions, sans-IO: heartbeat [`owner_watch::Schedule`],
+//!   silence [`owner_watch::Detector`], knobs and the detection model.
 //! - [`packet_socket`]: the filtered AF_PACKET channel (`unsafe`, as [`memory`]).
 //! - [`process_metrics`]: `swimlb_build_info` and `swimlb_ready`.
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.
@@ -44,6 +46,7 @@ pub mod local;
 pub mod membership;
 pub mod memory;
 pub mod notify;
+pub mod owner_watch;
 pub mod packet_socket;
 pub mod process_metrics;
 pub mod responder;

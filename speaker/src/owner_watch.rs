@@ -1,0 +1,847 @@
+//! The owner watch's decisions (issue 17), sans-IO: when an owner sends its heartbeats
+//! ([`Schedule`]), when the next node in line finds the owner silent ([`Detector`]), the knobs
+//! ([`Knobs`]) and the model the README states ([`worst_case_detection`],
+//! [`false_suspicions_per_hour`], [`packets_per_second_per_pair`]).
+//!
+//! Nothing here reads a clock, opens a socket, logs or draws system randomness. Time is a
+//! [`Duration`] since an origin the caller picks, passed into every call, as in
+//! [`crate::gossip::Core`]; the jitter comes from an RNG seeded by the caller. The datagrams are
+//! [`swimlb_proto::heartbeat`]'s, sealed in the gossip envelope.
+//!
+//! **The rates.** An owner sends one heartbeat stream per watcher. It starts slow
+//! ([`SLOW_INTERVAL`], 1 s) and goes fast (the knobs' interval `I`, 20 ms by default) once the
+//! watch is established: when the watcher acknowledges a heartbeat. The watcher acknowledges the
+//! first heartbeat it hears of an incarnation ([`ESTABLISH_BEATS`] = 1) and then at most once per
+//! [`ACK_PERIOD`]; the owner falls back to slow after [`ACK_LINGER`] without an acknowledgement.
+//! One heard beat is enough: the acknowledgement proves the path both ways, as BFD's three-way
+//! handshake does, and waiting for more would only delay the fast rate after a failover, when
+//! the new owner's watch matters most. Every heartbeat carries the interval its sender promises
+//! until the next one, and the watcher measures silence at that rate, so a change of rate in
+//! either direction (an acknowledgement lost, a watcher restarted) never looks like silence.
+//!
+//! **No drift.** The k-th beat of a rate is due at `origin + k * interval + jitter_k`, with
+//! `jitter_k` drawn from 0 to 25 % of the interval per beat. A late wake-up sends one beat (its
+//! lateness reported for the histogram) and skips the slots already past; it moves no later
+//! beat. Only a change of rate starts a new grid.
+//!
+//! **Silence.** The watcher declares the owner silent when nothing fresh arrived for
+//! [`window`]`(interval, M)` = `M * interval` plus a quarter interval of jitter plus a quarter
+//! interval of delivery slack, measured from the last fresh heartbeat. So `M` consecutive lost
+//! heartbeats are needed, `M - 1` never suffice, whatever the jitter. A heartbeat of an older
+//! incarnation, or one whose sequence number does not increase, changes nothing. Before it
+//! counts a gap the detector checks its own timer: one that fired more than half an interval
+//! late says the watcher itself was not running, so the gap may be its own fault; it accuses no
+//! one and gives the owner a full window from the late wake-up (Lifeguard's local health,
+//! applied to the watch). A [`Verdict::Silent`] is only a suspicion: the caller runs the quick
+//! second check (polls, [`swimlb_proto::heartbeat::WatchMessage::Poll`]) before it acts.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// The fast interval `I` by default (the `fast` profile).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(20);
+/// Missed intervals `M` before silence, by default.
+pub const DEFAULT_MISSES: u32 = 5;
+/// The shortest interval `check-config` accepts.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// The fewest misses `check-config` accepts.
+pub const MIN_MISSES: u32 = 3;
+/// The rate of a watch not yet established, and the longest interval accepted.
+pub const SLOW_INTERVAL: Duration = Duration::from_secs(1);
+/// Heartbeats of one incarnation a watcher hears before it acknowledges (see the module docs).
+pub const ESTABLISH_BEATS: u32 = 1;
+/// How often a watcher acknowledges at most, once established.
+pub const ACK_PERIOD: Duration = Duration::from_secs(1);
+/// An owner sends fast for this long after the last acknowledgement, then slow again.
+pub const ACK_LINGER: Duration = Duration::from_secs(5);
+
+/// The largest jitter of a beat at `interval`: a quarter of it.
+pub fn max_jitter(interval: Duration) -> Duration {
+    interval / 4
+}
+
+/// How long a watcher waits from the last fresh heartbeat before it declares the owner silent:
+/// `misses * interval` + [`max_jitter`] + a quarter interval of slack for delivery.
+pub fn window(interval: Duration, misses: u32) -> Duration {
+    interval * misses + max_jitter(interval) + interval / 4
+}
+
+/// The watch's knobs, per profile. Validate with [`Knobs::validate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knobs {
+    /// The fast interval `I`.
+    pub interval: Duration,
+    /// Missed intervals `M` before silence.
+    pub misses: u32,
+    /// The off switch: when false the caller runs no watch (gossip alone detects).
+    pub enabled: bool,
+}
+
+impl Default for Knobs {
+    fn default() -> Knobs {
+        Knobs {
+            interval: DEFAULT_INTERVAL,
+            misses: DEFAULT_MISSES,
+            enabled: true,
+        }
+    }
+}
+
+/// Why [`Knobs`] are invalid. Each names the value it refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KnobsError {
+    /// `I` < [`MIN_INTERVAL`].
+    #[error("owner watch interval {0:?} is shorter than the minimum of 10ms")]
+    IntervalTooShort(Duration),
+    /// `I` > [`SLOW_INTERVAL`] (a heartbeat carries at most 65,535 ms anyway).
+    #[error("owner watch interval {0:?} is longer than the slow rate of 1s")]
+    IntervalTooLong(Duration),
+    /// `M` < [`MIN_MISSES`].
+    #[error("owner watch misses {0} is fewer than the minimum of 3")]
+    TooFewMisses(u32),
+}
+
+impl Knobs {
+    /// Checks `I` >= 10 ms, `I` <= 1 s and `M` >= 3, also when the watch is off (so a profile
+    /// switched on later is already valid); returns every problem at once.
+    pub fn validate(&self) -> Result<(), Vec<KnobsError>> {
+        let mut problems = Vec::new();
+        if self.interval < MIN_INTERVAL {
+            problems.push(KnobsError::IntervalTooShort(self.interval));
+        }
+        if self.interval > SLOW_INTERVAL {
+            problems.push(KnobsError::IntervalTooLong(self.interval));
+        }
+        if self.misses < MIN_MISSES {
+            problems.push(KnobsError::TooFewMisses(self.misses));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// The worst-case time from an owner's crash to [`Verdict::Silent`] at its watcher, with the
+/// watch established and the watcher's timer on time: the owner dies right after a heartbeat,
+/// and the watcher waits one [`window`]. (A watcher timer late by up to half an interval adds its
+/// lateness; the second check and the takeover come after.)
+pub fn worst_case_detection(knobs: &Knobs) -> Duration {
+    window(knobs.interval, knobs.misses)
+}
+
+/// The loss of a path from one node to another when each node's link loses `link_loss` (0 to
+/// 1) independently: `1 - (1 - l)^2` (5 % per link is about 10 % per path).
+pub fn path_loss(link_loss: f64) -> f64 {
+    1.0 - (1.0 - link_loss).powi(2)
+}
+
+/// Expected silences declared per hour per watched pair when the owner is alive and the path
+/// loses each datagram independently with probability `path_loss`: a silence needs `M`
+/// consecutive heartbeats lost, and each heartbeat starts such a run, so about
+/// `beats per hour * p^M` (an upper bound: the exact rate has a factor `1 - p` more). Each is
+/// only a suspicion: the second check ([`second_check_miss`]) must fail too before a takeover.
+pub fn false_suspicions_per_hour(knobs: &Knobs, path_loss: f64) -> f64 {
+    if !knobs.enabled {
+        return 0.0;
+    }
+    let beats_per_hour = 3600.0 / knobs.interval.as_secs_f64();
+    beats_per_hour * path_loss.powi(knobs.misses as i32)
+}
+
+/// The chance that the quick second check misses a live owner at `path_loss` per path: the
+/// direct poll fails (poll or reply lost: two paths) and the relayed one fails too (four paths).
+pub fn second_check_miss(path_loss: f64) -> f64 {
+    let through = |paths: i32| 1.0 - (1.0 - path_loss).powi(paths);
+    through(2) * through(4)
+}
+
+/// Datagrams per second on one watched pair, both directions, once established: heartbeats at
+/// `1 / I` one way, acknowledgements at `1 / ACK_PERIOD` back. Zero when the watch is off.
+pub fn packets_per_second_per_pair(knobs: &Knobs) -> f64 {
+    if !knobs.enabled {
+        return 0.0;
+    }
+    1.0 / knobs.interval.as_secs_f64() + 1.0 / ACK_PERIOD.as_secs_f64()
+}
+
+/// The rate an owner's [`Schedule`] sends at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rate {
+    /// [`SLOW_INTERVAL`]: not established.
+    Slow,
+    /// The knobs' interval: a watcher acknowledged within [`ACK_LINGER`].
+    Fast,
+}
+
+impl Rate {
+    /// A short, stable, lowercase name for logs and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Rate::Slow => "slow",
+            Rate::Fast => "fast",
+        }
+    }
+}
+
+/// One heartbeat to send now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// Its sequence number: one more than the previous beat of this schedule.
+    pub seq: u64,
+    /// When it was due.
+    pub scheduled_at: Duration,
+    /// How late the caller woke for it (`now - scheduled_at`), for the lateness histogram.
+    pub lateness: Duration,
+    /// The interval it promises until the next beat (the heartbeat's `interval_ms`).
+    pub interval: Duration,
+}
+
+impl Beat {
+    /// [`Beat::interval`] in whole milliseconds, as the heartbeat carries it (at least 1).
+    pub fn interval_ms(&self) -> u16 {
+        u16::try_from(self.interval.as_millis())
+            .unwrap_or(u16::MAX)
+            .max(1)
+    }
+}
+
+/// When an owner sends its heartbeats to one watcher (see the module docs).
+#[derive(Debug)]
+pub struct Schedule {
+    fast: Duration,
+    rate: Rate,
+    /// Start of the current rate's grid.
+    origin: Duration,
+    /// Grid slot of the next beat.
+    slot: u64,
+    /// When the next beat is due: its slot's time plus its jitter.
+    next_at: Duration,
+    next_seq: u64,
+    last_ack: Option<Duration>,
+    rng: StdRng,
+}
+
+impl Schedule {
+    /// A slow schedule whose first beat is due at `origin` (plus its jitter). `knobs` should be
+    /// valid; `seed` seeds the jitter.
+    pub fn new(origin: Duration, knobs: &Knobs, seed: u64) -> Schedule {
+        let mut schedule = Schedule {
+            fast: knobs.interval.max(MIN_INTERVAL),
+            rate: Rate::Slow,
+            origin,
+            slot: 0,
+            next_at: origin,
+            next_seq: 1,
+            last_ack: None,
+            rng: StdRng::seed_from_u64(seed),
+        };
+        schedule.next_at = schedule.slot_time(0);
+        schedule
+    }
+
+    /// The current rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The current rate's interval.
+    pub fn interval(&self) -> Duration {
+        match self.rate {
+            Rate::Slow => SLOW_INTERVAL,
+            Rate::Fast => self.fast,
+        }
+    }
+
+    /// When the next beat is due: the caller's next wake-up.
+    pub fn next_at(&self) -> Duration {
+        self.next_at
+    }
+
+    /// The beat to send at `now`, if one is due. Skips the slots a late wake-up missed (one beat,
+    /// never a burst); later beats stay on their grid. A fast schedule with no acknowledgement
+    /// for [`ACK_LINGER`] turns slow here: the beat returned already promises the slow interval.
+    pub fn poll(&mut self, now: Duration) -> Option<Beat> {
+        if now < self.next_at {
+            return None;
+        }
+        let scheduled_at = self.next_at;
+        let lingered = self
+            .last_ack
+            .is_none_or(|acked| now.saturating_sub(acked) > ACK_LINGER);
+        if self.rate == Rate::Fast && lingered {
+            // The new grid starts at this beat's slot, so the next one is a slow interval on.
+            self.rate = Rate::Slow;
+            self.origin = scheduled_at;
+            self.slot = 0;
+        }
+        let beat = Beat {
+            seq: self.next_seq,
+            scheduled_at,
+            lateness: now - scheduled_at,
+            interval: self.interval(),
+        };
+        self.next_seq += 1;
+        let passed = now.saturating_sub(self.origin).as_nanos() / self.interval().as_nanos();
+        let passed = u64::try_from(passed).unwrap_or(u64::MAX - 1);
+        self.slot = (self.slot + 1).max(passed + 1);
+        self.next_at = self.slot_time(self.slot);
+        Some(beat)
+    }
+
+    /// The watcher acknowledged a heartbeat at `now`: the watch is established. A slow schedule
+    /// goes fast at once, its first fast beat due now (plus its jitter).
+    pub fn acknowledged(&mut self, now: Duration) {
+        self.last_ack = Some(now);
+        if self.rate == Rate::Slow {
+            self.rate = Rate::Fast;
+            self.origin = now;
+            self.slot = 0;
+            self.next_at = self.slot_time(0);
+        }
+    }
+
+    /// The time of grid slot `slot` of the current rate, with a fresh jitter.
+    fn slot_time(&mut self, slot: u64) -> Duration {
+        let interval = self.interval();
+        let jitter_max = u64::try_from(max_jitter(interval).as_nanos()).unwrap_or(u64::MAX);
+        let jitter = Duration::from_nanos(self.rng.random_range(0..=jitter_max));
+        let offset = interval
+            .checked_mul(u32::try_from(slot).unwrap_or(u32::MAX))
+            .unwrap_or(Duration::MAX);
+        self.origin.saturating_add(offset).saturating_add(jitter)
+    }
+}
+
+/// What a received heartbeat did to a [`Detector`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// Fresh: the silence window restarts. `ack`: acknowledge it now
+    /// ([`swimlb_proto::heartbeat::WatchMessage::Ack`] with its incarnation and seq).
+    Fresh {
+        /// Send an acknowledgement.
+        ack: bool,
+    },
+    /// From an older incarnation than the one watched: ignored.
+    StaleIncarnation,
+    /// Its sequence number is not above the last fresh one (reordered): ignored.
+    OldSeq,
+}
+
+impl Heard {
+    /// A short, stable, lowercase name for logs and metric labels.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Heard::Fresh { .. } => "fresh",
+            Heard::StaleIncarnation => "stale_incarnation",
+            Heard::OldSeq => "old_seq",
+        }
+    }
+}
+
+/// A [`Detector`]'s answer to a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to say: the owner is within its window, or was already declared silent.
+    Fine,
+    /// No fresh heartbeat yet: nothing to measure from (gossip alone detects meanwhile).
+    NotArmed,
+    /// The watcher's own timer fired `lateness` late (more than half an interval): no one is
+    /// accused, and the owner gets a full window from now.
+    Late {
+        /// How late the timer fired.
+        lateness: Duration,
+    },
+    /// No fresh heartbeat for a whole window: run the second check. Said once per silence.
+    Silent {
+        /// When the last fresh heartbeat arrived.
+        since: Duration,
+        /// The incarnation found silent (the claim's accused incarnation).
+        incarnation: u64,
+    },
+}
+
+impl Verdict {
+    /// A short, stable, lowercase name for logs and metric labels.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Fine => "fine",
+            Verdict::NotArmed => "not_armed",
+            Verdict::Late { .. } => "late",
+            Verdict::Silent { .. } => "silent",
+        }
+    }
+}
+
+/// A watcher's view of one owner (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Detector {
+    misses: u32,
+    incarnation: u64,
+    last_seq: Option<u64>,
+    /// When the last fresh heartbeat arrived.
+    last_heard: Option<Duration>,
+    /// Where the current window starts: the last fresh heartbeat, a late wake-up, or a vouch.
+    measured_from: Option<Duration>,
+    /// The interval the owner last promised.
+    promised: Duration,
+    heard: u32,
+    last_ack: Option<Duration>,
+    accused: bool,
+}
+
+impl Detector {
+    /// A detector for an owner the gossip knows as `incarnation` (its identity bump).
+    pub fn new(knobs: &Knobs, incarnation: u64) -> Detector {
+        Detector {
+            misses: knobs.misses.max(1),
+            incarnation,
+            last_seq: None,
+            last_heard: None,
+            measured_from: None,
+            promised: SLOW_INTERVAL,
+            heard: 0,
+            last_ack: None,
+            accused: false,
+        }
+    }
+
+    /// The incarnation watched: the one given, or a newer one heard since.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The interval the owner last promised.
+    pub fn promised(&self) -> Duration {
+        self.promised
+    }
+
+    /// A heartbeat (authentic and admitted by the replay guard) arrived at `now`. A newer
+    /// incarnation than the watched one is adopted (the owner restarted or renewed its
+    /// identity, and is alive); an older one, or a sequence number that does not increase,
+    /// changes nothing. `interval` is the heartbeat's promise, taken as at least
+    /// [`MIN_INTERVAL`].
+    pub fn heard(
+        &mut self,
+        now: Duration,
+        incarnation: u64,
+        seq: u64,
+        interval: Duration,
+    ) -> Heard {
+        if incarnation < self.incarnation {
+            return Heard::StaleIncarnation;
+        }
+        if incarnation > self.incarnation {
+            self.incarnation = incarnation;
+            self.last_seq = None;
+            self.heard = 0;
+            self.last_ack = None;
+        }
+        if self.last_seq.is_some_and(|last| seq <= last) {
+            return Heard::OldSeq;
+        }
+        self.last_seq = Some(seq);
+        self.last_heard = Some(now);
+        self.measured_from = Some(now);
+        self.promised = interval.max(MIN_INTERVAL);
+        self.accused = false;
+        self.heard = self.heard.saturating_add(1);
+        let ack = self.heard >= ESTABLISH_BEATS
+            && self
+                .last_ack
+                .is_none_or(|acked| now.saturating_sub(acked) >= ACK_PERIOD);
+        if ack {
+            self.last_ack = Some(now);
+        }
+        Heard::Fresh { ack }
+    }
+
+    /// The second check found the owner alive at `now` (a poll answered): the window restarts
+    /// from `now`, as after a heartbeat, without touching the sequence.
+    pub fn vouched(&mut self, now: Duration) {
+        if self.measured_from.is_some() {
+            self.measured_from = Some(now);
+            self.accused = false;
+        }
+    }
+
+    /// When the owner would be declared silent: the caller's next tick. `None` before the first
+    /// fresh heartbeat, and after [`Verdict::Silent`] until a heartbeat or a vouch.
+    pub fn deadline(&self) -> Option<Duration> {
+        if self.accused {
+            return None;
+        }
+        self.measured_from
+            .map(|from| from.saturating_add(window(self.promised, self.misses)))
+    }
+
+    /// The watcher's timer, set for `scheduled_at`, fired at `now`. A timer more than half an
+    /// interval late gives [`Verdict::Late`] and restarts the window from `now`; otherwise the
+    /// owner is [`Verdict::Silent`] when `now` is past [`Detector::deadline`].
+    pub fn tick(&mut self, now: Duration, scheduled_at: Duration) -> Verdict {
+        let (Some(since), Some(_)) = (self.last_heard, self.measured_from) else {
+            return Verdict::NotArmed;
+        };
+        if self.accused {
+            return Verdict::Fine;
+        }
+        let lateness = now.saturating_sub(scheduled_at);
+        if lateness > self.promised / 2 {
+            self.measured_from = Some(now);
+            return Verdict::Late { lateness };
+        }
+        match self.deadline() {
+            Some(deadline) if now > deadline => {
+                self.accused = true;
+                Verdict::Silent {
+                    since,
+                    incarnation: self.incarnation,
+                }
+            }
+            _ => Verdict::Fine,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    const I: Duration = DEFAULT_INTERVAL;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// A detector that heard one fast heartbeat (seq 1) at `at`.
+    fn armed_at(at: Duration) -> Detector {
+        let mut d = Detector::new(&Knobs::default(), 7);
+        assert_eq!(d.heard(at, 7, 1, I), Heard::Fresh { ack: true });
+        d
+    }
+
+    #[test]
+    fn default_knobs_are_valid_and_give_the_documented_model() {
+        let k = Knobs::default();
+        assert_eq!(k.validate(), Ok(()));
+        assert_eq!(worst_case_detection(&k), ms(110));
+        assert_eq!(packets_per_second_per_pair(&k), 51.0);
+        // 10 % per path (5 % per link), M = 5: 180,000 beats an hour * 1e-5.
+        assert!((path_loss(0.05) - 0.0975).abs() < 1e-12);
+        assert!((false_suspicions_per_hour(&k, 0.1) - 1.8).abs() < 1e-9);
+        // A suspicion becomes a false takeover only if the second check misses too.
+        assert!(second_check_miss(0.1) < 0.1);
+        let off = Knobs {
+            enabled: false,
+            ..k
+        };
+        assert_eq!(packets_per_second_per_pair(&off), 0.0);
+        assert_eq!(false_suspicions_per_hour(&off, 0.1), 0.0);
+    }
+
+    #[test]
+    fn invalid_knobs_are_all_reported_at_once() {
+        let k = Knobs {
+            interval: ms(9),
+            misses: 2,
+            enabled: false,
+        };
+        assert_eq!(
+            k.validate(),
+            Err(vec![
+                KnobsError::IntervalTooShort(ms(9)),
+                KnobsError::TooFewMisses(2)
+            ])
+        );
+        let slow = Knobs {
+            interval: ms(1001),
+            ..Knobs::default()
+        };
+        assert_eq!(
+            slow.validate(),
+            Err(vec![KnobsError::IntervalTooLong(ms(1001))])
+        );
+        let edge = Knobs {
+            interval: MIN_INTERVAL,
+            misses: MIN_MISSES,
+            enabled: true,
+        };
+        assert_eq!(edge.validate(), Ok(()));
+        assert_eq!(
+            KnobsError::TooFewMisses(2).to_string(),
+            "owner watch misses 2 is fewer than the minimum of 3"
+        );
+    }
+
+    #[test]
+    fn a_schedule_sends_slowly_until_a_watcher_acknowledges() {
+        let origin = ms(5_000);
+        let mut s = Schedule::new(origin, &Knobs::default(), 1);
+        assert_eq!(s.rate(), Rate::Slow);
+        let mut beats = Vec::new();
+        let mut now = origin;
+        while now < origin + ms(3_500) {
+            if let Some(beat) = s.poll(now) {
+                beats.push(beat);
+            }
+            now += MS;
+        }
+        assert_eq!(beats.len(), 4, "{beats:?}");
+        for (k, beat) in beats.iter().enumerate() {
+            let slot = origin + SLOW_INTERVAL * k as u32;
+            assert!(beat.scheduled_at >= slot && beat.scheduled_at <= slot + ms(250));
+            assert_eq!(beat.interval, SLOW_INTERVAL);
+            assert_eq!(beat.interval_ms(), 1000);
+            assert_eq!(beat.seq, k as u64 + 1);
+        }
+        s.acknowledged(now);
+        assert_eq!(s.rate(), Rate::Fast);
+        assert!(s.next_at() >= now && s.next_at() <= now + I / 4);
+        let beat = s.poll(now + I / 4).unwrap();
+        assert_eq!((beat.interval_ms(), beat.seq), (20, 5));
+    }
+
+    #[test]
+    fn a_schedule_without_acknowledgements_falls_back_to_slow_and_says_so_first() {
+        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 2);
+        s.acknowledged(Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut last_fast = None;
+        let switch = loop {
+            if let Some(beat) = s.poll(now) {
+                if beat.interval == SLOW_INTERVAL {
+                    break beat;
+                }
+                last_fast = Some(beat);
+            }
+            now += MS;
+        };
+        // The switch comes with the first beat after the linger, on the fast grid ...
+        assert!(switch.scheduled_at > ACK_LINGER);
+        assert!(switch.scheduled_at - last_fast.unwrap().scheduled_at <= I + I / 4);
+        // ... and the next beat is a slow interval (plus jitter) after its slot.
+        assert_eq!(s.rate(), Rate::Slow);
+        let gap = s.next_at() - switch.scheduled_at;
+        assert!(
+            gap >= SLOW_INTERVAL && gap <= SLOW_INTERVAL + ms(250),
+            "{gap:?}"
+        );
+    }
+
+    #[test]
+    fn ten_thousand_fast_beats_stay_on_their_grid_with_jitter_within_a_quarter() {
+        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 3);
+        let origin = ms(700);
+        s.acknowledged(origin);
+        let mut rng = StdRng::seed_from_u64(99);
+        let (mut min_jitter, mut max_jitter_seen) = (Duration::MAX, Duration::ZERO);
+        for k in 0..10_000u32 {
+            // Wake up late by up to half an interval, acknowledge every second.
+            let now = s.next_at() + Duration::from_micros(rng.random_range(0..10_000));
+            if k % 50 == 0 {
+                s.acknowledged(now);
+            }
+            let beat = s.poll(now).expect("due");
+            let slot = origin + I * k;
+            assert!(beat.scheduled_at >= slot, "beat {k} early");
+            let jitter = beat.scheduled_at - slot;
+            assert!(jitter <= I / 4, "beat {k}: jitter {jitter:?}");
+            assert_eq!(beat.seq, u64::from(k) + 1);
+            assert_eq!(beat.interval, I);
+            min_jitter = min_jitter.min(jitter);
+            max_jitter_seen = max_jitter_seen.max(jitter);
+        }
+        // The jitter spans its range (it is drawn, not constant).
+        assert!(min_jitter < ms(1) && max_jitter_seen > ms(4));
+    }
+
+    #[test]
+    fn a_late_wake_up_sends_one_beat_and_moves_no_later_beat() {
+        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 4);
+        s.acknowledged(Duration::ZERO);
+        let first = s.poll(s.next_at()).unwrap();
+        // Asleep for 3.5 intervals past the second beat's time.
+        let late = s.next_at() + I * 3 + I / 2;
+        let beat = s.poll(late).unwrap();
+        assert_eq!(beat.seq, first.seq + 1);
+        assert_eq!(beat.lateness, late - beat.scheduled_at);
+        assert_eq!(s.poll(late), None, "no burst");
+        // The next beat is in slot 5 of the grid, not 3.5 intervals later than planned.
+        let next = s.next_at();
+        assert!(next >= I * 5 && next <= I * 5 + I / 4, "{next:?}");
+    }
+
+    #[test]
+    fn silence_is_declared_just_past_the_window_and_once() {
+        let t = ms(1_000);
+        let mut d = armed_at(t);
+        let deadline = t + window(I, DEFAULT_MISSES);
+        assert_eq!(deadline, t + ms(110));
+        assert_eq!(d.deadline(), Some(deadline));
+        assert_eq!(d.tick(deadline, deadline), Verdict::Fine);
+        let just_past = deadline + Duration::from_micros(1);
+        assert_eq!(
+            d.tick(just_past, deadline),
+            Verdict::Silent {
+                since: t,
+                incarnation: 7
+            }
+        );
+        assert_eq!(d.deadline(), None);
+        assert_eq!(d.tick(just_past + MS, deadline), Verdict::Fine);
+        // The second check found it alive: a new window from then.
+        d.vouched(just_past + MS);
+        assert_eq!(d.deadline(), Some(just_past + MS + ms(110)));
+    }
+
+    #[test]
+    fn m_minus_one_missed_beats_never_accuse_whatever_the_jitter() {
+        for seed in 0..10 {
+            let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), seed);
+            s.acknowledged(Duration::ZERO);
+            let mut d = Detector::new(&Knobs::default(), 1);
+            let mut now = Duration::ZERO;
+            let mut sent = 0u64;
+            while now < ms(20_000) {
+                if let Some(beat) = s.poll(now) {
+                    sent += 1;
+                    if sent.is_multiple_of(50) {
+                        s.acknowledged(now);
+                    }
+                    // Lose M - 1 of every M beats.
+                    if sent.is_multiple_of(u64::from(DEFAULT_MISSES)) {
+                        d.heard(now, 1, beat.seq, beat.interval);
+                    }
+                }
+                // The watcher ticks every 100 us, on time.
+                assert_ne!(
+                    d.tick(now, now).as_str(),
+                    "silent",
+                    "seed {seed} at {now:?}"
+                );
+                now += Duration::from_micros(100);
+            }
+        }
+    }
+
+    #[test]
+    fn m_missed_beats_accuse_within_the_worst_case() {
+        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 5);
+        s.acknowledged(Duration::ZERO);
+        let mut d = Detector::new(&Knobs::default(), 1);
+        let mut now = Duration::ZERO;
+        let crash = ms(2_000);
+        let step = Duration::from_micros(100);
+        let mut last_sent = Duration::ZERO;
+        loop {
+            if now < crash
+                && let Some(beat) = s.poll(now)
+            {
+                d.heard(now, 1, beat.seq, beat.interval);
+                last_sent = now;
+            }
+            if let Verdict::Silent { since, .. } = d.tick(now, now) {
+                assert_eq!(since, last_sent);
+                // Within one tick of the window after the last heartbeat, so within the worst
+                // case after the crash.
+                assert!(now - last_sent <= worst_case_detection(&Knobs::default()) + step);
+                assert!(now - crash <= worst_case_detection(&Knobs::default()) + step);
+                break;
+            }
+            now += step;
+            assert!(now < ms(3_000), "never declared silent");
+        }
+    }
+
+    #[test]
+    fn a_late_timer_never_accuses_and_gives_a_full_window_from_its_wake_up() {
+        let t = ms(1_000);
+        let mut d = armed_at(t);
+        let deadline = d.deadline().unwrap();
+        // The watcher was descheduled: its timer fires 2 s late, long past the window.
+        let woke = deadline + ms(2_000);
+        assert_eq!(
+            d.tick(woke, deadline),
+            Verdict::Late {
+                lateness: ms(2_000)
+            }
+        );
+        // A fresh window from the wake-up: fine within it ...
+        let next = d.deadline().unwrap();
+        assert_eq!(next, woke + ms(110));
+        assert_eq!(d.tick(next, next), Verdict::Fine);
+        // ... and a heartbeat arriving in it keeps the owner.
+        assert_eq!(d.heard(woke + ms(5), 7, 2, I), Heard::Fresh { ack: true });
+        assert_eq!(d.tick(next + MS, next + MS), Verdict::Fine);
+        // Half an interval late is still the watcher's own timer on time.
+        let mut d = armed_at(t);
+        let deadline = d.deadline().unwrap();
+        assert_eq!(
+            d.tick(deadline + I / 2, deadline),
+            Verdict::Silent {
+                since: t,
+                incarnation: 7
+            }
+        );
+        // Every lateness above half an interval is excused, however often.
+        let mut d = armed_at(t);
+        let mut at = d.deadline().unwrap();
+        for _ in 0..100 {
+            let woke = at + I / 2 + Duration::from_micros(1);
+            assert_eq!(d.tick(woke, at).as_str(), "late");
+            at = d.deadline().unwrap();
+        }
+    }
+
+    #[test]
+    fn stale_incarnations_and_old_sequence_numbers_do_not_reset_the_window() {
+        let t = ms(1_000);
+        let mut d = armed_at(t);
+        assert_eq!(d.heard(t + ms(5), 7, 5, I), Heard::Fresh { ack: false });
+        let deadline = d.deadline().unwrap();
+        assert_eq!(d.heard(t + ms(50), 6, 100, I), Heard::StaleIncarnation);
+        assert_eq!(d.heard(t + ms(60), 7, 5, I), Heard::OldSeq);
+        assert_eq!(d.heard(t + ms(70), 7, 3, I), Heard::OldSeq);
+        assert_eq!(d.deadline(), Some(deadline));
+        assert_eq!(d.tick(deadline + MS, deadline + MS).as_str(), "silent");
+    }
+
+    #[test]
+    fn a_newer_incarnation_is_adopted_and_acknowledged() {
+        let t = ms(1_000);
+        let mut d = armed_at(t);
+        assert_eq!(d.heard(t + ms(10), 8, 1, I), Heard::Fresh { ack: true });
+        assert_eq!(d.incarnation(), 8);
+        assert_eq!(d.heard(t + ms(20), 7, 99, I), Heard::StaleIncarnation);
+    }
+
+    #[test]
+    fn acknowledgements_go_out_on_the_first_beat_and_then_once_a_period() {
+        let mut d = Detector::new(&Knobs::default(), 1);
+        let acks: Vec<u64> = (1..=120u64)
+            .filter(|&seq| {
+                let at = I * seq as u32;
+                d.heard(at, 1, seq, I) == Heard::Fresh { ack: true }
+            })
+            .collect();
+        assert_eq!(acks, vec![1, 51, 101]);
+    }
+
+    #[test]
+    fn silence_is_measured_at_the_rate_the_owner_promised() {
+        let t = ms(1_000);
+        let mut d = Detector::new(&Knobs::default(), 1);
+        assert_eq!(d.tick(t, t), Verdict::NotArmed);
+        assert_eq!(d.deadline(), None);
+        d.heard(t, 1, 1, SLOW_INTERVAL);
+        assert_eq!(d.deadline(), Some(t + window(SLOW_INTERVAL, 5)));
+        assert_eq!(d.tick(t + ms(200), t + ms(200)), Verdict::Fine);
+        // A promise shorter than the minimum is taken as the minimum.
+        d.heard(t + ms(300), 1, 2, Duration::from_micros(10));
+        assert_eq!(d.promised(), MIN_INTERVAL);
+    }
+}
