@@ -54,13 +54,13 @@ pub struct MemberStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AddressStatus {
     /// The address.
-    pub ip: String,
+    pub ip: IpAddr,
     /// Group (standalone) or `namespace/service`.
     pub group: String,
     /// The elected owner, if any.
     pub owner: Option<String>,
     /// This node's verdict (`owner`, `not_owner`, `no_candidates`, ...).
-    pub verdict: String,
+    pub verdict: &'static str,
     /// Interface it is announced on, when this node answers for it (the first of
     /// `interfaces`).
     pub interface: Option<String>,
@@ -304,10 +304,10 @@ mod tests {
             addresses: BTreeMap::from([(
                 "198.51.100.100".parse().unwrap(),
                 AddressStatus {
-                    ip: "198.51.100.100".into(),
+                    ip: "198.51.100.100".parse().unwrap(),
                     group: "api".into(),
                     owner: Some("node2".into()),
-                    verdict: "not_owner".into(),
+                    verdict: "not_owner",
                     interface: None,
                     interfaces: vec![],
                     owner_since: None,

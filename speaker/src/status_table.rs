@@ -446,10 +446,10 @@ ingress-long-name   tcp       failing   timeout
             addresses: [(
                 ip,
                 AddressStatus {
-                    ip: ip.to_string(),
+                    ip,
                     group: "vip".into(),
                     owner: Some("node1".into()),
-                    verdict: "owner".into(),
+                    verdict: "owner",
                     interface: Some("eth0".into()),
                     interfaces: vec!["eth0".into()],
                     owner_since: None,

@@ -35,10 +35,10 @@ fn status() -> Status {
         addresses: BTreeMap::from([(
             ip,
             AddressStatus {
-                ip: ip.to_string(),
+                ip,
                 group: "api".into(),
                 owner: Some("node2".into()),
-                verdict: "not_owner".into(),
+                verdict: "not_owner",
                 interface: None,
                 interfaces: vec![],
                 owner_since: None,
