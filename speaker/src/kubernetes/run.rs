@@ -39,7 +39,7 @@ use kube::Resource as _;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::crd::{ServiceL2Status, ServiceL2StatusStatus};
+use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
 use swimlb_config::keyfile::parse_key_file;
 use swimlb_config::service::ServiceKey;
 use swimlb_proto::{KeyId, KeyRing};
@@ -833,10 +833,13 @@ async fn write_records(
         (Instant, Option<ServiceL2StatusStatus>),
     > = std::collections::HashMap::new();
     let mut draining = false;
-    let mut mine: std::collections::HashMap<ServiceKey, ServiceL2StatusStatus> =
+    // The records this node holds, to write again when they are overwritten: by Service, the
+    // interfaces (the rest of the status is the node and the key); the few distinct interface
+    // lists are shared (10,000 full statuses were 3 MB).
+    let mut mine: std::collections::HashMap<ServiceKey, Arc<[InterfaceInfo]>> =
         std::collections::HashMap::new();
+    let mut interface_lists: Vec<Arc<[InterfaceInfo]>> = Vec::new();
     let mut recorder = EventWriter::new(client, "swimlb-speaker", &settings.node);
-    let mut announced: BTreeSet<ServiceKey> = BTreeSet::new();
     // The Services assigned are kept as keys until their Event is written (10,000 at a cold
     // start): the Event is made when it is written.
     let mut assigned_to: Vec<ServiceKey> = Vec::new();
@@ -851,17 +854,28 @@ async fn write_records(
                     record,
                     orphaned,
                 } => {
-                    if record.is_some() {
-                        if announced.insert(service.clone()) {
-                            assigned_to.push(service.clone());
-                        }
-                    } else {
-                        announced.remove(&service);
-                    }
                     match &record {
-                        Some(r) => mine.insert(service.clone(), r.clone()),
-                        None => mine.remove(&service),
-                    };
+                        Some(r) => {
+                            let interfaces =
+                                match interface_lists.iter().find(|l| ***l == *r.interfaces) {
+                                    Some(list) => list.clone(),
+                                    None => {
+                                        // Lists no record uses any more go first.
+                                        interface_lists.retain(|l| Arc::strong_count(l) > 1);
+                                        let list: Arc<[InterfaceInfo]> =
+                                            r.interfaces.clone().into();
+                                        interface_lists.push(list.clone());
+                                        list
+                                    }
+                                };
+                            if mine.insert(service.clone(), interfaces).is_none() {
+                                assigned_to.push(service.clone());
+                            }
+                        }
+                        None => {
+                            mine.remove(&service);
+                        }
+                    }
                     writer.set(&service, record, orphaned);
                 }
                 ToWrite::Warning {
@@ -934,7 +948,13 @@ async fn write_records(
                     let (_, status) = suspect.remove(&service).expect("listed above");
                     if writer.observe(&service, status.as_ref()) {
                         tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
-                        writer.set(&service, mine.get(&service).cloned(), false);
+                        let status = mine.get(&service).map(|interfaces| ServiceL2StatusStatus {
+                            node: settings.node.clone(),
+                            service_name: service.name.clone(),
+                            service_namespace: service.namespace.clone(),
+                            interfaces: interfaces.to_vec(),
+                        });
+                        writer.set(&service, status, false);
                     }
                 }
             }
