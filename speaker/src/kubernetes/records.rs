@@ -568,27 +568,30 @@ mod tests {
     }
 
     /// Every record in the namespace: (name, node label, status node).
-    fn records(api: &FakeApi) -> Vec<(String, String, String)> {
-        let mut all: Vec<(String, String, String)> = api
+    /// What `each` reads of every record, sorted.
+    fn sorted_records<T: Ord>(api: &FakeApi, each: impl Fn(&serde_json::Value) -> T) -> Vec<T> {
+        let mut all: Vec<T> = api
             .objects("servicel2statuses.swimlb.io")
             .unwrap()
             .iter()
-            .map(|o| {
-                (
-                    o["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    o["metadata"]["labels"][NODE_LABEL]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    o["status"]["node"].as_str().unwrap_or_default().to_string(),
-                )
-            })
+            .map(each)
             .collect();
         all.sort();
         all
+    }
+
+    fn text(value: &serde_json::Value) -> String {
+        value.as_str().unwrap_or_default().to_string()
+    }
+
+    fn records(api: &FakeApi) -> Vec<(String, String, String)> {
+        sorted_records(api, |o| {
+            (
+                text(&o["metadata"]["name"]),
+                text(&o["metadata"]["labels"][NODE_LABEL]),
+                text(&o["status"]["node"]),
+            )
+        })
     }
 
     fn facts(service: &str, links: Option<&[&str]>, unowned: bool) -> Option<IpFacts> {
@@ -770,22 +773,12 @@ mod tests {
 
     /// Every record in the namespace: (Service name label, status node).
     fn records_by_service(api: &FakeApi) -> Vec<(String, String)> {
-        let mut all: Vec<(String, String)> = api
-            .objects("servicel2statuses.swimlb.io")
-            .unwrap()
-            .iter()
-            .map(|o| {
-                (
-                    o["metadata"]["labels"][SERVICE_NAME_LABEL]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    o["status"]["node"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect();
-        all.sort();
-        all
+        sorted_records(api, |o| {
+            (
+                text(&o["metadata"]["labels"][SERVICE_NAME_LABEL]),
+                text(&o["status"]["node"]),
+            )
+        })
     }
 
     /// The DELETE requests `user` sent.

@@ -168,6 +168,15 @@ impl Stores {
                 }),
             );
         }
+        let keys = self.service_keys();
+        keeper.forget_services_but(&keys.iter().collect::<BTreeSet<_>>());
+        for key in &keys {
+            self.set_service(keeper, key);
+        }
+    }
+
+    /// The Services in the store, in key order.
+    fn service_keys(&self) -> Vec<ServiceKey> {
         let mut keys: Vec<ServiceKey> = self
             .services
             .lock()
@@ -175,10 +184,7 @@ impl Stores {
             .map(|(key, _)| key.clone())
             .collect();
         keys.sort();
-        keeper.forget_services_but(&keys.iter().collect::<BTreeSet<_>>());
-        for key in &keys {
-            self.set_service(keeper, key);
-        }
+        keys
     }
 
     /// Sets the pools, advertisements and Nodes into `keeper`; whether that changed what the
@@ -198,12 +204,7 @@ impl Stores {
     /// Services are checked against, sets every Service again.
     pub fn set_config(&self, keeper: &mut Keeper) {
         if self.set_config_only(keeper) {
-            let mut keys: Vec<ServiceKey> = self
-                .services
-                .lock()
-                .iter()
-                .map(|(key, _)| key.clone())
-                .collect();
+            let mut keys = self.service_keys();
             keys.extend(keeper.services().cloned());
             keys.sort();
             keys.dedup();
