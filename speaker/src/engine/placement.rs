@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::interfaces::{self, Link, NoInterface, Route};
 use crate::membership::AnnounceFacts;
@@ -48,7 +49,10 @@ pub fn place(ip: IpAddr, wanted: &Interfaces, links: &[Link], routes: &[Route]) 
 pub struct Placement {
     links: Vec<Link>,
     routes: Vec<Route>,
-    placed: BTreeMap<IpAddr, Placed>,
+    /// Each IP's links, the few distinct sets shared ([`Placement::share`]): 10,000 IPs on one
+    /// link hold one set, not 10,000.
+    placed: BTreeMap<IpAddr, Result<Arc<BTreeSet<String>>, NoInterface>>,
+    sets: Vec<Arc<BTreeSet<String>>>,
 }
 
 impl Placement {
@@ -58,19 +62,32 @@ impl Placement {
             links,
             routes,
             placed: BTreeMap::new(),
+            sets: Vec::new(),
         };
         for (ip, served) in snapshot.iter() {
-            placement.placed.insert(
-                *ip,
-                place(*ip, &served.interfaces, &placement.links, &placement.routes),
-            );
+            let placed = place(*ip, &served.interfaces, &placement.links, &placement.routes);
+            let placed = placement.share(placed);
+            placement.placed.insert(*ip, placed);
         }
         placement
     }
 
+    /// `placed` with its set of links shared with the IPs placed on the same links.
+    fn share(&mut self, placed: Placed) -> Result<Arc<BTreeSet<String>>, NoInterface> {
+        let links = placed?;
+        if let Some(set) = self.sets.iter().find(|s| ***s == links) {
+            return Ok(set.clone());
+        }
+        // Sets no IP uses any more go first (links renamed or gone).
+        self.sets.retain(|s| Arc::strong_count(s) > 1);
+        let set = Arc::new(links);
+        self.sets.push(set.clone());
+        Ok(set)
+    }
+
     /// The links `ip` is answered on here, if it can be.
     pub fn links_of(&self, ip: &IpAddr) -> Option<&BTreeSet<String>> {
-        self.placed.get(ip).and_then(|p| p.as_ref().ok())
+        self.placed.get(ip).and_then(|p| p.as_deref().ok())
     }
 
     /// Every link some IP is placed on (the links that may announce: the standalone mode sets
@@ -78,7 +95,7 @@ impl Placement {
     pub fn used_links(&self) -> BTreeSet<String> {
         self.placed
             .values()
-            .filter_map(|p| p.as_ref().ok())
+            .filter_map(|p| p.as_deref().ok())
             .flatten()
             .cloned()
             .collect()
@@ -112,6 +129,7 @@ impl Placement {
         match wanted {
             Some(wanted) => {
                 let next = place(ip, wanted, &self.links, &self.routes);
+                let next = self.share(next);
                 self.placed.insert(ip, next.clone()) != Some(next)
             }
             None => self.placed.remove(&ip).is_some(),
