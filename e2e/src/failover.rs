@@ -715,6 +715,31 @@ pub struct Settled {
 /// Waits (at most [`CONVERGE_LIMIT`]) for the lab to converge, holds a quiet second, and
 /// re-checks right before returning, so the caller faults the node that owns the VIP at fault
 /// time. An owner that moved in between counts as false failovers, and the wait starts over.
+/// A lab of `nodes` nodes with a probe responder on each, `loss` percent random loss on
+/// every node link, and the daemons of `make_daemons` started on every node (the common start
+/// of `failover`, `pause` and `soak`). The responders answer while their workers live.
+pub fn start_lab(
+    nodes: usize,
+    loss: u8,
+    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
+) -> Result<(Lab, Vec<Worker>, Box<dyn Daemons>)> {
+    let mut lab = Lab::create(nodes).context("building the lab")?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    if loss > 0 {
+        for i in 1..=nodes {
+            lab.set_loss(i, loss)?;
+        }
+    }
+    let mut daemons = make_daemons(&mut lab)?;
+    for i in 1..=nodes {
+        daemons.start(&mut lab, i)?;
+    }
+    Ok((lab, responders, daemons))
+}
+
 /// `Ok(Err(reason))`: the lab did not converge in time; the trial must not be measured.
 pub fn settle(
     lab: &Lab,
@@ -773,20 +798,7 @@ pub fn run(
     make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
-    let mut lab = Lab::create(options.nodes).context("building the lab")?;
-    let mut responders: Vec<Worker> = Vec::new();
-    for node in lab.nodes.clone() {
-        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
-    }
-    if options.loss > 0 {
-        for i in 1..=options.nodes {
-            lab.set_loss(i, options.loss)?;
-        }
-    }
-    let mut daemons = make_daemons(&mut lab)?;
-    for i in 1..=options.nodes {
-        daemons.start(&mut lab, i)?;
-    }
+    let (mut lab, responders, mut daemons) = start_lab(options.nodes, options.loss, make_daemons)?;
     let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
     let flood = match options.flood {
         Some((kind, pps)) => {

@@ -104,20 +104,8 @@ pub fn run(
     if !matches!(options.scenario, Scenario::Pause | Scenario::PauseBackup) {
         bail!("pause::run runs the pause scenarios only");
     }
-    let mut lab = Lab::create(options.nodes).context("building the lab")?;
-    let mut responders = Vec::new();
-    for node in lab.nodes.clone() {
-        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
-    }
-    if options.loss > 0 {
-        for i in 1..=options.nodes {
-            lab.set_loss(i, options.loss)?;
-        }
-    }
-    let mut daemons = make_daemons(&mut lab)?;
-    for i in 1..=options.nodes {
-        daemons.start(&mut lab, i)?;
-    }
+    let (mut lab, responders, mut daemons) =
+        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
     let vip = netns::vip_v4(0);
     let mut samples = Vec::new();
     let mut failed_trials = 0;

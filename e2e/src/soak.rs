@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -120,20 +120,8 @@ pub fn run(
     make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
-    let mut lab = Lab::create(options.nodes).context("building the lab")?;
-    let mut workers = Vec::new();
-    for node in lab.nodes.clone() {
-        workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
-    }
-    if options.loss > 0 {
-        for i in 1..=options.nodes {
-            lab.set_loss(i, options.loss)?;
-        }
-    }
-    let mut daemons = make_daemons(&mut lab)?;
-    for i in 1..=options.nodes {
-        daemons.start(&mut lab, i)?;
-    }
+    let (mut lab, workers, mut daemons) =
+        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
     let prober = Prober::start(
         &lab.client_netns,
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
