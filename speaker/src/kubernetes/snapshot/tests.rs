@@ -214,7 +214,7 @@ fn an_ip_in_an_advertised_pool_is_served_by_every_node_with_the_services_key() {
     let world = World::three_nodes().with_service("shop/web", &["192.0.2.10"], json!({}));
     let built = world.built();
     assert_eq!(built.dropped, vec![]);
-    let entry = built.snapshot.get(&ip("192.0.2.10")).expect("served");
+    let entry = entry(&built, "192.0.2.10");
     assert_eq!(
         *entry,
         ServedIp {
@@ -325,14 +325,7 @@ fn an_ipv4_mapped_ingress_ip_is_read_as_ipv4() {
     let world = World::three_nodes().with_service("shop/web", &["::ffff:192.0.2.10"], json!({}));
     let built = world.built();
     assert_eq!(served(&built), vec![(ip("192.0.2.10"), "shop/web".into())]);
-    assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .order_ip,
-        Some(ip("192.0.2.10"))
-    );
+    assert_eq!(entry(&built, "192.0.2.10").order_ip, Some(ip("192.0.2.10")));
 }
 
 #[test]
@@ -443,7 +436,7 @@ fn candidates_are_the_union_of_the_applicable_advertisements_node_selectors() {
     let built = world.built();
     assert_eq!(built.dropped, vec![]);
     assert_eq!(
-        built.snapshot.get(&ip("192.0.2.10")).expect("served").nodes,
+        entry(&built, "192.0.2.10").nodes,
         only(&["a", "b"]),
         "west-or-north does not select the Service, so c is not a candidate"
     );
@@ -536,15 +529,7 @@ fn interfaces_are_the_union_of_the_applicable_advertisements_and_none_named_is_t
             .collect();
         let built = world.built();
         assert_eq!(built.dropped, vec![], "{name}");
-        assert_eq!(
-            built
-                .snapshot
-                .get(&ip("192.0.2.10"))
-                .expect("served")
-                .interfaces,
-            want,
-            "{name}"
-        );
+        assert_eq!(entry(&built, "192.0.2.10").interfaces, want, "{name}");
     }
 }
 
@@ -573,11 +558,7 @@ fn local_policy_serves_from_nodes_with_an_endpoint_that_can_serve() {
     ];
     let built = world.built();
     assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .ready_endpoints,
+        entry(&built, "192.0.2.10").ready_endpoints,
         Some(Arc::new(set(&["a", "b", "c"])))
     );
     assert_eq!(
@@ -741,7 +722,7 @@ fn preference_weights_are_summed_per_node_over_the_applicable_advertisements() {
     ];
     let built = world.built();
     assert_eq!(built.dropped, vec![]);
-    let entry = built.snapshot.get(&ip("192.0.2.10")).expect("served");
+    let entry = entry(&built, "192.0.2.10");
     assert_eq!(entry.nodes, only(&["a", "b", "c"]));
     let want: BTreeMap<String, u8> = [("a".to_string(), 105), ("b".to_string(), 75)].into();
     assert_eq!(entry.node_priority, Some(Arc::new(want)));
@@ -756,10 +737,7 @@ fn a_score_above_the_priority_range_is_clamped() {
         json!({"preferredNodeSelectors": [heavy.clone(), heavy.clone(), heavy]}),
     )];
     let built = world.built();
-    let table = built
-        .snapshot
-        .get(&ip("192.0.2.10"))
-        .expect("served")
+    let table = entry(&built, "192.0.2.10")
         .node_priority
         .clone()
         .expect("scores");
@@ -783,6 +761,11 @@ fn a_preferred_node_wins_the_election() {
     assert_eq!(preferred.owner(&ip("192.0.2.10")), Some(other));
 }
 
+/// The snapshot entry of `address` in `built` (it must be served).
+fn entry<'a>(built: &'a Built, address: &str) -> &'a ServedIp {
+    built.snapshot.get(&ip(address)).expect("served")
+}
+
 #[test]
 fn an_ip_shared_by_several_services_is_one_entry_of_the_first_service() {
     let shared = |policy: &str| {
@@ -802,38 +785,23 @@ fn an_ip_shared_by_several_services_is_one_entry_of_the_first_service() {
         vec![(ip("192.0.2.10"), "shop/web-tcp".into())]
     );
     assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .ready_endpoints,
+        entry(&built, "192.0.2.10").ready_endpoints,
         Some(Arc::new(set(&["a", "b"]))),
         "the IP is served where either Service can be"
     );
     assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .shared_with,
+        entry(&built, "192.0.2.10").shared_with,
         Some(vec!["shop/web-udp".to_string()].into_boxed_slice()),
         "the sibling is named: it gets a record of its own"
     );
     // A Cluster sibling that can serve makes every candidate ready.
     world.services[0] = service("shop/web-udp", &["192.0.2.10"], shared("Cluster"));
     let built = world.built();
-    assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .ready_endpoints,
-        None
-    );
+    assert_eq!(entry(&built, "192.0.2.10").ready_endpoints, None);
     // The sibling goes: the IP is no longer shared.
     world.services.remove(0);
     let built = world.built();
-    let entry = built.snapshot.get(&ip("192.0.2.10")).expect("served");
+    let entry = entry(&built, "192.0.2.10");
     assert_eq!(entry.belongs_to, "shop/web-tcp");
     assert_eq!(entry.shared_with, None);
 }
@@ -851,11 +819,7 @@ fn an_ip_held_by_services_that_do_not_all_allow_sharing_is_kept_for_the_first() 
     let built = world.built();
     assert_eq!(served(&built), vec![(ip("192.0.2.10"), "shop/a".into())]);
     assert_eq!(
-        built
-            .snapshot
-            .get(&ip("192.0.2.10"))
-            .expect("served")
-            .shared_with,
+        entry(&built, "192.0.2.10").shared_with,
         None,
         "a Service left out is no sibling"
     );
@@ -945,10 +909,7 @@ fn an_advertisement_with_an_invalid_selector_is_ignored_and_named_and_the_others
         "L2Advertisement swimlb-system/broken: spec.nodeSelectors[0]: matchExpressions[0].operator: \
          unknown operator \"Near\" (want In, NotIn, Exists or DoesNotExist); the advertisement is ignored"
     );
-    assert_eq!(
-        built.snapshot.get(&ip("192.0.2.10")).expect("served").nodes,
-        only(&["a"])
-    );
+    assert_eq!(entry(&built, "192.0.2.10").nodes, only(&["a"]));
 }
 
 #[test]
