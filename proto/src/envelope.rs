@@ -202,6 +202,7 @@ pub struct Opened<'a> {
     pub payload: &'a [u8],
 }
 
+#[derive(Clone)]
 struct RingKey {
     id: KeyId,
     key: LessSafeKey,
@@ -270,6 +271,28 @@ impl KeyRing {
             cluster: buf,
             cluster_len: cluster.len(),
             keys: ring_keys,
+            anonymous_sender: u64::from_be_bytes(sender),
+            anonymous_salt: salt,
+            anonymous_next: AtomicU64::new(start),
+        })
+    }
+
+    /// A second ring with the same cluster and keys, for another socket of this node (the
+    /// owner watch's). Its anonymous stream ([`KeyRing::seal`]) is drawn afresh, so the two
+    /// rings never seal under the same nonce; streams sealed with [`KeyRing::seal_in`] are the
+    /// caller's and must differ per socket anyway.
+    ///
+    /// Fails with [`Error::NoRandomness`] when the system cannot provide random bytes.
+    pub fn duplicate(&self) -> Result<KeyRing> {
+        let (salt, start) = random_salt_and_start()?;
+        let mut sender = [0u8; 8];
+        SystemRandom::new()
+            .fill(&mut sender)
+            .map_err(|_| Error::NoRandomness)?;
+        Ok(KeyRing {
+            cluster: self.cluster,
+            cluster_len: self.cluster_len,
+            keys: self.keys.clone(),
             anonymous_sender: u64::from_be_bytes(sender),
             anonymous_salt: salt,
             anonymous_next: AtomicU64::new(start),
@@ -521,6 +544,29 @@ mod tests {
         assert_eq!(&d[..4], b"swlb");
         assert_eq!(d[4], 2);
         assert_eq!(ring.open(&mut d).unwrap(), b"hello gossip");
+    }
+
+    #[test]
+    fn a_duplicate_ring_opens_and_seals_alike_under_another_anonymous_stream() {
+        let ring = KeyRing::new("edge-1", &[K1, K2]).unwrap();
+        let twin = ring.duplicate().unwrap();
+        assert_eq!(twin.cluster(), ring.cluster());
+        assert_eq!(
+            twin.key_ids().collect::<Vec<_>>(),
+            ring.key_ids().collect::<Vec<_>>()
+        );
+        let mut d = sealed(&twin, b"watch");
+        assert_eq!(ring.open(&mut d).unwrap(), b"watch");
+        let (a, b) = (sealed(&ring, b"x"), sealed(&twin, b"x"));
+        assert_ne!(
+            open_sequence(&a).sender,
+            open_sequence(&b).sender,
+            "the anonymous streams differ"
+        );
+    }
+
+    fn open_sequence(d: &[u8]) -> Sequence {
+        sequence_of(d[..HEADER_LEN].try_into().unwrap())
     }
 
     #[test]

@@ -14,11 +14,22 @@
 //!   scheduled for longer than the suspicion timeout, see `gossip::driver`), the node answers
 //!   nothing until it has heard the cluster again, so it never answers for an IP the cluster
 //!   moved while it slept.
+//! - The owner watch ([`crate::owner_watch`]): the daemon tells the watch thread its
+//!   [`Plan`] (whom to send heartbeats to: the successors of the IPs it answers for) and acts
+//!   on its events. A silent owner is *accused*: the engine elects without it (as if it were
+//!   down, without touching the gossip: in foca a down member must rejoin under a new identity),
+//!   this node announces what it takes over and claims it to every member, which accuse it too.
+//!   An accusation ends when the gossip declares the member down or it comes back renewed
+//!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
+//!   refutes every claim against it and re-announces, and it keeps its IPs: the election
+//!   without accusations is the rule every node computes the same way). An accusation also ends
+//!   after [`ACCUSATION_TTL`].
 //! - [`FailoverMetrics`] is the failover latency histogram: for every
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
 
-use std::net::IpAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -32,7 +43,10 @@ use crate::gossip::{GossipHandle, Phase};
 use crate::interfaces::{self, InterfaceWatch, Link, Route};
 use crate::local::LocalState;
 use crate::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
+use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
+use crate::owner_watch::{Command, Event, Knobs, Plan, WatchEvents, WatchHandle, WatchMetrics};
 use crate::status::StatusBoard;
+use swimlb_proto::KeyRing;
 
 /// A starting node answers at the latest this long after start, joined or not (its peers may
 /// all be down: then it serves alone).
@@ -40,6 +54,15 @@ pub const JOIN_GRACE: Duration = Duration::from_secs(3);
 /// After joining, a node waits this long (and for every member's record) before it answers, so
 /// that the members the join brought are known.
 pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
+
+/// An accusation lapses after this long unless the gossip has confirmed it: by then the gossip
+/// has declared a dead member down many times over, so a member still alive in the gossip in
+/// the accused incarnation was alive (every refutation lost) and gets its IPs back, and one
+/// renewed meanwhile (down and back without an `Up` seen here) confirms it.
+pub const ACCUSATION_TTL: Duration = Duration::from_secs(5);
+/// A claim against a member heard alive this recently is not applied (the refutation overtook
+/// the claim).
+const REFUTED_RECENTLY: Duration = Duration::from_secs(1);
 
 /// When a starting node may answer (pure; `now` is an argument).
 #[derive(Debug, Clone)]
@@ -88,6 +111,16 @@ impl JoinHold {
     /// [`JOIN_GRACE`] after `now` at the latest); returns true once per pause, when it does.
     pub fn rearm(&mut self, now: Instant, phase: Phase) -> bool {
         if phase != Phase::Paused || !self.released {
+            return false;
+        }
+        *self = JoinHold::new(now, false);
+        true
+    }
+
+    /// Puts the hold back on for a pause the owner watch saw (its thread was not scheduled for
+    /// longer than a watcher waits); returns false when it was on already.
+    pub fn rearm_now(&mut self, now: Instant) -> bool {
+        if !self.released {
             return false;
         }
         *self = JoinHold::new(now, false);
@@ -235,6 +268,74 @@ pub struct Daemon {
     failovers: FailoverMetrics,
     live: watch::Receiver<LiveSet>,
     drained: bool,
+    watch: Option<WatchHandle>,
+    /// Members the owner watch found silent, here or by a claim.
+    accused: BTreeMap<NodeName, Accusation>,
+    /// When each member was last heard alive refuting (incarnation, when).
+    refuted: BTreeMap<NodeName, (u64, Instant)>,
+    plan: Option<Plan>,
+    plan_dirty: bool,
+    watch_paused: bool,
+    /// The IPs the last actions took over, with their previous owner.
+    took_over: Vec<(IpAddr, NodeName)>,
+}
+
+/// A member the engine elects without (see the module docs).
+#[derive(Debug, Clone)]
+struct Accusation {
+    incarnation: u64,
+    /// On this node's own watch (it took over and claimed), not on a claim.
+    own: bool,
+    since: Instant,
+    /// When it was last heard (its last heartbeat), for the failover histogram.
+    last_heard: Option<Instant>,
+}
+
+/// Starts the owner watch beside `gossip` when `knobs` switch it on: its socket on the gossip
+/// port + 1, its own copy of the key ring (`ring`: [`KeyRing::duplicate`] of the gossip's). A watch that cannot start is logged and left off:
+/// the gossip alone detects then.
+pub fn start_watch(
+    knobs: Knobs,
+    gossip: &GossipHandle,
+    ring: swimlb_proto::Result<KeyRing>,
+    metrics: WatchMetrics,
+) -> (Option<WatchHandle>, WatchEvents) {
+    if !knobs.enabled {
+        tracing::info!("owner watch off: the gossip alone detects a dead owner");
+        return (None, WatchEvents::none());
+    }
+    let Some(bind) = watch_addr(gossip.local_addr()) else {
+        tracing::error!(gossip = %gossip.local_addr(), "owner watch off: no port above the gossip port");
+        return (None, WatchEvents::none());
+    };
+    let ring = match ring {
+        Ok(ring) => ring,
+        Err(e) => {
+            tracing::error!(error = %e, "owner watch off: its key ring");
+            return (None, WatchEvents::none());
+        }
+    };
+    let plan = Plan {
+        me: gossip.identity(),
+        watchers: Vec::new(),
+        answering: false,
+        accused: BTreeMap::new(),
+    };
+    match WatchHandle::start(knobs, bind, ring, gossip.directory(), plan, metrics) {
+        Ok((handle, events)) => {
+            tracing::info!(
+                listen = %handle.local_addr(),
+                interval_ms = knobs.interval.as_secs_f64() * 1000.0,
+                misses = knobs.misses,
+                "owner watch on"
+            );
+            (Some(handle), events)
+        }
+        Err(e) => {
+            tracing::error!(%bind, error = %e, "owner watch off: cannot listen");
+            (None, WatchEvents::none())
+        }
+    }
 }
 
 impl Daemon {
@@ -247,6 +348,7 @@ impl Daemon {
         answering: AnsweringLinks,
         gossip: GossipHandle,
         failovers: FailoverMetrics,
+        watch: Option<WatchHandle>,
     ) -> Daemon {
         let live = gossip.live();
         board.members(live.borrow().iter());
@@ -261,15 +363,255 @@ impl Daemon {
             failovers,
             live,
             drained: false,
+            watch,
+            accused: BTreeMap::new(),
+            refuted: BTreeMap::new(),
+            plan: None,
+            plan_dirty: true,
+            watch_paused: false,
+            took_over: Vec::new(),
         };
         daemon.perform(initial).await;
         daemon
     }
 
-    /// Feeds `input` at the current time and performs the actions.
+    /// Feeds `input` at the current time and performs the actions. A tick also ends the
+    /// accusations made on claims that have lapsed ([`ACCUSATION_TTL`]).
     pub async fn handle(&mut self, input: Input) {
+        if input == Input::Tick {
+            let now = Instant::now();
+            let lapsed: Vec<(NodeName, u64)> = self
+                .accused
+                .iter()
+                .filter(|(_, a)| now >= a.since + ACCUSATION_TTL)
+                .map(|(node, a)| (node.clone(), a.incarnation))
+                .collect();
+            for (node, incarnation) in lapsed {
+                let same = self
+                    .gossip
+                    .directory()
+                    .borrow()
+                    .get(&node)
+                    .is_some_and(|id| id.bump == incarnation);
+                if same {
+                    // Alive in the gossip in the accused incarnation all along.
+                    self.unaccuse(&node, "lapsed").await;
+                } else {
+                    // Renewed (the gossip declared it down and it came back).
+                    self.confirmed(&node);
+                }
+            }
+        }
         let actions = self.engine.handle(Instant::now(), input);
         self.perform(actions).await;
+    }
+
+    /// Whether the owner watch saw this node paused since the last call (the mode puts its
+    /// hold back on: see [`JoinHold::rearm_now`]).
+    pub fn take_watch_pause(&mut self) -> bool {
+        std::mem::take(&mut self.watch_paused)
+    }
+
+    /// Replaces the key ring of the gossip and of the owner watch.
+    pub async fn set_key_ring(&mut self, ring: KeyRing) -> Result<(), crate::gossip::GossipError> {
+        if let Some(watch) = &self.watch {
+            match ring.duplicate() {
+                Ok(copy) => watch.send(Command::KeyRing(Box::new(copy))),
+                Err(e) => tracing::error!(error = %e, "owner watch keys not replaced"),
+            }
+        }
+        self.gossip.set_key_ring(ring).await
+    }
+
+    /// Acts on what the owner watch reports (see the module docs).
+    pub async fn watch_event(&mut self, event: Event) {
+        let now = Instant::now();
+        match event {
+            Event::Silent { owner, last_heard } => {
+                let node = owner.node.to_string();
+                if self.accused.contains_key(&node)
+                    || self.engine.draining()
+                    || !self.live.borrow().contains(&node)
+                {
+                    return;
+                }
+                tracing::warn!(
+                    member = %node,
+                    silent_ms = last_heard.elapsed().as_secs_f64() * 1000.0,
+                    "owner silent on the watch and in the second check: taking over"
+                );
+                let heard = Instant::from_std(last_heard);
+                self.accuse(&node, owner.bump, true, Some(heard), now).await;
+                let ip = self
+                    .took_over
+                    .iter()
+                    .find(|(_, from)| *from == node)
+                    .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |(ip, _)| *ip);
+                if let Some(watch) = &self.watch {
+                    watch.send(Command::Claim { ip, accused: owner });
+                }
+            }
+            Event::Claimed {
+                claimant,
+                accused,
+                incarnation,
+                ip,
+            } => {
+                let me = self.gossip.identity();
+                if accused == me.node.as_str() {
+                    if incarnation == me.bump && !self.engine.answering().is_empty() {
+                        tracing::warn!(%claimant, %ip, "a member claims this node is silent, but it answers: refuting");
+                        if let Some(watch) = &self.watch {
+                            watch.send(Command::Refute);
+                        }
+                        // The keeper announces last: once more, now that the claimant has.
+                        let record = self.live.borrow().get(&claimant).cloned();
+                        self.handle(Input::Member {
+                            node: claimant,
+                            record,
+                            joined: true,
+                        })
+                        .await;
+                    }
+                    return;
+                }
+                let heard_alive = self.refuted.get(&accused).is_some_and(|(inc, at)| {
+                    *inc == incarnation && now.saturating_duration_since(*at) < REFUTED_RECENTLY
+                });
+                let current = self
+                    .gossip
+                    .directory()
+                    .borrow()
+                    .get(&accused)
+                    .is_some_and(|id| id.bump == incarnation);
+                if self.accused.contains_key(&accused) || heard_alive || !current {
+                    return;
+                }
+                tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
+                self.accuse(&accused, incarnation, false, None, now).await;
+            }
+            Event::Alive { node, incarnation } => {
+                self.refuted.insert(node.clone(), (incarnation, now));
+                if self
+                    .accused
+                    .get(&node)
+                    .is_some_and(|a| a.incarnation == incarnation)
+                {
+                    self.unaccuse(&node, "refuted").await;
+                }
+            }
+            Event::Paused { late } => {
+                tracing::warn!(
+                    late_ms = late.as_secs_f64() * 1000.0,
+                    "paused longer than a watcher waits: holding answers"
+                );
+                self.watch_paused = true;
+            }
+        }
+    }
+
+    async fn accuse(
+        &mut self,
+        node: &str,
+        incarnation: u64,
+        own: bool,
+        last_heard: Option<Instant>,
+        now: Instant,
+    ) {
+        self.accused.insert(
+            node.to_string(),
+            Accusation {
+                incarnation,
+                own,
+                since: now,
+                last_heard,
+            },
+        );
+        self.plan_dirty = true;
+        self.handle(Input::Member {
+            node: node.to_string(),
+            record: None,
+            joined: false,
+        })
+        .await;
+    }
+
+    /// Ends `node`'s accusation (`result`: `refuted` or `lapsed`): the engine elects with it
+    /// again.
+    async fn unaccuse(&mut self, node: &str, result: &'static str) {
+        let Some(accusation) = self.accused.remove(node) else {
+            return;
+        };
+        self.plan_dirty = true;
+        tracing::warn!(member = %node, result, own = accusation.own, "accusation ended: the member is alive");
+        if accusation.own
+            && let Some(watch) = &self.watch
+        {
+            watch.metrics().takeover("refuted");
+        }
+        let record = self.live.borrow().get(node).cloned();
+        let actions = self.engine.handle(
+            Instant::now(),
+            Input::Member {
+                node: node.to_string(),
+                record,
+                joined: true,
+            },
+        );
+        self.perform(actions).await;
+    }
+
+    /// The gossip confirmed `node`'s accusation (down, or back renewed).
+    fn confirmed(&mut self, node: &str) {
+        if let Some(accusation) = self.accused.remove(node) {
+            self.plan_dirty = true;
+            if accusation.own
+                && let Some(watch) = &self.watch
+            {
+                watch.metrics().takeover("confirmed");
+            }
+        }
+    }
+
+    /// Tells the watch thread the plan, when it changed: the successors of the IPs this node
+    /// answers for (the most often successor first, at most [`MAX_WATCHERS`]).
+    fn refresh_plan(&mut self) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        let me = self.gossip.identity();
+        if !self.plan_dirty && self.plan.as_ref().is_some_and(|p| p.me == me) {
+            return;
+        }
+        self.plan_dirty = false;
+        let election = self.engine.election();
+        let live = self.engine.live();
+        let mut counts: BTreeMap<NodeName, usize> = BTreeMap::new();
+        for ip in self.engine.answering().keys() {
+            if let Some(successor) = election.successor(ip, live) {
+                *counts.entry(successor).or_default() += 1;
+            }
+        }
+        let mut ranked: Vec<(NodeName, usize)> = counts.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let plan = Plan {
+            me,
+            watchers: ranked
+                .into_iter()
+                .take(MAX_WATCHERS)
+                .map(|(node, _)| node)
+                .collect(),
+            answering: !self.engine.answering().is_empty(),
+            accused: self
+                .accused
+                .iter()
+                .map(|(node, a)| (node.clone(), a.incarnation))
+                .collect(),
+        };
+        if self.plan.as_ref() != Some(&plan) {
+            watch.send(Command::Plan(plan.clone()));
+            self.plan = Some(plan);
+        }
     }
 
     /// A change from the gossip's stream (`Err`: some were missed: resynchronise). Returns
@@ -296,6 +638,17 @@ impl Daemon {
                 };
                 let record = self.live.borrow().get(&node).cloned();
                 self.board.member(&node, record.as_ref());
+                self.plan_dirty = true;
+                match (
+                    &change_kind(joined, record.is_some()),
+                    self.accused.contains_key(&node),
+                ) {
+                    // Down, or back under a new identity: what the watch said.
+                    (ChangeKind::Down | ChangeKind::Up, true) => self.confirmed(&node),
+                    // Still accused: the engine keeps electing without it.
+                    (ChangeKind::Meta, true) => return true,
+                    (_, false) => {}
+                }
                 Input::Member {
                     node,
                     record,
@@ -304,8 +657,12 @@ impl Daemon {
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::warn!(missed, "gossip changes lagged: full re-election");
-                let live = self.live.borrow().clone();
+                let mut live = self.live.borrow().clone();
                 self.board.members(live.iter());
+                for node in self.accused.keys() {
+                    live.remove(node);
+                }
+                self.plan_dirty = true;
                 Input::Live(live)
             }
             Err(broadcast::error::RecvError::Closed) => return false,
@@ -321,9 +678,17 @@ impl Daemon {
         }
     }
 
-    /// When the engine wants the next tick.
+    /// When the engine wants the next tick, or an accusation lapses.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.engine.next_deadline()
+        let lapse = self
+            .accused
+            .values()
+            .map(|a| a.since + ACCUSATION_TTL)
+            .min();
+        match (self.engine.next_deadline(), lapse) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether the drain is over.
@@ -355,12 +720,18 @@ impl Daemon {
         self.answering.perform(&actions);
         // The announcements are with the responders: the failovers among them end now.
         let gossip = &self.gossip;
+        let accused = &self.accused;
+        self.took_over.clear();
         for (ip, from, took) in observe_takeovers(
             &actions,
             Instant::now(),
-            |node| gossip.last_heard_before_down(node),
+            |node| match accused.get(node) {
+                Some(a) => a.last_heard,
+                None => gossip.last_heard_before_down(node),
+            },
             &self.failovers,
         ) {
+            self.took_over.push((ip, from.clone()));
             tracing::info!(
                 %ip,
                 previous_owner = %from,
@@ -369,6 +740,12 @@ impl Daemon {
             );
         }
         let mut facts_changed = false;
+        self.plan_dirty |= actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Answer { .. } | Action::Silence { .. } | Action::Status { .. }
+            )
+        });
         for action in actions {
             match action {
                 Action::Silence { .. } | Action::Answer { .. } | Action::Announce { .. } => {}
@@ -389,6 +766,7 @@ impl Daemon {
         if facts_changed {
             self.publish_meta().await;
         }
+        self.refresh_plan();
     }
 
     /// Leaves the mesh and stops the responders.
@@ -397,6 +775,21 @@ impl Daemon {
             tracing::warn!(error = %e, "leaving the mesh");
         }
         self.answering.stop();
+    }
+}
+
+/// What a gossip change is, for the accusations.
+enum ChangeKind {
+    Up,
+    Down,
+    Meta,
+}
+
+fn change_kind(joined: bool, alive: bool) -> ChangeKind {
+    match (joined, alive) {
+        (true, _) => ChangeKind::Up,
+        (false, false) => ChangeKind::Down,
+        (false, true) => ChangeKind::Meta,
     }
 }
 

@@ -454,12 +454,24 @@ impl<'a> BestSoFar<'a> {
 
 /// Elects one IP, scanning the members directly (used for single IPs and small changes).
 fn elect_one(ip: &IpAddr, served: &ServedIp, live: &LiveSet, text: &mut String) -> Outcome {
+    elect_one_without(ip, served, live, text, None)
+}
+
+/// [`elect_one`] as if `without` (a member's name) were not a candidate.
+fn elect_one_without(
+    ip: &IpAddr,
+    served: &ServedIp,
+    live: &LiveSet,
+    text: &mut String,
+    without: Option<&str>,
+) -> Outcome {
     ip_text(served.order_ip.as_ref().unwrap_or(ip), text);
     let mut best = BestSoFar::new();
     match narrowest_set(served) {
         Some(names) if names.len() < live.len() => {
             for name in names {
                 if let Some(meta) = live.get(name)
+                    && without != Some(name.as_str())
                     && let Ok(priority) = standing(meta, ip, served)
                 {
                     best.offer(meta, priority, text);
@@ -468,6 +480,9 @@ fn elect_one(ip: &IpAddr, served: &ServedIp, live: &LiveSet, text: &mut String) 
         }
         _ => {
             for meta in live.iter() {
+                if without == Some(meta.node.as_str()) {
+                    continue;
+                }
                 if let Ok(priority) = standing(meta, ip, served) {
                     best.offer(meta, priority, text);
                 }
@@ -622,6 +637,20 @@ impl Election {
     /// The owner of `ip`, if it is served and someone owns it.
     pub fn owner(&self, ip: &IpAddr) -> Option<&str> {
         self.outcomes.get(ip).and_then(Outcome::owner)
+    }
+
+    /// Who would own `ip` if its owner were gone: the first candidate after the owner, from
+    /// `live` (the set the election was last updated with). `None` when nobody owns `ip` or
+    /// the owner is its only candidate. Costs one scan of the candidates (the election keeps no
+    /// per-IP candidate lists): the owner watch asks it for the IPs this node owns only.
+    pub fn successor(&self, ip: &IpAddr, live: &LiveSet) -> Option<NodeName> {
+        let owner = self.owner(ip)?;
+        let served = self.snapshot.get(ip)?;
+        let mut text = String::with_capacity(48);
+        match elect_one_without(ip, served, live, &mut text, Some(owner)) {
+            Outcome::Owned(rank) => Some(rank.node),
+            Outcome::NoReadyEndpoints | Outcome::NoCandidates => None,
+        }
     }
 
     /// Whether this node owns `ip`.
@@ -1178,6 +1207,29 @@ mod tests {
         );
         assert!(election.outcomes().is_empty());
         assert_eq!(election.owned().count(), 0);
+    }
+
+    #[test]
+    fn the_successor_is_who_owns_the_ip_once_its_owner_is_gone() {
+        let names = ["a", "b", "c", "d"];
+        let set = live(names.map(|n| member(n, true)));
+        let mut snapshot = Snapshot::new();
+        for i in 1..=20 {
+            let _ = snapshot.insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns/s"));
+        }
+        let election = Election::new("a", snapshot.clone(), &set);
+        for (addr, outcome) in election.outcomes() {
+            let owner = outcome.owner().expect("owned");
+            let successor = election.successor(addr, &set).expect("a successor");
+            assert_ne!(successor, owner);
+            let mut without = set.clone();
+            without.remove(owner);
+            let after = Election::new("a", snapshot.clone(), &without);
+            assert_eq!(after.owner(addr), Some(successor.as_str()), "{addr}");
+        }
+        let alone = live([member("a", true)]);
+        let election = Election::new("a", snapshot, &alone);
+        assert_eq!(election.successor(&ip("192.0.2.1"), &alone), None);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
-use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
 use crate::engine::placement::Placement;
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Timing};
@@ -53,6 +53,7 @@ use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
 use crate::membership::LiveChange;
 use crate::notify::{GroupState, HookResult, Notifier};
+use crate::owner_watch::{WatchEvents, WatchMetrics};
 use crate::responder::{self, Conflict};
 use crate::snapshot::{Interfaces, ServedIp, Snapshot};
 use crate::status::StatusBoard;
@@ -216,6 +217,7 @@ struct Inputs {
     conflicts: mpsc::UnboundedReceiver<Conflict>,
     hook_results: mpsc::UnboundedReceiver<(String, GroupState, HookResult)>,
     net: NetWatch,
+    watch: WatchEvents,
 }
 
 /// The standalone mode's state around the shared [`Daemon`].
@@ -270,6 +272,10 @@ pub async fn run(
             }
             Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
             Some(result) = inputs.hook_results.recv() => source.hook_done(result),
+            Some(event) = inputs.watch.recv() => {
+                source.daemon.watch_event(event).await;
+                source.check_hold().await;
+            }
             Some(()) = reload.recv(), if !draining => source.reload(&inputs.net).await,
         }
         if source.daemon.drained() {
@@ -293,6 +299,7 @@ impl Source {
         let mut registry = Registry::default();
         let gossip_metrics = GossipMetrics::register(&mut registry);
         let failovers = FailoverMetrics::register(&mut registry);
+        let watch_metrics = WatchMetrics::register(&mut registry);
         let responder_metrics = responder::Metrics::default();
         responder_metrics.register(&mut registry);
         let metrics = Metrics::default();
@@ -310,7 +317,10 @@ impl Source {
 
         let mut local = LocalState::new(&node, &config, Instant::now());
         local.set_announce(placement.facts(&served));
+        let watch_knobs = crate::owner_watch::Knobs::default();
+        let watch_ring = ring.duplicate();
         let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
+        let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
         // Subscribe before the live set is read: a change in between is seen twice (harmless),
         // never missed.
         let changes = gossip.subscribe();
@@ -350,8 +360,12 @@ impl Source {
             conflicts,
             hook_results,
             net,
+            watch: watch_events,
         };
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
+        let daemon = Daemon::new(
+            engine, initial, local, board, answering, gossip, failovers, watch,
+        )
+        .await;
         let mut source = Source {
             config,
             path,
@@ -409,7 +423,8 @@ impl Source {
     /// Ends the start-up hold when the mesh has formed (or the grace passed).
     async fn check_hold(&mut self) {
         let phase = *self.daemon.phase().borrow();
-        if self.hold.rearm(Instant::now(), phase) {
+        let watch_pause = self.daemon.take_watch_pause() && self.hold.rearm_now(Instant::now());
+        if self.hold.rearm(Instant::now(), phase) || watch_pause {
             self.daemon.handle(Input::Hold(true)).await;
         }
         let live = self.daemon.engine.live();
@@ -526,7 +541,7 @@ impl Source {
             return;
         }
         let sealing = ring.sealing_key_id();
-        match self.daemon.gossip().set_key_ring(ring).await {
+        match self.daemon.set_key_ring(ring).await {
             Ok(()) => {
                 tracing::info!(keys = ids.len(), %sealing, "gossip keys replaced");
                 self.ring_ids = ids;

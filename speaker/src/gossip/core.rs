@@ -456,6 +456,8 @@ pub struct Core {
     /// Alive members (foca's MemberUp until MemberDown), by address. Changed only through
     /// [`Core::hold_member`] and [`Core::drop_member`], which keep `digest` in step.
     members: FastMap<SocketAddr, NodeIdentity>,
+    /// Grows with every change to `members` (see [`Core::members_version`]).
+    members_version: u64,
     /// The digest of `members` (see [`super::sync`]).
     digest: RunningDigest,
     by_node: FastMap<NodeName, SocketAddr>,
@@ -594,6 +596,7 @@ impl Core {
             own_record: Vec::new(),
             live: LiveSet::new(),
             members: FastMap::default(),
+            members_version: 0,
             digest: RunningDigest::default(),
             by_node: FastMap::default(),
             missing_meta: BTreeSet::new(),
@@ -639,6 +642,17 @@ impl Core {
     /// The current identity (changes when the node renews itself).
     pub fn identity(&self) -> &NodeIdentity {
         self.foca.identity()
+    }
+
+    /// The identities of the alive members (this node excluded): who is who on the wire, for
+    /// the owner watch, which addresses members directly.
+    pub fn member_identities(&self) -> impl Iterator<Item = &NodeIdentity> {
+        self.members.values()
+    }
+
+    /// Grows with every change to [`Core::member_identities`] (a member up, down or renewed).
+    pub fn members_version(&self) -> u64 {
+        self.members_version
     }
 
     /// The alive members and their metadata, this node included.
@@ -975,6 +989,7 @@ impl Core {
 
     /// Holds `id` alive at its address (replacing whoever was held there).
     fn hold_member(&mut self, id: NodeIdentity) {
+        self.members_version += 1;
         self.digest.toggle(&id);
         if let Some(previous) = self.members.insert(id.addr, id) {
             self.digest.toggle(&previous);
@@ -984,6 +999,7 @@ impl Core {
     /// Stops holding the member at `addr`.
     fn drop_member(&mut self, addr: &SocketAddr) {
         if let Some(previous) = self.members.remove(addr) {
+            self.members_version += 1;
             self.digest.toggle(&previous);
         }
     }

@@ -51,6 +51,10 @@ enum Command {
 /// `Down`, so a subscriber that reads it on the change finds the entry.
 type HeardBeforeDown = Arc<Mutex<FastMap<NodeName, Instant>>>;
 
+/// The identities of the alive members, this node excluded, by node name (see
+/// [`GossipHandle::directory`]).
+pub type Directory = Arc<std::collections::BTreeMap<NodeName, NodeIdentity>>;
+
 /// The caller's side of a running gossip task.
 #[derive(Debug)]
 pub struct GossipHandle {
@@ -58,6 +62,7 @@ pub struct GossipHandle {
     changes: broadcast::Sender<LiveChange>,
     heard_before_down: HeardBeforeDown,
     identity: watch::Receiver<NodeIdentity>,
+    directory: watch::Receiver<Directory>,
     phase: watch::Receiver<Phase>,
     commands: mpsc::Sender<Command>,
     local_addr: SocketAddr,
@@ -94,6 +99,12 @@ impl GossipHandle {
     /// The identity, watched: it changes when the node renews itself after being declared down.
     pub fn identity_changes(&self) -> watch::Receiver<NodeIdentity> {
         self.identity.clone()
+    }
+
+    /// Who the alive members are on the wire (name, gossip address, bump), updated when a
+    /// member comes up, goes down or renews its identity.
+    pub fn directory(&self) -> watch::Receiver<Directory> {
+        self.directory.clone()
     }
 
     /// The node's phase, watched: `Active` once it has joined the mesh, `Joining` before and
@@ -183,6 +194,8 @@ pub async fn spawn(
     let (live_tx, live_rx) = watch::channel(core.live().clone());
     let (identity_tx, identity_rx) = watch::channel(core.identity().clone());
     let (phase_tx, phase_rx) = watch::channel(core.phase());
+    let (directory_tx, directory_rx) = watch::channel(directory(&core));
+    let members_version = core.members_version();
     let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
     let heard_before_down = HeardBeforeDown::default();
     let (commands_tx, commands_rx) = mpsc::channel(16);
@@ -199,6 +212,7 @@ pub async fn spawn(
             origin,
             live: live_tx,
             identity: identity_tx,
+            directory: (directory_tx, members_version),
             phase: phase_tx,
             changes: changes_tx.clone(),
             heard_before_down: heard_before_down.clone(),
@@ -209,6 +223,7 @@ pub async fn spawn(
         changes: changes_tx,
         heard_before_down,
         identity: identity_rx,
+        directory: directory_rx,
         phase: phase_rx,
         commands: commands_tx,
         local_addr,
@@ -230,9 +245,20 @@ struct Published {
     origin: Instant,
     live: watch::Sender<LiveSet>,
     identity: watch::Sender<NodeIdentity>,
+    /// The directory and the members version it was built at.
+    directory: (watch::Sender<Directory>, u64),
     phase: watch::Sender<Phase>,
     changes: broadcast::Sender<LiveChange>,
     heard_before_down: HeardBeforeDown,
+}
+
+/// The directory of `core`'s members now.
+fn directory(core: &Core) -> Directory {
+    Arc::new(
+        core.member_identities()
+            .map(|id| (id.node.to_string(), id.clone()))
+            .collect(),
+    )
 }
 
 /// Notices that the task was not scheduled for a while, and when the node hears the cluster
@@ -327,12 +353,12 @@ async fn run(
     socket: Arc<UdpSocket>,
     send: mpsc::Sender<Outgoing>,
     mut commands: mpsc::Receiver<Command>,
-    published: Published,
+    mut published: Published,
 ) {
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
-    publish(&mut core, &send, &published, false);
+    publish(&mut core, &send, &mut published, false);
     loop {
         let planned = core
             .next_deadline()
@@ -382,15 +408,21 @@ async fn run(
         // Only a node in the mesh wakes often enough for a late turn to mean a pause.
         let in_mesh = core.phase() == Phase::Active;
         let paused = in_mesh && pause.turn(Instant::now(), planned, core.heard(), core.rejoins());
-        publish(&mut core, &send, &published, paused);
+        publish(&mut core, &send, &mut published, paused);
     }
 }
 
-fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published, paused: bool) {
+fn publish(
+    core: &mut Core,
+    send: &mpsc::Sender<Outgoing>,
+    published: &mut Published,
+    paused: bool,
+) {
     let Published {
         origin,
         live,
         identity,
+        directory: (directory_tx, directory_version),
         phase,
         changes,
         heard_before_down,
@@ -430,6 +462,12 @@ fn publish(core: &mut Core, send: &mpsc::Sender<Outgoing>, published: &Published
                 LiveChange::Meta(_) => {}
             }
         }
+    }
+    // The directory before the changes too: a subscriber that looks a member up on its `Up`
+    // finds it.
+    if *directory_version != core.members_version() {
+        *directory_version = core.members_version();
+        directory_tx.send_replace(directory(core));
     }
     for change in pending {
         let _ = changes.send(change);

@@ -33,7 +33,7 @@ mod tests;
 mod udp_tests;
 
 pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
-pub use driver::{GossipHandle, spawn};
+pub use driver::{Directory, GossipHandle, spawn};
 pub use identity::NodeIdentity;
 pub use metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 pub use timing::{Profile, Timing, TimingError};

@@ -53,11 +53,12 @@ use super::snapshot::{self, Changes, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
-use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::interfaces::{Link, Route};
 use crate::local::LocalState;
+use crate::owner_watch::{WatchEvents, WatchMetrics};
 use crate::responder;
 use crate::status::StatusBoard;
 
@@ -160,6 +161,7 @@ struct Inputs {
     net: NetWatch,
     key_poll: tokio::time::Interval,
     seen_records: mpsc::UnboundedReceiver<SeenRecord>,
+    watch: WatchEvents,
 }
 
 /// The Kubernetes mode's state around the shared [`Daemon`].
@@ -234,6 +236,7 @@ pub async fn run(
             }
             Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
             _ = inputs.key_poll.tick() => source.rotate_keys().await,
+            Some(event) = inputs.watch.recv() => source.daemon.watch_event(event).await,
             Some(seen) = inputs.seen_records.recv() => {
                 source.record_seen(seen);
                 while let Ok(more) = inputs.seen_records.try_recv() {
@@ -267,6 +270,7 @@ impl Source {
             failovers,
             responder: responder_metrics,
             kube: metrics,
+            watch: watch_metrics,
         } = registry(&settings);
         // /healthz answers (and /readyz says not ready) while the watches list and the key is
         // awaited.
@@ -306,7 +310,10 @@ impl Source {
         dropped.apply(&first_changes);
         let snapshot = keeper.snapshot().clone();
         let local = first_record(&settings, &snapshot, &links, &routes);
+        let watch_ring = ring.duplicate();
         let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
+        let watch_knobs = crate::owner_watch::Knobs::default();
+        let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
         // Subscribe before the live set is read: a change in between is seen twice, never missed.
         let changes = gossip.subscribe();
         let phase = gossip.phase();
@@ -327,7 +334,10 @@ impl Source {
         let (conflict_tx, conflicts) = mpsc::unbounded_channel();
         let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
         let board_seen = board.subscribe();
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers).await;
+        let daemon = Daemon::new(
+            engine, initial, local, board, answering, gossip, failovers, watch,
+        )
+        .await;
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
         let (seen_tx, seen_records) = mpsc::unbounded_channel();
         let records = tokio::spawn(write_records(
@@ -345,6 +355,7 @@ impl Source {
             net,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
             seen_records,
+            watch: watch_events,
         };
         let mut source = Source {
             holdings: Holdings::new(&settings.node),
@@ -470,7 +481,8 @@ impl Source {
     /// Ends the start-up hold when the mesh has formed (or the grace passed).
     async fn check_hold(&mut self) {
         let phase = *self.daemon.phase().borrow();
-        if self.hold.rearm(Instant::now(), phase) {
+        let watch_pause = self.daemon.take_watch_pause() && self.hold.rearm_now(Instant::now());
+        if self.hold.rearm(Instant::now(), phase) || watch_pause {
             self.daemon.handle(Input::Hold(true)).await;
         }
         if self
@@ -683,7 +695,7 @@ impl Source {
             return;
         }
         let sealing = ring.sealing_key_id();
-        match self.daemon.gossip().set_key_ring(ring).await {
+        match self.daemon.set_key_ring(ring).await {
             Ok(()) => {
                 tracing::info!(keys = next.len(), %sealing, "gossip keys replaced");
                 self.ring_ids = next;
@@ -728,6 +740,7 @@ struct Registered {
     failovers: FailoverMetrics,
     responder: responder::Metrics,
     kube: KubeMetrics,
+    watch: WatchMetrics,
 }
 
 /// Every metric of the Kubernetes speaker, registered; the parts that need a handle returned.
@@ -735,6 +748,7 @@ fn registry(settings: &Settings) -> Registered {
     let mut registry = Registry::default();
     let gossip = GossipMetrics::register(&mut registry);
     let failovers = FailoverMetrics::register(&mut registry);
+    let watch = WatchMetrics::register(&mut registry);
     let responder = responder::Metrics::default();
     responder.register(&mut registry);
     let kube = KubeMetrics::register(&mut registry);
@@ -747,6 +761,7 @@ fn registry(settings: &Settings) -> Registered {
         failovers,
         responder,
         kube,
+        watch,
     }
 }
 

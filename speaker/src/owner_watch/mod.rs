@@ -35,6 +35,10 @@
 //! applied to the watch). A [`Verdict::Silent`] is only a suspicion: the caller runs the quick
 //! second check (polls, [`swimlb_proto::heartbeat::WatchMessage::Poll`]) before it acts.
 
+pub mod service;
+
+pub use service::{Command, Event, Plan, WatchEvents, WatchHandle, WatchMetrics};
+
 use std::time::Duration;
 
 use rand::rngs::StdRng;
