@@ -44,6 +44,9 @@ pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7572";
 /// keepalived's default priority.
 pub const DEFAULT_PRIORITY: u8 = 100;
+/// The most missed intervals `ownerWatchMisses` accepts. The fewest (3) is the speaker's to check,
+/// with the interval, so the knobs' errors come from one place.
+pub const MAX_OWNER_WATCH_MISSES: u32 = 1000;
 
 /// One problem in a configuration file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -648,8 +651,7 @@ impl Walker {
         g.max_packet_size = count(self, "maxPacketSize", 65_535);
         g.owner_watch = flag(self, "ownerWatch");
         g.owner_watch_interval = dur(self, "ownerWatchInterval");
-        // The speaker checks the minimum (3) with the interval, so both come from one place.
-        g.owner_watch_misses = count(self, "ownerWatchMisses", 1000);
+        g.owner_watch_misses = count(self, "ownerWatchMisses", i64::from(MAX_OWNER_WATCH_MISSES));
         g
     }
 
