@@ -44,6 +44,9 @@ pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7572";
 /// keepalived's default priority.
 pub const DEFAULT_PRIORITY: u8 = 100;
+/// The most missed intervals `ownerWatchMisses` accepts. The fewest (3) is the speaker's to check,
+/// with the interval, so the knobs' errors come from one place.
+pub const MAX_OWNER_WATCH_MISSES: u32 = 1000;
 
 /// One problem in a configuration file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -159,6 +162,12 @@ pub struct GossipSettings {
     pub meta_refresh: Option<Duration>,
     /// Largest gossip packet override (bytes).
     pub max_packet_size: Option<NonZeroU32>,
+    /// Owner watch (direct heartbeats from an IP's owner to its successor) on or off override.
+    pub owner_watch: Option<bool>,
+    /// Owner watch heartbeat interval override. The speaker refuses one below 10 ms or above 1 s.
+    pub owner_watch_interval: Option<Duration>,
+    /// Owner watch missed intervals before silence override. The speaker refuses fewer than 3.
+    pub owner_watch_misses: Option<NonZeroU32>,
 }
 
 /// When gratuitous ARP and unsolicited neighbor advertisements are sent after a takeover.
@@ -590,6 +599,9 @@ impl Walker {
             "joinRetry",
             "metaRefresh",
             "maxPacketSize",
+            "ownerWatch",
+            "ownerWatchInterval",
+            "ownerWatchMisses",
         ];
         let mut g = GossipSettings::default();
         let Some(map) = self.object("gossip", v, KNOWN) else {
@@ -637,6 +649,9 @@ impl Walker {
         g.join_retry = dur(self, "joinRetry");
         g.meta_refresh = dur(self, "metaRefresh");
         g.max_packet_size = count(self, "maxPacketSize", 65_535);
+        g.owner_watch = flag(self, "ownerWatch");
+        g.owner_watch_interval = dur(self, "ownerWatchInterval");
+        g.owner_watch_misses = count(self, "ownerWatchMisses", i64::from(MAX_OWNER_WATCH_MISSES));
         g
     }
 
@@ -1311,5 +1326,46 @@ groups:
         assert_eq!(c.gossip.profile, Profile::Lan);
         assert_eq!(c.gossip.probe_period, Some(Duration::from_millis(500)));
         assert_eq!(c.gossip.gossip_fanout.map(NonZeroU32::get), Some(4));
+    }
+
+    #[test]
+    fn owner_watch_knobs_are_read() {
+        let c = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngossip: {ownerWatch: false, ownerWatchInterval: 50ms, ownerWatchMisses: 4}\ngroups: [{name: a, addresses: [192.0.2.100]}]",
+        )
+        .unwrap();
+        assert_eq!(c.gossip.owner_watch, Some(false));
+        assert_eq!(
+            c.gossip.owner_watch_interval,
+            Some(Duration::from_millis(50))
+        );
+        assert_eq!(c.gossip.owner_watch_misses.map(NonZeroU32::get), Some(4));
+        let defaults = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: a, addresses: [192.0.2.100]}]",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                defaults.gossip.owner_watch,
+                defaults.gossip.owner_watch_interval,
+                defaults.gossip.owner_watch_misses
+            ),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn owner_watch_knobs_of_the_wrong_type_are_named() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngossip: {ownerWatch: 'on', ownerWatchInterval: 20, ownerWatchMisses: 0}\ngroups: [{name: a, addresses: [192.0.2.100]}]",
+        );
+        assert_eq!(
+            errors,
+            [
+                "gossip.ownerWatch: expected true or false, found a string",
+                "gossip.ownerWatchInterval: `20` has no unit (use ms, s, m or h, for example `1s`)",
+                "gossip.ownerWatchMisses: 0 is out of range 1..=1000",
+            ]
+        );
     }
 }

@@ -72,6 +72,10 @@ fn a_valid_file_prints_detection_times() {
         "{stdout}"
     );
     assert!(
+        stdout.contains("owner watch: on, heartbeat every 20ms, silent after 5 missed; finds a crashed owner silent in at most 110ms"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("the measured figures are in the README"),
         "{stdout}"
     );
@@ -87,6 +91,24 @@ fn gossip_overrides_the_daemon_would_refuse_are_an_error() {
     assert_eq!(code, Some(64), "{stdout}");
     assert!(
         stderr.contains("probe_rtt (200ms) must be below"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_owner_watch_too_fast_and_too_forgiving_is_refused_with_both_values() {
+    let path = write_temp(
+        "badwatch.yaml",
+        "cluster: edge-1\nbind: 192.0.2.10:7946\ninsecure: true\ngossip: {ownerWatchInterval: 5ms, ownerWatchMisses: 2}\ngroups: [{name: a, addresses: [192.0.2.100]}]\n",
+    );
+    let (code, stdout, stderr) = check_config(&path);
+    assert_eq!(code, Some(64), "{stdout}");
+    assert!(
+        stderr.contains("owner watch interval 5ms is shorter than the minimum of 10ms"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("owner watch misses 2 is fewer than the minimum of 3"),
         "{stderr}"
     );
 }

@@ -4,7 +4,8 @@
 //! [`Profile::Lan`] (memberlist's LAN defaults, seconds, for noisy networks). Every knob is a
 //! public field and may be overridden; [`Timing::validate`] rejects invalid combinations with
 //! every problem listed, before anything runs. The numbers behind the profiles come from
-//! `swimlb-lab sim` (see the README).
+//! `swimlb-lab sim` (see the README). The owner watch's knobs ([`crate::owner_watch::Knobs`])
+//! ride along: on in `fast`, off in `lan`.
 
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
@@ -22,6 +23,8 @@ pub const DEFAULT_MAX_PACKET: usize = 1438 - 1 - OVERHEAD;
 const _: () = assert!(1 + DEFAULT_MAX_PACKET + OVERHEAD <= 1452);
 
 use swimlb_config::standalone::GossipSettings;
+
+use crate::owner_watch::Knobs;
 /// A named starting point for [`Timing`]: one type, the configuration's, so a file, the CLI and
 /// the simulation name profiles alike.
 pub use swimlb_config::standalone::Profile;
@@ -94,6 +97,10 @@ pub struct Timing {
     /// Lifeguard: local health stretches probe and suspicion timeouts up to this many times
     /// (memberlist's `AwarenessMaxMultiplier`); 1 turns local health off.
     pub health_max: u32,
+    /// The owner watch (issue 17): direct heartbeats from an IP's owner to the next node in
+    /// line, with their interval `I`, misses `M` and off switch. Checked with the rest by
+    /// [`Timing::validate`], also when switched off.
+    pub owner_watch: Knobs,
 }
 
 impl Default for Timing {
@@ -148,6 +155,12 @@ impl Timing {
         set(&mut t.join_retry, g.join_retry);
         set(&mut t.meta_refresh, g.meta_refresh);
         set(&mut t.max_packet_size, g.max_packet_size.map(count));
+        set(&mut t.owner_watch.enabled, g.owner_watch);
+        set(&mut t.owner_watch.interval, g.owner_watch_interval);
+        set(
+            &mut t.owner_watch.misses,
+            g.owner_watch_misses.map(std::num::NonZeroU32::get),
+        );
         t.validate()?;
         Ok(t)
     }
@@ -183,6 +196,7 @@ impl Timing {
             suspicion_confirmations: 3,
             suspicion_inquiries: 4,
             health_max: super::lifeguard::HEALTH_MAX,
+            owner_watch: Knobs::default(),
         }
     }
 
@@ -215,6 +229,13 @@ impl Timing {
             suspicion_confirmations: 3,
             suspicion_inquiries: 4,
             health_max: super::lifeguard::HEALTH_MAX,
+            // Off: this profile is for noisy networks, where gossip's seconds are the point; the
+            // interval and misses are what switching it on (`ownerWatch: true`) starts from.
+            owner_watch: Knobs {
+                interval: Duration::from_millis(100),
+                misses: 5,
+                enabled: false,
+            },
         }
     }
 
@@ -259,6 +280,9 @@ impl Timing {
                 "max_packet_size ({}) must be between 512 and {MAX_FOCA_PACKET}",
                 self.max_packet_size
             ));
+        }
+        if let Err(watch) = self.owner_watch.validate() {
+            problems.extend(watch.iter().map(ToString::to_string));
         }
         if problems.is_empty() {
             Ok(())
@@ -377,6 +401,75 @@ mod tests {
         assert_eq!(
             fixed.scaled(1000),
             (fixed.suspect_to_down_after, fixed.max_transmissions)
+        );
+    }
+
+    #[test]
+    fn the_owner_watch_is_on_in_fast_and_off_in_lan() {
+        assert_eq!(Timing::fast().owner_watch, Knobs::default());
+        assert!(Timing::fast().owner_watch.enabled);
+        let lan = Timing::lan().owner_watch;
+        assert!(!lan.enabled);
+        assert_eq!((lan.interval, lan.misses), (Duration::from_millis(100), 5));
+    }
+
+    fn settings(text: &str) -> GossipSettings {
+        let file = format!(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngossip: {text}\ngroups: [{{name: a, addresses: [192.0.2.100]}}]"
+        );
+        swimlb_config::standalone::Standalone::parse(&file)
+            .unwrap()
+            .gossip
+    }
+
+    #[test]
+    fn owner_watch_overrides_apply_on_top_of_the_profile() {
+        let t = Timing::from_settings(&settings(
+            "{profile: lan, ownerWatch: true, ownerWatchInterval: 40ms, ownerWatchMisses: 7}",
+        ))
+        .unwrap();
+        assert_eq!(
+            t.owner_watch,
+            Knobs {
+                interval: Duration::from_millis(40),
+                misses: 7,
+                enabled: true,
+            }
+        );
+        let off = Timing::from_settings(&settings("{ownerWatch: false}")).unwrap();
+        assert_eq!(
+            off.owner_watch,
+            Knobs {
+                enabled: false,
+                ..Knobs::default()
+            }
+        );
+    }
+
+    #[test]
+    fn an_owner_watch_too_fast_and_too_forgiving_is_refused_with_both_values() {
+        let err =
+            Timing::from_settings(&settings("{ownerWatchInterval: 5ms, ownerWatchMisses: 2}"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("owner watch interval 5ms is shorter than the minimum of 10ms"),
+            "{err}"
+        );
+        assert!(
+            err.contains("owner watch misses 2 is fewer than the minimum of 3"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_owner_watch_switched_off_is_still_checked() {
+        let err = Timing::from_settings(&settings("{ownerWatch: false, ownerWatchInterval: 2s}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("owner watch interval 2s is longer than the slow rate of 1s"),
+            "{err}"
         );
     }
 
