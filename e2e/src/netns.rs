@@ -331,11 +331,15 @@ impl Lab {
         for ns in self.namespaces() {
             delete_namespace(&ns);
         }
-        let _ = std::fs::remove_dir_all(self.work_dir());
+        if std::env::var_os("SWIMLB_LAB_KEEP").is_some() {
+            eprintln!("SWIMLB_LAB_KEEP: kept {}", self.work_dir().display());
+        } else {
+            let _ = std::fs::remove_dir_all(self.work_dir());
+        }
     }
 
-    /// The directory for this run's files (daemon configurations, the gossip key); removed with
-    /// the lab.
+    /// The directory for this run's files (daemon configurations, the gossip key, the daemons'
+    /// logs); removed with the lab unless the environment sets `SWIMLB_LAB_KEEP`.
     pub fn work_dir(&self) -> PathBuf {
         work_dir_of(&self.run_id)
     }

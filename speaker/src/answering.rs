@@ -122,8 +122,7 @@ impl AnsweringLinks {
             iface: name.to_string(),
             source,
         };
-        let channel =
-            packet_socket::open(&iface, Duration::from_millis(50)).map_err(socket_error)?;
+        let channel = packet_socket::open(&iface, COMMAND_LATENCY).map_err(socket_error)?;
         let [a, b, c, d, e, f] = link.mac;
         let mac = MacAddr(a, b, c, d, e, f);
         let responder = Responder::spawn(

@@ -432,6 +432,7 @@ impl Daemon {
                 if self.accused.contains_key(&node)
                     || self.engine.draining()
                     || !self.live.borrow().contains(&node)
+                    || !self.succeeds(&node)
                 {
                     return;
                 }
@@ -459,11 +460,16 @@ impl Daemon {
             } => {
                 let me = self.gossip.identity();
                 if accused == me.node.as_str() {
-                    if incarnation == me.bump && !self.engine.answering().is_empty() {
-                        tracing::warn!(%claimant, %ip, "a member claims this node is silent, but it answers: refuting");
-                        if let Some(watch) = &self.watch {
-                            watch.send(Command::Refute);
-                        }
+                    if incarnation != me.bump {
+                        return;
+                    }
+                    // Alive in that incarnation: every member must elect with this node again
+                    // (the watch thread sends nothing after a pause of its own).
+                    tracing::warn!(%claimant, %ip, "a member claims this node is silent: refuting");
+                    if let Some(watch) = &self.watch {
+                        watch.send(Command::Refute);
+                    }
+                    if !self.engine.answering().is_empty() {
                         // The keeper announces last: once more, now that the claimant has.
                         let record = self.live.borrow().get(&claimant).cloned();
                         self.handle(Input::Member {
@@ -508,6 +514,19 @@ impl Daemon {
                 self.watch_paused = true;
             }
         }
+    }
+
+    /// Whether this node would own one of `owner`'s IPs if `owner` were gone: only then does it
+    /// act on its own watch (the others wait for its claim, or for the gossip).
+    fn succeeds(&self, owner: &str) -> bool {
+        let election = self.engine.election();
+        let live = self.engine.live();
+        let me = election.local();
+        election
+            .outcomes()
+            .iter()
+            .filter(|(_, outcome)| outcome.owner() == Some(owner))
+            .any(|(ip, _)| election.successor(ip, live).as_deref() == Some(me))
     }
 
     async fn accuse(

@@ -317,7 +317,7 @@ impl Source {
 
         let mut local = LocalState::new(&node, &config, Instant::now());
         local.set_announce(placement.facts(&served));
-        let watch_knobs = crate::owner_watch::Knobs::default();
+        let watch_knobs = timing.owner_watch;
         let watch_ring = ring.duplicate();
         let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
         let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);

@@ -312,7 +312,7 @@ impl Source {
         let local = first_record(&settings, &snapshot, &links, &routes);
         let watch_ring = ring.duplicate();
         let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
-        let watch_knobs = crate::owner_watch::Knobs::default();
+        let watch_knobs = settings.timing.owner_watch;
         let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
         // Subscribe before the live set is read: a change in between is seen twice, never missed.
         let changes = gossip.subscribe();

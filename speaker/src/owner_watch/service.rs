@@ -18,8 +18,8 @@
 //!
 //! **The owner's side.** The daemon's [`Plan`] names the watchers: the successors of the IPs
 //! this node answers for, at most [`MAX_WATCHERS`]. Each gets a [`Schedule`]: slow until it
-//! acknowledges, then fast. Polls are answered `alive` only for this node's current incarnation
-//! while it answers for something and was not paused.
+//! acknowledges, then fast. Polls are answered `alive` only for this node's current incarnation,
+//! and not after a pause.
 //!
 //! **The watcher's side.** A heartbeat from a member of the directory arms a [`Detector`] for
 //! it (the owner chose this node as a watcher). One interval before the silence deadline with
@@ -786,9 +786,9 @@ impl Watch {
                 }
             }
             WatchMessage::Poll { nonce, incarnation } => {
-                let alive = incarnation == self.plan.me.bump
-                    && self.plan.answering
-                    && self.paused.is_none();
+                // Alive in that incarnation, and not paused: whether it answers for anything is
+                // the election's business (a watcher it stopped heartbeating learns it here).
+                let alive = incarnation == self.plan.me.bump && self.paused.is_none();
                 self.send(from, &WatchMessage::PollReply { nonce, alive });
             }
             WatchMessage::PollReply { nonce, alive } => {
