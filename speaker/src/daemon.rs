@@ -348,7 +348,6 @@ impl Daemon {
         answering: AnsweringLinks,
         gossip: GossipHandle,
         failovers: FailoverMetrics,
-        watch: Option<WatchHandle>,
     ) -> Daemon {
         let live = gossip.live();
         board.members(live.borrow().iter());
@@ -363,7 +362,7 @@ impl Daemon {
             failovers,
             live,
             drained: false,
-            watch,
+            watch: None,
             accused: BTreeMap::new(),
             refuted: BTreeMap::new(),
             plan: None,
@@ -373,6 +372,15 @@ impl Daemon {
         };
         daemon.perform(initial).await;
         daemon
+    }
+
+    /// Hands the daemon the owner watch (see [`start_watch`]; `None`: off), and tells it the
+    /// first plan.
+    pub fn with_watch(mut self, watch: Option<WatchHandle>) -> Daemon {
+        self.watch = watch;
+        self.plan_dirty = true;
+        self.refresh_plan();
+        self
     }
 
     /// Feeds `input` at the current time and performs the actions. A tick also ends the
@@ -441,8 +449,8 @@ impl Daemon {
                     silent_ms = last_heard.elapsed().as_secs_f64() * 1000.0,
                     "owner silent on the watch and in the second check: taking over"
                 );
-                let heard = Instant::from_std(last_heard);
-                self.accuse(&node, owner.bump, true, Some(heard), now).await;
+                self.accuse(&node, owner.bump, true, Some(last_heard), now)
+                    .await;
                 let ip = self
                     .took_over
                     .iter()

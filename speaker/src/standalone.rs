@@ -362,10 +362,9 @@ impl Source {
             net,
             watch: watch_events,
         };
-        let daemon = Daemon::new(
-            engine, initial, local, board, answering, gossip, failovers, watch,
-        )
-        .await;
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
+            .await
+            .with_watch(watch);
         let mut source = Source {
             config,
             path,

@@ -334,10 +334,9 @@ impl Source {
         let (conflict_tx, conflicts) = mpsc::unbounded_channel();
         let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
         let board_seen = board.subscribe();
-        let daemon = Daemon::new(
-            engine, initial, local, board, answering, gossip, failovers, watch,
-        )
-        .await;
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
+            .await
+            .with_watch(watch);
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
         let (seen_tx, seen_records) = mpsc::unbounded_channel();
         let records = tokio::spawn(write_records(

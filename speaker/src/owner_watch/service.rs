@@ -121,7 +121,7 @@ pub enum Event {
         /// The owner, as the directory knows it.
         owner: NodeIdentity,
         /// When its last heartbeat arrived.
-        last_heard: std::time::Instant,
+        last_heard: Instant,
     },
     /// Another member claims it took `ip` over from `accused`.
     Claimed {
@@ -369,7 +369,7 @@ struct Watched {
     checking: bool,
     /// Polls answered with no heartbeat in between.
     vouches_without_beat: u32,
-    last_heard: std::time::Instant,
+    last_heard: Instant,
 }
 
 /// The watch thread's state.
@@ -396,7 +396,6 @@ struct Watch {
     metrics: WatchMetrics,
     rng: StdRng,
     origin: Instant,
-    std_origin: std::time::Instant,
     socket: Option<UdpSocket>,
     out: Vec<u8>,
 }
@@ -432,7 +431,6 @@ impl Watch {
             metrics,
             rng: StdRng::seed_from_u64(seed),
             origin: Instant::now(),
-            std_origin: std::time::Instant::now(),
             socket: None,
             out: Vec::with_capacity(MAX_DATAGRAM_LEN),
         };
@@ -493,8 +491,8 @@ impl Watch {
         self.origin.elapsed()
     }
 
-    fn at_std(&self, at: Duration) -> std::time::Instant {
-        self.std_origin + at
+    fn at(&self, at: Duration) -> Instant {
+        self.origin + at
     }
 
     fn refresh_senders(&mut self) {
@@ -681,7 +679,7 @@ impl Watch {
             let last_heard = self
                 .watched
                 .get(&node)
-                .map_or_else(std::time::Instant::now, |w| w.last_heard);
+                .map_or_else(Instant::now, |w| w.last_heard);
             let _ = self.events.send(Event::Silent { owner, last_heard });
         }
         self.polls.retain(|_, p| p.expires > now);
@@ -892,7 +890,7 @@ impl Watch {
             return;
         }
         let knobs = self.knobs;
-        let at = self.at_std(now);
+        let at = self.at(now);
         let w = self
             .watched
             .entry(sender.to_string())
@@ -957,4 +955,237 @@ fn interval_ms(interval: Duration) -> u16 {
     u16::try_from(interval.as_millis())
         .unwrap_or(u16::MAX)
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Two watch threads on loopback sockets, real sealing: the watcher hears the owner, stays
+    //! quiet while it lives, reports it silent once its thread is gone, and drops what is
+    //! forged, replayed or from a stranger. Waits are bounded; nothing asserts a duration.
+
+    use std::net::{Ipv4Addr, UdpSocket as StdUdpSocket};
+    use std::sync::Arc;
+
+    use prometheus_client::registry::Registry;
+    use smol_str::SmolStr;
+
+    use super::*;
+
+    const KEY: [u8; 32] = [7; 32];
+
+    fn ring() -> KeyRing {
+        KeyRing::new("watch-test", &[KEY]).unwrap()
+    }
+
+    struct Node {
+        handle: WatchHandle,
+        events: WatchEvents,
+        identity: NodeIdentity,
+        registry: Registry,
+    }
+
+    /// A watch on a free loopback port; its gossip address (the directory's) is one below.
+    fn start(name: &str, directory: watch::Receiver<Directory>, watchers: &[&str]) -> Node {
+        let mut registry = Registry::default();
+        let metrics = WatchMetrics::register(&mut registry);
+        // A free port whose predecessor is not 0.
+        let probe = StdUdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = probe.local_addr().unwrap().port().max(2);
+        drop(probe);
+        let bind = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let identity = NodeIdentity {
+            node: SmolStr::new(name),
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port - 1)),
+            bump: 100,
+        };
+        let plan = Plan {
+            me: identity.clone(),
+            watchers: watchers.iter().map(|w| w.to_string()).collect(),
+            answering: true,
+            accused: BTreeMap::new(),
+        };
+        let knobs = Knobs::default();
+        let (handle, events) =
+            WatchHandle::start(knobs, bind, ring(), directory, plan, metrics).unwrap();
+        Node {
+            handle,
+            events,
+            identity,
+            registry,
+        }
+    }
+
+    fn metric(registry: &Registry, line_start: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(line_start))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    fn directory_of(nodes: &[&NodeIdentity]) -> Directory {
+        Arc::new(
+            nodes
+                .iter()
+                .map(|id| (id.node.to_string(), (*id).clone()))
+                .collect(),
+        )
+    }
+
+    /// Waits (bounded) for the first event `pick` accepts.
+    async fn first(events: &mut WatchEvents, pick: impl Fn(&Event) -> bool) -> Option<Event> {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(event) = events.recv().await {
+                if pick(&event) {
+                    return Some(event);
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watcher_hears_its_owner_and_reports_it_silent_once_it_is_gone() {
+        let (dir_tx, dir_rx) = watch::channel(Directory::default());
+        let owner = start("owner", dir_rx.clone(), &["watcher"]);
+        let mut watcher = start("watcher", dir_rx, &[]);
+        dir_tx.send_replace(directory_of(&[&owner.identity, &watcher.identity]));
+        // The owner's plan is re-sent so that it looks its watcher up in the new directory.
+        owner.handle.send(Command::Plan(Plan {
+            me: owner.identity.clone(),
+            watchers: vec!["watcher".into()],
+            answering: true,
+            accused: BTreeMap::new(),
+        }));
+
+        // Established: the watcher acknowledged and the owner went fast.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric(
+            &owner.registry,
+            "swimlb_owner_watch_received_total{type=\"ack\"}",
+        ) < 1.0
+        {
+            assert!(Instant::now() < deadline, "no acknowledgement");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Alive: half a second of fast heartbeats and no silence.
+        let quiet = tokio::time::timeout(Duration::from_millis(500), watcher.events.recv()).await;
+        assert!(quiet.is_err(), "an event while the owner lives: {quiet:?}");
+        let beats = metric(
+            &watcher.registry,
+            "swimlb_owner_watch_received_total{type=\"heartbeat\"}",
+        );
+        assert!(beats >= 5.0, "{beats} heartbeats in over half a second");
+        assert_eq!(
+            metric(&watcher.registry, "swimlb_owner_watch_dropped_total"),
+            0.0
+        );
+
+        // The owner's thread stops with its handle: the watcher reports it silent.
+        let owner_identity = owner.identity.clone();
+        drop(owner.handle);
+        let silent = first(&mut watcher.events, |e| matches!(e, Event::Silent { .. })).await;
+        match silent {
+            Some(Event::Silent { owner, .. }) => assert_eq!(owner, owner_identity),
+            other => panic!("no silence reported: {other:?}"),
+        }
+        // The second check ran and found nothing.
+        assert!(
+            metric(
+                &watcher.registry,
+                "swimlb_owner_watch_checks_total{result=\"silent\"}"
+            ) >= 1.0
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forged_replayed_and_stranger_datagrams_are_dropped_and_counted() {
+        let (dir_tx, dir_rx) = watch::channel(Directory::default());
+        let node = start("watcher", dir_rx, &[]);
+        let to = node.handle.local_addr();
+        let sender = StdUdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let sender_port = sender.local_addr().unwrap().port();
+        let stranger = NodeIdentity {
+            node: SmolStr::new("stranger"),
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, sender_port - 1)),
+            bump: 5,
+        };
+        let mut payload = [0u8; heartbeat::MAX_LEN];
+        let beat = WatchMessage::Heartbeat {
+            incarnation: 5,
+            seq: 1,
+            interval_ms: 20,
+        };
+        let len = beat.emit(&mut payload).unwrap();
+        let seal = |ring: &KeyRing, stream: &mut SealStream| {
+            let mut out = Vec::new();
+            ring.seal_in(stream, None, &payload[..len], &mut out)
+                .unwrap();
+            out
+        };
+        let mut stream = SealStream::new(sender_id(sender.local_addr().unwrap()), 1).unwrap();
+        let wait_for = |what: &str, want: f64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while metric(&node.registry, what) < want {
+                assert!(Instant::now() < deadline, "{what} never reached {want}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+
+        // Not in the directory yet: a stranger.
+        let first = seal(&ring(), &mut stream);
+        sender.send_to(&first, to).unwrap();
+        wait_for(
+            "swimlb_owner_watch_dropped_total{reason=\"unknown_sender\"}",
+            1.0,
+        );
+        // Sealed with another key.
+        let other = KeyRing::new("watch-test", &[[9; 32]]).unwrap();
+        sender.send_to(&seal(&other, &mut stream), to).unwrap();
+        wait_for(
+            "swimlb_owner_watch_dropped_total{reason=\"unauthentic\"}",
+            1.0,
+        );
+        // Garbage.
+        sender.send_to(b"not an envelope", to).unwrap();
+        wait_for(
+            "swimlb_owner_watch_dropped_total{reason=\"unauthentic\"}",
+            2.0,
+        );
+        // A member now: its heartbeat is heard (and armed a detector); the same envelope again
+        // is a replay.
+        dir_tx.send_replace(directory_of(&[&stranger]));
+        let fresh = seal(&ring(), &mut stream);
+        // The directory reaches the thread asynchronously: resend fresh envelopes until one is
+        // admitted.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = fresh;
+        loop {
+            sender.send_to(&last, to).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            if metric(
+                &node.registry,
+                "swimlb_owner_watch_received_total{type=\"heartbeat\"}",
+            ) >= 1.0
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never admitted");
+            last = seal(&ring(), &mut stream);
+        }
+        sender.send_to(&last, to).unwrap();
+        wait_for("swimlb_owner_watch_dropped_total{reason=\"replay\"}", 1.0);
+        assert_eq!(
+            metric(
+                &node.registry,
+                "swimlb_owner_watch_received_total{type=\"heartbeat\"}"
+            ),
+            1.0,
+            "the replay was not heard"
+        );
+    }
 }
