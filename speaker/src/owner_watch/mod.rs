@@ -156,11 +156,19 @@ pub fn false_suspicions_per_hour(knobs: &Knobs, path_loss: f64) -> f64 {
     beats_per_hour * path_loss.powi(knobs.misses as i32)
 }
 
-/// The chance that the quick second check misses a live owner at `path_loss` per path: the
-/// direct poll fails (poll or reply lost: two paths) and the relayed one fails too (four paths).
+/// The chance that the quick second check misses a live owner at `path_loss` per path: in each
+/// of its [`service::CHECK_ROUNDS`] rounds the direct poll fails (poll or reply lost: two paths)
+/// and the relayed one fails too (four paths).
 pub fn second_check_miss(path_loss: f64) -> f64 {
     let through = |paths: i32| 1.0 - (1.0 - path_loss).powi(paths);
-    through(2) * through(4)
+    (through(2) * through(4)).powi(service::CHECK_ROUNDS as i32)
+}
+
+/// Expected false takeovers per hour per watched pair at `path_loss`: a silence
+/// ([`false_suspicions_per_hour`]) that the second check misses too ([`second_check_miss`]).
+/// Each is refuted (the owner answers the claim) and undone within milliseconds.
+pub fn false_takeovers_per_hour(knobs: &Knobs, path_loss: f64) -> f64 {
+    false_suspicions_per_hour(knobs, path_loss) * second_check_miss(path_loss)
 }
 
 /// Datagrams per second on one watched pair, both directions, once established: heartbeats at
@@ -537,8 +545,10 @@ mod tests {
         // 10 % per path (5 % per link), M = 5: 180,000 beats an hour * 1e-5.
         assert!((path_loss(0.05) - 0.0975).abs() < 1e-12);
         assert!((false_suspicions_per_hour(&k, 0.1) - 1.8).abs() < 1e-9);
-        // A suspicion becomes a false takeover only if the second check misses too.
-        assert!(second_check_miss(0.1) < 0.1);
+        // A suspicion becomes a false takeover only if the second check misses too: two rounds
+        // at 10 % per path, 0.4 %.
+        assert!((second_check_miss(0.1) - 0.00426).abs() < 1e-4);
+        assert!(false_takeovers_per_hour(&k, 0.1) < 0.01);
         let off = Knobs {
             enabled: false,
             ..k
