@@ -119,8 +119,8 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
     let _ = writeln!(out, "{}", owner_watch_line(&timing.owner_watch));
     let members = members(config);
     let estimate = FailoverEstimate::of(timing, members);
-    let node_failure = format!(
-        "on a node failure about {} ({} until probed + {} probe + {} suspicion + {} gossip round, {} profile, {} member(s))",
+    let gossip_alone = format!(
+        "{} ({} until probed + {} probe + {} suspicion + {} gossip round, {} profile, {} member(s))",
         format_duration(estimate.node_failure()),
         format_duration(estimate.until_probed),
         format_duration(estimate.probe),
@@ -129,6 +129,14 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
         config.gossip.profile.as_str(),
         members,
     );
+    let node_failure = if timing.owner_watch.enabled {
+        format!(
+            "on a node failure at most {} by the owner watch (the gossip alone: about {gossip_alone})",
+            format_duration(crate::owner_watch::worst_case_detection(&timing.owner_watch)),
+        )
+    } else {
+        format!("on a node failure about {gossip_alone}")
+    };
     for group in &config.groups {
         let list: Vec<String> = group.addresses.iter().map(ToString::to_string).collect();
         let _ = writeln!(
@@ -213,7 +221,7 @@ mod tests {
         assert!(text.contains("check lb (tcp localhost:9443): every 1s, timeout 900ms, rise 1, fall 2, +20 while passing; detects a failure in at most 2.9s"), "{text}");
         assert!(text.contains("check be (exec /bin/true): every 2s, timeout 2s, rise 1, fall 3, failure makes the node ineligible; detects a failure in at most 8s"), "{text}");
         assert!(
-            text.contains("expected failover (estimate): on a node failure about 330ms (80ms until probed + 80ms probe + 150ms suspicion + 20ms gossip round, fast profile, 1 member(s)); on a failing check about 8.02s (8s + 20ms gossip round)"),
+            text.contains("expected failover (estimate): on a node failure at most 110ms by the owner watch (the gossip alone: about 330ms (80ms until probed + 80ms probe + 150ms suspicion + 20ms gossip round, fast profile, 1 member(s))); on a failing check about 8.02s (8s + 20ms gossip round)"),
             "{text}"
         );
         assert!(
