@@ -306,7 +306,11 @@ impl SwimlbDaemons {
             dir,
             children: vec![None; lab.nodes.len() + 1],
             exits: vec![None; lab.nodes.len() + 1],
-            extra: String::new(),
+            // For A/B runs: `SWIMLB_LAB_GOSSIP='{ownerWatch: false}'` is every node's gossip
+            // section.
+            extra: std::env::var("SWIMLB_LAB_GOSSIP")
+                .map(|gossip| format!("gossip: {gossip}\n"))
+                .unwrap_or_default(),
             group_extra: std::collections::BTreeMap::new(),
             cluster: None,
         })

@@ -405,8 +405,10 @@ impl Daemon {
                     // Alive in the gossip in the accused incarnation all along.
                     self.unaccuse(&node, "lapsed").await;
                 } else {
-                    // Renewed (the gossip declared it down and it came back).
+                    // Renewed (the gossip declared it down and it came back): elect with its
+                    // new record.
                     self.confirmed(&node);
+                    self.reinstate(&node).await;
                 }
             }
         }
@@ -576,6 +578,11 @@ impl Daemon {
         {
             watch.metrics().takeover("refuted");
         }
+        self.reinstate(node).await;
+    }
+
+    /// The engine elects with `node` again, from its current record (none: it is gone).
+    async fn reinstate(&mut self, node: &str) {
         let record = self.live.borrow().get(node).cloned();
         let actions = self.engine.handle(
             Instant::now(),
@@ -666,15 +673,22 @@ impl Daemon {
                 let record = self.live.borrow().get(&node).cloned();
                 self.board.member(&node, record.as_ref());
                 self.plan_dirty = true;
-                match (
-                    &change_kind(joined, record.is_some()),
-                    self.accused.contains_key(&node),
-                ) {
-                    // Down, or back under a new identity: what the watch said.
-                    (ChangeKind::Down | ChangeKind::Up, true) => self.confirmed(&node),
-                    // Still accused: the engine keeps electing without it.
-                    (ChangeKind::Meta, true) => return true,
-                    (_, false) => {}
+                if let Some(incarnation) = self.accused.get(&node).map(|a| a.incarnation) {
+                    // A renewed member (down and back: foca may rename it without a down
+                    // seen here) re-gossips its record: a `Meta`.
+                    let renewed = self
+                        .gossip
+                        .directory()
+                        .borrow()
+                        .get(&node)
+                        .is_none_or(|id| id.bump != incarnation);
+                    match change_kind(joined, record.is_some()) {
+                        // Down, or back under a new identity: what the watch said.
+                        ChangeKind::Down | ChangeKind::Up => self.confirmed(&node),
+                        ChangeKind::Meta if renewed => self.confirmed(&node),
+                        // Still accused: the engine keeps electing without it.
+                        ChangeKind::Meta => return true,
+                    }
                 }
                 Input::Member {
                     node,
