@@ -25,6 +25,8 @@
 //! - [`prometheus_lab`]: a real Prometheus server scraping the lab, for the dashboard's queries.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
 //! - [`rbac`]: Kubernetes RBAC evaluated over the fake API server's request log.
+//! - [`scrape`]: figures read out of a `/metrics` answer: samples, counters by label, a
+//!   histogram's quantile from its buckets.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
@@ -46,5 +48,6 @@ pub mod probe;
 pub mod prometheus_lab;
 pub mod promtool;
 pub mod rbac;
+pub mod scrape;
 pub mod sim;
 pub mod soak;

@@ -105,36 +105,14 @@ pub fn families(text: &str) -> BTreeMap<String, Exposed> {
     out
 }
 
-/// The label names of one sample line.
+/// The label names of one sample line (none when its labels do not parse).
 fn label_names(line: &str) -> Vec<String> {
     let Some(start) = line.find('{') else {
         return Vec::new();
     };
-    let mut names = Vec::new();
-    let mut chars = line[start + 1..].chars();
-    let mut name = String::new();
-    while let Some(c) = chars.next() {
-        match c {
-            '}' => break,
-            '=' => {
-                names.push(std::mem::take(&mut name));
-                // Skip the quoted value.
-                let _ = chars.next();
-                let mut escaped = false;
-                for v in chars.by_ref() {
-                    match (escaped, v) {
-                        (true, _) => escaped = false,
-                        (false, '\\') => escaped = true,
-                        (false, '"') => break,
-                        _ => {}
-                    }
-                }
-            }
-            ',' | ' ' => {}
-            c => name.push(c),
-        }
-    }
-    names
+    crate::scrape::labels(&line[start + 1..])
+        .map(|(labels, _)| labels.into_iter().map(|(name, _)| name).collect())
+        .unwrap_or_default()
 }
 
 /// Whether the families `component` (`standalone`, `kubernetes` or `controller`) exposes are

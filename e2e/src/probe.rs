@@ -8,6 +8,7 @@
 //! Failover time is measured as DESIGN.md defines it: from the fault to the first answer from a
 //! node other than the old owner.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -285,6 +286,41 @@ pub struct ArpClaim {
     pub reply: bool,
 }
 
+/// The client's ARP request for `ip` (broadcast, or unicast to `to`), as its kernel would send
+/// it: its own MAC and address, so the nodes learn nothing new of the client.
+fn arp_request(ip: Ipv4Addr, to: Option<[u8; 6]>) -> Result<Vec<u8>> {
+    let request = ArpRepr {
+        operation: ArpOperation::Request,
+        sender_mac: MacAddr(0x02, 0, 0, 0, 0, 0xfe),
+        sender_ip: crate::netns::CLIENT_V4,
+        target_mac: MacAddr(0, 0, 0, 0, 0, 0),
+        target_ip: ip,
+    };
+    let mut frame = vec![0u8; request.frame_len()];
+    request
+        .emit_frame(&mut frame)
+        .context("building the ARP request")?;
+    if let Some(dst) = to {
+        frame[..6].copy_from_slice(&dst);
+    }
+    Ok(frame)
+}
+
+/// The claim `bytes` makes on `ip`: its sender's MAC and whether it is a reply, for an ARP reply
+/// or a gratuitous ARP from `ip`; `None` for any other frame.
+fn arp_claim(bytes: &[u8], ip: Ipv4Addr) -> Option<([u8; 6], ArpOperation)> {
+    match Frame::parse(bytes) {
+        Ok(Frame::Arp { arp, .. })
+            if arp.sender_ip == ip
+                && (arp.operation == ArpOperation::Reply || arp.is_gratuitous()) =>
+        {
+            let m = arp.sender_mac;
+            Some(([m.0, m.1, m.2, m.3, m.4, m.5], arp.operation))
+        }
+        _ => None,
+    }
+}
+
 /// Sends `requests` ARP requests for `ip` from `netns`'s `eth0`, `interval` apart (broadcast, or
 /// unicast to `to`), and returns every frame that claimed `ip` (replies, gratuitous ARP) until
 /// `interval` after the last request.
@@ -297,21 +333,7 @@ pub fn arp_claims(
 ) -> Result<Vec<ArpClaim>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let setup = || open_eth0(Duration::from_millis(5));
-    let client_mac = MacAddr(0x02, 0, 0, 0, 0, 0xfe);
-    let request = ArpRepr {
-        operation: ArpOperation::Request,
-        sender_mac: client_mac,
-        sender_ip: crate::netns::CLIENT_V4,
-        target_mac: MacAddr(0, 0, 0, 0, 0, 0),
-        target_ip: ip,
-    };
-    let mut frame = vec![0u8; request.frame_len()];
-    request
-        .emit_frame(&mut frame)
-        .context("building the ARP request")?;
-    if let Some(dst) = to {
-        frame[..6].copy_from_slice(&dst);
-    }
+    let frame = arp_request(ip, to)?;
     let thread = spawn_in(netns, "arp-claims", setup, move |mut channel| {
         let mut claims = Vec::new();
         let start = Instant::now();
@@ -325,15 +347,11 @@ pub fn arp_claims(
             let Ok(bytes) = channel.rx.next() else {
                 continue;
             };
-            if let Ok(Frame::Arp { arp, .. }) = Frame::parse(bytes)
-                && arp.sender_ip == ip
-                && (arp.operation == ArpOperation::Reply || arp.is_gratuitous())
-            {
-                let m = arp.sender_mac;
+            if let Some((mac, operation)) = arp_claim(bytes, ip) {
                 claims.push(ArpClaim {
                     at: start.elapsed(),
-                    mac: [m.0, m.1, m.2, m.3, m.4, m.5],
-                    reply: arp.operation == ArpOperation::Reply,
+                    mac,
+                    reply: operation == ArpOperation::Reply,
                 });
             }
         }
@@ -341,6 +359,90 @@ pub fn arp_claims(
     })?;
     let _ = thread.join();
     rx.recv().context("the ARP thread died")
+}
+
+/// The MACs that replied to one of an [`ArpAsker`]'s requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArpAnswers {
+    /// When the request was sent, since the asker started.
+    pub at: Duration,
+    /// Every distinct MAC whose reply for the address arrived after this request and before
+    /// the next one (gratuitous ARP is not a reply).
+    pub macs: BTreeSet<[u8; 6]>,
+}
+
+/// Asks "who has" an address by ARP from the client, periodically, in the background, and
+/// records who replied to each request.
+#[derive(Debug)]
+pub struct ArpAsker {
+    worker: Worker,
+    log: Arc<Mutex<Vec<ArpAnswers>>>,
+}
+
+impl ArpAsker {
+    /// Starts broadcasting an ARP request for `ip` from `netns`'s `eth0` every `interval`, at
+    /// most `requests` times (then it only listens until stopped). A reply is put down to the
+    /// latest request: one slower than `interval` counts for the next.
+    pub fn start(
+        netns: &str,
+        ip: Ipv4Addr,
+        interval: Duration,
+        requests: usize,
+    ) -> Result<ArpAsker> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<ArpAnswers>>> = Arc::default();
+        let (flag, answers) = (stop.clone(), log.clone());
+        let frame = arp_request(ip, None)?;
+        let setup = || open_eth0(Duration::from_millis(5));
+        let handle = spawn_in(netns, "arp-asker", setup, move |mut channel| {
+            let start = Instant::now();
+            let mut sent = 0;
+            while !flag.load(Ordering::Relaxed) {
+                if sent < requests && Instant::now() >= start + interval * sent as u32 {
+                    let at = start.elapsed();
+                    // A send error is a request nobody answered, not a stop.
+                    let _ = channel.tx.send_to(&frame, None);
+                    answers.lock().expect("ARP log").push(ArpAnswers {
+                        at,
+                        macs: BTreeSet::new(),
+                    });
+                    sent += 1;
+                }
+                let Ok(bytes) = channel.rx.next() else {
+                    continue;
+                };
+                if let Some((mac, ArpOperation::Reply)) = arp_claim(bytes, ip)
+                    && let Some(latest) = answers.lock().expect("ARP log").last_mut()
+                {
+                    latest.macs.insert(mac);
+                }
+            }
+        })?;
+        Ok(ArpAsker {
+            worker: Worker {
+                stop,
+                handle: Some(handle),
+            },
+            log,
+        })
+    }
+
+    /// Stops asking and returns every request's answers, in order.
+    pub fn stop(self) -> Vec<ArpAnswers> {
+        self.worker.stop();
+        std::mem::take(&mut *self.log.lock().expect("ARP log"))
+    }
+}
+
+/// How many distinct whole seconds (counted from the asker's start) hold a request that two or
+/// more different MACs replied to: seconds in which the address had two owners.
+pub fn dual_answer_seconds(answers: &[ArpAnswers]) -> usize {
+    answers
+        .iter()
+        .filter(|a| a.macs.len() >= 2)
+        .map(|a| a.at.as_secs())
+        .collect::<BTreeSet<u64>>()
+        .len()
 }
 
 /// What one fault cost, from the probe records.
@@ -430,5 +532,35 @@ mod tests {
         ];
         assert_eq!(failover(&records, t0, "node1"), None);
         assert_eq!(owner_changes(&records), 0);
+    }
+
+    fn asked(at_ms: u64, macs: &[u8]) -> ArpAnswers {
+        ArpAnswers {
+            at: Duration::from_millis(at_ms),
+            macs: macs.iter().map(|&m| [2, 0, 0, 0, 0, m]).collect(),
+        }
+    }
+
+    #[test]
+    fn a_second_is_dual_when_a_request_in_it_got_two_macs() {
+        let answers = vec![
+            asked(0, &[1]),
+            asked(100, &[1, 2]),
+            // Same second again: still one second.
+            asked(900, &[1, 2]),
+            asked(1000, &[2]),
+            asked(1100, &[]),
+            // Three MACs count as dual too.
+            asked(2999, &[1, 2, 3]),
+            asked(3000, &[1]),
+        ];
+        assert_eq!(dual_answer_seconds(&answers), 2);
+    }
+
+    #[test]
+    fn one_mac_per_request_is_never_dual_even_if_it_changes() {
+        let answers = vec![asked(0, &[1]), asked(100, &[2]), asked(200, &[1])];
+        assert_eq!(dual_answer_seconds(&answers), 0);
+        assert_eq!(dual_answer_seconds(&[]), 0);
     }
 }

@@ -2,9 +2,12 @@
 //! costs at rest.
 //!
 //! N nodes run swimlb (or keepalived, for comparison), optionally with random loss on every link and with a flood of non-ARP
-//! frames at one node; the client probes the VIP the whole time. The report counts owner changes
-//! (each one a false failover), lost probes, and each speaker's resident memory and CPU use,
-//! read from `/proc` over the run.
+//! frames at one node; the client probes the VIP the whole time and asks who has it by ARP every
+//! 100 ms. The report counts owner changes (each one a false failover), lost probes, the seconds
+//! in which two MACs answered ARP for the VIP, and each speaker's resident memory and CPU use,
+//! read from `/proc` over the run. For swimlb it adds what the owner watch did over the run,
+//! from the speakers' `/metrics`: its takeovers, confirmed or refuted, and how late its timers
+//! fired (the p99).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,10 +16,20 @@ use anyhow::Result;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::failover::{Daemons, Implementation};
+use crate::failover::{Daemons, HTTP_PORT, Implementation};
 use crate::flood::{Flood, FloodKind};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober};
+use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
+use crate::scrape::{self, Sample};
+
+/// How often the client asks who has the VIP by ARP.
+pub const ARP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The owner watch's takeovers counter, as scraped.
+const TAKEOVERS: &str = "swimlb_owner_watch_takeovers_total";
+
+/// The owner watch's timer lateness histogram (seconds).
+const LATENESS: &str = "swimlb_owner_watch_timer_lateness_seconds";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -44,6 +57,15 @@ pub struct SpeakerCost {
     pub cpu_percent: f64,
 }
 
+/// The owner watch's takeovers over the run, summed over the speakers, by how they ended.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Takeovers {
+    /// The gossip confirmed the owner down.
+    pub confirmed: u64,
+    /// The owner was alive: it refuted the takeover.
+    pub refuted: u64,
+}
+
 /// The report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
@@ -64,8 +86,26 @@ pub struct Report {
     pub probes: usize,
     /// Probes without an answer.
     pub lost_probes: usize,
-    /// Owner changes (false failovers: there was no fault).
+    /// Owner changes (false failovers: there was no fault). Kept for older readers of the
+    /// JSON: always equal to `false_failovers`.
     pub owner_changes: usize,
+    /// Owner changes, each one a false failover (there was no fault).
+    pub false_failovers: usize,
+    /// ARP requests for the VIP the client sent.
+    pub arp_requests: usize,
+    /// Distinct whole seconds of the run in which one ARP request for the VIP got replies from
+    /// two different MACs.
+    pub dual_answer_s: usize,
+    /// The owner watch's takeovers over the run, summed over the speakers (zeros for
+    /// keepalived, which has none).
+    pub takeovers: Takeovers,
+    /// The p99 of how late the owner watch's timers fired over the run, all speakers' buckets
+    /// summed, ms: the upper bound of the bucket that holds it (the largest finite bound when
+    /// only `+Inf` does). `None` for keepalived, or with no observation.
+    pub timer_lateness_ms: Option<f64>,
+    /// Speakers whose `/metrics` could not be read at the start or at the end of the run (their
+    /// takeovers and lateness are missing from the figures above).
+    pub metrics_unread: Vec<String>,
     /// Per speaker.
     pub speakers: Vec<SpeakerCost>,
 }
@@ -74,7 +114,7 @@ impl Report {
     /// A few lines for the terminal.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "soak ({}): {} nodes, {}% loss, {:.0} s, flood {} fps at node1 ({} sent): {} probes, {} lost, {} owner changes (false failovers)\n",
+            "soak ({}): {} nodes, {}% loss, {:.0} s, flood {} fps at node1 ({} sent): {} probes, {} lost, {} owner changes (false failovers), {} s with two MACs answering ARP ({} requests), takeovers {} confirmed {} refuted, timer lateness p99 {}\n",
             self.implementation,
             self.nodes,
             self.loss,
@@ -83,8 +123,20 @@ impl Report {
             self.flood_sent,
             self.probes,
             self.lost_probes,
-            self.owner_changes
+            self.false_failovers,
+            self.dual_answer_s,
+            self.arp_requests,
+            self.takeovers.confirmed,
+            self.takeovers.refuted,
+            self.timer_lateness_ms
+                .map_or_else(|| "-".to_string(), |ms| format!("<= {ms:.2} ms")),
         );
+        if !self.metrics_unread.is_empty() {
+            s.push_str(&format!(
+                "  /metrics unread (not in the owner watch figures): {}\n",
+                self.metrics_unread.join(", ")
+            ));
+        }
         for c in &self.speakers {
             s.push_str(&format!(
                 "  {:<8} rss {:>6.1} MiB  cpu {:>5.2} % of a core\n",
@@ -112,6 +164,73 @@ pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
         .parse()
         .ok()?;
     Some((utime + stime, rss_kib))
+}
+
+/// Every node's `/metrics` answer read from the client, as samples, in node order (`None`: no
+/// answer in 3 tries; with `--loss` a lost SYN fails one attempt).
+fn scrape_nodes(lab: &Lab) -> Vec<Option<Vec<Sample>>> {
+    let nodes: Vec<SocketAddr> = lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+        .collect();
+    let count = nodes.len();
+    probe::in_netns(&lab.client_netns, move || {
+        nodes
+            .iter()
+            .map(|addr| {
+                (0..3)
+                    .find_map(|_| crate::demo::http_get(*addr, "/metrics"))
+                    .map(|text| scrape::samples(&text))
+            })
+            .collect()
+    })
+    .unwrap_or_else(|_| vec![None; count])
+}
+
+/// One speaker's `/metrics` samples at the start and at the end of the run (`None`: no answer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeakerMetrics {
+    /// Node name.
+    pub node: String,
+    /// At the start of the run.
+    pub before: Option<Vec<Sample>>,
+    /// At the end of the run.
+    pub after: Option<Vec<Sample>>,
+}
+
+/// What the owner watch did over the run, from each speaker's `/metrics`: the takeovers and the
+/// p99 of the timer lateness (ms), both summed over the speakers read at both ends, and the
+/// names of the others.
+pub fn watch_figures(speakers: &[SpeakerMetrics]) -> (Takeovers, Option<f64>, Vec<String>) {
+    let mut over_run: Vec<Sample> = Vec::new();
+    let mut unread = Vec::new();
+    for s in speakers {
+        match (&s.before, &s.after) {
+            (Some(before), Some(after)) => over_run.extend(scrape::since(before, after)),
+            _ => unread.push(s.node.clone()),
+        }
+    }
+    let count = |result: &str| scrape::sum(&over_run, TAKEOVERS, Some(("result", result))) as u64;
+    let takeovers = Takeovers {
+        confirmed: count("confirmed"),
+        refuted: count("refuted"),
+    };
+    let buckets = scrape::buckets(&over_run, LATENESS);
+    let p99 = scrape::quantile_bound(&buckets, 0.99).map(|bound| {
+        if bound.is_finite() {
+            bound
+        } else {
+            // Only `+Inf` holds it: say the largest finite bound, which it is at least.
+            buckets
+                .iter()
+                .map(|(b, _)| *b)
+                .filter(|b| b.is_finite())
+                .fold(0.0, f64::max)
+        }
+    });
+    // Whole microseconds: the bounds are 50 us x 2^k, and the product's last bits are noise.
+    (takeovers, p99.map(|s| (s * 1e6).round() / 1e3), unread)
 }
 
 /// Runs the soak with the daemons `make_daemons` starts in the lab.
@@ -145,6 +264,16 @@ pub fn run(
                 .map(|p| (lab.node(i).name.clone(), p))
         })
         .collect();
+    let swimlb = matches!(
+        options.implementation,
+        Implementation::Swimlb | Implementation::SwimlbKubernetes
+    );
+    // Read before the CPU use is, so that the speakers' answers are not counted in it.
+    let metrics_before = if swimlb {
+        scrape_nodes(&lab)
+    } else {
+        Vec::new()
+    };
     let before: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
     let flooder = if options.flood_pps > 0 {
         Some(Flood::start(
@@ -156,11 +285,31 @@ pub fn run(
     } else {
         None
     };
+    let requests = usize::try_from(options.duration.as_millis() / ARP_INTERVAL.as_millis())
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let asker = ArpAsker::start(&lab.client_netns, netns::vip_v4(0), ARP_INTERVAL, requests)?;
     let skip = prober.snapshot().len();
     let started = Instant::now();
     std::thread::sleep(options.duration);
     let elapsed = started.elapsed();
+    let arp_answers = asker.stop();
     let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
+    let (takeovers, timer_lateness_ms, metrics_unread) = if swimlb {
+        let names = lab.nodes.iter().map(|n| n.name.clone());
+        let scrapes: Vec<_> = names
+            .zip(metrics_before)
+            .zip(scrape_nodes(&lab))
+            .map(|((node, before), after)| SpeakerMetrics {
+                node,
+                before,
+                after,
+            })
+            .collect();
+        watch_figures(&scrapes)
+    } else {
+        (Takeovers::default(), None, Vec::new())
+    };
     let flood_sent = flooder.map_or(0, Flood::stop);
     let records = prober.stop();
     // The newest probes may still be in flight.
@@ -182,6 +331,7 @@ pub fn run(
         .collect();
     drop(workers);
     lab.teardown();
+    let owner_changes = probe::owner_changes(watched);
     Ok(Report {
         implementation: options.implementation.as_str(),
         nodes: options.nodes,
@@ -191,7 +341,13 @@ pub fn run(
         flood_sent,
         probes: watched.len(),
         lost_probes: watched.iter().filter(|r| r.answer.is_none()).count(),
-        owner_changes: probe::owner_changes(watched),
+        owner_changes,
+        false_failovers: owner_changes,
+        arp_requests: arp_answers.len(),
+        dual_answer_s: probe::dual_answer_seconds(&arp_answers),
+        takeovers,
+        timer_lateness_ms,
+        metrics_unread,
         speakers,
     })
 }
@@ -205,5 +361,67 @@ mod tests {
         let (_, rss_kib) = proc_usage(std::process::id()).unwrap();
         assert!(rss_kib > 0);
         assert_eq!(proc_usage(u32::MAX), None);
+    }
+
+    /// A speaker's owner watch series: its takeovers and its lateness buckets (0.1, 0.2, 0.4 ms).
+    fn watch(confirmed: u64, refuted: u64, buckets: [u64; 3]) -> Option<Vec<Sample>> {
+        let [a, b, c] = buckets;
+        Some(scrape::samples(&format!(
+            "swimlb_owner_watch_takeovers_total{{result=\"confirmed\"}} {confirmed}\n\
+             swimlb_owner_watch_takeovers_total{{result=\"refuted\"}} {refuted}\n\
+             swimlb_owner_watch_timer_lateness_seconds_bucket{{le=\"0.0001\"}} {a}\n\
+             swimlb_owner_watch_timer_lateness_seconds_bucket{{le=\"0.0002\"}} {b}\n\
+             swimlb_owner_watch_timer_lateness_seconds_bucket{{le=\"0.0004\"}} {c}\n\
+             swimlb_owner_watch_timer_lateness_seconds_bucket{{le=\"+Inf\"}} {c}\n"
+        )))
+    }
+
+    fn speaker(
+        node: &str,
+        before: Option<Vec<Sample>>,
+        after: Option<Vec<Sample>>,
+    ) -> SpeakerMetrics {
+        SpeakerMetrics {
+            node: node.to_string(),
+            before,
+            after,
+        }
+    }
+
+    #[test]
+    fn the_watch_figures_count_the_run_only_summed_over_the_speakers_read_twice() {
+        let speakers = vec![
+            // Before the run: one takeover at start-up and 1000 timers, none counted.
+            speaker(
+                "node1",
+                watch(1, 0, [1000, 1000, 1000]),
+                watch(1, 2, [1090, 1098, 1100]),
+            ),
+            speaker("node2", watch(0, 0, [0; 3]), watch(1, 0, [50, 60, 100])),
+            speaker("node3", watch(0, 0, [0; 3]), None),
+        ];
+        let (takeovers, p99, unread) = watch_figures(&speakers);
+        assert_eq!(
+            takeovers,
+            Takeovers {
+                confirmed: 1,
+                refuted: 2
+            }
+        );
+        // 200 timers over the run, 158 within 0.2 ms: the 198th is in the 0.4 ms bucket.
+        assert_eq!(p99, Some(0.4));
+        assert_eq!(unread, ["node3"]);
+    }
+
+    #[test]
+    fn no_timer_no_lateness_and_the_inf_bucket_says_the_largest_finite_bound() {
+        let idle = vec![speaker("node1", watch(0, 0, [0; 3]), watch(0, 0, [0; 3]))];
+        assert_eq!(watch_figures(&idle).1, None);
+        let late = scrape::samples(
+            "swimlb_owner_watch_timer_lateness_seconds_bucket{le=\"0.8192\"} 1\n\
+             swimlb_owner_watch_timer_lateness_seconds_bucket{le=\"+Inf\"} 100\n",
+        );
+        let late = vec![speaker("node1", Some(Vec::new()), Some(late))];
+        assert_eq!(watch_figures(&late).1, Some(819.2));
     }
 }
