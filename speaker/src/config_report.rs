@@ -132,7 +132,9 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
     let node_failure = if timing.owner_watch.enabled {
         format!(
             "on a node failure at most {} by the owner watch (the gossip alone: about {gossip_alone})",
-            format_duration(crate::owner_watch::worst_case_detection(&timing.owner_watch)),
+            format_duration(crate::owner_watch::worst_case_detection(
+                &timing.owner_watch
+            )),
         )
     } else {
         format!("on a node failure about {gossip_alone}")
