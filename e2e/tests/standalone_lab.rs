@@ -224,30 +224,38 @@ impl Running {
 
     /// Each node's `swimlb_conflicts` counter, from its `/metrics` (`None`: no answer).
     fn conflicts_counted(&self) -> Vec<Option<u64>> {
+        self.metric_per_node("swimlb_conflicts")
+            .into_iter()
+            .map(|v| v.map(|v| v as u64))
+            .collect()
+    }
+
+    /// Per node, the sum of the samples of `/metrics` whose line starts with `prefix` (`None`:
+    /// no answer, or no such sample).
+    fn metric_per_node(&self, prefix: &str) -> Vec<Option<f64>> {
         let nodes: Vec<SocketAddr> = self
             .lab
             .nodes
             .iter()
             .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
             .collect();
+        let prefix = prefix.to_string();
         in_netns(&self.lab.client_netns, move || {
             nodes
                 .iter()
                 .map(|addr| {
                     let body = http_get(*addr, "/metrics")?;
-                    body.lines()
-                        .find(|l| l.starts_with("swimlb_conflicts"))?
-                        .split_whitespace()
-                        .last()?
-                        .parse()
-                        .ok()
+                    let values: Vec<f64> = body
+                        .lines()
+                        .filter(|l| l.starts_with(prefix.as_str()))
+                        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+                        .collect();
+                    (!values.is_empty()).then(|| values.iter().sum())
                 })
                 .collect()
         })
     }
 
-    /// Each node's view from its `/status`: the VIP's owner and how many members it sees
-    /// (`None`: no answer).
     fn views(&self) -> Vec<Option<(Option<String>, usize)>> {
         let nodes: Vec<SocketAddr> = self
             .lab
@@ -720,6 +728,83 @@ fn a_healed_partition_ends_with_exactly_one_node_answering_arp_for_the_vip() {
             );
         }
     }
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_false_takeover_is_refuted_and_the_live_owner_keeps_its_vip() {
+    let _one = one_lab("false takeover");
+    let mut run = Running::start(14, |_, _| {});
+    let v4 = netns::vip_v4(0);
+    let (prober, owner) = run.probe_until_steady(IpAddr::V4(v4));
+    let index = run.index_of(&owner);
+    // The owner's watch port goes deaf and mute for 400 ms while its gossip and its answers go
+    // on: its watcher finds it silent, the second check fails, the watcher takes the VIP over
+    // and claims it; the owner never hears the claim. Then the owner's heartbeats arrive again.
+    let owner_netns = run.lab.node(index).netns.clone();
+    let rules = "table inet swimlb_lab_watch {\n  chain in { type filter hook input priority -300; udp dport 7947 drop; }\n  chain out { type filter hook output priority -300; udp sport 7947 drop; }\n}\n";
+    netns::nft_apply(&owner_netns, rules).expect("nft");
+    std::thread::sleep(Duration::from_millis(400));
+    let _ = run.lab.run_in(
+        &owner_netns,
+        "nft",
+        &["delete", "table", "inet", "swimlb_lab_watch"],
+    );
+    let restored = Instant::now();
+    // The watcher counts a refuted takeover.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refuted = loop {
+        let counts = run.metric_per_node("swimlb_owner_watch_takeovers_total{result=\"refuted\"}");
+        if let Some(i) = counts.iter().position(|c| c.is_some_and(|c| c >= 1.0)) {
+            break run.lab.nodes[i].name.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no node counted a refuted takeover: {counts:?}\n{}",
+            run.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(refuted, owner, "the owner cannot take over from itself");
+    // One owner again: the live owner, named by every speaker (the other members' accusations
+    // made on the claim lapse after 5 s) and alone answering ARP.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match run.agreed_owner() {
+            Ok(agreed) if agreed == owner => break,
+            seen => assert!(
+                Instant::now() < deadline,
+                "the speakers never agreed on {owner} again: {seen:?}\n{}",
+                run.logs()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let macs: BTreeSet<String> = arp_replies(&run.lab.client_netns, v4, None, 3)
+        .into_iter()
+        .collect();
+    assert_eq!(
+        macs,
+        BTreeSet::from([netns::mac_text(run.lab.node(index).mac)]),
+        "only {owner} answers ARP for the VIP\n{}",
+        run.logs()
+    );
+    // Nobody was declared down: the gossip never lost the owner.
+    let logs = run.logs();
+    assert!(!logs.contains("member down"), "a member went down\n{logs}");
+    let answered_by_others = prober
+        .snapshot()
+        .iter()
+        .filter(|r| r.sent >= restored + Duration::from_secs(1))
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, _)| *n != owner)
+        .count();
+    eprintln!(
+        "false takeover by {refuted}, refuted; probes answered by another node from 1 s after the port came back: {answered_by_others}"
+    );
+    assert_eq!(answered_by_others, 0, "{}", run.logs());
     drop(prober);
     run.lab.teardown();
 }
