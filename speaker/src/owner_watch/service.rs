@@ -50,7 +50,7 @@ use prometheus_client::registry::Registry;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use swimlb_proto::envelope::MAX_DATAGRAM_LEN;
-use swimlb_proto::heartbeat::{self, NodeRef};
+use swimlb_proto::heartbeat::{self, MessageType, NodeRef};
 use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
@@ -175,6 +175,15 @@ struct ResultLabel {
     result: &'static str,
 }
 
+/// Why a received watch datagram was dropped (`swimlb_owner_watch_dropped_total{reason}`).
+const DROP_REASONS: [&str; 5] = [
+    "unauthentic",
+    "unknown_sender",
+    "replay",
+    "malformed",
+    "stale",
+];
+
 /// The watch's metrics (cloning shares the series).
 #[derive(Debug, Clone)]
 pub struct WatchMetrics {
@@ -205,9 +214,33 @@ impl Default for WatchMetrics {
 }
 
 impl WatchMetrics {
-    /// Registers the series in `registry`.
+    /// Registers the series in `registry`, every label value at 0 (a family without series
+    /// would not be exposed at all).
     pub fn register(registry: &mut Registry) -> WatchMetrics {
         let m = WatchMetrics::default();
+        for r#type in [
+            MessageType::Heartbeat,
+            MessageType::Ack,
+            MessageType::Poll,
+            MessageType::PollReply,
+            MessageType::Relay,
+            MessageType::Claim,
+        ] {
+            let label = TypeLabel {
+                r#type: r#type.as_str(),
+            };
+            let _ = m.sent.get_or_create(&label);
+            let _ = m.received.get_or_create(&label);
+        }
+        for reason in DROP_REASONS {
+            let _ = m.dropped.get_or_create(&ReasonLabel { reason });
+        }
+        for result in ["vouched", "silent"] {
+            let _ = m.checks.get_or_create(&ResultLabel { result });
+        }
+        for result in ["confirmed", "refuted"] {
+            let _ = m.takeovers.get_or_create(&ResultLabel { result });
+        }
         registry.register(
             "swimlb_owner_watch_sent",
             "Owner watch datagrams sent, by type",
