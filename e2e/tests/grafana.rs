@@ -241,6 +241,9 @@ fn every_query_names_only_metrics_and_labels_of_the_readmes_table() {
         "swimlb_pool_addresses",
         "swimlb_pool_addresses_in_use",
         "swimlb_check_up",
+        "swimlb_owner_watch_takeovers_total",
+        "swimlb_owner_watch_checks_total",
+        "swimlb_owner_watch_timer_lateness_seconds",
     ] {
         assert!(used.contains(metric), "no panel shows {metric}");
     }
