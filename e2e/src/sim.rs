@@ -389,6 +389,8 @@ struct Watched {
     detector: Detector,
     checking: bool,
     vouches_without_beat: u32,
+    /// Heartbeats ignored as not newer since the last fresh one (for `SIM_DEBUG`).
+    old_seq: u32,
 }
 
 /// One member's watch thread.
@@ -746,7 +748,7 @@ impl WatchNet {
             }
             match w.detector.tick(now, planned) {
                 Verdict::Silent { since, incarnation } => {
-                    silent.push((*owner, incarnation, since));
+                    silent.push((*owner, incarnation, since, w.old_seq));
                 }
                 Verdict::Late { .. } => w.checking = false,
                 Verdict::Fine | Verdict::NotArmed => {}
@@ -793,7 +795,7 @@ impl WatchNet {
                 },
             ));
         }
-        for (owner, incarnation, since) in silent {
+        for (owner, incarnation, since, old_seq) in silent {
             let held = core
                 .member_identities()
                 .any(|id| id.node == self.names[owner] && id.bump == incarnation);
@@ -821,7 +823,7 @@ impl WatchNet {
                 eprintln!(
                     "t={now:?} refuted takeover: node {i} of node {owner} (incarnation \
                      {incarnation}), last heartbeat {:?} before; owner (paused, heartbeats \
-                     it): {heartbeats_it:?}",
+                     it): {heartbeats_it:?}; heartbeats ignored as old since: {old_seq}",
                     now - since
                 );
             }
@@ -861,14 +863,20 @@ impl WatchNet {
                     detector: Detector::new(&knobs, incarnation),
                     checking: false,
                     vouches_without_beat: 0,
+                    old_seq: 0,
                 });
                 match w.detector.heard(now, incarnation, seq, interval) {
                     Heard::Fresh { ack } => {
                         w.checking = false;
                         w.vouches_without_beat = 0;
+                        w.old_seq = 0;
                         ack.then_some((from, WatchMessage::Ack { incarnation }))
                     }
-                    Heard::StaleIncarnation | Heard::OldSeq => None,
+                    Heard::OldSeq => {
+                        w.old_seq += 1;
+                        None
+                    }
+                    Heard::StaleIncarnation => None,
                 }
             }
             WatchMessage::Ack { incarnation } => {
