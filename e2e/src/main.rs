@@ -194,6 +194,13 @@ struct SimArgs {
     /// or false, to compare with plain SWIM.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     lifeguard: bool,
+    /// The owner watch beside the gossip (issue 17): true (default) or false, for the gossip
+    /// alone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch: bool,
+    /// IPs each member owns, for the owner watch's successors.
+    #[arg(long, default_value_t = 10)]
+    ips_per_member: usize,
     /// Exit 1 unless in every run every member saw every member after the warm-up, crashes were
     /// measured, every crash was seen by every survivor within the cap, and no member was
     /// falsely declared down (correctness only, never a time).
@@ -569,26 +576,31 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     partition: args.partition.map(Duration::from_secs_f64),
                     slow: args.slow.map(Duration::from_millis),
                     pause: args.pause.map(Duration::from_millis),
+                    watch: args.watch.then(|| sim::WatchOptions {
+                        ips_per_member: args.ips_per_member,
+                        ..sim::WatchOptions::default()
+                    }),
                 };
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
                 println!("{}", sim::table_row(&report, started.elapsed()));
                 if let Some(p) = &report.partition {
                     println!(
-                        "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side",
+                        "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
                         p.cut_off,
                         report.nodes,
                         p.cut_s,
                         p.healed,
                         p.heal_ms,
                         p.downs_after_heal,
-                        p.cut_off_downs_after_heal
+                        p.cut_off_downs_after_heal,
+                        p.takeovers
                     );
                 }
                 for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
                     if let Some(st) = stall {
                         println!(
-                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}",
+                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}; watch takeovers of it {}",
                             st.stall_ms,
                             st.member,
                             st.stalls,
@@ -598,7 +610,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                             st.recover_ms.p50,
                             st.recover_ms.max,
                             st.unrecovered,
-                            st.max_health
+                            st.max_health,
+                            st.stalled_takeovers
                         );
                     }
                 }

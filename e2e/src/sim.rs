@@ -15,16 +15,30 @@
 //! it handles nothing for MS. Each stall is followed by up to 10 s of recovery. The report counts
 //! the downs of the *other* members (a stalled member must not accuse healthy ones) and how long
 //! after each stall every member held the stalled one alive and it held every member.
+//!
+//! Beside the gossip runs the owner watch of issue 17 ([`WatchNet`], unless `--watch false`):
+//! every member owns `--ips-per-member` IPs (10 by default), heartbeats the successors of its
+//! IPs with the speaker's `Schedule`, and its watchers run the speaker's `Detector` and second
+//! check, on the same clock, loss, delay, partitions, lag and pauses. A watcher's takeover of a
+//! member that runs in the accused incarnation and is not stalled is a refuted (false)
+//! takeover; of a crashed one, confirmed; of the `--slow` / `--pause` member during its stalls,
+//! counted apart (`stalled_takeovers`). The watch's datagrams count in the traffic.
 
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use swimlb_proto::KeyRing;
-use swimlb_speaker::gossip::simnet::{Links, SimNet};
+use swimlb_speaker::gossip::simnet::{Links, SimNet, Traffic};
 use swimlb_speaker::gossip::{
     Core, GossipMetrics, GossipSettings, Profile, SuspicionOutcome, Timing,
 };
-use swimlb_speaker::membership::{LiveChange, MemberMeta};
+use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
+use swimlb_speaker::owner_watch::service::MAX_WATCHERS;
+use swimlb_speaker::owner_watch::{Detector, Heard, Knobs, Schedule, Verdict};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -47,6 +61,26 @@ pub struct SimOptions {
     pub slow: Option<Duration>,
     /// After the crashes: one member stops entirely for this long, then resumes.
     pub pause: Option<Duration>,
+    /// The owner watch beside the gossip (`None`: gossip alone, as before issue 17).
+    pub watch: Option<WatchOptions>,
+}
+
+/// The owner watch in the simulation (see [`WatchNet`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WatchOptions {
+    /// IPs each member owns (at least 1).
+    pub ips_per_member: usize,
+    /// Interval and misses.
+    pub knobs: Knobs,
+}
+
+impl Default for WatchOptions {
+    fn default() -> WatchOptions {
+        WatchOptions {
+            ips_per_member: 10,
+            knobs: Knobs::default(),
+        }
+    }
 }
 
 /// Percentiles of the detection time, in milliseconds.
@@ -73,9 +107,10 @@ pub struct SimReport {
     pub detection_ms: Quantiles,
     /// MemberDown of members that were not crashed, summed over all observers.
     pub false_downs: u64,
-    /// Datagrams sent per member per second after warm-up.
+    /// Datagrams sent per member per second after warm-up, the gossip's and the owner watch's.
     pub packets_per_member_per_s: f64,
-    /// Sealed bytes sent per member per second after warm-up.
+    /// Sealed bytes of the gossip sent per member per second after warm-up (the watch's are
+    /// not modelled as bytes).
     pub bytes_per_member_per_s: f64,
     /// Crashes measured.
     pub crashes: usize,
@@ -92,6 +127,23 @@ pub struct SimReport {
     /// How the suspicions the members timed ended (Lifeguard), summed over the members running
     /// at the end (a crashed member's counts go with it).
     pub suspicions: SuspicionCounts,
+    /// Whether the owner watch ran beside the gossip.
+    pub watch: bool,
+    /// IPs each member owned (0 without the watch).
+    pub ips_per_member: usize,
+    /// Watch takeovers of a member that was running in the accused incarnation and not
+    /// stalled, outside the partition phase: false takeovers, each refuted by the accused.
+    pub refuted_takeovers: u64,
+    /// Watch takeovers of a crashed member (of an incarnation that no longer runs).
+    pub confirmed_takeovers: u64,
+    /// From a crash to the first watcher's takeover of the crashed member.
+    pub watch_detect_ms: Quantiles,
+    /// Crashes no watcher took over before every survivor's gossip had (not in
+    /// `watch_detect_ms`).
+    pub watch_undetected: usize,
+    /// Owner watch datagrams (heartbeats, acknowledgements, polls, relays, replies) sent per
+    /// member per second after warm-up; `packets_per_member_per_s` includes them.
+    pub watch_packets_per_member_per_s: f64,
     /// The partition phase, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionReport>,
@@ -137,6 +189,9 @@ pub struct StallReport {
     pub unrecovered: usize,
     /// The stalled member's highest local health score seen (sampled every 100 ms).
     pub max_health: i64,
+    /// Watch takeovers of the stalled member during the stalls and their recoveries, summed
+    /// over watchers (not counted as refuted: a stalled owner is silent).
+    pub stalled_takeovers: u64,
 }
 
 /// Stalls per `--slow` / `--pause` phase.
@@ -165,6 +220,9 @@ pub struct PartitionReport {
     /// side are down, so some are expected; they move nothing, because a renewed member is
     /// unsettled.
     pub cut_off_downs_after_heal: u64,
+    /// Watch takeovers of running members from the cut until 5 s after everyone saw everyone
+    /// (across the cut, mostly; not counted as refuted).
+    pub takeovers: u64,
 }
 
 const KEY: [u8; 32] = [7; 32];
@@ -206,6 +264,802 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// How a watch takeover ended, judged when it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeoverKind {
+    /// The accused incarnation no longer runs (crashed, or restarted as a newer one).
+    Confirmed,
+    /// The accused runs in that incarnation and was not stalled: a false takeover.
+    Refuted,
+    /// The accused is the member `--slow` / `--pause` stalls, during its stall phase.
+    Stalled,
+    /// The accused runs, during the partition phase.
+    Partitioned,
+}
+
+impl TakeoverKind {
+    /// A short, stable, lowercase name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TakeoverKind::Confirmed => "confirmed",
+            TakeoverKind::Refuted => "refuted",
+            TakeoverKind::Stalled => "stalled",
+            TakeoverKind::Partitioned => "partitioned",
+        }
+    }
+}
+
+/// One watcher's takeover of an owner it found silent after a failed second check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Takeover {
+    /// When.
+    pub at: Duration,
+    /// Who took over.
+    pub watcher: usize,
+    /// Whom it accused.
+    pub owner: usize,
+    /// The accused incarnation.
+    pub incarnation: u64,
+    /// How it ended.
+    pub kind: TakeoverKind,
+}
+
+/// How long a poll is waited for (the service's `POLL_WAIT`).
+const POLL_WAIT: Duration = Duration::from_millis(100);
+/// How often an idle watch looks whether its owner's view changed (the daemon's plan).
+const PLAN_PERIOD: Duration = Duration::from_millis(50);
+/// Successor candidates kept per IP, best first.
+const RANKED: usize = 8;
+
+/// The owner watch's messages in the model: their meaning, not their bytes (the envelope and
+/// the replay guard are the real service's and are not modelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WatchMessage {
+    Heartbeat {
+        incarnation: u64,
+        seq: u64,
+        interval: Duration,
+    },
+    Ack {
+        incarnation: u64,
+    },
+    Poll {
+        nonce: u64,
+        incarnation: u64,
+    },
+    PollReply {
+        nonce: u64,
+        alive: bool,
+    },
+    Relay {
+        nonce: u64,
+        target: usize,
+        incarnation: u64,
+    },
+}
+
+#[derive(Debug)]
+enum WatchEventKind {
+    Deliver {
+        to: usize,
+        from: usize,
+        message: WatchMessage,
+    },
+    Wake {
+        node: usize,
+        planned: Duration,
+    },
+}
+
+#[derive(Debug)]
+struct WatchEvent {
+    at: Duration,
+    seq: u64,
+    kind: WatchEventKind,
+}
+
+impl PartialEq for WatchEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.seq == other.seq
+    }
+}
+impl Eq for WatchEvent {}
+impl PartialOrd for WatchEvent {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for WatchEvent {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// A poll a watch sent, directly or for a requester (`answer_to`).
+#[derive(Debug)]
+struct PendingPoll {
+    target: usize,
+    answer_to: Option<(usize, u64)>,
+    expires: Duration,
+}
+
+/// A watched owner, as the service keeps it.
+#[derive(Debug)]
+struct Watched {
+    detector: Detector,
+    checking: bool,
+    vouches_without_beat: u32,
+    /// Heartbeats ignored as not newer since the last fresh one (for `SIM_DEBUG`).
+    old_seq: u32,
+}
+
+/// One member's watch thread.
+#[derive(Debug)]
+struct WatchNode {
+    /// The incarnation its heartbeats carry (its gossip identity's bump).
+    bump: u64,
+    schedules: BTreeMap<usize, Schedule>,
+    watched: BTreeMap<usize, Watched>,
+    polls: HashMap<u64, PendingPoll>,
+    /// When its pending wake-up fires.
+    wake: Option<Duration>,
+    /// The owner's view the plan was made from ([`Core::members_version`]).
+    planned_from: Option<u64>,
+    next_plan: Duration,
+    /// Woke later than `M x I`: sends no heartbeat and denies polls until a wake-up on time.
+    paused: bool,
+    rng: StdRng,
+}
+
+/// The owner watch of every member on the simulation's clock, beside a [`SimNet`]: its own
+/// event queue, loss and delay drawn as the [`SimNet`]'s are (the same [`Links`], an RNG of its
+/// own from the seed), the same partition groups, lag and pauses. Each member owns
+/// `ips_per_member` IPs; the successor of an IP is the member with the lowest hash of
+/// (member, IP) among the others the deciding member holds alive (a splitmix64 hash stands in
+/// for the election's sha256: the same uniform ranking, much cheaper). An owner heartbeats the
+/// [`MAX_WATCHERS`] most frequent successors of its IPs in its own view, with the speaker's
+/// [`Schedule`]; a watcher runs the speaker's [`Detector`] and the second check as
+/// `owner_watch::service` does (a direct poll and a relay through a random member, one interval
+/// before the deadline), and takes over at a silent verdict when its gossip still holds the
+/// owner in that incarnation and it succeeds the owner for at least one IP (the daemon's
+/// conditions). A watch that wakes more than `M x I` late pauses as the service does; it
+/// resumes at its first wake-up on time (the daemon waits until it heard the cluster again;
+/// this is a simplification).
+#[derive(Debug)]
+pub struct WatchNet {
+    knobs: Knobs,
+    ips: usize,
+    names: Vec<String>,
+    /// Per IP (`owner * ips + k`): the other members by hash, the first [`RANKED`].
+    ranked: Vec<[u32; RANKED]>,
+    nodes: Vec<Option<WatchNode>>,
+    sent: Vec<u64>,
+    events: BinaryHeap<WatchEvent>,
+    seq: u64,
+    rng: StdRng,
+    seed: u64,
+    takeovers: Vec<Takeover>,
+    /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
+    stalled: Option<usize>,
+    /// During the partition phase: takeovers of running members are
+    /// [`TakeoverKind::Partitioned`].
+    partitioned: bool,
+}
+
+/// splitmix64's finaliser.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The order key of `member` for IP `ip` (lowest succeeds first).
+fn rank_key(ip: usize, member: usize) -> u64 {
+    mix(mix(ip as u64) ^ member as u64)
+}
+
+impl WatchNet {
+    /// The watch of `n` members (none running yet), each owning `opts.ips_per_member` IPs.
+    pub fn new(n: usize, opts: &WatchOptions, seed: u64) -> WatchNet {
+        let ips = opts.ips_per_member.max(1);
+        let mut ranked = Vec::with_capacity(n * ips);
+        for owner in 0..n {
+            for k in 0..ips {
+                let ip = owner * ips + k;
+                let mut best = [(u64::MAX, u32::MAX); RANKED];
+                for member in (0..n).filter(|m| *m != owner) {
+                    let key = (rank_key(ip, member), member as u32);
+                    if key < best[RANKED - 1] {
+                        let at = best.partition_point(|b| *b < key);
+                        best.copy_within(at..RANKED - 1, at + 1);
+                        best[at] = key;
+                    }
+                }
+                ranked.push(best.map(|(_, m)| m));
+            }
+        }
+        WatchNet {
+            knobs: opts.knobs,
+            ips,
+            names: (0..n).map(node_name).collect(),
+            ranked,
+            nodes: (0..n).map(|_| None).collect(),
+            sent: vec![0; n],
+            events: BinaryHeap::new(),
+            seq: 0,
+            rng: StdRng::seed_from_u64(seed ^ 0x77a7_c4e5),
+            seed,
+            takeovers: Vec::new(),
+            stalled: None,
+            partitioned: false,
+        }
+    }
+
+    /// The successor of `owner`'s `k`-th IP in the view `live`: the best-ranked other member
+    /// `live` holds.
+    fn successor(&self, owner: usize, k: usize, live: &LiveSet) -> Option<usize> {
+        let ip = owner * self.ips + k;
+        let held = |m: usize| m != owner && live.contains(&self.names[m]);
+        if let Some(m) = self.ranked[ip]
+            .iter()
+            .map(|m| *m as usize)
+            .find(|m| *m < self.names.len() && held(*m))
+        {
+            return Some(m);
+        }
+        (0..self.names.len())
+            .filter(|m| held(*m))
+            .min_by_key(|m| rank_key(ip, *m))
+    }
+
+    /// Whom `owner` heartbeats in the view `live`: the most frequent successors of its IPs
+    /// (ties to the lower index), at most [`MAX_WATCHERS`].
+    fn watchers(&self, owner: usize, live: &LiveSet) -> Vec<usize> {
+        let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+        for k in 0..self.ips {
+            if let Some(s) = self.successor(owner, k, live) {
+                *counts.entry(s).or_default() += 1;
+            }
+        }
+        let mut ranked: Vec<(usize, usize)> = counts.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked
+            .into_iter()
+            .take(MAX_WATCHERS)
+            .map(|(m, _)| m)
+            .collect()
+    }
+
+    /// Whether `watcher` succeeds `owner` for at least one IP in the view `live`.
+    fn succeeds(&self, watcher: usize, owner: usize, live: &LiveSet) -> bool {
+        (0..self.ips).any(|k| self.successor(owner, k, live) == Some(watcher))
+    }
+
+    /// Every takeover so far, in order.
+    pub fn takeovers(&self) -> &[Takeover] {
+        &self.takeovers
+    }
+
+    /// Watch datagrams member `i` sent so far.
+    pub fn sent(&self, i: usize) -> u64 {
+        self.sent.get(i).copied().unwrap_or(0)
+    }
+
+    /// When the next event is due.
+    fn next_at(&self) -> Option<Duration> {
+        self.events.peek().map(|e| e.at)
+    }
+
+    /// Starts member `i`'s watch (its core runs in `net`), its first wake-up now.
+    fn start(&mut self, net: &SimNet, i: usize) {
+        let Some(core) = net.core(i) else {
+            return;
+        };
+        let seed = mix(self.seed ^ ((i as u64) << 32) ^ core.identity().bump);
+        self.nodes[i] = Some(WatchNode {
+            bump: core.identity().bump,
+            schedules: BTreeMap::new(),
+            watched: BTreeMap::new(),
+            polls: HashMap::new(),
+            wake: None,
+            planned_from: None,
+            next_plan: net.now(),
+            paused: false,
+            rng: StdRng::seed_from_u64(seed),
+        });
+        self.reschedule(net, i);
+    }
+
+    /// Stops member `i`'s watch at once.
+    fn crash(&mut self, i: usize) {
+        self.nodes[i] = None;
+    }
+
+    fn push(&mut self, at: Duration, kind: WatchEventKind) {
+        self.seq += 1;
+        self.events.push(WatchEvent {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// Sends `message` from `from` to `to` through the lossy links.
+    fn send(&mut self, net: &SimNet, from: usize, to: usize, message: WatchMessage) {
+        self.sent[from] += 1;
+        let links = net.links();
+        if links.loss > 0.0 && self.rng.random_bool(links.loss.clamp(0.0, 1.0)) {
+            return;
+        }
+        if net.group(from) != net.group(to) {
+            return;
+        }
+        let span = links.delay_max.saturating_sub(links.delay_min);
+        let jitter = if span.is_zero() {
+            Duration::ZERO
+        } else {
+            span.mul_f64(self.rng.random::<f64>())
+        };
+        let at = net.now() + links.delay_min + jitter + net.lag(to);
+        self.push(at, WatchEventKind::Deliver { to, from, message });
+    }
+
+    /// Sets member `i`'s next wake-up: its earliest timer, as the service's `next_deadline`,
+    /// or the next look at the plan.
+    fn reschedule(&mut self, net: &SimNet, i: usize) {
+        let now = net.now();
+        let Some(node) = self.nodes[i].as_mut() else {
+            return;
+        };
+        let beats = node.schedules.values().map(Schedule::next_at);
+        let watched = node.watched.values().filter_map(|w| {
+            let deadline = w.detector.deadline()?;
+            // Silent is said just past the deadline: a wake-up at it would find the owner fine
+            // and, the clock standing still, wake again at once.
+            Some(if w.checking {
+                deadline + Duration::from_nanos(1)
+            } else {
+                deadline.saturating_sub(w.detector.promised())
+            })
+        });
+        let planned = beats
+            .chain(watched)
+            .chain([node.next_plan])
+            .min()
+            .unwrap_or(now)
+            .max(now);
+        let fire = planned + net.lag(i);
+        if node.wake != Some(fire) {
+            node.wake = Some(fire);
+            self.push(fire, WatchEventKind::Wake { node: i, planned });
+        }
+    }
+
+    /// Handles the next event (due at [`SimNet::now`]).
+    fn step(&mut self, net: &SimNet) {
+        let Some(event) = self.events.pop() else {
+            return;
+        };
+        let node = match event.kind {
+            WatchEventKind::Deliver { to, .. } => to,
+            WatchEventKind::Wake { node, .. } => node,
+        };
+        let Some(watch) = self.nodes[node].as_mut() else {
+            return;
+        };
+        if let WatchEventKind::Wake { .. } = event.kind
+            && watch.wake != Some(event.at)
+        {
+            return;
+        }
+        if let Some(until) = net.paused_until(node) {
+            if let WatchEventKind::Wake { .. } = event.kind {
+                watch.wake = Some(until);
+            }
+            self.push(until, event.kind);
+            return;
+        }
+        match event.kind {
+            WatchEventKind::Deliver { to, from, message } => {
+                self.datagram(net, to, from, message);
+            }
+            WatchEventKind::Wake { node, planned } => {
+                if let Some(watch) = self.nodes[node].as_mut() {
+                    watch.wake = None;
+                }
+                self.tick(net, node, planned);
+            }
+        }
+        self.reschedule(net, node);
+    }
+
+    /// Member `i`'s timer, planned for `planned`, fires now: `Watch::tick` of the service.
+    fn tick(&mut self, net: &SimNet, i: usize, planned: Duration) {
+        let now = net.now();
+        let Some(core) = net.core(i) else {
+            return;
+        };
+        let knobs = self.knobs;
+        let late = now.saturating_sub(planned);
+        let mut out = Vec::new();
+        let mut check = Vec::new();
+        let mut silent = Vec::new();
+        let replan = {
+            let Some(node) = self.nodes[i].as_mut() else {
+                return;
+            };
+            if late > knobs.interval * knobs.misses && !node.paused {
+                node.paused = true;
+                node.schedules.clear();
+            } else if node.paused && late <= knobs.interval / 2 {
+                node.paused = false;
+                node.planned_from = None;
+            }
+            let bump = core.identity().bump;
+            if bump != node.bump {
+                // Renewed: new schedules, the watchers learn the incarnation from them.
+                node.bump = bump;
+                node.schedules.clear();
+                node.planned_from = None;
+            }
+            let replan = !node.paused
+                && now >= node.next_plan
+                && node.planned_from != Some(core.members_version());
+            if now >= node.next_plan {
+                node.next_plan = now + PLAN_PERIOD;
+            }
+            replan
+        };
+        if replan {
+            let watchers = self.watchers(i, core.live());
+            let Some(node) = self.nodes[i].as_mut() else {
+                return;
+            };
+            node.planned_from = Some(core.members_version());
+            node.schedules.retain(|w, _| watchers.contains(w));
+            for w in watchers {
+                if !node.schedules.contains_key(&w) {
+                    let seed = node.rng.random::<u64>();
+                    node.schedules.insert(w, Schedule::new(now, &knobs, seed));
+                }
+            }
+        }
+        let Some(node) = self.nodes[i].as_mut() else {
+            return;
+        };
+        for (w, schedule) in &mut node.schedules {
+            if let Some(beat) = schedule.poll(now) {
+                let message = WatchMessage::Heartbeat {
+                    incarnation: node.bump,
+                    seq: beat.seq,
+                    interval: beat.interval,
+                };
+                out.push((*w, message));
+            }
+        }
+        for (owner, w) in &mut node.watched {
+            let Some(deadline) = w.detector.deadline() else {
+                continue;
+            };
+            if !w.checking && now >= deadline.saturating_sub(w.detector.promised()) {
+                w.checking = true;
+                check.push((*owner, w.detector.incarnation()));
+            }
+            match w.detector.tick(now, planned) {
+                Verdict::Silent { since, incarnation } => {
+                    silent.push((*owner, incarnation, since, w.old_seq));
+                }
+                Verdict::Late { .. } => w.checking = false,
+                Verdict::Fine | Verdict::NotArmed => {}
+            }
+        }
+        node.polls.retain(|_, p| p.expires > now);
+        // The second check: a poll to the owner, a relay through a random other member.
+        for (owner, incarnation) in check {
+            let relays: Vec<usize> = core
+                .live()
+                .iter()
+                .filter_map(|m| m.node.strip_prefix("node-")?.parse::<usize>().ok())
+                .filter(|m| *m != owner && *m != i)
+                .collect();
+            let nonce = node.rng.random::<u64>();
+            node.polls.insert(
+                nonce,
+                PendingPoll {
+                    target: owner,
+                    answer_to: None,
+                    expires: now + POLL_WAIT,
+                },
+            );
+            out.push((owner, WatchMessage::Poll { nonce, incarnation }));
+            if relays.is_empty() {
+                continue;
+            }
+            let relay = relays[node.rng.random_range(0..relays.len())];
+            let nonce = node.rng.random::<u64>();
+            node.polls.insert(
+                nonce,
+                PendingPoll {
+                    target: owner,
+                    answer_to: None,
+                    expires: now + POLL_WAIT,
+                },
+            );
+            out.push((
+                relay,
+                WatchMessage::Relay {
+                    nonce,
+                    target: owner,
+                    incarnation,
+                },
+            ));
+        }
+        for (owner, incarnation, since, old_seq) in silent {
+            let held = core
+                .member_identities()
+                .any(|id| id.node == self.names[owner] && id.bump == incarnation);
+            if !held {
+                // Gone from the gossip, or renewed: nothing to take over on the watch's word.
+                if let Some(node) = self.nodes[i].as_mut() {
+                    node.watched.remove(&owner);
+                }
+                continue;
+            }
+            if !self.succeeds(i, owner, core.live()) {
+                continue;
+            }
+            let kind = match net.core(owner) {
+                None => TakeoverKind::Confirmed,
+                Some(c) if c.identity().bump != incarnation => TakeoverKind::Confirmed,
+                Some(_) if self.stalled == Some(owner) => TakeoverKind::Stalled,
+                Some(_) if self.partitioned => TakeoverKind::Partitioned,
+                Some(_) => TakeoverKind::Refuted,
+            };
+            if kind == TakeoverKind::Refuted && std::env::var_os("SIM_DEBUG").is_some() {
+                let heartbeats_it = self.nodes[owner]
+                    .as_ref()
+                    .map(|o| (o.paused, o.schedules.contains_key(&i)));
+                eprintln!(
+                    "t={now:?} refuted takeover: node {i} of node {owner} (incarnation \
+                     {incarnation}), last heartbeat {:?} before; owner (paused, heartbeats \
+                     it): {heartbeats_it:?}; heartbeats ignored as old since: {old_seq}",
+                    now - since
+                );
+            }
+            self.takeovers.push(Takeover {
+                at: now,
+                watcher: i,
+                owner,
+                incarnation,
+                kind,
+            });
+        }
+        for (to, message) in out {
+            self.send(net, i, to, message);
+        }
+    }
+
+    /// `message` from `from` arrives at `to`: `Watch::datagram` of the service.
+    fn datagram(&mut self, net: &SimNet, to: usize, from: usize, message: WatchMessage) {
+        let now = net.now();
+        let knobs = self.knobs;
+        let Some(core) = net.core(to) else {
+            return;
+        };
+        let Some(node) = self.nodes[to].as_mut() else {
+            return;
+        };
+        let reply = match message {
+            WatchMessage::Heartbeat {
+                incarnation,
+                seq,
+                interval,
+            } => {
+                if !core.live().contains(&self.names[from]) {
+                    return;
+                }
+                let w = node.watched.entry(from).or_insert_with(|| Watched {
+                    detector: Detector::new(&knobs, incarnation),
+                    checking: false,
+                    vouches_without_beat: 0,
+                    old_seq: 0,
+                });
+                match w.detector.heard(now, incarnation, seq, interval) {
+                    Heard::Fresh { ack } => {
+                        w.checking = false;
+                        w.vouches_without_beat = 0;
+                        w.old_seq = 0;
+                        ack.then_some((from, WatchMessage::Ack { incarnation }))
+                    }
+                    Heard::OldSeq => {
+                        w.old_seq += 1;
+                        None
+                    }
+                    Heard::StaleIncarnation => None,
+                }
+            }
+            WatchMessage::Ack { incarnation } => {
+                if incarnation == node.bump
+                    && let Some(schedule) = node.schedules.get_mut(&from)
+                {
+                    schedule.acknowledged(now);
+                }
+                None
+            }
+            WatchMessage::Poll { nonce, incarnation } => {
+                let alive = incarnation == node.bump && !node.paused;
+                Some((from, WatchMessage::PollReply { nonce, alive }))
+            }
+            WatchMessage::PollReply { nonce, alive } => {
+                let Some(poll) = node.polls.remove(&nonce) else {
+                    return;
+                };
+                if let Some((requester, their_nonce)) = poll.answer_to {
+                    (from == poll.target).then_some((
+                        requester,
+                        WatchMessage::PollReply {
+                            nonce: their_nonce,
+                            alive,
+                        },
+                    ))
+                } else {
+                    if alive && let Some(w) = node.watched.get_mut(&poll.target) {
+                        w.vouches_without_beat += 1;
+                        if w.vouches_without_beat >= 2 {
+                            node.watched.remove(&poll.target);
+                        } else {
+                            w.detector.vouched(now);
+                            w.checking = false;
+                        }
+                    }
+                    None
+                }
+            }
+            WatchMessage::Relay {
+                nonce,
+                target,
+                incarnation,
+            } => {
+                let ours = node.rng.random::<u64>();
+                node.polls.insert(
+                    ours,
+                    PendingPoll {
+                        target,
+                        answer_to: Some((from, nonce)),
+                        expires: now + POLL_WAIT,
+                    },
+                );
+                Some((
+                    target,
+                    WatchMessage::Poll {
+                        nonce: ours,
+                        incarnation,
+                    },
+                ))
+            }
+        };
+        if let Some((at, message)) = reply {
+            self.send(net, to, at, message);
+        }
+    }
+}
+
+/// The gossip's [`SimNet`] and, unless switched off, the [`WatchNet`] beside it, run on one
+/// clock: every watch event runs after the gossip events due at the same time or earlier.
+#[derive(Debug)]
+pub struct Cluster {
+    net: SimNet,
+    watch: Option<WatchNet>,
+}
+
+impl Cluster {
+    /// `net`, with `watch` beside it.
+    pub fn new(net: SimNet, watch: Option<WatchNet>) -> Cluster {
+        Cluster { net, watch }
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Duration {
+        self.net.now()
+    }
+
+    /// Node `i`'s core, if it runs.
+    pub fn core(&self, i: usize) -> Option<&Core> {
+        self.net.core(i)
+    }
+
+    /// The gossip datagrams node `i` sent so far.
+    pub fn traffic(&self, i: usize) -> Traffic {
+        self.net.traffic(i)
+    }
+
+    /// The watch, when it runs.
+    pub fn watch(&self) -> Option<&WatchNet> {
+        self.watch.as_ref()
+    }
+
+    /// Starts (or restarts) node `i` with `core`, and its watch.
+    pub fn start(&mut self, i: usize, core: Core) {
+        self.net.start(i, core);
+        if let Some(watch) = &mut self.watch {
+            watch.start(&self.net, i);
+        }
+    }
+
+    /// Crashes node `i` and its watch.
+    pub fn crash(&mut self, i: usize) {
+        self.net.crash(i);
+        if let Some(watch) = &mut self.watch {
+            watch.crash(i);
+        }
+    }
+
+    /// [`SimNet::set_lag`]: the watch lags too.
+    pub fn set_lag(&mut self, i: usize, lag: Duration) {
+        self.net.set_lag(i, lag);
+    }
+
+    /// [`SimNet::pause`]: the watch pauses too.
+    pub fn pause(&mut self, i: usize, until: Duration) {
+        self.net.pause(i, until);
+    }
+
+    /// [`SimNet::set_group`]: the watch's datagrams cross only within a group too.
+    pub fn set_group(&mut self, i: usize, group: u32) {
+        self.net.set_group(i, group);
+    }
+
+    /// [`SimNet::heal`].
+    pub fn heal(&mut self) {
+        self.net.heal();
+    }
+
+    /// [`SimNet::drain_changes`].
+    pub fn drain_changes(&mut self) -> std::vec::Drain<'_, (Duration, usize, LiveChange)> {
+        self.net.drain_changes()
+    }
+
+    /// Marks `member` as the stalled one (its takeovers are [`TakeoverKind::Stalled`]).
+    fn set_stalled(&mut self, member: Option<usize>) {
+        if let Some(watch) = &mut self.watch {
+            watch.stalled = member;
+        }
+    }
+
+    /// Marks the partition phase (takeovers of running members are
+    /// [`TakeoverKind::Partitioned`]).
+    fn set_partitioned(&mut self, on: bool) {
+        if let Some(watch) = &mut self.watch {
+            watch.partitioned = on;
+        }
+    }
+
+    /// Takeovers so far (none without the watch).
+    pub fn takeovers(&self) -> &[Takeover] {
+        self.watch.as_ref().map_or(&[], WatchNet::takeovers)
+    }
+
+    /// Runs both up to `until`.
+    pub fn run_until(&mut self, until: Duration) {
+        let Some(watch) = &mut self.watch else {
+            self.net.run_until(until);
+            return;
+        };
+        while let Some(at) = watch.next_at().filter(|at| *at <= until) {
+            self.net.run_until(at);
+            watch.step(&self.net);
+        }
+        self.net.run_until(until);
+    }
+
+    /// Runs both for `span`.
+    pub fn run_for(&mut self, span: Duration) {
+        let until = self.now() + span;
+        self.run_until(until);
+    }
+}
+
 /// Runs one simulation.
 pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     anyhow::ensure!(opts.nodes >= 3, "--nodes must be at least 3");
@@ -214,13 +1068,23 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         "--loss must be in [0, 100)"
     );
     opts.timing.validate()?;
+    if let Some(watch) = &opts.watch {
+        anyhow::ensure!(
+            watch.ips_per_member >= 1,
+            "--ips-per-member must be at least 1"
+        );
+        if let Err(problems) = watch.knobs.validate() {
+            anyhow::bail!("owner watch knobs: {problems:?}");
+        }
+    }
     let n = opts.nodes;
     let end = opts.duration;
     let links = Links {
         loss: opts.loss_pct / 100.0,
         ..Links::default()
     };
-    let mut net = SimNet::new(opts.seed, links);
+    let watch = opts.watch.map(|w| WatchNet::new(n, &w, opts.seed));
+    let mut net = Cluster::new(SimNet::new(opts.seed, links), watch);
     let mut bumps = vec![1u64; n];
     for (i, bump) in bumps.iter().enumerate() {
         let core = new_core(opts, i, *bump, net.now())?;
@@ -267,6 +1131,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     }
     let warmup = net.now();
     let traffic_start: Vec<_> = (0..n).map(|i| net.traffic(i)).collect();
+    let watch_start: u64 = (0..n).map(|i| net.watch().map_or(0, |w| w.sent(i))).sum();
 
     let (cap, settle) = match opts.profile {
         Profile::Fast => (Duration::from_secs(5), Duration::from_secs(2)),
@@ -274,6 +1139,8 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     };
     let mut samples_ms = Vec::new();
     let mut undetected = 0usize;
+    let mut watch_samples_ms = Vec::new();
+    let mut watch_undetected = 0usize;
     // Every member but node 0 takes its turn (seeds included: a restarted seed rejoins through
     // the other seeds).
     let mut next_victim = 1;
@@ -292,6 +1159,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         let mut left = waiting.iter().filter(|w| **w).count();
         let crashed_at = net.now();
         net.crash(victim);
+        let seen = net.takeovers().len();
         let mut last = crashed_at;
         while left > 0 && net.now() < crashed_at + cap && net.now() < end {
             net.run_for(STEP);
@@ -328,6 +1196,15 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         } else {
             samples_ms.push((last - crashed_at).as_secs_f64() * 1e3);
         }
+        if net.watch().is_some() {
+            let first = net.takeovers()[seen..]
+                .iter()
+                .find(|t| t.owner == victim && t.kind == TakeoverKind::Confirmed);
+            match first {
+                Some(t) => watch_samples_ms.push((t.at - crashed_at).as_secs_f64() * 1e3),
+                None => watch_undetected += 1,
+            }
+        }
         bumps[victim] += 1;
         let core = new_core(opts, victim, bumps[victim], net.now())?;
         net.start(victim, core);
@@ -357,6 +1234,10 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         packets += t.packets - start.packets;
         bytes += t.bytes - start.bytes;
     }
+    let watch_packets = (0..n)
+        .map(|i| net.watch().map_or(0, |w| w.sent(i)))
+        .sum::<u64>()
+        - watch_start;
     let partition = opts
         .partition
         .map(|cut| partition_and_heal(&mut net, n, cut));
@@ -368,6 +1249,12 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         .pause
         .map(|pause| stall(&mut net, n, stalled, Stall::Pause(pause)));
     samples_ms.sort_by(f64::total_cmp);
+    watch_samples_ms.sort_by(f64::total_cmp);
+    let takeovers_of = |kind| net.takeovers().iter().filter(|t| t.kind == kind).count() as u64;
+    let (refuted_takeovers, confirmed_takeovers) = (
+        takeovers_of(TakeoverKind::Refuted),
+        takeovers_of(TakeoverKind::Confirmed),
+    );
     let mut suspicions = SuspicionCounts::default();
     for core in (0..n).filter_map(|i| net.core(i)) {
         let m = core.metrics();
@@ -385,7 +1272,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
             max: samples_ms.last().copied().unwrap_or(0.0),
         },
         false_downs,
-        packets_per_member_per_s: packets as f64 / n as f64 / measured,
+        packets_per_member_per_s: (packets + watch_packets) as f64 / n as f64 / measured,
         bytes_per_member_per_s: bytes as f64 / n as f64 / measured,
         crashes: samples_ms.len(),
         undetected,
@@ -394,6 +1281,17 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         duration_s: measured + warmup.as_secs_f64(),
         seed: opts.seed,
         suspicions,
+        watch: opts.watch.is_some(),
+        ips_per_member: opts.watch.map_or(0, |w| w.ips_per_member),
+        refuted_takeovers,
+        confirmed_takeovers,
+        watch_detect_ms: Quantiles {
+            p50: quantile(&watch_samples_ms, 0.5),
+            p99: quantile(&watch_samples_ms, 0.99),
+            max: watch_samples_ms.last().copied().unwrap_or(0.0),
+        },
+        watch_undetected,
+        watch_packets_per_member_per_s: watch_packets as f64 / n as f64 / measured,
         partition,
         slow,
         pause,
@@ -407,14 +1305,16 @@ enum Stall {
 }
 
 /// Stalls member `stalled` [`STALLS`] times (see the module docs) and reports what it did.
-fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport {
+fn stall(net: &mut Cluster, n: usize, stalled: usize, kind: Stall) -> StallReport {
     let name = node_name(stalled);
     let (mut false_downs_of_others, mut downs_of_stalled) = (0u64, 0u64);
     let mut max_health = 0i64;
     let mut recover = Vec::new();
     let mut unrecovered = 0usize;
     net.drain_changes().for_each(drop);
-    let mut count = |net: &mut SimNet| {
+    net.set_stalled(Some(stalled));
+    let seen = net.takeovers().len();
+    let mut count = |net: &mut Cluster| {
         for (_, _, change) in net.drain_changes() {
             if let LiveChange::Down(node) = change {
                 if node == name {
@@ -425,7 +1325,7 @@ fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport
             }
         }
     };
-    let health = |net: &SimNet| net.core(stalled).map_or(0, |c| c.metrics().health_score());
+    let health = |net: &Cluster| net.core(stalled).map_or(0, |c| c.metrics().health_score());
     let window = match kind {
         Stall::Slow(_) => SLOW_WINDOW,
         Stall::Pause(pause) => pause,
@@ -442,7 +1342,7 @@ fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport
             max_health = max_health.max(health(net));
         }
         net.set_lag(stalled, Duration::ZERO);
-        let recovered = |net: &SimNet| {
+        let recovered = |net: &Cluster| {
             net.core(stalled).is_some_and(|c| c.live().len() == n)
                 && (0..n).all(|i| net.core(i).is_some_and(|c| c.live().contains(&name)))
         };
@@ -468,6 +1368,11 @@ fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport
             max_health = max_health.max(health(net));
         }
     }
+    net.set_stalled(None);
+    let stalled_takeovers = net.takeovers()[seen..]
+        .iter()
+        .filter(|t| t.kind == TakeoverKind::Stalled)
+        .count() as u64;
     recover.sort_by(f64::total_cmp);
     StallReport {
         member: stalled,
@@ -485,6 +1390,7 @@ fn stall(net: &mut SimNet, n: usize, stalled: usize, kind: Stall) -> StallReport
         },
         unrecovered,
         max_health,
+        stalled_takeovers,
     }
 }
 
@@ -495,8 +1401,10 @@ fn is_cut_off(i: usize) -> bool {
 
 /// Cuts every third member off for `cut`, heals, and waits (up to 60 s) until every member sees
 /// every member again. Runs after the traffic was measured, so it does not change those figures.
-fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionReport {
+fn partition_and_heal(net: &mut Cluster, n: usize, cut: Duration) -> PartitionReport {
     let cut_off: Vec<usize> = (0..n).filter(|i| is_cut_off(*i)).collect();
+    net.set_partitioned(true);
+    let seen = net.takeovers().len();
     for &i in &cut_off {
         net.set_group(i, 1);
     }
@@ -507,7 +1415,7 @@ fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionRep
     let healed_at = net.now();
     let cap = Duration::from_secs(60);
     let (mut downs_after_heal, mut cut_off_downs_after_heal) = (0u64, 0u64);
-    let mut count_downs = |net: &mut SimNet| {
+    let mut count_downs = |net: &mut Cluster| {
         for (_, observer, change) in net.drain_changes() {
             if matches!(change, LiveChange::Down(_)) {
                 if is_cut_off(observer) {
@@ -547,7 +1455,13 @@ fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionRep
         net.run_for(Duration::from_millis(100));
         count_downs(net);
     }
+    net.set_partitioned(false);
+    let takeovers = net.takeovers()[seen..]
+        .iter()
+        .filter(|t| t.kind == TakeoverKind::Partitioned)
+        .count() as u64;
     PartitionReport {
+        takeovers,
         cut_off: cut_off.len(),
         cut_s: (healed_at - cut_start).as_secs_f64(),
         healed,
@@ -560,7 +1474,7 @@ fn partition_and_heal(net: &mut SimNet, n: usize, cut: Duration) -> PartitionRep
 /// The table header matching [`table_row`].
 pub fn table_header() -> String {
     format!(
-        "{:>6} {:>5} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6} {:>9} {:>11} {:>7}",
+        "{:>6} {:>5} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6} {:>9} {:>11} {:>7} {:>7} {:>7} {:>9} {:>7}",
         "nodes",
         "loss%",
         "profile",
@@ -572,6 +1486,10 @@ pub fn table_header() -> String {
         "false",
         "pkts/m/s",
         "bytes/m/s",
+        "refuted",
+        "w_p50",
+        "w_p99",
+        "w_pkts/m/s",
         "wall_s"
     )
 }
@@ -579,7 +1497,7 @@ pub fn table_header() -> String {
 /// One table row.
 pub fn table_row(r: &SimReport, wall: Duration) -> String {
     format!(
-        "{:>6} {:>5} {:>7} {:>7} {:>8.0} {:>8.0} {:>8.0} {:>6} {:>6} {:>9.1} {:>11.0} {:>7.1}",
+        "{:>6} {:>5} {:>7} {:>7} {:>8.0} {:>8.0} {:>8.0} {:>6} {:>6} {:>9.1} {:>11.0} {:>7} {:>7.0} {:>7.0} {:>9.1} {:>7.1}",
         r.nodes,
         r.loss,
         r.profile,
@@ -591,6 +1509,10 @@ pub fn table_row(r: &SimReport, wall: Duration) -> String {
         r.false_downs,
         r.packets_per_member_per_s,
         r.bytes_per_member_per_s,
+        r.refuted_takeovers,
+        r.watch_detect_ms.p50,
+        r.watch_detect_ms.p99,
+        r.watch_packets_per_member_per_s,
         wall.as_secs_f64()
     )
 }
@@ -611,6 +1533,7 @@ mod tests {
             partition: None,
             slow: None,
             pause: None,
+            watch: Some(WatchOptions::default()),
         };
         let report = run(&opts).unwrap();
         assert!(report.crashes >= 3, "{report:?}");
@@ -631,6 +1554,7 @@ mod tests {
             partition: Some(Duration::from_secs(3)),
             slow: None,
             pause: None,
+            watch: Some(WatchOptions::default()),
         };
         let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
         let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
@@ -649,6 +1573,7 @@ mod tests {
             partition: Some(Duration::from_secs(5)),
             slow: None,
             pause: None,
+            watch: Some(WatchOptions::default()),
         };
         let report = run(&opts).unwrap();
         let p = report.partition.expect("a partition phase ran");
@@ -669,6 +1594,7 @@ mod tests {
             partition: None,
             slow: Some(Duration::from_millis(500)),
             pause: Some(Duration::from_millis(2000)),
+            watch: Some(WatchOptions::default()),
         };
         let report = run(&opts).unwrap();
         for stall in [report.slow.unwrap(), report.pause.unwrap()] {
@@ -676,6 +1602,97 @@ mod tests {
             assert_eq!(stall.false_downs_of_others, 0, "{stall:?}");
             assert_eq!(stall.unrecovered, 0, "{stall:?}");
         }
+    }
+
+    fn live_of(members: impl IntoIterator<Item = usize>) -> LiveSet {
+        let mut live = LiveSet::new();
+        for m in members {
+            live.upsert(MemberMeta::new(node_name(m)));
+        }
+        live
+    }
+
+    #[test]
+    fn the_successor_is_the_best_ranked_other_member_held_alive_whoever_decides() {
+        let opts = WatchOptions::default();
+        let (a, b) = (WatchNet::new(40, &opts, 1), WatchNet::new(40, &opts, 2));
+        let all = live_of(0..40);
+        for owner in 0..40 {
+            for k in 0..opts.ips_per_member {
+                let s = a.successor(owner, k, &all).unwrap();
+                assert_ne!(s, owner);
+                // The seed does not change the election's order.
+                assert_eq!(b.successor(owner, k, &all), Some(s));
+                let ip = owner * opts.ips_per_member + k;
+                let best = (0..40)
+                    .filter(|m| *m != owner)
+                    .min_by_key(|m| rank_key(ip, *m));
+                assert_eq!(Some(s), best);
+                // Without it in the view, the next in line (past the kept candidates too).
+                let without = live_of((0..40).filter(|m| *m != s));
+                let next = (0..40)
+                    .filter(|m| *m != owner && *m != s)
+                    .min_by_key(|m| rank_key(ip, *m));
+                assert_eq!(a.successor(owner, k, &without), next);
+            }
+            let watchers = a.watchers(owner, &all);
+            assert!(!watchers.is_empty() && watchers.len() <= MAX_WATCHERS);
+            assert!(watchers.iter().all(|w| a.succeeds(*w, owner, &all)));
+        }
+        let few = live_of([3, 17]);
+        let beyond = (0..opts.ips_per_member)
+            .filter_map(|k| a.successor(3, k, &few))
+            .collect::<Vec<_>>();
+        assert_eq!(beyond, vec![17; opts.ips_per_member]);
+    }
+
+    #[test]
+    fn every_crash_is_taken_over_by_the_watch_and_no_live_member_is_without_loss() {
+        let opts = SimOptions {
+            nodes: 6,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(15),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 11,
+            partition: None,
+            slow: None,
+            pause: None,
+            watch: Some(WatchOptions::default()),
+        };
+        let report = run(&opts).unwrap();
+        assert!(report.crashes >= 3, "{report:?}");
+        assert_eq!(report.watch_undetected, 0, "{report:?}");
+        assert!(report.confirmed_takeovers >= report.crashes as u64);
+        assert_eq!(report.refuted_takeovers, 0, "{report:?}");
+        // A window (110 ms) after the last heartbeat, the second check within it.
+        assert!(report.watch_detect_ms.max <= 140.0, "{report:?}");
+        assert!(report.watch_detect_ms.p50 >= 80.0, "{report:?}");
+        // Three watchers at 50 heartbeats a second, give or take the changes after crashes.
+        assert!(
+            (100.0..200.0).contains(&report.watch_packets_per_member_per_s),
+            "{report:?}"
+        );
+    }
+
+    #[test]
+    fn without_the_watch_nothing_is_taken_over_and_no_watch_datagram_is_counted() {
+        let opts = SimOptions {
+            nodes: 5,
+            loss_pct: 0.0,
+            duration: Duration::from_secs(8),
+            profile: Profile::Fast,
+            timing: Timing::fast(),
+            seed: 1,
+            partition: None,
+            slow: None,
+            pause: None,
+            watch: None,
+        };
+        let report = run(&opts).unwrap();
+        assert!(!report.watch);
+        assert_eq!(report.confirmed_takeovers + report.refuted_takeovers, 0);
+        assert_eq!(report.watch_packets_per_member_per_s, 0.0);
     }
 
     #[test]

@@ -229,6 +229,29 @@ impl SimNet {
         }
     }
 
+    /// How late node `i` handles what it receives and its timers ([`SimNet::set_lag`]).
+    pub fn lag(&self, i: usize) -> Duration {
+        self.slots.get(i).map_or(Duration::ZERO, |s| s.lag)
+    }
+
+    /// Until when node `i` is paused ([`SimNet::pause`]), if it is at [`SimNet::now`].
+    pub fn paused_until(&self, i: usize) -> Option<Duration> {
+        self.slots
+            .get(i)?
+            .paused_until
+            .filter(|until| *until > self.now)
+    }
+
+    /// Node `i`'s partition group ([`SimNet::set_group`]).
+    pub fn group(&self, i: usize) -> u32 {
+        self.slots.get(i).map_or(0, |s| s.group)
+    }
+
+    /// The link behaviour.
+    pub fn links(&self) -> Links {
+        self.links
+    }
+
     /// Heals every partition.
     pub fn heal(&mut self) {
         for slot in &mut self.slots {
