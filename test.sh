@@ -80,7 +80,8 @@ else
 fi
 
 # The gossip simulation at the scale: 1,000 members for 60 simulated seconds on the real
-# gossip core (release build; about 55 s of wall time on a quiet 2-core machine). It checks
-# correctness only: every member sees every member after the warm-up, every crash is seen by
-# every survivor, no false down.
+# gossip core with the owner watch modelled (release build; about 55 s of wall time on a quiet
+# 2-core machine without the watch, about twice that with it). It checks correctness only:
+# every member sees every member after the warm-up, every crash is seen by every survivor and
+# taken over by the watch, no false down, no takeover of a live member.
 cargo run --release --locked -q -p swimlb-e2e --bin swimlb-lab -- sim --nodes 1000 --duration 60 --check

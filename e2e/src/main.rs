@@ -630,6 +630,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     || r.crashes == 0
                     || r.undetected > 0
                     || r.false_downs > 0
+                    || r.refuted_takeovers > 0
+                    || r.watch_undetected > 0
                     || r
                         .partition
                         .as_ref()
@@ -641,7 +643,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
             })
             .map(|r| {
                 format!(
-                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, partition {:?}, slow {:?}, pause {:?}",
+                    "{} nodes, {}% loss, {}: views converged {}, {} crashes, {} undetected, {} false downs, watch: {} refuted takeovers, {} crashes it missed, partition {:?}, slow {:?}, pause {:?}",
                     r.nodes,
                     r.loss,
                     r.profile,
@@ -649,6 +651,8 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                     r.crashes,
                     r.undetected,
                     r.false_downs,
+                    r.refuted_takeovers,
+                    r.watch_undetected,
                     r.partition,
                     r.slow,
                     r.pause

@@ -37,7 +37,7 @@ use swimlb_speaker::gossip::{
     Core, GossipMetrics, GossipSettings, Profile, SuspicionOutcome, Timing,
 };
 use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
-use swimlb_speaker::owner_watch::service::MAX_WATCHERS;
+use swimlb_speaker::owner_watch::service::{FAREWELL_INTERVAL_MS, MAX_WATCHERS, check_round_at};
 use swimlb_speaker::owner_watch::{Detector, Heard, Knobs, Schedule, Verdict};
 
 /// What to simulate.
@@ -387,7 +387,8 @@ struct PendingPoll {
 #[derive(Debug)]
 struct Watched {
     detector: Detector,
-    checking: bool,
+    /// Rounds of the second check sent in this window.
+    checks_sent: u32,
     vouches_without_beat: u32,
     /// Heartbeats ignored as not newer since the last fresh one (for `SIM_DEBUG`).
     old_seq: u32,
@@ -408,6 +409,8 @@ struct WatchNode {
     next_plan: Duration,
     /// Woke later than `M x I`: sends no heartbeat and denies polls until a wake-up on time.
     paused: bool,
+    /// The last heartbeat sequence number sent, to any watcher (as the service counts).
+    seq: u64,
     rng: StdRng,
 }
 
@@ -419,8 +422,10 @@ struct WatchNode {
 /// for the election's sha256: the same uniform ranking, much cheaper). An owner heartbeats the
 /// [`MAX_WATCHERS`] most frequent successors of its IPs in its own view, with the speaker's
 /// [`Schedule`]; a watcher runs the speaker's [`Detector`] and the second check as
-/// `owner_watch::service` does (a direct poll and a relay through a random member, one interval
-/// before the deadline), and takes over at a silent verdict when its gossip still holds the
+/// `owner_watch::service` does (a direct poll and a relay through a random member, in
+/// [`owner_watch::service::CHECK_ROUNDS`] rounds before the deadline; one sequence counter per
+/// owner for all its watchers; a last heartbeat promising [`FAREWELL_INTERVAL_MS`] to a dropped
+/// watcher), and takes over at a silent verdict when its gossip still holds the
 /// owner in that incarnation and it succeeds the owner for at least one IP (the daemon's
 /// conditions). A watch that wakes more than `M x I` late pauses as the service does; it
 /// resumes at its first wake-up on time (the daemon waits until it heard the cluster again;
@@ -566,6 +571,7 @@ impl WatchNet {
             planned_from: None,
             next_plan: net.now(),
             paused: false,
+            seq: 0,
             rng: StdRng::seed_from_u64(seed),
         });
         self.reschedule(net, i);
@@ -617,11 +623,10 @@ impl WatchNet {
             let deadline = w.detector.deadline()?;
             // Silent is said just past the deadline: a wake-up at it would find the owner fine
             // and, the clock standing still, wake again at once.
-            Some(if w.checking {
-                deadline + Duration::from_nanos(1)
-            } else {
-                deadline.saturating_sub(w.detector.promised())
-            })
+            Some(
+                check_round_at(deadline, w.detector.promised(), w.checks_sent)
+                    .unwrap_or(deadline + Duration::from_nanos(1)),
+            )
         });
         let planned = beats
             .chain(watched)
@@ -717,6 +722,24 @@ impl WatchNet {
                 return;
             };
             node.planned_from = Some(core.members_version());
+            // A dropped watcher gets a last heartbeat promising the farewell interval.
+            let dropped: Vec<usize> = node
+                .schedules
+                .keys()
+                .filter(|w| !watchers.contains(w))
+                .copied()
+                .collect();
+            for w in dropped {
+                node.seq += 1;
+                out.push((
+                    w,
+                    WatchMessage::Heartbeat {
+                        incarnation: node.bump,
+                        seq: node.seq,
+                        interval: Duration::from_millis(u64::from(FAREWELL_INTERVAL_MS)),
+                    },
+                ));
+            }
             node.schedules.retain(|w, _| watchers.contains(w));
             for w in watchers {
                 if !node.schedules.contains_key(&w) {
@@ -730,9 +753,10 @@ impl WatchNet {
         };
         for (w, schedule) in &mut node.schedules {
             if let Some(beat) = schedule.poll(now) {
+                node.seq += 1;
                 let message = WatchMessage::Heartbeat {
                     incarnation: node.bump,
-                    seq: beat.seq,
+                    seq: node.seq,
                     interval: beat.interval,
                 };
                 out.push((*w, message));
@@ -742,15 +766,17 @@ impl WatchNet {
             let Some(deadline) = w.detector.deadline() else {
                 continue;
             };
-            if !w.checking && now >= deadline.saturating_sub(w.detector.promised()) {
-                w.checking = true;
+            if check_round_at(deadline, w.detector.promised(), w.checks_sent)
+                .is_some_and(|at| now >= at)
+            {
+                w.checks_sent += 1;
                 check.push((*owner, w.detector.incarnation()));
             }
             match w.detector.tick(now, planned) {
                 Verdict::Silent { since, incarnation } => {
                     silent.push((*owner, incarnation, since, w.old_seq));
                 }
-                Verdict::Late { .. } => w.checking = false,
+                Verdict::Late { .. } => w.checks_sent = 0,
                 Verdict::Fine | Verdict::NotArmed => {}
             }
         }
@@ -861,13 +887,13 @@ impl WatchNet {
                 }
                 let w = node.watched.entry(from).or_insert_with(|| Watched {
                     detector: Detector::new(&knobs, incarnation),
-                    checking: false,
+                    checks_sent: 0,
                     vouches_without_beat: 0,
                     old_seq: 0,
                 });
                 match w.detector.heard(now, incarnation, seq, interval) {
                     Heard::Fresh { ack } => {
-                        w.checking = false;
+                        w.checks_sent = 0;
                         w.vouches_without_beat = 0;
                         w.old_seq = 0;
                         ack.then_some((from, WatchMessage::Ack { incarnation }))
@@ -910,7 +936,7 @@ impl WatchNet {
                             node.watched.remove(&poll.target);
                         } else {
                             w.detector.vouched(now);
-                            w.checking = false;
+                            w.checks_sent = 0;
                         }
                     }
                     None

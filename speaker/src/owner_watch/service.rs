@@ -78,10 +78,16 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub const CHECK_ROUNDS: u32 = 2;
 
 /// When round `sent + 1` of the second check is due before `deadline` (`None`: all sent).
-fn check_round_at(deadline: Duration, interval: Duration, sent: u32) -> Option<Duration> {
+pub fn check_round_at(deadline: Duration, interval: Duration, sent: u32) -> Option<Duration> {
     (sent < CHECK_ROUNDS)
         .then(|| deadline.saturating_sub(interval * (CHECK_ROUNDS - sent) / CHECK_ROUNDS))
 }
+
+/// The promise of an owner's last heartbeat to a watcher it drops (it no longer answers for
+/// that watcher's IPs, or others succeed it more often): "the next one within 65 s", which puts
+/// the watcher's silence window minutes away instead of leaving it to find the owner silent
+/// and poll it.
+pub const FAREWELL_INTERVAL_MS: u16 = u16::MAX;
 
 /// A member's watch address: its gossip address with the port one higher (`None` for port
 /// 65,535).
@@ -433,6 +439,10 @@ struct Watch {
     refutes_left: u32,
     next_refute: Duration,
     claim_epoch: u64,
+    /// The last heartbeat sequence number sent, to any watcher: one counter for all, so a
+    /// watcher dropped and taken back (a new schedule) or a restart of the streams after a
+    /// pause never sends a number the watcher has seen.
+    seq: u64,
     /// `Some(false)`: paused, waiting for a plan that answers nothing; `Some(true)`: waiting
     /// for one that answers again.
     paused: Option<bool>,
@@ -470,6 +480,7 @@ impl Watch {
             refutes_left: 0,
             next_refute: Duration::ZERO,
             claim_epoch: 0,
+            seq: 0,
             paused: None,
             last_warn: None,
             events,
@@ -572,6 +583,23 @@ impl Watch {
             other => other,
         };
         let sending = self.paused.is_none();
+        let dropped: Vec<NodeName> = self
+            .schedules
+            .keys()
+            .filter(|node| sending && !plan.watchers.contains(node))
+            .cloned()
+            .collect();
+        for node in dropped {
+            if let Some(to) = self.member(&node).and_then(|id| watch_addr(id.addr)) {
+                self.seq += 1;
+                let farewell = WatchMessage::Heartbeat {
+                    incarnation: self.plan.me.bump,
+                    seq: self.seq,
+                    interval_ms: FAREWELL_INTERVAL_MS,
+                };
+                self.send(to, &farewell);
+            }
+        }
         self.schedules
             .retain(|node, _| sending && plan.watchers.contains(node));
         if sending {
@@ -679,9 +707,10 @@ impl Watch {
             let Some(to) = self.member(&node).and_then(|id| watch_addr(id.addr)) else {
                 continue;
             };
+            self.seq += 1;
             let message = WatchMessage::Heartbeat {
                 incarnation: self.plan.me.bump,
-                seq: beat.seq,
+                seq: self.seq,
                 interval_ms: beat.interval_ms(),
             };
             self.send(to, &message);
