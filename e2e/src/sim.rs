@@ -256,6 +256,17 @@ fn new_core(opts: &SimOptions, i: usize, bump: u64, now: Duration) -> anyhow::Re
     )?)
 }
 
+impl Quantiles {
+    /// The median, 99th percentile and largest of `sorted` (zeros when it is empty).
+    fn of(sorted: &[f64]) -> Quantiles {
+        Quantiles {
+            p50: quantile(sorted, 0.5),
+            p99: quantile(sorted, 0.99),
+            max: sorted.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -1292,11 +1303,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         nodes: n,
         loss: opts.loss_pct,
         profile: opts.profile.as_str(),
-        detection_ms: Quantiles {
-            p50: quantile(&samples_ms, 0.5),
-            p99: quantile(&samples_ms, 0.99),
-            max: samples_ms.last().copied().unwrap_or(0.0),
-        },
+        detection_ms: Quantiles::of(&samples_ms),
         false_downs,
         packets_per_member_per_s: (packets + watch_packets) as f64 / n as f64 / measured,
         bytes_per_member_per_s: bytes as f64 / n as f64 / measured,
@@ -1311,11 +1318,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         ips_per_member: opts.watch.map_or(0, |w| w.ips_per_member),
         refuted_takeovers,
         confirmed_takeovers,
-        watch_detect_ms: Quantiles {
-            p50: quantile(&watch_samples_ms, 0.5),
-            p99: quantile(&watch_samples_ms, 0.99),
-            max: watch_samples_ms.last().copied().unwrap_or(0.0),
-        },
+        watch_detect_ms: Quantiles::of(&watch_samples_ms),
         watch_undetected,
         watch_packets_per_member_per_s: watch_packets as f64 / n as f64 / measured,
         partition,
@@ -1409,11 +1412,7 @@ fn stall(net: &mut Cluster, n: usize, stalled: usize, kind: Stall) -> StallRepor
         stalls: STALLS,
         false_downs_of_others,
         downs_of_stalled,
-        recover_ms: Quantiles {
-            p50: quantile(&recover, 0.5),
-            p99: quantile(&recover, 0.99),
-            max: recover.last().copied().unwrap_or(0.0),
-        },
+        recover_ms: Quantiles::of(&recover),
         unrecovered,
         max_health,
         stalled_takeovers,

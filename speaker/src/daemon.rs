@@ -395,12 +395,7 @@ impl Daemon {
                 .map(|(node, a)| (node.clone(), a.incarnation))
                 .collect();
             for (node, incarnation) in lapsed {
-                let same = self
-                    .gossip
-                    .directory()
-                    .borrow()
-                    .get(&node)
-                    .is_some_and(|id| id.bump == incarnation);
+                let same = self.alive_as(&node, incarnation);
                 if same {
                     // Alive in the gossip in the accused incarnation all along.
                     self.unaccuse(&node, "lapsed").await;
@@ -494,12 +489,7 @@ impl Daemon {
                 let heard_alive = self.refuted.get(&accused).is_some_and(|(inc, at)| {
                     *inc == incarnation && now.saturating_duration_since(*at) < REFUTED_RECENTLY
                 });
-                let current = self
-                    .gossip
-                    .directory()
-                    .borrow()
-                    .get(&accused)
-                    .is_some_and(|id| id.bump == incarnation);
+                let current = self.alive_as(&accused, incarnation);
                 if self.accused.contains_key(&accused) || heard_alive || !current {
                     return;
                 }
@@ -524,6 +514,15 @@ impl Daemon {
                 self.watch_paused = true;
             }
         }
+    }
+
+    /// Whether the gossip holds `node` alive in `incarnation` (its identity's bump).
+    fn alive_as(&self, node: &str, incarnation: u64) -> bool {
+        self.gossip
+            .directory()
+            .borrow()
+            .get(node)
+            .is_some_and(|id| id.bump == incarnation)
     }
 
     /// Whether this node would own one of `owner`'s IPs if `owner` were gone: only then does it
@@ -676,12 +675,7 @@ impl Daemon {
                 if let Some(incarnation) = self.accused.get(&node).map(|a| a.incarnation) {
                     // A renewed member (down and back: foca may rename it without a down
                     // seen here) re-gossips its record: a `Meta`.
-                    let renewed = self
-                        .gossip
-                        .directory()
-                        .borrow()
-                        .get(&node)
-                        .is_none_or(|id| id.bump != incarnation);
+                    let renewed = !self.alive_as(&node, incarnation);
                     match change_kind(joined, record.is_some()) {
                         // Down, or back under a new identity: what the watch said.
                         ChangeKind::Down | ChangeKind::Up => self.confirmed(&node),

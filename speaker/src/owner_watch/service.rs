@@ -757,6 +757,26 @@ impl Watch {
         self.polls.retain(|_, p| p.expires > now);
     }
 
+    /// Remembers a poll of `target` sent at `now` (for a relay: whom to answer, with which
+    /// nonce) until [`POLL_WAIT`] passes; its nonce.
+    fn new_poll(
+        &mut self,
+        now: Duration,
+        target: &str,
+        answer_to: Option<(SocketAddr, u64)>,
+    ) -> u64 {
+        let nonce = self.rng.random::<u64>();
+        self.polls.insert(
+            nonce,
+            PendingPoll {
+                target: target.to_string(),
+                answer_to,
+                expires: now + POLL_WAIT,
+            },
+        );
+        nonce
+    }
+
     /// Polls `owner` directly and through one other member.
     fn second_check(&mut self, now: Duration, owner: &str) {
         let Some(target) = self.member(owner) else {
@@ -765,15 +785,7 @@ impl Watch {
         let Some(to) = watch_addr(target.addr) else {
             return;
         };
-        let nonce = self.rng.random::<u64>();
-        self.polls.insert(
-            nonce,
-            PendingPoll {
-                target: owner.to_string(),
-                answer_to: None,
-                expires: now + POLL_WAIT,
-            },
-        );
+        let nonce = self.new_poll(now, owner, None);
         self.send(
             to,
             &WatchMessage::Poll {
@@ -795,15 +807,7 @@ impl Watch {
         let Some(relay_to) = watch_addr(relay.addr) else {
             return;
         };
-        let nonce = self.rng.random::<u64>();
-        self.polls.insert(
-            nonce,
-            PendingPoll {
-                target: owner.to_string(),
-                answer_to: None,
-                expires: now + POLL_WAIT,
-            },
-        );
+        let nonce = self.new_poll(now, owner, None);
         self.send(
             relay_to,
             &WatchMessage::Relay {
@@ -897,15 +901,7 @@ impl Watch {
                 let Some(to) = watch_addr(target.addr) else {
                     return;
                 };
-                let ours = self.rng.random::<u64>();
-                self.polls.insert(
-                    ours,
-                    PendingPoll {
-                        target: target.name.to_string(),
-                        answer_to: Some((from, nonce)),
-                        expires: now + POLL_WAIT,
-                    },
-                );
+                let ours = self.new_poll(now, target.name, Some((from, nonce)));
                 self.send(
                     to,
                     &WatchMessage::Poll {
