@@ -288,6 +288,14 @@ pub const GOSSIP_PORT: u16 = 7946;
 /// The HTTP port of the lab's speakers.
 pub const HTTP_PORT: u16 = 7572;
 
+/// Every node's speaker HTTP address (`/status`, `/metrics`), in node order.
+pub fn http_addrs(lab: &Lab) -> Vec<SocketAddr> {
+    lab.nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
+        .collect()
+}
+
 impl SwimlbDaemons {
     /// Speakers run as `program speaker standalone --config FILE`; files go to a directory named
     /// after the lab's run, with one fresh key shared by all nodes.
@@ -426,11 +434,7 @@ impl Daemons for SwimlbDaemons {
     }
 
     fn views(&mut self, lab: &Lab) -> Views {
-        let nodes: Vec<SocketAddr> = lab
-            .nodes
-            .iter()
-            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-            .collect();
+        let nodes: Vec<SocketAddr> = http_addrs(lab);
         let count = nodes.len();
         // Three tries each: with `--loss` a lost SYN fails one connection attempt.
         let views = probe::in_netns(&lab.client_netns, move || {

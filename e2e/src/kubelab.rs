@@ -508,11 +508,7 @@ pub struct AddressSeen {
 /// What every node's speaker says of `ip`, in node order (`None`: no answer, or the address is
 /// not in its `/status`).
 pub fn address_views(lab: &Lab, ip: &str) -> Vec<Option<AddressSeen>> {
-    let nodes: Vec<SocketAddr> = lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, crate::failover::HTTP_PORT)))
-        .collect();
+    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
     let count = nodes.len();
     let ip = ip.to_string();
     probe::in_netns(&lab.client_netns, move || {

@@ -16,7 +16,7 @@ use anyhow::Result;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::failover::{Daemons, HTTP_PORT, Implementation};
+use crate::failover::{Daemons, Implementation};
 use crate::flood::{Flood, FloodKind};
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
@@ -169,11 +169,7 @@ pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
 /// Every node's `/metrics` answer read from the client, as samples, in node order (`None`: no
 /// answer in 3 tries; with `--loss` a lost SYN fails one attempt).
 fn scrape_nodes(lab: &Lab) -> Vec<Option<Vec<Sample>>> {
-    let nodes: Vec<SocketAddr> = lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-        .collect();
+    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
     let count = nodes.len();
     probe::in_netns(&lab.client_netns, move || {
         nodes

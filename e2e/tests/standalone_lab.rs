@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use swimlb_e2e::demo::{AnnouncementWatcher, http_get};
-use swimlb_e2e::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe::{self, FailoverSample, PROBE_PORT, Prober, Worker};
 use swimlb_e2e::prometheus_lab::{LAB_NAMESPACE, LabPrometheus};
@@ -233,12 +233,7 @@ impl Running {
     /// Per node, the sum of the samples of `/metrics` whose line starts with `prefix` (`None`:
     /// no answer, or no such sample).
     fn metric_per_node(&self, prefix: &str) -> Vec<Option<f64>> {
-        let nodes: Vec<SocketAddr> = self
-            .lab
-            .nodes
-            .iter()
-            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-            .collect();
+        let nodes: Vec<SocketAddr> = failover::http_addrs(&self.lab);
         let prefix = prefix.to_string();
         in_netns(&self.lab.client_netns, move || {
             nodes
@@ -257,12 +252,7 @@ impl Running {
     }
 
     fn views(&self) -> Vec<Option<(Option<String>, usize)>> {
-        let nodes: Vec<SocketAddr> = self
-            .lab
-            .nodes
-            .iter()
-            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-            .collect();
+        let nodes: Vec<SocketAddr> = failover::http_addrs(&self.lab);
         let vip = netns::vip_v4(0).to_string();
         in_netns(&self.lab.client_netns, move || {
             nodes
@@ -284,12 +274,7 @@ impl Running {
 
     /// Each node's `/status` as JSON (`None`: no answer).
     fn statuses(&self) -> Vec<Option<serde_json::Value>> {
-        let nodes: Vec<SocketAddr> = self
-            .lab
-            .nodes
-            .iter()
-            .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-            .collect();
+        let nodes: Vec<SocketAddr> = failover::http_addrs(&self.lab);
         in_netns(&self.lab.client_netns, move || {
             nodes
                 .iter()
@@ -1380,12 +1365,7 @@ fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README.md");
     let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
-    let nodes: Vec<SocketAddr> = run
-        .lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, HTTP_PORT)))
-        .collect();
+    let nodes: Vec<SocketAddr> = failover::http_addrs(&run.lab);
     // The counters above reach /metrics at once; the check's first result within its interval.
     let deadline = Instant::now() + Duration::from_secs(10);
     let (bodies, union) = loop {
