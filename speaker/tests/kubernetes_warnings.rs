@@ -25,6 +25,12 @@ fn free_port() -> u16 {
     socket.local_addr().expect("its address").port()
 }
 
+/// A TCP port free now (the HTTP listener's: a free UDP port may be a TCP port in use).
+fn free_tcp_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}
+
 async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -81,7 +87,7 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
             "spec": {"interfaces": ["swimlb-absent0"]}}),
     ])
     .expect("seeding");
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
     let settings = Settings {
         node: "node-a".into(),
         namespace: NS.into(),
@@ -109,6 +115,8 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let first = warnings(&api);
+    // A speaker that stopped on its own (it could not listen, say) says why in the failure.
+    let ended_early = speaker.is_finished();
     let metrics = get(listen, "/metrics").await.unwrap_or_default();
     // Another Node: every advertisement is resolved again; nothing new to say.
     api.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}))
@@ -116,9 +124,13 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = warnings(&api);
     let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), speaker).await;
+    let result = tokio::time::timeout(Duration::from_secs(10), speaker).await;
 
-    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(
+        first.len(),
+        2,
+        "{first:?} (the speaker ended before the warnings were read: {ended_early}, with {result:?})"
+    );
     let (reason, object, note) = &first[0];
     assert_eq!(
         (reason.as_str(), object.as_str()),
