@@ -28,7 +28,7 @@
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -274,7 +274,8 @@ pub struct Daemon {
     /// When each member was last heard alive refuting (incarnation, when).
     refuted: BTreeMap<NodeName, (u64, Instant)>,
     plan: Option<Plan>,
-    plan_dirty: bool,
+    /// The successors of what this node answers for, kept per IP for the plan.
+    successors: Successors,
     watch_paused: bool,
     /// The IPs the last actions took over, with their previous owner.
     took_over: Vec<(IpAddr, NodeName)>,
@@ -366,7 +367,7 @@ impl Daemon {
             accused: BTreeMap::new(),
             refuted: BTreeMap::new(),
             plan: None,
-            plan_dirty: true,
+            successors: Successors::default(),
             watch_paused: false,
             took_over: Vec::new(),
         };
@@ -378,7 +379,7 @@ impl Daemon {
     /// first plan.
     pub fn with_watch(mut self, watch: Option<WatchHandle>) -> Daemon {
         self.watch = watch;
-        self.plan_dirty = true;
+        self.successors.invalidate_all();
         self.refresh_plan();
         self
     }
@@ -407,6 +408,7 @@ impl Daemon {
                 }
             }
         }
+        self.successors.input(&input);
         let actions = self.engine.handle(Instant::now(), input);
         self.perform(actions).await;
     }
@@ -555,7 +557,7 @@ impl Daemon {
                 last_heard,
             },
         );
-        self.plan_dirty = true;
+        self.successors.invalidate_all();
         self.handle(Input::Member {
             node: node.to_string(),
             record: None,
@@ -570,7 +572,7 @@ impl Daemon {
         let Some(accusation) = self.accused.remove(node) else {
             return;
         };
-        self.plan_dirty = true;
+        self.successors.invalidate_all();
         tracing::warn!(member = %node, result, own = accusation.own, "accusation ended: the member is alive");
         if accusation.own
             && let Some(watch) = &self.watch
@@ -597,7 +599,7 @@ impl Daemon {
     /// The gossip confirmed `node`'s accusation (down, or back renewed).
     fn confirmed(&mut self, node: &str) {
         if let Some(accusation) = self.accused.remove(node) {
-            self.plan_dirty = true;
+            self.successors.invalidate_all();
             if accusation.own
                 && let Some(watch) = &self.watch
             {
@@ -613,27 +615,13 @@ impl Daemon {
             return;
         };
         let me = self.gossip.identity();
-        if !self.plan_dirty && self.plan.as_ref().is_some_and(|p| p.me == me) {
+        if self.successors.is_clean() && self.plan.as_ref().is_some_and(|p| p.me == me) {
             return;
         }
-        self.plan_dirty = false;
-        let election = self.engine.election();
-        let live = self.engine.live();
-        let mut counts: BTreeMap<NodeName, usize> = BTreeMap::new();
-        for ip in self.engine.answering().keys() {
-            if let Some(successor) = election.successor(ip, live) {
-                *counts.entry(successor).or_default() += 1;
-            }
-        }
-        let mut ranked: Vec<(NodeName, usize)> = counts.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        self.successors.refresh(&self.engine);
         let plan = Plan {
             me,
-            watchers: ranked
-                .into_iter()
-                .take(MAX_WATCHERS)
-                .map(|(node, _)| node)
-                .collect(),
+            watchers: self.successors.ranked(MAX_WATCHERS),
             answering: !self.engine.answering().is_empty(),
             accused: self
                 .accused
@@ -671,7 +659,7 @@ impl Daemon {
                 };
                 let record = self.live.borrow().get(&node).cloned();
                 self.board.member(&node, record.as_ref());
-                self.plan_dirty = true;
+                self.successors.invalidate_all();
                 if let Some(incarnation) = self.accused.get(&node).map(|a| a.incarnation) {
                     // A renewed member (down and back: foca may rename it without a down
                     // seen here) re-gossips its record: a `Meta`.
@@ -697,7 +685,7 @@ impl Daemon {
                 for node in self.accused.keys() {
                     live.remove(node);
                 }
-                self.plan_dirty = true;
+                self.successors.invalidate_all();
                 Input::Live(live)
             }
             Err(broadcast::error::RecvError::Closed) => return false,
@@ -775,12 +763,7 @@ impl Daemon {
             );
         }
         let mut facts_changed = false;
-        self.plan_dirty |= actions.iter().any(|a| {
-            matches!(
-                a,
-                Action::Answer { .. } | Action::Silence { .. } | Action::Status { .. }
-            )
-        });
+        self.successors.actions(&actions);
         for action in actions {
             match action {
                 Action::Silence { .. } | Action::Answer { .. } | Action::Announce { .. } => {}
@@ -810,6 +793,125 @@ impl Daemon {
             tracing::warn!(error = %e, "leaving the mesh");
         }
         self.answering.stop();
+    }
+}
+
+/// The successor of every IP this node answers for, and how many IPs each successor would
+/// take over: the owner watch's plan sends heartbeats to the most frequent ones. Kept per IP,
+/// so that an event that changes a few IPs (an EndpointSlice) costs a few elections, not one
+/// per answered IP; a change of the live set or of the whole snapshot recomputes everything.
+#[derive(Debug)]
+struct Successors {
+    of: HashMap<IpAddr, NodeName>,
+    counts: HashMap<NodeName, usize>,
+    /// Everything must be recomputed.
+    all: bool,
+    /// These IPs must be recomputed.
+    dirty: HashSet<IpAddr>,
+}
+
+impl Default for Successors {
+    fn default() -> Self {
+        Successors {
+            of: HashMap::new(),
+            counts: HashMap::new(),
+            all: true,
+            dirty: HashSet::new(),
+        }
+    }
+}
+
+impl Successors {
+    fn invalidate_all(&mut self) {
+        self.all = true;
+        self.dirty.clear();
+    }
+
+    fn invalidate(&mut self, ip: IpAddr) {
+        if !self.all {
+            self.dirty.insert(ip);
+        }
+    }
+
+    /// Invalidates what `input` may change: the IPs it names, or everything.
+    fn input(&mut self, input: &Input) {
+        match input {
+            Input::Served(entries) => {
+                for (ip, _) in entries {
+                    self.invalidate(*ip);
+                }
+            }
+            Input::Snapshot(_) | Input::Live(_) | Input::Member { .. } | Input::Net { .. } => {
+                self.invalidate_all()
+            }
+            Input::Hold(_) | Input::Conflict { .. } | Input::Tick | Input::Drain => {}
+        }
+    }
+
+    /// Invalidates the IPs whose answering or view `actions` changed.
+    fn actions(&mut self, actions: &[Action]) {
+        for action in actions {
+            if let Action::Answer { ip, .. }
+            | Action::Silence { ip, .. }
+            | Action::Status { ip, .. } = action
+            {
+                self.invalidate(*ip);
+            }
+        }
+    }
+
+    fn is_clean(&self) -> bool {
+        !self.all && self.dirty.is_empty()
+    }
+
+    /// Recomputes what was invalidated, from the engine's election and live set.
+    fn refresh(&mut self, engine: &Engine) {
+        let election = engine.election();
+        let live = engine.live();
+        if std::mem::take(&mut self.all) {
+            self.dirty.clear();
+            self.of.clear();
+            self.counts.clear();
+            for ip in engine.answering().keys() {
+                self.set(*ip, election.successor(ip, live));
+            }
+        } else {
+            for ip in std::mem::take(&mut self.dirty) {
+                let next = if engine.answering().contains_key(&ip) {
+                    election.successor(&ip, live)
+                } else {
+                    None
+                };
+                self.set(ip, next);
+            }
+        }
+    }
+
+    fn set(&mut self, ip: IpAddr, next: Option<NodeName>) {
+        if let Some(old) = self.of.remove(&ip)
+            && let Some(count) = self.counts.get_mut(&old)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(&old);
+            }
+        }
+        if let Some(node) = next {
+            *self.counts.entry(node.clone()).or_default() += 1;
+            self.of.insert(ip, node);
+        }
+    }
+
+    /// At most `max` successors, the most frequent first (ties by name).
+    fn ranked(&self, max: usize) -> Vec<NodeName> {
+        let mut ranked: Vec<(&NodeName, usize)> =
+            self.counts.iter().map(|(node, n)| (node, *n)).collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        ranked
+            .into_iter()
+            .take(max)
+            .map(|(node, _)| node.clone())
+            .collect()
     }
 }
 
@@ -882,6 +984,81 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// The plan's successors kept per IP equal a full recomputation after every input, as the
+    /// daemon invalidates them (Served entries that move IPs between nodes, members down and
+    /// up).
+    #[test]
+    fn successors_kept_per_ip_equal_a_full_recomputation() {
+        use crate::engine::tests::{engine, ip, member};
+        use crate::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
+        use std::sync::Arc;
+
+        let nodes = ["a", "b", "c", "d", "e"];
+        let members: Vec<MemberMeta> = nodes.iter().map(|n| member(n, 50)).collect();
+        let addr = |i: u32| ip(&format!("192.0.2.{}", i + 1));
+        let entry = |mask: u32| {
+            let mut served = ServedIp::group("api", Interfaces::Default);
+            let only: std::collections::BTreeSet<NodeName> = nodes
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| mask & (1 << k) != 0)
+                .map(|(_, n)| n.to_string())
+                .collect();
+            served.nodes = NodeFilter::Only(Arc::new(only));
+            Arc::new(served)
+        };
+        let mut snapshot = Snapshot::new();
+        for i in 0..40 {
+            snapshot.insert(addr(i), (*entry(0b11111)).clone()).unwrap();
+        }
+        let t0 = Instant::now();
+        let mut engine = engine(t0, "a", snapshot, &members);
+        let mut kept = Successors::default();
+        kept.refresh(&engine);
+        // A small linear congruential generator: the same steps on every run.
+        let mut seed: u32 = 7;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            seed >> 8
+        };
+        let mut moved = 0;
+        for step in 0..300 {
+            let input = match next() % 10 {
+                0 => {
+                    let node = nodes[1 + (next() % 4) as usize];
+                    let down = next() % 2 == 0;
+                    Input::Member {
+                        node: node.to_string(),
+                        record: (!down).then(|| member(node, 50)),
+                        joined: !down,
+                    }
+                }
+                _ => Input::Served(
+                    (0..1 + next() % 3)
+                        .map(|_| {
+                            let i = next() % 40;
+                            let mask = next() % 32;
+                            (addr(i), (mask != 0).then(|| entry(mask)))
+                        })
+                        .collect(),
+                ),
+            };
+            kept.input(&input);
+            let actions = engine.handle(t0 + ms(step), input);
+            kept.actions(&actions);
+            let before = kept.counts.clone();
+            kept.refresh(&engine);
+            moved += usize::from(before != kept.counts);
+            let mut fresh = Successors::default();
+            fresh.refresh(&engine);
+            assert_eq!(kept.counts, fresh.counts, "step {step}");
+            assert_eq!(kept.of, fresh.of, "step {step}");
+            assert_eq!(kept.ranked(MAX_WATCHERS), fresh.ranked(MAX_WATCHERS));
+            assert!(kept.is_clean());
+        }
+        assert!(moved > 50, "the steps moved successors {moved} times");
     }
 
     #[test]

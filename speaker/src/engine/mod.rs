@@ -37,7 +37,7 @@ pub mod conflict;
 pub mod placement;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

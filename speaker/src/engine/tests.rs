@@ -13,7 +13,7 @@ use crate::interfaces::{Link, MAIN_TABLE, Route};
 use crate::membership::{GroupHealth, LiveSet, MemberMeta};
 use crate::snapshot::{Interfaces, ServedIp, Snapshot};
 
-fn ip(s: &str) -> IpAddr {
+pub(crate) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -59,7 +59,7 @@ fn without(links: &[Link], name: &str) -> Vec<Link> {
 }
 
 /// A settled member of group `api` at `priority`, able to announce on eth0..eth2.
-fn member(node: &str, priority: u8) -> MemberMeta {
+pub(crate) fn member(node: &str, priority: u8) -> MemberMeta {
     let mut m = MemberMeta::new(node);
     m.settled = true;
     m.groups.insert(
@@ -73,7 +73,7 @@ fn member(node: &str, priority: u8) -> MemberMeta {
     m
 }
 
-fn live(members: &[MemberMeta]) -> LiveSet {
+pub(crate) fn live(members: &[MemberMeta]) -> LiveSet {
     let mut set = LiveSet::new();
     for m in members {
         set.upsert(m.clone());
@@ -90,7 +90,12 @@ fn snapshot(entries: &[(&str, Interfaces)]) -> Snapshot {
     s
 }
 
-fn engine(now: Instant, node: &str, snapshot: Snapshot, members: &[MemberMeta]) -> Engine {
+pub(crate) fn engine(
+    now: Instant,
+    node: &str,
+    snapshot: Snapshot,
+    members: &[MemberMeta],
+) -> Engine {
     let (links, routes) = net();
     Engine::new(
         now,
