@@ -864,7 +864,7 @@ impl Election {
         }
         for (ip, served) in self.snapshot.iter() {
             bytes += node_overhead(std::mem::size_of_val(ip) + std::mem::size_of_val(served));
-            bytes += served.belongs_to.capacity();
+            bytes += served.belongs_to.len() * usize::from(served.belongs_to.is_heap_allocated());
             bytes += served.group.as_ref().map_or(0, String::capacity);
             for other in served.shared_with.iter().flatten() {
                 bytes += std::mem::size_of::<String>() + other.capacity();

@@ -16,8 +16,11 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
+use smol_str::SmolStr;
 use swimlb_proto::exposition::{self, Format};
 use tokio::sync::watch;
+
+use crate::engine::placement::LinkSet;
 
 /// What `/status` shows and `/readyz` decides from.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -50,25 +53,43 @@ pub struct MemberStatus {
     pub draining: bool,
 }
 
-/// One VIP.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One VIP. Its JSON also has `interface`: the first of `interfaces` (null when this node
+/// does not answer). The strings and the link set are shared with the engine's view, so that
+/// 10,000 entries allocate nothing of their own.
+#[derive(Debug, Clone, PartialEq)]
 pub struct AddressStatus {
     /// The address.
     pub ip: IpAddr,
     /// Group (standalone) or `namespace/service`.
-    pub group: String,
+    pub group: SmolStr,
     /// The elected owner, if any.
-    pub owner: Option<String>,
+    pub owner: Option<SmolStr>,
     /// This node's verdict (`owner`, `not_owner`, `no_candidates`, ...).
     pub verdict: &'static str,
-    /// Interface it is announced on, when this node answers for it (the first of
-    /// `interfaces`).
-    pub interface: Option<String>,
-    /// Every interface this node answers for it on.
-    pub interfaces: Vec<String>,
+    /// Every interface this node answers for it on (`None`: it does not answer; `[]` in JSON).
+    pub interfaces: Option<LinkSet>,
     /// When this node saw the owner change last (or the IP appear), in seconds since the Unix
     /// epoch (`swimlb-speaker status` shows it as an age).
     pub owner_since: Option<f64>,
+}
+
+impl Serialize for AddressStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let links = self.interfaces.as_deref();
+        let mut s = serializer.serialize_struct("AddressStatus", 7)?;
+        s.serialize_field("ip", &self.ip)?;
+        s.serialize_field("group", &self.group)?;
+        s.serialize_field("owner", &self.owner)?;
+        s.serialize_field("verdict", self.verdict)?;
+        s.serialize_field("interface", &links.and_then(|l| l.first()))?;
+        s.serialize_field(
+            "interfaces",
+            &links.into_iter().flatten().collect::<Vec<_>>(),
+        )?;
+        s.serialize_field("owner_since", &self.owner_since)?;
+        s.end()
+    }
 }
 
 /// Serializes a map as the list of its values.
@@ -308,8 +329,7 @@ mod tests {
                     group: "api".into(),
                     owner: Some("node2".into()),
                     verdict: "not_owner",
-                    interface: None,
-                    interfaces: vec![],
+                    interfaces: None,
                     owner_since: None,
                 },
             )]),

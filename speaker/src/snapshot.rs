@@ -10,6 +10,7 @@
 //!
 //! The snapshot says nothing about who is alive: that is the [`LiveSet`](crate::membership::LiveSet).
 
+use smol_str::SmolStr;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -104,7 +105,7 @@ impl NodeFilter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedIp {
     /// What the IP belongs to: the standalone group name, or `namespace/service`.
-    pub belongs_to: String,
+    pub belongs_to: SmolStr,
     /// The group whose [`GroupHealth`](crate::membership::GroupHealth) applies (standalone). `None`
     /// for Kubernetes Services: every member has priority 0 and no checks for them.
     pub group: Option<String>,
@@ -133,7 +134,7 @@ pub struct ServedIp {
 
 impl ServedIp {
     /// A Kubernetes-style entry: no group, default interface, every node, `Cluster` policy.
-    pub fn service(belongs_to: impl Into<String>) -> ServedIp {
+    pub fn service(belongs_to: impl Into<SmolStr>) -> ServedIp {
         ServedIp {
             belongs_to: belongs_to.into(),
             group: None,
@@ -150,7 +151,7 @@ impl ServedIp {
     pub fn group(group: impl Into<String>, interfaces: Interfaces) -> ServedIp {
         let group = group.into();
         ServedIp {
-            belongs_to: group.clone(),
+            belongs_to: SmolStr::from(&group),
             group: Some(group),
             interfaces,
             nodes: NodeFilter::All,
@@ -245,8 +246,8 @@ impl Snapshot {
         {
             return Err(SnapshotError::DuplicateIp {
                 ip,
-                first: held.belongs_to.clone(),
-                second: served.belongs_to.clone(),
+                first: held.belongs_to.to_string(),
+                second: served.belongs_to.to_string(),
             });
         }
         self.ips.insert(ip, served);

@@ -450,8 +450,7 @@ ingress-long-name   tcp       failing   timeout
                     group: "vip".into(),
                     owner: Some("node1".into()),
                     verdict: "owner",
-                    interface: Some("eth0".into()),
-                    interfaces: vec!["eth0".into()],
+                    interfaces: Some(std::sync::Arc::new(["eth0".to_string()].into())),
                     owner_since: None,
                 },
             )]

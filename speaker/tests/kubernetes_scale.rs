@@ -241,6 +241,25 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// SIGKILLs every process running `program` (found through `/proc/PID/exe`).
+fn kill_running(program: &str) {
+    let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.into());
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("exe")).ok().as_ref() == Some(&program) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 #[test]
 #[ignore = "measurement (needs root: network namespace, packet sockets): prints the speaker's RSS and EndpointSlice change latency with 10,000 Services"]
 fn measure_ten_thousand_services() {
@@ -398,6 +417,12 @@ fn measure_ten_thousand_services() {
         let rss_after = status_kib(pid, "VmRSS:");
         let cpu_end = cpu_seconds(pid);
         let metrics_bytes = after.len();
+        if !wrapper.is_empty() {
+            // The speaker itself is killed, not the profiler, which then writes out what was
+            // allocated at this moment (heaptrack's "leaked" is the steady state).
+            kill_running(env!("CARGO_BIN_EXE_swimlb-speaker"));
+            let _ = tokio::time::timeout(Duration::from_secs(120), speaker.wait()).await;
+        }
         let _ = speaker.start_kill();
         let _ = speaker.wait().await;
         let log_text = std::fs::read_to_string(&log).unwrap_or_default();

@@ -44,11 +44,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smol_str::SmolStr;
 use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
 use self::conflict::ConflictDamper;
-use self::placement::Placement;
+use self::placement::{LinkSet, Placement};
 use crate::announcer::{Announcer, Effect, Schedule};
 use crate::election::{Election, OwnerChange};
 use crate::interfaces::{Link, NoInterface, Route};
@@ -189,13 +190,14 @@ pub enum Notice {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddressView {
     /// The group or `namespace/service`.
-    pub belongs_to: String,
-    /// The elected owner.
-    pub owner: Option<NodeName>,
+    pub belongs_to: SmolStr,
+    /// The elected owner (inline up to 23 bytes: no allocation per IP for most node names).
+    pub owner: Option<SmolStr>,
     /// This node's verdict ([`crate::election::Verdict::as_str`]).
     pub verdict: &'static str,
-    /// The links this node answers on, when it answers.
-    pub links: Vec<String>,
+    /// The links this node answers on (`None`: it does not answer); shared between the IPs
+    /// answered on the same links.
+    pub links: Option<LinkSet>,
 }
 
 /// The drain under way.
@@ -216,7 +218,7 @@ pub struct Engine {
     placement: Placement,
     conflicts: ConflictDamper,
     /// The links each answered IP is answered on, as told to the drivers.
-    answering: BTreeMap<IpAddr, BTreeSet<String>>,
+    answering: BTreeMap<IpAddr, LinkSet>,
     views: BTreeMap<IpAddr, AddressView>,
     facts: AnnounceFacts,
     drain: Option<Drain>,
@@ -360,7 +362,7 @@ impl Engine {
     }
 
     /// The IPs this node answers for, with their links.
-    pub fn answering(&self) -> &BTreeMap<IpAddr, BTreeSet<String>> {
+    pub fn answering(&self) -> &BTreeMap<IpAddr, LinkSet> {
         &self.answering
     }
 
@@ -546,7 +548,7 @@ impl Engine {
     }
 
     /// Where `ip` should be answered now, if anywhere.
-    fn wanted_links(&self, ip: &IpAddr) -> Option<BTreeSet<String>> {
+    fn wanted_links(&self, ip: &IpAddr) -> Option<LinkSet> {
         if let Some(drain) = &self.drain {
             return match drain.left.contains(ip) && !drain.done {
                 true => self.answering.get(ip).cloned(),
@@ -638,16 +640,12 @@ impl Engine {
     fn report(&mut self, ip: &IpAddr, actions: &mut Vec<Action>) {
         let view = self.election.snapshot().get(ip).map(|served| AddressView {
             belongs_to: served.belongs_to.clone(),
-            owner: self.election.owner(ip).map(str::to_string),
+            owner: self.election.owner(ip).map(SmolStr::from),
             verdict: self
                 .election
                 .verdict(ip, &self.live)
                 .map_or("unknown", |v| v.as_str()),
-            links: self
-                .answering
-                .get(ip)
-                .map(|l| l.iter().cloned().collect())
-                .unwrap_or_default(),
+            links: self.answering.get(ip).cloned(),
         });
         if self.views.get(ip) == view.as_ref() {
             return;

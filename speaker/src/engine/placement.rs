@@ -17,6 +17,9 @@ use crate::snapshot::{Interfaces, Snapshot};
 /// The links answering for one IP (never empty), or why there is none.
 pub type Placed = Result<BTreeSet<String>, NoInterface>;
 
+/// A set of link names, shared by every IP placed on the same links.
+pub type LinkSet = Arc<BTreeSet<String>>;
+
 /// Places `ip` with interface set `wanted` on `links` and `routes`.
 pub fn place(ip: IpAddr, wanted: &Interfaces, links: &[Link], routes: &[Route]) -> Placed {
     match wanted {
@@ -51,8 +54,8 @@ pub struct Placement {
     routes: Vec<Route>,
     /// Each IP's links, the few distinct sets shared ([`Placement::share`]): 10,000 IPs on one
     /// link hold one set, not 10,000.
-    placed: BTreeMap<IpAddr, Result<Arc<BTreeSet<String>>, NoInterface>>,
-    sets: Vec<Arc<BTreeSet<String>>>,
+    placed: BTreeMap<IpAddr, Result<LinkSet, NoInterface>>,
+    sets: Vec<LinkSet>,
 }
 
 impl Placement {
@@ -73,7 +76,7 @@ impl Placement {
     }
 
     /// `placed` with its set of links shared with the IPs placed on the same links.
-    fn share(&mut self, placed: Placed) -> Result<Arc<BTreeSet<String>>, NoInterface> {
+    fn share(&mut self, placed: Placed) -> Result<LinkSet, NoInterface> {
         let links = placed?;
         if let Some(set) = self.sets.iter().find(|s| ***s == links) {
             return Ok(set.clone());
@@ -86,8 +89,8 @@ impl Placement {
     }
 
     /// The links `ip` is answered on here, if it can be.
-    pub fn links_of(&self, ip: &IpAddr) -> Option<&BTreeSet<String>> {
-        self.placed.get(ip).and_then(|p| p.as_deref().ok())
+    pub fn links_of(&self, ip: &IpAddr) -> Option<&LinkSet> {
+        self.placed.get(ip).and_then(|p| p.as_ref().ok())
     }
 
     /// Every link some IP is placed on (the links that may announce: the standalone mode sets

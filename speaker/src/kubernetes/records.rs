@@ -30,8 +30,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
-use std::sync::Arc;
 
+use crate::engine::placement::LinkSet;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use sha2::{Digest, Sha256};
@@ -82,8 +82,8 @@ pub struct IpFacts {
     /// common case, which allocates nothing).
     pub shared_with: Option<Box<[ServiceKey]>>,
     /// The links this node answers on (`None`: it does not answer); shared between the IPs
-    /// answered on the same links ([`Holdings::links`]).
-    pub links: Option<Arc<BTreeSet<String>>>,
+    /// answered on the same links (the engine's [`LinkSet`]s).
+    pub links: Option<LinkSet>,
     /// The election names no owner.
     pub unowned: bool,
 }
@@ -103,8 +103,6 @@ pub struct Holdings {
     ips: HashMap<IpAddr, IpFacts>,
     /// The IPs of each Service (mostly one: a small vector).
     by_service: HashMap<ServiceKey, Vec<IpAddr>>,
-    /// The distinct link sets (a handful), shared by the IPs.
-    link_sets: Vec<Arc<BTreeSet<String>>>,
 }
 
 impl Holdings {
@@ -153,18 +151,6 @@ impl Holdings {
             }
             _ => false,
         }
-    }
-
-    /// `links` as a shared set (the same `Arc` for equal sets).
-    pub fn links(&mut self, links: &BTreeSet<String>) -> Arc<BTreeSet<String>> {
-        if let Some(set) = self.link_sets.iter().find(|s| ***s == *links) {
-            return set.clone();
-        }
-        // Sets no IP uses any more go first (links renamed or gone).
-        self.link_sets.retain(|s| Arc::strong_count(s) > 1);
-        let set = Arc::new(links.clone());
-        self.link_sets.push(set.clone());
-        set
     }
 
     /// Every IP with facts.
@@ -598,7 +584,7 @@ mod tests {
         Some(IpFacts {
             service: svc(service),
             shared_with: None,
-            links: links.map(|l| Arc::new(l.iter().map(|s| s.to_string()).collect())),
+            links: links.map(|l| std::sync::Arc::new(l.iter().map(|s| s.to_string()).collect())),
             unowned,
         })
     }

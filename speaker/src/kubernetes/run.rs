@@ -520,7 +520,7 @@ impl Source {
                 let unowned = election.owner(ip).is_none();
                 !self
                     .holdings
-                    .matches(ip, service, shared_with, links, unowned)
+                    .matches(ip, service, shared_with, links.map(|l| &**l), unowned)
             })
             .copied()
             .collect();
@@ -539,7 +539,7 @@ impl Source {
         let engine = &self.daemon.engine;
         let mut touched: BTreeSet<ServiceKey> = BTreeSet::new();
         for ip in ips {
-            let facts = ip_facts(engine, &mut self.holdings, &ip);
+            let facts = ip_facts(engine, &ip);
             touched.extend(self.holdings.set(ip, facts));
         }
         let node = self.settings.node.as_str();
@@ -792,7 +792,7 @@ async fn spawn_gossip(
 }
 
 /// `ip` as the records see it in the engine now (`None`: not served, or not a Service's).
-fn ip_facts(engine: &Engine, holdings: &mut Holdings, ip: &IpAddr) -> Option<IpFacts> {
+fn ip_facts(engine: &Engine, ip: &IpAddr) -> Option<IpFacts> {
     let election = engine.election();
     let served = election.snapshot().get(ip)?;
     let service = service_key(&served.belongs_to)?;
@@ -803,7 +803,7 @@ fn ip_facts(engine: &Engine, holdings: &mut Holdings, ip: &IpAddr) -> Option<IpF
     Some(IpFacts {
         service,
         shared_with,
-        links: engine.answering().get(ip).map(|l| holdings.links(l)),
+        links: engine.answering().get(ip).cloned(),
         unowned: election.owner(ip).is_none(),
     })
 }

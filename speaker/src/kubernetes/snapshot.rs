@@ -92,6 +92,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use smol_str::SmolStr;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
@@ -457,7 +458,7 @@ impl Resolved {
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
         // Every IP of the Service has the same entry.
         let served = ServedIp {
-            belongs_to: key.to_string(),
+            belongs_to: SmolStr::from(key.to_string()),
             group: None,
             interfaces: placement.interfaces,
             nodes: placement.nodes,

@@ -195,7 +195,7 @@ fn served(built: &Built) -> Vec<(IpAddr, String)> {
     built
         .snapshot
         .iter()
-        .map(|(ip, s)| (*ip, s.belongs_to.clone()))
+        .map(|(ip, s)| (*ip, s.belongs_to.to_string()))
         .collect()
 }
 
