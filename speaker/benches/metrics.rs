@@ -22,6 +22,7 @@ fn speaker_registry() -> (Registry, StatusBoard) {
     let mut registry = Registry::default();
     let board = StatusBoard::new("node-1", &mut registry);
     let _gossip = GossipMetrics::register(&mut registry);
+    let links = std::sync::Arc::new(std::collections::BTreeSet::from(["eth0".to_string()]));
     for i in 0..IPS {
         let ip = IpAddr::V6(Ipv6Addr::new(
             0x2001,
@@ -34,10 +35,10 @@ fn speaker_registry() -> (Registry, StatusBoard) {
             i as u16,
         ));
         let view = AddressView {
-            belongs_to: format!("namespace-{}/service-{i}", i % 100),
-            owner: Some("node-1".to_string()),
+            belongs_to: format!("namespace-{}/service-{i}", i % 100).into(),
+            owner: Some("node-1".into()),
             verdict: "owner",
-            links: vec!["eth0".to_string()],
+            links: Some(links.clone()),
         };
         board.address(ip, Some(&view));
     }
