@@ -12,21 +12,25 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Resource, ResourceExt};
 
+use smol_str::SmolStr;
+
 use crate::pools::Family;
 use crate::reflect::trim_meta;
 
-/// Identifies a Service.
+/// Identifies a Service. The names are `SmolStr`s: inline up to 23 bytes, as most namespaces
+/// and Service names are, so the maps keyed by Services (10,000 of them in a speaker's caches,
+/// its snapshot keeper and its records) allocate no strings for most keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// The namespace.
-    pub namespace: String,
+    pub namespace: SmolStr,
     /// The name.
-    pub name: String,
+    pub name: SmolStr,
 }
 
 impl ServiceKey {
     /// A key from namespace and name.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<SmolStr>, name: impl Into<SmolStr>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),

@@ -21,6 +21,7 @@ use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
+use smol_str::SmolStr;
 use swimlb_config::service::ServiceKey;
 use tokio::sync::watch as signal;
 
@@ -66,20 +67,33 @@ impl Interner {
         shared
     }
 
+    /// `text` as a `SmolStr`: inline when short, else shared with every other holder of the
+    /// same text (label keys such as `kubernetes.io/service-name` are on every slice).
+    pub fn text(&mut self, text: &str) -> SmolStr {
+        if text.len() <= INLINE {
+            SmolStr::new(text)
+        } else {
+            SmolStr::from(self.get(text))
+        }
+    }
+
     /// Forgets the names no endpoint holds any more (a node renamed or gone).
     fn sweep(&mut self) {
         self.names.retain(|name| Arc::strong_count(name) > 1);
     }
 }
 
+/// The longest text a `SmolStr` holds without allocating.
+const INLINE: usize = 23;
+
 /// String pairs (labels, annotations) as one boxed slice; `None` and an empty map differ, as
 /// they do in the view.
-type Pairs = Option<Box<[(Box<str>, Box<str>)]>>;
+type Pairs = Option<Box<[(SmolStr, SmolStr)]>>;
 
-fn pairs(map: Option<BTreeMap<String, String>>) -> Pairs {
+fn pairs(map: Option<BTreeMap<String, String>>, names: &mut Interner) -> Pairs {
     map.map(|m| {
-        m.into_iter()
-            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+        m.iter()
+            .map(|(k, v)| (names.text(k), names.text(v)))
             .collect()
     })
 }
@@ -94,8 +108,8 @@ fn map(pairs: &Pairs) -> Option<BTreeMap<String, String>> {
 
 fn meta(key: &ServiceKey, labels: &Pairs, annotations: &Pairs) -> ObjectMeta {
     ObjectMeta {
-        name: Some(key.name.clone()),
-        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.to_string()),
+        namespace: Some(key.namespace.to_string()),
         labels: map(labels),
         annotations: map(annotations),
         ..ObjectMeta::default()
@@ -107,16 +121,24 @@ fn meta(key: &ServiceKey, labels: &Pairs, annotations: &Pairs) -> ObjectMeta {
 pub struct CompactService {
     labels: Pairs,
     annotations: Pairs,
-    spec: Option<ServiceSpecView>,
+    spec: Option<CompactSpec>,
     /// `status.loadBalancer.ingress[].ip`, entry by entry (an entry without an IP is kept: the
     /// snapshot counts it as invalid).
-    ingress: Option<Box<[Option<Box<str>>]>>,
+    ingress: Option<Box<[Option<SmolStr>]>>,
+}
+
+/// [`ServiceSpecView`] in `SmolStr`s (`LoadBalancer`, `Cluster` and `Local` are inline).
+#[derive(Debug, Clone, PartialEq)]
+struct CompactSpec {
+    type_: Option<SmolStr>,
+    load_balancer_class: Option<SmolStr>,
+    external_traffic_policy: Option<SmolStr>,
 }
 
 impl Compact for CompactService {
     type View = ServiceView;
 
-    fn compact(view: ServiceView, _: &mut Interner) -> CompactService {
+    fn compact(view: ServiceView, names: &mut Interner) -> CompactService {
         let ingress = view
             .status
             .and_then(|s| s.load_balancer)
@@ -124,13 +146,19 @@ impl Compact for CompactService {
             .map(|entries| {
                 entries
                     .into_iter()
-                    .map(|e| e.ip.map(String::into_boxed_str))
+                    .map(|e| e.ip.as_deref().map(SmolStr::new))
                     .collect()
             });
+        let mut text = |t: Option<String>| t.as_deref().map(|t| names.text(t));
+        let spec = view.spec.map(|spec| CompactSpec {
+            type_: text(spec.type_),
+            load_balancer_class: text(spec.load_balancer_class),
+            external_traffic_policy: text(spec.external_traffic_policy),
+        });
         CompactService {
-            labels: pairs(view.metadata.labels),
-            annotations: pairs(view.metadata.annotations),
-            spec: view.spec,
+            labels: pairs(view.metadata.labels, names),
+            annotations: pairs(view.metadata.annotations, names),
+            spec,
             ingress,
         }
     }
@@ -138,14 +166,21 @@ impl Compact for CompactService {
     fn view(&self, key: &ServiceKey) -> ServiceView {
         ServiceView {
             metadata: meta(key, &self.labels, &self.annotations),
-            spec: self.spec.clone(),
+            spec: self.spec.as_ref().map(|spec| ServiceSpecView {
+                type_: spec.type_.as_ref().map(SmolStr::to_string),
+                load_balancer_class: spec.load_balancer_class.as_ref().map(SmolStr::to_string),
+                external_traffic_policy: spec
+                    .external_traffic_policy
+                    .as_ref()
+                    .map(SmolStr::to_string),
+            }),
             status: self.ingress.as_ref().map(|entries| ServiceStatusView {
                 load_balancer: Some(LoadBalancerView {
                     ingress: Some(
                         entries
                             .iter()
                             .map(|ip| IngressView {
-                                ip: ip.as_deref().map(str::to_string),
+                                ip: ip.as_ref().map(SmolStr::to_string),
                             })
                             .collect(),
                     ),
@@ -165,7 +200,7 @@ struct CompactEndpoint {
 /// An EndpointSlice as the speaker keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactSlice {
-    service: Option<Box<str>>,
+    service: Option<SmolStr>,
     labels: Pairs,
     annotations: Pairs,
     endpoints: Box<[CompactEndpoint]>,
@@ -182,11 +217,11 @@ impl Compact for CompactSlice {
     type View = SliceView;
 
     fn compact(view: SliceView, names: &mut Interner) -> CompactSlice {
-        let service = view.service().map(Box::from);
+        let service = view.service().map(|s| names.text(s));
         CompactSlice {
             service,
-            labels: pairs(view.metadata.labels),
-            annotations: pairs(view.metadata.annotations),
+            labels: pairs(view.metadata.labels, names),
+            annotations: pairs(view.metadata.annotations, names),
             endpoints: view
                 .endpoints
                 .into_iter()
@@ -209,7 +244,7 @@ impl Compact for CompactSlice {
                     conditions: e.conditions,
                 })
                 .collect(),
-            service: self.service.as_deref().map(str::to_string),
+            service: self.service.as_ref().map(SmolStr::to_string),
         }
     }
 }

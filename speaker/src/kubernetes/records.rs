@@ -63,8 +63,8 @@ pub fn record_status(
 ) -> ServiceL2StatusStatus {
     ServiceL2StatusStatus {
         node: node.to_string(),
-        service_name: service.name.clone(),
-        service_namespace: service.namespace.clone(),
+        service_name: service.name.to_string(),
+        service_namespace: service.namespace.to_string(),
         interfaces: interfaces
             .iter()
             .map(|name| InterfaceInfo { name: name.clone() })

@@ -964,8 +964,8 @@ async fn write_records(
                         tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
                         let status = mine.get(&service).map(|interfaces| ServiceL2StatusStatus {
                             node: settings.node.clone(),
-                            service_name: service.name.clone(),
-                            service_namespace: service.namespace.clone(),
+                            service_name: service.name.to_string(),
+                            service_namespace: service.namespace.to_string(),
                             interfaces: interfaces.to_vec(),
                         });
                         writer.set(&service, status, false);
@@ -1076,8 +1076,8 @@ trait ObjectRefFor {
 impl ObjectRefFor for Service {
     fn object_ref_for(key: &ServiceKey) -> ObjectReference {
         let mut service = Service::default();
-        service.metadata.name = Some(key.name.clone());
-        service.metadata.namespace = Some(key.namespace.clone());
+        service.metadata.name = Some(key.name.to_string());
+        service.metadata.namespace = Some(key.namespace.to_string());
         service.object_ref(&())
     }
 }

@@ -285,8 +285,8 @@ fn spawn_compact<C: Compact>(
                 return;
             }
             Observed::Object(key) => What::Object {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
+                namespace: key.namespace.to_string(),
+                name: key.name.to_string(),
             },
             Observed::Listed => What::Resync,
         };

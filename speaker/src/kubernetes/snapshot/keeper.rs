@@ -22,6 +22,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{ObjectKind, validate};
+use smol_str::SmolStr;
 use swimlb_config::service::ServiceKey;
 
 use super::super::views::{ServiceView, SliceView};
@@ -83,19 +84,19 @@ impl Changes {
 /// Which EndpointSlices belong to which Service (by the `kubernetes.io/service-name` label).
 #[derive(Debug, Default)]
 struct SliceIndex {
-    /// (namespace, slice name) -> Service name.
-    service_of: HashMap<(String, String), String>,
+    /// (namespace, slice name) -> Service name (`SmolStr`s: most are inline).
+    service_of: HashMap<(SmolStr, SmolStr), SmolStr>,
     /// Service -> slice names, in name order (mostly one: a small vector).
-    slices_of: HashMap<ServiceKey, Vec<String>>,
+    slices_of: HashMap<ServiceKey, Vec<SmolStr>>,
 }
 
 impl SliceIndex {
     /// The slice `namespace/name` now belongs to `service` (`None`: deleted or unlabelled).
     /// Returns the Services whose slices changed (the former and the new one).
     fn set(&mut self, namespace: &str, name: &str, service: Option<&str>) -> Vec<ServiceKey> {
-        let slice = (namespace.to_string(), name.to_string());
+        let slice = (SmolStr::new(namespace), SmolStr::new(name));
         let before = match service {
-            Some(service) => self.service_of.insert(slice, service.to_string()),
+            Some(service) => self.service_of.insert(slice, SmolStr::new(service)),
             None => self.service_of.remove(&slice),
         };
         let mut touched = Vec::new();
@@ -118,7 +119,7 @@ impl SliceIndex {
                 .entry(key.clone())
                 .or_insert_with(|| Vec::with_capacity(1));
             if let Err(at) = names.binary_search_by(|n| n.as_str().cmp(name)) {
-                names.insert(at, name.to_string());
+                names.insert(at, SmolStr::new(name));
             }
             if !touched.contains(&key) {
                 touched.push(key);
@@ -196,7 +197,7 @@ impl Keeper {
             .get(service)
             .into_iter()
             .flatten()
-            .map(String::as_str)
+            .map(SmolStr::as_str)
     }
 
     /// The interfaces named by the valid advertisements that cover `node` (its candidates
