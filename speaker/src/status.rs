@@ -1,18 +1,21 @@
 //! What this node reports about the IPs and the members: `/status` and the owner metrics,
 //! updated from the engine's deltas, never rebuilt.
 //!
-//! [`StatusBoard`] holds the `/status` channel and the gauges `swimlb_owner` (this node's view
-//! of every IP's owner) and `swimlb_announced` (the IPs this node answers for). Each
-//! [`Action::Status`](crate::engine::Action::Status) changes one IP's entry and one label set
-//! of each gauge in place, so a scrape never sees a family half rebuilt.
+//! [`StatusBoard`] holds the `/status` channel. Each
+//! [`Action::Status`](crate::engine::Action::Status) changes one IP's entry in place. The gauges
+//! `swimlb_owner` (this node's view of every IP's owner) and `swimlb_announced` (the IPs this
+//! node answers for) are written from those entries at scrape time ([`OwnerGauges`]), under
+//! the channel's lock, so a scrape never sees an IP half moved and the speaker keeps no second
+//! copy of 10,000 label sets.
 
 use std::net::IpAddr;
 
 use std::fmt::Write as _;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use smol_str::SmolStr;
 use tokio::sync::watch;
@@ -21,10 +24,10 @@ use crate::engine::AddressView;
 use crate::http::{AddressStatus, MemberStatus, Status};
 use crate::membership::MemberMeta;
 
-// The label sets hold the IP as an address (its text is written at scrape time) and the
-// names as `SmolStr`s shared with the engine's views (inline up to 23 bytes, a shared `Arc`
-// beyond): at 10,000 IPs the labels were a sixth of a Kubernetes speaker's heap as owned
-// strings.
+// The label sets are made at scrape time from `/status`'s entries: the IP as an address and
+// the names as `SmolStr`s shared with the engine's views (inline up to 23 bytes, a shared
+// `Arc` beyond). Kept in two metric families, they were a sixth of a Kubernetes speaker's heap
+// at 10,000 IPs as owned strings, and still 3 MB of label sets and gauges as shared ones.
 
 /// An IP as a label value.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -63,34 +66,66 @@ struct OwnerLabels {
 /// `/status` and the owner gauges of one speaker.
 #[derive(Debug)]
 pub struct StatusBoard {
-    node: SmolStr,
     status: watch::Sender<Status>,
-    announced: Family<AnnouncedLabels, Gauge>,
-    owner: Family<OwnerLabels, Gauge>,
+}
+
+/// `swimlb_announced` and `swimlb_owner`, written from `/status` at scrape time.
+#[derive(Debug)]
+struct OwnerGauges {
+    node: SmolStr,
+    status: watch::Receiver<Status>,
+}
+
+impl Collector for OwnerGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let status = self.status.borrow();
+        let mut announced = encoder.encode_descriptor(
+            "swimlb_announced",
+            "1 while this node answers for the IP",
+            None,
+            MetricType::Gauge,
+        )?;
+        for entry in status.addresses.values().filter(|e| answers(e)) {
+            let labels = AnnouncedLabels {
+                ip: IpLabel(entry.ip),
+                group_or_service: Text(entry.group.clone()),
+                node: Text(self.node.clone()),
+            };
+            announced.encode_family(&labels)?.encode_gauge(&1_i64)?;
+        }
+        let mut owner = encoder.encode_descriptor(
+            "swimlb_owner",
+            "1 for the owner this node elected for each IP",
+            None,
+            MetricType::Gauge,
+        )?;
+        for entry in status.addresses.values() {
+            if let Some(name) = &entry.owner {
+                let labels = OwnerLabels {
+                    ip: IpLabel(entry.ip),
+                    group_or_service: Text(entry.group.clone()),
+                    owner: Text(name.clone()),
+                };
+                owner.encode_family(&labels)?.encode_gauge(&1_i64)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl StatusBoard {
     /// A board for `node`, registering its gauges in `registry`.
     pub fn new(node: &str, registry: &mut Registry) -> StatusBoard {
         let board = StatusBoard {
-            node: SmolStr::from(node),
             status: watch::Sender::new(Status {
                 node: node.to_string(),
                 ..Status::default()
             }),
-            announced: Family::default(),
-            owner: Family::default(),
         };
-        registry.register(
-            "swimlb_announced",
-            "1 while this node answers for the IP",
-            board.announced.clone(),
-        );
-        registry.register(
-            "swimlb_owner",
-            "1 for the owner this node elected for each IP",
-            board.owner.clone(),
-        );
+        registry.register_collector(Box::new(OwnerGauges {
+            node: SmolStr::from(node),
+            status: board.status.subscribe(),
+        }));
         board
     }
 
@@ -106,23 +141,17 @@ impl StatusBoard {
 
     /// `ip`'s entry changed (`None`: no longer served).
     pub fn address(&self, ip: IpAddr, view: Option<&AddressView>) {
-        self.status.send_modify(|status| {
-            let old = match view {
-                Some(view) => {
-                    let mut entry = self.entry(ip, view);
-                    entry.owner_since = match status.addresses.get(&ip) {
-                        Some(held) if held.owner == entry.owner => held.owner_since,
-                        _ => unix_now(),
-                    };
-                    status.addresses.insert(ip, entry)
-                }
-                None => status.addresses.remove(&ip),
-            };
-            if let Some(old) = old {
-                self.unlabel(&old);
+        self.status.send_modify(|status| match view {
+            Some(view) => {
+                let mut entry = entry(ip, view);
+                entry.owner_since = match status.addresses.get(&ip) {
+                    Some(held) if held.owner == entry.owner => held.owner_since,
+                    _ => unix_now(),
+                };
+                status.addresses.insert(ip, entry);
             }
-            if let Some(entry) = status.addresses.get(&ip) {
-                self.label(entry);
+            None => {
+                status.addresses.remove(&ip);
             }
         });
     }
@@ -167,52 +196,16 @@ impl StatusBoard {
     pub fn update(&self, f: impl FnOnce(&mut Status)) {
         self.status.send_modify(f);
     }
-
-    fn entry(&self, ip: IpAddr, view: &AddressView) -> AddressStatus {
-        AddressStatus {
-            ip,
-            group: view.belongs_to.clone(),
-            owner: view.owner.clone(),
-            verdict: view.verdict,
-            interfaces: view.links.clone(),
-            owner_since: None,
-        }
-    }
-
-    fn label(&self, entry: &AddressStatus) {
-        if let Some(owner) = &entry.owner {
-            self.owner.get_or_create(&owner_labels(entry, owner)).set(1);
-        }
-        if answers(entry) {
-            self.announced
-                .get_or_create(&self.announced_labels(entry))
-                .set(1);
-        }
-    }
-
-    fn unlabel(&self, entry: &AddressStatus) {
-        if let Some(owner) = &entry.owner {
-            self.owner.remove(&owner_labels(entry, owner));
-        }
-        if answers(entry) {
-            self.announced.remove(&self.announced_labels(entry));
-        }
-    }
-
-    fn announced_labels(&self, entry: &AddressStatus) -> AnnouncedLabels {
-        AnnouncedLabels {
-            ip: IpLabel(entry.ip),
-            group_or_service: Text(entry.group.clone()),
-            node: Text(self.node.clone()),
-        }
-    }
 }
 
-fn owner_labels(entry: &AddressStatus, owner: &SmolStr) -> OwnerLabels {
-    OwnerLabels {
-        ip: IpLabel(entry.ip),
-        group_or_service: Text(entry.group.clone()),
-        owner: Text(owner.clone()),
+fn entry(ip: IpAddr, view: &AddressView) -> AddressStatus {
+    AddressStatus {
+        ip,
+        group: view.belongs_to.clone(),
+        owner: view.owner.clone(),
+        verdict: view.verdict,
+        interfaces: view.links.clone(),
+        owner_since: None,
     }
 }
 

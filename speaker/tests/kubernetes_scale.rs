@@ -241,6 +241,10 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// How long the speaker is left alone before its memory is read: longer than its
+/// `malloc_trim` period ([`swimlb_speaker::memory::TRIM_PERIOD`]).
+const REST: Duration = Duration::from_secs(6);
+
 /// SIGKILLs every process running `program` (found through `/proc/PID/exe`).
 fn kill_running(program: &str) {
     let program = std::fs::canonicalize(program).unwrap_or_else(|_| program.into());
@@ -375,7 +379,9 @@ fn measure_ten_thousand_services() {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // At rest: longer than the speaker's malloc_trim period, so that the figure does not
+        // depend on where in that period it is read.
+        tokio::time::sleep(REST).await;
         let rss = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
         let rss_parts = (status_kib(pid, "RssAnon:"), status_kib(pid, "RssFile:"));
         let cpu_synced = cpu_seconds(pid);
@@ -412,7 +418,7 @@ fn measure_ten_thousand_services() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(REST).await;
         let after = http_get(listen, "/metrics").await.unwrap_or_default();
         let rss_after = status_kib(pid, "VmRSS:");
         let cpu_end = cpu_seconds(pid);

@@ -20,9 +20,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use smol_str::SmolStr;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{ObjectKind, validate};
-use smol_str::SmolStr;
 use swimlb_config::service::ServiceKey;
 
 use super::super::views::{ServiceView, SliceView};
