@@ -941,6 +941,13 @@ async fn write_records(
                 );
             }
         }
+        if assigned_to.is_empty() && assigned_to.capacity() > EVENTS_PER_ROUND {
+            // A cold start queued 10,000 (half a megabyte): not kept once written.
+            assigned_to = Vec::new();
+        }
+        if events.is_empty() && events.capacity() > EVENTS_PER_ROUND {
+            events = Vec::new();
+        }
         let more = !events.is_empty() || !assigned_to.is_empty();
         let retry = writer.is_pending() && !more;
         tokio::select! {
