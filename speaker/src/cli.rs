@@ -227,9 +227,12 @@ fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &s
         }
     };
     run_daemon(async {
-        let client = kube::Client::try_default()
+        let mut config = kube::Config::infer()
             .await
             .map_err(|e| format!("Kubernetes client: {e}"))?;
+        config.read_timeout = Some(crate::kubernetes::watch::READ_TIMEOUT);
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
         let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
         crate::kubernetes::run::run(settings, client, shutdown)
             .await

@@ -831,13 +831,8 @@ async fn write_records(
     // backoff grows to 30 s while a node is cut off, and the node that comes back must see at
     // once what the other side wrote meanwhile.
     let records_api = kube::Api::<ServiceL2Status>::namespaced(client.clone(), &settings.namespace);
-    let watch_records = || {
-        kube::runtime::watcher(
-            records_api.clone(),
-            kube::runtime::watcher::Config::default(),
-        )
-        .boxed()
-    };
+    let watch_records =
+        || kube::runtime::watcher(records_api.clone(), super::watch::watch_config()).boxed();
     let mut seen_records = Some(watch_records());
     let mut rewatch_at: Option<Instant> = None;
     // Records seen saying otherwise than this node wrote, with the latest status seen and when
