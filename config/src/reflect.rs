@@ -7,6 +7,7 @@
 //! never ends the store.
 
 use std::future::Future;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
@@ -14,6 +15,23 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+
+/// How long the API server keeps one watch request open (`timeoutSeconds`) before kube's
+/// watcher opens the next from the last resourceVersion (nothing is missed). Short enough that
+/// [`READ_TIMEOUT`] can end a connection the network half-closed: after a partition during which
+/// the API server restarted, kube's defaults (a 290 s watch, a 295 s read timeout) left a
+/// speaker blind to every change for up to five minutes, and the lab's `--api-down` trials saw
+/// a `ServiceL2Status` stay stale that long.
+pub const WATCH_TIMEOUT_S: u32 = 20;
+
+/// The client's read timeout (set it on the `kube::Config`): a watch connection silent for this
+/// long is dead (a live one ends itself after [`WATCH_TIMEOUT_S`]).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A watch of [`WATCH_TIMEOUT_S`] per request: every watch of the controller and the speaker.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_S)
+}
 
 /// The annotation `kubectl apply` writes: a copy of the whole object, never read here.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -40,7 +58,7 @@ where
     K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    spawn_store_with(api, watcher::Config::default(), |_| {}, changed, stop)
+    spawn_store_with(api, watch_config(), |_| {}, changed, stop)
 }
 
 /// [`spawn_store`] with a watch configuration (label or field selectors) and a trim of its own

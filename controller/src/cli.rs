@@ -109,7 +109,7 @@ enum CliError {
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let error = |source| CliError::Kubeconfig {
                 path: path.display().to_string(),
@@ -122,6 +122,7 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> 
         }
         None => kube::Config::infer().await.map_err(CliError::Infer)?,
     };
+    config.read_timeout = Some(swimlb_config::reflect::READ_TIMEOUT);
     kube::Client::try_from(config).map_err(CliError::Client)
 }
 

@@ -54,7 +54,7 @@ use tokio::sync::watch;
 use crate::allocator::Allocator;
 use crate::http::Health;
 use crate::metrics::{ControllerMetrics, resource};
-use swimlb_config::reflect::{Seen, spawn_store_observed, trim_meta};
+use swimlb_config::reflect::{Seen, spawn_store_observed, trim_meta, watch_config};
 use swimlb_config::service::trim_service;
 
 use crate::reconcile::{
@@ -324,7 +324,7 @@ fn reflect_namespaces(
 ) {
     let (reader, writer) = reflector::store();
     let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, watch_config())
         .default_backoff()
         .modify(|ns: &mut Namespace| trim_meta(ns.meta_mut()))
         .reflect(writer);
@@ -423,14 +423,14 @@ async fn lead(
     );
     let pools = spawn_store_observed(
         Api::<IPAddressPool>::all(client.clone()),
-        watcher::Config::default(),
+        watch_config(),
         |_| {},
         observe(&config_tx, &metrics, resource::IP_ADDRESS_POOLS),
         stopped(stop.clone()),
     );
     let advertisements = spawn_store_observed(
         Api::<L2Advertisement>::all(client.clone()),
-        watcher::Config::default(),
+        watch_config(),
         |_| {},
         observe(&config_tx, &metrics, resource::L2_ADVERTISEMENTS),
         stopped(stop.clone()),
@@ -441,21 +441,18 @@ async fn lead(
     // before the first reconcile and for releases.
     let (services, service_writer) = reflector::store();
     let (services_ready_tx, mut services_ready) = watch::channel(false);
-    let service_events = watcher(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(trim_service)
-    .reflect(service_writer)
-    // Readiness from the stream itself: a second waiter on the store's `wait_until_ready`
-    // (the Controller is the first) is not woken when it becomes ready (kube-runtime 5).
-    .inspect_ok(move |event| {
-        if matches!(event, watcher::Event::InitDone) {
-            services_ready_tx.send_replace(true);
-        }
-    })
-    .applied_objects();
+    let service_events = watcher(Api::<Service>::all(client.clone()), watch_config())
+        .default_backoff()
+        .modify(trim_service)
+        .reflect(service_writer)
+        // Readiness from the stream itself: a second waiter on the store's `wait_until_ready`
+        // (the Controller is the first) is not woken when it becomes ready (kube-runtime 5).
+        .inspect_ok(move |event| {
+            if matches!(event, watcher::Event::InitDone) {
+                services_ready_tx.send_replace(true);
+            }
+        })
+        .applied_objects();
     let by_namespace = services.clone();
     let controller = Controller::for_stream(service_events, services.clone())
         // A Namespace's labels decide which pools may serve its Services.

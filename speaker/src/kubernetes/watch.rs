@@ -55,22 +55,7 @@ pub enum What {
     Resync,
 }
 
-/// How long the API server keeps one watch request open (`timeoutSeconds`) before kube's
-/// watcher opens the next from the last resourceVersion (nothing is missed). Short enough that
-/// [`READ_TIMEOUT`] can end a connection the network half-closed: after a partition during which
-/// the API server restarted, kube's defaults (a 290 s watch, a 295 s read timeout) left a
-/// speaker blind to every change for up to five minutes, and the lab's `--api-down` trials saw
-/// a `ServiceL2Status` stay stale that long.
-pub const WATCH_TIMEOUT_S: u32 = 20;
-
-/// The client's read timeout: a watch connection silent for this long is dead (a live one
-/// ends itself after [`WATCH_TIMEOUT_S`]).
-pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A watch of every speaker resource: [`WATCH_TIMEOUT_S`] per request.
-pub fn watch_config() -> watcher::Config {
-    watcher::Config::default().timeout(WATCH_TIMEOUT_S)
-}
+pub use swimlb_config::reflect::{READ_TIMEOUT, WATCH_TIMEOUT_S, watch_config};
 
 /// The reflector stores the snapshot is built from.
 #[derive(Debug)]
