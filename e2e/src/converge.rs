@@ -22,9 +22,11 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::Result;
+use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::failover::Daemons;
@@ -187,6 +189,14 @@ pub enum NotConverged {
         /// Sent.
         sent: usize,
     },
+    /// One owner holds the VIP alone, but the election rule names another for a settled cluster
+    /// with every node alive.
+    Misplaced {
+        /// The node the rule names.
+        expected: String,
+        /// The node found owning the VIP.
+        found: String,
+    },
 }
 
 impl NotConverged {
@@ -209,6 +219,7 @@ impl NotConverged {
             NotConverged::ArpGap => "arp_gap",
             NotConverged::ProbeFromOther { .. } => "probe_from_other",
             NotConverged::FewProbesAnswered { .. } => "few_probes_answered",
+            NotConverged::Misplaced { .. } => "misplaced",
         }
     }
 }
@@ -261,6 +272,10 @@ impl fmt::Display for NotConverged {
             NotConverged::FewProbesAnswered { answered, sent } => {
                 write!(f, "only {answered} of {sent} probes were answered")
             }
+            NotConverged::Misplaced { expected, found } => write!(
+                f,
+                "{found} owns the VIP, but the election rule names {expected} for a settled cluster"
+            ),
         }
     }
 }
@@ -423,6 +438,40 @@ fn named_owner(nodes: &[Node], views: &Views) -> Result<String, NotConverged> {
                 _ => Err(NotConverged::SeveralMasters { masters }),
             }
         }
+    }
+}
+
+/// MetalLB's layer-2 order of `nodes` for `ip`: `sha256(node + "#" + ip)` ascending, bytewise.
+/// With equal priorities and every node an eligible, settled candidate, the first one owns the
+/// IP. Written here from MetalLB's rule, apart from the speaker's election code, so the lab checks
+/// the product instead of agreeing with it.
+pub fn metallb_order<'a>(nodes: &[&'a str], ip: IpAddr) -> Vec<&'a str> {
+    let mut keyed: Vec<([u8; 32], &str)> = nodes
+        .iter()
+        .map(|node| {
+            let digest = Sha256::digest(format!("{node}#{ip}").as_bytes());
+            (digest.into(), *node)
+        })
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, node)| node).collect()
+}
+
+/// The owner MetalLB's order names for `ip` among `nodes` (every one a live, settled candidate
+/// of equal priority).
+pub fn metallb_owner(nodes: &[&str], ip: IpAddr) -> Option<String> {
+    metallb_order(nodes, ip).first().map(|n| n.to_string())
+}
+
+/// Whether `converged` is where the election rule puts the VIP (`expected`, when the daemons
+/// have such a rule for a settled cluster).
+pub fn placed(converged: &str, expected: Option<&str>) -> Result<(), NotConverged> {
+    match expected {
+        Some(expected) if expected != converged => Err(NotConverged::Misplaced {
+            expected: expected.to_string(),
+            found: converged.to_string(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -818,6 +867,40 @@ mod tests {
         assert_eq!(
             VrrpState::parse("DELETED"),
             VrrpState::Unknown("DELETED".into())
+        );
+    }
+
+    #[test]
+    fn metallbs_order_matches_its_own_golden_vectors() {
+        // MetalLB's TestSortL2Candidates.
+        let nodes = ["node-a", "node-b", "node-c"];
+        let ip = |last| IpAddr::V4(Ipv4Addr::new(10, 0, 0, last));
+        assert_eq!(metallb_order(&nodes, ip(1)), ["node-b", "node-a", "node-c"]);
+        assert_eq!(metallb_order(&nodes, ip(2)), ["node-b", "node-c", "node-a"]);
+    }
+
+    #[test]
+    fn the_labs_first_vip_belongs_to_node3_then_node2_then_node1() {
+        let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100));
+        assert_eq!(
+            metallb_order(&["node1", "node2", "node3"], vip),
+            ["node3", "node2", "node1"]
+        );
+        assert_eq!(
+            metallb_owner(&["node1", "node2"], vip).as_deref(),
+            Some("node2")
+        );
+    }
+
+    #[test]
+    fn an_owner_other_than_the_rules_is_misplaced_and_no_rule_accepts_any() {
+        assert_eq!(placed("node3", Some("node3")), Ok(()));
+        assert_eq!(placed("node2", None), Ok(()));
+        let err = placed("node2", Some("node3")).unwrap_err();
+        assert_eq!(err.as_str(), "misplaced");
+        assert_eq!(
+            err.to_string(),
+            "node2 owns the VIP, but the election rule names node3 for a settled cluster"
         );
     }
 }

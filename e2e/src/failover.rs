@@ -158,6 +158,11 @@ pub trait Daemons {
     fn pid(&mut self, _lab: &mut Lab, _index: usize) -> Option<u32> {
         None
     }
+    /// The node the daemons' election rule names for the VIP once every node is alive and
+    /// settled, computed by the lab on its own; `None` when the rule names no single node.
+    fn expected_owner(&self, _lab: &Lab) -> Option<String> {
+        None
+    }
 }
 
 /// keepalived on every node.
@@ -452,6 +457,16 @@ impl Daemons for SwimlbDaemons {
         SwimlbDaemons::pid(self, lab, index)
     }
 
+    /// MetalLB's order over every node, in both modes: equal priorities, no checks, every node
+    /// eligible. A test that gives nodes their own group settings checks its own placement.
+    fn expected_owner(&self, lab: &Lab) -> Option<String> {
+        if !self.group_extra.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
+        converge::metallb_owner(&names, std::net::IpAddr::V4(netns::vip_v4(0)))
+    }
+
     fn before_fault(
         &mut self,
         owner: &str,
@@ -720,9 +735,6 @@ pub struct Settled {
     pub false_failovers: usize,
 }
 
-/// Waits (at most [`CONVERGE_LIMIT`]) for the lab to converge, holds a quiet second, and
-/// re-checks right before returning, so the caller faults the node that owns the VIP at fault
-/// time. An owner that moved in between counts as false failovers, and the wait starts over.
 /// A lab of `nodes` nodes with a probe responder on each, `loss` percent random loss on
 /// every node link, and the daemons of `make_daemons` started on every node (the common start
 /// of `failover`, `pause` and `soak`). The responders answer while their workers live.
@@ -748,6 +760,10 @@ pub fn start_lab(
     Ok((lab, responders, daemons))
 }
 
+/// Waits (at most [`CONVERGE_LIMIT`]) for the lab to converge on the owner the election rule
+/// names ([`Daemons::expected_owner`]), holds a quiet second, and re-checks right before
+/// returning, so the caller faults the node that owns the VIP at fault time. An owner that moved
+/// in between counts as false failovers, and the wait starts over.
 /// `Ok(Err(reason))`: the lab did not converge in time; the trial must not be measured.
 pub fn settle(
     lab: &Lab,
@@ -757,12 +773,27 @@ pub fn settle(
 ) -> Result<Result<Settled, converge::NotConverged>> {
     let deadline = Instant::now() + CONVERGE_LIMIT;
     let mut first_converged: Option<usize> = None;
+    let mut told_misplaced = false;
     loop {
         let limit = deadline.saturating_duration_since(Instant::now());
         let converged = match converge::wait(lab, daemons, prober, limit, progress)? {
             Ok(c) => c,
             Err(reason) => return Ok(Err(reason)),
         };
+        // A lab that converged on another node than the rule's is not the lab a user would
+        // have: wait for the rule's owner (preemption), and fail the trial if it never comes.
+        let expected = daemons.expected_owner(lab);
+        if let Err(misplaced) = converge::placed(&converged.owner, expected.as_deref()) {
+            if Instant::now() >= deadline {
+                return Ok(Err(misplaced));
+            }
+            if !told_misplaced {
+                progress(&format!("  {misplaced}; waiting for it to move"));
+                told_misplaced = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
         let since = *first_converged.get_or_insert(converged.since);
         // A quiet second with the converged owner, then the re-check right before the fault.
         std::thread::sleep(Duration::from_secs(1));

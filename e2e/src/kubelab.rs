@@ -132,6 +132,8 @@ pub struct Cluster {
     program: PathBuf,
     dir: PathBuf,
     controller: Option<usize>,
+    /// Extra flags for every speaker started after they are set (`--preempt-delay 30s`).
+    pub speaker_args: Vec<String>,
 }
 
 impl Cluster {
@@ -146,6 +148,7 @@ impl Cluster {
             program,
             dir,
             controller: None,
+            speaker_args: Vec::new(),
         };
         cluster.seed(&lab.nodes)?;
         for node in &lab.nodes {
@@ -170,6 +173,7 @@ impl Cluster {
             program,
             dir,
             controller: None,
+            speaker_args: Vec::new(),
         })
     }
 
@@ -285,6 +289,7 @@ impl Cluster {
             .arg(format!("lab-{}", lab.run_id()))
             .arg("--listen")
             .arg(SocketAddr::from((node.v4, crate::failover::HTTP_PORT)).to_string())
+            .args(&self.speaker_args)
             .env("NODE_NAME", &node.name)
             .env("POD_NAMESPACE", NAMESPACE)
             .env("POD_IP", node.v4.to_string())
@@ -474,24 +479,6 @@ fn install_dnat(node: &Node) -> Result<()> {
         node.v4
     );
     netns::nft_apply(&node.netns, &rules)
-}
-
-/// The owner MetalLB's layer-2 order names for `ip` of Service `namespace/name` among `nodes`
-/// (every one a live candidate): the speakers' own election code, run here.
-pub fn metallb_owner(nodes: &[&str], ip: std::net::IpAddr, service: &str) -> Option<String> {
-    use swimlb_speaker::election::Election;
-    use swimlb_speaker::membership::{LiveSet, MemberMeta};
-    use swimlb_speaker::snapshot::{ServedIp, Snapshot};
-    let mut live = LiveSet::new();
-    for node in nodes {
-        let mut member = MemberMeta::new(*node);
-        member.settled = true;
-        live.upsert(member);
-    }
-    let snapshot = Snapshot::from_entries([(ip, ServedIp::service(service))]).ok()?;
-    Election::new(*nodes.first()?, snapshot, &live)
-        .owner(&ip)
-        .map(|o| o.to_string())
 }
 
 /// One speaker's `/status` entry for one address.

@@ -10,6 +10,8 @@
 //! - API server down, then the owner powered off: the IP still moves; the record is corrected
 //!   once the API server is back, and no stale record remains.
 //! - A rolling restart of every speaker (SIGTERM, start, next) loses no probe.
+//! - An owner taken out (powered off, or its gossip port cut) long enough to be declared down
+//!   gets its IP back when it returns, after its preemption delay and not before.
 //! - `nodeSelectors` and the exclude label place the IP; two Services sharing an IP have one
 //!   announcer; a controller restart moves no IP.
 //!
@@ -17,12 +19,14 @@
 //! with `--include-ignored` (as `sudo ./test.sh` does). The tests take a lock and run one at a
 //! time, as the other lab tests do. No time is asserted beyond generous functional bounds.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::json;
+use swimlb_e2e::converge;
 use swimlb_e2e::demo::AnnouncementWatcher;
 use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
 use swimlb_e2e::kubelab::{self, APPS, NAMESPACE, Policy, SERVICE};
@@ -49,6 +53,8 @@ fn program() -> PathBuf {
 /// A Kubernetes lab of three nodes with a responder on each. Fields drop in order: responders,
 /// daemons (the API server thread), then the lab (processes and namespaces).
 struct Running {
+    /// When the speakers were started.
+    started: Instant,
     _responders: Vec<Worker>,
     daemons: SwimlbDaemons,
     lab: Lab,
@@ -56,6 +62,11 @@ struct Running {
 
 impl Running {
     fn start(n: u32) -> Running {
+        Running::start_with(n, &[])
+    }
+
+    /// A lab whose speakers get `speaker_args` besides the lab's own flags.
+    fn start_with(n: u32, speaker_args: &[&str]) -> Running {
         let id = format!("{}x{n}", std::process::id());
         let mut lab = Lab::create_with_id(3, &id).expect("building the lab");
         let mut responders = Vec::new();
@@ -64,10 +75,13 @@ impl Running {
         }
         let mut daemons =
             SwimlbDaemons::kubernetes(&mut lab, program()).expect("the Kubernetes lab's cluster");
+        daemons.cluster_mut().expect("Kubernetes mode").speaker_args =
+            speaker_args.iter().map(|a| a.to_string()).collect();
         for i in 1..=lab.nodes.len() {
             daemons.start(&mut lab, i).expect("starting a speaker");
         }
         Running {
+            started: Instant::now(),
             _responders: responders,
             daemons,
             lab,
@@ -177,6 +191,116 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Waits (at most `limit`) until `owner` holds the VIP in every way a user could look:
+    /// every speaker's `/status` names it, it alone answers ARP, and the `ServiceL2Status`
+    /// record names it. How long that took; `Err` with what was last seen.
+    fn placed_on(&self, owner: &str, limit: Duration) -> Result<Duration, String> {
+        let since = Instant::now();
+        let vip = netns::vip_v4(0);
+        let mac = vec![self.mac_of(owner)];
+        loop {
+            let views = kubelab::address_views(&self.lab, &vip.to_string());
+            let status = views.iter().all(|v| {
+                v.as_ref()
+                    .is_some_and(|v| v.owner.as_deref() == Some(owner))
+            });
+            let answerers = if status {
+                self.arp_answerers(vip)
+            } else {
+                vec![]
+            };
+            let record = self.cluster().record_node(APPS, SERVICE);
+            if status && answerers == mac && record.as_deref() == Some(owner) {
+                return Ok(since.elapsed());
+            }
+            if since.elapsed() > limit {
+                return Err(format!(
+                    "/status {views:?}, ARP answerers {answerers:?}, record {record:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until every speaker but `owner`'s names one node other than `owner` for the VIP
+    /// and sees `owner` gone: it was declared down and the IP moved. That node.
+    fn moved_away_from(&self, owner: &str) -> String {
+        let others = self.lab.nodes.len() - 1;
+        let deadline = Instant::now() + PLACED;
+        loop {
+            let views = kubelab::address_views(&self.lab, &netns::vip_v4(0).to_string());
+            let named: BTreeSet<Option<String>> = self
+                .lab
+                .nodes
+                .iter()
+                .zip(&views)
+                .filter(|(node, _)| node.name != owner)
+                .map(|(_, view)| {
+                    view.as_ref()
+                        .filter(|v| v.members == others)
+                        .and_then(|v| v.owner.clone())
+                })
+                .collect();
+            if let [Some(taker)] = named.iter().collect::<Vec<_>>()[..]
+                && taker != owner
+            {
+                return taker.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the others never moved the VIP away from {owner}: {views:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Drops the gossip port (UDP 7946, both ways) on node `index`, or lets it through again.
+    /// ARP, the probes and the owner watch's port are untouched.
+    fn cut_gossip(&self, index: usize, cut: bool) {
+        let netns = &self.lab.node(index).netns;
+        if cut {
+            let port = failover::GOSSIP_PORT;
+            let rules = format!(
+                "table inet swimlb_lab_cut {{\n  chain in {{ type filter hook input priority -300; udp dport {port} drop; udp sport {port} drop; }}\n  chain out {{ type filter hook output priority -300; udp dport {port} drop; udp sport {port} drop; }}\n}}\n"
+            );
+            netns::nft_apply(netns, &rules).expect("cutting the gossip port");
+        } else {
+            self.lab
+                .run_in(netns, "nft", &["delete", "table", "inet", "swimlb_lab_cut"])
+                .expect("healing the gossip port");
+        }
+    }
+
+    /// Takes `owner` out of the mesh by `fault` until every other speaker has moved the VIP,
+    /// holds it out for `out`, brings it back; when it came back.
+    fn out_and_back(&self, owner: &str, fault: Fault, out: Duration) -> Instant {
+        let index = self.index_of(owner);
+        match fault {
+            Fault::PowerOff => self.lab.set_link(index, false).unwrap(),
+            Fault::GossipCut => self.cut_gossip(index, true),
+        }
+        let taker = self.moved_away_from(owner);
+        eprintln!("{owner} out ({fault:?}): {taker} took the VIP over");
+        std::thread::sleep(out);
+        match fault {
+            Fault::PowerOff => self.lab.set_link(index, true).unwrap(),
+            Fault::GossipCut => self.cut_gossip(index, false),
+        }
+        Instant::now()
+    }
+}
+
+/// How a test takes a node out of the mesh.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Its link goes down.
+    PowerOff,
+    /// Its gossip port is dropped both ways.
+    GossipCut,
+}
+
 fn mac(m: [u8; 6]) -> MacAddr {
     MacAddr(m[0], m[1], m[2], m[3], m[4], m[5])
 }
@@ -218,7 +342,7 @@ fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_an
     let names = run.node_names();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let vip = IpAddr::V4(netns::vip_v4(0));
-    let expected = kubelab::metallb_owner(&names, vip, &format!("{APPS}/{SERVICE}"));
+    let expected = converge::metallb_owner(&names, vip);
     assert_eq!(
         Some(&owner),
         expected.as_ref(),
@@ -264,6 +388,68 @@ fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_an
     run.lab.teardown();
 }
 
+/// The owner of a settled lab (MetalLB's, [`Running::settle`] checks) is taken out by `fault`
+/// long enough to be declared down, comes back, and gets the VIP back after its preemption delay
+/// (`preempt`): not before, and then within a few seconds (the figure is printed; the README's
+/// comes from the failover trials).
+fn the_owner_gets_its_ip_back_after(run: &mut Running, fault: Fault, preempt: Duration) {
+    let (prober, owner) = run.settle();
+    // Every speaker settles `preempt` after its start: until then all rank alike and a
+    // returning owner takes its IP back at once.
+    std::thread::sleep(
+        (run.started + preempt + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
+    let back = run.out_and_back(&owner, fault, Duration::from_secs(3));
+    if !preempt.is_zero() {
+        // Its preemption delay restarts when it rejoins, after `back`: before it ends, the
+        // VIP stays where it went.
+        let early = run.placed_on(&owner, preempt - Duration::from_secs(1));
+        assert!(
+            early.is_err(),
+            "{owner} took the VIP back {:?} after it came back, before its preempt delay of {preempt:?}\n{}",
+            early.unwrap(),
+            run.logs()
+        );
+    }
+    let limit = preempt.saturating_sub(back.elapsed()) + Duration::from_secs(10);
+    if let Err(seen) = run.placed_on(&owner, limit) {
+        panic!(
+            "{owner} did not get the VIP back within {limit:?} of its preempt delay: {seen}\n{}",
+            run.logs()
+        );
+    }
+    eprintln!(
+        "{owner} came back ({fault:?}) and holds the VIP again {:?} later (preempt delay {preempt:?})",
+        back.elapsed()
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_powered_off_owner_that_comes_back_gets_its_ip_back() {
+    let _one = one_lab("kubernetes owner back after a poweroff");
+    let mut run = Running::start(7);
+    the_owner_gets_its_ip_back_after(&mut run, Fault::PowerOff, Duration::ZERO);
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_returning_owner_waits_for_its_preempt_delay_before_taking_its_ip_back() {
+    let _one = one_lab("kubernetes owner back after its preempt delay");
+    let mut run = Running::start_with(8, &["--preempt-delay", "30s"]);
+    the_owner_gets_its_ip_back_after(&mut run, Fault::PowerOff, Duration::from_secs(30));
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn an_owner_cut_off_from_the_gossip_gets_its_ip_back_when_the_cut_heals() {
+    let _one = one_lab("kubernetes owner back after a gossip cut");
+    let mut run = Running::start(9);
+    the_owner_gets_its_ip_back_after(&mut run, Fault::GossipCut, Duration::ZERO);
+}
+
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_status_says_why() {
@@ -280,7 +466,7 @@ fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_s
     .unwrap();
     api.create(kubelab::endpoint_slice("local", 0, &["node1", "node2"]))
         .unwrap();
-    let expected = kubelab::metallb_owner(&["node1", "node2"], IpAddr::V4(ip), "default/local");
+    let expected = converge::metallb_owner(&["node1", "node2"], IpAddr::V4(ip));
     let owner = run.owner_of(&ip.to_string(), |o| o.is_some() && o == expected.as_deref());
     let owner = owner.expect("an owner");
     let want = vec![run.mac_of(&owner)];

@@ -694,6 +694,20 @@ impl Daemon {
         true
     }
 
+    /// This node is back in the cluster under a renewed gossip identity (it was declared down,
+    /// by a cut or a pause). The gossip core has cleared `settled` in the node's record, so it
+    /// ranks behind every settled member; the preemption delay starts again and the record is
+    /// gossiped anew, with `settled` set back at once when there is no delay. Both sources call
+    /// this, so a returning node takes back what the election gives it in either mode.
+    pub async fn rejoined(&mut self, bump: u64) {
+        tracing::info!(
+            bump,
+            "back in the cluster under a renewed identity: preempt delay starts again"
+        );
+        self.local.rejoined(Instant::now());
+        self.publish_meta().await;
+    }
+
     /// Gossips this node's record after a change to it.
     pub async fn publish_meta(&mut self) {
         if let Err(e) = self.gossip.set_meta(self.local.meta().clone()).await {

@@ -262,7 +262,7 @@ pub async fn run(
             }
             Ok(()) = inputs.identity.changed() => {
                 let bump = inputs.identity.borrow_and_update().bump;
-                source.rejoined(bump).await;
+                source.daemon.rejoined(bump).await;
             }
             _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
             _ = sleep_until(source.hold.next_deadline()) => source.check_hold().await,
@@ -432,17 +432,6 @@ impl Source {
             tracing::info!(members, "mesh formed: answering what this node owns");
             self.daemon.handle(Input::Hold(false)).await;
         }
-    }
-
-    async fn rejoined(&mut self, bump: u64) {
-        tracing::info!(
-            bump,
-            "back in the cluster under a renewed identity: preempt delay starts again"
-        );
-        self.daemon.local.rejoined(Instant::now());
-        // The gossip core has already cleared `settled`; this sets it back when the node has no
-        // preemption delay.
-        self.daemon.publish_meta().await;
     }
 
     async fn settle(&mut self) {

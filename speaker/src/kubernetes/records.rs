@@ -383,6 +383,12 @@ impl RecordWriter {
         self.pending.insert(service.clone(), Write::Sweep);
     }
 
+    /// Forgets which records this node wrote: after a cut, the API may hold what others wrote
+    /// over them, so the next [`RecordWriter::set`] of each writes it again.
+    pub fn forget(&mut self) {
+        self.written.clear();
+    }
+
     /// How many records were swept (deleted by this node, not found gone) since the last call.
     pub fn take_swept(&mut self) -> u64 {
         std::mem::take(&mut self.swept)

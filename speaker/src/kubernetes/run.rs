@@ -138,6 +138,9 @@ enum ToWrite {
     Draining,
     /// Delete the record of a Service not served that this node sweeps.
     Sweep(ServiceKey),
+    /// Forget which records this node wrote: it was cut off, and the others may have written
+    /// over them meanwhile.
+    Forget,
 }
 
 /// What the records' watch saw, told back to the loop for the sweep.
@@ -157,6 +160,7 @@ struct Inputs {
     changed: futures::channel::mpsc::UnboundedReceiver<Change>,
     changes: tokio::sync::broadcast::Receiver<crate::membership::LiveChange>,
     phase: watch::Receiver<Phase>,
+    identity: watch::Receiver<gossip::NodeIdentity>,
     conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
     net: NetWatch,
     key_poll: tokio::time::Interval,
@@ -180,6 +184,9 @@ struct Source {
     strays: Strays,
     /// A stray was seen or the members changed since the strays were last looked at.
     sweep_due: bool,
+    /// Back under a renewed identity: every held record is written again once the mesh is
+    /// active (the others may have overwritten them while this node was cut off).
+    rewrite_due: bool,
     /// Whether this node was the first live member by name when the records were last synced.
     first: bool,
     /// `/status` as last synced into the records: unchanged, nothing to sync.
@@ -227,6 +234,11 @@ pub async fn run(
                 let now = *inputs.phase.borrow_and_update();
                 tracing::info!(phase = now.as_str(), "gossip phase");
                 source.daemon.board.update(|s| s.ready = now == Phase::Active);
+            }
+            Ok(()) = inputs.identity.changed() => {
+                let bump = inputs.identity.borrow_and_update().bump;
+                source.daemon.rejoined(bump).await;
+                source.rewrite_due = true;
             }
             _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
             _ = sleep_until(source.hold.next_deadline()) => {}
@@ -317,6 +329,7 @@ impl Source {
         // Subscribe before the live set is read: a change in between is seen twice, never missed.
         let changes = gossip.subscribe();
         let phase = gossip.phase();
+        let identity = gossip.identity_changes();
         let live = gossip.live().borrow().clone();
         let link_names = links.iter().map(|l| l.name.clone()).collect();
         let (engine, initial) = Engine::new(
@@ -350,6 +363,7 @@ impl Source {
             changed,
             changes,
             phase,
+            identity,
             conflicts,
             net,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
@@ -360,6 +374,7 @@ impl Source {
             holdings: Holdings::new(&settings.node),
             strays: Strays::new(),
             sweep_due: false,
+            rewrite_due: false,
             settings,
             stores,
             keeper,
@@ -498,6 +513,7 @@ impl Source {
     /// for the unchanged ones; the warnings waiting for the mesh go out.
     fn sync_records(&mut self) {
         self.warn_invalid_ads();
+        self.rewrite_after_rejoin();
         if !self.board.has_changed().unwrap_or(false) {
             return;
         }
@@ -532,6 +548,20 @@ impl Source {
         self.sync_ips(differ.into_iter());
     }
 
+    /// After a rejoin, once the mesh is active again and this node's view holds the others:
+    /// the records task forgets what it wrote (a node cut off cannot know whether the others
+    /// wrote over it) and every held record is set again. Writes nothing the API already holds
+    /// that another write would not have written anyway: one apply per held Service.
+    fn rewrite_after_rejoin(&mut self) {
+        if !self.rewrite_due || *self.daemon.phase().borrow() != Phase::Active {
+            return;
+        }
+        self.rewrite_due = false;
+        let _ = self.to_write.send(ToWrite::Forget);
+        let held: BTreeSet<ServiceKey> = self.holdings.services().cloned().collect();
+        self.tell(held);
+    }
+
     /// Tells the records task about the Services of `ips` (every Service when this node
     /// became or stopped being the first live member: it deletes the orphans).
     fn sync_ips(&mut self, ips: impl Iterator<Item = IpAddr>) {
@@ -542,8 +572,21 @@ impl Source {
             let facts = ip_facts(engine, &ip);
             touched.extend(self.holdings.set(ip, facts));
         }
+        self.tell(touched);
+    }
+
+    /// Tells the records task the record this node should hold for each of `touched` (and for
+    /// every held Service when this node became or stopped being the first live member).
+    fn tell(&mut self, mut touched: BTreeSet<ServiceKey>) {
         let node = self.settings.node.as_str();
-        let first = engine.live().iter().next().map(|m| m.node.as_str()) == Some(node);
+        let first = self
+            .daemon
+            .engine
+            .live()
+            .iter()
+            .next()
+            .map(|m| m.node.as_str())
+            == Some(node);
         if first != self.first {
             self.first = first;
             touched.extend(self.holdings.services().cloned());
@@ -905,6 +948,7 @@ async fn write_records(
                     suspect.clear();
                 }
                 ToWrite::Sweep(service) => writer.sweep(&service),
+                ToWrite::Forget => writer.forget(),
             }
         }
         for e in writer.flush().await {
