@@ -8,7 +8,8 @@
 # against the lab; python3-venv holds the PyPI tools that check deploy/,
 # kubernetes-client is Debian's kubectl; buildah builds the Containerfile from scratch and
 # podman runs it, with runc because crun refuses this VM's hybrid cgroup layout, see
-# e2e/tests/image.rs). Tests that need root are marked #[ignore = "needs root: ..."]: as root
+# e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane).
+# Tests that need root are marked #[ignore = "needs root: ..."]: as root
 # this script runs them with --include-ignored; without root they show as ignored, never as
 # passed.
 #
@@ -29,6 +30,7 @@ command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # The PyPI tools below need a python3 that can make a virtual environment.
 tools_venv=/opt/swimlb-tools
 if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
@@ -56,6 +58,17 @@ if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-vali
   else
     echo "test.sh: not root, cannot install kubernetes-validate and checkov into $tools_venv; e2e/tests/deploy.rs will fail" >&2
   fi
+fi
+
+# The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl) and MetalLB, built from the Go modules pinned in e2e/k8s/ into a
+# cache outside the repository: about 13 minutes on a fresh machine, nothing the second time.
+if ! command -v go >/dev/null 2>&1; then
+  echo "test.sh: no Go toolchain: the Kubernetes tests (e2e/tests/control_plane.rs) will fail" >&2
+elif SWIMLB_K8S_BIN=$(e2e/k8s/build.sh); then
+  export SWIMLB_K8S_BIN
+else
+  echo "test.sh: e2e/k8s/build.sh failed: the Kubernetes tests will fail" >&2
 fi
 
 cargo_args=()

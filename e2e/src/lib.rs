@@ -2,6 +2,8 @@
 //! Kubernetes API server they run the controller against is its own dev crate, `swimlb-fake-api`
 //! (`e2e/fake-api/`).
 //!
+//! - [`control_plane`]: the real Kubernetes control plane (etcd, kube-apiserver,
+//!   kube-controller-manager, kube-scheduler) built from pinned Go modules, with its PKI.
 //! - [`converge`]: whether the lab has converged (one owner, named by the daemons, alone
 //!   answering for the VIP), so that a fault may be measured.
 //! - [`dashboard`]: the Grafana dashboard's panels and queries, with variables substituted.
@@ -11,6 +13,7 @@
 //! - [`keepalived`]: keepalived as the comparison peer.
 //! - [`kubelab`]: the Kubernetes lab: the fake API server on the lab bridge, the controller,
 //!   speakers in Kubernetes mode, kube-proxy's DNAT.
+//! - [`kube_client`]: a blocking `kube::Client` for any object as JSON.
 //! - [`kubectl`]: real `kubectl` against the fake API server, from a lab namespace or not.
 //! - [`kubelet`]: the apply lab's kubelets and workload controllers: the Pods of the applied
 //!   DaemonSets and Deployments, run from their specs.
@@ -30,12 +33,14 @@
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
+pub mod control_plane;
 pub mod converge;
 pub mod dashboard;
 pub mod demo;
 pub mod failover;
 pub mod flood;
 pub mod keepalived;
+pub mod kube_client;
 pub mod kubectl;
 pub mod kubelab;
 pub mod kubelet;

@@ -1,0 +1,140 @@
+//! The real control plane the Kubernetes tests run on (`swimlb_e2e::control_plane`), started on
+//! the loopback interface (no root needed): it is the pinned release, it authorizes with RBAC
+//! and the Node authorizer, its controllers run, and its audit log records who did what.
+//!
+//! The programs come from `e2e/k8s/build.sh` (`test.sh` builds them first and exports
+//! `SWIMLB_K8S_BIN`); without Go and the module proxy these tests fail, they never skip.
+
+use std::time::Duration;
+
+use serde_json::json;
+use swimlb_e2e::control_plane::{ControlPlane, Network, Options};
+use swimlb_e2e::kube_client::{Kube, is_status};
+
+fn start(test: &str, nodes: &[&str]) -> (tempdir::Dir, ControlPlane) {
+    let dir = tempdir::Dir::new(test);
+    let options = Options {
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        ..Options::default()
+    };
+    let plane = ControlPlane::start(dir.path(), Network::Loopback, &options)
+        .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
+    (dir, plane)
+}
+
+/// A folder removed on drop, unless the test failed (then it stays, for the logs).
+mod tempdir {
+    use std::path::{Path, PathBuf};
+
+    pub struct Dir(PathBuf);
+
+    impl Dir {
+        pub fn new(test: &str) -> Dir {
+            let path =
+                std::env::temp_dir().join(format!("swimlb-cp-{}-{test}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).expect("a folder for the control plane");
+            Dir(path)
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                eprintln!("control plane files kept in {}", self.0.display());
+            } else {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_pinned_release_serves_and_its_controllers_make_endpoint_slices() {
+    let (_dir, plane) = start("serves", &[]);
+    assert_eq!(plane.server_version().unwrap(), "v1.37.2");
+    let admin = plane.admin();
+    admin
+        .create(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"ports": [{"port": 80}], "selector": {"app": "web"}}}))
+        .unwrap();
+    let service = admin
+        .get("v1", "Service", Some("default"), "web")
+        .unwrap()
+        .expect("the Service");
+    let cluster_ip = service["spec"]["clusterIP"].as_str().unwrap().to_string();
+    assert!(
+        cluster_ip.starts_with("192.0.2."),
+        "cluster IP {cluster_ip} from the documentation range"
+    );
+    // The EndpointSlice controller of the real kube-controller-manager.
+    plane
+        .wait_for(Duration::from_secs(30), "the Service's EndpointSlice", |kube| {
+            Ok(kube
+                .list("discovery.k8s.io/v1", "EndpointSlice", Some("default"))?
+                .iter()
+                .any(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == "web"))
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_kubelet_may_write_only_its_own_node_and_the_audit_log_says_who_asked() {
+    let (_dir, plane) = start("authz", &["node1", "node2"]);
+    let node1 = Kube::from_kubeconfig(&plane.kubelet_kubeconfig("node1")).unwrap();
+    let node = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    };
+    node1.create(node("node1")).expect("a kubelet registers its own Node");
+    let err = node1
+        .create(node("node2"))
+        .expect_err("NodeRestriction refuses another node's Node");
+    assert!(is_status(&err, 403), "forbidden, not {err:#}");
+    let err = node1
+        .list("v1", "Secret", None)
+        .expect_err("the Node authorizer refuses listing every Secret");
+    assert!(is_status(&err, 403), "forbidden, not {err:#}");
+    let audit = plane.audit().unwrap();
+    assert!(
+        audit.iter().any(|r| r.user == "system:node:node1"
+            && r.verb == "create"
+            && r.resource == "nodes"
+            && r.code == 201),
+        "the audit log holds node1's create"
+    );
+    assert!(
+        audit
+            .iter()
+            .any(|r| r.user == "system:node:node1" && r.resource == "secrets" && r.code == 403),
+        "the audit log holds node1's refused list"
+    );
+}
+
+#[test]
+fn the_api_server_stops_and_comes_back_with_its_objects() {
+    let (_dir, mut plane) = start("restart", &[]);
+    plane
+        .admin()
+        .create(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "kept"}}))
+        .unwrap();
+    plane.stop_apiserver().unwrap();
+    assert!(
+        plane.admin().raw_text("/readyz").is_err(),
+        "nothing answers while the API server is stopped"
+    );
+    plane.start_apiserver().unwrap();
+    assert!(
+        plane
+            .admin()
+            .get("v1", "Namespace", None, "kept")
+            .unwrap()
+            .is_some(),
+        "etcd kept the Namespace"
+    );
+}
