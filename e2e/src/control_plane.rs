@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::kube_client::Kube;
@@ -325,6 +325,41 @@ impl ControlPlane {
             .context("/version has no gitVersion")
     }
 
+    /// Registers Node `name` at `ip` as its kubelet does, with the kubelet's own credential
+    /// (`system:node:NAME`, which NodeRestriction confines to its own Node): the Node with its
+    /// well-known labels, its status (addresses, capacity, condition Ready) and its heartbeat
+    /// Lease in `kube-node-lease`. Returns the kubelet's client, to renew the heartbeat with
+    /// [`heartbeat`].
+    pub fn register_node(&self, name: &str, ip: IpAddr) -> Result<Kube> {
+        let kubelet = Kube::from_kubeconfig(&self.kubelet_kubeconfig(name))?;
+        kubelet.create(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": std::env::consts::ARCH}}}))?;
+        let resources = json!({"cpu": "2", "memory": "8Gi", "pods": "110"});
+        kubelet.merge_patch(
+            "v1",
+            "Node",
+            None,
+            name,
+            json!({"status": {
+                "addresses": [{"type": "InternalIP", "address": ip.to_string()},
+                              {"type": "Hostname", "address": name}],
+                "capacity": resources, "allocatable": resources,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "the lab plays this node's kubelet",
+                    "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": now_rfc3339()}],
+                "nodeInfo": {"kubeletVersion": "v1.37.2", "operatingSystem": "linux",
+                    "architecture": std::env::consts::ARCH, "machineID": "", "systemUUID": "",
+                    "bootID": "", "kernelVersion": "", "osImage": "swimlb lab",
+                    "containerRuntimeVersion": "", "kubeProxyVersion": ""}}}),
+            true,
+        )?;
+        heartbeat(&kubelet, name)?;
+        Ok(kubelet)
+    }
+
     /// Stops the API server (SIGTERM, then SIGKILL after 10 s): a real outage.
     pub fn stop_apiserver(&mut self) -> Result<()> {
         self.stop(Component::ApiServer)
@@ -462,6 +497,32 @@ impl Drop for ControlPlane {
             }
         }
     }
+}
+
+/// Renews node `name`'s heartbeat Lease in `kube-node-lease` (made on the first call), as its
+/// kubelet does every 10 s; without it the node lifecycle controller takes the node for gone
+/// after its grace period (50 s) and taints it.
+pub fn heartbeat(kubelet: &Kube, name: &str) -> Result<()> {
+    kubelet.apply(
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                "renewTime": now_rfc3339_micros()}}),
+        "kubelet",
+    )?;
+    Ok(())
+}
+
+/// Now, as Kubernetes writes times (`2026-11-26T08:00:00Z`).
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    format!("{:.0}", now)
+}
+
+/// Now with microseconds, as a Lease's `renewTime` (`2026-11-26T08:00:00.123456Z`).
+fn now_rfc3339_micros() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    format!("{:.6}", now)
 }
 
 /// SIGTERM, then SIGKILL after `grace`; reaped either way.

@@ -9,8 +9,15 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::netns::Lab;
 
-/// `kubectl` from `PATH`, or an error that says how to install it.
+/// The pinned release's `kubectl` (`$SWIMLB_K8S_BIN/kubectl`, the control plane's own build)
+/// when there is one, else `kubectl` from `PATH`, or an error that says how to install it.
 pub fn path() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SWIMLB_K8S_BIN") {
+        let pinned = PathBuf::from(dir).join("kubectl");
+        if pinned.is_file() {
+            return Ok(pinned);
+        }
+    }
     std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())

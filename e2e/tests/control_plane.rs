@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use swimlb_e2e::control_plane::{ControlPlane, Network, Options};
 use swimlb_e2e::kube_client::{Kube, is_status};
+use swimlb_e2e::kubectl::{Kubectl, Source};
 
 fn start(test: &str, nodes: &[&str]) -> (tempdir::Dir, ControlPlane) {
     let dir = tempdir::Dir::new(test);
@@ -137,4 +138,48 @@ fn the_api_server_stops_and_comes_back_with_its_objects() {
             .is_some(),
         "etcd kept the Namespace"
     );
+}
+
+#[test]
+fn deploy_swimlb_yaml_applies_with_real_kubectl_and_the_real_controllers_place_its_pods() {
+    let nodes = ["node1", "node2", "node3"];
+    let (dir, plane) = start("apply", &nodes);
+    for (i, node) in nodes.iter().enumerate() {
+        plane
+            .register_node(node, std::net::IpAddr::from([198, 51, 100, 11 + i as u8]))
+            .unwrap_or_else(|e| panic!("registering {node}: {e:#}"));
+    }
+    let kubectl = Kubectl::new(None, &plane.admin_kubeconfig(), &dir.path().join("kubectl"));
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
+    kubectl
+        .apply(Source::File(&manifest))
+        .unwrap_or_else(|e| panic!("kubectl apply --server-side: {e:#}"));
+    // The DaemonSet controller makes one speaker Pod per Node and the scheduler binds each;
+    // the Deployment's ReplicaSet makes the controller's Pods, which the scheduler places.
+    let bound = |kube: &Kube, component: &str| -> anyhow::Result<Vec<String>> {
+        let mut nodes: Vec<String> = kube
+            .list("v1", "Pod", Some("swimlb-system"))?
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+            .filter_map(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+            .collect();
+        nodes.sort();
+        Ok(nodes)
+    };
+    plane
+        .wait_for(Duration::from_secs(60), "a speaker Pod bound to every node", |kube| {
+            Ok(bound(kube, "speaker")? == nodes)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let deployment = plane
+        .admin()
+        .get("apps/v1", "Deployment", Some("swimlb-system"), "swimlb-controller")
+        .unwrap()
+        .expect("the controller's Deployment");
+    let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1) as usize;
+    plane
+        .wait_for(Duration::from_secs(60), "every controller Pod bound", |kube| {
+            Ok(bound(kube, "controller")?.len() == replicas)
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
