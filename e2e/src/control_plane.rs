@@ -68,7 +68,12 @@ impl Programs {
             }
         };
         let programs = Programs { dir };
-        for p in ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
+        for p in [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ] {
             if !programs.path(p).is_file() {
                 bail!(
                     "{} is missing: run e2e/k8s/build.sh",
@@ -227,15 +232,24 @@ impl ControlPlane {
             api.push("--endpoint-reconciler-type=none".into());
         }
         if let Some(every) = options.compaction_interval {
-            api.push(format!("--etcd-compaction-interval={}s", every.as_secs().max(1)));
+            api.push(format!(
+                "--etcd-compaction-interval={}s",
+                every.as_secs().max(1)
+            ));
         }
         args.insert(Component::ApiServer, api);
         args.insert(
             Component::ControllerManager,
             vec![
                 format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
-                format!("--authentication-kubeconfig={}", d("controller-manager.kubeconfig")),
-                format!("--authorization-kubeconfig={}", d("controller-manager.kubeconfig")),
+                format!(
+                    "--authentication-kubeconfig={}",
+                    d("controller-manager.kubeconfig")
+                ),
+                format!(
+                    "--authorization-kubeconfig={}",
+                    d("controller-manager.kubeconfig")
+                ),
                 format!("--service-account-private-key-file={}", d("sa.key")),
                 format!("--root-ca-file={}", d("ca.crt")),
                 format!("--cluster-signing-cert-file={}", d("ca.crt")),
@@ -258,7 +272,11 @@ impl ControlPlane {
                 "--profiling=false".into(),
             ],
         );
-        let admin = Kube::from_kubeconfig(&dir.join("admin.kubeconfig"))?;
+        let netns = match &network {
+            Network::Loopback => None,
+            Network::Netns { netns, .. } => Some(netns.as_str()),
+        };
+        let admin = Kube::from_kubeconfig_in(&dir.join("admin.kubeconfig"), netns)?;
         let mut plane = ControlPlane {
             programs,
             dir: dir.to_path_buf(),
@@ -284,6 +302,40 @@ impl ControlPlane {
     /// The administrator's client (`system:masters`).
     pub fn admin(&self) -> &Kube {
         &self.admin
+    }
+
+    /// The network namespace the control plane runs in (`None`: this one).
+    pub fn netns(&self) -> Option<&str> {
+        match &self.network {
+            Network::Loopback => None,
+            Network::Netns { netns, .. } => Some(netns),
+        }
+    }
+
+    /// A kubeconfig at `path` for ServiceAccount `namespace/name`, with a token the API server
+    /// issues for it (TokenRequest, valid a day), as a Pod of that account would get.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<()> {
+        let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 86_400}});
+        let answer = self.admin.raw_post(
+            &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token"),
+            &request,
+        )?;
+        let token = answer["status"]["token"]
+            .as_str()
+            .context("a TokenRequest without a token")?;
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n  - name: lab\n    cluster:\n      server: https://{addr}\n      certificate-authority: {ca}\nusers:\n  - name: {name}\n    user:\n      token: {token}\ncontexts:\n  - name: lab\n    context: {{cluster: lab, user: {name}, namespace: {namespace}}}\ncurrent-context: lab\n",
+            addr = self.api_addr,
+            ca = self.ca_path().display(),
+        );
+        std::fs::write(path, text)?;
+        Ok(())
     }
 
     /// The folder of certificates, kubeconfigs, etcd's data and the logs.
@@ -331,7 +383,7 @@ impl ControlPlane {
     /// Lease in `kube-node-lease`. Returns the kubelet's client, to renew the heartbeat with
     /// [`heartbeat`].
     pub fn register_node(&self, name: &str, ip: IpAddr) -> Result<Kube> {
-        let kubelet = Kube::from_kubeconfig(&self.kubelet_kubeconfig(name))?;
+        let kubelet = Kube::from_kubeconfig_in(&self.kubelet_kubeconfig(name), self.netns())?;
         kubelet.create(json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {
                 "kubernetes.io/hostname": name,
@@ -418,8 +470,8 @@ impl ControlPlane {
             self.check_running()?;
             if Instant::now() > deadline {
                 bail!(
-                    "{what} not there within {limit:?}{last}; logs in {}",
-                    self.dir.display()
+                    "{what} not there within {limit:?}{last}; the end of kube-apiserver's log:\n{}",
+                    self.log_tail(Component::ApiServer)
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -444,17 +496,22 @@ impl ControlPlane {
                     .unwrap_or(true)
             };
             if exited {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(20).collect();
                 bail!(
                     "{} exited; the end of {}:\n{}",
                     component.as_str(),
                     log.display(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    self.log_tail(*component)
                 );
             }
         }
         Ok(())
+    }
+
+    /// The last 20 lines of `component`'s log.
+    fn log_tail(&self, component: Component) -> String {
+        let text = std::fs::read_to_string(self.log_path(component)).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
     fn spawn(&mut self, component: Component) -> Result<()> {
@@ -598,9 +655,22 @@ impl Pki {
             dir: dir.to_path_buf(),
         };
         pki.openssl(&[
-            "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt",
-            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-            "-days", "3650", "-subj", "/CN=swimlb-lab-ca",
+            "req",
+            "-x509",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=swimlb-lab-ca",
         ])?;
         let sans = format!(
             "subjectAltName=IP:{api_ip},IP:{KUBERNETES_SERVICE_IP},IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n"
@@ -622,7 +692,13 @@ impl Pki {
             )?;
         }
         pki.openssl(&[
-            "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "sa.key",
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            "sa.key",
         ])?;
         pki.openssl(&["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
         Ok(pki)
@@ -638,12 +714,36 @@ impl Pki {
             format!("{name}.crt"),
         );
         self.openssl(&[
-            "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", &key, "-out", &csr, "-subj", subject,
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            subject,
         ])?;
         self.openssl(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "365", "-extfile", &ext,
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "365",
+            "-extfile",
+            &ext,
         ])
     }
 

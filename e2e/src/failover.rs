@@ -153,7 +153,9 @@ pub trait Daemons {
         Ok(Ok(None))
     }
     /// After the failover was measured: brings the API server back (Kubernetes lab).
-    fn after_fault(&mut self) {}
+    fn after_fault(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The process id of node `index`'s daemon (the one a pause stops), while it runs.
     fn pid(&mut self, _lab: &mut Lab, _index: usize) -> Option<u32> {
         None
@@ -472,7 +474,7 @@ impl Daemons for SwimlbDaemons {
         owner: &str,
         api_down: bool,
     ) -> Result<Result<Option<kubelab::RecordChange>, String>> {
-        let Some(cluster) = &self.cluster else {
+        let Some(cluster) = &mut self.cluster else {
             return Ok(Ok(None));
         };
         // The record must name the owner before the fault, or status_ms measures nothing.
@@ -487,16 +489,17 @@ impl Daemons for SwimlbDaemons {
                 cluster.record_node(kubelab::APPS, kubelab::SERVICE)
             )));
         }
-        let change = cluster.records().watch_change(owner, RECORD_LIMIT);
+        let change = cluster.records().watch_change(owner, RECORD_LIMIT)?;
         if api_down {
-            cluster.set_reachable(false);
+            cluster.set_reachable(false)?;
         }
         Ok(Ok(Some(change)))
     }
 
-    fn after_fault(&mut self) {
-        if let Some(cluster) = &self.cluster {
-            cluster.set_reachable(true);
+    fn after_fault(&mut self) -> Result<()> {
+        match &mut self.cluster {
+            Some(cluster) => cluster.set_reachable(true),
+            None => Ok(()),
         }
     }
 }
@@ -917,7 +920,9 @@ pub fn run(
         let new_owner = sample
             .as_ref()
             .and_then(|_| first_other_answer(&records, fault, &owner));
-        daemons.after_fault();
+        daemons
+            .after_fault()
+            .context("bringing the API server back")?;
         // The record must name the node that took over (not merely another one).
         let status_ms = record
             .and_then(|r| r.join())

@@ -15,6 +15,8 @@ use serde_json::Value;
 /// A client of one API server as one user, usable from any thread.
 pub struct Kube {
     runtime: tokio::runtime::Runtime,
+    /// The network namespace connections are made from (`None`: the caller's).
+    netns: Option<String>,
     client: kube::Client,
     kinds: Mutex<HashMap<(String, String), (ApiResource, ApiCapabilities)>>,
 }
@@ -35,21 +37,49 @@ pub fn is_status(err: &anyhow::Error, code: u16) -> bool {
 impl Kube {
     /// The user and server of the kubeconfig at `path`, through kube's ordinary config path.
     pub fn from_kubeconfig(path: &Path) -> Result<Kube> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        Kube::from_kubeconfig_in(path, None)
+    }
+
+    /// The same, connecting from network namespace `netns` (this one when `None`): the
+    /// runtime's threads enter it, and kube's client makes its connections on them.
+    pub fn from_kubeconfig_in(path: &Path, netns: Option<&str>) -> Result<Kube> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder
             .worker_threads(1)
             .thread_name("kube-client")
-            .enable_all()
-            .build()?;
-        let kubeconfig = Kubeconfig::read_from(path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let client = runtime.block_on(async {
+            .enable_all();
+        if let Some(netns) = netns {
+            let netns = netns.to_string();
+            builder.on_thread_start(move || {
+                if let Err(e) = crate::probe::enter_netns(&netns) {
+                    eprintln!("kube client thread: {e:#}");
+                }
+            });
+        }
+        let runtime = builder.build()?;
+        let kubeconfig =
+            Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+        let build = async {
             let config =
                 kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                     .await?;
             anyhow::Ok(kube::Client::try_from(config)?)
-        })?;
+        };
+        let client = match netns {
+            None => runtime.block_on(build)?,
+            Some(netns) => std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        crate::probe::enter_netns(netns)?;
+                        runtime.block_on(build)
+                    })
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })?,
+        };
         Ok(Kube {
             runtime,
+            netns: netns.map(str::to_string),
             client,
             kinds: Mutex::new(HashMap::new()),
         })
@@ -60,9 +90,28 @@ impl Kube {
         self.client.clone()
     }
 
-    /// Runs `future` on this client's runtime.
-    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
-        self.runtime.block_on(future)
+    /// Runs `future` on this client's runtime, from its network namespace: kube's requests
+    /// connect in the future that awaits them, so a client of another namespace runs it on a
+    /// thread of that namespace.
+    pub fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send,
+    {
+        let Some(netns) = &self.netns else {
+            return self.runtime.block_on(future);
+        };
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    if let Err(e) = crate::probe::enter_netns(netns) {
+                        eprintln!("kube client: {e:#}");
+                    }
+                    self.runtime.block_on(future)
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// The API of `kind` in `api_version` (in `namespace` when it is namespaced).
@@ -85,10 +134,7 @@ impl Kube {
                 let found = self
                     .block_on(kube::discovery::pinned_kind(&self.client, &gvk))
                     .with_context(|| format!("discovering {api_version} {kind}"))?;
-                self.kinds
-                    .lock()
-                    .expect("kinds")
-                    .insert(key, found.clone());
+                self.kinds.lock().expect("kinds").insert(key, found.clone());
                 found
             }
         };
@@ -206,6 +252,18 @@ impl Kube {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `POST path` with `body`, as JSON (a subresource such as a ServiceAccount's `token`).
+    pub fn raw_post(&self, path: &str, body: &Value) -> Result<Value> {
+        let request = http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body)?)?;
+        let text = self.block_on(self.client.request_text(request));
+        match text {
+            Ok(text) => Ok(serde_json::from_str(&text)?),
+            Err(e) => bail!("POST {path}: {e}"),
         }
     }
 

@@ -1,18 +1,26 @@
-//! The Kubernetes lab: the lab's network (see [`crate::netns`]) turned into a small cluster.
+//! The Kubernetes lab: the lab's network (see [`crate::netns`]) turned into a small cluster on
+//! the real control plane ([`crate::control_plane`]).
 //!
-//! - The fake API server (`swimlb-fake-api`, the e2e stand-in for kube-apiserver) runs on a
-//!   thread of this process inside the client's namespace and listens on
-//!   [`API_ADDR`] (198.51.100.2:6443), so every node reaches it over the lab bridge; an API
-//!   server outage is [`Cluster::set_reachable`]`(false)` (connections cut and refused, the
-//!   store kept, as a restarted kube-apiserver behind the same address).
-//! - The real controller (`swimlb-lab controller`) runs in the client's namespace against it
-//!   and assigns the Services' IPs from the pool `lab` (198.51.100.100/30).
+//! - etcd, kube-apiserver, kube-controller-manager and kube-scheduler run in the client's
+//!   namespace; the API server listens on [`API_ADDR`] (198.51.100.2:6443), so every node
+//!   reaches it over the lab bridge. An API server outage ([`Cluster::set_reachable`]) stops the
+//!   kube-apiserver process and starts it again.
+//! - `deploy/swimlb.yaml` is applied with the pinned `kubectl apply --server-side`, without its
+//!   workloads (the DaemonSet and the Deployment): the Namespace, the CRDs, the
+//!   ServiceAccounts and their RBAC are the manifest's own.
+//! - The real controller (`swimlb-lab controller`) runs in the client's namespace as the
+//!   `swimlb-controller` ServiceAccount (a token the API server issued) and assigns the
+//!   Services' IPs from the pool `lab` (198.51.100.100/30).
 //! - A speaker in Kubernetes mode (`swimlb-lab speaker kubernetes`) runs in each node
-//!   namespace, as the DaemonSet's Pod would: `NODE_NAME`, `POD_IP` (the node's address: host
-//!   network), the namespace, a key file as the mounted Secret would hold it, and the API
-//!   server through a kubeconfig.
-//! - The lab plays the kubelet (the speaker Pods' `status.podIP`) and the endpoint controller
-//!   (the EndpointSlices, [`endpoint_slice`]); nothing else writes to the store.
+//!   namespace as the DaemonSet's Pod would, as the `swimlb-speaker` ServiceAccount:
+//!   `NODE_NAME`, `POD_IP` (the node's address: host network), the namespace, a key file as the
+//!   mounted Secret would hold it. Its Pod object `speaker-NODE` exists, bound to its node.
+//! - The lab plays each node's kubelet with the node's own credential (`system:node:NODE`):
+//!   it registers the Node, renews its heartbeat Lease, and writes the status of the Pods bound
+//!   to it (the speaker's, and the Service `web`'s backend `web-NODE`, ready, with an address
+//!   from 203.0.113.0/24). The real EndpointSlice controller makes `web`'s EndpointSlice from
+//!   those Pods. Other tests' Services get EndpointSlices written by the lab
+//!   ([`endpoint_slice`], managed by `swimlb-lab`).
 //! - VIP traffic reaches each node's probe responder the way kube-proxy delivers it: an
 //!   nftables DNAT of the pool's addresses to the node's own address in `prerouting`. The VIP is
 //!   never a local address, so the kernel never answers ARP for it: only the speakers do.
@@ -23,6 +31,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
@@ -30,10 +40,13 @@ use swimlb_fake_api::{FakeApi, FakeApiConfig};
 use swimlb_speaker::kubernetes::records::record_name;
 use tokio::time::Instant;
 
+use crate::control_plane::{self, ControlPlane, Network};
+use crate::kube_client::Kube;
+use crate::kubectl::{Kubectl, Source};
 use crate::netns::{self, Lab, Node};
 use crate::probe;
 
-/// Where the fake API server listens: the client's address, port 6443.
+/// Where the API server listens: the client's address, port 6443.
 pub const API_ADDR: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(netns::CLIENT_V4), 6443);
 /// The speakers' and the controller's namespace.
 pub const NAMESPACE: &str = "swimlb-system";
@@ -51,7 +64,8 @@ const SPEAKER_LABELS: [(&str, &str); 2] = [
     ("app.kubernetes.io/component", "speaker"),
 ];
 
-/// The fake API server on a thread of its own, inside a network namespace.
+/// The fake API server on a thread of its own, inside a network namespace (the apply lab's,
+/// until its kubelet runs on the real control plane).
 #[derive(Debug)]
 struct ApiThread {
     api: Arc<FakeApi>,
@@ -125,29 +139,106 @@ impl Drop for ApiThread {
     }
 }
 
-/// The cluster of a Kubernetes lab: API server, controller, the objects the lab plays.
+/// The cluster of a Kubernetes lab: the control plane, the controller, the kubelets the lab
+/// plays.
 #[derive(Debug)]
 pub struct Cluster {
-    api: ApiThread,
+    plane: ControlPlane,
     program: PathBuf,
     dir: PathBuf,
     controller: Option<usize>,
+    /// Each node's kubelet client, by node name.
+    kubelets: Arc<Vec<(String, Kube)>>,
+    /// Renews the nodes' Leases while the cluster lives (stopped on drop).
+    _heartbeats: Heartbeats,
     /// Extra flags for every speaker started after they are set (`--preempt-delay 30s`).
     pub speaker_args: Vec<String>,
 }
 
+/// The kubelets' heartbeat: every node's Lease renewed every 10 s on a thread of its own.
+#[derive(Debug)]
+struct Heartbeats {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeats {
+    fn start(kubelets: Arc<Vec<(String, Kube)>>) -> Heartbeats {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut next = Instant::now();
+            while !stopped.load(Ordering::Relaxed) {
+                if Instant::now() >= next {
+                    // An outage of the API server fails a renewal; the next one catches up.
+                    for (node, kubelet) in kubelets.iter() {
+                        let _ = control_plane::heartbeat(kubelet, node);
+                    }
+                    next = Instant::now() + Duration::from_secs(10);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Heartbeats {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Heartbeats {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl Cluster {
-    /// Starts the API server, seeds the cluster (nodes, speaker Pods, the pool, one
-    /// L2Advertisement for every node, the Service [`SERVICE`] on 198.51.100.100 with a ready
-    /// endpoint on every node), installs kube-proxy's DNAT on every node and starts the
-    /// controller. `program` is the lab binary; `dir` holds the controller's log.
+    /// Starts the control plane in the client's namespace, applies `deploy/swimlb.yaml`
+    /// without its workloads, registers the nodes, seeds the cluster (the speaker Pods, the pool,
+    /// one L2Advertisement for every node, the Service [`SERVICE`] on 198.51.100.100 with a
+    /// ready backend Pod on every node), installs kube-proxy's DNAT on every node and starts the
+    /// controller. `program` is the lab binary; `dir` holds the logs and the control plane's
+    /// files.
     pub fn start(lab: &mut Lab, program: PathBuf, dir: PathBuf) -> Result<Cluster> {
-        let api = ApiThread::start(&lab.client_netns, API_ADDR)?;
+        let options = control_plane::Options {
+            nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
+            ..control_plane::Options::default()
+        };
+        let network = Network::Netns {
+            netns: lab.client_netns.clone(),
+            ip: netns::CLIENT_V4,
+        };
+        let plane = ControlPlane::start(&dir.join("k8s"), network, &options)
+            .context("starting the control plane")?;
+        apply_manifest(&plane, &lab.client_netns)?;
+        let mut kubelets = Vec::new();
+        for node in &lab.nodes {
+            let kubelet = plane
+                .register_node(&node.name, node.v4.into())
+                .with_context(|| format!("registering {}", node.name))?;
+            kubelets.push((node.name.clone(), kubelet));
+        }
+        let kubelets = Arc::new(kubelets);
+        for (name, account) in [
+            ("speaker", "swimlb-speaker"),
+            ("controller", "swimlb-controller"),
+        ] {
+            plane.service_account_kubeconfig(
+                NAMESPACE,
+                account,
+                &dir.join(format!("{name}.kubeconfig")),
+            )?;
+        }
         let mut cluster = Cluster {
-            api,
+            _heartbeats: Heartbeats::start(kubelets.clone()),
+            plane,
             program,
             dir,
             controller: None,
+            kubelets,
             speaker_args: Vec::new(),
         };
         cluster.seed(&lab.nodes)?;
@@ -158,50 +249,29 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Starts only the API server (nothing in it but its default namespaces) and installs
-    /// kube-proxy's DNAT on every node: a cluster before anything of swimlb is applied to it,
-    /// for [`crate::kubelet`] to play its kubelets and workload controllers. No controller is
-    /// started ([`Cluster::start_controller`] is not for this cluster: the Deployment's Pod
-    /// runs the controller there).
-    pub fn start_empty(lab: &Lab, program: PathBuf, dir: PathBuf) -> Result<Cluster> {
-        let api = ApiThread::start(&lab.client_netns, API_ADDR)?;
-        for node in &lab.nodes {
-            install_dnat(node)?;
-        }
-        Ok(Cluster {
-            api,
-            program,
-            dir,
-            controller: None,
-            speaker_args: Vec::new(),
-        })
-    }
-
     fn seed(&self, nodes: &[Node]) -> Result<()> {
         let api = self.api();
-        api.create(json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": NAMESPACE}}))?;
-        for node in nodes {
-            api.create(json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": node.name,
-                    "labels": {"kubernetes.io/hostname": node.name}}}))?;
+        for (i, node) in nodes.iter().enumerate() {
             let labels: serde_json::Map<String, Value> = SPEAKER_LABELS
                 .iter()
                 .map(|(k, v)| (k.to_string(), json!(v)))
                 .collect();
-            let pod = format!("speaker-{}", node.name);
+            let speaker = format!("speaker-{}", node.name);
             api.create(json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": NAMESPACE, "labels": labels},
+                "metadata": {"name": speaker, "namespace": NAMESPACE, "labels": labels},
                 "spec": {"nodeName": node.name, "hostNetwork": true,
+                    "serviceAccountName": "swimlb-speaker",
                     "containers": [{"name": "speaker", "image": "swimlb"}]}}))?;
-            // The kubelet's part: host network, so the Pod's IP is the node's.
-            api.merge_patch(
-                "pods",
-                Some(NAMESPACE),
-                &pod,
-                &json!({"status": {"podIP": node.v4.to_string(), "phase": "Running"}}),
-                true,
-            )?;
+            // Host network: the Pod's IP is the node's.
+            self.pod_running(&node.name, NAMESPACE, &speaker, &node.v4.to_string())?;
+            let backend = format!("{SERVICE}-{}", node.name);
+            api.create(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": backend, "namespace": APPS, "labels": {"app": SERVICE}},
+                "spec": {"nodeName": node.name,
+                    "containers": [{"name": "web", "image": "lab",
+                        "ports": [{"name": "probe", "containerPort": probe::PROBE_PORT,
+                            "protocol": "UDP"}]}]}}))?;
+            self.pod_running(&node.name, APPS, &backend, &format!("203.0.113.{}", 10 + i))?;
         }
         api.create(
             json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
@@ -212,35 +282,60 @@ impl Cluster {
             json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
             "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {}}),
         )?;
-        let everywhere: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         api.create(service(
             SERVICE,
             &netns::vip_v4(0).to_string(),
             Policy::Cluster,
             None,
         ))?;
-        api.create(endpoint_slice(SERVICE, 0, &everywhere))?;
         Ok(())
     }
 
-    /// The fake API server.
-    pub fn api(&self) -> &FakeApi {
-        &self.api.api
+    /// The kubelet of `node` reports Pod `namespace/name` running and ready at `ip`.
+    pub fn pod_running(&self, node: &str, namespace: &str, name: &str, ip: &str) -> Result<()> {
+        let kubelet = self
+            .kubelets
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, k)| k)
+            .with_context(|| format!("no kubelet for {node}"))?;
+        kubelet.merge_patch(
+            "v1",
+            "Pod",
+            Some(namespace),
+            name,
+            json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "hostIP": ip,
+                "conditions": [{"type": "Ready", "status": "True"},
+                    {"type": "ContainersReady", "status": "True"}]}}),
+            true,
+        )?;
+        Ok(())
     }
 
-    /// The fake API server, for another thread.
-    pub fn api_handle(&self) -> Arc<FakeApi> {
-        self.api.api.clone()
+    /// The administrator's client of the API server.
+    pub fn api(&self) -> &Kube {
+        self.plane.admin()
     }
 
-    /// The kubeconfig of the API server (reachable from every namespace of the lab).
-    pub fn kubeconfig(&self) -> &Path {
-        self.api().kubeconfig_path()
+    /// The control plane.
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.plane
     }
 
-    /// Plays an API server outage (`false`) or ends it (`true`).
-    pub fn set_reachable(&self, reachable: bool) {
-        self.api().set_reachable(reachable);
+    /// The kubeconfig of the speakers (their ServiceAccount's token).
+    pub fn speaker_kubeconfig(&self) -> PathBuf {
+        self.dir.join("speaker.kubeconfig")
+    }
+
+    /// Plays an API server outage (`false`: the kube-apiserver process stops) or ends it
+    /// (`true`: it starts again and is ready).
+    pub fn set_reachable(&mut self, reachable: bool) -> Result<()> {
+        if reachable {
+            self.plane.start_apiserver()
+        } else {
+            self.plane.stop_apiserver()
+        }
     }
 
     /// Starts the controller in the client's namespace (its log: `controller.log`).
@@ -253,7 +348,7 @@ impl Cluster {
         let mut cmd = Lab::command_in(&lab.client_netns, &program);
         cmd.arg("controller")
             .arg("--kubeconfig")
-            .arg(self.kubeconfig())
+            .arg(self.dir.join("controller.kubeconfig"))
             .args([
                 "--lease-namespace",
                 NAMESPACE,
@@ -294,24 +389,25 @@ impl Cluster {
             .env("POD_NAMESPACE", NAMESPACE)
             .env("POD_IP", node.v4.to_string())
             .env("SWIMLB_KEY_FILE", keys)
-            .env("KUBECONFIG", self.kubeconfig());
+            .env("KUBECONFIG", self.speaker_kubeconfig());
         cmd
     }
 
-    /// The status records, for another thread.
+    /// The status records, for another thread (its own client of the API server).
     pub fn records(&self) -> Records {
         Records {
-            api: self.api.api.clone(),
+            kubeconfig: self.plane.admin_kubeconfig(),
+            netns: self.plane.netns().map(str::to_string),
         }
     }
 
     /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
     pub fn record_node(&self, namespace: &str, service: &str) -> Option<String> {
-        self.records().node(namespace, service)
+        record_node_of(self.api(), namespace, service)
     }
 
-    /// Polls (every 2 ms, at most `limit`) until the record of `namespace/service` names a node
-    /// that `wanted` accepts; returns that node and when it was first seen.
+    /// Polls (every 10 ms, at most `limit`) until the record of `namespace/service` names a
+    /// node that `wanted` accepts; returns that node and when it was first seen.
     pub fn wait_record(
         &self,
         namespace: &str,
@@ -319,24 +415,181 @@ impl Cluster {
         limit: Duration,
         wanted: impl Fn(&str) -> bool,
     ) -> Option<(String, Instant)> {
-        self.records().wait(namespace, service, limit, wanted)
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(node) = self.record_node(namespace, service)
+                && wanted(&node)
+            {
+                return Some((node, Instant::now()));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The IPs the controller wrote into `namespace/service`'s status.
+    pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
+        self.api()
+            .get("v1", "Service", Some(namespace), service)
+            .ok()
+            .flatten()
+            .map(|s| ingress_ips(&s))
+            .unwrap_or_default()
+    }
+}
+
+/// `kubectl apply --server-side` of `deploy/swimlb.yaml` from `netns`, without the workloads
+/// the lab runs itself (the speakers' DaemonSet, the controller's Deployment).
+fn apply_manifest(plane: &ControlPlane, netns: &str) -> Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
+    let text = std::fs::read_to_string(&path)?;
+    let kept: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|doc| {
+            !doc.lines()
+                .any(|l| l == "kind: DaemonSet" || l == "kind: Deployment")
+        })
+        .collect();
+    let kubectl = Kubectl::new(
+        Some(netns),
+        &plane.admin_kubeconfig(),
+        &plane.dir().join("kubectl-cache"),
+    );
+    kubectl
+        .apply(Source::Text(&kept.join("\n---\n")))
+        .context("kubectl apply --server-side -f deploy/swimlb.yaml")?;
+    Ok(())
+}
+
+/// The node the record of `namespace/service` names, as `kube` reads it.
+fn record_node_of(kube: &Kube, namespace: &str, service: &str) -> Option<String> {
+    let name = record_name(&ServiceKey::new(namespace, service));
+    kube.get(
+        "swimlb.io/v1beta1",
+        "ServiceL2Status",
+        Some(NAMESPACE),
+        &name,
+    )
+    .ok()??
+    .pointer("/status/node")?
+    .as_str()
+    .map(str::to_string)
+}
+
+/// The apply lab's cluster: only the fake API server, on the lab bridge, for its kubelets and
+/// workload controllers ([`crate::kubelet`]) to play on. The Kubernetes lab itself runs on the
+/// real control plane ([`Cluster`]).
+#[derive(Debug)]
+pub struct FakeCluster {
+    api: ApiThread,
+}
+
+impl FakeCluster {
+    /// Starts the API server (nothing in it but its default namespaces) and installs
+    /// kube-proxy's DNAT on every node.
+    pub fn start_empty(lab: &Lab) -> Result<FakeCluster> {
+        let api = ApiThread::start(&lab.client_netns, API_ADDR)?;
+        for node in &lab.nodes {
+            install_dnat(node)?;
+        }
+        Ok(FakeCluster { api })
+    }
+
+    /// The fake API server.
+    pub fn api(&self) -> &FakeApi {
+        &self.api.api
+    }
+
+    /// The fake API server, for another thread.
+    pub fn api_handle(&self) -> Arc<FakeApi> {
+        self.api.api.clone()
+    }
+
+    /// The kubeconfig of the API server (reachable from every namespace of the lab).
+    pub fn kubeconfig(&self) -> &Path {
+        self.api().kubeconfig_path()
     }
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
         self.api()
             .get("services", Some(namespace), service)
-            .and_then(|s| {
-                s.pointer("/status/loadBalancer/ingress")?
-                    .as_array()
-                    .map(|list| {
-                        list.iter()
-                            .filter_map(|i| i["ip"].as_str().map(str::to_string))
-                            .collect()
-                    })
-            })
+            .map(|s| ingress_ips(&s))
             .unwrap_or_default()
     }
+
+    /// Polls (every 2 ms, at most `limit`) until the record of `namespace/service` names a
+    /// node that `wanted` accepts; that node and when it was first seen.
+    pub fn wait_record(
+        &self,
+        namespace: &str,
+        service: &str,
+        limit: Duration,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Option<(String, Instant)> {
+        let name = record_name(&ServiceKey::new(namespace, service));
+        let deadline = Instant::now() + limit;
+        loop {
+            let node = self
+                .api()
+                .get("servicel2statuses.swimlb.io", Some(NAMESPACE), &name)
+                .and_then(|r| r.pointer("/status/node")?.as_str().map(str::to_string));
+            if let Some(node) = node
+                && wanted(&node)
+            {
+                return Some((node, Instant::now()));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Every record as (`namespace/service`, node), sorted.
+    pub fn records(&self) -> Vec<(String, String)> {
+        record_pairs(
+            &self
+                .api()
+                .objects("servicel2statuses.swimlb.io")
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// The IPs of a Service's `status.loadBalancer.ingress`.
+fn ingress_ips(service: &Value) -> Vec<String> {
+    service
+        .pointer("/status/loadBalancer/ingress")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(|i| i["ip"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Records as (`namespace/service`, node), sorted.
+fn record_pairs(records: &[Value]) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            let text = |p: &str| r.pointer(p).and_then(Value::as_str).unwrap_or("");
+            (
+                format!(
+                    "{}/{}",
+                    text("/status/serviceNamespace"),
+                    text("/status/serviceName")
+                ),
+                text("/status/node").to_string(),
+            )
+        })
+        .collect();
+    all.sort();
+    all
 }
 
 /// A thread waiting for a status record to name another node (see [`Records::watch_change`]).
@@ -351,77 +604,76 @@ impl RecordChange {
     }
 }
 
-/// The `ServiceL2Status` records in the API server's store.
+/// The `ServiceL2Status` records in the API server, read by a client of their own (another
+/// thread may watch them while the lab goes on).
 #[derive(Debug, Clone)]
 pub struct Records {
-    api: Arc<FakeApi>,
+    kubeconfig: PathBuf,
+    netns: Option<String>,
 }
 
 impl Records {
-    /// The node the record of `namespace/service` names, if there is one.
-    pub fn node(&self, namespace: &str, service: &str) -> Option<String> {
-        let name = record_name(&ServiceKey::new(namespace, service));
-        self.api
-            .get("servicel2statuses.swimlb.io", Some(NAMESPACE), &name)?
-            .pointer("/status/node")?
-            .as_str()
-            .map(str::to_string)
+    fn client(&self) -> Result<Kube> {
+        Kube::from_kubeconfig_in(&self.kubeconfig, self.netns.as_deref())
     }
 
     /// Every record as (`namespace/service`, node), sorted.
     pub fn all(&self) -> Vec<(String, String)> {
-        let mut all: Vec<(String, String)> = self
-            .api
-            .objects("servicel2statuses.swimlb.io")
-            .unwrap_or_default()
-            .iter()
-            .map(|r| {
-                let text = |p: &str| r.pointer(p).and_then(Value::as_str).unwrap_or("");
-                (
-                    format!(
-                        "{}/{}",
-                        text("/status/serviceNamespace"),
-                        text("/status/serviceName")
-                    ),
-                    text("/status/node").to_string(),
-                )
-            })
-            .collect();
-        all.sort();
-        all
+        let records = self
+            .client()
+            .and_then(|k| k.list("swimlb.io/v1beta1", "ServiceL2Status", Some(NAMESPACE)))
+            .unwrap_or_default();
+        record_pairs(&records)
     }
 
-    /// Starts polling, on a thread of its own, until the record of [`APPS`]/[`SERVICE`] names a
-    /// node other than `from` (at most `limit`): started before a fault, it times the record's
-    /// change to within the polling interval.
-    pub fn watch_change(&self, from: &str, limit: Duration) -> RecordChange {
+    /// Starts watching, on a thread of its own, until the record of [`APPS`]/[`SERVICE`] names
+    /// a node other than `from` (at most `limit`): started before a fault, it times the
+    /// record's change to when the watch event arrives. The watch resumes after an outage of
+    /// the API server, as a client's would.
+    pub fn watch_change(&self, from: &str, limit: Duration) -> Result<RecordChange> {
         let (records, from) = (self.clone(), from.to_string());
-        RecordChange(std::thread::spawn(move || {
-            records.wait(APPS, SERVICE, limit, |n| n != from)
-        }))
-    }
-
-    /// Polls (every 2 ms, at most `limit`) until the record of `namespace/service` names a node
-    /// that `wanted` accepts; returns that node and when it was first seen.
-    pub fn wait(
-        &self,
-        namespace: &str,
-        service: &str,
-        limit: Duration,
-        wanted: impl Fn(&str) -> bool,
-    ) -> Option<(String, Instant)> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(node) = self.node(namespace, service)
-                && wanted(&node)
-            {
-                return Some((node, Instant::now()));
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        let (listed_tx, listed) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let kube = records.client().ok()?;
+            let name = record_name(&ServiceKey::new(APPS, SERVICE));
+            let api = kube
+                .api("swimlb.io/v1beta1", "ServiceL2Status", Some(NAMESPACE))
+                .ok()?;
+            let config =
+                kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+            kube.block_on(async move {
+                use futures::StreamExt as _;
+                use kube::runtime::watcher::Event;
+                let events = kube::runtime::WatchStreamExt::default_backoff(
+                    kube::runtime::watcher(api, config),
+                );
+                futures::pin_mut!(events);
+                let watch = async {
+                    while let Some(event) = events.next().await {
+                        let node = match event {
+                            Ok(Event::Apply(r) | Event::InitApply(r)) => {
+                                r.data["status"]["node"].as_str().map(str::to_string)
+                            }
+                            Ok(Event::InitDone) => {
+                                let _ = listed_tx.send(());
+                                None
+                            }
+                            _ => None,
+                        };
+                        if let Some(node) = node.filter(|n| *n != from) {
+                            return Some((node, Instant::now()));
+                        }
+                    }
+                    None
+                };
+                tokio::time::timeout(limit, watch).await.ok().flatten()
+            })
+        });
+        // The watch must stand before the fault (and before an outage of the API server).
+        listed
+            .recv_timeout(Duration::from_secs(10))
+            .context("the status record's watch did not list within 10 s")?;
+        Ok(RecordChange(thread))
     }
 }
 
@@ -465,7 +717,8 @@ pub fn endpoint_slice(service: &str, n: usize, nodes: &[&str]) -> Value {
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("{service}-{n}"), "namespace": APPS,
-            "labels": {"kubernetes.io/service-name": service}},
+            "labels": {"kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
         "addressType": "IPv4",
         "endpoints": endpoints,
         "ports": [{"name": "probe", "port": probe::PROBE_PORT, "protocol": "UDP"}]})

@@ -32,7 +32,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use swimlb_e2e::kubectl::{Kubectl, Source};
-use swimlb_e2e::kubelab::{self, APPS, Cluster, NAMESPACE};
+use swimlb_e2e::kubelab::{self, APPS, FakeCluster, NAMESPACE};
 use swimlb_e2e::kubelet::{self, Kubelet};
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe::{self, PROBE_PORT, Prober, Worker};
@@ -66,7 +66,7 @@ fn repo() -> PathBuf {
 struct Bare {
     kubelet: Option<Kubelet>,
     _responders: Vec<Worker>,
-    cluster: Cluster,
+    cluster: FakeCluster,
     lab: Lab,
 }
 
@@ -79,8 +79,7 @@ impl Bare {
         for node in &lab.nodes {
             responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
         }
-        let cluster =
-            Cluster::start_empty(&lab, program(), lab.work_dir()).expect("the API server");
+        let cluster = FakeCluster::start_empty(&lab).expect("the API server");
         kubelet::register_nodes(cluster.api(), &lab.nodes).expect("the Nodes");
         Bare {
             kubelet: None,
@@ -259,7 +258,7 @@ impl Serving {
             .unwrap_or_else(|| {
                 panic!(
                     "no ServiceL2Status names {owner}: {:?}\n{}",
-                    run.cluster.records().all(),
+                    run.cluster.records(),
                     run.logs()
                 )
             });

@@ -75,12 +75,16 @@ fn the_pinned_release_serves_and_its_controllers_make_endpoint_slices() {
     );
     // The EndpointSlice controller of the real kube-controller-manager.
     plane
-        .wait_for(Duration::from_secs(30), "the Service's EndpointSlice", |kube| {
-            Ok(kube
-                .list("discovery.k8s.io/v1", "EndpointSlice", Some("default"))?
-                .iter()
-                .any(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == "web"))
-        })
+        .wait_for(
+            Duration::from_secs(30),
+            "the Service's EndpointSlice",
+            |kube| {
+                Ok(kube
+                    .list("discovery.k8s.io/v1", "EndpointSlice", Some("default"))?
+                    .iter()
+                    .any(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == "web"))
+            },
+        )
         .unwrap();
 }
 
@@ -88,10 +92,10 @@ fn the_pinned_release_serves_and_its_controllers_make_endpoint_slices() {
 fn a_kubelet_may_write_only_its_own_node_and_the_audit_log_says_who_asked() {
     let (_dir, plane) = start("authz", &["node1", "node2"]);
     let node1 = Kube::from_kubeconfig(&plane.kubelet_kubeconfig("node1")).unwrap();
-    let node = |name: &str| {
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    };
-    node1.create(node("node1")).expect("a kubelet registers its own Node");
+    let node = |name: &str| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+    node1
+        .create(node("node1"))
+        .expect("a kubelet registers its own Node");
     let err = node1
         .create(node("node2"))
         .expect_err("NodeRestriction refuses another node's Node");
@@ -167,19 +171,28 @@ fn deploy_swimlb_yaml_applies_with_real_kubectl_and_the_real_controllers_place_i
         Ok(nodes)
     };
     plane
-        .wait_for(Duration::from_secs(60), "a speaker Pod bound to every node", |kube| {
-            Ok(bound(kube, "speaker")? == nodes)
-        })
+        .wait_for(
+            Duration::from_secs(60),
+            "a speaker Pod bound to every node",
+            |kube| Ok(bound(kube, "speaker")? == nodes),
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
     let deployment = plane
         .admin()
-        .get("apps/v1", "Deployment", Some("swimlb-system"), "swimlb-controller")
+        .get(
+            "apps/v1",
+            "Deployment",
+            Some("swimlb-system"),
+            "swimlb-controller",
+        )
         .unwrap()
         .expect("the controller's Deployment");
     let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1) as usize;
     plane
-        .wait_for(Duration::from_secs(60), "every controller Pod bound", |kube| {
-            Ok(bound(kube, "controller")?.len() == replicas)
-        })
+        .wait_for(
+            Duration::from_secs(60),
+            "every controller Pod bound",
+            |kube| Ok(bound(kube, "controller")?.len() == replicas),
+        )
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
