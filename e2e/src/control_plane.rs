@@ -29,11 +29,13 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::kube_client::Kube;
+use crate::kubectl::{Kubectl, Source};
 
-/// The Services' cluster IP range.
-pub const SERVICE_CIDR: &str = "192.0.2.0/24";
+/// The Services' cluster IP ranges, dual stack (the upper half of 192.0.2.0/24: the tests'
+/// address pools take the lower half).
+pub const SERVICE_CIDR: &str = "192.0.2.128/25,2001:db8:ffff::/108";
 /// The `kubernetes` Service's cluster IP: the first of [`SERVICE_CIDR`].
-pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 129);
 /// How long the API server may take to answer `/readyz` after it starts.
 pub const READY_LIMIT: Duration = Duration::from_secs(90);
 
@@ -302,6 +304,64 @@ impl ControlPlane {
     /// The administrator's client (`system:masters`).
     pub fn admin(&self) -> &Kube {
         &self.admin
+    }
+
+    /// A kubeconfig for user `user` in group `system:masters` (a client certificate of the
+    /// cluster's CA): the audit log tells its requests apart.
+    pub fn user_kubeconfig(&self, user: &str) -> Result<PathBuf> {
+        let pki = Pki {
+            dir: self.dir.clone(),
+        };
+        let file = format!("user-{user}");
+        pki.leaf(
+            &file,
+            &format!("/O=system:masters/CN={user}"),
+            "extendedKeyUsage=clientAuth\n",
+        )?;
+        let path = self.dir.join(format!("{file}.kubeconfig"));
+        pki.write_kubeconfig(&path, &format!("https://{}", self.api_addr), &file)?;
+        Ok(path)
+    }
+
+    /// The pinned `kubectl` as the administrator, from the control plane's namespace.
+    pub fn kubectl(&self) -> Kubectl {
+        Kubectl::new(
+            self.netns(),
+            &self.admin_kubeconfig(),
+            &self.dir.join("kubectl-cache"),
+        )
+        .with_program(self.program("kubectl"))
+    }
+
+    /// Installs swimlb's CRDs (`deploy/crds.yaml`, with the pinned `kubectl apply
+    /// --server-side`) and waits until the API server serves them.
+    pub fn install_crds(&self) -> Result<()> {
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds.yaml");
+        self.kubectl().apply(Source::File(&crds))?;
+        self.wait_for(READY_LIMIT, "swimlb's CRDs established", |kube| {
+            for name in [
+                "ipaddresspools.swimlb.io",
+                "l2advertisements.swimlb.io",
+                "servicel2statuses.swimlb.io",
+            ] {
+                let crd = kube.get(
+                    "apiextensions.k8s.io/v1",
+                    "CustomResourceDefinition",
+                    None,
+                    name,
+                )?;
+                let established = crd.as_ref().is_some_and(|c| {
+                    c["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Established" && c["status"] == "True")
+                    })
+                });
+                if !established {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
     }
 
     /// The network namespace the control plane runs in (`None`: this one).

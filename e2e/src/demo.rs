@@ -173,7 +173,7 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
     }
     let mut daemons = if kubernetes {
         out(
-            "Kubernetes lab: the fake API server on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
+            "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
         );
         SwimlbDaemons::kubernetes(&mut lab, program)?
     } else {

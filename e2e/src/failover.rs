@@ -160,6 +160,10 @@ pub trait Daemons {
     fn pid(&mut self, _lab: &mut Lab, _index: usize) -> Option<u32> {
         None
     }
+    /// The Kubernetes API server's version (`/version`), in the Kubernetes lab.
+    fn server_version(&self) -> Option<String> {
+        None
+    }
     /// The node the daemons' election rule names for the VIP once every node is alive and
     /// settled, computed by the lab on its own; `None` when the rule names no single node.
     fn expected_owner(&self, _lab: &Lab) -> Option<String> {
@@ -459,6 +463,12 @@ impl Daemons for SwimlbDaemons {
         SwimlbDaemons::pid(self, lab, index)
     }
 
+    fn server_version(&self) -> Option<String> {
+        self.cluster
+            .as_ref()
+            .and_then(|c| c.control_plane().server_version().ok())
+    }
+
     /// MetalLB's order over every node, in both modes: equal priorities, no checks, every node
     /// eligible. A test that gives nodes their own group settings checks its own placement.
     fn expected_owner(&self, lab: &Lab) -> Option<String> {
@@ -611,6 +621,9 @@ pub struct Report {
     /// The flood during the trials, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flood: Option<FloodReport>,
+    /// Kubernetes lab: the API server's version, as its `/version` reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_version: Option<String>,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -646,6 +659,7 @@ impl Report {
             status_ms: (!status.is_empty()).then(|| percentiles(&status)),
             api_down: options.api_down,
             flood: None,
+            server_version: None,
             samples,
         }
     }
@@ -678,6 +692,9 @@ impl Report {
                     ""
                 }
             ),
+            None => String::new(),
+        } + &match &self.server_version {
+            Some(version) => format!(" | kube-apiserver {version}"),
             None => String::new(),
         } + &match &self.flood {
             Some(f) => format!(
@@ -993,10 +1010,12 @@ pub fn run(
             cpu_percent,
         }
     });
+    let server_version = daemons.server_version();
     drop(responders);
     lab.teardown();
     let mut report = Report::new(options, samples, failed_trials, false_failovers);
     report.flood = flood;
+    report.server_version = server_version;
     Ok(report)
 }
 

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 /// A client of one API server as one user, usable from any thread.
 pub struct Kube {
-    runtime: tokio::runtime::Runtime,
+    /// Taken on drop (shut down in the background, which any context allows).
+    runtime: Option<tokio::runtime::Runtime>,
     /// The network namespace connections are made from (`None`: the caller's).
     netns: Option<String>,
     client: kube::Client,
@@ -24,6 +25,14 @@ pub struct Kube {
 impl std::fmt::Debug for Kube {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kube").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Kube {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -65,20 +74,19 @@ impl Kube {
                     .await?;
             anyhow::Ok(kube::Client::try_from(config)?)
         };
-        let client = match netns {
-            None => runtime.block_on(build)?,
-            Some(netns) => std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
+        let client = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    if let Some(netns) = netns {
                         crate::probe::enter_netns(netns)?;
-                        runtime.block_on(build)
-                    })
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })?,
-        };
+                    }
+                    runtime.block_on(build)
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })?;
         Ok(Kube {
-            runtime,
+            runtime: Some(runtime),
             netns: netns.map(str::to_string),
             client,
             kinds: Mutex::new(HashMap::new()),
@@ -98,16 +106,21 @@ impl Kube {
         F: std::future::Future + Send,
         F::Output: Send,
     {
-        let Some(netns) = &self.netns else {
-            return self.runtime.block_on(future);
-        };
+        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
+        // Called from an async test, the caller's thread may not block on another runtime.
+        let in_async = tokio::runtime::Handle::try_current().is_ok();
+        if self.netns.is_none() && !in_async {
+            return runtime.block_on(future);
+        }
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    if let Err(e) = crate::probe::enter_netns(netns) {
+                    if let Some(netns) = &self.netns
+                        && let Err(e) = crate::probe::enter_netns(netns)
+                    {
                         eprintln!("kube client: {e:#}");
                     }
-                    self.runtime.block_on(future)
+                    runtime.block_on(future)
                 })
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -1,4 +1,5 @@
-//! Real `kubectl`, as an operator runs it, against the fake API server: the one from `PATH`
+//! Real `kubectl`, as an operator runs it: the pinned release the control plane was built with
+//! (`$SWIMLB_K8S_BIN/kubectl`), or the one from `PATH`
 //! (Debian's `kubernetes-client`, which test.sh installs, or any other).
 
 use std::io::Write as _;
@@ -75,6 +76,8 @@ pub enum Source<'a> {
 /// discovery cache in `cache`.
 #[derive(Debug, Clone)]
 pub struct Kubectl {
+    /// The program (`None`: [`path`]).
+    program: Option<PathBuf>,
     netns: Option<String>,
     kubeconfig: PathBuf,
     cache: PathBuf,
@@ -84,16 +87,30 @@ impl Kubectl {
     /// kubectl against the server of `kubeconfig`, from `netns` when given.
     pub fn new(netns: Option<&str>, kubeconfig: &Path, cache: &Path) -> Kubectl {
         Kubectl {
+            program: None,
             netns: netns.map(str::to_string),
             kubeconfig: kubeconfig.to_path_buf(),
             cache: cache.to_path_buf(),
         }
     }
 
+    /// The same with `program` as kubectl.
+    pub fn with_program(mut self, program: PathBuf) -> Kubectl {
+        self.program = Some(program);
+        self
+    }
+
+    fn program(&self) -> Result<PathBuf> {
+        match &self.program {
+            Some(program) => Ok(program.clone()),
+            None => path(),
+        }
+    }
+
     /// Runs `kubectl ARGS` (with `stdin` on its standard input); its standard output, or an
     /// error with its output and exit status.
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let kubectl = path()?;
+        let kubectl = self.program()?;
         let kubectl = kubectl.to_string_lossy();
         let mut cmd = match &self.netns {
             Some(netns) => Lab::command_in(netns, &kubectl),
@@ -134,7 +151,7 @@ impl Kubectl {
 
     /// `kubectl apply --server-side -f FILE` (or `-f -`); its output.
     pub fn apply(&self, source: Source<'_>) -> Result<String> {
-        let minor = minor(&path()?)?;
+        let minor = minor(&self.program()?)?;
         let mut args = vec!["apply", "--server-side"];
         args.extend_from_slice(apply_flags(minor));
         match source {

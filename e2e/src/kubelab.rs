@@ -42,7 +42,7 @@ use tokio::time::Instant;
 
 use crate::control_plane::{self, ControlPlane, Network};
 use crate::kube_client::Kube;
-use crate::kubectl::{Kubectl, Source};
+use crate::kubectl::Source;
 use crate::netns::{self, Lab, Node};
 use crate::probe;
 
@@ -213,7 +213,7 @@ impl Cluster {
         };
         let plane = ControlPlane::start(&dir.join("k8s"), network, &options)
             .context("starting the control plane")?;
-        apply_manifest(&plane, &lab.client_netns)?;
+        apply_manifest(&plane)?;
         let mut kubelets = Vec::new();
         for node in &lab.nodes {
             let kubelet = plane
@@ -440,9 +440,9 @@ impl Cluster {
     }
 }
 
-/// `kubectl apply --server-side` of `deploy/swimlb.yaml` from `netns`, without the workloads
+/// `kubectl apply --server-side` of `deploy/swimlb.yaml` (from the control plane's namespace), without the workloads
 /// the lab runs itself (the speakers' DaemonSet, the controller's Deployment).
-fn apply_manifest(plane: &ControlPlane, netns: &str) -> Result<()> {
+fn apply_manifest(plane: &ControlPlane) -> Result<()> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
     let text = std::fs::read_to_string(&path)?;
     let kept: Vec<&str> = text
@@ -452,12 +452,8 @@ fn apply_manifest(plane: &ControlPlane, netns: &str) -> Result<()> {
                 .any(|l| l == "kind: DaemonSet" || l == "kind: Deployment")
         })
         .collect();
-    let kubectl = Kubectl::new(
-        Some(netns),
-        &plane.admin_kubeconfig(),
-        &plane.dir().join("kubectl-cache"),
-    );
-    kubectl
+    plane
+        .kubectl()
         .apply(Source::Text(&kept.join("\n---\n")))
         .context("kubectl apply --server-side -f deploy/swimlb.yaml")?;
     Ok(())

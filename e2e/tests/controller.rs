@@ -1,9 +1,10 @@
 //! The real controller binary (`swimlb-lab controller ...`, the same entry point as
-//! `swimlb-controller`) run as a process against the fake API server through its kubeconfig.
+//! `swimlb-controller`) run as a process against the real control plane
+//! (`swimlb_e2e::control_plane`, on the loopback: no root needed) through a kubeconfig, with
+//! swimlb's CRDs installed by the pinned `kubectl apply --server-side`.
 //!
-//! Real time and real sockets, as in the fake server's own tests (`e2e/fake-api/tests`); every
-//! wait is bounded ([`WAIT`]) so a broken controller fails a test instead of hanging it, and no
-//! test asserts on speed. The `#[ignore]`d `measure_*` tests print figures (time to assign,
+//! Real time and real sockets; every wait is bounded ([`WAIT`]) so a broken controller fails a
+//! test instead of hanging it, and no test asserts on speed. The `#[ignore]`d `measure_*` tests print figures (time to assign,
 //! controller RSS) and never fail on them; they fail only when a Service is left without an
 //! address or two share one.
 
@@ -19,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_fake_api::{FakeApi, FakeApiConfig, RequestRecord};
+use swimlb_e2e::control_plane::{AuditRecord, ControlPlane, Network, Options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -65,13 +66,13 @@ struct Controller {
 }
 
 impl Controller {
-    fn start(api: &FakeApi, identity: &str) -> Self {
-        Self::start_with_kubeconfig(api.kubeconfig_path(), identity)
+    fn start(api: &RealApi, identity: &str) -> Self {
+        Self::start_with_kubeconfig(&api.kubeconfig_path(), identity)
     }
 
-    /// Started with a kubeconfig whose bearer token is `identity`, so the fake server's request
-    /// log ([`FakeApi::requests`]) tells this replica's requests apart.
-    fn start_as_user(api: &FakeApi, identity: &str) -> Self {
+    /// Started as user `identity` (a client certificate), so the API server's audit log
+    /// ([`RealApi::requests`]) tells this replica's requests apart.
+    fn start_as_user(api: &RealApi, identity: &str) -> Self {
         let kubeconfig = api
             .kubeconfig_for_user(identity)
             .expect("a kubeconfig for the replica");
@@ -196,15 +197,74 @@ impl Drop for Controller {
     }
 }
 
-async fn lab() -> (FakeApi, Client) {
-    lab_with(FakeApiConfig::default()).await
+/// The real control plane of one test, on the loopback, in a folder of its own.
+struct RealApi {
+    plane: Option<ControlPlane>,
+    dir: PathBuf,
 }
 
-async fn lab_with(config: FakeApiConfig) -> (FakeApi, Client) {
-    let api = FakeApi::start_with(config)
+impl RealApi {
+    fn plane(&self) -> &ControlPlane {
+        self.plane.as_ref().expect("running until drop")
+    }
+
+    fn kubeconfig_path(&self) -> PathBuf {
+        self.plane().admin_kubeconfig()
+    }
+
+    fn kubeconfig_for_user(&self, user: &str) -> anyhow::Result<PathBuf> {
+        self.plane().user_kubeconfig(user)
+    }
+
+    /// Every request so far, from the API server's audit log.
+    fn requests(&self) -> Vec<AuditRecord> {
+        self.plane().audit().expect("the audit log")
+    }
+
+    fn create(&self, object: Value) -> anyhow::Result<Value> {
+        self.plane().admin().create(object)
+    }
+}
+
+impl Drop for RealApi {
+    fn drop(&mut self) {
+        let failed = std::thread::panicking();
+        drop(self.plane.take());
+        if failed {
+            eprintln!("control plane files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+async fn lab() -> (RealApi, Client) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("swimlb-ctl-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let plane = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let plane = ControlPlane::start(&dir, Network::Loopback, &Options::default())?;
+            plane.install_crds()?;
+            anyhow::Ok(plane)
+        })
         .await
-        .expect("fake API server starts");
-    let client = api.client().await.expect("client");
+        .expect("starting the control plane")
+        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
+    };
+    let api = RealApi {
+        plane: Some(plane),
+        dir,
+    };
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(api.kubeconfig_path()).expect("kubeconfig"),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("client config");
+    let client = Client::try_from(config).expect("client");
     api.create(
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}}),
     )
@@ -741,23 +801,22 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
         .flat_map(|s| s.managed_fields().iter().filter_map(|m| m.manager.clone()))
         .collect();
     assert!(managers.contains("swimlb-controller"), "{managers:?}");
-    // Both replicas write with the same field manager: the request log tells them apart.
-    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
-    let by = |user: &str| -> Vec<RequestRecord> {
+    // Both replicas write with the same field manager: the audit log tells them apart.
+    let by = |user: &str| -> Vec<AuditRecord> {
         api.requests()
             .into_iter()
             .filter(|r| r.user == user)
             .collect()
     };
+    let is_write =
+        |r: &AuditRecord| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete");
     let standby = by("replica-b");
     assert!(
-        standby.iter().any(|r| r.path.starts_with(LEASES)),
+        standby.iter().any(|r| r.resource == "leases"),
         "the standby tries the Lease: {standby:?}"
     );
-    let beyond_lease: Vec<&RequestRecord> = standby
-        .iter()
-        .filter(|r| !r.path.starts_with(LEASES))
-        .collect();
+    let beyond_lease: Vec<&AuditRecord> =
+        standby.iter().filter(|r| r.resource != "leases").collect();
     assert!(
         beyond_lease.is_empty(),
         "the standby touched nothing but its Lease: {beyond_lease:?}"
@@ -765,7 +824,7 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
     assert!(
         by("replica-a")
             .iter()
-            .any(|r| r.is_write() && r.path.ends_with("/services/s1/status")),
+            .any(|r| is_write(r) && r.resource == "services/status" && r.name == "s1"),
         "the leader's writes are seen"
     );
 
@@ -788,7 +847,7 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
     assert!(
         by("replica-b")
             .iter()
-            .any(|r| r.is_write() && r.path.ends_with("/services/s3/status")),
+            .any(|r| is_write(r) && r.resource == "services/status" && r.name == "s3"),
         "the new leader writes under its own name"
     );
     drop(b);
@@ -854,14 +913,27 @@ enum Arrival {
     Posted,
 }
 
-/// An IPv6 LoadBalancer Service without nodePorts (the fake server's 2,768 nodePorts, like a
-/// real cluster's, would not reach 10,000 Services).
+/// An IPv6 LoadBalancer Service without nodePorts (a cluster's 2,768 nodePorts would not reach
+/// 10,000 Services).
 fn bench_service(i: usize) -> Service {
     service(
         &format!("svc-{i:05}"),
         json!({}),
         json!({"ipFamilies": ["IPv6"], "allocateLoadBalancerNodePorts": false}),
     )
+}
+
+/// Every Service of the `default` namespace, as JSON.
+async fn all_services(client: &Client) -> Vec<Value> {
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    services
+        .list(&ListParams::default())
+        .await
+        .expect("list Services")
+        .items
+        .into_iter()
+        .map(|s| serde_json::to_value(s).expect("json"))
+        .collect()
 }
 
 fn own_cpu_seconds() -> f64 {
@@ -878,22 +950,16 @@ fn own_cpu_seconds() -> f64 {
 }
 
 /// Creates `count` IPv6 Services, runs one controller and prints how long until every one has
-/// an address, the controller's RSS and CPU time, and the CPU time of this process (the fake
-/// API server). Prints; never fails on a figure.
+/// an address, the controller's RSS and CPU time, and the CPU time of this process. Prints;
+/// never fails on a figure.
 async fn measure(count: usize, arrival: Arrival) {
-    // Room for every write of the run in the watch history, so no watch falls out of it.
-    let (api, client) = lab_with(FakeApiConfig {
-        history_capacity: 10 * count,
-        ..FakeApiConfig::default()
-    })
-    .await;
+    let (api, client) = lab().await;
     create_pool(&client, "big", json!({"addresses": ["2001:db8:1::/112"]})).await;
     let seed_start = tokio::time::Instant::now();
     if arrival == Arrival::BeforeStart {
-        let seeded = api
-            .create_many((0..count).map(|i| serde_json::to_value(bench_service(i)).expect("json")))
-            .expect("seeded");
-        assert_eq!(seeded, count);
+        for i in 0..count {
+            create_service(&client, &bench_service(i)).await;
+        }
     }
     let seeded = seed_start.elapsed();
     let cpu_before = own_cpu_seconds();
@@ -926,16 +992,15 @@ async fn measure(count: usize, arrival: Arrival) {
     let posted = posting.elapsed();
     let done = tokio::time::timeout(Duration::from_secs(900), async {
         loop {
-            let assigned = api
-                .objects("services")
-                .expect("services")
+            let assigned = all_services(&client)
+                .await
                 .iter()
                 .filter(|s| s.pointer("/status/loadBalancer/ingress/0/ip").is_some())
                 .count();
             if assigned == count {
                 break;
             }
-            // Each poll copies every Service out of the store (holding its lock): not too often.
+            // Each poll lists every Service: not too often.
             let pause = if count > 1_000 { 1_000 } else { 250 };
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
@@ -944,13 +1009,13 @@ async fn measure(count: usize, arrival: Arrival) {
     let elapsed = start.elapsed();
     let cpu_api = own_cpu_seconds() - cpu_before;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let services: Vec<Value> = api.objects("services").expect("services");
+    let services: Vec<Value> = all_services(&client).await;
     let distinct: BTreeSet<&str> = services
         .iter()
         .filter_map(|s| s.pointer("/status/loadBalancer/ingress/0/ip")?.as_str())
         .collect();
     println!(
-        "{count} Services, {arrival:?} (seeding {:.2} s, posting {:.2} s): all assigned: {} ({} distinct addresses) {:.2} s after the controller started; controller RSS {} KiB before, {} KiB after (peak {} KiB), CPU {:.2} s; test process (fake API server) CPU {:.2} s",
+        "{count} Services, {arrival:?} (seeding {:.2} s, posting {:.2} s): all assigned: {} ({} distinct addresses) {:.2} s after the controller started; controller RSS {} KiB before, {} KiB after (peak {} KiB), CPU {:.2} s; test process CPU {:.2} s",
         seeded.as_secs_f64(),
         posted.as_secs_f64(),
         done.is_ok(),

@@ -1,5 +1,5 @@
 //! Issue 14: the Kubernetes speaker's `/metrics` (the code `swimlb-speaker kubernetes` runs,
-//! in-process, against the fake API server), read as curl reads it, passes `promtool check
+//! in-process, against the real control plane on the loopback), read as curl reads it, passes `promtool check
 //! metrics` and exposes exactly the README's metrics for the Kubernetes speaker (`speaker`,
 //! `kubernetes` and `all` rows), with their types and labels.
 //!
@@ -18,8 +18,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
+use swimlb_e2e::control_plane::{ControlPlane, Network};
 use swimlb_e2e::metrics_doc;
-use swimlb_fake_api::FakeApi;
 use swimlb_speaker::gossip::Timing;
 use swimlb_speaker::kubernetes::run::{Settings, run};
 use swimlb_speaker::kubernetes::snapshot::Options;
@@ -167,7 +167,19 @@ fn endpoint_slice(name: &str) -> serde_json::Value {
 }
 
 async fn scenario(b: String, veth_b: String) -> String {
-    let api = FakeApi::start().await.expect("fake API server");
+    let dir = std::env::temp_dir().join(format!("swimlb-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut plane = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let plane = ControlPlane::start(&dir, Network::Loopback, &Default::default())?;
+            plane.install_crds()?;
+            anyhow::Ok(plane)
+        })
+        .await
+        .expect("starting the control plane")
+        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
+    };
     let objects = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
@@ -187,8 +199,16 @@ async fn scenario(b: String, veth_b: String) -> String {
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}),
         endpoint_slice("web-1"),
     ];
-    api.create_many(objects).expect("seeding");
-    let client = api.client().await.expect("client");
+    for object in objects {
+        plane.admin().create(object).expect("seeding");
+    }
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(plane.admin_kubeconfig()).expect("kubeconfig"),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("client config");
+    let client = kube::Client::try_from(config).expect("client");
     let services: kube::Api<k8s_openapi::api::core::v1::Service> =
         kube::Api::namespaced(client.clone(), "default");
     for (name, address) in [("web", VIP), ("stray", "192.0.2.50")] {
@@ -235,7 +255,7 @@ async fn scenario(b: String, veth_b: String) -> String {
         assert!(Instant::now() < deadline, "the engine never served the VIP");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    api.set_reachable(false);
+    plane.stop_apiserver().expect("stopping the API server");
     metrics_with(
         listen,
         &[
@@ -245,7 +265,7 @@ async fn scenario(b: String, veth_b: String) -> String {
         ],
     )
     .await;
-    api.set_reachable(true);
+    plane.start_apiserver().expect("starting the API server");
     // A datagram that is no envelope, and an ARP request for an address nobody owns.
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.send_to(b"not an envelope", bind).await.unwrap();
@@ -298,5 +318,7 @@ async fn scenario(b: String, veth_b: String) -> String {
     .await;
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), speaker).await;
+    drop(plane);
+    let _ = std::fs::remove_dir_all(&dir);
     body
 }
