@@ -854,6 +854,56 @@ async fn of_two_replicas_only_the_leader_writes_and_the_standby_takes_over_on_si
 }
 
 #[tokio::test]
+async fn an_ingress_written_by_another_field_manager_is_taken_back_by_the_controller() {
+    let (api, client) = lab().await;
+    create_pool(&client, "lab", json!({"addresses": ["192.0.2.24/30"]})).await;
+    let ctl = Controller::start(&api, "ssa");
+    create_service(&client, &service("web", json!({}), json!({}))).await;
+    let ips = wait_assigned(&client, "web").await;
+    // Another load balancer implementation server-side applies its own address, forcing the
+    // field away from the controller (a conflict the real API server arbitrates).
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let foreign = if ips[0] == "192.0.2.27" {
+        "192.0.2.26"
+    } else {
+        "192.0.2.27"
+    };
+    let status = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "status": {"loadBalancer": {"ingress": [{"ip": foreign}]}}});
+    services
+        .patch_status(
+            "web",
+            &PatchParams::apply("other-lb").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .expect("the other manager's apply");
+    eventually("the controller to write its address back", || async {
+        (ips_of(&client, "web").await == ips).then_some(())
+    })
+    .await;
+    let web = services.get("web").await.expect("web");
+    let owners: Vec<String> = web
+        .managed_fields()
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer("/f:status/f:loadBalancer/f:ingress").is_some())
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert_eq!(
+        owners,
+        vec!["swimlb-controller".to_string()],
+        "the controller owns the ingress again\n{}",
+        ctl.log_text()
+    );
+    drop(ctl);
+}
+
+#[tokio::test]
 async fn a_service_gets_an_address_once_its_namespace_gets_the_label_a_pool_selects() {
     let (api, client) = lab().await;
     api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))

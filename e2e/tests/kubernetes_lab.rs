@@ -450,6 +450,99 @@ fn an_owner_cut_off_from_the_gossip_gets_its_ip_back_when_the_cut_heals() {
     the_owner_gets_its_ip_back_after(&mut run, Fault::GossipCut, Duration::ZERO);
 }
 
+/// `swimlb_kubernetes_write_errors_total{resource="servicel2statuses"}` of `node`'s speaker.
+fn record_write_errors(run: &Running, node: &str) -> Option<f64> {
+    let addr = SocketAddr::from((run.lab.node(run.index_of(node)).v4, failover::HTTP_PORT));
+    let body = probe::in_netns(&run.lab.client_netns, move || {
+        swimlb_e2e::demo::http_get(addr, "/metrics")
+    })
+    .ok()??;
+    Some(swimlb_e2e::scrape::sum(
+        &swimlb_e2e::scrape::samples(&body),
+        "swimlb_kubernetes_write_errors_total",
+        Some(("resource", "servicel2statuses")),
+    ))
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_record_write_the_rbac_denies_is_counted_and_retried_and_the_failover_still_happens() {
+    let _one = one_lab("kubernetes RBAC denial");
+    let mut run = Running::start(10);
+    let (prober, owner) = run.settle();
+    // The speakers' Role loses the writes of their records (a manifest edited by hand, or an
+    // older one): the real API server answers 403.
+    let api = run.cluster().api();
+    let role = api
+        .get(
+            "rbac.authorization.k8s.io/v1",
+            "Role",
+            Some(NAMESPACE),
+            "swimlb-speaker",
+        )
+        .unwrap()
+        .expect("the speakers' Role");
+    let read_only = json!({"rules": [
+        {"apiGroups": ["swimlb.io"], "resources": ["ipaddresspools", "l2advertisements"],
+            "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["swimlb.io"], "resources": ["servicel2statuses"],
+            "verbs": ["list", "watch"]}]});
+    api.merge_patch(
+        "rbac.authorization.k8s.io/v1",
+        "Role",
+        Some(NAMESPACE),
+        "swimlb-speaker",
+        read_only,
+        false,
+    )
+    .unwrap();
+    let fault = Instant::now();
+    run.lab.set_link(run.index_of(&owner), false).unwrap();
+    let taker = wait_for_failover(&run, &prober, fault, &owner);
+    // The new owner's write is refused: counted and retried, the speaker keeps running.
+    let deadline = Instant::now() + PLACED;
+    while record_write_errors(&run, &taker).unwrap_or(0.0) < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{taker} counted no refused record write\n{}",
+            run.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        run.cluster().record_node(APPS, SERVICE).as_deref(),
+        Some(owner.as_str()),
+        "the refused write changed nothing"
+    );
+    let log = std::fs::read_to_string(run.daemons.log_path(&run.lab, run.index_of(&taker)))
+        .unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ServiceL2Status write failed") && l.contains("forbidden")),
+        "{taker}'s log says why the write failed\n{log}"
+    );
+    // The Role restored: the next retry writes the record.
+    api.merge_patch(
+        "rbac.authorization.k8s.io/v1",
+        "Role",
+        Some(NAMESPACE),
+        "swimlb-speaker",
+        json!({"rules": role["rules"]}),
+        false,
+    )
+    .unwrap();
+    assert!(
+        run.cluster()
+            .wait_record(APPS, SERVICE, PLACED, |n| n == taker)
+            .is_some(),
+        "the record names {taker} once the Role allows it\n{}",
+        run.logs()
+    );
+    drop(prober);
+    run.lab.teardown();
+}
+
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_status_says_why() {
