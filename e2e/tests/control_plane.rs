@@ -196,3 +196,75 @@ fn deploy_swimlb_yaml_applies_with_real_kubectl_and_the_real_controllers_place_i
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
 }
+
+#[test]
+fn invalid_pools_advertisements_and_records_are_refused_by_the_api_server_itself() {
+    let (dir, plane) = start("invalid", &[]);
+    plane.install_crds().unwrap_or_else(|e| panic!("{e:#}"));
+    plane
+        .admin()
+        .create(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "swimlb-system"}}))
+        .unwrap();
+    let kubectl = plane.kubectl();
+    let object = |kind: &str, body: &str| {
+        format!(
+            "apiVersion: swimlb.io/v1beta1\nkind: {kind}\nmetadata:\n  name: bad\n  namespace: swimlb-system\n{body}"
+        )
+    };
+    // (what is wrong, the manifest, the field the API server's answer names)
+    let cases = [
+        (
+            "addresses as a string",
+            object("IPAddressPool", "spec:\n  addresses: 192.0.2.0/24\n"),
+            "spec.addresses",
+        ),
+        (
+            "autoAssign not a boolean",
+            object(
+                "IPAddressPool",
+                "spec:\n  addresses: [192.0.2.0/24]\n  autoAssign: sometimes\n",
+            ),
+            "spec.autoAssign",
+        ),
+        (
+            "a misspelt field",
+            object("IPAddressPool", "spec:\n  adresses: [192.0.2.0/24]\n"),
+            "adresses",
+        ),
+        ("a pool without spec", object("IPAddressPool", ""), "spec"),
+        (
+            "interfaces as a string",
+            object("L2Advertisement", "spec:\n  interfaces: eth0\n"),
+            "spec.interfaces",
+        ),
+        (
+            "a selector requirement without its key",
+            object(
+                "L2Advertisement",
+                "spec:\n  nodeSelectors:\n    - matchExpressions:\n        - {operator: In, values: [a]}\n",
+            ),
+            "key",
+        ),
+        (
+            "a record without spec",
+            object("ServiceL2Status", ""),
+            "spec: Required value",
+        ),
+    ];
+    let mut accepted = Vec::new();
+    for (what, manifest, field) in &cases {
+        match kubectl.apply(Source::Text(manifest)) {
+            Ok(out) => accepted.push(format!("{what}: accepted ({})", out.trim())),
+            Err(e) => {
+                let message = format!("{e:#}");
+                assert!(
+                    message.contains(field),
+                    "{what}: the refusal names {field}: {message}"
+                );
+            }
+        }
+    }
+    assert!(accepted.is_empty(), "accepted: {accepted:#?}");
+    drop(dir);
+}
