@@ -97,13 +97,22 @@ pub struct SliceView {
     /// Name and namespace (and, before [`trim_slice`], the labels).
     #[serde(default)]
     pub metadata: ObjectMeta,
-    /// `endpoints`.
-    #[serde(default)]
+    /// `endpoints` (the EndpointSlice controller writes `null` for a Service with no Pods).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub endpoints: Vec<EndpointView>,
     /// The Service it belongs to (its `kubernetes.io/service-name` label), set by
     /// [`trim_slice`].
     #[serde(skip)]
     pub service: Option<String>,
+}
+
+/// A list the API server may send as `null`, read as an empty one.
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// One endpoint of a slice: its node and conditions.
@@ -208,6 +217,24 @@ pub fn trim_slice(slice: &mut SliceView) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_slice_the_endpointslice_controller_writes_for_a_service_without_pods_reads_as_empty() {
+        // As kube-controller-manager v1.37 writes it: `endpoints` and `ports` are null.
+        let slice: SliceView = serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "local-lh6ls", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "local"}},
+            "addressType": "IPv4", "endpoints": null, "ports": null
+        }))
+        .expect("a slice with null endpoints");
+        assert!(slice.endpoints.is_empty());
+        let absent: SliceView = serde_json::from_value(json!({
+            "metadata": {"name": "s", "namespace": "default"}, "addressType": "IPv4"
+        }))
+        .expect("a slice without endpoints");
+        assert!(absent.endpoints.is_empty());
+    }
 
     #[test]
     fn views_read_only_what_the_snapshot_needs_from_the_api_servers_json() {
