@@ -701,6 +701,15 @@ impl AuditRecord {
     }
 }
 
+/// `openssl req` arguments for a new P-256 key, unencrypted.
+const NEW_EC_KEY: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
 /// The cluster's certificates and keys, made with `openssl` in a folder.
 struct Pki {
     dir: PathBuf,
@@ -714,24 +723,15 @@ impl Pki {
         let pki = Pki {
             dir: dir.to_path_buf(),
         };
-        pki.openssl(&[
-            "req",
-            "-x509",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "3650",
-            "-subj",
-            "/CN=swimlb-lab-ca",
-        ])?;
+        pki.openssl(
+            &[
+                &["req", "-x509", "-new"][..],
+                &NEW_EC_KEY,
+                &["-keyout", "ca.key", "-out", "ca.crt", "-days", "3650"],
+                &["-subj", "/CN=swimlb-lab-ca"],
+            ]
+            .concat(),
+        )?;
         let sans = format!(
             "subjectAltName=IP:{api_ip},IP:{KUBERNETES_SERVICE_IP},IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n"
         );
@@ -773,21 +773,14 @@ impl Pki {
             format!("{name}.csr"),
             format!("{name}.crt"),
         );
-        self.openssl(&[
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            subject,
-        ])?;
+        self.openssl(
+            &[
+                &["req", "-new"][..],
+                &NEW_EC_KEY,
+                &["-keyout", &key, "-out", &csr, "-subj", subject],
+            ]
+            .concat(),
+        )?;
         self.openssl(&[
             "x509",
             "-req",

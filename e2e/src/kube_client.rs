@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
@@ -273,26 +273,23 @@ impl Kube {
         let request = http::Request::post(path)
             .header("content-type", "application/json")
             .body(serde_json::to_vec(body)?)?;
-        let text = self.block_on(self.client.request_text(request));
-        match text {
-            Ok(text) => Ok(serde_json::from_str(&text)?),
-            Err(e) => bail!("POST {path}: {e}"),
-        }
+        Ok(serde_json::from_str(&self.send(request)?)?)
     }
 
     /// `GET path` as JSON (`/version`).
     pub fn raw_get(&self, path: &str) -> Result<Value> {
-        let text = self.raw_text(path)?;
-        Ok(serde_json::from_str(&text)?)
+        Ok(serde_json::from_str(&self.raw_text(path)?)?)
     }
 
     /// `GET path` as text (`/readyz`).
     pub fn raw_text(&self, path: &str) -> Result<String> {
-        let request = http::Request::get(path).body(Vec::new())?;
-        let text = self.block_on(self.client.request_text(request));
-        match text {
-            Ok(text) => Ok(text),
-            Err(e) => bail!("GET {path}: {e}"),
-        }
+        self.send(http::Request::get(path).body(Vec::new())?)
+    }
+
+    /// Sends `request`; the answer's body, or an error naming the method and the path.
+    fn send(&self, request: http::Request<Vec<u8>>) -> Result<String> {
+        let what = format!("{} {}", request.method(), request.uri());
+        self.block_on(self.client.request_text(request))
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))
     }
 }
