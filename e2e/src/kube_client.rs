@@ -69,9 +69,13 @@ impl Kube {
         let kubeconfig =
             Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
         let build = async {
-            let config =
+            let mut config =
                 kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                     .await?;
+            // A server that vanished (its namespace torn down) sends no reset: never wait on
+            // it for long.
+            config.connect_timeout = Some(std::time::Duration::from_secs(5));
+            config.read_timeout = Some(std::time::Duration::from_secs(30));
             anyhow::Ok(kube::Client::try_from(config)?)
         };
         let client = std::thread::scope(|scope| {

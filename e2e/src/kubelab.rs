@@ -143,14 +143,15 @@ impl Drop for ApiThread {
 /// plays.
 #[derive(Debug)]
 pub struct Cluster {
+    /// Renews the nodes' Leases while the cluster lives; first, so it stops (on drop) before
+    /// the control plane it talks to.
+    _heartbeats: Heartbeats,
     plane: ControlPlane,
     program: PathBuf,
     dir: PathBuf,
     controller: Option<usize>,
     /// Each node's kubelet client, by node name.
     kubelets: Arc<Vec<(String, Kube)>>,
-    /// Renews the nodes' Leases while the cluster lives (stopped on drop).
-    _heartbeats: Heartbeats,
     /// Extra flags for every speaker started after they are set (`--preempt-delay 30s`).
     pub speaker_args: Vec<String>,
 }
