@@ -33,15 +33,14 @@
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 
-pub mod control_plane;
+pub use swimlb_control_plane::{control_plane, kube_client, kubectl};
+
 pub mod converge;
 pub mod dashboard;
 pub mod demo;
 pub mod failover;
 pub mod flood;
 pub mod keepalived;
-pub mod kube_client;
-pub mod kubectl;
 pub mod kubelab;
 pub mod kubelet;
 pub mod manifest_tools;

@@ -224,9 +224,7 @@ impl Lab {
 
     /// A command that runs `program` inside `netns`.
     pub fn command_in(netns: &str, program: &str) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", netns, program]);
-        cmd
+        swimlb_control_plane::netns::command_in(netns, program)
     }
 
     /// Runs `program args` in `netns` to completion; fails on a non-zero exit, with its stderr.

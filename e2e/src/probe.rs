@@ -24,21 +24,7 @@ use tokio::time::Instant;
 /// The UDP port of the responders.
 pub const PROBE_PORT: u16 = 5599;
 
-/// Moves the calling thread into network namespace `netns` (a name from `ip netns`).
-#[allow(unsafe_code)]
-pub fn enter_netns(netns: &str) -> Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let file = std::fs::File::open(format!("/var/run/netns/{netns}"))
-        .with_context(|| format!("opening namespace {netns}"))?;
-    // SAFETY: setns only reads the descriptor, which `file` keeps open for the call; it changes
-    // the network namespace of the calling thread alone (CLONE_NEWNET), which is what we want.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("entering namespace {netns}"));
-    }
-    Ok(())
-}
+pub use swimlb_control_plane::netns::enter_netns;
 
 /// Starts thread `name` in network namespace `netns`: it enters the namespace and runs `setup`
 /// there (opening its sockets) before this returns, with `setup`'s error if it failed; then it

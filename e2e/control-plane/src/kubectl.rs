@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::netns::Lab;
+use crate::netns::command_in;
 
 /// The pinned release's `kubectl` (`$SWIMLB_K8S_BIN/kubectl`, the control plane's own build)
 /// when there is one, else `kubectl` from `PATH`, or an error that says how to install it.
@@ -113,7 +113,7 @@ impl Kubectl {
         let kubectl = self.program()?;
         let kubectl = kubectl.to_string_lossy();
         let mut cmd = match &self.netns {
-            Some(netns) => Lab::command_in(netns, &kubectl),
+            Some(netns) => command_in(netns, &kubectl),
             None => Command::new(kubectl.as_ref()),
         };
         cmd.arg("--kubeconfig")

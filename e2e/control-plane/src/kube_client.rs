@@ -60,7 +60,7 @@ impl Kube {
         if let Some(netns) = netns {
             let netns = netns.to_string();
             builder.on_thread_start(move || {
-                if let Err(e) = crate::probe::enter_netns(&netns) {
+                if let Err(e) = crate::netns::enter_netns(&netns) {
                     eprintln!("kube client thread: {e:#}");
                 }
             });
@@ -82,7 +82,7 @@ impl Kube {
             scope
                 .spawn(|| {
                     if let Some(netns) = netns {
-                        crate::probe::enter_netns(netns)?;
+                        crate::netns::enter_netns(netns)?;
                     }
                     runtime.block_on(build)
                 })
@@ -120,7 +120,7 @@ impl Kube {
             scope
                 .spawn(|| {
                     if let Some(netns) = &self.netns
-                        && let Err(e) = crate::probe::enter_netns(netns)
+                        && let Err(e) = crate::netns::enter_netns(netns)
                     {
                         eprintln!("kube client: {e:#}");
                     }
@@ -182,6 +182,24 @@ impl Kube {
         let dynamic: DynamicObject = serde_json::from_value(object)?;
         let created = self.block_on(api.create(&PostParams::default(), &dynamic))?;
         Ok(serde_json::to_value(created)?)
+    }
+
+    /// Creates every object of `objects`, at most `parallel` requests in flight: an object that
+    /// needs another (a namespace) goes in an earlier call.
+    pub fn create_all(&self, objects: Vec<Value>, parallel: usize) -> Result<()> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let mut requests = Vec::with_capacity(objects.len());
+        for object in objects {
+            let (api, _) = self.api_for(&object)?;
+            let dynamic: DynamicObject = serde_json::from_value(object)?;
+            requests.push(async move { api.create(&PostParams::default(), &dynamic).await });
+        }
+        self.block_on(
+            futures::stream::iter(requests)
+                .buffered(parallel.max(1))
+                .try_for_each(|_| async { Ok(()) }),
+        )?;
+        Ok(())
     }
 
     /// Applies `object` server-side as `manager`, taking over conflicting fields (`force`).

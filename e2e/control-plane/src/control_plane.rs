@@ -53,7 +53,7 @@ impl Programs {
         let dir = match std::env::var_os("SWIMLB_K8S_BIN") {
             Some(dir) => PathBuf::from(dir),
             None => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/build.sh");
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
                 let out = Command::new("bash")
                     .arg(&script)
                     .stderr(Stdio::inherit())
@@ -336,7 +336,7 @@ impl ControlPlane {
     /// Installs swimlb's CRDs (`deploy/crds.yaml`, with the pinned `kubectl apply
     /// --server-side`) and waits until the API server serves them.
     pub fn install_crds(&self) -> Result<()> {
-        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds.yaml");
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds.yaml");
         self.kubectl().apply(Source::File(&crds))?;
         self.wait_for(READY_LIMIT, "swimlb's CRDs established", |kube| {
             for name in [
