@@ -1,4 +1,4 @@
-//! The Kubernetes mode at scale, against the fake API server, in a network namespace (the
+//! The Kubernetes mode at scale, against a real control plane, in a network namespace (the
 //! speakers need a link with a connected route to their IPs to announce them, and packet
 //! sockets to answer on it). Root only.
 //!
@@ -10,8 +10,8 @@
 //!   (`swimlb_kubernetes_event_handling_seconds`, read from `/metrics`). It prints figures and
 //!   fails only when the speaker does not announce what it should.
 //! - `a_membership_change_writes_only_the_records_of_the_services_that_moved`: three speakers
-//!   in-process; one leaves, then comes back; the `ServiceL2Status` writes the fake API server
-//!   records are exactly two (object, status) per Service that moved, each time.
+//!   in-process; one leaves, then comes back; the `ServiceL2Status` writes in the API server's
+//!   audit log are exactly two (object, status) per Service that moved, each time.
 //!
 //! `cargo test --release -p swimlb-speaker --test kubernetes_scale -- --ignored --nocapture
 //! --test-threads=1` runs both (`SWIMLB_MEASURE_SERVICES=N` changes the count,
@@ -22,7 +22,6 @@ mod netns;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
@@ -31,7 +30,7 @@ use kube::api::{Api, Patch, PatchParams};
 use netns::{Lab, require_root};
 use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
-use swimlb_fake_api::{FakeApi, FakeApiConfig};
+use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_speaker::gossip::Timing;
 use swimlb_speaker::kubernetes::records::record_name;
 use swimlb_speaker::kubernetes::run::{Settings, run};
@@ -99,8 +98,7 @@ fn service(i: usize) -> Value {
         "metadata": {"name": format!("svc-{i:05}"), "namespace": namespace_of(i),
             "labels": {"app": format!("app-{i:05}"), "tier": "web"}},
         "spec": {"type": "LoadBalancer", "ipFamilies": ["IPv6"], "allocateLoadBalancerNodePorts": false,
-            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
-            "selector": {"app": format!("app-{i:05}")}}})
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
 }
 
 /// The endpoints of the `i`th Service: 3, on 3 Nodes, ready or not.
@@ -122,7 +120,7 @@ fn endpoint_slice(i: usize, nodes: usize) -> Value {
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("svc-{i:05}-x7k2p"), "namespace": namespace_of(i),
             "labels": {"kubernetes.io/service-name": format!("svc-{i:05}"),
-                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
         "addressType": "IPv6",
         "endpoints": endpoints(i, nodes, true),
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
@@ -281,24 +279,18 @@ fn measure_ten_thousand_services() {
     assert!(count <= 0x1_0000, "the pool is a /112");
     let lab = Lab::new('m');
     let report = lab.run_in_a(move || async move {
-        let api = FakeApi::start_with(FakeApiConfig {
-            history_capacity: 4 * count,
-            ..FakeApiConfig::default()
-        })
-        .await
-        .expect("fake API server");
+        let api = TestPlane::start_async("scale").await;
         let seeding = Instant::now();
-        let mut objects = vec![
-            namespace(NS),
-            pool(&["2001:db8:100::1:0/112"]),
-            advertisement(),
-        ];
-        objects.extend((0..NAMESPACES).map(|n| namespace(&namespace_of(n))));
+        let mut namespaces = vec![namespace(NS)];
+        namespaces.extend((0..NAMESPACES).map(|n| namespace(&namespace_of(n))));
+        let mut objects = vec![pool(&["2001:db8:100::1:0/112"]), advertisement()];
         objects.extend((0..nodes).map(node));
         objects.extend((0..count).map(service));
         objects.extend((0..count).map(|i| endpoint_slice(i, nodes)));
-        api.create_many(objects).expect("seeding");
-        let client = api.client().await.expect("client");
+        for batch in [namespaces, objects] {
+            api.admin().create_all(batch, 64).expect("seeding");
+        }
+        let client = api.client().await;
         let assignments = (0..count)
             .map(|i| {
                 (
@@ -344,7 +336,7 @@ fn measure_ten_thousand_services() {
                 "--log",
                 "warn",
             ])
-            .env("KUBECONFIG", api.kubeconfig_path())
+            .env("KUBECONFIG", api.admin_kubeconfig())
             .stdout(Stdio::null())
             .stderr(log_file)
             .kill_on_drop(true)
@@ -370,12 +362,18 @@ fn measure_ten_thousand_services() {
         let until = Instant::now() + Duration::from_secs(300);
         while Instant::now() < until {
             let records = api
-                .objects("servicel2statuses.swimlb.io")
+                .admin()
+                .list("swimlb.io/v1beta1", "ServiceL2Status", Some(NS))
                 .map(|r| r.len())
                 .unwrap_or(0);
             let events = api
-                .objects("events.events.k8s.io")
-                .map(|e| e.len())
+                .admin()
+                .list("events.k8s.io/v1", "Event", None)
+                .map(|e| {
+                    e.iter()
+                        .filter(|e| e["reportingController"] == "swimlb-speaker")
+                        .count()
+                })
                 .unwrap_or(0);
             if records >= count && events >= count {
                 written = Some(started.elapsed());
@@ -550,12 +548,13 @@ fn settings(node: &str, ip: &str) -> Settings {
 }
 
 /// The node each record names, by Service name.
-fn record_nodes(api: &FakeApi, services: &[String]) -> BTreeMap<String, String> {
+fn record_nodes(api: &TestPlane, services: &[String]) -> BTreeMap<String, String> {
     let by_name: BTreeMap<String, &String> = services
         .iter()
         .map(|s| (record_name(&ServiceKey::new("default", s)), s))
         .collect();
-    api.objects("servicel2statuses.swimlb.io")
+    api.admin()
+        .list("swimlb.io/v1beta1", "ServiceL2Status", Some(NS))
         .unwrap_or_default()
         .iter()
         .filter_map(|o| {
@@ -569,11 +568,12 @@ fn record_nodes(api: &FakeApi, services: &[String]) -> BTreeMap<String, String> 
 }
 
 /// Writes to `servicel2statuses` (the object and its status) among the requests after `from`.
-fn record_writes(api: &FakeApi, from: usize) -> usize {
+fn record_writes(api: &TestPlane, from: usize) -> usize {
     api.requests()
         .iter()
         .skip(from)
-        .filter(|r| r.is_write() && r.path.contains("/servicel2statuses"))
+        .filter(|r| r.resource.starts_with("servicel2statuses"))
+        .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
         .count()
 }
 
@@ -591,9 +591,9 @@ async fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 type Speakers = BTreeMap<String, (oneshot::Sender<()>, tokio::task::JoinHandle<()>)>;
 
-async fn start_speaker(api: &FakeApi, speakers: &mut Speakers, node: &str, ip: &str) {
+async fn start_speaker(api: &TestPlane, speakers: &mut Speakers, node: &str, ip: &str) {
     let (stop, stopped) = oneshot::channel::<()>();
-    let client = api.client().await.unwrap();
+    let client = api.client().await;
     let settings = settings(node, ip);
     let task = tokio::spawn(async move {
         let shutdown = Box::pin(async move {
@@ -628,9 +628,10 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         ("node-c", "127.0.0.4"),
     ];
     let report = lab.run_in_a(move || async move {
-        let api = Arc::new(FakeApi::start().await.expect("fake API server"));
+        let api = TestPlane::start_async("membership-change").await;
         let names: Vec<String> = (0..count).map(|i| format!("web-{i:02}")).collect();
-        let mut objects = vec![namespace(NS), pool(&["198.51.100.128/26"]), advertisement()];
+        api.create_namespace(NS).expect("the speaker's namespace");
+        let mut objects = vec![pool(&["198.51.100.128/26"]), advertisement()];
         for (node, _) in nodes {
             objects.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
             objects.push(pod(node));
@@ -648,8 +649,8 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
                     "conditions": {"ready": true}}]}),
             );
         }
-        api.create_many(objects).expect("seeding");
-        let client = api.client().await.unwrap();
+        api.admin().create_all(objects, 16).expect("seeding");
+        let client = api.client().await;
         let assignments = names
             .iter()
             .enumerate()
@@ -678,10 +679,10 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         }
         let alive = |nodes: &[&str]| {
             let names = names.clone();
-            let api = api.clone();
+            let api = &api;
             let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
             move || {
-                let records = record_nodes(&api, &names);
+                let records = record_nodes(api, &names);
                 records.len() == names.len() && records.values().all(|n| nodes.contains(n))
             }
         };
@@ -708,10 +709,10 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         let mark = api.requests().len();
         start_speaker(&api, &mut speakers, "node-c", "127.0.0.4").await;
         let came_back = until(Duration::from_secs(20), {
-            let api = api.clone();
+            let api = &api;
             let names = names.clone();
             let with_c = with_c.clone();
-            move || record_nodes(&api, &names) == with_c
+            move || record_nodes(api, &names) == with_c
         })
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use swimlb_fake_api::FakeApi;
+use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_speaker::gossip::Timing;
 use swimlb_speaker::kubernetes::run::{Settings, run};
 use swimlb_speaker::kubernetes::snapshot::Options;
@@ -46,13 +46,14 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
         .ok()?
 }
 
-/// The Warning Events in the fake API server: (reason, regarding kind/name, note).
-fn warnings(api: &FakeApi) -> Vec<(String, String, String)> {
+/// The speaker's Warning Events: (reason, regarding kind/name, note).
+fn warnings(api: &TestPlane) -> Vec<(String, String, String)> {
     let mut all: Vec<(String, String, String)> = api
-        .objects("events.events.k8s.io")
+        .admin()
+        .list("events.k8s.io/v1", "Event", None)
         .unwrap_or_default()
         .iter()
-        .filter(|e| e["type"] == "Warning")
+        .filter(|e| e["type"] == "Warning" && e["reportingController"] == "swimlb-speaker")
         .map(|e: &Value| {
             let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
             (
@@ -72,8 +73,8 @@ fn warnings(api: &FakeApi) -> Vec<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event_each() {
-    let api = FakeApi::start().await.expect("fake API server");
-    api.create_many([
+    let api = TestPlane::start_async("warnings").await;
+    for object in [
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
         json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
@@ -85,8 +86,9 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
         json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
             "metadata": {"name": "elsewhere", "namespace": NS},
             "spec": {"interfaces": ["swimlb-absent0"]}}),
-    ])
-    .expect("seeding");
+    ] {
+        api.admin().create(object).expect("seeding");
+    }
     let listen = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
     let settings = Settings {
         node: "node-a".into(),
@@ -100,7 +102,7 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
         speaker_selector: "app.kubernetes.io/component=speaker".into(),
         options: Options::default(),
     };
-    let client = api.client().await.expect("client");
+    let client = api.client().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let speaker = tokio::spawn(run(
         settings,
@@ -119,7 +121,8 @@ async fn an_invalid_advertisement_and_an_unknown_interface_get_one_warning_event
     let ended_early = speaker.is_finished();
     let metrics = get(listen, "/metrics").await.unwrap_or_default();
     // Another Node: every advertisement is resolved again; nothing new to say.
-    api.create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}))
+    api.admin()
+        .create(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}))
         .expect("another Node");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = warnings(&api);

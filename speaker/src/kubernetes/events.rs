@@ -119,8 +119,8 @@ mod tests {
 
     #[tokio::test]
     async fn events_have_kubes_fields_and_distinct_names() {
-        let api = swimlb_fake_api::FakeApi::start().await.unwrap();
-        let mut writer = EventWriter::new(api.client().await.unwrap(), "swimlb-speaker", "n1");
+        let api = swimlb_control_plane::test_plane::TestPlane::start_async("events").await;
+        let mut writer = EventWriter::new(api.client().await, "swimlb-speaker", "n1");
         let object = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Service".into()),
@@ -145,10 +145,15 @@ mod tests {
         assert_eq!(a.type_.as_deref(), Some("Warning"));
         writer.publish(&object, &note).await.unwrap();
         writer.publish(&object, &note).await.unwrap();
-        let stored = api.objects("events.events.k8s.io").unwrap();
+        let stored: Vec<_> = api
+            .admin()
+            .list("events.k8s.io/v1", "Event", Some("default"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e["reportingController"] == "swimlb-speaker")
+            .collect();
         assert_eq!(stored.len(), 2, "{stored:?}");
         assert_eq!(stored[0]["reason"], "InvalidConfiguration");
         assert_eq!(stored[0]["regarding"]["name"], "web");
-        api.shutdown().await;
     }
 }

@@ -539,16 +539,22 @@ impl RecordWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use swimlb_fake_api::FakeApi;
+    use swimlb_control_plane::test_plane::TestPlane;
 
-    /// A fake API server with the speaker's namespace.
-    async fn api_with_namespace() -> FakeApi {
-        let api = FakeApi::start().await.unwrap();
-        api.create(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}
-        }))
-        .unwrap();
+    /// A real control plane with swimlb's CRDs and the speaker's namespace.
+    async fn api_with_namespace(test: &str) -> TestPlane {
+        let api = TestPlane::start_async(&format!("records-{test}")).await;
+        api.create_namespace("swimlb-system").unwrap();
         api
+    }
+
+    /// The writes of records so far (objects and their status), from the audit log.
+    fn record_writes(api: &TestPlane) -> usize {
+        api.requests()
+            .iter()
+            .filter(|r| r.resource.starts_with("servicel2statuses"))
+            .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
+            .count()
     }
 
     fn svc(name: &str) -> ServiceKey {
@@ -561,9 +567,14 @@ mod tests {
 
     /// Every record in the namespace: (name, node label, status node).
     /// What `each` reads of every record, sorted.
-    fn sorted_records<T: Ord>(api: &FakeApi, each: impl Fn(&serde_json::Value) -> T) -> Vec<T> {
+    fn sorted_records<T: Ord>(api: &TestPlane, each: impl Fn(&serde_json::Value) -> T) -> Vec<T> {
         let mut all: Vec<T> = api
-            .objects("servicel2statuses.swimlb.io")
+            .admin()
+            .list(
+                "swimlb.io/v1beta1",
+                "ServiceL2Status",
+                Some("swimlb-system"),
+            )
             .unwrap()
             .iter()
             .map(each)
@@ -576,7 +587,7 @@ mod tests {
         value.as_str().unwrap_or_default().to_string()
     }
 
-    fn records(api: &FakeApi) -> Vec<(String, String, String)> {
+    fn records(api: &TestPlane) -> Vec<(String, String, String)> {
         sorted_records(api, |o| {
             (
                 text(&o["metadata"]["name"]),
@@ -650,8 +661,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_owner_takes_the_record_over_and_an_orphan_is_deleted() {
-        let api = api_with_namespace().await;
-        let client = api.client().await.unwrap();
+        let api = api_with_namespace("a_new_owner_takes_the_record_over_and_an").await;
+        let client = api.client().await;
         let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
         let mut n2 = RecordWriter::new(client, "swimlb-system");
         n1.set(&svc("web"), status("n1", "web"), false);
@@ -666,11 +677,11 @@ mod tests {
         ];
         expected.sort();
         assert_eq!(records(&api), expected);
-        let writes_before = api.requests().iter().filter(|r| r.is_write()).count();
+        let writes_before = record_writes(&api);
         // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
         n2.set(&svc("web"), status("n2", "web"), false);
         assert!(n2.flush().await.is_empty());
-        let writes = api.requests().iter().filter(|r| r.is_write()).count() - writes_before;
+        let writes = record_writes(&api) - writes_before;
         assert_eq!(writes, 2, "one Service moved: its object and its status");
         let mut expected = vec![
             (web.clone(), "n2".to_string(), "n2".to_string()),
@@ -685,13 +696,12 @@ mod tests {
         n2.set(&svc("db"), None, true);
         assert!(n2.flush().await.is_empty());
         assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
-        api.shutdown().await;
     }
 
     #[tokio::test]
     async fn a_record_overwritten_behind_the_owners_back_is_written_again() {
-        let api = api_with_namespace().await;
-        let client = api.client().await.unwrap();
+        let api = api_with_namespace("a_record_overwritten_behind_the_owners_b").await;
+        let client = api.client().await;
         let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
         let mut n2 = RecordWriter::new(client, "swimlb-system");
         n1.set(&svc("web"), status("n1", "web"), false);
@@ -720,14 +730,13 @@ mod tests {
         assert!(n1.observe(&svc("web"), None));
         // A Service this node does not announce is none of its business.
         assert!(!n2.observe(&svc("db"), Some(&mine)));
-        api.shutdown().await;
     }
 
     #[tokio::test]
     async fn writes_that_fail_while_the_api_server_is_away_are_retried_when_it_is_back() {
-        let api = api_with_namespace().await;
-        let client = api.client().await.unwrap();
-        api.set_reachable(false);
+        let mut api = api_with_namespace("writes_that_fail_while_the_api_server_is").await;
+        let client = api.client().await;
+        api.stop_apiserver().unwrap();
         let mut n1 = RecordWriter::new(client, "swimlb-system");
         n1.set(&svc("web"), status("n1", "web"), false);
         n1.set(&svc("db"), status("n1", "db"), false);
@@ -735,36 +744,22 @@ mod tests {
         let errors = n1.flush().await;
         assert_eq!(errors.len(), 3, "{errors:?}");
         assert!(n1.is_pending(), "kept for the next flush");
-        assert!(records(&api).is_empty());
         // Ownership of db moved away meanwhile: its failed write is dropped; and gone is
         // announced again, by another node: its delete is dropped too.
         n1.set(&svc("db"), None, false);
         n1.set(&svc("gone"), None, false);
-        api.set_reachable(true);
+        api.start_apiserver().unwrap();
+        assert!(records(&api).is_empty(), "nothing was written meanwhile");
         assert!(n1.flush().await.is_empty());
         assert!(!n1.is_pending());
         assert_eq!(
             records(&api),
             vec![(record_name(&svc("web")), "n1".into(), "n1".into())]
         );
-        api.shutdown().await;
-    }
-
-    /// A client whose requests the fake server logs under `user`.
-    async fn client_of(api: &FakeApi, user: &str) -> kube::Client {
-        let path = api.kubeconfig_for_user(user).unwrap();
-        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .unwrap();
-        kube::Client::try_from(config).unwrap()
     }
 
     /// Every record in the namespace: (Service name label, status node).
-    fn records_by_service(api: &FakeApi) -> Vec<(String, String)> {
+    fn records_by_service(api: &TestPlane) -> Vec<(String, String)> {
         sorted_records(api, |o| {
             (
                 text(&o["metadata"]["labels"][SERVICE_NAME_LABEL]),
@@ -773,12 +768,12 @@ mod tests {
         })
     }
 
-    /// The DELETE requests `user` sent.
-    fn deletes_by(api: &FakeApi, user: &str) -> Vec<String> {
+    /// The names of the records `user` deleted.
+    fn deletes_by(api: &TestPlane, user: &str) -> Vec<String> {
         api.requests()
             .into_iter()
-            .filter(|r| r.user == user && r.method == "DELETE")
-            .map(|r| r.path)
+            .filter(|r| r.user == user && r.verb == "delete")
+            .map(|r| r.name)
             .collect()
     }
 
@@ -793,8 +788,8 @@ mod tests {
 
     #[tokio::test]
     async fn services_sharing_an_ip_each_get_a_record_naming_the_owner_until_one_goes() {
-        let api = api_with_namespace().await;
-        let mut writer = RecordWriter::new(api.client().await.unwrap(), "swimlb-system");
+        let api = api_with_namespace("services_sharing_an_ip_each_get_a_record").await;
+        let mut writer = RecordWriter::new(api.client().await, "swimlb-system");
         let ip: IpAddr = "192.0.2.10".parse().unwrap();
         let mut h = Holdings::new("n1");
         let shared = IpFacts {
@@ -824,7 +819,6 @@ mod tests {
             records_by_service(&api),
             vec![("web-tcp".to_string(), "n1".to_string())]
         );
-        api.shutdown().await;
     }
 
     #[test]
@@ -847,16 +841,16 @@ mod tests {
     }
 
     /// Writes a record of `service` naming `node`, as that node would have.
-    async fn leave_record(api: &FakeApi, node: &str, service: &str) {
-        let mut writer = RecordWriter::new(api.client().await.unwrap(), "swimlb-system");
+    async fn leave_record(api: &TestPlane, node: &str, service: &str) {
+        let mut writer = RecordWriter::new(api.client().await, "swimlb-system");
         writer.set(&svc(service), status(node, service), false);
         assert!(writer.flush().await.is_empty());
     }
 
     /// Every record the API holds, seen by `strays` as the records' watch lists them, against
     /// the Services `served`.
-    async fn list_into(api: &FakeApi, strays: &mut Strays, served: &[&str]) {
-        let list = Api::<ServiceL2Status>::namespaced(api.client().await.unwrap(), "swimlb-system")
+    async fn list_into(api: &TestPlane, strays: &mut Strays, served: &[&str]) {
+        let list = Api::<ServiceL2Status>::namespaced(api.client().await, "swimlb-system")
             .list(&Default::default())
             .await
             .unwrap();
@@ -870,13 +864,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_record_of_a_service_not_served_is_swept_by_one_node_only() {
-        let api = api_with_namespace().await;
+        let api = api_with_namespace("a_record_of_a_service_not_served_is_swep").await;
         // Left while every speaker was down: n3 is gone for good, n2 comes back.
         leave_record(&api, "n3", "gone").await;
         leave_record(&api, "n2", "old").await;
         leave_record(&api, "n2", "web").await;
-        let mut n1 = RecordWriter::new(client_of(&api, "n1").await, "swimlb-system");
-        let mut n2 = RecordWriter::new(client_of(&api, "n2").await, "swimlb-system");
+        let mut n1 = RecordWriter::new(api.client_of("n1").await, "swimlb-system");
+        let mut n2 = RecordWriter::new(api.client_of("n2").await, "swimlb-system");
         let (mut s1, mut s2) = (Strays::new(), Strays::new());
         s1.synced();
         s2.synced();
@@ -902,24 +896,17 @@ mod tests {
             vec![("web".to_string(), "n2".to_string())],
             "the served Service's record stays"
         );
-        assert_eq!(
-            deletes_by(&api, "n1"),
-            vec![format!(
-                "/apis/swimlb.io/v1beta1/namespaces/swimlb-system/servicel2statuses/{}",
-                record_name(&svc("gone"))
-            )]
-        );
+        assert_eq!(deletes_by(&api, "n1"), vec![record_name(&svc("gone"))]);
         assert_eq!(deletes_by(&api, "n2").len(), 1, "one delete each: no race");
         assert_eq!((n1.take_swept(), n2.take_swept()), (1, 1));
         assert_eq!(n1.take_swept(), 0, "taken");
-        api.shutdown().await;
     }
 
     #[tokio::test]
     async fn nothing_is_swept_before_the_served_services_are_known() {
-        let api = api_with_namespace().await;
+        let api = api_with_namespace("nothing_is_swept_before_the_served_servi").await;
         leave_record(&api, "n1", "web").await;
-        let mut n1 = RecordWriter::new(client_of(&api, "n1").await, "swimlb-system");
+        let mut n1 = RecordWriter::new(api.client_of("n1").await, "swimlb-system");
         let mut strays = Strays::new();
         // The caches have not listed yet: nothing is served as far as this node knows.
         list_into(&api, &mut strays, &[]).await;
@@ -943,6 +930,5 @@ mod tests {
         n1.set(&svc("web"), status("n1", "web"), false);
         assert!(n1.flush().await.is_empty());
         assert!(deletes_by(&api, "n1").is_empty());
-        api.shutdown().await;
     }
 }
