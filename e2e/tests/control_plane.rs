@@ -8,55 +8,22 @@
 use std::time::Duration;
 
 use serde_json::json;
-use swimlb_e2e::control_plane::{ControlPlane, Network, Options};
+use swimlb_control_plane::test_plane::TestPlane;
+use swimlb_e2e::control_plane::Options;
 use swimlb_e2e::kube_client::{Kube, is_status};
 use swimlb_e2e::kubectl::{Kubectl, Source};
 
-fn start(test: &str, nodes: &[&str]) -> (tempdir::Dir, ControlPlane) {
-    let dir = tempdir::Dir::new(test);
+fn start(test: &str, nodes: &[&str]) -> TestPlane {
     let options = Options {
         nodes: nodes.iter().map(|n| n.to_string()).collect(),
         ..Options::default()
     };
-    let plane = ControlPlane::start(dir.path(), Network::Loopback, &options)
-        .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
-    (dir, plane)
-}
-
-/// A folder removed on drop, unless the test failed (then it stays, for the logs).
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(test: &str) -> Dir {
-            let path =
-                std::env::temp_dir().join(format!("swimlb-cp-{}-{test}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&path);
-            std::fs::create_dir_all(&path).expect("a folder for the control plane");
-            Dir(path)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                eprintln!("control plane files kept in {}", self.0.display());
-            } else {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-    }
+    TestPlane::start(test, &options).unwrap_or_else(|e| panic!("starting the control plane: {e:#}"))
 }
 
 #[test]
 fn the_pinned_release_serves_and_its_controllers_make_endpoint_slices() {
-    let (_dir, plane) = start("serves", &[]);
+    let plane = start("serves", &[]);
     assert_eq!(plane.server_version().unwrap(), "v1.37.2");
     let admin = plane.admin();
     admin
@@ -90,7 +57,7 @@ fn the_pinned_release_serves_and_its_controllers_make_endpoint_slices() {
 
 #[test]
 fn a_kubelet_may_write_only_its_own_node_and_the_audit_log_says_who_asked() {
-    let (_dir, plane) = start("authz", &["node1", "node2"]);
+    let plane = start("authz", &["node1", "node2"]);
     let node1 = Kube::from_kubeconfig(&plane.kubelet_kubeconfig("node1")).unwrap();
     let node = |name: &str| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
     node1
@@ -122,7 +89,7 @@ fn a_kubelet_may_write_only_its_own_node_and_the_audit_log_says_who_asked() {
 
 #[test]
 fn the_api_server_stops_and_comes_back_with_its_objects() {
-    let (_dir, mut plane) = start("restart", &[]);
+    let mut plane = start("restart", &[]);
     plane
         .admin()
         .create(json!({"apiVersion": "v1", "kind": "Namespace",
@@ -147,13 +114,17 @@ fn the_api_server_stops_and_comes_back_with_its_objects() {
 #[test]
 fn deploy_swimlb_yaml_applies_with_real_kubectl_and_the_real_controllers_place_its_pods() {
     let nodes = ["node1", "node2", "node3"];
-    let (dir, plane) = start("apply", &nodes);
+    let plane = start("apply", &nodes);
     for (i, node) in nodes.iter().enumerate() {
         plane
             .register_node(node, std::net::IpAddr::from([198, 51, 100, 11 + i as u8]))
             .unwrap_or_else(|e| panic!("registering {node}: {e:#}"));
     }
-    let kubectl = Kubectl::new(None, &plane.admin_kubeconfig(), &dir.path().join("kubectl"));
+    let kubectl = Kubectl::new(
+        None,
+        &plane.admin_kubeconfig(),
+        &plane.path().join("kubectl"),
+    );
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
     kubectl
         .apply(Source::File(&manifest))
@@ -199,7 +170,7 @@ fn deploy_swimlb_yaml_applies_with_real_kubectl_and_the_real_controllers_place_i
 
 #[test]
 fn invalid_pools_advertisements_and_records_are_refused_by_the_api_server_itself() {
-    let (dir, plane) = start("invalid", &[]);
+    let plane = start("invalid", &[]);
     plane.install_crds().unwrap_or_else(|e| panic!("{e:#}"));
     plane
         .admin()
@@ -266,5 +237,4 @@ fn invalid_pools_advertisements_and_records_are_refused_by_the_api_server_itself
         }
     }
     assert!(accepted.is_empty(), "accepted: {accepted:#?}");
-    drop(dir);
 }

@@ -20,7 +20,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use swimlb_config::crd::IPAddressPool;
-use swimlb_e2e::control_plane::{AuditRecord, ControlPlane, Network, Options};
+use swimlb_control_plane::test_plane::TestPlane;
+use swimlb_e2e::control_plane::AuditRecord;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -66,15 +67,15 @@ struct Controller {
 }
 
 impl Controller {
-    fn start(api: &RealApi, identity: &str) -> Self {
-        Self::start_with_kubeconfig(&api.kubeconfig_path(), identity)
+    fn start(api: &TestPlane, identity: &str) -> Self {
+        Self::start_with_kubeconfig(&api.admin_kubeconfig(), identity)
     }
 
     /// Started as user `identity` (a client certificate), so the API server's audit log
-    /// ([`RealApi::requests`]) tells this replica's requests apart.
-    fn start_as_user(api: &RealApi, identity: &str) -> Self {
+    /// ([`TestPlane::requests`]) tells this replica's requests apart.
+    fn start_as_user(api: &TestPlane, identity: &str) -> Self {
         let kubeconfig = api
-            .kubeconfig_for_user(identity)
+            .user_kubeconfig(identity)
             .expect("a kubeconfig for the replica");
         Self::start_with_kubeconfig(&kubeconfig, identity)
     }
@@ -197,78 +198,15 @@ impl Drop for Controller {
     }
 }
 
-/// The real control plane of one test, on the loopback, in a folder of its own.
-struct RealApi {
-    plane: Option<ControlPlane>,
-    dir: PathBuf,
-}
-
-impl RealApi {
-    fn plane(&self) -> &ControlPlane {
-        self.plane.as_ref().expect("running until drop")
-    }
-
-    fn kubeconfig_path(&self) -> PathBuf {
-        self.plane().admin_kubeconfig()
-    }
-
-    fn kubeconfig_for_user(&self, user: &str) -> anyhow::Result<PathBuf> {
-        self.plane().user_kubeconfig(user)
-    }
-
-    /// Every request so far, from the API server's audit log.
-    fn requests(&self) -> Vec<AuditRecord> {
-        self.plane().audit().expect("the audit log")
-    }
-
-    fn create(&self, object: Value) -> anyhow::Result<Value> {
-        self.plane().admin().create(object)
-    }
-}
-
-impl Drop for RealApi {
-    fn drop(&mut self) {
-        let failed = std::thread::panicking();
-        drop(self.plane.take());
-        if failed {
-            eprintln!("control plane files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-async fn lab() -> (RealApi, Client) {
+/// One test's control plane, with swimlb's CRDs and namespace `swimlb-system`; the admin's
+/// client.
+async fn lab() -> (TestPlane, Client) {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("swimlb-ctl-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let plane = {
-        let dir = dir.clone();
-        tokio::task::spawn_blocking(move || {
-            let plane = ControlPlane::start(&dir, Network::Loopback, &Options::default())?;
-            plane.install_crds()?;
-            anyhow::Ok(plane)
-        })
-        .await
-        .expect("starting the control plane")
-        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
-    };
-    let api = RealApi {
-        plane: Some(plane),
-        dir,
-    };
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(api.kubeconfig_path()).expect("kubeconfig"),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("client config");
-    let client = Client::try_from(config).expect("client");
-    api.create(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "swimlb-system"}}),
-    )
-    .expect("namespace swimlb-system");
+    let api = TestPlane::start_async(&format!("ctl-{n}")).await;
+    api.create_namespace("swimlb-system")
+        .expect("namespace swimlb-system");
+    let client = api.client().await;
     (api, client)
 }
 
@@ -906,7 +844,8 @@ async fn an_ingress_written_by_another_field_manager_is_taken_back_by_the_contro
 #[tokio::test]
 async fn a_service_gets_an_address_once_its_namespace_gets_the_label_a_pool_selects() {
     let (api, client) = lab().await;
-    api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
+    api.admin()
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}))
         .expect("namespace team-a");
     create_pool(
         &client,

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
-use swimlb_e2e::control_plane::{ControlPlane, Network};
+use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_e2e::metrics_doc;
 use swimlb_speaker::gossip::Timing;
 use swimlb_speaker::kubernetes::run::{Settings, run};
@@ -167,19 +167,7 @@ fn endpoint_slice(name: &str) -> serde_json::Value {
 }
 
 async fn scenario(b: String, veth_b: String) -> String {
-    let dir = std::env::temp_dir().join(format!("swimlb-metrics-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut plane = {
-        let dir = dir.clone();
-        tokio::task::spawn_blocking(move || {
-            let plane = ControlPlane::start(&dir, Network::Loopback, &Default::default())?;
-            plane.install_crds()?;
-            anyhow::Ok(plane)
-        })
-        .await
-        .expect("starting the control plane")
-        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
-    };
+    let mut plane = TestPlane::start_async("metrics").await;
     let objects = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
         json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}),
@@ -202,13 +190,7 @@ async fn scenario(b: String, veth_b: String) -> String {
     for object in objects {
         plane.admin().create(object).expect("seeding");
     }
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(plane.admin_kubeconfig()).expect("kubeconfig"),
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .expect("client config");
-    let client = kube::Client::try_from(config).expect("client");
+    let client = plane.client().await;
     let services: kube::Api<k8s_openapi::api::core::v1::Service> =
         kube::Api::namespaced(client.clone(), "default");
     for (name, address) in [("web", VIP), ("stray", "192.0.2.50")] {
@@ -319,6 +301,5 @@ async fn scenario(b: String, veth_b: String) -> String {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), speaker).await;
     drop(plane);
-    let _ = std::fs::remove_dir_all(&dir);
     body
 }

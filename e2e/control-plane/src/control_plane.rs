@@ -672,6 +672,8 @@ pub struct AuditRecord {
     pub user: String,
     /// The verb (`get`, `list`, `watch`, `create`, `patch`, `update`, `delete`).
     pub verb: String,
+    /// The resource's API group (empty for the core group).
+    pub group: String,
     /// The resource (`pods`, `servicel2statuses`), with `/subresource` when there is one.
     pub resource: String,
     /// The object's namespace, empty for cluster-scoped objects and collections.
@@ -693,6 +695,7 @@ impl AuditRecord {
         AuditRecord {
             user: s(&event["user"]["username"]),
             verb: s(&event["verb"]),
+            group: s(&object["apiGroup"]),
             resource,
             namespace: s(&object["namespace"]),
             name: s(&object["name"]),
