@@ -579,10 +579,10 @@ fn the_rbac_of_swimlb_yaml_allows_what_the_code_does_and_no_more() {
 
 /// Waits until `check` holds, for at most 30 s.
 fn wait_for(what: &str, check: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     while !check() {
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "timed out waiting for {what}"
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
