@@ -1901,3 +1901,6 @@ impl Core {
         self.changes.push(LiveChange::Meta(node.to_string()));
     }
 }
+
+#[cfg(test)]
+mod wire_tests;
