@@ -71,8 +71,8 @@ fn receive(core: &mut Core, from: SocketAddr, payload: &[u8]) {
 #[test]
 fn verdicts_are_written_as_the_golden_bytes() {
     let mut core = core();
-    core.send_verdict(addr(2), TOKEN, VERDICT_REACHABLE);
-    core.send_verdict(addr(2), TOKEN, VERDICT_UNREACHABLE);
+    core.send_verdict(addr(2), TOKEN, Verdict::Reachable);
+    core.send_verdict(addr(2), TOKEN, Verdict::Unreachable);
     assert_eq!(
         sent(&mut core),
         [
@@ -128,11 +128,13 @@ fn a_pull_is_written_as_the_golden_bytes_and_the_golden_pull_is_answered_with_th
 
 #[test]
 fn a_digest_is_written_as_the_golden_bytes() {
-    let (digest, echo) = Digest::decode(&golden::GOSSIP_SYNC[1..]).unwrap();
-    let mut body = Vec::new();
-    digest.encode(echo, &mut body);
+    let Ok(GossipMessage::Sync { echo, digest }) = GossipMessage::parse(&golden::GOSSIP_SYNC)
+    else {
+        panic!("the golden digest parses");
+    };
+    let digest = Digest::from(digest).wire();
     let mut core = core();
-    core.seal(addr(2), KIND_SYNC, &body);
+    core.seal(addr(2), &GossipMessage::Sync { echo, digest });
     assert_eq!(sent(&mut core), [(addr(2), golden::GOSSIP_SYNC.to_vec())]);
 }
 
@@ -183,4 +185,33 @@ fn a_foca_packet_follows_the_golden_kind_byte() {
     assert_eq!(payload[0], golden::GOSSIP_FOCA[0]);
     let header: Header<NodeIdentity> = core.codec.decode_header(&mut &payload[1..]).unwrap();
     assert_eq!(header.message, Message::Announce);
+}
+
+#[test]
+fn malformed_payloads_are_dropped_and_counted_as_decode_errors() {
+    let mut core = core();
+    let mut bad_verdict = golden::GOSSIP_VERDICT_REACHABLE;
+    bad_verdict[5] = 2;
+    let mut long_pong = golden::GOSSIP_PONG.to_vec();
+    long_pong.push(0);
+    let mut bad_flags = golden::GOSSIP_SYNC;
+    bad_flags[1] = 2;
+    let payloads: [&[u8]; 7] = [
+        &[],
+        &[8],
+        &[swimlb_proto::heartbeat::KIND, 1, 1],
+        &bad_verdict,
+        &long_pong,
+        &bad_flags,
+        &golden::GOSSIP_PING[..16],
+    ];
+    for payload in payloads {
+        receive(&mut core, addr(2), payload);
+    }
+    assert!(sent(&mut core).is_empty());
+    let metrics = core.metrics();
+    assert_eq!(metrics.rejected_count(RejectReason::Decode), 7);
+    assert_eq!(metrics.rejected_count(RejectReason::Metadata), 0);
+    receive(&mut core, addr(2), &golden::GOSSIP_META);
+    assert_eq!(core.metrics().rejected_count(RejectReason::Metadata), 1);
 }
