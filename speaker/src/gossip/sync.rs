@@ -60,10 +60,11 @@ impl Digest {
         Digest::first(bits, &buckets)
     }
 
-    /// The digest of the first `2^bits` of `buckets` (`bits` at most [`MAX_BITS`]).
+    /// The digest of the first `2^bits` of `buckets` (`bits` clamped to [`MAX_BITS`]).
     fn first(bits: u8, buckets: &[u64; MAX_BUCKETS]) -> Digest {
+        let bits = bits.min(MAX_BITS);
         let wire = gossip::Digest::new(bits, &buckets[..1 << bits]);
-        Digest(wire.expect("callers clamp bits to MAX_BITS and pass 2^bits buckets"))
+        Digest(wire.expect("at most MAX_BITS bits and exactly 2^bits buckets"))
     }
 
     /// The bucket count exponent.
