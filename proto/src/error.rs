@@ -117,6 +117,12 @@ pub enum Error {
     /// An owner-watch field holds a value the format does not allow (the field is named).
     #[error("malformed owner-watch message: {0}")]
     MalformedWatch(&'static str),
+    /// The gossip payload kind is unknown (the first byte).
+    #[error("unknown gossip payload kind {0}")]
+    GossipKind(u8),
+    /// A gossip payload field holds a value the format does not allow (the field is named).
+    #[error("malformed gossip payload: {0}")]
+    MalformedGossip(&'static str),
     /// Bytes are left after a complete message.
     #[error("trailing bytes after the message")]
     TrailingBytes,
@@ -161,6 +167,8 @@ impl Error {
             Error::NotWatchPayload(_) => "not_watch_payload",
             Error::WatchMessageType(_) => "watch_message_type",
             Error::MalformedWatch(_) => "malformed_watch",
+            Error::GossipKind(_) => "gossip_kind",
+            Error::MalformedGossip(_) => "malformed_gossip",
             Error::TrailingBytes => "trailing_bytes",
         }
     }
@@ -211,6 +219,8 @@ mod tests {
             Error::NotWatchPayload(0),
             Error::WatchMessageType(0),
             Error::MalformedWatch(""),
+            Error::GossipKind(0),
+            Error::MalformedGossip(""),
             Error::TrailingBytes,
         ];
         let mut labels: Vec<&str> = all.iter().map(Error::as_str).collect();

@@ -9,11 +9,12 @@
 //! seals under, a hash of its gossip address) and lets the receiver reject replays with the same
 //! guard as gossip; this payload does not repeat it.
 //!
-//! **Telling it from gossip.** The gossip core's payload starts with a kind byte that counts up
-//! from 0 (`0`: a foca packet ... `7`: an inquiry verdict, in the speaker's `gossip::core`). A
-//! watch payload starts with [`KIND`] = `0x80`: the high bit set, a value gossip never uses (its
-//! kinds stay below `0x80`), so a receiver dispatches on the first byte after the envelope opens.
-//! The gossip core rejects `0x80` today as an undecodable kind; the watch's receiver takes it.
+//! **Telling it from gossip.** The gossip core's payload ([`crate::gossip`]) starts with a kind
+//! byte that counts up from 0 (`0`: a foca packet ... `7`: an inquiry verdict). A watch payload
+//! starts with [`KIND`] = `0x80`: the high bit set, a value gossip never uses (its kinds stay
+//! below `0x80`), so a receiver dispatches on the first byte after the envelope opens.
+//! [`GossipMessage::parse`](crate::GossipMessage::parse) refuses `0x80` as an unknown kind; the
+//! watch's receiver takes it.
 //!
 //! ```text
 //!  0      1         2        3

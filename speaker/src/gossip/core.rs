@@ -24,13 +24,11 @@
 //!   and the larger side sees no member go down.
 //! - A renewed node gossips itself unsettled (`settled: false`) until its owner sets it again.
 //!
-//! Datagram payload (inside the envelope): one kind byte, then the body.
-//! `0`: a foca packet. `1`: a metadata record sent straight to one member. `2`: a request for the
-//! receiver's metadata record (sent for alive members whose record has not arrived). `3`: a
-//! membership digest ([`super::sync`]), answered with foca updates for the members the sender
-//! seems to miss. `4`: an inquiry about a suspect (token, the suspect as a foca member update).
-//! `5` / `6`: a ping to a suspect on an inquirer's behalf and its answer (nonce, suspect bump).
-//! `7`: the verdict on an inquiry (token, reachable or not).
+//! Datagram payload (inside the envelope): a [`GossipMessage`] (see [`swimlb_proto::gossip`]):
+//! a foca packet; a metadata record sent straight to one member, or a request for it (sent for
+//! alive members whose record has not arrived); a membership digest ([`super::sync`]), answered
+//! with foca updates for the members the sender seems to miss; an inquiry about a suspect, the
+//! pings to the suspect on the inquirer's behalf and their pongs, and the [`Verdict`].
 //!
 //! Lifeguard on foca (see [`super::lifeguard`]). foca 2 has neither local health nor suspicion
 //! that shrinks with confirmations, and exposes no suspicion events, but it schedules every
@@ -61,6 +59,7 @@ use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Time
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use swimlb_proto::envelope::KeyId;
+use swimlb_proto::gossip::{GossipMessage, Verdict};
 use swimlb_proto::{KeyRing, SealStream};
 
 use super::identity::NodeIdentity;
@@ -72,18 +71,6 @@ use super::replay::{ReplayGuard, sender_id};
 use super::sync::{Digest, RunningDigest};
 use super::timing::{Timing, TimingError};
 use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
-
-const KIND_FOCA: u8 = 0;
-const KIND_META: u8 = 1;
-const KIND_META_PULL: u8 = 2;
-const KIND_SYNC: u8 = 3;
-const KIND_INQUIRE: u8 = 4;
-const KIND_PING: u8 = 5;
-const KIND_PONG: u8 = 6;
-const KIND_VERDICT: u8 = 7;
-
-const VERDICT_UNREACHABLE: u8 = 0;
-const VERDICT_REACHABLE: u8 = 1;
 
 /// Pings a member sends to a suspect for one inquiry before it answers "unreachable".
 const RELAY_ATTEMPTS: u32 = 3;
@@ -322,7 +309,7 @@ impl Wire {
         CallIo { now, wire: self }
     }
 
-    /// Seals `kind` + `body` into a datagram for `to`, queues it and counts it.
+    /// Seals `message` into a datagram for `to`, queues it and counts it.
     ///
     /// A peer we have heard from gets the key it last sealed with (while our ring holds it),
     /// else our sealing key. A peer we have never heard from (a seed, a member we only know
@@ -339,10 +326,9 @@ impl Wire {
     /// last used) until one of them drops it, and the other's next datagrams would be refused
     /// (`unknown_key`) at the last step of a rotation. A peer whose ring lacks our sealing key
     /// (a rotation whose new key is not yet in every ring) refuses the offers, and counts them.
-    fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
+    fn seal(&mut self, to: SocketAddr, message: &GossipMessage<'_>) {
         self.scratch.clear();
-        self.scratch.push(kind);
-        self.scratch.extend_from_slice(body);
+        message.emit_vec(&mut self.scratch);
         match self.peer_keys.get(&to) {
             Some(&key) if self.ring.has_key(key) => {
                 self.seal_one(to, Some(key));
@@ -418,7 +404,7 @@ impl foca::Runtime<NodeIdentity> for CallIo<'_> {
     }
 
     fn send_to(&mut self, to: NodeIdentity, data: &[u8]) {
-        self.wire.seal(to.addr, KIND_FOCA, data);
+        self.wire.seal(to.addr, &GossipMessage::Foca(data));
     }
 
     fn submit_after(&mut self, event: Timer<NodeIdentity>, after: Duration) {
@@ -787,50 +773,39 @@ impl Core {
         self.heard += 1;
         self.last_heard.insert(from, now);
         self.wire.peer_keys.insert(from, opened.key_id);
-        match payload.split_first() {
-            Some((&KIND_FOCA, body)) => self.handle_foca_packet(now, body),
-            Some((&KIND_META, body)) => match MetaRecord::decode(body) {
+        match GossipMessage::parse(payload) {
+            Ok(message) => self.handle_message(now, from, message),
+            Err(err) => {
+                tracing::trace!(%from, error = %err, "gossip payload dropped");
+                self.wire.metrics.rejected(RejectReason::Decode);
+            }
+        }
+        self.settle(now);
+    }
+
+    /// Acts on one authentic, fresh payload.
+    fn handle_message(&mut self, now: Duration, from: SocketAddr, message: GossipMessage<'_>) {
+        match message {
+            GossipMessage::Foca(body) => self.handle_foca_packet(now, body),
+            GossipMessage::Meta(body) => match MetaRecord::decode(body) {
                 Ok(record) => {
                     self.book.lock().offer(record);
                 }
                 Err(_) => self.wire.metrics.rejected(RejectReason::Metadata),
             },
-            Some((&KIND_META_PULL, [])) => {
-                let record = std::mem::take(&mut self.own_record);
-                self.seal(from, KIND_META, &record);
-                self.own_record = record;
+            GossipMessage::MetaPull => self.send_own_record(from),
+            GossipMessage::Sync { echo, digest } => self.answer_digest(from, &digest.into(), echo),
+            GossipMessage::Inquire { token, suspect } => {
+                self.answer_inquiry(now, from, token, suspect)
             }
-            Some((&KIND_SYNC, body)) => match Digest::decode(body) {
-                Ok((digest, echo)) => self.answer_digest(from, &digest, echo),
-                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
-            },
-            Some((&KIND_INQUIRE, body)) => self.answer_inquiry(now, from, body),
-            Some((&KIND_PING, body)) => match <[u8; 16]>::try_from(body) {
-                Ok(ping) => {
-                    let bump = u64::from_be_bytes([
-                        ping[8], ping[9], ping[10], ping[11], ping[12], ping[13], ping[14],
-                        ping[15],
-                    ]);
-                    if bump == self.foca.identity().bump {
-                        self.seal(from, KIND_PONG, &ping[..8]);
-                    }
+            GossipMessage::Ping { nonce, bump } => {
+                if bump == self.foca.identity().bump {
+                    self.seal(from, &GossipMessage::Pong { nonce });
                 }
-                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
-            },
-            Some((&KIND_PONG, body)) => match <[u8; 8]>::try_from(body) {
-                Ok(nonce) => self.relay_answered(from, u64::from_be_bytes(nonce)),
-                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
-            },
-            Some((&KIND_VERDICT, body)) => match <[u8; 5]>::try_from(body) {
-                Ok(v) => {
-                    let token = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
-                    self.verdict(now, from, token, v[4]);
-                }
-                Err(_) => self.wire.metrics.rejected(RejectReason::Decode),
-            },
-            _ => self.wire.metrics.rejected(RejectReason::Decode),
+            }
+            GossipMessage::Pong { nonce } => self.relay_answered(from, nonce),
+            GossipMessage::Verdict { token, verdict } => self.verdict(now, from, token, verdict),
         }
-        self.settle(now);
     }
 
     fn handle_foca_packet(&mut self, now: Duration, body: &[u8]) {
@@ -896,7 +871,7 @@ impl Core {
         };
         let mut body = Vec::with_capacity(128);
         if self.codec.encode_header(&header, &mut body).is_ok() {
-            self.seal(to.addr, KIND_FOCA, &body);
+            self.seal(to.addr, &GossipMessage::Foca(&body));
         }
     }
 
@@ -979,7 +954,7 @@ impl Core {
         body.extend_from_slice(head);
         body.extend_from_slice(&count.to_be_bytes());
         body.extend_from_slice(packed);
-        self.seal(to, KIND_FOCA, &body);
+        self.seal(to, &GossipMessage::Foca(&body));
     }
 
     /// The digest of the members this node holds alive, itself included.
@@ -1022,10 +997,8 @@ impl Core {
         else {
             return;
         };
-        let digest = self.digest(Digest::bits_for(self.members.len() + 1));
-        let mut body = Vec::with_capacity(2 + 8 * 64);
-        digest.encode(true, &mut body);
-        self.seal(to, KIND_SYNC, &body);
+        let digest = self.digest(Digest::bits_for(self.members.len() + 1)).wire();
+        self.seal(to, &GossipMessage::Sync { echo: true, digest });
     }
 
     /// Answers a member's digest: the members we hold alive in every bucket that differs, and
@@ -1059,14 +1032,26 @@ impl Core {
         let sent = self.send_updates(peer, &updates, SYNC_MAX_DATAGRAMS);
         self.wire.metrics.sync_updates(sent);
         if echo {
-            let mut body = Vec::with_capacity(2 + 8 * 64);
-            ours.encode(false, &mut body);
-            self.seal(from, KIND_SYNC, &body);
+            let digest = ours.wire();
+            self.seal(
+                from,
+                &GossipMessage::Sync {
+                    echo: false,
+                    digest,
+                },
+            );
         }
     }
 
-    fn seal(&mut self, to: SocketAddr, kind: u8, body: &[u8]) {
-        self.wire.seal(to, kind, body);
+    fn seal(&mut self, to: SocketAddr, message: &GossipMessage<'_>) {
+        self.wire.seal(to, message);
+    }
+
+    /// Sends our metadata record to `to`.
+    fn send_own_record(&mut self, to: SocketAddr) {
+        let record = std::mem::take(&mut self.own_record);
+        self.seal(to, &GossipMessage::Meta(&record));
+        self.own_record = record;
     }
 
     /// Runs every timer due at `now`, in deadline order.
@@ -1414,31 +1399,30 @@ impl Core {
             })
             .map(|m| m.id().addr)
             .collect();
-        let mut body = Vec::with_capacity(96);
-        body.extend_from_slice(&token.to_be_bytes());
+        let mut suspect = Vec::with_capacity(96);
         let update = foca::Member::new(id.clone(), incarnation, State::Suspect);
-        if self.codec.encode_member(&update, &mut body).is_err() {
+        if self.codec.encode_member(&update, &mut suspect).is_err() {
             return;
         }
+        let inquiry = GossipMessage::Inquire {
+            token,
+            suspect: &suspect,
+        };
         for _ in 0..want.min(candidates.len()) {
             let pick = self.sync_rng.random_range(0..candidates.len());
             let to = candidates.swap_remove(pick);
-            self.seal(to, KIND_INQUIRE, &body);
+            self.seal(to, &inquiry);
         }
     }
 
     /// Serves a member's inquiry about a suspect: what we hold when it is news to the
     /// inquirer, else pings to the suspect and a verdict.
-    fn answer_inquiry(&mut self, now: Duration, from: SocketAddr, body: &[u8]) {
+    fn answer_inquiry(&mut self, now: Duration, from: SocketAddr, token: u32, mut suspect: &[u8]) {
         let Some(requester) = self.members.get(&from).cloned() else {
             return;
         };
-        let Some((token, mut rest)) = body.split_first_chunk::<4>() else {
-            self.wire.metrics.rejected(RejectReason::Decode);
-            return;
-        };
-        let token = u32::from_be_bytes(*token);
-        let Ok(accused) = Codec::<NodeIdentity>::decode_member(&mut self.codec, &mut rest) else {
+        let Ok(accused) = Codec::<NodeIdentity>::decode_member(&mut self.codec, &mut suspect)
+        else {
             self.wire.metrics.rejected(RejectReason::Decode);
             return;
         };
@@ -1452,7 +1436,7 @@ impl Core {
                     tracing::debug!(error = %err, "refuting an inquiry about ourselves");
                 }
             }
-            self.send_verdict(from, token, VERDICT_REACHABLE);
+            self.send_verdict(from, token, Verdict::Reachable);
             return;
         }
         let news = self
@@ -1496,16 +1480,17 @@ impl Core {
             let relay = self.relays.swap_remove(at);
             // An unhealthy member's silence is no evidence: it confirms nothing.
             if self.wire.health.score() == 0 {
-                self.send_verdict(relay.requester, relay.token, VERDICT_UNREACHABLE);
+                self.send_verdict(relay.requester, relay.token, Verdict::Unreachable);
             }
             return;
         }
         relay.attempts += 1;
-        let mut ping = [0u8; 16];
-        ping[..8].copy_from_slice(&nonce.to_be_bytes());
-        ping[8..].copy_from_slice(&relay.bump.to_be_bytes());
+        let ping = GossipMessage::Ping {
+            nonce,
+            bump: relay.bump,
+        };
         let target = relay.target;
-        self.seal(target, KIND_PING, &ping);
+        self.seal(target, &ping);
         let wait = self.wire.health.scale(self.timing.probe_rtt);
         self.wire.timers.push(now + wait, Task::Relay(nonce));
     }
@@ -1520,18 +1505,15 @@ impl Core {
             return;
         };
         let relay = self.relays.swap_remove(at);
-        self.send_verdict(relay.requester, relay.token, VERDICT_REACHABLE);
+        self.send_verdict(relay.requester, relay.token, Verdict::Reachable);
     }
 
-    fn send_verdict(&mut self, to: SocketAddr, token: u32, verdict: u8) {
-        let mut body = [0u8; 5];
-        body[..4].copy_from_slice(&token.to_be_bytes());
-        body[4] = verdict;
-        self.seal(to, KIND_VERDICT, &body);
+    fn send_verdict(&mut self, to: SocketAddr, token: u32, verdict: Verdict) {
+        self.seal(to, &GossipMessage::Verdict { token, verdict });
     }
 
     /// A member's verdict on one of our inquiries.
-    fn verdict(&mut self, now: Duration, from: SocketAddr, token: u32, verdict: u8) {
+    fn verdict(&mut self, now: Duration, from: SocketAddr, token: u32, verdict: Verdict) {
         if !self.members.contains_key(&from) {
             return;
         }
@@ -1539,22 +1521,18 @@ impl Core {
             return;
         };
         match verdict {
-            VERDICT_UNREACHABLE => {
+            Verdict::Unreachable => {
                 if from == addr || s.confirmers.contains(&from) {
                     return;
                 }
                 s.confirmers.push(from);
             }
-            VERDICT_REACHABLE => {
+            Verdict::Reachable => {
                 // Someone reached it: start over at the longest, and tell it so it refutes.
                 s.since = now;
                 s.confirmers.clear();
                 let id = s.id.clone();
                 self.send_suspicion_notice(id);
-            }
-            _ => {
-                self.wire.metrics.rejected(RejectReason::Decode);
-                return;
             }
         }
         self.schedule_suspicion(addr);
@@ -1592,7 +1570,7 @@ impl Core {
             .filter_map(|node| self.by_node.get(node).copied())
             .collect();
         for addr in missing {
-            self.seal(addr, KIND_META_PULL, &[]);
+            self.seal(addr, &GossipMessage::MetaPull);
         }
     }
 
@@ -1710,9 +1688,7 @@ impl Core {
                 self.apply_record(&node);
                 // Push our record to the newcomer: the gossip only carries records that are
                 // new to the whole cluster.
-                let record = std::mem::take(&mut self.own_record);
-                self.seal(addr, KIND_META, &record);
-                self.own_record = record;
+                self.send_own_record(addr);
             }
             OwnedNotification::MemberDown(id) => {
                 // Only the identity we hold at that address goes down: a late down of an older
@@ -1901,3 +1877,6 @@ impl Core {
         self.changes.push(LiveChange::Meta(node.to_string()));
     }
 }
+
+#[cfg(test)]
+mod wire_tests;

@@ -18,29 +18,28 @@
 //! settled by foca's identity rules (the higher bump wins); a member one side holds down stays
 //! down there.
 //!
-//! Wire form (the body after the payload kind): flags (bit 0: "answer with your digest too"),
-//! `bits` (0..=6), then `2^bits` little-endian u64 bucket values.
+//! The wire form is [`swimlb_proto::gossip::Digest`], in a `Sync` payload; this module owns the
+//! hashing and the comparison.
+
+use swimlb_proto::gossip::{self, MAX_BUCKETS};
 
 use super::identity::NodeIdentity;
 
 /// The most buckets a digest has (2^6 = 64, 512 bytes).
-pub const MAX_BITS: u8 = 6;
+pub const MAX_BITS: u8 = gossip::MAX_DIGEST_BITS;
 
 /// Members per bucket a digest aims for: a differing bucket costs about this many updates.
 const MEMBERS_PER_BUCKET: usize = 16;
 
-const FLAG_ECHO: u8 = 1;
-
-/// A digest of a membership view.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Digest {
-    bits: u8,
-    buckets: Vec<u64>,
-}
-
-/// Why a digest datagram was refused.
+/// A digest of a membership view: its wire form, with the comparisons the sync needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadDigest;
+pub struct Digest(gossip::Digest);
+
+impl From<gossip::Digest> for Digest {
+    fn from(wire: gossip::Digest) -> Digest {
+        Digest(wire)
+    }
+}
 
 impl Digest {
     /// The bucket count for a view of `members` members (itself included).
@@ -53,28 +52,41 @@ impl Digest {
     /// The digest of `members` with `2^bits` buckets (`bits` at most [`MAX_BITS`]).
     pub fn of<'a>(bits: u8, members: impl IntoIterator<Item = &'a NodeIdentity>) -> Digest {
         let bits = bits.min(MAX_BITS);
-        let mut buckets = vec![0u64; 1 << bits];
+        let mut buckets = [0u64; MAX_BUCKETS];
         for id in members {
             let hash = hash(id);
             buckets[bucket(hash, bits)] ^= hash;
         }
-        Digest { bits, buckets }
+        Digest::first(bits, &buckets)
+    }
+
+    /// The digest of the first `2^bits` of `buckets` (`bits` clamped to [`MAX_BITS`]).
+    fn first(bits: u8, buckets: &[u64; MAX_BUCKETS]) -> Digest {
+        let bits = bits.min(MAX_BITS);
+        let wire = gossip::Digest::new(bits, &buckets[..1 << bits]);
+        Digest(wire.expect("at most MAX_BITS bits and exactly 2^bits buckets"))
     }
 
     /// The bucket count exponent.
     pub fn bits(&self) -> u8 {
-        self.bits
+        self.0.bits()
+    }
+
+    /// The wire form.
+    pub fn wire(&self) -> gossip::Digest {
+        self.0
     }
 
     /// The buckets where `self` and `other` differ, as a bit mask (bit `i`: bucket `i`); all
     /// buckets when the two do not have the same bucket count.
     pub fn differing(&self, other: &Digest) -> u64 {
-        if self.bits != other.bits {
-            return all_buckets(self.bits);
+        if self.bits() != other.bits() {
+            return all_buckets(self.bits());
         }
-        self.buckets
+        self.0
+            .buckets()
             .iter()
-            .zip(&other.buckets)
+            .zip(other.0.buckets())
             .enumerate()
             .filter(|(_, (a, b))| a != b)
             .fold(0, |mask, (i, _)| mask | 1 << i)
@@ -82,37 +94,7 @@ impl Digest {
 
     /// Whether `id` falls into one of the buckets of `mask`.
     pub fn in_mask(&self, mask: u64, id: &NodeIdentity) -> bool {
-        mask & 1 << bucket(hash(id), self.bits) != 0
-    }
-
-    /// Appends the wire form to `out`; `echo` asks the receiver for its digest in return.
-    pub fn encode(&self, echo: bool, out: &mut Vec<u8>) {
-        out.push(if echo { FLAG_ECHO } else { 0 });
-        out.push(self.bits);
-        for value in &self.buckets {
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-    }
-
-    /// Parses the wire form: the digest and whether a digest is asked for in return.
-    pub fn decode(body: &[u8]) -> Result<(Digest, bool), BadDigest> {
-        let [flags, bits, rest @ ..] = body else {
-            return Err(BadDigest);
-        };
-        if *flags & !FLAG_ECHO != 0 || *bits > MAX_BITS || rest.len() != 8 << bits {
-            return Err(BadDigest);
-        }
-        let buckets = rest
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-            .collect();
-        Ok((
-            Digest {
-                bits: *bits,
-                buckets,
-            },
-            flags & FLAG_ECHO != 0,
-        ))
+        mask & 1 << bucket(hash(id), self.bits()) != 0
     }
 }
 
@@ -122,13 +104,13 @@ impl Digest {
 #[derive(Debug, Clone)]
 pub struct RunningDigest {
     /// At the finest resolution, [`MAX_BITS`]; coarser digests fold these.
-    buckets: [u64; 1 << MAX_BITS],
+    buckets: [u64; MAX_BUCKETS],
 }
 
 impl Default for RunningDigest {
     fn default() -> RunningDigest {
         RunningDigest {
-            buckets: [0; 1 << MAX_BITS],
+            buckets: [0; MAX_BUCKETS],
         }
     }
 }
@@ -143,14 +125,14 @@ impl RunningDigest {
     /// The view's digest with `2^bits` buckets, `extra` (this node) included.
     pub fn digest(&self, bits: u8, extra: &NodeIdentity) -> Digest {
         let bits = bits.min(MAX_BITS);
-        let mut buckets = vec![0u64; 1 << bits];
+        let mut buckets = [0u64; MAX_BUCKETS];
         let shift = MAX_BITS - bits;
         for (i, value) in self.buckets.iter().enumerate() {
             buckets[i >> shift] ^= value;
         }
         let hash = hash(extra);
         buckets[bucket(hash, bits)] ^= hash;
-        Digest { bits, buckets }
+        Digest::first(bits, &buckets)
     }
 }
 
@@ -280,24 +262,22 @@ mod tests {
     }
 
     #[test]
-    fn wire_form_round_trips_and_malformed_digests_are_refused() {
+    fn a_digest_travels_as_its_wire_form() {
         let digest = Digest::of(3, &[id(1, 1), id(2, 1)]);
-        let mut wire = Vec::new();
-        digest.encode(true, &mut wire);
-        assert_eq!(wire.len(), 2 + 8 * 8);
-        assert_eq!(Digest::decode(&wire), Ok((digest.clone(), true)));
-        let mut quiet = Vec::new();
-        digest.encode(false, &mut quiet);
-        assert_eq!(Digest::decode(&quiet), Ok((digest, false)));
-
-        assert_eq!(Digest::decode(&[]), Err(BadDigest));
-        assert_eq!(Digest::decode(&[0]), Err(BadDigest));
-        assert_eq!(Digest::decode(&wire[..wire.len() - 1]), Err(BadDigest));
-        let mut unknown_flag = wire.clone();
-        unknown_flag[0] = 2;
-        assert_eq!(Digest::decode(&unknown_flag), Err(BadDigest));
-        let mut too_many = vec![0, 7];
-        too_many.extend(std::iter::repeat_n(0, 8 << 7));
-        assert_eq!(Digest::decode(&too_many), Err(BadDigest));
+        let message = gossip::GossipMessage::Sync {
+            echo: true,
+            digest: digest.wire(),
+        };
+        let mut payload = Vec::new();
+        message.emit_vec(&mut payload);
+        assert_eq!(payload.len(), 1 + 2 + 8 * 8);
+        let Ok(gossip::GossipMessage::Sync { echo, digest: read }) =
+            gossip::GossipMessage::parse(&payload)
+        else {
+            panic!("a digest payload parses as a digest");
+        };
+        assert!(echo);
+        assert_eq!(Digest::from(read), digest);
+        assert_eq!(Digest::from(read).differing(&digest), 0);
     }
 }
