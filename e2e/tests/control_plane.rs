@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use swimlb_control_plane::test_plane::TestPlane;
-use swimlb_e2e::control_plane::Options;
+use swimlb_e2e::control_plane::{Component, Options};
 use swimlb_e2e::kube_client::{Kube, is_status};
 use swimlb_e2e::kubectl::{Kubectl, Source};
 
@@ -237,4 +237,36 @@ fn invalid_pools_advertisements_and_records_are_refused_by_the_api_server_itself
         }
     }
     assert!(accepted.is_empty(), "accepted: {accepted:#?}");
+}
+
+#[test]
+fn a_compacted_etcd_answers_an_old_resource_version_with_410_gone() {
+    let mut plane = start("compaction", &[]);
+    let old = plane
+        .admin()
+        .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "before", "namespace": "default"}}))
+        .unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..5 {
+        plane
+            .admin()
+            .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("after-{i}"), "namespace": "default"}}))
+            .unwrap();
+    }
+    let revision = plane.compact_etcd().unwrap();
+    assert!(revision > old.parse::<u64>().unwrap());
+    // A restarted API server's watch cache starts at the current version: a list at the old
+    // one must come from etcd's history, which is gone.
+    plane.restart(Component::ApiServer).unwrap();
+    let err = plane
+        .admin()
+        .raw_text(&format!(
+            "/api/v1/namespaces/default/configmaps?resourceVersion={old}&resourceVersionMatch=Exact"
+        ))
+        .expect_err("a list at a compacted resourceVersion");
+    assert!(is_status(&err, 410), "410 Gone, not {err:#}");
 }

@@ -150,6 +150,8 @@ pub struct ControlPlane {
     network: Network,
     /// The API server's address.
     pub api_addr: SocketAddr,
+    /// etcd's client port on 127.0.0.1 (of the control plane's namespace).
+    etcd_port: u16,
     args: BTreeMap<Component, Vec<String>>,
     children: BTreeMap<Component, Child>,
     admin: Kube,
@@ -284,6 +286,7 @@ impl ControlPlane {
             dir: dir.to_path_buf(),
             network,
             api_addr,
+            etcd_port,
             args,
             children: BTreeMap::new(),
             admin,
@@ -499,6 +502,53 @@ impl ControlPlane {
             self.wait_ready(READY_LIMIT)?;
         }
         Ok(())
+    }
+
+    /// Compacts etcd's history up to its current revision, as kube-apiserver's periodic
+    /// compaction does (through etcd's JSON gateway, as `etcdctl compaction --physical`): a
+    /// watch that resumes from an older resourceVersion then meets 410 Gone. The revision.
+    pub fn compact_etcd(&self) -> Result<u64> {
+        // The range of key "\0" is empty; its header carries the store's revision.
+        let range = self.etcd_post("/v3/kv/range", &json!({"key": "AA=="}))?;
+        let revision: u64 = range["header"]["revision"]
+            .as_str()
+            .context("etcd's answer has no revision")?
+            .parse()?;
+        self.etcd_post(
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string(), "physical": true}),
+        )?;
+        Ok(revision)
+    }
+
+    /// POSTs `body` to etcd's `path`, from the control plane's namespace; the JSON answer.
+    fn etcd_post(&self, path: &str, body: &Value) -> Result<Value> {
+        use std::io::{Read as _, Write as _};
+        let (port, netns) = (self.etcd_port, self.netns().map(str::to_string));
+        let (path, body) = (path.to_string(), body.to_string());
+        std::thread::spawn(move || -> Result<Value> {
+            if let Some(netns) = &netns {
+                crate::netns::enter_netns(netns)?;
+            }
+            let mut stream = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+                .context("connecting to etcd")?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            // HTTP/1.0: the answer is not chunked, and ends with the connection.
+            write!(
+                stream,
+                "POST {path} HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            let mut text = String::new();
+            stream.read_to_string(&mut text)?;
+            let (head, answer) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
+            if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+                bail!("etcd {path}: {head}\n{answer}");
+            }
+            Ok(serde_json::from_str(answer)?)
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
     /// Every request of the audit log so far, in order.

@@ -312,6 +312,6 @@ impl Kube {
     fn send(&self, request: http::Request<Vec<u8>>) -> Result<String> {
         let what = format!("{} {}", request.method(), request.uri());
         self.block_on(self.client.request_text(request))
-            .map_err(|e| anyhow::anyhow!("{what}: {e}"))
+            .with_context(|| what)
     }
 }
