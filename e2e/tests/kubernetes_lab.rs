@@ -259,17 +259,36 @@ impl Running {
     /// Drops the gossip port (UDP 7946, both ways) on node `index`, or lets it through again.
     /// ARP, the probes and the owner watch's port are untouched.
     fn cut_gossip(&self, index: usize, cut: bool) {
+        let port = failover::GOSSIP_PORT;
+        let rules = format!(
+            "chain in {{ type filter hook input priority -300; udp dport {port} drop; udp sport {port} drop; }}\n  chain out {{ type filter hook output priority -300; udp dport {port} drop; udp sport {port} drop; }}"
+        );
+        self.firewall(index, "swimlb_lab_cut", cut.then_some(rules.as_str()));
+    }
+
+    /// Resets node `index`'s connections to the API server and refuses new ones (TCP reset),
+    /// or lets them through again. The gossip is untouched.
+    fn cut_api(&self, index: usize, cut: bool) {
+        let rules = format!(
+            "chain out {{ type filter hook output priority -300; ip daddr {} tcp dport 6443 reject with tcp reset; }}",
+            netns::CLIENT_V4
+        );
+        self.firewall(index, "swimlb_lab_api_cut", cut.then_some(rules.as_str()));
+    }
+
+    /// Installs nftables table `table` with `chains` on node `index`, or deletes it (`None`).
+    fn firewall(&self, index: usize, table: &str, chains: Option<&str>) {
         let netns = &self.lab.node(index).netns;
-        if cut {
-            let port = failover::GOSSIP_PORT;
-            let rules = format!(
-                "table inet swimlb_lab_cut {{\n  chain in {{ type filter hook input priority -300; udp dport {port} drop; udp sport {port} drop; }}\n  chain out {{ type filter hook output priority -300; udp dport {port} drop; udp sport {port} drop; }}\n}}\n"
-            );
-            netns::nft_apply(netns, &rules).expect("cutting the gossip port");
-        } else {
-            self.lab
-                .run_in(netns, "nft", &["delete", "table", "inet", "swimlb_lab_cut"])
-                .expect("healing the gossip port");
+        match chains {
+            Some(chains) => {
+                netns::nft_apply(netns, &format!("table inet {table} {{\n  {chains}\n}}\n"))
+                    .unwrap_or_else(|e| panic!("nftables table {table}: {e:#}"))
+            }
+            None => {
+                self.lab
+                    .run_in(netns, "nft", &["delete", "table", "inet", table])
+                    .unwrap_or_else(|e| panic!("deleting nftables table {table}: {e:#}"));
+            }
         }
     }
 
@@ -1070,4 +1089,56 @@ fn a_real_prometheus_scraping_the_kubernetes_lab_answers_every_dashboard_query_t
         std::thread::sleep(Duration::from_millis(500));
     }
     drop(prober);
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn an_owner_whose_watches_resume_after_compaction_relists_and_lets_go_of_an_excluded_ip() {
+    let _one = one_lab("kubernetes watches after etcd compaction");
+    let mut run = Running::start(11);
+    let (_prober, owner) = run.settle();
+    let vip = netns::vip_v4(0).to_string();
+    let index = run.index_of(&owner);
+    // The owner's node loses the API server, not the gossip: it keeps answering, and misses
+    // what follows.
+    run.cut_api(index, true);
+    let exclude = "node.kubernetes.io/exclude-from-external-load-balancers";
+    run.cluster()
+        .api()
+        .merge_patch(
+            "v1",
+            "Node",
+            None,
+            &owner,
+            json!({"metadata": {"labels": {exclude: ""}}}),
+            false,
+        )
+        .unwrap();
+    // The history the owner last saw is compacted away, and the restarted API server's
+    // cache starts after it: the owner's watches resume into 410 Gone.
+    let revision = run.cluster().control_plane().compact_etcd().unwrap();
+    eprintln!("etcd compacted at revision {revision}");
+    let cluster = run.daemons.cluster_mut().unwrap();
+    cluster.set_reachable(false).unwrap();
+    cluster.set_reachable(true).unwrap();
+    run.cut_api(index, false);
+    // It relists, sees its node excluded and lets go: one owner, named by everyone.
+    let moved = run
+        .owner_of(&vip, |o| o.is_some() && o != Some(owner.as_str()))
+        .unwrap();
+    let want = vec![run.mac_of(&moved)];
+    assert_eq!(run.answerers_become(netns::vip_v4(0), &want), want);
+    if let Err(seen) = run.placed_on(&moved, PLACED) {
+        panic!(
+            "{moved} never held the VIP in every way: {seen}\n{}",
+            run.logs()
+        );
+    }
+    let log = std::fs::read_to_string(run.daemons.log_path(&run.lab, index)).unwrap_or_default();
+    assert!(
+        ["410", "Expired", "too old"]
+            .iter()
+            .any(|w| log.contains(w)),
+        "{owner}'s watches never met 410 Gone:\n{log}"
+    );
 }

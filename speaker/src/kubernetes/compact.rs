@@ -16,11 +16,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
+use rand::rngs::StdRng;
+use rand::{RngExt as _, SeedableRng as _};
 use smol_str::SmolStr;
 use swimlb_config::service::ServiceKey;
 use tokio::sync::watch as signal;
@@ -387,7 +391,7 @@ where
     let (listed_tx, listed) = signal::channel(false);
     let store = CompactStore { objects, listed };
     let task = store.clone();
-    let stream = watcher(api, config).default_backoff();
+    let stream = watcher(api, config).backoff(RetryBackoff::new());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
@@ -423,9 +427,66 @@ where
     store
 }
 
+/// The first wait before a failed watch is retried.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait: kube's default (30 s) left a speaker blind that long after the API
+/// server came back, answering for IPs the API had moved meanwhile.
+const LAST_RETRY: Duration = Duration::from_secs(5);
+
+/// How a failed watch is retried: from [`FIRST_RETRY`], doubling up to [`LAST_RETRY`], each
+/// wait shortened by up to half at random so that a cluster's speakers do not all retry in
+/// step after an API server restart.
+#[derive(Debug)]
+struct RetryBackoff {
+    next: Duration,
+    rng: StdRng,
+}
+
+impl RetryBackoff {
+    fn new() -> RetryBackoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        RetryBackoff {
+            next: FIRST_RETRY,
+            rng: StdRng::seed_from_u64(seed ^ u64::from(std::process::id())),
+        }
+    }
+}
+
+impl Iterator for RetryBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let wait = self.next;
+        self.next = (wait * 2).min(LAST_RETRY);
+        let cut = self.rng.random_range(0..=wait.as_millis() as u64 / 2);
+        Some(wait - Duration::from_millis(cut))
+    }
+}
+
+impl Backoff for RetryBackoff {
+    fn reset(&mut self) {
+        self.next = FIRST_RETRY;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_wait_longer_each_time_up_to_five_seconds_and_start_over_after_a_success() {
+        let mut backoff = RetryBackoff::new();
+        let waits: Vec<Duration> = backoff.by_ref().take(8).collect();
+        let ceilings = [500, 1000, 2000, 4000, 5000, 5000, 5000, 5000];
+        for (wait, ceiling) in waits.iter().zip(ceilings) {
+            let ceiling = Duration::from_millis(ceiling);
+            assert!(*wait <= ceiling && *wait >= ceiling / 2, "{waits:?}");
+        }
+        backoff.reset();
+        assert!(backoff.next().unwrap() <= FIRST_RETRY);
+    }
     use crate::kubernetes::views::{trim_service, trim_slice};
     use serde_json::json;
 
