@@ -32,11 +32,10 @@ use crate::owner_watch::{self, Knobs};
 use crate::snapshot::Interfaces;
 
 /// What the standalone daemon would refuse at start-up in a file that parsed: the key file (each
-/// bad line), the key ring, the gossip timings and this node's gossip record. Empty when it
-/// would start; otherwise one line per problem, and the timings when they are valid.
+/// bad line), the key ring, and [`start_refusals`]. Empty when it would start; otherwise one
+/// line per problem, and the timings when they are valid.
 pub fn refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
     let mut problems = Vec::new();
-    let mut keys_read = true;
     if let Some(key_file) = &config.key_file {
         let found: Vec<String> = match std::fs::read_to_string(key_file) {
             Ok(text) => parse_key_file(&text)
@@ -47,15 +46,31 @@ pub fn refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
                 .collect(),
             Err(e) => vec![e.to_string()],
         };
-        keys_read = found.is_empty();
         problems.extend(
             found
-                .into_iter()
+                .iter()
                 .map(|p| format!("keyFile {}: {p}", key_file.display())),
         );
+        // The ring's own refusals (a 32-bit key id shared by two keys), once the file reads.
+        if found.is_empty()
+            && let Err(e) = crate::standalone::key_ring(config)
+        {
+            problems.push(e.to_string());
+        }
     }
-    // The ring's own refusals (a 32-bit key id shared by two keys), once the file reads.
-    if keys_read && let Err(e) = crate::standalone::key_ring(config) {
+    let (more, timing) = start_refusals(config);
+    problems.extend(more);
+    (problems, timing)
+}
+
+/// What the daemon refuses at start-up that no file decides: the gossip timings, this node's
+/// gossip record at its largest, and the insecure key ring. Pure but for the hostname, read
+/// when the file names no node.
+pub fn start_refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
+    let mut problems = Vec::new();
+    if config.key_file.is_none()
+        && let Err(e) = crate::standalone::key_ring(config)
+    {
         problems.push(e.to_string());
     }
     let timing = match crate::standalone::timing(config) {
