@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use swimlb_config::duration::format_duration;
-use swimlb_config::keyfile::parse_key_file;
+use swimlb_config::keyfile::{parse_key_file, read_key_file};
 use swimlb_config::standalone::{CheckKind, Standalone};
 use tokio::time::Instant;
 
@@ -37,7 +37,7 @@ use crate::snapshot::Interfaces;
 pub fn refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
     let mut problems = Vec::new();
     if let Some(key_file) = &config.key_file {
-        let found: Vec<String> = match std::fs::read_to_string(key_file) {
+        let found: Vec<String> = match read_key_file(key_file) {
             Ok(text) => parse_key_file(&text)
                 .err()
                 .unwrap_or_default()

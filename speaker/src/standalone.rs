@@ -33,7 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::keyfile::parse_key_file;
+use swimlb_config::keyfile::{parse_key_file, read_key_file};
 use swimlb_config::standalone::Standalone;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -104,7 +104,7 @@ pub enum DaemonError {
 pub fn key_ring(config: &Standalone) -> Result<KeyRing, DaemonError> {
     let keys = match &config.key_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| DaemonError::Keys {
+            let text = read_key_file(path).map_err(|e| DaemonError::Keys {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
