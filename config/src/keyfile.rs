@@ -80,6 +80,26 @@ pub fn parse_key_file(text: &str) -> Result<Vec<[u8; KEY_LEN]>, Vec<KeyFileError
     }
 }
 
+/// The most a key file may hold; ten thousand keys fit. A larger "file" (`/dev/zero`, a log
+/// given by mistake) is refused instead of read into memory.
+pub const MAX_KEY_FILE_LEN: u64 = 1 << 20;
+
+/// Reads a key file of at most [`MAX_KEY_FILE_LEN`] bytes.
+pub fn read_key_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_KEY_FILE_LEN + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_KEY_FILE_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_KEY_FILE_LEN} bytes: not a key file"),
+        ));
+    }
+    Ok(text)
+}
+
 /// A new random key from the system's randomness (`/dev/urandom`).
 pub fn random_key() -> std::io::Result<[u8; KEY_LEN]> {
     use std::io::Read as _;
@@ -130,6 +150,15 @@ mod tests {
                 KeyFileError::WrongLength { line: 3, len: 16 },
                 KeyFileError::Duplicate { line: 4, first: 1 },
             ])
+        );
+    }
+
+    #[test]
+    fn an_endless_key_file_is_refused_after_its_first_mebibyte() {
+        let error = read_key_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "larger than 1048576 bytes: not a key file"
         );
     }
 

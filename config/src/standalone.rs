@@ -38,6 +38,8 @@ use serde_json::{Map, Value};
 
 use crate::duration::parse_duration;
 
+mod checks;
+
 /// The default gossip port.
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
 /// The default address of the HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/status`).
@@ -499,18 +501,10 @@ impl Walker {
                 None
             }
         };
-        let mut peers = Vec::new();
-        if let Some(v) = map.get("peers")
-            && let Some(items) = self.list("peers", v)
-        {
-            for (i, item) in items.iter().enumerate() {
-                if let Some(p) =
-                    self.socket_addr(&format!("peers[{i}]"), item, Some(DEFAULT_GOSSIP_PORT))
-                {
-                    peers.push(p);
-                }
-            }
-        }
+        let peers = map
+            .get("peers")
+            .map(|v| self.peers(v, bind))
+            .unwrap_or_default();
         let insecure = map
             .get("insecure")
             .and_then(|v| self.bool("insecure", v))
@@ -561,6 +555,44 @@ impl Walker {
             announce,
             groups,
         })
+    }
+
+    /// The seeds: each once, reachable from the gossip socket `bind` (when it is valid).
+    fn peers(&mut self, v: &Value, bind: Option<SocketAddr>) -> Vec<SocketAddr> {
+        let mut peers: Vec<SocketAddr> = Vec::new();
+        let Some(items) = self.list("peers", v) else {
+            return peers;
+        };
+        for (i, item) in items.iter().enumerate() {
+            let here = format!("peers[{i}]");
+            let Some(p) = self.socket_addr(&here, item, Some(DEFAULT_GOSSIP_PORT)) else {
+                continue;
+            };
+            if let Some(first) = peers.iter().position(|q| *q == p) {
+                self.error(&here, format!("{p} is already listed at peers[{first}]"));
+                continue;
+            }
+            let ip = p.ip();
+            if p.port() == 0 || ip.is_unspecified() || ip.is_multicast() || is_broadcast(ip) {
+                self.error(
+                    &here,
+                    format!("{p} cannot be a peer: a datagram to it reaches no node"),
+                );
+            } else if let Some(bind) = bind
+                && !reaches(bind, p)
+            {
+                self.error(
+                    &here,
+                    format!(
+                        "{p} is {} and the gossip socket (`bind: {bind}`) is {}: it cannot send to it",
+                        family(p),
+                        family(bind)
+                    ),
+                );
+            }
+            peers.push(p);
+        }
+        peers
     }
 
     fn cluster_name(&mut self, name: String) -> Option<String> {
@@ -767,11 +799,13 @@ impl Walker {
             .get("interface")
             .and_then(|v| self.string(&join(path, "interface"), v));
         if let Some(ifname) = &interface
-            && (ifname.len() > 15 || ifname.contains('/') || ifname.contains(char::is_whitespace))
+            && !is_interface_name(ifname)
         {
             self.error(
                 &join(path, "interface"),
-                format!("`{ifname}` is not a Linux interface name"),
+                format!(
+                    "`{ifname}` is not a Linux interface name (at most 15 bytes, no `/`, `:` or space, not `.` or `..`)"
+                ),
             );
         }
         let priority = map
@@ -904,189 +938,31 @@ impl Walker {
         }
         map
     }
+}
 
-    fn check(&mut self, path: &str, v: &Value) -> Option<Check> {
-        const KNOWN: &[&str] = &[
-            "name",
-            "http",
-            "https",
-            "tcp",
-            "exec",
-            "insecure",
-            "expectStatus",
-            "interval",
-            "timeout",
-            "rise",
-            "fall",
-            "weight",
-        ];
-        let map = self.object(path, v, KNOWN)?;
-        let name = match map.get("name") {
-            Some(v) => self
-                .string(&join(path, "name"), v)
-                .and_then(|n| self.label(&join(path, "name"), n)),
-            None => {
-                self.error(&join(path, "name"), "required");
-                None
-            }
-        };
-        let kinds: Vec<&str> = ["http", "https", "tcp", "exec"]
-            .into_iter()
-            .filter(|k| map.contains_key(*k))
-            .collect();
-        let kind = match kinds.as_slice() {
-            [] => {
-                self.error(path, "needs one of `http`, `tcp` or `exec`");
-                None
-            }
-            [one] => self.check_kind(path, one, map),
-            many => {
-                self.error(
-                    path,
-                    format!("has {}: a check is exactly one of them", many.join(" and ")),
-                );
-                None
-            }
-        };
-        if !matches!(kind, Some(CheckKind::Http { .. })) {
-            for key in ["insecure", "expectStatus"] {
-                if map.contains_key(key) && kind.is_some() {
-                    self.error(&join(path, key), "applies to `http` checks only");
-                }
-            }
-        }
-        let interval = match map.get("interval") {
-            Some(v) => self.duration(&join(path, "interval"), v),
-            None => Some(Duration::from_secs(1)),
-        };
-        if interval.is_some_and(|d| d < Duration::from_millis(10)) {
-            self.error(&join(path, "interval"), "must be at least `10ms`");
-        }
-        let timeout = match map.get("timeout") {
-            Some(v) => self.duration(&join(path, "timeout"), v),
-            None => interval,
-        };
-        if timeout.is_some_and(|d| d.is_zero()) {
-            self.error(&join(path, "timeout"), "must be more than `0s`");
-        }
-        if let (Some(i), Some(t)) = (interval, timeout)
-            && t > i
-        {
-            self.error(
-                &join(path, "timeout"),
-                format!(
-                    "{} is longer than the interval ({}): runs would overlap",
-                    crate::duration::format_duration(t),
-                    crate::duration::format_duration(i)
-                ),
-            );
-        }
-        let count = |w: &mut Walker, key: &str| match map.get(key) {
-            Some(v) => w
-                .integer(&join(path, key), v, 1, 1000)
-                .and_then(|n| NonZeroU32::new(n as u32)),
-            None => NonZeroU32::new(1),
-        };
-        let rise = count(self, "rise");
-        let fall = count(self, "fall");
-        let weight = match map.get("weight") {
-            Some(v) => self
-                .integer(&join(path, "weight"), v, -253, 253)
-                .map(|n| n as i32),
-            None => Some(0),
-        };
-        Some(Check {
-            name: name?,
-            kind: kind?,
-            interval: interval?,
-            timeout: timeout?,
-            rise: rise?,
-            fall: fall?,
-            weight: weight?,
-        })
-    }
+/// What the kernel accepts as a link name (`dev_valid_name`): 1 to 15 bytes, no `/`, `:` or
+/// whitespace, not `.` or `..`.
+fn is_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', ':'])
+        && !name.bytes().any(|b| b.is_ascii_whitespace() || b == 0x0b)
+}
 
-    fn check_kind(&mut self, path: &str, key: &str, map: &Map<String, Value>) -> Option<CheckKind> {
-        let here = join(path, key);
-        let v = map.get(key)?;
-        match key {
-            "http" | "https" => {
-                let url = self.string(&here, v)?;
-                let url = if key == "https" && !url.contains("://") {
-                    format!("https://{url}")
-                } else {
-                    url
-                };
-                let rest = url
-                    .strip_prefix("http://")
-                    .or_else(|| url.strip_prefix("https://"));
-                let Some(rest) = rest else {
-                    self.error(
-                        &here,
-                        format!("`{url}` must start with http:// or https://"),
-                    );
-                    return None;
-                };
-                let authority = rest.split('/').next().unwrap_or("");
-                if authority.is_empty() {
-                    self.error(&here, format!("`{url}` has no host"));
-                    return None;
-                }
-                let insecure = map
-                    .get("insecure")
-                    .and_then(|v| self.bool(&join(path, "insecure"), v))
-                    .unwrap_or(false);
-                let expect_status = map
-                    .get("expectStatus")
-                    .and_then(|v| self.integer(&join(path, "expectStatus"), v, 100, 599))
-                    .map(|n| n as u16);
-                Some(CheckKind::Http {
-                    url,
-                    insecure,
-                    expect_status,
-                })
-            }
-            "tcp" => {
-                let target = self.string(&here, v)?;
-                match target.rsplit_once(':') {
-                    Some((host, port))
-                        if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) =>
-                    {
-                        Some(CheckKind::Tcp { target })
-                    }
-                    _ => {
-                        self.error(&here, format!("`{target}` is not `host:port`"));
-                        None
-                    }
-                }
-            }
-            "exec" => {
-                let argv: Vec<String> = match v {
-                    Value::String(s) => s.split_whitespace().map(str::to_string).collect(),
-                    Value::Array(items) => {
-                        let mut argv = Vec::new();
-                        for (k, item) in items.iter().enumerate() {
-                            argv.push(self.string(&format!("{here}[{k}]"), item)?);
-                        }
-                        argv
-                    }
-                    other => {
-                        self.error(
-                            &here,
-                            format!("expected a command line or a list, found {}", kind(other)),
-                        );
-                        return None;
-                    }
-                };
-                if argv.is_empty() {
-                    self.error(&here, "empty command");
-                    return None;
-                }
-                Some(CheckKind::Exec { argv })
-            }
-            _ => None,
-        }
-    }
+fn is_broadcast(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+}
+
+/// Whether a UDP socket bound to `bind` can send to `peer`: the same family, or a socket bound
+/// to `[::]` (dual-stack), which reaches IPv4 too.
+fn reaches(bind: SocketAddr, peer: SocketAddr) -> bool {
+    bind.is_ipv4() == peer.is_ipv4() || (bind.is_ipv6() && bind.ip().is_unspecified())
+}
+
+fn family(addr: SocketAddr) -> &'static str {
+    if addr.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
 fn join(path: &str, key: &str) -> String {

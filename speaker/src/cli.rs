@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use swimlb_config::keyfile::{new_key_file, parse_key_file};
+use swimlb_config::keyfile::new_key_file;
 use swimlb_config::standalone::Standalone;
 
 /// sysexits.h: the configuration is invalid.
@@ -159,33 +159,20 @@ fn check_config(file: &Path) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Some(key_file) = &config.key_file {
-        let problems: Vec<String> = match std::fs::read_to_string(key_file) {
-            Ok(text) => parse_key_file(&text)
-                .err()
-                .unwrap_or_default()
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-            Err(e) => vec![e.to_string()],
-        };
-        if !problems.is_empty() {
+    // What the daemon would refuse at start-up is an error of the check too.
+    match crate::config_report::refusals(&config) {
+        (problems, Some(timing)) if problems.is_empty() => {
+            print!("{}", crate::config_report::report(&config, &timing));
+            ExitCode::SUCCESS
+        }
+        (problems, _) => {
             for p in &problems {
-                eprintln!("{}: keyFile {}: {p}", file.display(), key_file.display());
+                eprintln!("{}: {p}", file.display());
             }
-            return ExitCode::from(EX_CONFIG);
+            eprintln!("{}: {} error(s)", file.display(), problems.len());
+            ExitCode::from(EX_CONFIG)
         }
     }
-    // The daemon refuses gossip overrides that do not fit together; so does the check.
-    let timing = match crate::standalone::timing(&config) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{}: gossip: {e}", file.display());
-            return ExitCode::from(EX_CONFIG);
-        }
-    };
-    print!("{}", crate::config_report::report(&config, &timing));
-    ExitCode::SUCCESS
 }
 
 fn keygen() -> ExitCode {

@@ -20,10 +20,104 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use swimlb_config::duration::format_duration;
+use swimlb_config::keyfile::{parse_key_file, read_key_file};
 use swimlb_config::standalone::{CheckKind, Standalone};
+use tokio::time::Instant;
 
 use crate::gossip::Timing;
+use crate::gossip::metadata::{MAX_META_RECORD_LEN, MetaRecord};
+use crate::local::LocalState;
+use crate::membership::AnnounceFacts;
 use crate::owner_watch::{self, Knobs};
+use crate::snapshot::Interfaces;
+
+/// What the standalone daemon would refuse at start-up in a file that parsed: the key file (each
+/// bad line), the key ring, and [`start_refusals`]. Empty when it would start; otherwise one
+/// line per problem, and the timings when they are valid.
+pub fn refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
+    let mut problems = Vec::new();
+    if let Some(key_file) = &config.key_file {
+        let found: Vec<String> = match read_key_file(key_file) {
+            Ok(text) => parse_key_file(&text)
+                .err()
+                .unwrap_or_default()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            Err(e) => vec![e.to_string()],
+        };
+        problems.extend(
+            found
+                .iter()
+                .map(|p| format!("keyFile {}: {p}", key_file.display())),
+        );
+        // The ring's own refusals (a 32-bit key id shared by two keys), once the file reads.
+        if found.is_empty()
+            && let Err(e) = crate::standalone::key_ring(config)
+        {
+            problems.push(e.to_string());
+        }
+    }
+    let (more, timing) = start_refusals(config);
+    problems.extend(more);
+    (problems, timing)
+}
+
+/// What the daemon refuses at start-up that no file decides: the gossip timings, this node's
+/// gossip record at its largest, and the insecure key ring. Pure but for the hostname, read
+/// when the file names no node.
+pub fn start_refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
+    let mut problems = Vec::new();
+    if config.key_file.is_none()
+        && let Err(e) = crate::standalone::key_ring(config)
+    {
+        problems.push(e.to_string());
+    }
+    let timing = match crate::standalone::timing(config) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            problems.push(format!("gossip: {e}"));
+            None
+        }
+    };
+    let len = largest_record(config);
+    if len > MAX_META_RECORD_LEN {
+        problems.push(format!(
+            "groups: this node's gossip record (priorities, check names and results, interfaces) can reach {len} bytes, more than {MAX_META_RECORD_LEN}: use fewer groups or checks, or shorter names"
+        ));
+    }
+    (problems, timing)
+}
+
+/// The encoded length of this node's gossip record at its largest: every named interface
+/// present, every address on the default interface unplaceable, the widest counters.
+pub fn largest_record(config: &Standalone) -> usize {
+    let node = crate::standalone::node_name(config);
+    let mut local = LocalState::new(&node, config, Instant::now());
+    let served = crate::standalone::snapshot(config);
+    let mut facts = AnnounceFacts::default();
+    for (ip, ip_served) in served.iter() {
+        match &ip_served.interfaces {
+            Interfaces::Default => {
+                facts.unplaced.insert(*ip);
+            }
+            Interfaces::Named(names) => facts.links.extend(names.iter().cloned()),
+        }
+    }
+    local.set_announce(facts);
+    let mut meta = local.meta().clone();
+    meta.version = u64::MAX;
+    meta.settled = true;
+    meta.draining = true;
+    let record = MetaRecord {
+        bump: u64::MAX,
+        meta,
+    };
+    match postcard::to_allocvec(&record) {
+        Ok(bytes) => bytes.len(),
+        Err(_) => usize::MAX,
+    }
+}
 
 /// The failover a group may expect on a node failure, estimated from the gossip timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +306,32 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_check_config_calls_too_large_is_one_the_gossip_refuses_at_start() {
+        let config = Standalone::parse(include_str!(
+            "../tests/check_config/gossip_record_too_large.yaml"
+        ))
+        .unwrap();
+        let (problems, _) = refusals(&config);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(largest_record(&config) > MAX_META_RECORD_LEN);
+        // The record the daemon hands the gossip at start (no announce facts yet) is refused.
+        let local = LocalState::new("master-0", &config, Instant::now());
+        let record = MetaRecord {
+            bump: 1,
+            meta: local.meta().clone(),
+        };
+        assert!(matches!(
+            record.encode(),
+            Err(crate::gossip::metadata::MetaError::TooLarge { .. })
+        ));
+        // One group fewer fits.
+        let mut smaller = config.clone();
+        smaller.groups.pop();
+        assert!(largest_record(&smaller) <= MAX_META_RECORD_LEN);
+        assert!(refusals(&smaller).0.is_empty());
+    }
 
     #[test]
     fn report_shows_detection_time_per_check() {

@@ -9,6 +9,8 @@
 //! - [`daemon`]: the drivers around the engine, shared by every mode.
 //! - [`election`]: who owns each IP ([`election::Election`]), pure.
 //! - [`engine`]: the speaker's decisions, sans-IO: inputs with `now` in, actions out.
+//! - [`fuzzing`]: the fuzz targets' entry points (a configuration file's bytes, Kubernetes objects
+//!   as JSON), pure; a stable test replays their seeds.
 //! - [`gossip`]: SWIM membership over sealed UDP ([`gossip::Core`], [`gossip::spawn`]).
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`interfaces`]: which interface announces an IP; link and route change notifications.
@@ -38,6 +40,7 @@ pub mod config_report;
 pub mod daemon;
 pub mod election;
 pub mod engine;
+pub mod fuzzing;
 pub mod gossip;
 pub mod http;
 pub mod interfaces;

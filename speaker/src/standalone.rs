@@ -33,7 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::keyfile::parse_key_file;
+use swimlb_config::keyfile::{parse_key_file, read_key_file};
 use swimlb_config::standalone::Standalone;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -47,6 +47,7 @@ use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
 use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
 use crate::engine::placement::Placement;
 use crate::engine::{Engine, Input, Start};
+use crate::gossip::metadata::MAX_META_RECORD_LEN;
 use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Timing};
 use crate::http::{self, CheckStatus};
 use crate::interfaces::{self, Link, Route};
@@ -103,7 +104,7 @@ pub enum DaemonError {
 pub fn key_ring(config: &Standalone) -> Result<KeyRing, DaemonError> {
     let keys = match &config.key_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| DaemonError::Keys {
+            let text = read_key_file(path).map_err(|e| DaemonError::Keys {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
@@ -184,15 +185,24 @@ struct CheckLabels {
     check: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    reason: &'static str,
+}
+
 /// The standalone source's own metrics (the engine's drivers, the gossip and the responders
 /// register theirs).
 #[derive(Debug, Clone, Default)]
 struct Metrics {
     check_up: Family<CheckLabels, Gauge>,
     notify_failures: Counter,
+    reload_failures: Family<ReloadLabels, Counter>,
+    last_reload_ok: Gauge,
 }
 
 impl Metrics {
+    /// Registers every metric into `registry`; the last reload counts as successful until one
+    /// fails.
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "swimlb_check_up",
@@ -204,7 +214,97 @@ impl Metrics {
             "Notify hook calls that failed",
             self.notify_failures.clone(),
         );
+        registry.register(
+            "swimlb_config_reload_failures",
+            "Reloads refused (the speaker keeps what it runs), by reason",
+            self.reload_failures.clone(),
+        );
+        registry.register(
+            "swimlb_config_last_reload_successful",
+            "0 while the last reload was refused, 1 after start-up or an applied reload",
+            self.last_reload_ok.clone(),
+        );
+        self.last_reload_ok.set(1);
     }
+
+    /// Counts a reload refused for `reason` (or keys that could not be handed to the gossip).
+    fn reload_failed(&self, reason: ReloadFailure) {
+        self.reload_failures
+            .get_or_create(&ReloadLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+        self.last_reload_ok.set(0);
+    }
+
+    /// Marks the last reload applied.
+    fn reload_applied(&self) {
+        self.last_reload_ok.set(1);
+    }
+}
+
+/// Why a reload was refused: the speaker keeps serving what it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadFailure {
+    /// The file cannot be read.
+    Unreadable,
+    /// The file does not validate.
+    Invalid,
+    /// `cluster` or `bind` changed: only a restart applies them.
+    RestartOnly,
+    /// The key file cannot be read or holds a bad line, or the key ring refuses the keys, or
+    /// the gossip could not take them.
+    Keys,
+    /// This node's gossip record would outgrow what the gossip carries.
+    GossipRecord,
+    /// The VIPs could not be put on the holder link, or the ARP sysctls set.
+    Addresses,
+}
+
+impl ReloadFailure {
+    /// The metric label.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            ReloadFailure::Unreadable => "unreadable",
+            ReloadFailure::Invalid => "invalid",
+            ReloadFailure::RestartOnly => "restart_only",
+            ReloadFailure::Keys => "keys",
+            ReloadFailure::GossipRecord => "gossip_record",
+            ReloadFailure::Addresses => "addresses",
+        }
+    }
+}
+
+/// The file at `path` as a reload would apply it over `running`, with its key ring; or why the
+/// reload is refused, with what to log. Reads the file and the key file, nothing else.
+pub fn prepare_reload(
+    running: &Standalone,
+    path: &Path,
+) -> Result<(Standalone, KeyRing), (ReloadFailure, String)> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        (
+            ReloadFailure::Unreadable,
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    let next = Standalone::parse(&text).map_err(|e| (ReloadFailure::Invalid, e.to_string()))?;
+    if next.cluster != running.cluster || next.bind != running.bind {
+        return Err((
+            ReloadFailure::RestartOnly,
+            "cluster and bind cannot change without a restart".to_string(),
+        ));
+    }
+    let ring = key_ring(&next).map_err(|e| (ReloadFailure::Keys, e.to_string()))?;
+    let len = crate::config_report::largest_record(&next);
+    if len > MAX_META_RECORD_LEN {
+        return Err((
+            ReloadFailure::GossipRecord,
+            format!(
+                "this node's gossip record could reach {len} bytes, more than {MAX_META_RECORD_LEN}"
+            ),
+        ));
+    }
+    Ok((next, ring))
 }
 
 /// The receivers the loop waits on (kept apart from [`Source`] so its handlers can borrow it
@@ -467,16 +567,11 @@ impl Source {
 
     /// SIGHUP: read the file again and apply what can change without a restart.
     async fn reload(&mut self, net: &NetWatch) {
-        let next = match reload_config(&self.path) {
-            Ok(next) if next.cluster == self.config.cluster && next.bind == self.config.bind => {
-                next
-            }
-            Ok(_) => {
-                tracing::error!("reload refused: cluster and bind cannot change without a restart");
-                return;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "reload refused: invalid configuration");
+        let (next, next_ring) = match prepare_reload(&self.config, &self.path) {
+            Ok(prepared) => prepared,
+            Err((reason, error)) => {
+                tracing::error!(reason = reason.as_str(), %error, "reload refused: serving the configuration already running");
+                self.metrics.reload_failed(reason);
                 return;
             }
         };
@@ -486,13 +581,6 @@ impl Source {
                 "reload: this change needs a restart and is not applied"
             );
         }
-        let next_ring = match key_ring(&next) {
-            Ok(ring) => ring,
-            Err(e) => {
-                tracing::error!(error = %e, "reload refused: keys");
-                return;
-            }
-        };
         let served = snapshot(&next);
         let (links, routes) = net.latest();
         let ifaces: Vec<String> = Placement::new(&served, links, routes)
@@ -501,7 +589,8 @@ impl Source {
             .collect();
         let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
         if let Err(e) = self.holder.reload(&vips, &ifaces).await {
-            tracing::error!(error = %e, "reload refused: addresses");
+            tracing::error!(reason = ReloadFailure::Addresses.as_str(), error = %e, "reload refused: serving the configuration already running");
+            self.metrics.reload_failed(ReloadFailure::Addresses);
             return;
         }
         // Unchanged checks keep running with their state; the others start failing, and so does
@@ -517,24 +606,33 @@ impl Source {
             .retain(|name, _| next.groups.iter().any(|g| &g.name == name));
         self.config = next;
         self.publish_checks();
-        self.rotate_keys(next_ring).await;
+        if self.rotate_keys(next_ring).await {
+            self.metrics.reload_applied();
+        } else {
+            self.metrics.reload_failed(ReloadFailure::Keys);
+        }
         tracing::info!("configuration reloaded");
     }
 
     /// Rotation: the first key seals from now on; peers are still answered with the key they
     /// use while it is here.
-    async fn rotate_keys(&mut self, ring: KeyRing) {
+    /// Returns whether the gossip holds `ring`'s keys now.
+    async fn rotate_keys(&mut self, ring: KeyRing) -> bool {
         let ids: Vec<KeyId> = ring.key_ids().collect();
         if ids == self.ring_ids {
-            return;
+            return true;
         }
         let sealing = ring.sealing_key_id();
         match self.daemon.set_key_ring(ring).await {
             Ok(()) => {
                 tracing::info!(keys = ids.len(), %sealing, "gossip keys replaced");
                 self.ring_ids = ids;
+                true
             }
-            Err(e) => tracing::error!(error = %e, "gossip keys not replaced"),
+            Err(e) => {
+                tracing::error!(error = %e, "gossip keys not replaced");
+                false
+            }
         }
     }
 
@@ -739,14 +837,101 @@ fn restart_only_changes(running: &Standalone, next: &Standalone) -> Vec<&'static
     changed
 }
 
-fn reload_config(path: &Path) -> Result<Standalone, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    Standalone::parse(&text).map_err(|e| e.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("swimlb-reload-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_reload_is_refused_with_its_reason_for_every_bad_file_and_key_file() {
+        let dir = temp_dir("refused");
+        let keys = dir.join("keys");
+        std::fs::write(
+            &keys,
+            format!("{}\n", swimlb_config::keyfile::encode_key(&[7; 32])),
+        )
+        .unwrap();
+        let file = |extra: &str| {
+            format!(
+                "cluster: lab\nnode: n1\nbind: 192.0.2.10\nkeyFile: {}\n{extra}groups: [{{name: api, addresses: [192.0.2.100]}}]\n",
+                keys.display()
+            )
+        };
+        let path = dir.join("speaker.yaml");
+        std::fs::write(&path, file("")).unwrap();
+        let running = Standalone::parse(&file("")).unwrap();
+        let reason = |path: &Path| prepare_reload(&running, path).err().map(|(r, _)| r);
+        assert_eq!(reason(&path), None, "the running file reloads");
+
+        assert_eq!(
+            reason(&dir.join("missing.yaml")),
+            Some(ReloadFailure::Unreadable)
+        );
+        std::fs::write(&path, "cluster: lab\nbind: [oops\n").unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::Invalid));
+        std::fs::write(&path, file("").replace("cluster: lab", "cluster: other")).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::RestartOnly));
+        let groups: String = (0..9)
+            .map(|i| format!("  - {{name: g{i}-{}, addresses: [192.0.2.{}], checks: [{{name: c-{}, exec: /bin/true}}]}}\n", "x".repeat(55), 10 + i, "y".repeat(58)))
+            .collect();
+        let big = file("").replace(
+            "groups: [{name: api, addresses: [192.0.2.100]}]\n",
+            &format!("groups:\n{groups}"),
+        );
+        std::fs::write(&path, big).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::GossipRecord));
+
+        // The file is fine; the key file was rotated to garbage, then emptied, then removed.
+        std::fs::write(&path, file("")).unwrap();
+        for garbage in ["not a key\n", "", "# nothing\n"] {
+            std::fs::write(&keys, garbage).unwrap();
+            let (reason, message) = prepare_reload(&running, &path).unwrap_err();
+            assert_eq!(reason, ReloadFailure::Keys, "{garbage:?}");
+            assert!(
+                message.starts_with(&format!("keyFile {}", keys.display())),
+                "{message}"
+            );
+        }
+        std::fs::remove_file(&keys).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::Keys));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_refused_reload_is_counted_by_reason_and_clears_the_success_gauge_until_one_applies() {
+        let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        assert!(text(&registry).contains("swimlb_config_last_reload_successful 1\n"));
+        metrics.reload_failed(ReloadFailure::Invalid);
+        metrics.reload_failed(ReloadFailure::Keys);
+        metrics.reload_failed(ReloadFailure::Keys);
+        let after = text(&registry);
+        assert!(
+            after.contains("swimlb_config_reload_failures_total{reason=\"keys\"} 2\n"),
+            "{after}"
+        );
+        assert!(
+            after.contains("swimlb_config_reload_failures_total{reason=\"invalid\"} 1\n"),
+            "{after}"
+        );
+        assert!(
+            after.contains("swimlb_config_last_reload_successful 0\n"),
+            "{after}"
+        );
+        metrics.reload_applied();
+        assert!(text(&registry).contains("swimlb_config_last_reload_successful 1\n"));
+    }
 
     fn config(extra: &str) -> Standalone {
         Standalone::parse(&format!(

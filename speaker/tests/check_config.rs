@@ -139,3 +139,49 @@ fn keygen_prints_a_key_the_key_file_parser_accepts() {
     assert_eq!(keys.len(), 1);
     assert_ne!(keys[0], [0u8; 32]);
 }
+
+/// One file per mistake in `tests/check_config/`, each naming on its first line
+/// (`# error: ...`) the one error `check-config` must report; `valid.yaml`, which each of them
+/// departs from by one change, passes.
+#[test]
+fn every_mistake_in_the_table_is_named_exactly() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/check_config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() > 30, "the table lost its files: {files:?}");
+    let mut failures = Vec::new();
+    for path in &files {
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let text = std::fs::read_to_string(path).unwrap();
+        let expected = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# error: "));
+        let out = Command::new(env!("CARGO_BIN_EXE_swimlb-speaker"))
+            .current_dir(&dir)
+            .args(["check-config", name])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let prefix = format!("{name}: ");
+        let named: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .collect();
+        let ok = match expected {
+            None => out.status.code() == Some(0) && named.is_empty(),
+            Some(error) => out.status.code() == Some(64) && named == [error, "1 error(s)"],
+        };
+        if !ok {
+            failures.push(format!(
+                "{name}: exit {:?}, expected {expected:?}, got:\n{stderr}",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
