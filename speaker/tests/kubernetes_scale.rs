@@ -49,9 +49,15 @@ fn namespace_of(i: usize) -> String {
     format!("apps-{:02}", i % NAMESPACES)
 }
 
+/// `address` as the API server wants it: in canonical form (RFC 5952; `2001:db8::0` is refused).
+fn canonical(address: &str) -> String {
+    let ip: std::net::Ipv6Addr = address.parse().expect("an IPv6 address");
+    ip.to_string()
+}
+
 /// The `i`th Service's IP: 2001:db8:100::1:0/112 (on the lab's 2001:db8:100::/64).
 fn service_ip(i: usize) -> String {
-    format!("2001:db8:100::1:{i:x}")
+    canonical(&format!("2001:db8:100::1:{i:x}"))
 }
 
 fn namespace(name: &str) -> Value {
@@ -79,11 +85,11 @@ fn node(i: usize) -> Value {
                 "node.kubernetes.io/instance-type": "metal"},
             "annotations": {"node.alpha.kubernetes.io/ttl": "0",
                 "volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
-        "spec": {"podCIDR": format!("2001:db8:300:{i:x}::/64"), "providerID": format!("metal://node-{i}")},
+        "spec": {"podCIDR": format!("{}/64", canonical(&format!("2001:db8:300:{i:x}::"))), "providerID": format!("metal://node-{i}")},
         "status": {
             "conditions": [condition("NetworkUnavailable", "False"), condition("MemoryPressure", "False"),
                 condition("DiskPressure", "False"), condition("PIDPressure", "False"), condition("Ready", "True")],
-            "addresses": [{"type": "InternalIP", "address": format!("2001:db8:400::{i:x}")},
+            "addresses": [{"type": "InternalIP", "address": canonical(&format!("2001:db8:400::{i:x}"))},
                 {"type": "Hostname", "address": format!("node-{i}")}],
             "capacity": {"cpu": "64", "memory": "263835220Ki", "pods": "110"},
             "allocatable": {"cpu": "63", "memory": "262835220Ki", "pods": "110"},
@@ -105,7 +111,7 @@ fn service(i: usize) -> Value {
 fn endpoints(i: usize, nodes: usize, ready: bool) -> Value {
     let endpoints: Vec<Value> = (0..3)
         .map(|k| {
-            json!({"addresses": [format!("2001:db8:200::{:x}", i * 3 + k)],
+            json!({"addresses": [canonical(&format!("2001:db8:200::{:x}", i * 3 + k))],
                 "nodeName": format!("node-{}", (i + k) % nodes),
                 "zone": format!("zone-{}", (i + k) % 3),
                 "targetRef": {"kind": "Pod", "namespace": namespace_of(i),
