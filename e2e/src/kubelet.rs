@@ -236,7 +236,7 @@ pub struct PodState {
     pub started: Option<Instant>,
     /// The process id of the running container (`None` for a stand-in).
     pub pid: Option<u32>,
-    /// When every volume first held its data.
+    /// When every volume first held its data (an optional Secret's included).
     pub volumes_filled: Option<Instant>,
     /// Whether the readiness probe (if any) passes now.
     pub ready: bool,
@@ -679,24 +679,27 @@ impl PodRun {
             .flatten()
     }
 
-    /// Writes every volume whose files changed; whether all of them hold their data.
+    /// Writes every volume whose files changed; whether each holds what it must (an optional
+    /// source that is missing leaves it empty, and it counts as filled only once it is there).
     fn sync_volumes(&mut self, volumes: &[Volume]) -> Result<bool> {
-        let mut all = true;
+        let (mut all, mut complete) = (true, true);
         for volume in volumes {
             std::fs::create_dir_all(&volume.dir)?;
             let lookup = |r: &str, ns: &str, n: &str| self.object(r, ns, n);
             let token = |audience: Option<&str>, seconds: u64| self.token(audience, seconds);
             let Some(files) = volume.files(&self.pod, &lookup, &token)? else {
                 all &= self.written.contains_key(&volume.name);
+                complete = false;
                 continue;
             };
+            complete &= !files.is_empty();
             if self.written.get(&volume.name) != Some(&files) {
                 self.serial += 1;
                 volume.write(&files, &self.serial.to_string())?;
                 self.written.insert(volume.name.clone(), files);
             }
         }
-        if all && !volumes.is_empty() && self.state().volumes_filled.is_none() {
+        if complete && !volumes.is_empty() && self.state().volumes_filled.is_none() {
             self.update(|s| s.volumes_filled = Some(Instant::now()));
         }
         Ok(all)

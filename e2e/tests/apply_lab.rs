@@ -366,11 +366,27 @@ fn check_containers(run: &Bare) {
     }
 }
 
+/// What the kubelets' own requests got (`system:node:*`): printed, for the record.
+fn report_kubelets(log: &[control_plane::AuditRecord]) {
+    let mut codes = std::collections::BTreeMap::<(u16, String), usize>::new();
+    for r in log.iter().filter(|r| r.user.starts_with("system:node:")) {
+        *codes
+            .entry((r.code, format!("{} {}", r.verb, r.resource)))
+            .or_default() += 1;
+    }
+    let summary: Vec<String> = codes
+        .iter()
+        .map(|((code, what), n)| format!("{n} x {what} {code}"))
+        .collect();
+    eprintln!("the kubelets' requests: {}", summary.join(", "));
+}
+
 /// Every request swimlb's ServiceAccounts made, from the API server's audit log: none refused
 /// by the applied RBAC, every one answered, an expected 404 or 409, or a 429 (the server's
 /// watch cache of a CRD created a moment before is not ready; the client retries).
 fn check_rbac(run: &Bare) {
     let log = run.cluster.control_plane().audit().expect("the audit log");
+    report_kubelets(&log);
     for account in ACCOUNTS {
         let verdict = rbac::audited(&log, account);
         assert!(verdict.requests > 0, "no request came as {account}");
