@@ -21,7 +21,8 @@
 //!   `kubernetes` Service (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, `KUBERNETES_PORT*`),
 //!   the image's binary mapped to the lab binary's subcommand, started as `ip netns exec
 //!   <sandbox> unshare --mount` (a mount namespace per container, where each volume is bind
-//!   mounted at its `mountPath`, read-only when the mount says so) then `setpriv` with the user,
+//!   mounted at its `mountPath`, read-only when the mount says so; niceness 0, as a container
+//!   runtime's containers, even when the lab runs under `nice`) then `setpriv` with the user,
 //!   group, capabilities and `no_new_privs` of its `securityContext`. So the speaker and the
 //!   controller find their in-cluster configuration (`/var/run/secrets/kubernetes.io/
 //!   serviceaccount`) where a Pod finds it; no `KUBECONFIG` is set.
@@ -82,8 +83,10 @@ pub const POD_IPS: (u8, u8) = (201, 254);
 pub const LAB_RESPONDER_IMAGE: &str = "swimlb-lab/probe-responder";
 /// The `PATH` of a container in the lab: the lab's tools (`ip`, `setpriv`) must be found.
 const CONTAINER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Makes each volume's mount point, bind mounts it (read-only when asked), then runs the rest.
+/// Makes each volume's mount point, bind mounts it (read-only when asked), then runs the rest
+/// at niceness 0, as a container runtime runs containers whatever the niceness of the lab.
 const MOUNT_SCRIPT: &str = r#"set -e
+renice -n 0 -p $$ >/dev/null
 while [ "$1" != "--" ]; do
   mkdir -p "$2"
   mount --bind "$1" "$2"

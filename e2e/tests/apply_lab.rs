@@ -302,7 +302,7 @@ fn claims(token: &str) -> serde_json::Value {
 }
 
 /// Each container runs with the user and capabilities its securityContext names (the speaker
-/// as root with NET_RAW alone, the controller as 65532 with none) and the in-cluster
+/// as root with NET_RAW alone, the controller as 65532 with none), at niceness 0, and the in-cluster
 /// configuration a Pod has: the kubelet's variables, no KUBECONFIG, and in its own mount
 /// namespace the token bound to its Pod, the CA and the namespace.
 fn check_containers(run: &Bare) {
@@ -326,7 +326,15 @@ fn check_containers(run: &Bare) {
                 .unwrap_or_default()
         };
         let (uid, caps) = (field("Uid:"), field("CapEff:"));
-        eprintln!("{pod}: uid {uid}, effective capabilities {caps}");
+        let stat = std::fs::read_to_string(proc.join("stat")).expect("its stat");
+        // Field 19 of stat, the 17th after the command's closing parenthesis.
+        let nice = stat.rsplit(") ").next().and_then(|f| f.split(' ').nth(16));
+        eprintln!("{pod}: uid {uid}, effective capabilities {caps}, nice {nice:?}");
+        assert_eq!(
+            nice,
+            Some("0"),
+            "{pod} runs at a container runtime's niceness"
+        );
         if pod.starts_with("swimlb-speaker-") {
             assert_eq!((uid.as_str(), caps.as_str()), ("0", "0000000000002000"));
         } else {
