@@ -36,7 +36,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
-use swimlb_fake_api::{FakeApi, FakeApiConfig};
 use swimlb_speaker::kubernetes::records::record_name;
 use tokio::time::Instant;
 
@@ -63,81 +62,6 @@ const SPEAKER_LABELS: [(&str, &str); 2] = [
     ("app.kubernetes.io/name", "swimlb"),
     ("app.kubernetes.io/component", "speaker"),
 ];
-
-/// The fake API server on a thread of its own, inside a network namespace (the apply lab's,
-/// until its kubelet runs on the real control plane).
-#[derive(Debug)]
-struct ApiThread {
-    api: Arc<FakeApi>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ApiThread {
-    fn start(netns: &str, bind: SocketAddr) -> Result<ApiThread> {
-        let (started, ready) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let netns = netns.to_string();
-        let thread = std::thread::Builder::new()
-            .name("fake-api".into())
-            .spawn(move || {
-                let serve = || -> Result<tokio::runtime::Runtime> {
-                    probe::enter_netns(&netns)?;
-                    Ok(tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?)
-                };
-                let runtime = match serve() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = started.send(Err(e));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let config = FakeApiConfig {
-                        bind,
-                        // Every write of a long run stays resumable; a watch that falls out
-                        // of it re-lists (410), which the outage exercises on purpose.
-                        history_capacity: 100_000,
-                        ..FakeApiConfig::default()
-                    };
-                    match FakeApi::start_with(config).await {
-                        Ok(api) => {
-                            let api = Arc::new(api);
-                            let _ = started.send(Ok(api.clone()));
-                            let _ = stopped.await;
-                            drop(api);
-                        }
-                        Err(e) => {
-                            let _ = started.send(Err(e));
-                        }
-                    }
-                });
-            })
-            .context("starting the fake API server's thread")?;
-        let api = ready
-            .recv()
-            .context("the fake API server's thread ended")?
-            .context("starting the fake API server")?;
-        Ok(ApiThread {
-            api,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for ApiThread {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
 
 /// The cluster of a Kubernetes lab: the control plane, the controller, the kubelets the lab
 /// plays.
@@ -204,25 +128,9 @@ impl Cluster {
     /// controller. `program` is the lab binary; `dir` holds the logs and the control plane's
     /// files.
     pub fn start(lab: &mut Lab, program: PathBuf, dir: PathBuf) -> Result<Cluster> {
-        let options = control_plane::Options {
-            nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
-            ..control_plane::Options::default()
-        };
-        let network = Network::Netns {
-            netns: lab.client_netns.clone(),
-            ip: netns::CLIENT_V4,
-        };
-        let plane = ControlPlane::start(&dir.join("k8s"), network, &options)
-            .context("starting the control plane")?;
+        let plane = start_plane(lab, &dir)?;
         apply_manifest(&plane)?;
-        let mut kubelets = Vec::new();
-        for node in &lab.nodes {
-            let kubelet = plane
-                .register_node(&node.name, node.v4.into())
-                .with_context(|| format!("registering {}", node.name))?;
-            kubelets.push((node.name.clone(), kubelet));
-        }
-        let kubelets = Arc::new(kubelets);
+        let kubelets = Arc::new(register_nodes(&plane, &lab.nodes)?);
         for (name, account) in [
             ("speaker", "swimlb-speaker"),
             ("controller", "swimlb-controller"),
@@ -475,84 +383,89 @@ fn record_node_of(kube: &Kube, namespace: &str, service: &str) -> Option<String>
     .map(str::to_string)
 }
 
-/// The apply lab's cluster: only the fake API server, on the lab bridge, for its kubelets and
-/// workload controllers ([`crate::kubelet`]) to play on. The Kubernetes lab itself runs on the
-/// real control plane ([`Cluster`]).
-#[derive(Debug)]
-pub struct FakeCluster {
-    api: ApiThread,
+/// The control plane in the client's namespace (on [`API_ADDR`]), for [`Cluster`] and
+/// [`BareCluster`].
+fn start_plane(lab: &Lab, dir: &Path) -> Result<ControlPlane> {
+    let options = control_plane::Options {
+        nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
+        ..control_plane::Options::default()
+    };
+    let network = Network::Netns {
+        netns: lab.client_netns.clone(),
+        ip: netns::CLIENT_V4,
+    };
+    ControlPlane::start(&dir.join("k8s"), network, &options).context("starting the control plane")
 }
 
-impl FakeCluster {
-    /// Starts the API server (nothing in it but its default namespaces) and installs
-    /// kube-proxy's DNAT on every node.
-    pub fn start_empty(lab: &Lab) -> Result<FakeCluster> {
-        let api = ApiThread::start(&lab.client_netns, API_ADDR)?;
+/// Every node's Node registered by its kubelet; each node's kubelet client, by node name.
+fn register_nodes(plane: &ControlPlane, nodes: &[Node]) -> Result<Vec<(String, Kube)>> {
+    let mut kubelets = Vec::new();
+    for node in nodes {
+        let kubelet = plane
+            .register_node(&node.name, node.v4.into())
+            .with_context(|| format!("registering {}", node.name))?;
+        kubelets.push((node.name.clone(), kubelet));
+    }
+    Ok(kubelets)
+}
+
+/// The apply lab's cluster: the real control plane with the lab's Nodes registered (their
+/// heartbeats renewed) and kube-proxy's DNAT of the pool on every node, and nothing of swimlb:
+/// `kubectl apply` installs it and [`crate::kubelet`] runs its Pods.
+#[derive(Debug)]
+pub struct BareCluster {
+    /// First, so it stops (on drop) before the control plane it talks to.
+    _heartbeats: Heartbeats,
+    plane: ControlPlane,
+}
+
+impl BareCluster {
+    /// Starts the control plane in the client's namespace (its files under `dir`), registers
+    /// the nodes and installs kube-proxy's DNAT on every node.
+    pub fn start(lab: &Lab, dir: &Path) -> Result<BareCluster> {
+        let plane = start_plane(lab, dir)?;
+        let kubelets = Arc::new(register_nodes(&plane, &lab.nodes)?);
         for node in &lab.nodes {
             install_dnat(node)?;
         }
-        Ok(FakeCluster { api })
+        Ok(BareCluster {
+            _heartbeats: Heartbeats::start(kubelets),
+            plane,
+        })
     }
 
-    /// The fake API server.
-    pub fn api(&self) -> &FakeApi {
-        &self.api.api
+    /// The administrator's client of the API server.
+    pub fn api(&self) -> &Kube {
+        self.plane.admin()
     }
 
-    /// The fake API server, for another thread.
-    pub fn api_handle(&self) -> Arc<FakeApi> {
-        self.api.api.clone()
-    }
-
-    /// The kubeconfig of the API server (reachable from every namespace of the lab).
-    pub fn kubeconfig(&self) -> &Path {
-        self.api().kubeconfig_path()
+    /// The control plane.
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.plane
     }
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
         self.api()
-            .get("services", Some(namespace), service)
+            .get("v1", "Service", Some(namespace), service)
+            .ok()
+            .flatten()
             .map(|s| ingress_ips(&s))
             .unwrap_or_default()
     }
 
-    /// Polls (every 2 ms, at most `limit`) until the record of `namespace/service` names a
-    /// node that `wanted` accepts; that node and when it was first seen.
-    pub fn wait_record(
-        &self,
-        namespace: &str,
-        service: &str,
-        limit: Duration,
-        wanted: impl Fn(&str) -> bool,
-    ) -> Option<(String, Instant)> {
-        let name = record_name(&ServiceKey::new(namespace, service));
-        let deadline = Instant::now() + limit;
-        loop {
-            let node = self
-                .api()
-                .get("servicel2statuses.swimlb.io", Some(NAMESPACE), &name)
-                .and_then(|r| r.pointer("/status/node")?.as_str().map(str::to_string));
-            if let Some(node) = node
-                && wanted(&node)
-            {
-                return Some((node, Instant::now()));
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
+    pub fn record_node(&self, namespace: &str, service: &str) -> Option<String> {
+        record_node_of(self.api(), namespace, service)
     }
 
     /// Every record as (`namespace/service`, node), sorted.
     pub fn records(&self) -> Vec<(String, String)> {
-        record_pairs(
-            &self
-                .api()
-                .objects("servicel2statuses.swimlb.io")
-                .unwrap_or_default(),
-        )
+        let records = self
+            .api()
+            .list("swimlb.io/v1beta1", "ServiceL2Status", Some(NAMESPACE))
+            .unwrap_or_default();
+        record_pairs(&records)
     }
 }
 

@@ -11,12 +11,12 @@
 //! - [`failover`]: the failover trials (`swimlb-lab failover`) and their JSON report.
 //! - [`flood`]: paced floods from the client: frames, ARP requests for the VIP, forged gossip.
 //! - [`keepalived`]: keepalived as the comparison peer.
-//! - [`kubelab`]: the Kubernetes lab: the fake API server on the lab bridge, the controller,
-//!   speakers in Kubernetes mode, kube-proxy's DNAT.
+//! - [`kubelab`]: the Kubernetes lab: the real control plane on the lab bridge, the controller,
+//!   speakers in Kubernetes mode, kube-proxy's DNAT; the apply lab's bare cluster.
 //! - [`kube_client`]: a blocking `kube::Client` for any object as JSON.
 //! - [`kubectl`]: real `kubectl` against the fake API server, from a lab namespace or not.
-//! - [`kubelet`]: the apply lab's kubelets and workload controllers: the Pods of the applied
-//!   DaemonSets and Deployments, run from their specs.
+//! - [`kubelet`]: the apply lab's kubelets: the Pods the real control plane binds to the lab's
+//!   nodes, run from their specs in mount and network namespaces of their own.
 //! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
 //!   any report.
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.

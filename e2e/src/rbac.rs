@@ -7,9 +7,16 @@
 //! ClusterRoleBindings (everywhere) and RoleBindings (their namespace, to a Role or a
 //! ClusterRole). Not covered: aggregated ClusterRoles, groups as subjects, non-resource URLs
 //! (discovery is allowed to every authenticated user by default anyway).
+//!
+//! On the real API server RBAC is enforced, and what it refused is in its audit log:
+//! [`audited`] sorts a user's requests by their answer (`tests/deploy.rs` still evaluates the
+//! fake server's log; the apply lab reads the audit log).
+
+use std::collections::BTreeSet;
 
 use anyhow::{Context as _, Result};
 use serde_json::Value;
+use swimlb_control_plane::control_plane::AuditRecord;
 use swimlb_fake_api::RequestRecord;
 
 /// One rule of a Role or ClusterRole.
@@ -190,49 +197,77 @@ pub fn attributes(r: &RequestRecord) -> Vec<Attributes> {
         .collect()
 }
 
-/// What a user's requests asked of its grants.
+/// What the API server answered a user's requests, from its audit log.
 #[derive(Debug, Clone, Default)]
-pub struct Audit {
+pub struct Verdict {
     /// Requests of the user.
     pub requests: usize,
-    /// The attributes RBAC would have refused.
-    pub denied: std::collections::BTreeSet<Attributes>,
-    /// What was allowed, as `verb group/resource`.
-    pub used: std::collections::BTreeSet<String>,
-    /// Granted rules no request needed (in every namespace they hold in).
-    pub unused: Vec<Rule>,
+    /// The requests the authorizers refused (403).
+    pub refused: Vec<AuditRecord>,
+    /// The requests the server asked to retry (429): a watch of a custom resource while the
+    /// API server's watch cache for it still initializes, just after its CRD was created.
+    pub retried: Vec<AuditRecord>,
+    /// The requests that failed otherwise: neither answered (2xx), retried, nor an expected
+    /// 404 (a missing object) or 409 (a conflict the client resolves).
+    pub failed: Vec<AuditRecord>,
+    /// What was answered, as `verb resource`.
+    pub used: BTreeSet<String>,
 }
 
-/// Audits the requests of `user` in `log` against `grants`.
-pub fn audit(grants: &Grants, log: &[RequestRecord], user: &str) -> Audit {
-    let mut out = Audit::default();
-    let mut needed = vec![false; grants.cluster.len() + grants.namespaced.len()];
+/// The verdict of the audit log `log` on the requests of `user`.
+pub fn audited(log: &[AuditRecord], user: &str) -> Verdict {
+    let mut out = Verdict::default();
     for r in log.iter().filter(|r| r.user == user) {
         out.requests += 1;
-        for a in attributes(r) {
-            if !grants.allows(&a) {
-                out.denied.insert(a);
-                continue;
+        match r.code {
+            200..=299 => {
+                out.used.insert(format!("{} {}", r.verb, r.resource));
             }
-            out.used
-                .insert(format!("{} {}/{}", a.verb, a.group, a.resource));
-            for (i, rule) in grants.cluster.iter().enumerate() {
-                needed[i] |= rule.allows(&a);
-            }
-            for (i, (ns, rule)) in grants.namespaced.iter().enumerate() {
-                needed[grants.cluster.len() + i] |=
-                    a.namespace.as_deref() == Some(ns.as_str()) && rule.allows(&a);
-            }
+            403 => out.refused.push(r.clone()),
+            429 => out.retried.push(r.clone()),
+            404 | 409 => {}
+            _ => out.failed.push(r.clone()),
         }
     }
-    let rules = grants
-        .cluster
-        .iter()
-        .chain(grants.namespaced.iter().map(|(_, r)| r));
-    out.unused = rules
-        .zip(&needed)
-        .filter(|(_, n)| !**n)
-        .map(|(r, _)| r.clone())
-        .collect();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(user: &str, verb: &str, resource: &str, code: u16) -> AuditRecord {
+        AuditRecord {
+            user: user.to_string(),
+            verb: verb.to_string(),
+            resource: resource.to_string(),
+            namespace: "swimlb-system".to_string(),
+            name: String::new(),
+            code,
+        }
+    }
+
+    #[test]
+    fn the_audit_log_sorts_a_users_requests_by_their_answer() {
+        let sa = "system:serviceaccount:swimlb-system:swimlb-speaker";
+        let log = [
+            record(sa, "watch", "pods", 200),
+            record(sa, "create", "servicel2statuses", 201),
+            record(sa, "delete", "servicel2statuses", 404),
+            record(sa, "patch", "servicel2statuses", 409),
+            record(sa, "get", "secrets", 403),
+            record(sa, "patch", "servicel2statuses/status", 500),
+            record(sa, "watch", "l2advertisements", 429),
+            record("system:node:node1", "get", "secrets", 403),
+        ];
+        let verdict = audited(&log, sa);
+        assert_eq!(verdict.requests, 7);
+        assert_eq!(verdict.retried, [log[6].clone()]);
+        assert_eq!(verdict.refused, [log[4].clone()]);
+        assert_eq!(verdict.failed, [log[5].clone()]);
+        assert_eq!(
+            verdict.used.into_iter().collect::<Vec<_>>(),
+            ["create servicel2statuses", "watch pods"]
+        );
+    }
 }
