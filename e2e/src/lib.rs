@@ -1,6 +1,7 @@
-//! swimlb lab: network namespaces, the membership simulation, the end-to-end tests. The fake
-//! Kubernetes API server they run the controller against is its own dev crate, `swimlb-fake-api`
-//! (`e2e/fake-api/`).
+//! swimlb lab: network namespaces, the membership simulation, the end-to-end tests. The real
+//! Kubernetes control plane they run on is its own dev crate, `swimlb-control-plane`
+//! (`e2e/control-plane/`), re-exported here as [`control_plane`], [`kube_client`] and
+//! [`kubectl`].
 //!
 //! - [`control_plane`]: the real Kubernetes control plane (etcd, kube-apiserver,
 //!   kube-controller-manager, kube-scheduler) built from pinned Go modules, with its PKI.
@@ -14,7 +15,7 @@
 //! - [`kubelab`]: the Kubernetes lab: the real control plane on the lab bridge, the controller,
 //!   speakers in Kubernetes mode, kube-proxy's DNAT; the apply lab's bare cluster.
 //! - [`kube_client`]: a blocking `kube::Client` for any object as JSON.
-//! - [`kubectl`]: real `kubectl` against the fake API server, from a lab namespace or not.
+//! - [`kubectl`]: the pinned `kubectl`, from a lab namespace or not.
 //! - [`kubelet`]: the apply lab's kubelets: the Pods the real control plane binds to the lab's
 //!   nodes, run from their specs in mount and network namespaces of their own.
 //! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
@@ -27,7 +28,7 @@
 //!   records.
 //! - [`prometheus_lab`]: a real Prometheus server scraping the lab, for the dashboard's queries.
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`, failing on any report.
-//! - [`rbac`]: Kubernetes RBAC evaluated over the fake API server's request log.
+//! - [`rbac`]: what the API server's RBAC made of a user's requests, from its audit log.
 //! - [`scrape`]: figures read out of a `/metrics` answer: samples, counters by label, a
 //!   histogram's quantile from its buckets.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation.

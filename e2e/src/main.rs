@@ -7,7 +7,7 @@
 //! - `speaker ...`: the speaker's own command line (`swimlb-speaker ...`), so the lab runs the
 //!   real speaker in its namespaces without a second binary.
 //! - `controller ...`: the controller's own command line (`swimlb-controller ...`), so tests run
-//!   the real controller against the fake API server.
+//!   the real controller against the real control plane.
 //!
 //! The network commands need root (CAP_NET_ADMIN); without it they say so and exit 77.
 
@@ -51,7 +51,7 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
-    /// The Kubernetes lab: the fake API server, the controller and speakers in Kubernetes mode;
+    /// The Kubernetes lab: the real control plane, the controller and speakers in Kubernetes mode;
     /// the timeline adds the moment the ServiceL2Status record named the new owner.
     #[arg(long)]
     kubernetes: bool,
@@ -83,7 +83,7 @@ struct SoakArgs {
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
     /// Which load balancer: swimlb, keepalived (Debian's defaults), keepalived-fast (VRRPv3,
-    /// advert_int 0.1) or swimlb-kubernetes (the Kubernetes lab: fake API server, controller,
+    /// advert_int 0.1) or swimlb-kubernetes (the Kubernetes lab: real control plane, controller,
     /// speakers in Kubernetes mode); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
     /// each in a fresh lab, and prints them side by side.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]

@@ -1,7 +1,7 @@
 //! The Kubernetes mode end to end in the Kubernetes lab (issue 13; see `swimlb_e2e::kubelab`):
-//! the fake API server on the lab bridge, the real controller, a speaker in Kubernetes mode in
-//! every node namespace, EndpointSlices written as the endpoint controller would, kube-proxy's
-//! DNAT on every node.
+//! the real control plane in the client's namespace (kube-apiserver on the lab bridge), the real
+//! controller, a speaker in Kubernetes mode in every node namespace, EndpointSlices from the
+//! real EndpointSlice controller, kube-proxy's DNAT on every node.
 //!
 //! - Cluster policy: the owner is the node MetalLB's order names; power it off and another node
 //!   answers, the client's neighbour entry moves by gratuitous ARP, the record names it.
