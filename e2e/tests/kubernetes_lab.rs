@@ -266,6 +266,24 @@ impl Running {
         self.firewall(index, "swimlb_lab_cut", cut.then_some(rules.as_str()));
     }
 
+    /// Labels node `name` with `node.kubernetes.io/exclude-from-external-load-balancers`, or
+    /// takes the label off.
+    fn set_excluded(&self, name: &str, excluded: bool) {
+        let label = "node.kubernetes.io/exclude-from-external-load-balancers";
+        let value = if excluded { json!("") } else { json!(null) };
+        self.cluster()
+            .api()
+            .merge_patch(
+                "v1",
+                "Node",
+                None,
+                name,
+                json!({"metadata": {"labels": {label: value}}}),
+                false,
+            )
+            .unwrap_or_else(|e| panic!("labelling {name}: {e:#}"));
+    }
+
     /// Resets node `index`'s connections to the API server and refuses new ones (TCP reset),
     /// or lets them through again. The gossip is untouched.
     fn cut_api(&self, index: usize, cut: bool) {
@@ -793,29 +811,12 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
     run.owner_of(&vip, |o| o == Some(owner.as_str()));
 
     // The exclude label takes the owner out; removing it brings the IP back.
-    let exclude = "node.kubernetes.io/exclude-from-external-load-balancers";
-    api.merge_patch(
-        "v1",
-        "Node",
-        None,
-        &owner,
-        json!({"metadata": {"labels": {exclude: ""}}}),
-        false,
-    )
-    .unwrap();
+    run.set_excluded(&owner, true);
     let moved = run.owner_of(&vip, |o| o.is_some() && o != Some(owner.as_str()));
     let moved = moved.unwrap();
     let want = vec![run.mac_of(&moved)];
     assert_eq!(run.answerers_become(netns::vip_v4(0), &want), want);
-    api.merge_patch(
-        "v1",
-        "Node",
-        None,
-        &owner,
-        json!({"metadata": {"labels": {exclude: null}}}),
-        false,
-    )
-    .unwrap();
+    run.set_excluded(&owner, false);
     run.owner_of(&vip, |o| o == Some(owner.as_str()));
 
     // Two Services sharing one IP: one entry, one owner, one ARP answerer.
@@ -1102,18 +1103,7 @@ fn an_owner_whose_watches_resume_after_compaction_relists_and_lets_go_of_an_excl
     // The owner's node loses the API server, not the gossip: it keeps answering, and misses
     // what follows.
     run.cut_api(index, true);
-    let exclude = "node.kubernetes.io/exclude-from-external-load-balancers";
-    run.cluster()
-        .api()
-        .merge_patch(
-            "v1",
-            "Node",
-            None,
-            &owner,
-            json!({"metadata": {"labels": {exclude: ""}}}),
-            false,
-        )
-        .unwrap();
+    run.set_excluded(&owner, true);
     // The history the owner last saw is compacted away, and the restarted API server's
     // cache starts after it: the owner's watches resume into 410 Gone.
     let revision = run.cluster().control_plane().compact_etcd().unwrap();
