@@ -44,7 +44,9 @@ use crate::interfaces::{self, InterfaceWatch, Link, Route};
 use crate::local::LocalState;
 use crate::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
 use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
-use crate::owner_watch::{Command, Event, Knobs, Plan, WatchEvents, WatchHandle, WatchMetrics};
+use crate::owner_watch::{
+    Command, Event, Knobs, Plan, TakeoverResult, WatchEvents, WatchHandle, WatchMetrics,
+};
 use crate::status::StatusBoard;
 use swimlb_proto::KeyRing;
 
@@ -434,7 +436,8 @@ impl Daemon {
     pub async fn watch_event(&mut self, event: Event) {
         let now = Instant::now();
         match event {
-            Event::Silent { owner, last_heard } => {
+            Event::Silent { owner, silent_for } => {
+                let last_heard = now.checked_sub(silent_for).unwrap_or(now);
                 let node = owner.node.to_string();
                 if self.accused.contains_key(&node)
                     || self.engine.draining()
@@ -445,7 +448,7 @@ impl Daemon {
                 }
                 tracing::warn!(
                     member = %node,
-                    silent_ms = last_heard.elapsed().as_secs_f64() * 1000.0,
+                    silent_ms = silent_for.as_secs_f64() * 1000.0,
                     "owner silent on the watch and in the second check: taking over"
                 );
                 self.accuse(&node, owner.bump, true, Some(last_heard), now)
@@ -577,7 +580,7 @@ impl Daemon {
         if accusation.own
             && let Some(watch) = &self.watch
         {
-            watch.metrics().takeover("refuted");
+            watch.metrics().takeover(TakeoverResult::Refuted);
         }
         self.reinstate(node).await;
     }
@@ -603,7 +606,7 @@ impl Daemon {
             if accusation.own
                 && let Some(watch) = &self.watch
             {
-                watch.metrics().takeover("confirmed");
+                watch.metrics().takeover(TakeoverResult::Confirmed);
             }
         }
     }
