@@ -325,6 +325,9 @@ impl WatchCore {
                 };
                 self.send_to_all(&message);
             }
+            // Nothing is sent after a pause of its own; an armed refutation would be a timer
+            // due for ever.
+            Command::Refute if self.paused.is_some() => {}
             Command::Refute => {
                 self.refutes_left = REFUTE_REPEAT;
                 self.next_refute = now;

@@ -310,6 +310,7 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
         .unwrap()
         .tick(deadline + Duration::from_millis(500));
     assert_eq!(late, Duration::from_millis(500));
+    let beats_before_pause = lab.core(0).metrics().sent_of(MessageType::Heartbeat);
     lab.deliver(0);
     assert_eq!(lab.events[0], vec![Event::Paused { late }]);
     assert!(lab.core(0).paused());
@@ -336,6 +337,14 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
             nonce: 5,
             alive: false
         }
+    );
+    // A claim against it now is not refuted, and arms no timer that could never fire.
+    let before = lab.core(0).next_deadline();
+    lab.command(0, Command::Refute);
+    assert_eq!(lab.core(0).next_deadline(), before);
+    assert_eq!(
+        lab.core(0).metrics().sent_of(MessageType::Heartbeat),
+        beats_before_pause
     );
     // A plan that answers: still paused. One that answers nothing, then one that answers: over.
     lab.command(0, Command::Plan(lab.plan(0, &[1])));

@@ -170,6 +170,10 @@ impl Driver {
             tokio::select! {
                 received = self.socket.recv_from(&mut buf) => {
                     if let Ok((len, from)) = received {
+                        // A member the gossip just learnt may be the sender.
+                        if self.directory.has_changed().unwrap_or(false) {
+                            self.refresh_directory();
+                        }
                         let now = self.now();
                         self.core.handle_datagram(now, from, &mut buf[..len]);
                     }
@@ -185,8 +189,7 @@ impl Driver {
                     if changed.is_err() {
                         return;
                     }
-                    let directory = self.directory.borrow_and_update().clone();
-                    self.core.set_directory(directory);
+                    self.refresh_directory();
                 }
                 () = tokio::time::sleep_until(wake) => {
                     let now = self.now();
@@ -200,6 +203,11 @@ impl Driver {
 
     fn now(&self) -> Duration {
         self.origin.elapsed()
+    }
+
+    fn refresh_directory(&mut self) {
+        let directory = self.directory.borrow_and_update().clone();
+        self.core.set_directory(directory);
     }
 
     /// Sends what the core queued and hands its events to the daemon.
