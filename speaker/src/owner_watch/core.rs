@@ -27,9 +27,10 @@
 //!   stopped sending heartbeats is dropped after the second such vouch. At the deadline with no
 //!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation.
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
-//!   for longer than a watcher waits: the core sends no heartbeat and denies every poll from
-//!   then on and says [`Event::Paused`]; the first plan that answers nothing, then one that
-//!   answers again, ends it.
+//!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
+//!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
+//!   (the gossip may have declared this node down meanwhile, and its owners drop its polls as
+//!   a stranger's); the first plan that answers nothing, then one that answers again, ends it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -393,6 +394,9 @@ impl WatchCore {
             self.paused = Some(Pause::Held);
             self.schedules.clear();
             self.refutes_left = 0;
+            // Its owners may have dropped it meanwhile, and drop its polls as a stranger's.
+            self.watched.clear();
+            self.polls.clear();
             self.events.push(Event::Paused { late });
         }
         self.tick_heartbeats(now);
@@ -468,6 +472,11 @@ impl WatchCore {
         }
         for (node, incarnation, last_heard) in silent {
             self.metrics.checked(CheckResult::Silent);
+            if self.paused.is_some() {
+                // Until the daemon heard the cluster again this node's own standing is unknown.
+                self.watched.remove(&node);
+                continue;
+            }
             let Some(owner) = self
                 .directory
                 .get(&node)

@@ -302,6 +302,7 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
 fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
     let mut lab = Lab::new(3);
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.command(2, Command::Plan(lab.plan(2, &[0])));
     lab.run_for(Duration::from_secs(1));
     // Node 0's timer fires 500 ms late, longer than M x I.
     let deadline = lab.core(0).next_deadline().unwrap();
@@ -315,6 +316,7 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
     assert_eq!(lab.events[0], vec![Event::Paused { late }]);
     assert!(lab.core(0).paused());
     assert_eq!(lab.core(0).watchers().count(), 0);
+    assert_eq!(lab.core(0).watched().count(), 0, "node 0 watched node 2");
     // A poll is answered "not alive" now (sealed in a later epoch than node 1's own stream).
     let mut stream =
         SealStream::new(sender_id(watch_addr(lab.ids[1].addr).unwrap()), 1_000).unwrap();
@@ -356,6 +358,27 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     assert!(!lab.core(0).paused());
     assert_eq!(lab.core(0).watchers().collect::<Vec<_>>(), vec!["n1"]);
+}
+
+#[test]
+fn a_paused_watcher_reports_no_owner_silent_until_the_pause_ends() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    // Node 1 pauses; the owner's heartbeats arm its detector again, then the owner stops.
+    let deadline = lab.core(1).next_deadline().unwrap();
+    lab.cores[1]
+        .as_mut()
+        .unwrap()
+        .tick(deadline + Duration::from_millis(500));
+    lab.deliver(1);
+    assert!(lab.core(1).paused());
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(lab.core(1).watched().count(), 1);
+    lab.cores[0] = None;
+    lab.run_for(Duration::from_millis(300));
+    assert!(lab.silent_events(1).is_empty(), "{:?}", lab.events[1]);
+    assert_eq!(lab.core(1).watched().count(), 0);
 }
 
 #[test]
