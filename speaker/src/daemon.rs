@@ -23,7 +23,8 @@
 //!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
 //!   refutes every claim against it and re-announces, and it keeps its IPs: the election
 //!   without accusations is the rule every node computes the same way). An accusation also ends
-//!   after [`ACCUSATION_TTL`].
+//!   after [`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL). Which accusations stand is [`Accusations`]' decision; the daemon
+//!   feeds it and carries out its answers.
 //! - [`FailoverMetrics`] is the failover latency histogram: for every
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
@@ -43,6 +44,9 @@ use crate::gossip::{GossipHandle, Phase};
 use crate::interfaces::{self, InterfaceWatch, Link, Route};
 use crate::local::LocalState;
 use crate::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
+use crate::owner_watch::accusations::{
+    Accusations, Change, Claimed, Ended, Ending, MemberChange, Silent,
+};
 use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
 use crate::owner_watch::{Command, Event, Knobs, Plan, WatchEvents, WatchHandle, WatchMetrics};
 use crate::status::StatusBoard;
@@ -54,15 +58,6 @@ pub const JOIN_GRACE: Duration = Duration::from_secs(3);
 /// After joining, a node waits this long (and for every member's record) before it answers, so
 /// that the members the join brought are known.
 pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
-
-/// An accusation lapses after this long unless the gossip has confirmed it: by then the gossip
-/// has declared a dead member down many times over, so a member still alive in the gossip in
-/// the accused incarnation was alive (every refutation lost) and gets its IPs back, and one
-/// renewed meanwhile (down and back without an `Up` seen here) confirms it.
-pub const ACCUSATION_TTL: Duration = Duration::from_secs(5);
-/// A claim against a member heard alive this recently is not applied (the refutation overtook
-/// the claim).
-const REFUTED_RECENTLY: Duration = Duration::from_secs(1);
 
 /// When a starting node may answer (pure; `now` is an argument).
 #[derive(Debug, Clone)]
@@ -270,26 +265,15 @@ pub struct Daemon {
     drained: bool,
     watch: Option<WatchHandle>,
     /// Members the owner watch found silent, here or by a claim.
-    accused: BTreeMap<NodeName, Accusation>,
-    /// When each member was last heard alive refuting (incarnation, when).
-    refuted: BTreeMap<NodeName, (u64, Instant)>,
+    accusations: Accusations,
+    /// The origin of the accusations' clock.
+    origin: Instant,
     plan: Option<Plan>,
     /// The successors of what this node answers for, kept per IP for the plan.
     successors: Successors,
     watch_paused: bool,
     /// The IPs the last actions took over, with their previous owner.
     took_over: Vec<(IpAddr, NodeName)>,
-}
-
-/// A member the engine elects without (see the module docs).
-#[derive(Debug, Clone)]
-struct Accusation {
-    incarnation: u64,
-    /// On this node's own watch (it took over and claimed), not on a claim.
-    own: bool,
-    since: Instant,
-    /// When it was last heard (its last heartbeat), for the failover histogram.
-    last_heard: Option<Instant>,
 }
 
 /// Starts the owner watch beside `gossip` when `knobs` switch it on: its socket on the gossip
@@ -364,8 +348,8 @@ impl Daemon {
             live,
             drained: false,
             watch: None,
-            accused: BTreeMap::new(),
-            refuted: BTreeMap::new(),
+            accusations: Accusations::default(),
+            origin: Instant::now(),
             plan: None,
             successors: Successors::default(),
             watch_paused: false,
@@ -385,27 +369,15 @@ impl Daemon {
     }
 
     /// Feeds `input` at the current time and performs the actions. A tick also ends the
-    /// accusations made on claims that have lapsed ([`ACCUSATION_TTL`]).
+    /// accusations made on claims that have lapsed ([`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL)).
     pub async fn handle(&mut self, input: Input) {
         if input == Input::Tick {
-            let now = Instant::now();
-            let lapsed: Vec<(NodeName, u64)> = self
-                .accused
-                .iter()
-                .filter(|(_, a)| now >= a.since + ACCUSATION_TTL)
-                .map(|(node, a)| (node.clone(), a.incarnation))
-                .collect();
-            for (node, incarnation) in lapsed {
-                let same = self.alive_as(&node, incarnation);
-                if same {
-                    // Alive in the gossip in the accused incarnation all along.
-                    self.unaccuse(&node, "lapsed").await;
-                } else {
-                    // Renewed (the gossip declared it down and it came back): elect with its
-                    // new record.
-                    self.confirmed(&node);
-                    self.reinstate(&node).await;
-                }
+            let now = self.clock(Instant::now());
+            let held = self.holds();
+            for ended in self.accusations.lapse(now, held) {
+                // Alive all along (lapsed), or renewed (confirmed): elect with its record.
+                let node = self.ended(ended);
+                self.reinstate(&node).await;
             }
         }
         self.successors.input(&input);
@@ -432,24 +404,22 @@ impl Daemon {
 
     /// Acts on what the owner watch reports (see the module docs).
     pub async fn watch_event(&mut self, event: Event) {
-        let now = Instant::now();
+        let now = self.clock(Instant::now());
         match event {
-            Event::Silent { owner, last_heard } => {
+            Event::Silent { owner, silent_for } => {
                 let node = owner.node.to_string();
-                if self.accused.contains_key(&node)
-                    || self.engine.draining()
-                    || !self.live.borrow().contains(&node)
-                    || !self.succeeds(&node)
-                {
+                let eligible = !self.engine.draining()
+                    && self.live.borrow().contains(&node)
+                    && self.succeeds(&node);
+                if self.accusations.silent(now, &owner, silent_for, eligible) != Silent::TakeOver {
                     return;
                 }
                 tracing::warn!(
                     member = %node,
-                    silent_ms = last_heard.elapsed().as_secs_f64() * 1000.0,
+                    silent_ms = silent_for.as_secs_f64() * 1000.0,
                     "owner silent on the watch and in the second check: taking over"
                 );
-                self.accuse(&node, owner.bump, true, Some(last_heard), now)
-                    .await;
+                self.elect_without(&node).await;
                 let ip = self
                     .took_over
                     .iter()
@@ -466,46 +436,28 @@ impl Daemon {
                 ip,
             } => {
                 let me = self.gossip.identity();
-                if accused == me.node.as_str() {
-                    if incarnation != me.bump {
-                        return;
+                let held = self.holds();
+                match self
+                    .accusations
+                    .claimed(now, &me, &accused, incarnation, held)
+                {
+                    Claimed::Refute => self.refute(claimant, ip).await,
+                    Claimed::Accuse => {
+                        tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
+                        self.elect_without(&accused).await;
                     }
-                    // Alive in that incarnation: every member must elect with this node again
-                    // (the watch thread sends nothing after a pause of its own).
-                    tracing::warn!(%claimant, %ip, "a member claims this node is silent: refuting");
-                    if let Some(watch) = &self.watch {
-                        watch.send(Command::Refute);
+                    verdict @ (Claimed::OldSelf
+                    | Claimed::AlreadyAccused
+                    | Claimed::RefutedRecently
+                    | Claimed::NotCurrent) => {
+                        tracing::debug!(member = %accused, %claimant, verdict = verdict.as_str(), "claim not applied");
                     }
-                    if !self.engine.answering().is_empty() {
-                        // The keeper announces last: once more, now that the claimant has.
-                        let record = self.live.borrow().get(&claimant).cloned();
-                        self.handle(Input::Member {
-                            node: claimant,
-                            record,
-                            joined: true,
-                        })
-                        .await;
-                    }
-                    return;
                 }
-                let heard_alive = self.refuted.get(&accused).is_some_and(|(inc, at)| {
-                    *inc == incarnation && now.saturating_duration_since(*at) < REFUTED_RECENTLY
-                });
-                let current = self.alive_as(&accused, incarnation);
-                if self.accused.contains_key(&accused) || heard_alive || !current {
-                    return;
-                }
-                tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
-                self.accuse(&accused, incarnation, false, None, now).await;
             }
             Event::Alive { node, incarnation } => {
-                self.refuted.insert(node.clone(), (incarnation, now));
-                if self
-                    .accused
-                    .get(&node)
-                    .is_some_and(|a| a.incarnation == incarnation)
-                {
-                    self.unaccuse(&node, "refuted").await;
+                if let Some(ended) = self.accusations.alive(now, &node, incarnation) {
+                    let node = self.ended(ended);
+                    self.reinstate(&node).await;
                 }
             }
             Event::Paused { late } => {
@@ -518,13 +470,35 @@ impl Daemon {
         }
     }
 
-    /// Whether the gossip holds `node` alive in `incarnation` (its identity's bump).
-    fn alive_as(&self, node: &str, incarnation: u64) -> bool {
-        self.gossip
-            .directory()
-            .borrow()
-            .get(node)
-            .is_some_and(|id| id.bump == incarnation)
+    /// A member claims this node is silent while it runs in the claimed incarnation: every
+    /// member must elect with it again (the watch sends nothing after a pause of its own).
+    async fn refute(&mut self, claimant: NodeName, ip: IpAddr) {
+        tracing::warn!(%claimant, %ip, "a member claims this node is silent: refuting");
+        if let Some(watch) = &self.watch {
+            watch.send(Command::Refute);
+        }
+        if !self.engine.answering().is_empty() {
+            // The keeper announces last: once more, now that the claimant has.
+            let record = self.live.borrow().get(&claimant).cloned();
+            self.handle(Input::Member {
+                node: claimant,
+                record,
+                joined: true,
+            })
+            .await;
+        }
+    }
+
+    /// The accusations' clock at `at`.
+    fn clock(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.origin)
+    }
+
+    /// Whether the gossip holds a member alive in an incarnation (its identity's bump), as the
+    /// directory stands now.
+    fn holds(&self) -> impl Fn(&str, u64) -> bool + use<> {
+        let directory = self.gossip.directory().borrow().clone();
+        move |node, incarnation| directory.get(node).is_some_and(|id| id.bump == incarnation)
     }
 
     /// Whether this node would own one of `owner`'s IPs if `owner` were gone: only then does it
@@ -540,23 +514,8 @@ impl Daemon {
             .any(|(ip, _)| election.successor(ip, live).as_deref() == Some(me))
     }
 
-    async fn accuse(
-        &mut self,
-        node: &str,
-        incarnation: u64,
-        own: bool,
-        last_heard: Option<Instant>,
-        now: Instant,
-    ) {
-        self.accused.insert(
-            node.to_string(),
-            Accusation {
-                incarnation,
-                own,
-                since: now,
-                last_heard,
-            },
-        );
+    /// The engine elects without `node`, now accused.
+    async fn elect_without(&mut self, node: &str) {
         self.successors.invalidate_all();
         self.handle(Input::Member {
             node: node.to_string(),
@@ -566,20 +525,22 @@ impl Daemon {
         .await;
     }
 
-    /// Ends `node`'s accusation (`result`: `refuted` or `lapsed`): the engine elects with it
-    /// again.
-    async fn unaccuse(&mut self, node: &str, result: &'static str) {
-        let Some(accusation) = self.accused.remove(node) else {
-            return;
-        };
+    /// Logs and counts an accusation that ended; returns the member.
+    fn ended(&mut self, ended: Ended) -> NodeName {
         self.successors.invalidate_all();
-        tracing::warn!(member = %node, result, own = accusation.own, "accusation ended: the member is alive");
-        if accusation.own
-            && let Some(watch) = &self.watch
-        {
-            watch.metrics().takeover("refuted");
+        let own = ended.accusation.own;
+        match ended.how {
+            Ending::Refuted | Ending::Lapsed => {
+                tracing::warn!(member = %ended.node, result = ended.how.as_str(), own, "accusation ended: the member is alive");
+            }
+            Ending::Confirmed => {
+                tracing::info!(member = %ended.node, own, "accusation confirmed by the gossip");
+            }
         }
-        self.reinstate(node).await;
+        if let (Some(result), Some(watch)) = (ended.takeover(), &self.watch) {
+            watch.metrics().takeover(result);
+        }
+        ended.node
     }
 
     /// The engine elects with `node` again, from its current record (none: it is gone).
@@ -594,18 +555,6 @@ impl Daemon {
             },
         );
         self.perform(actions).await;
-    }
-
-    /// The gossip confirmed `node`'s accusation (down, or back renewed).
-    fn confirmed(&mut self, node: &str) {
-        if let Some(accusation) = self.accused.remove(node) {
-            self.successors.invalidate_all();
-            if accusation.own
-                && let Some(watch) = &self.watch
-            {
-                watch.metrics().takeover("confirmed");
-            }
-        }
     }
 
     /// Tells the watch thread the plan, when it changed: the successors of the IPs this node
@@ -623,11 +572,7 @@ impl Daemon {
             me,
             watchers: self.successors.ranked(MAX_WATCHERS),
             answering: !self.engine.answering().is_empty(),
-            accused: self
-                .accused
-                .iter()
-                .map(|(node, a)| (node.clone(), a.incarnation))
-                .collect(),
+            accused: self.accusations.incarnations(),
         };
         if self.plan.as_ref() != Some(&plan) {
             watch.send(Command::Plan(plan.clone()));
@@ -660,17 +605,18 @@ impl Daemon {
                 let record = self.live.borrow().get(&node).cloned();
                 self.board.member(&node, record.as_ref());
                 self.successors.invalidate_all();
-                if let Some(incarnation) = self.accused.get(&node).map(|a| a.incarnation) {
-                    // A renewed member (down and back: foca may rename it without a down
-                    // seen here) re-gossips its record: a `Meta`.
-                    let renewed = !self.alive_as(&node, incarnation);
-                    match change_kind(joined, record.is_some()) {
-                        // Down, or back under a new identity: what the watch said.
-                        ChangeKind::Down | ChangeKind::Up => self.confirmed(&node),
-                        ChangeKind::Meta if renewed => self.confirmed(&node),
-                        // Still accused: the engine keeps electing without it.
-                        ChangeKind::Meta => return true,
+                let held = self.holds();
+                match self.accusations.member_changed(
+                    &node,
+                    change_kind(joined, record.is_some()),
+                    held,
+                ) {
+                    MemberChange::NotAccused => {}
+                    MemberChange::Confirmed(ended) => {
+                        self.ended(ended);
                     }
+                    // The engine keeps electing without it.
+                    MemberChange::StillAccused => return true,
                 }
                 Input::Member {
                     node,
@@ -682,7 +628,7 @@ impl Daemon {
                 tracing::warn!(missed, "gossip changes lagged: full re-election");
                 let mut live = self.live.borrow().clone();
                 self.board.members(live.iter());
-                for node in self.accused.keys() {
+                for node in self.accusations.nodes() {
                     live.remove(node);
                 }
                 self.successors.invalidate_all();
@@ -717,11 +663,7 @@ impl Daemon {
 
     /// When the engine wants the next tick, or an accusation lapses.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let lapse = self
-            .accused
-            .values()
-            .map(|a| a.since + ACCUSATION_TTL)
-            .min();
+        let lapse = self.accusations.next_lapse().map(|at| self.origin + at);
         match (self.engine.next_deadline(), lapse) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -757,13 +699,13 @@ impl Daemon {
         self.answering.perform(&actions);
         // The announcements are with the responders: the failovers among them end now.
         let gossip = &self.gossip;
-        let accused = &self.accused;
+        let (accusations, origin) = (&self.accusations, self.origin);
         self.took_over.clear();
         for (ip, from, took) in observe_takeovers(
             &actions,
             Instant::now(),
-            |node| match accused.get(node) {
-                Some(a) => a.last_heard,
+            |node| match accusations.get(node) {
+                Some(a) => a.last_heard.map(|at| origin + at),
                 None => gossip.last_heard_before_down(node),
             },
             &self.failovers,
@@ -930,17 +872,11 @@ impl Successors {
 }
 
 /// What a gossip change is, for the accusations.
-enum ChangeKind {
-    Up,
-    Down,
-    Meta,
-}
-
-fn change_kind(joined: bool, alive: bool) -> ChangeKind {
+fn change_kind(joined: bool, alive: bool) -> Change {
     match (joined, alive) {
-        (true, _) => ChangeKind::Up,
-        (false, false) => ChangeKind::Down,
-        (false, true) => ChangeKind::Meta,
+        (true, _) => Change::Up,
+        (false, false) => Change::Down,
+        (false, true) => Change::Meta,
     }
 }
 

@@ -20,8 +20,9 @@
 //! - [`membership`]: the gossiped facts every speaker decides from ([`membership::LiveSet`]).
 //! - [`memory`]: fewer malloc arenas and free pages handed back (`unsafe`: libc calls).
 //! - [`notify`]: notify hooks run on group state changes.
-//! - [`owner_watch`]: the owner watch's decisions, sans-IO: heartbeat [`owner_watch::Schedule`],
-//!   silence [`owner_watch::Detector`], knobs and the detection model.
+//! - [`owner_watch`]: the owner watch, sans-IO: heartbeat [`owner_watch::Schedule`], silence
+//!   [`owner_watch::Detector`], the protocol [`owner_watch::WatchCore`] and the accusations
+//!   ([`owner_watch::accusations`]); its socket thread is [`owner_watch::service`].
 //! - [`packet_socket`]: the filtered AF_PACKET channel (`unsafe`, as [`memory`]).
 //! - [`process_metrics`]: `swimlb_build_info` and `swimlb_ready`.
 //! - [`responder`]: `decide` and the per-interface thread that answers ARP and NS.

@@ -1,7 +1,9 @@
-//! The owner watch's decisions (issue 17), sans-IO: when an owner sends its heartbeats
-//! ([`Schedule`]), when the next node in line finds the owner silent ([`Detector`]), the knobs
-//! ([`Knobs`]) and the model the README states ([`worst_case_detection`],
-//! [`false_suspicions_per_hour`], [`packets_per_second_per_pair`]).
+//! The owner watch, sans-IO: when an owner sends its heartbeats ([`Schedule`]), when the next
+//! node in line finds the owner silent ([`Detector`]), the knobs ([`Knobs`]) and the model the
+//! README states ([`worst_case_detection`], [`false_suspicions_per_hour`],
+//! [`packets_per_second_per_pair`]). The protocol around them is [`WatchCore`] ([`core`]), what
+//! the daemon makes of its events is [`accusations`]; [`service`] is the socket thread that
+//! drives the core, the only part here that does I/O.
 //!
 //! Nothing here reads a clock, opens a socket, logs or draws system randomness. Time is a
 //! [`Duration`] since an origin the caller picks, passed into every call, as in
@@ -37,9 +39,17 @@
 //! applied to the watch). A [`Verdict::Silent`] is only a suspicion: the caller runs the quick
 //! second check (polls, [`swimlb_proto::heartbeat::WatchMessage::Poll`]) before it acts.
 
+pub mod accusations;
+pub mod core;
+pub mod metrics;
 pub mod service;
 
-pub use service::{Command, Event, Plan, WatchEvents, WatchHandle, WatchMetrics};
+#[cfg(test)]
+mod core_tests;
+
+pub use self::core::{Command, Event, Plan, WatchCore};
+pub use metrics::{CheckResult, DropReason, TakeoverResult, WatchMetrics};
+pub use service::{WatchEvents, WatchHandle};
 
 use std::time::Duration;
 
@@ -164,11 +174,11 @@ pub fn false_suspicions_per_hour(knobs: &Knobs, path_loss: f64) -> f64 {
 }
 
 /// The chance that the quick second check misses a live owner at `path_loss` per path: in each
-/// of its [`service::CHECK_ROUNDS`] rounds the direct poll fails (poll or reply lost: two paths)
+/// of its [`core::CHECK_ROUNDS`] rounds the direct poll fails (poll or reply lost: two paths)
 /// and the relayed one fails too (four paths).
 pub fn second_check_miss(path_loss: f64) -> f64 {
     let through = |paths: i32| 1.0 - (1.0 - path_loss).powi(paths);
-    (through(2) * through(4)).powi(service::CHECK_ROUNDS as i32)
+    (through(2) * through(4)).powi(self::core::CHECK_ROUNDS as i32)
 }
 
 /// Expected false takeovers per hour per watched pair at `path_loss`: a silence

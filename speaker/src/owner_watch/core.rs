@@ -1,0 +1,770 @@
+//! The owner watch's protocol, sans-IO: heartbeats to the watchers, the watcher's [`Detector`]s,
+//! the second check (polls and relays), claims, refutations and pauses. One [`WatchCore`] per
+//! node; the socket thread ([`super::service`]) and the lab's simulator drive this same code.
+//!
+//! The core never reads a clock, opens a socket, logs or draws system randomness. Time is a
+//! [`Duration`] since an origin the caller picks, passed into every call, as in
+//! [`crate::gossip::Core`]. Each call may queue sealed datagrams ([`WatchCore::drain_outgoing`])
+//! and [`Event`]s for the daemon ([`WatchCore::drain_events`]) and move the next wake-up
+//! ([`WatchCore::next_deadline`]), at which the caller calls [`WatchCore::tick`].
+//!
+//! Guarantees:
+//! - Nothing a peer sends can panic the core: a datagram that does not open, comes from no
+//!   member's watch address, is replayed, does not parse or is stale is dropped and counted by
+//!   [`DropReason`].
+//! - Every datagram is sealed with the gossip key ring under this node's watch stream (sender
+//!   id: a hash of its watch address; epoch: its identity bump at start).
+//! - One heartbeat sequence counter for all watchers, so a watcher dropped and taken back, or
+//!   the streams restarted after a pause, never sees a number it has seen.
+//! - **The owner's side.** The daemon's [`Plan`] names the watchers (at most [`MAX_WATCHERS`]).
+//!   Each gets a [`Schedule`]; a watcher dropped gets a last heartbeat promising
+//!   [`FAREWELL_INTERVAL_MS`]. A poll is answered `alive` only for this node's current
+//!   incarnation, and not after a pause.
+//! - **The watcher's side.** A heartbeat from a member of the directory arms a [`Detector`].
+//!   One interval before the silence deadline with nothing heard, the second check starts: a
+//!   poll to the owner and a relay request to a third member, again half an interval later
+//!   ([`CHECK_ROUNDS`]). An answer vouches for the owner; an owner that answers polls but has
+//!   stopped sending heartbeats is dropped after the second such vouch. At the deadline with no
+//!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation.
+//! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
+//!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
+//!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
+//!   (the gossip may have declared this node down meanwhile, and its owners drop its polls as
+//!   a stranger's); the first plan that answers nothing, then one that answers again, ends it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use swimlb_proto::heartbeat::{self, NodeRef};
+use swimlb_proto::{KeyRing, SealStream, WatchMessage};
+
+use super::metrics::{CheckResult, DropReason, WatchMetrics};
+use super::{Detector, Heard, Knobs, Schedule, Verdict};
+use crate::gossip::replay::{ReplayGuard, sender_id};
+use crate::gossip::{Directory, NodeIdentity, Outgoing};
+use crate::membership::NodeName;
+
+/// At most this many watchers per owner (the issue's `K`).
+pub const MAX_WATCHERS: usize = 3;
+/// How long a relay waits for the target's answer, and a poll's nonce is remembered.
+pub const POLL_WAIT: Duration = Duration::from_millis(100);
+/// Refutations are sent this many times, one interval apart.
+const REFUTE_REPEAT: u32 = 3;
+
+/// Rounds of the second check: a poll and a relay request one interval before the silence
+/// deadline, again half an interval before it. At 10 % loss per path one round misses a live
+/// owner 6 % of the time (the poll or its answer lost, and one of the relay's four datagrams
+/// lost), two rounds 0.4 %.
+pub const CHECK_ROUNDS: u32 = 2;
+
+/// When round `sent + 1` of the second check is due before `deadline` (`None`: all sent).
+pub fn check_round_at(deadline: Duration, interval: Duration, sent: u32) -> Option<Duration> {
+    (sent < CHECK_ROUNDS)
+        .then(|| deadline.saturating_sub(interval * (CHECK_ROUNDS - sent) / CHECK_ROUNDS))
+}
+
+/// The promise of an owner's last heartbeat to a watcher it drops (it no longer answers for
+/// that watcher's IPs, or others succeed it more often): "the next one within 65 s", which puts
+/// the watcher's silence window minutes away instead of leaving it to find the owner silent
+/// and poll it.
+pub const FAREWELL_INTERVAL_MS: u16 = u16::MAX;
+
+/// A member's watch address: its gossip address with the port one higher (`None` for port
+/// 65,535).
+pub fn watch_addr(gossip: SocketAddr) -> Option<SocketAddr> {
+    let port = gossip.port().checked_add(1)?;
+    let mut addr = gossip;
+    addr.set_port(port);
+    Some(addr)
+}
+
+/// What the daemon wants the watch to do, sent whenever it changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// This node's current identity (its bump is the heartbeats' incarnation).
+    pub me: NodeIdentity,
+    /// Whom to send heartbeats to: the successors of the IPs this node answers for, at most
+    /// [`MAX_WATCHERS`].
+    pub watchers: Vec<NodeName>,
+    /// Whether this node answers for any IP (ends a pause, see the module docs).
+    pub answering: bool,
+    /// The members accused here, with the incarnation accused: a heartbeat from one of them in
+    /// that incarnation is reported ([`Event::Alive`]).
+    pub accused: BTreeMap<NodeName, u64>,
+}
+
+/// A request to the watch.
+#[derive(Debug)]
+pub enum Command {
+    /// The daemon's plan changed.
+    Plan(Plan),
+    /// The gossip keys were replaced.
+    KeyRing(Box<KeyRing>),
+    /// This node took `ip` over from `accused`: tell every member.
+    Claim {
+        /// The first IP taken over (for the others' logs).
+        ip: IpAddr,
+        /// The member found silent, as the gossip knows it.
+        accused: NodeIdentity,
+    },
+    /// A claim accused this node while it answers: tell every member it is alive.
+    Refute,
+}
+
+/// What the watch tells the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A watched owner sent nothing for a whole window and failed the second check.
+    Silent {
+        /// The owner, as the directory knows it.
+        owner: NodeIdentity,
+        /// How long ago its last fresh heartbeat arrived.
+        silent_for: Duration,
+    },
+    /// Another member claims it took `ip` over from `accused`.
+    Claimed {
+        /// Who claims.
+        claimant: NodeName,
+        /// Whom it accuses.
+        accused: NodeName,
+        /// The accused incarnation.
+        incarnation: u64,
+        /// The IP it names.
+        ip: IpAddr,
+    },
+    /// An accused member was heard in the accused incarnation: it is alive.
+    Alive {
+        /// The member.
+        node: NodeName,
+        /// The incarnation heard.
+        incarnation: u64,
+    },
+    /// The caller was not scheduled for longer than a watcher waits.
+    Paused {
+        /// How late its timer fired.
+        late: Duration,
+    },
+}
+
+/// A poll this node sent (directly or for a requester), by nonce.
+#[derive(Debug)]
+struct PendingPoll {
+    /// The owner polled.
+    target: NodeName,
+    /// For a relay: whom to answer, with which nonce.
+    answer_to: Option<(SocketAddr, u64)>,
+    expires: Duration,
+}
+
+/// A watched owner.
+#[derive(Debug)]
+struct Watched {
+    detector: Detector,
+    /// Rounds of the second check sent in the current window (0 to [`CHECK_ROUNDS`]).
+    checks_sent: u32,
+    /// Polls answered with no heartbeat in between.
+    vouches_without_beat: u32,
+    last_heard: Duration,
+}
+
+/// Where a pause stands (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// Waiting for a plan that answers nothing.
+    Held,
+    /// Waiting for a plan that answers again.
+    Releasing,
+}
+
+/// One node's owner watch (see the module docs).
+#[derive(Debug)]
+pub struct WatchCore {
+    knobs: Knobs,
+    ring: KeyRing,
+    stream: SealStream,
+    guard: ReplayGuard,
+    directory: Directory,
+    /// Sender id of each member's watch address.
+    senders: HashMap<u64, NodeName>,
+    plan: Plan,
+    schedules: BTreeMap<NodeName, Schedule>,
+    watched: BTreeMap<NodeName, Watched>,
+    polls: HashMap<u64, PendingPoll>,
+    refutes_left: u32,
+    next_refute: Duration,
+    claim_epoch: u64,
+    /// The last heartbeat sequence number sent, to any watcher.
+    seq: u64,
+    paused: Option<Pause>,
+    rng: StdRng,
+    metrics: WatchMetrics,
+    outbox: Vec<Outgoing>,
+    events: Vec<Event>,
+}
+
+impl WatchCore {
+    /// The watch of the node whose watch socket is `local` (its sender id), with its first
+    /// `plan` and the gossip's `directory`, at `now`. `seed` seeds the jitter and the nonces.
+    /// Fails only when the system gives no randomness for the seal stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        knobs: Knobs,
+        ring: KeyRing,
+        local: SocketAddr,
+        plan: Plan,
+        directory: Directory,
+        metrics: WatchMetrics,
+        seed: u64,
+        now: Duration,
+    ) -> swimlb_proto::Result<WatchCore> {
+        let stream = SealStream::new(sender_id(local), plan.me.bump)?;
+        let mut core = WatchCore {
+            knobs,
+            ring,
+            stream,
+            guard: ReplayGuard::default(),
+            directory: Directory::default(),
+            senders: HashMap::new(),
+            plan: plan.clone(),
+            schedules: BTreeMap::new(),
+            watched: BTreeMap::new(),
+            polls: HashMap::new(),
+            refutes_left: 0,
+            next_refute: Duration::ZERO,
+            claim_epoch: 0,
+            seq: 0,
+            paused: None,
+            rng: StdRng::seed_from_u64(seed),
+            metrics,
+            outbox: Vec::new(),
+            events: Vec::new(),
+        };
+        core.set_directory(directory);
+        core.set_plan(now, plan);
+        Ok(core)
+    }
+
+    /// The watch's metrics.
+    pub fn metrics(&self) -> &WatchMetrics {
+        &self.metrics
+    }
+
+    /// The current plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Whether a pause holds the heartbeats and the polls' answers.
+    pub fn paused(&self) -> bool {
+        self.paused.is_some()
+    }
+
+    /// The members this node sends heartbeats to now.
+    pub fn watchers(&self) -> impl Iterator<Item = &NodeName> {
+        self.schedules.keys()
+    }
+
+    /// The owners this node watches now.
+    pub fn watched(&self) -> impl Iterator<Item = &NodeName> {
+        self.watched.keys()
+    }
+
+    /// Takes the datagrams queued for sending, in order.
+    pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
+        self.outbox.drain(..)
+    }
+
+    /// Takes the events for the daemon, in order.
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, Event> {
+        self.events.drain(..)
+    }
+
+    /// When [`WatchCore::tick`] should be called next: the next heartbeat, round of a second
+    /// check, silence verdict or refutation.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        let beats = self.schedules.values().map(Schedule::next_at);
+        let watched = self.watched.values().filter_map(|w| {
+            let deadline = w.detector.deadline()?;
+            // Silence is said just past the deadline, not at it.
+            Some(
+                check_round_at(deadline, w.detector.promised(), w.checks_sent)
+                    .unwrap_or(deadline + Duration::from_nanos(1)),
+            )
+        });
+        let refute = (self.refutes_left > 0).then_some(self.next_refute);
+        beats.chain(watched).chain(refute).min()
+    }
+
+    /// The gossip's members changed: senders are looked up in `directory` from now on, and an
+    /// owner gone from it is no longer watched (it is the gossip's business now).
+    pub fn set_directory(&mut self, directory: Directory) {
+        self.senders = directory
+            .values()
+            .filter_map(|id| Some((sender_id(watch_addr(id.addr)?), id.node.to_string())))
+            .collect();
+        self.watched.retain(|node, _| directory.contains_key(node));
+        self.directory = directory;
+        self.update_sizes();
+    }
+
+    /// Carries out the daemon's `command` at `now`.
+    pub fn command(&mut self, now: Duration, command: Command) {
+        match command {
+            Command::Plan(plan) => self.set_plan(now, plan),
+            Command::KeyRing(ring) => self.ring = *ring,
+            Command::Claim { ip, accused } => {
+                self.claim_epoch += 1;
+                let me = self.plan.me.clone();
+                let message = WatchMessage::Claim {
+                    ip,
+                    epoch: self.claim_epoch,
+                    claimant: node_ref(&me),
+                    accused: node_ref(&accused),
+                };
+                self.send_to_all(&message);
+            }
+            // Nothing is sent after a pause of its own; an armed refutation would be a timer
+            // due for ever.
+            Command::Refute if self.paused.is_some() => {}
+            Command::Refute => {
+                self.refutes_left = REFUTE_REPEAT;
+                self.next_refute = now;
+                self.tick_refute(now);
+            }
+        }
+        self.update_sizes();
+    }
+
+    fn set_plan(&mut self, now: Duration, plan: Plan) {
+        self.paused = match self.paused {
+            Some(Pause::Held) if !plan.answering => Some(Pause::Releasing),
+            Some(Pause::Releasing) if plan.answering => None,
+            other => other,
+        };
+        let sending = self.paused.is_none();
+        let dropped: Vec<NodeName> = self
+            .schedules
+            .keys()
+            .filter(|node| sending && !plan.watchers.contains(node))
+            .cloned()
+            .collect();
+        for node in dropped {
+            if let Some(to) = self.watch_addr_of(&node) {
+                self.seq += 1;
+                let farewell = WatchMessage::Heartbeat {
+                    incarnation: self.plan.me.bump,
+                    seq: self.seq,
+                    interval_ms: FAREWELL_INTERVAL_MS,
+                };
+                self.send(to, &farewell);
+            }
+        }
+        self.schedules
+            .retain(|node, _| sending && plan.watchers.contains(node));
+        if sending {
+            for node in &plan.watchers {
+                if !self.schedules.contains_key(node) {
+                    let seed = self.rng.random::<u64>();
+                    self.schedules
+                        .insert(node.clone(), Schedule::new(now, &self.knobs, seed));
+                }
+            }
+        }
+        if plan.me.bump != self.plan.me.bump {
+            // A new incarnation: the watchers learn it from the next heartbeat.
+            for schedule in self.schedules.values_mut() {
+                *schedule = Schedule::new(now, &self.knobs, self.rng.random::<u64>());
+            }
+        }
+        self.plan = plan;
+    }
+
+    /// The timer set for [`WatchCore::next_deadline`] fired at `now`: sends the heartbeats and
+    /// refutations due, runs the second checks and the verdicts. Returns how late the timer
+    /// fired (zero when nothing was due), also observed in the lateness histogram.
+    pub fn tick(&mut self, now: Duration) -> Duration {
+        let planned = self.next_deadline().map_or(now, |at| at.min(now));
+        let late = now - planned;
+        self.metrics.late(late);
+        if late > self.knobs.interval * self.knobs.misses && self.paused.is_none() {
+            // Not scheduled for longer than a watcher waits: the IPs may have moved.
+            self.paused = Some(Pause::Held);
+            self.schedules.clear();
+            self.refutes_left = 0;
+            // Its owners may have dropped it meanwhile, and drop its polls as a stranger's.
+            self.watched.clear();
+            self.polls.clear();
+            self.events.push(Event::Paused { late });
+        }
+        self.tick_heartbeats(now);
+        self.tick_refute(now);
+        self.tick_watched(now, planned);
+        self.polls.retain(|_, p| p.expires > now);
+        self.update_sizes();
+        late
+    }
+
+    fn tick_heartbeats(&mut self, now: Duration) {
+        let mut beats = Vec::new();
+        for (node, schedule) in &mut self.schedules {
+            if let Some(beat) = schedule.poll(now) {
+                beats.push((node.clone(), beat));
+            }
+        }
+        for (node, beat) in beats {
+            let Some(to) = self.watch_addr_of(&node) else {
+                continue;
+            };
+            self.seq += 1;
+            let message = WatchMessage::Heartbeat {
+                incarnation: self.plan.me.bump,
+                seq: self.seq,
+                interval_ms: beat.interval_ms(),
+            };
+            self.send(to, &message);
+        }
+    }
+
+    /// Sends the refutations due: a heartbeat to every member.
+    fn tick_refute(&mut self, now: Duration) {
+        if self.refutes_left == 0 || now < self.next_refute || self.paused.is_some() {
+            return;
+        }
+        self.refutes_left -= 1;
+        self.next_refute = now + self.knobs.interval;
+        let message = WatchMessage::Heartbeat {
+            incarnation: self.plan.me.bump,
+            // Seq 0: a watcher's detector ignores it (not above its last); an accuser only
+            // looks at the incarnation.
+            seq: 0,
+            interval_ms: interval_ms(self.knobs.interval),
+        };
+        self.send_to_all(&message);
+    }
+
+    /// Watched owners: the rounds of the second check due, then the verdicts.
+    fn tick_watched(&mut self, now: Duration, planned: Duration) {
+        let mut check = Vec::new();
+        let mut silent = Vec::new();
+        for (node, w) in &mut self.watched {
+            let Some(deadline) = w.detector.deadline() else {
+                continue;
+            };
+            if check_round_at(deadline, w.detector.promised(), w.checks_sent)
+                .is_some_and(|at| now >= at)
+            {
+                w.checks_sent += 1;
+                check.push(node.clone());
+            }
+            match w.detector.tick(now, planned) {
+                Verdict::Silent { incarnation, .. } => {
+                    silent.push((node.clone(), incarnation, w.last_heard));
+                }
+                Verdict::Late { .. } => w.checks_sent = 0,
+                Verdict::Fine | Verdict::NotArmed => {}
+            }
+        }
+        for node in check {
+            self.second_check(now, &node);
+        }
+        for (node, incarnation, last_heard) in silent {
+            self.metrics.checked(CheckResult::Silent);
+            if self.paused.is_some() {
+                // Until the daemon heard the cluster again this node's own standing is unknown.
+                self.watched.remove(&node);
+                continue;
+            }
+            let Some(owner) = self
+                .directory
+                .get(&node)
+                .filter(|id| id.bump == incarnation)
+                .cloned()
+            else {
+                // Gone from the gossip, or renewed: nothing to take over on the watch's word.
+                self.watched.remove(&node);
+                continue;
+            };
+            self.events.push(Event::Silent {
+                owner,
+                silent_for: now.saturating_sub(last_heard),
+            });
+        }
+    }
+
+    /// Remembers a poll of `target` sent at `now` until [`POLL_WAIT`] passes; its nonce.
+    fn new_poll(
+        &mut self,
+        now: Duration,
+        target: &str,
+        answer_to: Option<(SocketAddr, u64)>,
+    ) -> u64 {
+        let nonce = self.rng.random::<u64>();
+        self.polls.insert(
+            nonce,
+            PendingPoll {
+                target: target.to_string(),
+                answer_to,
+                expires: now + POLL_WAIT,
+            },
+        );
+        nonce
+    }
+
+    /// Polls `owner` directly and through one other member.
+    fn second_check(&mut self, now: Duration, owner: &str) {
+        let Some(target) = self.directory.get(owner).cloned() else {
+            return;
+        };
+        let Some(to) = watch_addr(target.addr) else {
+            return;
+        };
+        let nonce = self.new_poll(now, owner, None);
+        self.send(
+            to,
+            &WatchMessage::Poll {
+                nonce,
+                incarnation: target.bump,
+            },
+        );
+        let relays = self.directory.len().saturating_sub(1);
+        if relays == 0 {
+            return;
+        }
+        let pick = self.rng.random_range(0..relays);
+        let Some(relay_to) = self
+            .directory
+            .values()
+            .filter(|id| id.node != target.node)
+            .nth(pick)
+            .and_then(|relay| watch_addr(relay.addr))
+        else {
+            return;
+        };
+        let nonce = self.new_poll(now, owner, None);
+        self.send(
+            relay_to,
+            &WatchMessage::Relay {
+                nonce,
+                target: node_ref(&target),
+            },
+        );
+    }
+
+    /// Handles one received datagram from `from` (opened in place, hence `&mut`).
+    pub fn handle_datagram(&mut self, now: Duration, from: SocketAddr, datagram: &mut [u8]) {
+        let Ok(opened) = self.ring.open_envelope(datagram) else {
+            self.metrics.dropped(DropReason::Unauthentic);
+            return;
+        };
+        let Some(sender) = self.senders.get(&opened.sequence.sender).cloned() else {
+            self.metrics.dropped(DropReason::UnknownSender);
+            return;
+        };
+        if self.guard.admit(opened.sequence, now).is_err() {
+            self.metrics.dropped(DropReason::Replay);
+            return;
+        }
+        let Ok(message) = WatchMessage::parse(opened.payload) else {
+            self.metrics.dropped(DropReason::Malformed);
+            return;
+        };
+        self.metrics.received(message.message_type());
+        self.handle(now, from, sender, &message);
+        self.update_sizes();
+    }
+
+    /// Handles one authentic, admitted `message` from member `sender` at address `from`.
+    fn handle(
+        &mut self,
+        now: Duration,
+        from: SocketAddr,
+        sender: NodeName,
+        message: &WatchMessage<'_>,
+    ) {
+        match *message {
+            WatchMessage::Heartbeat {
+                incarnation,
+                seq,
+                interval_ms,
+            } => self.heartbeat(now, from, &sender, incarnation, seq, interval_ms),
+            WatchMessage::Ack { incarnation, .. } => {
+                if incarnation == self.plan.me.bump
+                    && let Some(schedule) = self.schedules.get_mut(&sender)
+                {
+                    schedule.acknowledged(now);
+                }
+            }
+            WatchMessage::Poll { nonce, incarnation } => {
+                // Alive in that incarnation, and not paused: whether it answers for anything is
+                // the election's business (a watcher it stopped heartbeating learns it here).
+                let alive = incarnation == self.plan.me.bump && self.paused.is_none();
+                self.send(from, &WatchMessage::PollReply { nonce, alive });
+            }
+            WatchMessage::PollReply { nonce, alive } => {
+                self.poll_reply(now, &sender, nonce, alive);
+            }
+            WatchMessage::Relay { nonce, target } => {
+                let Some(to) = watch_addr(target.addr) else {
+                    self.metrics.dropped(DropReason::Malformed);
+                    return;
+                };
+                let ours = self.new_poll(now, target.name, Some((from, nonce)));
+                self.send(
+                    to,
+                    &WatchMessage::Poll {
+                        nonce: ours,
+                        incarnation: target.bump,
+                    },
+                );
+            }
+            WatchMessage::Claim {
+                ip,
+                claimant,
+                accused,
+                ..
+            } => {
+                if claimant.name != sender {
+                    self.metrics.dropped(DropReason::Malformed);
+                    return;
+                }
+                self.events.push(Event::Claimed {
+                    claimant: sender,
+                    accused: accused.name.to_string(),
+                    incarnation: accused.bump,
+                    ip,
+                });
+            }
+        }
+    }
+
+    fn poll_reply(&mut self, now: Duration, sender: &str, nonce: u64, alive: bool) {
+        let Some(poll) = self.polls.remove(&nonce) else {
+            self.metrics.dropped(DropReason::Stale);
+            return;
+        };
+        if let Some((requester, their_nonce)) = poll.answer_to {
+            if sender == poll.target {
+                let reply = WatchMessage::PollReply {
+                    nonce: their_nonce,
+                    alive,
+                };
+                self.send(requester, &reply);
+            }
+            return;
+        }
+        if alive && let Some(w) = self.watched.get_mut(&poll.target) {
+            self.metrics.checked(CheckResult::Vouched);
+            w.vouches_without_beat += 1;
+            if w.vouches_without_beat >= 2 {
+                // Alive but no longer heartbeating here: not its watcher any more.
+                self.watched.remove(&poll.target);
+            } else {
+                w.detector.vouched(now);
+                w.checks_sent = 0;
+            }
+        }
+    }
+
+    fn heartbeat(
+        &mut self,
+        now: Duration,
+        from: SocketAddr,
+        sender: &str,
+        incarnation: u64,
+        seq: u64,
+        interval_ms: u16,
+    ) {
+        if self.plan.accused.get(sender) == Some(&incarnation) {
+            self.events.push(Event::Alive {
+                node: sender.to_string(),
+                incarnation,
+            });
+        }
+        if seq == 0 {
+            // A refutation, not a watch heartbeat.
+            return;
+        }
+        let Some(known) = self.directory.get(sender) else {
+            self.metrics.dropped(DropReason::UnknownSender);
+            return;
+        };
+        if incarnation < known.bump {
+            self.metrics.dropped(DropReason::Stale);
+            return;
+        }
+        let knobs = self.knobs;
+        let w = self
+            .watched
+            .entry(sender.to_string())
+            .or_insert_with(|| Watched {
+                detector: Detector::new(&knobs, incarnation),
+                checks_sent: 0,
+                vouches_without_beat: 0,
+                last_heard: now,
+            });
+        let interval = Duration::from_millis(u64::from(interval_ms));
+        match w.detector.heard(now, incarnation, seq, interval) {
+            Heard::Fresh { ack } => {
+                w.checks_sent = 0;
+                w.vouches_without_beat = 0;
+                w.last_heard = now;
+                if ack {
+                    self.send(from, &WatchMessage::Ack { incarnation, seq });
+                }
+            }
+            Heard::StaleIncarnation | Heard::OldSeq => self.metrics.dropped(DropReason::Stale),
+        }
+    }
+
+    fn watch_addr_of(&self, node: &str) -> Option<SocketAddr> {
+        self.directory.get(node).and_then(|id| watch_addr(id.addr))
+    }
+
+    fn send_to_all(&mut self, message: &WatchMessage<'_>) {
+        let directory = self.directory.clone();
+        for id in directory.values() {
+            if let Some(to) = watch_addr(id.addr) {
+                self.send(to, message);
+            }
+        }
+    }
+
+    /// Seals `message` for `to` and queues it.
+    fn send(&mut self, to: SocketAddr, message: &WatchMessage<'_>) {
+        let mut payload = [0u8; heartbeat::MAX_LEN];
+        let Ok(len) = message.emit(&mut payload) else {
+            return;
+        };
+        let mut bytes = Vec::new();
+        if self
+            .ring
+            .seal_in(&mut self.stream, None, &payload[..len], &mut bytes)
+            .is_err()
+        {
+            return;
+        }
+        self.metrics.sent(message.message_type());
+        self.outbox.push(Outgoing { to, bytes });
+    }
+
+    fn update_sizes(&self) {
+        self.metrics.sizes(self.schedules.len(), self.watched.len());
+    }
+}
+
+fn node_ref(id: &NodeIdentity) -> NodeRef<'_> {
+    NodeRef {
+        name: id.node.as_str(),
+        addr: id.addr,
+        bump: id.bump,
+    }
+}
+
+fn interval_ms(interval: Duration) -> u16 {
+    u16::try_from(interval.as_millis())
+        .unwrap_or(u16::MAX)
+        .max(1)
+}

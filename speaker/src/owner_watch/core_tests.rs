@@ -1,0 +1,462 @@
+//! [`WatchCore`]s passing sealed datagrams by hand on a virtual clock: deterministic, no
+//! sockets. The lossy and timing-heavy cases run in `swimlb-lab sim`; these pin each rule.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use smol_str::SmolStr;
+use swimlb_proto::heartbeat::{MessageType, NodeRef};
+use swimlb_proto::{KeyRing, SealStream, WatchMessage};
+
+use super::core::{Command, Event, FAREWELL_INTERVAL_MS, Plan, WatchCore, watch_addr};
+use super::metrics::{CheckResult, DropReason, WatchMetrics};
+use super::{Knobs, worst_case_detection};
+use crate::gossip::replay::sender_id;
+use crate::gossip::{Directory, NodeIdentity};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ring() -> KeyRing {
+    KeyRing::new("watch-core-test", &[[3; 32]]).unwrap()
+}
+
+fn identity(i: usize, bump: u64) -> NodeIdentity {
+    NodeIdentity {
+        node: SmolStr::new(format!("n{i}")),
+        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 20_000 + 2 * i as u16)),
+        bump,
+    }
+}
+
+fn name(i: usize) -> String {
+    format!("n{i}")
+}
+
+/// Nodes `0..n` with cores, every datagram delivered at once unless `cut` says otherwise.
+struct Lab {
+    ids: Vec<NodeIdentity>,
+    cores: Vec<Option<WatchCore>>,
+    events: Vec<Vec<Event>>,
+    now: Duration,
+    /// Whether a datagram from one node to another is lost.
+    cut: Box<dyn Fn(usize, usize, MessageType) -> bool>,
+}
+
+impl Lab {
+    fn new(n: usize) -> Lab {
+        let ids: Vec<NodeIdentity> = (0..n).map(|i| identity(i, 10)).collect();
+        let mut lab = Lab {
+            ids,
+            cores: Vec::new(),
+            events: vec![Vec::new(); n],
+            now: Duration::from_secs(1),
+            cut: Box::new(|_, _, _| false),
+        };
+        for i in 0..n {
+            let core = lab.core_for(i, &[]);
+            lab.cores.push(Some(core));
+        }
+        lab
+    }
+
+    fn directory_for(&self, i: usize) -> Directory {
+        Arc::new(
+            self.ids
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, id)| (id.node.to_string(), id.clone()))
+                .collect(),
+        )
+    }
+
+    fn plan(&self, i: usize, watchers: &[usize]) -> Plan {
+        Plan {
+            me: self.ids[i].clone(),
+            watchers: watchers.iter().map(|w| name(*w)).collect(),
+            answering: true,
+            accused: BTreeMap::new(),
+        }
+    }
+
+    fn core_for(&self, i: usize, watchers: &[usize]) -> WatchCore {
+        WatchCore::new(
+            Knobs::default(),
+            ring(),
+            watch_addr(self.ids[i].addr).unwrap(),
+            self.plan(i, watchers),
+            self.directory_for(i),
+            WatchMetrics::default(),
+            i as u64,
+            self.now,
+        )
+        .unwrap()
+    }
+
+    fn core(&self, i: usize) -> &WatchCore {
+        self.cores[i].as_ref().unwrap()
+    }
+
+    fn command(&mut self, i: usize, command: Command) {
+        let now = self.now;
+        self.cores[i].as_mut().unwrap().command(now, command);
+        self.deliver(i);
+    }
+
+    fn index_of(&self, addr: SocketAddr) -> Option<usize> {
+        self.ids
+            .iter()
+            .position(|id| watch_addr(id.addr) == Some(addr))
+    }
+
+    /// Delivers what node `i` queued (and what that causes), and collects the events.
+    fn deliver(&mut self, i: usize) {
+        let mut queue = vec![i];
+        while let Some(from) = queue.pop() {
+            let Some(core) = self.cores[from].as_mut() else {
+                continue;
+            };
+            self.events[from].extend(core.drain_events());
+            let out: Vec<_> = core.drain_outgoing().collect();
+            let from_addr = watch_addr(self.ids[from].addr).unwrap();
+            for mut datagram in out {
+                let Some(to) = self.index_of(datagram.to) else {
+                    continue;
+                };
+                let kind = message_type(&datagram.bytes);
+                if (self.cut)(from, to, kind) {
+                    continue;
+                }
+                if let Some(core) = self.cores[to].as_mut() {
+                    core.handle_datagram(self.now, from_addr, &mut datagram.bytes);
+                    queue.push(to);
+                }
+            }
+        }
+    }
+
+    /// Runs every core's timers up to `now + span`, in 100 us steps.
+    fn run_for(&mut self, span: Duration) {
+        let end = self.now + span;
+        while self.now < end {
+            self.now += Duration::from_micros(100);
+            for i in 0..self.cores.len() {
+                let now = self.now;
+                let Some(core) = self.cores[i].as_mut() else {
+                    continue;
+                };
+                if core.next_deadline().is_some_and(|at| at <= now) {
+                    core.tick(now);
+                    self.deliver(i);
+                }
+            }
+        }
+    }
+
+    fn silent_events(&self, i: usize) -> Vec<&Event> {
+        self.events[i]
+            .iter()
+            .filter(|e| matches!(e, Event::Silent { .. }))
+            .collect()
+    }
+}
+
+/// The message type of a sealed datagram, read with the test ring.
+fn message_type(bytes: &[u8]) -> MessageType {
+    let mut copy = bytes.to_vec();
+    let opened = ring().open_envelope(&mut copy).unwrap();
+    WatchMessage::parse(opened.payload).unwrap().message_type()
+}
+
+/// `message` sealed as the watch of node `i` would seal it, in `stream`.
+fn sealed(stream: &mut SealStream, message: &WatchMessage<'_>) -> Vec<u8> {
+    let mut payload = [0u8; swimlb_proto::heartbeat::MAX_LEN];
+    let len = message.emit(&mut payload).unwrap();
+    let mut out = Vec::new();
+    ring()
+        .seal_in(stream, None, &payload[..len], &mut out)
+        .unwrap();
+    out
+}
+
+fn stream_of(id: &NodeIdentity) -> SealStream {
+    SealStream::new(sender_id(watch_addr(id.addr).unwrap()), id.bump).unwrap()
+}
+
+#[test]
+fn a_living_owner_goes_fast_once_acknowledged_and_is_never_found_silent() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(3));
+    let owner = lab.core(0).metrics();
+    assert!(owner.received_of(MessageType::Ack) >= 1);
+    // Fast: about 50 heartbeats a second once established.
+    let beats = owner.sent_of(MessageType::Heartbeat);
+    assert!((120..=160).contains(&beats), "{beats} heartbeats in 3 s");
+    assert_eq!(lab.core(1).watched().collect::<Vec<_>>(), vec!["n0"]);
+    assert!(lab.events.iter().all(Vec::is_empty), "{:?}", lab.events);
+    assert_eq!(lab.core(1).metrics().sent_of(MessageType::Poll), 0);
+}
+
+#[test]
+fn a_crashed_owner_is_found_silent_after_a_failed_second_check_within_the_worst_case() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(2));
+    let crashed = lab.now;
+    lab.cores[0] = None;
+    lab.run_for(Duration::from_millis(300));
+    let silent = lab.silent_events(1);
+    assert_eq!(silent.len(), 1, "{:?}", lab.events[1]);
+    let Event::Silent { owner, silent_for } = silent[0] else {
+        unreachable!()
+    };
+    assert_eq!(*owner, lab.ids[0]);
+    assert!(*silent_for <= worst_case_detection(&Knobs::default()) + MS);
+    let watcher = lab.core(1).metrics();
+    // Two rounds: a poll to the owner and a relay through the third node each.
+    assert_eq!(watcher.sent_of(MessageType::Poll), 2);
+    assert_eq!(watcher.sent_of(MessageType::Relay), 2);
+    assert_eq!(lab.core(2).metrics().sent_of(MessageType::Poll), 2);
+    assert_eq!(watcher.checks(CheckResult::Silent), 1);
+    assert!(lab.now - crashed > *silent_for);
+}
+
+#[test]
+fn lost_heartbeats_are_vouched_for_by_the_second_check_through_the_relay() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(2));
+    // The owner's heartbeats and its direct path to the watcher are lost; the relay's is not.
+    lab.cut = Box::new(|from, to, _| (from, to) == (0, 1) || (from, to) == (1, 0));
+    lab.run_for(Duration::from_millis(150));
+    assert!(lab.silent_events(1).is_empty(), "{:?}", lab.events[1]);
+    assert_eq!(lab.core(1).metrics().checks(CheckResult::Vouched), 1);
+    assert!(lab.core(2).metrics().sent_of(MessageType::PollReply) >= 1);
+    // A second vouch without a heartbeat between: no longer watched (not its watcher any more).
+    lab.run_for(Duration::from_millis(300));
+    assert!(lab.silent_events(1).is_empty());
+    assert_eq!(lab.core(1).watched().count(), 0);
+}
+
+#[test]
+fn a_dropped_watcher_gets_a_farewell_and_polls_no_one() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    lab.command(0, Command::Plan(lab.plan(0, &[2])));
+    assert_eq!(lab.core(0).watchers().collect::<Vec<_>>(), vec!["n2"]);
+    lab.run_for(Duration::from_secs(5));
+    assert_eq!(lab.core(1).metrics().sent_of(MessageType::Poll), 0);
+    assert!(lab.events.iter().all(Vec::is_empty), "{:?}", lab.events);
+    assert!(u64::from(FAREWELL_INTERVAL_MS) > 60_000);
+}
+
+#[test]
+fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
+    let mut lab = Lab::new(4);
+    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    lab.command(
+        1,
+        Command::Claim {
+            ip,
+            accused: lab.ids[0].clone(),
+        },
+    );
+    for i in [0, 2, 3] {
+        assert_eq!(
+            lab.events[i],
+            vec![Event::Claimed {
+                claimant: name(1),
+                accused: name(0),
+                incarnation: 10,
+                ip
+            }]
+        );
+    }
+    // Node 2 accuses node 0 in incarnation 10; node 3 in an older one.
+    let mut plan = lab.plan(2, &[]);
+    plan.accused.insert(name(0), 10);
+    lab.command(2, Command::Plan(plan));
+    let mut plan = lab.plan(3, &[]);
+    plan.accused.insert(name(0), 9);
+    lab.command(3, Command::Plan(plan));
+    lab.command(0, Command::Refute);
+    lab.run_for(Duration::from_millis(100));
+    let alive = |i: usize| {
+        lab.events[i]
+            .iter()
+            .filter(|e| matches!(e, Event::Alive { .. }))
+            .count()
+    };
+    // Three refutations, one interval apart.
+    assert_eq!(alive(2), 3);
+    assert_eq!(alive(3), 0);
+    // Refutations carry seq 0: they arm no detector.
+    assert_eq!(lab.core(2).watched().count(), 0);
+}
+
+#[test]
+fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.command(2, Command::Plan(lab.plan(2, &[0])));
+    lab.run_for(Duration::from_secs(1));
+    // Node 0's timer fires 500 ms late, longer than M x I.
+    let deadline = lab.core(0).next_deadline().unwrap();
+    let late = lab.cores[0]
+        .as_mut()
+        .unwrap()
+        .tick(deadline + Duration::from_millis(500));
+    assert_eq!(late, Duration::from_millis(500));
+    let beats_before_pause = lab.core(0).metrics().sent_of(MessageType::Heartbeat);
+    lab.deliver(0);
+    assert_eq!(lab.events[0], vec![Event::Paused { late }]);
+    assert!(lab.core(0).paused());
+    assert_eq!(lab.core(0).watchers().count(), 0);
+    assert_eq!(lab.core(0).watched().count(), 0, "node 0 watched node 2");
+    // A poll is answered "not alive" now (sealed in a later epoch than node 1's own stream).
+    let mut stream =
+        SealStream::new(sender_id(watch_addr(lab.ids[1].addr).unwrap()), 1_000).unwrap();
+    let mut poll = sealed(
+        &mut stream,
+        &WatchMessage::Poll {
+            nonce: 5,
+            incarnation: 10,
+        },
+    );
+    let from = watch_addr(lab.ids[1].addr).unwrap();
+    let now = lab.now;
+    let core = lab.cores[0].as_mut().unwrap();
+    core.handle_datagram(now, from, &mut poll);
+    let mut reply = core.drain_outgoing().next().unwrap();
+    let opened = ring().open_envelope(&mut reply.bytes).unwrap();
+    assert_eq!(
+        WatchMessage::parse(opened.payload).unwrap(),
+        WatchMessage::PollReply {
+            nonce: 5,
+            alive: false
+        }
+    );
+    // A claim against it now is not refuted, and arms no timer that could never fire.
+    let before = lab.core(0).next_deadline();
+    lab.command(0, Command::Refute);
+    assert_eq!(lab.core(0).next_deadline(), before);
+    assert_eq!(
+        lab.core(0).metrics().sent_of(MessageType::Heartbeat),
+        beats_before_pause
+    );
+    // A plan that answers: still paused. One that answers nothing, then one that answers: over.
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    assert!(lab.core(0).paused());
+    let mut idle = lab.plan(0, &[1]);
+    idle.answering = false;
+    lab.command(0, Command::Plan(idle));
+    assert!(lab.core(0).paused());
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    assert!(!lab.core(0).paused());
+    assert_eq!(lab.core(0).watchers().collect::<Vec<_>>(), vec!["n1"]);
+}
+
+#[test]
+fn a_paused_watcher_reports_no_owner_silent_until_the_pause_ends() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    // Node 1 pauses; the owner's heartbeats arm its detector again, then the owner stops.
+    let deadline = lab.core(1).next_deadline().unwrap();
+    lab.cores[1]
+        .as_mut()
+        .unwrap()
+        .tick(deadline + Duration::from_millis(500));
+    lab.deliver(1);
+    assert!(lab.core(1).paused());
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(lab.core(1).watched().count(), 1);
+    lab.cores[0] = None;
+    lab.run_for(Duration::from_millis(300));
+    assert!(lab.silent_events(1).is_empty(), "{:?}", lab.events[1]);
+    assert_eq!(lab.core(1).watched().count(), 0);
+}
+
+#[test]
+fn an_owner_renewed_in_the_gossip_is_not_reported_silent() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    lab.cores[0] = None;
+    // The gossip now holds node 0 under a newer identity.
+    lab.ids[0].bump = 11;
+    let directory = lab.directory_for(1);
+    lab.cores[1].as_mut().unwrap().set_directory(directory);
+    lab.run_for(Duration::from_millis(300));
+    assert!(lab.silent_events(1).is_empty(), "{:?}", lab.events[1]);
+    assert_eq!(lab.core(1).metrics().checks(CheckResult::Silent), 1);
+    assert_eq!(lab.core(1).watched().count(), 0);
+}
+
+#[test]
+fn forged_replayed_malformed_stale_and_stranger_datagrams_are_dropped_and_counted() {
+    let mut lab = Lab::new(2);
+    let now = lab.now;
+    let from = watch_addr(lab.ids[1].addr).unwrap();
+    let mut stream = stream_of(&lab.ids[1]);
+    let core = lab.cores[0].as_mut().unwrap();
+    let drops = |core: &WatchCore, reason| core.metrics().drops(reason);
+
+    core.handle_datagram(now, from, &mut b"not an envelope".to_vec());
+    assert_eq!(drops(core, DropReason::Unauthentic), 1);
+
+    let stranger = identity(7, 1);
+    let mut theirs = stream_of(&stranger);
+    let beat = WatchMessage::Heartbeat {
+        incarnation: 10,
+        seq: 1,
+        interval_ms: 20,
+    };
+    core.handle_datagram(now, from, &mut sealed(&mut theirs, &beat));
+    assert_eq!(drops(core, DropReason::UnknownSender), 1);
+
+    let first = sealed(&mut stream, &beat);
+    core.handle_datagram(now, from, &mut first.clone());
+    core.handle_datagram(now, from, &mut first.clone());
+    assert_eq!(drops(core, DropReason::Replay), 1);
+    assert_eq!(core.metrics().received_of(MessageType::Heartbeat), 1);
+
+    let mut garbage = Vec::new();
+    ring()
+        .seal_in(&mut stream, None, &[0xff, 1, 2], &mut garbage)
+        .unwrap();
+    core.handle_datagram(now, from, &mut garbage);
+    assert_eq!(drops(core, DropReason::Malformed), 1);
+
+    // A claim whose claimant is not its sender.
+    let forged = WatchMessage::Claim {
+        ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        epoch: 1,
+        claimant: NodeRef {
+            name: "n5",
+            addr: from,
+            bump: 1,
+        },
+        accused: NodeRef {
+            name: "n0",
+            addr: from,
+            bump: 10,
+        },
+    };
+    core.handle_datagram(now, from, &mut sealed(&mut stream, &forged));
+    assert_eq!(drops(core, DropReason::Malformed), 2);
+
+    // A reply to no poll, and a heartbeat not newer than the last.
+    let reply = WatchMessage::PollReply {
+        nonce: 99,
+        alive: true,
+    };
+    core.handle_datagram(now, from, &mut sealed(&mut stream, &reply));
+    core.handle_datagram(now + MS, from, &mut sealed(&mut stream, &beat));
+    assert_eq!(drops(core, DropReason::Stale), 2);
+    assert_eq!(core.drain_events().count(), 0);
+}
