@@ -225,6 +225,13 @@ impl Metrics {
             self.last_reload_ok.clone(),
         );
         self.last_reload_ok.set(1);
+        // Every reason's series exists at 0 from the start: a family without a series is not
+        // exposed at all, and a rate over a series that appears with its first failure is 0.
+        for reason in ReloadFailure::ALL {
+            let _ = self.reload_failures.get_or_create(&ReloadLabels {
+                reason: reason.as_str(),
+            });
+        }
     }
 
     /// Counts a reload refused for `reason` (or keys that could not be handed to the gossip).
@@ -262,6 +269,16 @@ pub enum ReloadFailure {
 }
 
 impl ReloadFailure {
+    /// Every reason.
+    pub const ALL: [ReloadFailure; 6] = [
+        ReloadFailure::Unreadable,
+        ReloadFailure::Invalid,
+        ReloadFailure::RestartOnly,
+        ReloadFailure::Keys,
+        ReloadFailure::GossipRecord,
+        ReloadFailure::Addresses,
+    ];
+
     /// The metric label.
     pub const fn as_str(&self) -> &'static str {
         match self {
@@ -912,7 +929,12 @@ mod tests {
             prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
             out
         };
-        assert!(text(&registry).contains("swimlb_config_last_reload_successful 1\n"));
+        let before = text(&registry);
+        assert!(before.contains("swimlb_config_last_reload_successful 1\n"));
+        assert!(
+            before.contains("swimlb_config_reload_failures_total{reason=\"unreadable\"} 0\n"),
+            "every reason exposed at 0 from the start:\n{before}"
+        );
         metrics.reload_failed(ReloadFailure::Invalid);
         metrics.reload_failed(ReloadFailure::Keys);
         metrics.reload_failed(ReloadFailure::Keys);
