@@ -767,15 +767,7 @@ impl Walker {
             "notify",
         ];
         let map = self.object(path, v, KNOWN)?;
-        let name = match map.get("name") {
-            Some(v) => self
-                .string(&join(path, "name"), v)
-                .and_then(|n| self.label(&join(path, "name"), n)),
-            None => {
-                self.error(&join(path, "name"), "required");
-                None
-            }
-        };
+        let name = self.required_label(path, map);
         let mut addresses = Vec::new();
         match map.get("addresses") {
             Some(v) => {
@@ -854,6 +846,18 @@ impl Walker {
             checks,
             notify,
         })
+    }
+
+    /// The required `name` of the mapping at `path`, a [`label`](Self::label).
+    fn required_label(&mut self, path: &str, map: &Map<String, Value>) -> Option<String> {
+        let at = join(path, "name");
+        match map.get("name") {
+            Some(v) => self.string(&at, v).and_then(|n| self.label(&at, n)),
+            None => {
+                self.error(&at, "required");
+                None
+            }
+        }
     }
 
     /// Group and check names appear in metric labels: keep them short and plain.

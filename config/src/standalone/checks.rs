@@ -24,15 +24,7 @@ impl Walker {
             "weight",
         ];
         let map = self.object(path, v, KNOWN)?;
-        let name = match map.get("name") {
-            Some(v) => self
-                .string(&join(path, "name"), v)
-                .and_then(|n| self.label(&join(path, "name"), n)),
-            None => {
-                self.error(&join(path, "name"), "required");
-                None
-            }
-        };
+        let name = self.required_label(path, map);
         let kinds: Vec<&str> = ["http", "https", "tcp", "exec"]
             .into_iter()
             .filter(|k| map.contains_key(*k))
