@@ -16,16 +16,18 @@
 //! the downs of the *other* members (a stalled member must not accuse healthy ones) and how long
 //! after each stall every member held the stalled one alive and it held every member.
 //!
-//! Beside the gossip runs the owner watch of issue 17 ([`WatchNet`], unless `--watch false`):
-//! every member owns `--ips-per-member` IPs (10 by default), heartbeats the successors of its
-//! IPs with the speaker's `Schedule`, and its watchers run the speaker's `Detector` and second
-//! check, on the same clock, loss, delay, partitions, lag and pauses. A watcher's takeover of a
+//! Beside the gossip runs the owner watch ([`OwnerWatches`], unless `--watch false`): every
+//! member runs the speaker's own `WatchCore` (the code the watch thread drives, sealed datagrams
+//! included), owns `--ips-per-member` IPs (10 by default) and heartbeats the successors of its
+//! IPs, on the same clock, loss, delay, partitions, lag and pauses as the gossip. A watcher's takeover of a
 //! member that runs in the accused incarnation and is not stalled is a refuted (false)
 //! takeover; of a crashed one, confirmed; of the `--slow` / `--pause` member during its stalls,
 //! counted apart (`stalled_takeovers`). The watch's datagrams count in the traffic.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -34,11 +36,12 @@ use serde::Serialize;
 use swimlb_proto::KeyRing;
 use swimlb_speaker::gossip::simnet::{Links, SimNet, Traffic};
 use swimlb_speaker::gossip::{
-    Core, GossipMetrics, GossipSettings, Profile, SuspicionOutcome, Timing,
+    Core, Directory, GossipMetrics, GossipSettings, NodeIdentity, Outgoing, Profile,
+    SuspicionOutcome, Timing,
 };
 use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
-use swimlb_speaker::owner_watch::service::{FAREWELL_INTERVAL_MS, MAX_WATCHERS, check_round_at};
-use swimlb_speaker::owner_watch::{Detector, Heard, Knobs, Schedule, Verdict};
+use swimlb_speaker::owner_watch::core::{MAX_WATCHERS, watch_addr};
+use swimlb_speaker::owner_watch::{Command, Event, Knobs, Plan, WatchCore, WatchMetrics};
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -65,7 +68,7 @@ pub struct SimOptions {
     pub watch: Option<WatchOptions>,
 }
 
-/// The owner watch in the simulation (see [`WatchNet`]).
+/// The owner watch in the simulation (see [`OwnerWatches`]).
 #[derive(Debug, Clone, Copy)]
 pub struct WatchOptions {
     /// IPs each member owns (at least 1).
@@ -315,151 +318,21 @@ pub struct Takeover {
     pub kind: TakeoverKind,
 }
 
-/// How long a poll is waited for (the service's `POLL_WAIT`).
-const POLL_WAIT: Duration = Duration::from_millis(100);
-/// How often an idle watch looks whether its owner's view changed (the daemon's plan).
+/// How often the simulated daemon looks whether its view changed (to send a new plan).
 const PLAN_PERIOD: Duration = Duration::from_millis(50);
 /// Successor candidates kept per IP, best first.
 const RANKED: usize = 8;
 
-/// The owner watch's messages in the model: their meaning, not their bytes (the envelope and
-/// the replay guard are the real service's and are not modelled).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WatchMessage {
-    Heartbeat {
-        incarnation: u64,
-        seq: u64,
-        interval: Duration,
-    },
-    Ack {
-        incarnation: u64,
-    },
-    Poll {
-        nonce: u64,
-        incarnation: u64,
-    },
-    PollReply {
-        nonce: u64,
-        alive: bool,
-    },
-    Relay {
-        nonce: u64,
-        target: usize,
-        incarnation: u64,
-    },
-}
-
+/// The election's stand-in for the owner watch: each member owns `ips` IPs; the successor of an
+/// IP is the member with the lowest hash of (member, IP) among the others the deciding member
+/// holds alive (a splitmix64 hash stands in for the election's sha256: the same uniform
+/// ranking, much cheaper).
 #[derive(Debug)]
-enum WatchEventKind {
-    Deliver {
-        to: usize,
-        from: usize,
-        message: WatchMessage,
-    },
-    Wake {
-        node: usize,
-        planned: Duration,
-    },
-}
-
-#[derive(Debug)]
-struct WatchEvent {
-    at: Duration,
-    seq: u64,
-    kind: WatchEventKind,
-}
-
-impl PartialEq for WatchEvent {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at && self.seq == other.seq
-    }
-}
-impl Eq for WatchEvent {}
-impl PartialOrd for WatchEvent {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for WatchEvent {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
-    }
-}
-
-/// A poll a watch sent, directly or for a requester (`answer_to`).
-#[derive(Debug)]
-struct PendingPoll {
-    target: usize,
-    answer_to: Option<(usize, u64)>,
-    expires: Duration,
-}
-
-/// A watched owner, as the service keeps it.
-#[derive(Debug)]
-struct Watched {
-    detector: Detector,
-    /// Rounds of the second check sent in this window.
-    checks_sent: u32,
-    vouches_without_beat: u32,
-    /// Heartbeats ignored as not newer since the last fresh one (for `SIM_DEBUG`).
-    old_seq: u32,
-}
-
-/// One member's watch thread.
-#[derive(Debug)]
-struct WatchNode {
-    /// The incarnation its heartbeats carry (its gossip identity's bump).
-    bump: u64,
-    schedules: BTreeMap<usize, Schedule>,
-    watched: BTreeMap<usize, Watched>,
-    polls: HashMap<u64, PendingPoll>,
-    /// When its pending wake-up fires.
-    wake: Option<Duration>,
-    /// The owner's view the plan was made from ([`Core::members_version`]).
-    planned_from: Option<u64>,
-    next_plan: Duration,
-    /// Woke later than `M x I`: sends no heartbeat and denies polls until a wake-up on time.
-    paused: bool,
-    /// The last heartbeat sequence number sent, to any watcher (as the service counts).
-    seq: u64,
-    rng: StdRng,
-}
-
-/// The owner watch of every member on the simulation's clock, beside a [`SimNet`]: its own
-/// event queue, loss and delay drawn as the [`SimNet`]'s are (the same [`Links`], an RNG of its
-/// own from the seed), the same partition groups, lag and pauses. Each member owns
-/// `ips_per_member` IPs; the successor of an IP is the member with the lowest hash of
-/// (member, IP) among the others the deciding member holds alive (a splitmix64 hash stands in
-/// for the election's sha256: the same uniform ranking, much cheaper). An owner heartbeats the
-/// [`MAX_WATCHERS`] most frequent successors of its IPs in its own view, with the speaker's
-/// [`Schedule`]; a watcher runs the speaker's [`Detector`] and the second check as
-/// `owner_watch::service` does (a direct poll and a relay through a random member, in
-/// [`owner_watch::service::CHECK_ROUNDS`] rounds before the deadline; one sequence counter per
-/// owner for all its watchers; a last heartbeat promising [`FAREWELL_INTERVAL_MS`] to a dropped
-/// watcher), and takes over at a silent verdict when its gossip still holds the
-/// owner in that incarnation and it succeeds the owner for at least one IP (the daemon's
-/// conditions). A watch that wakes more than `M x I` late pauses as the service does; it
-/// resumes at its first wake-up on time (the daemon waits until it heard the cluster again;
-/// this is a simplification).
-#[derive(Debug)]
-pub struct WatchNet {
-    knobs: Knobs,
+struct Ranking {
     ips: usize,
     names: Vec<String>,
     /// Per IP (`owner * ips + k`): the other members by hash, the first [`RANKED`].
     ranked: Vec<[u32; RANKED]>,
-    nodes: Vec<Option<WatchNode>>,
-    sent: Vec<u64>,
-    events: BinaryHeap<WatchEvent>,
-    seq: u64,
-    rng: StdRng,
-    seed: u64,
-    takeovers: Vec<Takeover>,
-    /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
-    stalled: Option<usize>,
-    /// During the partition phase: takeovers of running members are
-    /// [`TakeoverKind::Partitioned`].
-    partitioned: bool,
 }
 
 /// splitmix64's finaliser.
@@ -475,10 +348,10 @@ fn rank_key(ip: usize, member: usize) -> u64 {
     mix(mix(ip as u64) ^ member as u64)
 }
 
-impl WatchNet {
-    /// The watch of `n` members (none running yet), each owning `opts.ips_per_member` IPs.
-    pub fn new(n: usize, opts: &WatchOptions, seed: u64) -> WatchNet {
-        let ips = opts.ips_per_member.max(1);
+impl Ranking {
+    /// The ranking of `n` members owning `ips` IPs each (at least 1).
+    fn new(n: usize, ips: usize) -> Ranking {
+        let ips = ips.max(1);
         let mut ranked = Vec::with_capacity(n * ips);
         for owner in 0..n {
             for k in 0..ips {
@@ -495,20 +368,10 @@ impl WatchNet {
                 ranked.push(best.map(|(_, m)| m));
             }
         }
-        WatchNet {
-            knobs: opts.knobs,
+        Ranking {
             ips,
             names: (0..n).map(node_name).collect(),
             ranked,
-            nodes: (0..n).map(|_| None).collect(),
-            sent: vec![0; n],
-            events: BinaryHeap::new(),
-            seq: 0,
-            rng: StdRng::seed_from_u64(seed ^ 0x77a7_c4e5),
-            seed,
-            takeovers: Vec::new(),
-            stalled: None,
-            partitioned: false,
         }
     }
 
@@ -551,6 +414,141 @@ impl WatchNet {
     fn succeeds(&self, watcher: usize, owner: usize, live: &LiveSet) -> bool {
         (0..self.ips).any(|k| self.successor(owner, k, live) == Some(watcher))
     }
+}
+
+/// The index of the member named `name`.
+fn member_index(name: &str) -> Option<usize> {
+    name.strip_prefix("node-")?.parse().ok()
+}
+
+/// The watch address of member `i` (its gossip address's port + 1).
+fn watch_addr_of(i: usize) -> SocketAddr {
+    watch_addr(SimNet::addr(i)).unwrap_or_else(|| SimNet::addr(i))
+}
+
+/// The member of `n` whose watch listens on `addr`.
+fn watch_member(addr: SocketAddr, n: usize) -> Option<usize> {
+    let first = usize::from(watch_addr_of(0).port());
+    let i = usize::from(addr.port()).checked_sub(first)?;
+    (i < n && watch_addr_of(i) == addr).then_some(i)
+}
+
+#[derive(Debug)]
+enum WatchEventKind {
+    Deliver {
+        to: usize,
+        from: SocketAddr,
+        bytes: Vec<u8>,
+    },
+    Wake {
+        node: usize,
+    },
+}
+
+#[derive(Debug)]
+struct WatchEvent {
+    at: Duration,
+    seq: u64,
+    kind: WatchEventKind,
+}
+
+impl PartialEq for WatchEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.seq == other.seq
+    }
+}
+impl Eq for WatchEvent {}
+impl PartialOrd for WatchEvent {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for WatchEvent {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+/// Where the simulated daemon's hold after a pause stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Answering as usual.
+    Off,
+    /// The watch paused: the next plan answers nothing.
+    Paused,
+    /// The plan that answered nothing went out: the next one answers again.
+    Resuming,
+}
+
+/// One member's owner watch: the speaker's [`WatchCore`], and the daemon's part of it.
+#[derive(Debug)]
+struct Member {
+    core: WatchCore,
+    /// When its pending wake-up fires.
+    wake: Option<Duration>,
+    /// The gossip view its directory was taken from ([`Core::members_version`]).
+    directory_from: u64,
+    /// The view and the incarnation its plan was made from.
+    planned_from: Option<(u64, u64)>,
+    next_plan: Duration,
+    hold: Hold,
+}
+
+/// The owner watch of every member on the simulation's clock, beside a [`SimNet`]: each member
+/// runs the speaker's own [`WatchCore`] (the code the watch thread drives), its datagrams
+/// sealed and opened as on the wire, through an event queue of its own with loss and delay
+/// drawn as the [`SimNet`]'s are (the same [`Links`], an RNG of its own from the seed), the same
+/// partition groups, lag and pauses. The simulation plays the daemon around each core: its plan
+/// (the [`MAX_WATCHERS`] most frequent successors of its IPs in its gossip view, by
+/// [`Ranking`]), its directory (its gossip core's members), a takeover with a claim to every
+/// member when the watch reports an owner silent that its gossip still holds in that
+/// incarnation and that it succeeds for at least one IP, a refutation when claimed itself, and
+/// after a pause a plan that answers nothing, then one that answers again (the daemon waits
+/// until it heard the cluster again; this is a simplification).
+#[derive(Debug)]
+pub struct OwnerWatches {
+    knobs: Knobs,
+    ranking: Ranking,
+    nodes: Vec<Option<Member>>,
+    sent: Vec<u64>,
+    events: BinaryHeap<WatchEvent>,
+    seq: u64,
+    rng: StdRng,
+    seed: u64,
+    takeovers: Vec<Takeover>,
+    /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
+    stalled: Option<usize>,
+    /// During the partition phase: takeovers of running members are
+    /// [`TakeoverKind::Partitioned`].
+    partitioned: bool,
+}
+
+/// The identities of `core`'s members, for its watch.
+fn directory_of(core: &Core) -> Directory {
+    Arc::new(
+        core.member_identities()
+            .map(|id| (id.node.to_string(), id.clone()))
+            .collect(),
+    )
+}
+
+impl OwnerWatches {
+    /// The watch of `n` members (none running yet), each owning `opts.ips_per_member` IPs.
+    pub fn new(n: usize, opts: &WatchOptions, seed: u64) -> OwnerWatches {
+        OwnerWatches {
+            knobs: opts.knobs,
+            ranking: Ranking::new(n, opts.ips_per_member),
+            nodes: (0..n).map(|_| None).collect(),
+            sent: vec![0; n],
+            events: BinaryHeap::new(),
+            seq: 0,
+            rng: StdRng::seed_from_u64(seed ^ 0x77a7_c4e5),
+            seed,
+            takeovers: Vec::new(),
+            stalled: None,
+            partitioned: false,
+        }
+    }
 
     /// Every takeover so far, in order.
     pub fn takeovers(&self) -> &[Takeover] {
@@ -568,24 +566,38 @@ impl WatchNet {
     }
 
     /// Starts member `i`'s watch (its core runs in `net`), its first wake-up now.
-    fn start(&mut self, net: &SimNet, i: usize) {
-        let Some(core) = net.core(i) else {
-            return;
+    fn start(&mut self, net: &SimNet, i: usize) -> anyhow::Result<()> {
+        let Some(gossip) = net.core(i) else {
+            return Ok(());
         };
-        let seed = mix(self.seed ^ ((i as u64) << 32) ^ core.identity().bump);
-        self.nodes[i] = Some(WatchNode {
-            bump: core.identity().bump,
-            schedules: BTreeMap::new(),
-            watched: BTreeMap::new(),
-            polls: HashMap::new(),
+        let me = gossip.identity().clone();
+        let seed = mix(self.seed ^ ((i as u64) << 32) ^ me.bump);
+        let plan = Plan {
+            me,
+            watchers: Vec::new(),
+            answering: true,
+            accused: BTreeMap::new(),
+        };
+        let core = WatchCore::new(
+            self.knobs,
+            KeyRing::new("swimlb-sim-watch", &[KEY])?,
+            watch_addr_of(i),
+            plan,
+            directory_of(gossip),
+            WatchMetrics::default(),
+            seed,
+            net.now(),
+        )?;
+        self.nodes[i] = Some(Member {
+            core,
             wake: None,
+            directory_from: gossip.members_version(),
             planned_from: None,
             next_plan: net.now(),
-            paused: false,
-            seq: 0,
-            rng: StdRng::seed_from_u64(seed),
+            hold: Hold::Off,
         });
         self.reschedule(net, i);
+        Ok(())
     }
 
     /// Stops member `i`'s watch at once.
@@ -602,9 +614,12 @@ impl WatchNet {
         });
     }
 
-    /// Sends `message` from `from` to `to` through the lossy links.
-    fn send(&mut self, net: &SimNet, from: usize, to: usize, message: WatchMessage) {
+    /// Sends `bytes` from member `from` to the watch at `to` through the lossy links.
+    fn send(&mut self, net: &SimNet, from: usize, to: SocketAddr, bytes: Vec<u8>) {
         self.sent[from] += 1;
+        let Some(to) = watch_member(to, self.nodes.len()) else {
+            return;
+        };
         let links = net.links();
         if links.loss > 0.0 && self.rng.random_bool(links.loss.clamp(0.0, 1.0)) {
             return;
@@ -619,36 +634,25 @@ impl WatchNet {
             span.mul_f64(self.rng.random::<f64>())
         };
         let at = net.now() + links.delay_min + jitter + net.lag(to);
-        self.push(at, WatchEventKind::Deliver { to, from, message });
+        let from = watch_addr_of(from);
+        self.push(at, WatchEventKind::Deliver { to, from, bytes });
     }
 
-    /// Sets member `i`'s next wake-up: its earliest timer, as the service's `next_deadline`,
-    /// or the next look at the plan.
+    /// Sets member `i`'s next wake-up: its core's next deadline, or the next look at the plan.
     fn reschedule(&mut self, net: &SimNet, i: usize) {
         let now = net.now();
-        let Some(node) = self.nodes[i].as_mut() else {
+        let Some(member) = self.nodes[i].as_mut() else {
             return;
         };
-        let beats = node.schedules.values().map(Schedule::next_at);
-        let watched = node.watched.values().filter_map(|w| {
-            let deadline = w.detector.deadline()?;
-            // Silent is said just past the deadline: a wake-up at it would find the owner fine
-            // and, the clock standing still, wake again at once.
-            Some(
-                check_round_at(deadline, w.detector.promised(), w.checks_sent)
-                    .unwrap_or(deadline + Duration::from_nanos(1)),
-            )
-        });
-        let planned = beats
-            .chain(watched)
-            .chain([node.next_plan])
-            .min()
-            .unwrap_or(now)
+        let planned = member
+            .core
+            .next_deadline()
+            .map_or(member.next_plan, |at| at.min(member.next_plan))
             .max(now);
         let fire = planned + net.lag(i);
-        if node.wake != Some(fire) {
-            node.wake = Some(fire);
-            self.push(fire, WatchEventKind::Wake { node: i, planned });
+        if member.wake != Some(fire) {
+            member.wake = Some(fire);
+            self.push(fire, WatchEventKind::Wake { node: i });
         }
     }
 
@@ -657,342 +661,192 @@ impl WatchNet {
         let Some(event) = self.events.pop() else {
             return;
         };
-        let node = match event.kind {
+        let i = match event.kind {
             WatchEventKind::Deliver { to, .. } => to,
-            WatchEventKind::Wake { node, .. } => node,
+            WatchEventKind::Wake { node } => node,
         };
-        let Some(watch) = self.nodes[node].as_mut() else {
+        let Some(member) = self.nodes[i].as_mut() else {
             return;
         };
-        if let WatchEventKind::Wake { .. } = event.kind
-            && watch.wake != Some(event.at)
-        {
+        let wake = matches!(event.kind, WatchEventKind::Wake { .. });
+        if wake && member.wake != Some(event.at) {
             return;
         }
-        if let Some(until) = net.paused_until(node) {
-            if let WatchEventKind::Wake { .. } = event.kind {
-                watch.wake = Some(until);
+        if let Some(until) = net.paused_until(i) {
+            if wake {
+                member.wake = Some(until);
             }
             self.push(until, event.kind);
             return;
         }
+        let Some(gossip) = net.core(i) else {
+            return;
+        };
+        let now = net.now();
+        if gossip.members_version() != member.directory_from {
+            member.directory_from = gossip.members_version();
+            member.core.set_directory(directory_of(gossip));
+        }
         match event.kind {
-            WatchEventKind::Deliver { to, from, message } => {
-                self.datagram(net, to, from, message);
+            WatchEventKind::Deliver {
+                from, mut bytes, ..
+            } => {
+                member.core.handle_datagram(now, from, &mut bytes);
             }
-            WatchEventKind::Wake { node, planned } => {
-                if let Some(watch) = self.nodes[node].as_mut() {
-                    watch.wake = None;
+            WatchEventKind::Wake { .. } => {
+                member.wake = None;
+                let plan_due = now >= member.next_plan;
+                if plan_due {
+                    member.next_plan = now + PLAN_PERIOD;
+                    self.replan(now, gossip, i);
                 }
-                self.tick(net, node, planned);
+                if let Some(member) = self.nodes[i].as_mut() {
+                    member.core.tick(now);
+                }
             }
         }
-        self.reschedule(net, node);
+        self.flush(net, i);
+        self.reschedule(net, i);
     }
 
-    /// Member `i`'s timer, planned for `planned`, fires now: `Watch::tick` of the service.
-    fn tick(&mut self, net: &SimNet, i: usize, planned: Duration) {
-        let now = net.now();
-        let Some(core) = net.core(i) else {
-            return;
-        };
-        let knobs = self.knobs;
-        let late = now.saturating_sub(planned);
-        let mut out = Vec::new();
-        let mut check = Vec::new();
-        let mut silent = Vec::new();
-        let replan = {
-            let Some(node) = self.nodes[i].as_mut() else {
+    /// The simulated daemon's plan for member `i`, sent when its view, its incarnation or its
+    /// hold changed.
+    fn replan(&mut self, now: Duration, gossip: &Core, i: usize) {
+        let from = (gossip.members_version(), gossip.identity().bump);
+        let watchers = {
+            let Some(member) = self.nodes[i].as_ref() else {
                 return;
             };
-            if late > knobs.interval * knobs.misses && !node.paused {
-                node.paused = true;
-                node.schedules.clear();
-            } else if node.paused && late <= knobs.interval / 2 {
-                node.paused = false;
-                node.planned_from = None;
-            }
-            let bump = core.identity().bump;
-            if bump != node.bump {
-                // Renewed: new schedules, the watchers learn the incarnation from them.
-                node.bump = bump;
-                node.schedules.clear();
-                node.planned_from = None;
-            }
-            let replan = !node.paused
-                && now >= node.next_plan
-                && node.planned_from != Some(core.members_version());
-            if now >= node.next_plan {
-                node.next_plan = now + PLAN_PERIOD;
-            }
-            replan
-        };
-        if replan {
-            let watchers = self.watchers(i, core.live());
-            let Some(node) = self.nodes[i].as_mut() else {
+            if member.planned_from == Some(from) && member.hold == Hold::Off {
                 return;
-            };
-            node.planned_from = Some(core.members_version());
-            // A dropped watcher gets a last heartbeat promising the farewell interval.
-            let dropped: Vec<usize> = node
-                .schedules
-                .keys()
-                .filter(|w| !watchers.contains(w))
-                .copied()
-                .collect();
-            for w in dropped {
-                node.seq += 1;
-                out.push((
-                    w,
-                    WatchMessage::Heartbeat {
-                        incarnation: node.bump,
-                        seq: node.seq,
-                        interval: Duration::from_millis(u64::from(FAREWELL_INTERVAL_MS)),
-                    },
-                ));
             }
-            node.schedules.retain(|w, _| watchers.contains(w));
-            for w in watchers {
-                if !node.schedules.contains_key(&w) {
-                    let seed = node.rng.random::<u64>();
-                    node.schedules.insert(w, Schedule::new(now, &knobs, seed));
-                }
-            }
-        }
-        let Some(node) = self.nodes[i].as_mut() else {
+            self.ranking.watchers(i, gossip.live())
+        };
+        let Some(member) = self.nodes[i].as_mut() else {
             return;
         };
-        for (w, schedule) in &mut node.schedules {
-            if let Some(beat) = schedule.poll(now) {
-                node.seq += 1;
-                let message = WatchMessage::Heartbeat {
-                    incarnation: node.bump,
-                    seq: node.seq,
-                    interval: beat.interval,
-                };
-                out.push((*w, message));
-            }
-        }
-        for (owner, w) in &mut node.watched {
-            let Some(deadline) = w.detector.deadline() else {
-                continue;
+        let answering = member.hold != Hold::Paused;
+        member.hold = match member.hold {
+            Hold::Paused => Hold::Resuming,
+            Hold::Resuming | Hold::Off => Hold::Off,
+        };
+        member.planned_from = Some(from);
+        let plan = Plan {
+            me: gossip.identity().clone(),
+            watchers: watchers.into_iter().map(node_name).collect(),
+            answering,
+            accused: BTreeMap::new(),
+        };
+        member.core.command(now, Command::Plan(plan));
+    }
+
+    /// Sends what member `i`'s core queued and plays the daemon on its events (which may queue
+    /// more: a claim, a refutation).
+    fn flush(&mut self, net: &SimNet, i: usize) {
+        loop {
+            let Some(member) = self.nodes[i].as_mut() else {
+                return;
             };
-            if check_round_at(deadline, w.detector.promised(), w.checks_sent)
-                .is_some_and(|at| now >= at)
-            {
-                w.checks_sent += 1;
-                check.push((*owner, w.detector.incarnation()));
+            let out: Vec<Outgoing> = member.core.drain_outgoing().collect();
+            let events: Vec<Event> = member.core.drain_events().collect();
+            if out.is_empty() && events.is_empty() {
+                return;
             }
-            match w.detector.tick(now, planned) {
-                Verdict::Silent { since, incarnation } => {
-                    silent.push((*owner, incarnation, since, w.old_seq));
-                }
-                Verdict::Late { .. } => w.checks_sent = 0,
-                Verdict::Fine | Verdict::NotArmed => {}
+            for datagram in out {
+                self.send(net, i, datagram.to, datagram.bytes);
+            }
+            for event in events {
+                self.event(net, i, event);
             }
         }
-        node.polls.retain(|_, p| p.expires > now);
-        // The second check: a poll to the owner, a relay through a random other member.
-        for (owner, incarnation) in check {
-            let relays: Vec<usize> = core
-                .live()
-                .iter()
-                .filter_map(|m| m.node.strip_prefix("node-")?.parse::<usize>().ok())
-                .filter(|m| *m != owner && *m != i)
-                .collect();
-            let nonce = node.rng.random::<u64>();
-            node.polls.insert(
-                nonce,
-                PendingPoll {
-                    target: owner,
-                    answer_to: None,
-                    expires: now + POLL_WAIT,
-                },
-            );
-            out.push((owner, WatchMessage::Poll { nonce, incarnation }));
-            if relays.is_empty() {
-                continue;
-            }
-            let relay = relays[node.rng.random_range(0..relays.len())];
-            let nonce = node.rng.random::<u64>();
-            node.polls.insert(
-                nonce,
-                PendingPoll {
-                    target: owner,
-                    answer_to: None,
-                    expires: now + POLL_WAIT,
-                },
-            );
-            out.push((
-                relay,
-                WatchMessage::Relay {
-                    nonce,
-                    target: owner,
-                    incarnation,
-                },
-            ));
-        }
-        for (owner, incarnation, since, old_seq) in silent {
-            let held = core
-                .member_identities()
-                .any(|id| id.node == self.names[owner] && id.bump == incarnation);
-            if !held {
-                // Gone from the gossip, or renewed: nothing to take over on the watch's word.
-                if let Some(node) = self.nodes[i].as_mut() {
-                    node.watched.remove(&owner);
-                }
-                continue;
-            }
-            if !self.succeeds(i, owner, core.live()) {
-                continue;
-            }
-            let kind = match net.core(owner) {
-                None => TakeoverKind::Confirmed,
-                Some(c) if c.identity().bump != incarnation => TakeoverKind::Confirmed,
-                Some(_) if self.stalled == Some(owner) => TakeoverKind::Stalled,
-                Some(_) if self.partitioned => TakeoverKind::Partitioned,
-                Some(_) => TakeoverKind::Refuted,
-            };
-            if kind == TakeoverKind::Refuted && std::env::var_os("SIM_DEBUG").is_some() {
-                let heartbeats_it = self.nodes[owner]
-                    .as_ref()
-                    .map(|o| (o.paused, o.schedules.contains_key(&i)));
-                eprintln!(
-                    "t={now:?} refuted takeover: node {i} of node {owner} (incarnation \
-                     {incarnation}), last heartbeat {:?} before; owner (paused, heartbeats \
-                     it): {heartbeats_it:?}; heartbeats ignored as old since: {old_seq}",
-                    now - since
-                );
-            }
-            self.takeovers.push(Takeover {
-                at: now,
-                watcher: i,
-                owner,
+    }
+
+    /// The simulated daemon's part on `event` of member `i`'s watch.
+    fn event(&mut self, net: &SimNet, i: usize, event: Event) {
+        let Some(gossip) = net.core(i) else {
+            return;
+        };
+        let Some(member) = self.nodes[i].as_mut() else {
+            return;
+        };
+        match event {
+            Event::Silent { owner, silent_for } => self.silent(net, i, owner, silent_for),
+            Event::Claimed {
+                accused,
                 incarnation,
-                kind,
+                ..
+            } => {
+                let me = gossip.identity();
+                if accused == me.node.as_str() && incarnation == me.bump {
+                    member.core.command(net.now(), Command::Refute);
+                }
+            }
+            // The simulation does not elect, so it accuses no one and has nothing to refute.
+            Event::Alive { .. } => {}
+            Event::Paused { .. } => member.hold = Hold::Paused,
+        }
+    }
+
+    /// Member `i`'s watch found `owner` silent: the daemon's conditions for a takeover, the
+    /// takeover judged, and its claim.
+    fn silent(&mut self, net: &SimNet, i: usize, owner: NodeIdentity, silent_for: Duration) {
+        let now = net.now();
+        let (Some(gossip), Some(o)) = (net.core(i), member_index(&owner.node)) else {
+            return;
+        };
+        let held = gossip
+            .member_identities()
+            .any(|id| id.node == owner.node && id.bump == owner.bump);
+        if !held || !self.ranking.succeeds(i, o, gossip.live()) {
+            return;
+        }
+        let incarnation = owner.bump;
+        let kind = match net.core(o) {
+            None => TakeoverKind::Confirmed,
+            Some(c) if c.identity().bump != incarnation => TakeoverKind::Confirmed,
+            Some(_) if self.stalled == Some(o) => TakeoverKind::Stalled,
+            Some(_) if self.partitioned => TakeoverKind::Partitioned,
+            Some(_) => TakeoverKind::Refuted,
+        };
+        if kind == TakeoverKind::Refuted && std::env::var_os("SIM_DEBUG").is_some() {
+            let owner_side = self.nodes[o].as_ref().map(|m| {
+                let watchers: Vec<&String> = m.core.watchers().collect();
+                (m.core.paused(), watchers)
             });
+            eprintln!(
+                "t={now:?} refuted takeover: node {i} of node {o} (incarnation {incarnation}), \
+                 last heartbeat {silent_for:?} before; owner (paused, watchers): {owner_side:?}"
+            );
         }
-        for (to, message) in out {
-            self.send(net, i, to, message);
-        }
-    }
-
-    /// `message` from `from` arrives at `to`: `Watch::datagram` of the service.
-    fn datagram(&mut self, net: &SimNet, to: usize, from: usize, message: WatchMessage) {
-        let now = net.now();
-        let knobs = self.knobs;
-        let Some(core) = net.core(to) else {
-            return;
-        };
-        let Some(node) = self.nodes[to].as_mut() else {
-            return;
-        };
-        let reply = match message {
-            WatchMessage::Heartbeat {
-                incarnation,
-                seq,
-                interval,
-            } => {
-                if !core.live().contains(&self.names[from]) {
-                    return;
-                }
-                let w = node.watched.entry(from).or_insert_with(|| Watched {
-                    detector: Detector::new(&knobs, incarnation),
-                    checks_sent: 0,
-                    vouches_without_beat: 0,
-                    old_seq: 0,
-                });
-                match w.detector.heard(now, incarnation, seq, interval) {
-                    Heard::Fresh { ack } => {
-                        w.checks_sent = 0;
-                        w.vouches_without_beat = 0;
-                        w.old_seq = 0;
-                        ack.then_some((from, WatchMessage::Ack { incarnation }))
-                    }
-                    Heard::OldSeq => {
-                        w.old_seq += 1;
-                        None
-                    }
-                    Heard::StaleIncarnation => None,
-                }
-            }
-            WatchMessage::Ack { incarnation } => {
-                if incarnation == node.bump
-                    && let Some(schedule) = node.schedules.get_mut(&from)
-                {
-                    schedule.acknowledged(now);
-                }
-                None
-            }
-            WatchMessage::Poll { nonce, incarnation } => {
-                let alive = incarnation == node.bump && !node.paused;
-                Some((from, WatchMessage::PollReply { nonce, alive }))
-            }
-            WatchMessage::PollReply { nonce, alive } => {
-                let Some(poll) = node.polls.remove(&nonce) else {
-                    return;
-                };
-                if let Some((requester, their_nonce)) = poll.answer_to {
-                    (from == poll.target).then_some((
-                        requester,
-                        WatchMessage::PollReply {
-                            nonce: their_nonce,
-                            alive,
-                        },
-                    ))
-                } else {
-                    if alive && let Some(w) = node.watched.get_mut(&poll.target) {
-                        w.vouches_without_beat += 1;
-                        if w.vouches_without_beat >= 2 {
-                            node.watched.remove(&poll.target);
-                        } else {
-                            w.detector.vouched(now);
-                            w.checks_sent = 0;
-                        }
-                    }
-                    None
-                }
-            }
-            WatchMessage::Relay {
-                nonce,
-                target,
-                incarnation,
-            } => {
-                let ours = node.rng.random::<u64>();
-                node.polls.insert(
-                    ours,
-                    PendingPoll {
-                        target,
-                        answer_to: Some((from, nonce)),
-                        expires: now + POLL_WAIT,
-                    },
-                );
-                Some((
-                    target,
-                    WatchMessage::Poll {
-                        nonce: ours,
-                        incarnation,
-                    },
-                ))
-            }
-        };
-        if let Some((at, message)) = reply {
-            self.send(net, to, at, message);
+        self.takeovers.push(Takeover {
+            at: now,
+            watcher: i,
+            owner: o,
+            incarnation,
+            kind,
+        });
+        let ip = IpAddr::V4(Ipv4Addr::from(
+            0x0a00_0000 | u32::try_from(o * self.ranking.ips).unwrap_or(0),
+        ));
+        if let Some(member) = self.nodes[i].as_mut() {
+            member
+                .core
+                .command(now, Command::Claim { ip, accused: owner });
         }
     }
 }
 
-/// The gossip's [`SimNet`] and, unless switched off, the [`WatchNet`] beside it, run on one
+/// The gossip's [`SimNet`] and, unless switched off, the [`OwnerWatches`] beside it, run on one
 /// clock: every watch event runs after the gossip events due at the same time or earlier.
 #[derive(Debug)]
 pub struct Cluster {
     net: SimNet,
-    watch: Option<WatchNet>,
+    watch: Option<OwnerWatches>,
 }
 
 impl Cluster {
     /// `net`, with `watch` beside it.
-    pub fn new(net: SimNet, watch: Option<WatchNet>) -> Cluster {
+    pub fn new(net: SimNet, watch: Option<OwnerWatches>) -> Cluster {
         Cluster { net, watch }
     }
 
@@ -1012,16 +866,17 @@ impl Cluster {
     }
 
     /// The watch, when it runs.
-    pub fn watch(&self) -> Option<&WatchNet> {
+    pub fn watch(&self) -> Option<&OwnerWatches> {
         self.watch.as_ref()
     }
 
     /// Starts (or restarts) node `i` with `core`, and its watch.
-    pub fn start(&mut self, i: usize, core: Core) {
+    pub fn start(&mut self, i: usize, core: Core) -> anyhow::Result<()> {
         self.net.start(i, core);
         if let Some(watch) = &mut self.watch {
-            watch.start(&self.net, i);
+            watch.start(&self.net, i)?;
         }
+        Ok(())
     }
 
     /// Crashes node `i` and its watch.
@@ -1074,7 +929,7 @@ impl Cluster {
 
     /// Takeovers so far (none without the watch).
     pub fn takeovers(&self) -> &[Takeover] {
-        self.watch.as_ref().map_or(&[], WatchNet::takeovers)
+        self.watch.as_ref().map_or(&[], OwnerWatches::takeovers)
     }
 
     /// Runs both up to `until`.
@@ -1120,12 +975,12 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         loss: opts.loss_pct / 100.0,
         ..Links::default()
     };
-    let watch = opts.watch.map(|w| WatchNet::new(n, &w, opts.seed));
+    let watch = opts.watch.map(|w| OwnerWatches::new(n, &w, opts.seed));
     let mut net = Cluster::new(SimNet::new(opts.seed, links), watch);
     let mut bumps = vec![1u64; n];
     for (i, bump) in bumps.iter().enumerate() {
         let core = new_core(opts, i, *bump, net.now())?;
-        net.start(i, core);
+        net.start(i, core)?;
     }
 
     // Warm-up: until every node sees every node (or 30 s, or the end).
@@ -1244,7 +1099,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         }
         bumps[victim] += 1;
         let core = new_core(opts, victim, bumps[victim], net.now())?;
-        net.start(victim, core);
+        net.start(victim, core)?;
         let settle_end = (net.now() + settle).min(end);
         while net.now() < settle_end {
             net.run_for(Duration::from_millis(50));
@@ -1640,13 +1495,16 @@ mod tests {
     #[test]
     fn the_successor_is_the_best_ranked_other_member_held_alive_whoever_decides() {
         let opts = WatchOptions::default();
-        let (a, b) = (WatchNet::new(40, &opts, 1), WatchNet::new(40, &opts, 2));
+        let (a, b) = (
+            Ranking::new(40, opts.ips_per_member),
+            Ranking::new(41, opts.ips_per_member),
+        );
         let all = live_of(0..40);
         for owner in 0..40 {
             for k in 0..opts.ips_per_member {
                 let s = a.successor(owner, k, &all).unwrap();
                 assert_ne!(s, owner);
-                // The seed does not change the election's order.
+                // A member the view does not hold changes nothing.
                 assert_eq!(b.successor(owner, k, &all), Some(s));
                 let ip = owner * opts.ips_per_member + k;
                 let best = (0..40)
