@@ -913,6 +913,7 @@ fn bench_service(i: usize) -> Service {
 }
 
 /// Every Service of the `default` namespace, as JSON.
+/// The LoadBalancer Services of `default` (the API server's own `kubernetes` Service is not one).
 async fn all_services(client: &Client) -> Vec<Value> {
     let services: Api<Service> = Api::namespaced(client.clone(), "default");
     services
@@ -921,6 +922,7 @@ async fn all_services(client: &Client) -> Vec<Value> {
         .expect("list Services")
         .items
         .into_iter()
+        .filter(|s| s.spec.as_ref().and_then(|spec| spec.type_.as_deref()) == Some("LoadBalancer"))
         .map(|s| serde_json::to_value(s).expect("json"))
         .collect()
 }

@@ -236,6 +236,12 @@ impl NetWatch {
         self.rx.borrow().clone()
     }
 
+    /// Another view of the links and routes last dumped (for a reader that does not wait for
+    /// changes).
+    pub fn subscribe(&self) -> watch::Receiver<(Vec<Link>, Vec<Route>)> {
+        self.rx.clone()
+    }
+
     /// Resolves with the next links and routes.
     pub async fn changed(&mut self) -> Option<(Vec<Link>, Vec<Route>)> {
         self.rx.changed().await.ok()?;
@@ -271,7 +277,8 @@ pub struct Daemon {
     plan: Option<Plan>,
     /// The successors of what this node answers for, kept per IP for the plan.
     successors: Successors,
-    watch_paused: bool,
+    /// When this node may answer (start-up, and after a pause).
+    hold: JoinHold,
     /// The IPs the last actions took over, with their previous owner.
     took_over: Vec<(IpAddr, NodeName)>,
 }
@@ -352,7 +359,7 @@ impl Daemon {
             origin: Instant::now(),
             plan: None,
             successors: Successors::default(),
-            watch_paused: false,
+            hold: JoinHold::new(Instant::now(), false),
             took_over: Vec::new(),
         };
         daemon.perform(initial).await;
@@ -385,10 +392,53 @@ impl Daemon {
         self.perform(actions).await;
     }
 
-    /// Whether the owner watch saw this node paused since the last call (the mode puts its
-    /// hold back on: see [`JoinHold::rearm_now`]).
-    pub fn take_watch_pause(&mut self) -> bool {
-        std::mem::take(&mut self.watch_paused)
+    /// Replaces the start-up hold (the default holds: a node with peers to join).
+    pub fn with_hold(mut self, hold: JoinHold) -> Daemon {
+        self.hold = hold;
+        self
+    }
+
+    /// Whether the start-up (or pause) hold is on.
+    pub fn holding(&self) -> bool {
+        self.hold.holding()
+    }
+
+    /// When the hold wants to be looked at again.
+    pub fn hold_deadline(&self) -> Option<Instant> {
+        self.hold.next_deadline()
+    }
+
+    /// Puts the hold back on after a pause (the gossip's, or one the owner watch saw), and ends
+    /// it when the mesh has formed (or the grace passed).
+    pub async fn check_hold(&mut self) {
+        let now = Instant::now();
+        let phase = *self.gossip.phase().borrow();
+        if self.hold.rearm(now, phase) {
+            self.handle(Input::Hold(true)).await;
+        }
+        if self.hold.release(now, phase, self.engine.live()) {
+            let members = self.engine.live().len();
+            tracing::info!(members, "mesh formed: answering what this node owns");
+            self.handle(Input::Hold(false)).await;
+        }
+    }
+
+    /// The preemption delay ran out: the record says `settled` from now on.
+    pub async fn settle(&mut self) {
+        if self.local.tick(Instant::now()) {
+            tracing::info!("settled: may now take over from lower-priority owners");
+            self.publish_meta().await;
+        }
+    }
+
+    /// SIGTERM: marks this node draining in its record (peers elect successors at once) and
+    /// starts the hand-over; [`Daemon::drained`] tells when it is over.
+    pub async fn drain(&mut self) {
+        if self.local.drain() {
+            self.publish_meta().await;
+        }
+        self.board.update(|s| s.draining = true);
+        self.handle(Input::Drain).await;
     }
 
     /// Replaces the key ring of the gossip and of the owner watch.
@@ -465,7 +515,9 @@ impl Daemon {
                     late_ms = late.as_secs_f64() * 1000.0,
                     "paused longer than a watcher waits: holding answers"
                 );
-                self.watch_paused = true;
+                if self.hold.rearm_now(Instant::now()) {
+                    self.handle(Input::Hold(true)).await;
+                }
             }
         }
     }

@@ -39,6 +39,7 @@ pub mod checks;
 pub mod cli;
 pub mod config_report;
 pub mod daemon;
+mod driver;
 pub mod election;
 pub mod engine;
 pub mod fuzzing;

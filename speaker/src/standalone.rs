@@ -36,7 +36,7 @@ use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::{parse_key_file, read_key_file};
 use swimlb_config::standalone::Standalone;
 use swimlb_proto::{KeyId, KeyRing};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -44,18 +44,18 @@ use crate::addresses::{self, Addresses, HolderKind};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::checks::{CheckEvent, CheckKey, CheckTasks, Tls};
-use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, start_watch};
+use crate::driver::{self, Shared};
 use crate::engine::placement::Placement;
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::metadata::MAX_META_RECORD_LEN;
-use crate::gossip::{self, GossipMetrics, GossipSettings, NodeIdentity, Phase, Timing};
+use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::http::{self, CheckStatus};
 use crate::interfaces::{self, Link, Route};
 use crate::local::LocalState;
-use crate::membership::LiveChange;
 use crate::notify::{GroupState, HookResult, Notifier};
-use crate::owner_watch::{WatchEvents, WatchMetrics};
-use crate::responder::{self, Conflict};
+use crate::owner_watch::WatchMetrics;
+use crate::responder;
 use crate::snapshot::{Interfaces, ServedIp, Snapshot};
 use crate::status::StatusBoard;
 
@@ -326,15 +326,19 @@ pub fn prepare_reload(
 
 /// The receivers the loop waits on (kept apart from [`Source`] so its handlers can borrow it
 /// mutably while the loop polls these).
+/// The standalone source's own inputs (beside the shared ones, [`Shared`]).
 struct Inputs {
-    changes: broadcast::Receiver<LiveChange>,
-    phase: watch::Receiver<Phase>,
-    identity: watch::Receiver<NodeIdentity>,
     check_events: mpsc::Receiver<CheckEvent>,
-    conflicts: mpsc::UnboundedReceiver<Conflict>,
     hook_results: mpsc::UnboundedReceiver<(String, GroupState, HookResult)>,
-    net: NetWatch,
-    watch: WatchEvents,
+    /// SIGHUP.
+    reload: mpsc::Receiver<()>,
+}
+
+/// One of the standalone source's own inputs.
+enum Own {
+    Check(CheckEvent),
+    HookDone((String, GroupState, HookResult)),
+    Reload,
 }
 
 /// The standalone mode's state around the shared [`Daemon`].
@@ -350,7 +354,8 @@ struct Source {
     group_states: BTreeMap<String, GroupState>,
     metrics: Metrics,
     ring_ids: Vec<KeyId>,
-    hold: JoinHold,
+    /// The links and routes last dumped (a reload places the new file on them).
+    net: watch::Receiver<(Vec<Link>, Vec<Route>)>,
     http: JoinHandle<()>,
 }
 
@@ -358,54 +363,71 @@ struct Source {
 pub async fn run(
     config: Standalone,
     config_path: PathBuf,
-    mut shutdown: impl std::future::Future<Output = ()> + Unpin,
-    mut reload: mpsc::Receiver<()>,
+    shutdown: impl std::future::Future<Output = ()> + Unpin,
+    reload: mpsc::Receiver<()>,
 ) -> Result<(), DaemonError> {
-    let (mut source, mut inputs) = Source::start(config, config_path).await?;
-    loop {
-        let draining = source.daemon.engine.draining();
-        tokio::select! {
-            _ = &mut shutdown, if !draining => source.drain().await,
-            change = inputs.changes.recv() => {
-                if !source.daemon.membership(change).await {
-                    break;
-                }
-                source.check_hold().await;
-            }
-            Some(event) = inputs.check_events.recv() => source.check(event).await,
-            Ok(()) = inputs.phase.changed() => {
-                let phase = *inputs.phase.borrow_and_update();
-                source.phase(phase).await;
-            }
-            Ok(()) = inputs.identity.changed() => {
-                let bump = inputs.identity.borrow_and_update().bump;
-                source.daemon.rejoined(bump).await;
-            }
-            _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
-            _ = sleep_until(source.hold.next_deadline()) => source.check_hold().await,
-            _ = sleep_until(source.daemon.next_deadline()) => source.daemon.handle(Input::Tick).await,
-            Some(c) = inputs.conflicts.recv() => {
-                source.daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
-            }
-            Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
-            Some(result) = inputs.hook_results.recv() => source.hook_done(result),
-            Some(event) = inputs.watch.recv() => {
-                source.daemon.watch_event(event).await;
-                source.check_hold().await;
-            }
-            Some(()) = reload.recv(), if !draining => source.reload(&inputs.net).await,
-        }
-        if source.daemon.drained() {
-            break;
-        }
-        source.update_groups();
-    }
+    let (mut source, mut shared, mut inputs) = Source::start(config, config_path, reload).await?;
+    driver::run(&mut source, &mut shared, &mut inputs, shutdown).await;
     source.stop().await
+}
+
+impl driver::Source for Source {
+    type Inputs = Inputs;
+    type Event = Own;
+
+    fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+
+    async fn next(inputs: &mut Inputs, draining: bool) -> Own {
+        tokio::select! {
+            Some(event) = inputs.check_events.recv() => Own::Check(event),
+            Some(result) = inputs.hook_results.recv() => Own::HookDone(result),
+            Some(()) = inputs.reload.recv(), if !draining => Own::Reload,
+            else => std::future::pending().await,
+        }
+    }
+
+    async fn handle(&mut self, event: Own) {
+        match event {
+            Own::Check(event) => self.check(event).await,
+            Own::HookDone(result) => self.hook_done(result),
+            Own::Reload => self.reload().await,
+        }
+    }
+
+    fn ready(&self, phase: Phase) -> bool {
+        ready(phase, alone(&self.config))
+    }
+
+    /// The ARP sysctls follow the announcing links.
+    async fn net_changed(&mut self, _links: &[Link]) {
+        let ifaces: Vec<String> = self.daemon.engine.placed_links().into_iter().collect();
+        let vips: Vec<IpAddr> = self
+            .daemon
+            .engine
+            .election()
+            .snapshot()
+            .iter()
+            .map(|(ip, _)| *ip)
+            .collect();
+        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
+            tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
+        }
+    }
+
+    fn after(&mut self) {
+        self.update_groups();
+    }
 }
 
 impl Source {
     /// Builds everything in start-up order (see the module docs).
-    async fn start(config: Standalone, path: PathBuf) -> Result<(Source, Inputs), DaemonError> {
+    async fn start(
+        config: Standalone,
+        path: PathBuf,
+        reload: mpsc::Receiver<()>,
+    ) -> Result<(Source, Shared, Inputs), DaemonError> {
         let node = node_name(&config);
         let ring = key_ring(&config)?;
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
@@ -469,19 +491,24 @@ impl Source {
                 addr: config.listen,
                 source,
             })?;
-        let inputs = Inputs {
+        let net_view = net.subscribe();
+        let shared = Shared {
             changes,
             phase: gossip.phase(),
             identity: gossip.identity_changes(),
-            check_events,
             conflicts,
-            hook_results,
             net,
             watch: watch_events,
         };
+        let inputs = Inputs {
+            check_events,
+            hook_results,
+            reload,
+        };
         let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
             .await
-            .with_watch(watch);
+            .with_watch(watch)
+            .with_hold(hold);
         let mut source = Source {
             config,
             path,
@@ -494,24 +521,15 @@ impl Source {
             group_states: BTreeMap::new(),
             metrics,
             ring_ids,
-            hold,
+            net: net_view,
             http,
         };
-        let phase = *inputs.phase.borrow();
-        source.phase(phase).await;
+        let ready = ready(*shared.phase.borrow(), alone);
+        source.daemon.board.update(|s| s.ready = ready);
+        source.daemon.check_hold().await;
         source.publish_checks();
         source.update_groups();
-        Ok((source, inputs))
-    }
-
-    /// SIGTERM: mark draining (peers elect successors at once), hand over, then stop.
-    async fn drain(&mut self) {
-        tracing::info!("draining: handing the VIPs over");
-        if self.daemon.local.drain() {
-            self.daemon.publish_meta().await;
-        }
-        self.daemon.board.update(|s| s.draining = true);
-        self.daemon.handle(Input::Drain).await;
+        Ok((source, shared, inputs))
     }
 
     async fn check(&mut self, event: CheckEvent) {
@@ -529,52 +547,6 @@ impl Source {
         self.publish_checks();
     }
 
-    async fn phase(&mut self, phase: Phase) {
-        tracing::info!(phase = phase.as_str(), "gossip phase");
-        let ready = ready(phase, alone(&self.config));
-        self.daemon.board.update(|s| s.ready = ready);
-        self.check_hold().await;
-    }
-
-    /// Ends the start-up hold when the mesh has formed (or the grace passed).
-    async fn check_hold(&mut self) {
-        let phase = *self.daemon.phase().borrow();
-        let watch_pause = self.daemon.take_watch_pause() && self.hold.rearm_now(Instant::now());
-        if self.hold.rearm(Instant::now(), phase) || watch_pause {
-            self.daemon.handle(Input::Hold(true)).await;
-        }
-        let live = self.daemon.engine.live();
-        if self.hold.release(Instant::now(), phase, live) {
-            let members = live.len();
-            tracing::info!(members, "mesh formed: answering what this node owns");
-            self.daemon.handle(Input::Hold(false)).await;
-        }
-    }
-
-    async fn settle(&mut self) {
-        if self.daemon.local.tick(Instant::now()) {
-            tracing::info!("settled: may now take over from lower-priority owners");
-            self.daemon.publish_meta().await;
-        }
-    }
-
-    /// New links and routes: the sysctls follow the announcing links, the engine places again.
-    async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
-        self.daemon.net(links, routes).await;
-        let ifaces: Vec<String> = self.daemon.engine.placed_links().into_iter().collect();
-        let vips: Vec<IpAddr> = self
-            .daemon
-            .engine
-            .election()
-            .snapshot()
-            .iter()
-            .map(|(ip, _)| *ip)
-            .collect();
-        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
-            tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
-        }
-    }
-
     fn hook_done(&mut self, (group, state, result): (String, GroupState, HookResult)) {
         if result != HookResult::Ok {
             self.metrics.notify_failures.inc();
@@ -583,7 +555,7 @@ impl Source {
     }
 
     /// SIGHUP: read the file again and apply what can change without a restart.
-    async fn reload(&mut self, net: &NetWatch) {
+    async fn reload(&mut self) {
         let (next, next_ring) = match prepare_reload(&self.config, &self.path) {
             Ok(prepared) => prepared,
             Err((reason, error)) => {
@@ -599,7 +571,7 @@ impl Source {
             );
         }
         let served = snapshot(&next);
-        let (links, routes) = net.latest();
+        let (links, routes) = self.net.borrow().clone();
         let ifaces: Vec<String> = Placement::new(&served, links, routes)
             .used_links()
             .into_iter()

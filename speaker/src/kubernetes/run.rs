@@ -54,11 +54,12 @@ use super::watch::{Change, NeverListed, Stores, What};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
 use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
+use crate::driver::{self, Shared};
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
-use crate::interfaces::{Link, Route};
+use crate::interfaces::Link;
 use crate::local::LocalState;
-use crate::owner_watch::{WatchEvents, WatchMetrics};
+use crate::owner_watch::WatchMetrics;
 use crate::responder;
 use crate::status::StatusBoard;
 
@@ -155,17 +156,21 @@ enum SeenRecord {
     },
 }
 
-/// The receivers the loop waits on, apart from [`Source`] so its handlers can borrow it.
+/// The Kubernetes source's own inputs (beside the shared ones, [`Shared`]).
 struct Inputs {
     changed: futures::channel::mpsc::UnboundedReceiver<Change>,
-    changes: tokio::sync::broadcast::Receiver<crate::membership::LiveChange>,
-    phase: watch::Receiver<Phase>,
-    identity: watch::Receiver<gossip::NodeIdentity>,
-    conflicts: mpsc::UnboundedReceiver<crate::responder::Conflict>,
-    net: NetWatch,
     key_poll: tokio::time::Interval,
     seen_records: mpsc::UnboundedReceiver<SeenRecord>,
-    watch: WatchEvents,
+}
+
+/// One of the Kubernetes source's own inputs.
+enum Own {
+    /// The watches changed the caches: every change queued so far, handled together.
+    Caches(Vec<Change>),
+    /// Time to read the key file again.
+    KeyPoll,
+    /// The records task saw records (every one queued so far).
+    Records(Vec<SeenRecord>),
 }
 
 /// The Kubernetes mode's state around the shared [`Daemon`].
@@ -176,7 +181,6 @@ struct Source {
     daemon: Daemon,
     metrics: KubeMetrics,
     dropped: DroppedReport,
-    hold: JoinHold,
     ring_ids: Vec<KeyId>,
     /// What the records task was told, IP by IP.
     holdings: Holdings,
@@ -208,63 +212,74 @@ pub async fn run(
     client: Client,
     mut shutdown: impl Future<Output = ()> + Unpin,
 ) -> Result<(), Error> {
-    let Some((mut source, mut inputs)) = Source::start(settings, client, &mut shutdown).await?
+    let Some((mut source, mut shared, mut inputs)) =
+        Source::start(settings, client, &mut shutdown).await?
     else {
         return Ok(());
     };
-    loop {
-        let draining = source.daemon.engine.draining();
+    driver::run(&mut source, &mut shared, &mut inputs, shutdown).await;
+    source.stop().await;
+    Ok(())
+}
+
+impl driver::Source for Source {
+    type Inputs = Inputs;
+    type Event = Own;
+
+    fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+
+    async fn next(inputs: &mut Inputs, _draining: bool) -> Own {
         tokio::select! {
-            _ = &mut shutdown, if !draining => source.drain().await,
             Some(change) = inputs.changed.next() => {
-                // Every change queued so far is in the stores: handled together.
                 let mut batch = vec![change];
                 while let Ok(more) = inputs.changed.try_recv() {
                     batch.push(more);
                 }
-                source.caches_changed(&batch).await;
+                Own::Caches(batch)
             }
-            change = inputs.changes.recv() => {
-                if !source.daemon.membership(change).await {
-                    break;
-                }
-                source.sweep_due = true;
-            }
-            Ok(()) = inputs.phase.changed() => {
-                let now = *inputs.phase.borrow_and_update();
-                tracing::info!(phase = now.as_str(), "gossip phase");
-                source.daemon.board.update(|s| s.ready = now == Phase::Active);
-            }
-            Ok(()) = inputs.identity.changed() => {
-                let bump = inputs.identity.borrow_and_update().bump;
-                source.daemon.rejoined(bump).await;
-                source.rewrite_due = true;
-            }
-            _ = sleep_until(source.daemon.local.settles_at()) => source.settle().await,
-            _ = sleep_until(source.hold.next_deadline()) => {}
-            _ = sleep_until(source.daemon.next_deadline()) => source.daemon.handle(Input::Tick).await,
-            Some(c) = inputs.conflicts.recv() => {
-                source.daemon.handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
-            }
-            Some((links, routes)) = inputs.net.changed() => source.net(links, routes).await,
-            _ = inputs.key_poll.tick() => source.rotate_keys().await,
-            Some(event) = inputs.watch.recv() => source.daemon.watch_event(event).await,
+            _ = inputs.key_poll.tick() => Own::KeyPoll,
             Some(seen) = inputs.seen_records.recv() => {
-                source.record_seen(seen);
+                let mut batch = vec![seen];
                 while let Ok(more) = inputs.seen_records.try_recv() {
-                    source.record_seen(more);
+                    batch.push(more);
                 }
+                Own::Records(batch)
             }
         }
-        source.check_hold().await;
-        if source.daemon.drained() {
-            break;
-        }
-        source.sync_records();
-        source.sweep();
     }
-    source.stop().await;
-    Ok(())
+
+    async fn handle(&mut self, event: Own) {
+        match event {
+            Own::Caches(batch) => self.caches_changed(&batch).await,
+            Own::KeyPoll => self.rotate_keys().await,
+            Own::Records(seen) => seen.into_iter().for_each(|s| self.record_seen(s)),
+        }
+    }
+
+    /// The advertisements' interfaces are checked against the links.
+    async fn net_changed(&mut self, links: &[Link]) {
+        self.links = links.iter().map(|l| l.name.clone()).collect();
+        self.check_interfaces();
+    }
+
+    fn members_changed(&mut self) {
+        self.sweep_due = true;
+    }
+
+    fn rejoined(&mut self) {
+        self.rewrite_due = true;
+    }
+
+    fn draining(&mut self) {
+        let _ = self.to_write.send(ToWrite::Draining);
+    }
+
+    fn after(&mut self) {
+        self.sync_records();
+        self.sweep();
+    }
 }
 
 impl Source {
@@ -274,7 +289,7 @@ impl Source {
         settings: Settings,
         client: Client,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
-    ) -> Result<Option<(Source, Inputs)>, Error> {
+    ) -> Result<Option<(Source, Shared, Inputs)>, Error> {
         let Registered {
             registry,
             board,
@@ -349,7 +364,8 @@ impl Source {
         let board_seen = board.subscribe();
         let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
             .await
-            .with_watch(watch);
+            .with_watch(watch)
+            .with_hold(JoinHold::new(Instant::now(), false));
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
         let (seen_tx, seen_records) = mpsc::unbounded_channel();
         let records = tokio::spawn(write_records(
@@ -359,16 +375,18 @@ impl Source {
             seen_tx,
             metrics.clone(),
         ));
-        let inputs = Inputs {
-            changed,
+        let shared = Shared {
             changes,
             phase,
             identity,
             conflicts,
             net,
+            watch: watch_events,
+        };
+        let inputs = Inputs {
+            changed,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
             seen_records,
-            watch: watch_events,
         };
         let mut source = Source {
             holdings: Holdings::new(&settings.node),
@@ -381,7 +399,6 @@ impl Source {
             daemon,
             metrics,
             dropped,
-            hold: JoinHold::new(Instant::now(), false),
             ring_ids,
             first: false,
             board: board_seen,
@@ -406,18 +423,7 @@ impl Source {
             .collect();
         source.sync_ips(ips.into_iter());
         source.strays.synced();
-        Ok(Some((source, inputs)))
-    }
-
-    /// SIGTERM: mark draining (peers elect successors at once), hand over, then stop.
-    async fn drain(&mut self) {
-        tracing::info!("draining: handing the IPs over");
-        if self.daemon.local.drain() {
-            self.daemon.publish_meta().await;
-        }
-        self.daemon.board.update(|s| s.draining = true);
-        let _ = self.to_write.send(ToWrite::Draining);
-        self.daemon.handle(Input::Drain).await;
+        Ok(Some((source, shared, inputs)))
     }
 
     /// Watches changed something: what is served, and who the peers are. Only the objects
@@ -475,36 +481,6 @@ impl Source {
             if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
                 tracing::warn!(error = %e, "gossip seeds not updated");
             }
-        }
-    }
-
-    /// New links and routes: the engine places again, and the advertisements' interfaces are
-    /// checked against the links.
-    async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
-        self.links = links.iter().map(|l| l.name.clone()).collect();
-        self.daemon.net(links, routes).await;
-        self.check_interfaces();
-    }
-
-    async fn settle(&mut self) {
-        if self.daemon.local.tick(Instant::now()) {
-            self.daemon.publish_meta().await;
-        }
-    }
-
-    /// Ends the start-up hold when the mesh has formed (or the grace passed).
-    async fn check_hold(&mut self) {
-        let phase = *self.daemon.phase().borrow();
-        let watch_pause = self.daemon.take_watch_pause() && self.hold.rearm_now(Instant::now());
-        if self.hold.rearm(Instant::now(), phase) || watch_pause {
-            self.daemon.handle(Input::Hold(true)).await;
-        }
-        if self
-            .hold
-            .release(Instant::now(), phase, self.daemon.engine.live())
-        {
-            tracing::info!("mesh formed: answering what this node owns");
-            self.daemon.handle(Input::Hold(false)).await;
         }
     }
 
@@ -621,7 +597,7 @@ impl Source {
     /// while draining (the node is leaving: the others take over). Looked at only when a
     /// stray was seen or the members changed since.
     fn sweep(&mut self) {
-        if !self.sweep_due || self.hold.holding() || self.daemon.engine.draining() {
+        if !self.sweep_due || self.daemon.holding() || self.daemon.engine.draining() {
             return;
         }
         self.sweep_due = false;
@@ -661,7 +637,7 @@ impl Source {
     /// A Warning Event on each invalid advertisement noted, from the first live member only
     /// (one Event per problem, not one per speaker), once the mesh has formed.
     fn warn_invalid_ads(&mut self) {
-        if self.invalid_ads.is_empty() || self.hold.holding() {
+        if self.invalid_ads.is_empty() || self.daemon.holding() {
             return;
         }
         let pending = std::mem::take(&mut self.invalid_ads);
