@@ -18,6 +18,7 @@ pub mod compact;
 pub mod events;
 pub mod metrics;
 pub mod records;
+mod records_task;
 pub mod run;
 pub mod snapshot;
 pub mod views;

@@ -455,6 +455,14 @@ impl RecordWriter {
             .is_some_and(|mine| status.map(fingerprint) != Some(*mine))
     }
 
+    /// Takes `status` as written for `service`, as a successful flush would (tests of the
+    /// callers' bookkeeping, without an API server).
+    #[cfg(test)]
+    pub(crate) fn assume_written(&mut self, service: &ServiceKey, status: &ServiceL2StatusStatus) {
+        self.pending.remove(service);
+        self.written.insert(service.clone(), fingerprint(status));
+    }
+
     /// Whether writes are pending (a failed one included).
     pub fn is_pending(&self) -> bool {
         !self.pending.is_empty()

@@ -33,27 +33,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use kube::Client;
 use kube::Resource as _;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
 use swimlb_config::keyfile::parse_key_file;
 use swimlb_config::service::ServiceKey;
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::events::{EventType, EventWriter, Note};
 use super::metrics::{DroppedLabels, KubeMetrics, Resource};
-use super::records::{Holdings, IpFacts, RecordWriter, Strays};
+use super::records::{Holdings, IpFacts, Strays};
+use super::records_task::{self, SeenRecord, ToWrite};
 use super::snapshot::{self, Changes, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
 use crate::announcer::Schedule;
 use crate::answering::AnsweringLinks;
-use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
+use crate::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, start_watch};
 use crate::driver::{self, Shared};
 use crate::engine::{Engine, Input, Start};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
@@ -65,10 +63,6 @@ use crate::status::StatusBoard;
 
 /// How often the key file is read again (a mounted Secret changes in place).
 pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
-/// How soon a failed record write is tried again.
-pub const RECORD_RETRY: Duration = Duration::from_secs(1);
-/// Events written between two looks at the records to write.
-const EVENTS_PER_ROUND: usize = 32;
 
 /// Everything the Kubernetes speaker runs with (the command line, validated).
 #[derive(Debug, Clone)]
@@ -116,44 +110,6 @@ pub enum Error {
     /// A watch's store was dropped before it was ready.
     #[error(transparent)]
     Watch(#[from] NeverListed),
-}
-
-/// What the records task is told.
-#[derive(Debug, Clone, PartialEq)]
-enum ToWrite {
-    /// The record this node should hold for a Service now (`None`: none), and whether its
-    /// record is an orphan this node deletes.
-    Record {
-        service: ServiceKey,
-        record: Option<ServiceL2StatusStatus>,
-        orphaned: bool,
-    },
-    /// A Warning Event on an object.
-    Warning {
-        object: ObjectReference,
-        reason: &'static str,
-        note: String,
-    },
-    /// The node drains: it answers until its successors announce, but their records are
-    /// theirs; it no longer writes back a record another node took over.
-    Draining,
-    /// Delete the record of a Service not served that this node sweeps.
-    Sweep(ServiceKey),
-    /// Forget which records this node wrote: it was cut off, and the others may have written
-    /// over them meanwhile.
-    Forget,
-}
-
-/// What the records' watch saw, told back to the loop for the sweep.
-#[derive(Debug, Clone, PartialEq)]
-enum SeenRecord {
-    /// The watch lists every record again: forget those seen.
-    Relisted,
-    /// A record of `service` naming `node` (`None`: deleted).
-    Record {
-        service: ServiceKey,
-        node: Option<String>,
-    },
 }
 
 /// The Kubernetes source's own inputs (beside the shared ones, [`Shared`]).
@@ -368,9 +324,10 @@ impl Source {
             .with_hold(JoinHold::new(Instant::now(), false));
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
         let (seen_tx, seen_records) = mpsc::unbounded_channel();
-        let records = tokio::spawn(write_records(
+        let records = tokio::spawn(records_task::run(
             client,
-            settings.clone(),
+            settings.namespace.clone(),
+            settings.node.clone(),
             to_write_rx,
             seen_tx,
             metrics.clone(),
@@ -831,277 +788,6 @@ fn ip_facts(engine: &Engine, ip: &IpAddr) -> Option<IpFacts> {
 fn service_key(belongs_to: &str) -> Option<ServiceKey> {
     let (namespace, name) = belongs_to.split_once('/')?;
     Some(ServiceKey::new(namespace, name))
-}
-
-/// The records task: applies what it is told, retries failed record writes, tells each
-/// Service this node starts announcing with an Event, and publishes the warnings. Counts every
-/// failed write.
-async fn write_records(
-    client: Client,
-    settings: Settings,
-    mut told: mpsc::UnboundedReceiver<ToWrite>,
-    seen_back: mpsc::UnboundedSender<SeenRecord>,
-    metrics: KubeMetrics,
-) {
-    let mut writer = RecordWriter::new(client.clone(), &settings.namespace);
-    // The records as the API server holds them: one this node wrote and somebody else
-    // overwrote (the other side of a healed partition) or deleted is written again.
-    // After an error the watch starts over (a fresh list) a second later: kube's default
-    // backoff grows to 30 s while a node is cut off, and the node that comes back must see at
-    // once what the other side wrote meanwhile.
-    let records_api = kube::Api::<ServiceL2Status>::namespaced(client.clone(), &settings.namespace);
-    let watch_records =
-        || kube::runtime::watcher(records_api.clone(), super::watch::watch_config()).boxed();
-    let mut seen_records = Some(watch_records());
-    let mut rewatch_at: Option<Instant> = None;
-    // Records seen saying otherwise than this node wrote, with the latest status seen and when
-    // to look again: a write's own two requests show such a state for a moment.
-    let mut suspect: std::collections::HashMap<
-        ServiceKey,
-        (Instant, Option<ServiceL2StatusStatus>),
-    > = std::collections::HashMap::new();
-    let mut draining = false;
-    // The records this node holds, to write again when they are overwritten: by Service, the
-    // interfaces (the rest of the status is the node and the key); the few distinct interface
-    // lists are shared (10,000 full statuses were 3 MB).
-    let mut mine: std::collections::HashMap<ServiceKey, Arc<[InterfaceInfo]>> =
-        std::collections::HashMap::new();
-    let mut interface_lists: Vec<Arc<[InterfaceInfo]>> = Vec::new();
-    let mut recorder = EventWriter::new(client, "swimlb-speaker", &settings.node);
-    // The Services assigned are kept as keys until their Event is written (10,000 at a cold
-    // start): the Event is made when it is written.
-    let mut assigned_to: Vec<ServiceKey> = Vec::new();
-    let mut events: Vec<(ObjectReference, Note)> = Vec::new();
-    let mut next = None;
-    loop {
-        // Everything told so far, at once.
-        while let Some(item) = next.take().or_else(|| told.try_recv().ok()) {
-            match item {
-                ToWrite::Record {
-                    service,
-                    record,
-                    orphaned,
-                } => {
-                    match &record {
-                        Some(r) => {
-                            let interfaces =
-                                match interface_lists.iter().find(|l| ***l == *r.interfaces) {
-                                    Some(list) => list.clone(),
-                                    None => {
-                                        // Lists no record uses any more go first.
-                                        interface_lists.retain(|l| Arc::strong_count(l) > 1);
-                                        let list: Arc<[InterfaceInfo]> =
-                                            r.interfaces.clone().into();
-                                        interface_lists.push(list.clone());
-                                        list
-                                    }
-                                };
-                            if mine.insert(service.clone(), interfaces).is_none() {
-                                assigned_to.push(service.clone());
-                            }
-                        }
-                        None => {
-                            mine.remove(&service);
-                        }
-                    }
-                    writer.set(&service, record, orphaned);
-                }
-                ToWrite::Warning {
-                    object,
-                    reason,
-                    note,
-                } => events.push((
-                    object,
-                    Note {
-                        type_: EventType::Warning,
-                        reason,
-                        action: "Validate",
-                        note,
-                    },
-                )),
-                ToWrite::Draining => {
-                    draining = true;
-                    suspect.clear();
-                }
-                ToWrite::Sweep(service) => writer.sweep(&service),
-                ToWrite::Forget => writer.forget(),
-            }
-        }
-        for e in writer.flush().await {
-            metrics.write_error(Resource::ServiceL2Statuses);
-            tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
-        }
-        metrics.records_swept(writer.take_swept());
-        // A few Events per round, warnings first, so that records keep being written while
-        // thousands of Events go out (a cold start, a node taking over many Services).
-        let warnings: Vec<(ObjectReference, Note)> =
-            events.drain(..events.len().min(EVENTS_PER_ROUND)).collect();
-        let room = (EVENTS_PER_ROUND - warnings.len()).min(assigned_to.len());
-        let round: Vec<(ObjectReference, Note)> = warnings
-            .into_iter()
-            .chain(
-                assigned_to
-                    .drain(..room)
-                    .map(|service| (Service::object_ref_for(&service), assigned(&settings))),
-            )
-            .collect();
-        for (object, event) in round {
-            if let Err(e) = recorder.publish(&object, &event).await {
-                metrics.write_error(Resource::Events);
-                tracing::warn!(
-                    object = object.name.as_deref().unwrap_or_default(),
-                    reason = event.reason,
-                    error = %e,
-                    "cannot publish an event"
-                );
-            }
-        }
-        if assigned_to.is_empty() && assigned_to.capacity() > EVENTS_PER_ROUND {
-            // A cold start queued 10,000 (half a megabyte): not kept once written.
-            assigned_to = Vec::new();
-        }
-        if events.is_empty() && events.capacity() > EVENTS_PER_ROUND {
-            events = Vec::new();
-        }
-        let more = !events.is_empty() || !assigned_to.is_empty();
-        let retry = writer.is_pending() && !more;
-        tokio::select! {
-            biased;
-            item = told.recv() => match item {
-                Some(item) => next = Some(item),
-                None => return,
-            },
-            () = std::future::ready(()), if more => {}
-            _ = tokio::time::sleep(RECORD_RETRY), if retry => {}
-            () = sleep_until(suspect.values().map(|(at, _)| *at).min()), if !suspect.is_empty() => {
-                let now = Instant::now();
-                let due: Vec<ServiceKey> = suspect
-                    .iter()
-                    .filter(|(_, (at, _))| *at <= now)
-                    .map(|(service, _)| service.clone())
-                    .collect();
-                for service in due {
-                    let (_, status) = suspect.remove(&service).expect("listed above");
-                    if writer.observe(&service, status.as_ref()) {
-                        tracing::info!(%service, "the ServiceL2Status of a Service this node announces names another node; writing it again");
-                        let status = mine.get(&service).map(|interfaces| ServiceL2StatusStatus {
-                            node: settings.node.clone(),
-                            service_name: service.name.to_string(),
-                            service_namespace: service.namespace.to_string(),
-                            interfaces: interfaces.to_vec(),
-                        });
-                        writer.set(&service, status, false);
-                    }
-                }
-            }
-            () = sleep_until(rewatch_at), if rewatch_at.is_some() => {
-                seen_records = Some(watch_records());
-                rewatch_at = None;
-            }
-            event = async { seen_records.as_mut().expect("guarded").next().await }, if seen_records.is_some() => {
-                let seen = match event {
-                    Some(Ok(kube::runtime::watcher::Event::Apply(r)
-                        | kube::runtime::watcher::Event::InitApply(r))) => {
-                        record_service(&r).map(|key| {
-                            let _ = seen_back.send(SeenRecord::Record {
-                                service: key.clone(),
-                                node: Some(record_node(&r).to_string()),
-                            });
-                            (key, r.status)
-                        })
-                    }
-                    Some(Ok(kube::runtime::watcher::Event::Delete(r))) => {
-                        record_service(&r).map(|key| {
-                            let _ = seen_back.send(SeenRecord::Record {
-                                service: key.clone(),
-                                node: None,
-                            });
-                            (key, None)
-                        })
-                    }
-                    Some(Ok(kube::runtime::watcher::Event::Init)) => {
-                        let _ = seen_back.send(SeenRecord::Relisted);
-                        None
-                    }
-                    Some(Ok(_)) => None,
-                    Some(Err(e)) => {
-                        metrics.watch_error(Resource::ServiceL2Statuses);
-                        tracing::debug!(error = %e, "ServiceL2Status watch failed; retrying");
-                        seen_records = None;
-                        rewatch_at = Some(Instant::now() + RECORDS_REWATCH);
-                        None
-                    }
-                    None => {
-                        seen_records = None;
-                        rewatch_at = Some(Instant::now() + RECORDS_REWATCH);
-                        None
-                    }
-                };
-                if let Some((service, status)) = seen {
-                    if let Some(entry) = suspect.get_mut(&service) {
-                        entry.1 = status;
-                    } else if !draining && writer.differs(&service, status.as_ref()) {
-                        suspect.insert(service, (Instant::now() + RECORD_SETTLE, status));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// How long a record must say otherwise than this node wrote before it is written again.
-const RECORD_SETTLE: Duration = Duration::from_secs(1);
-
-/// How long after a failure the records' watch starts over.
-const RECORDS_REWATCH: Duration = Duration::from_secs(1);
-
-/// The Service a record is about, from its labels.
-fn record_service(record: &ServiceL2Status) -> Option<ServiceKey> {
-    let labels = record.metadata.labels.as_ref()?;
-    Some(ServiceKey::new(
-        labels.get(super::records::SERVICE_NAMESPACE_LABEL)?,
-        labels.get(super::records::SERVICE_NAME_LABEL)?,
-    ))
-}
-
-/// The node a record names: its status's, else its label's (empty: none).
-fn record_node(record: &ServiceL2Status) -> &str {
-    match &record.status {
-        Some(status) if !status.node.is_empty() => &status.node,
-        _ => record
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(super::records::NODE_LABEL))
-            .map_or("", String::as_str),
-    }
-}
-
-/// The Event `nodeAssigned` of this node (MetalLB's words).
-fn assigned(settings: &Settings) -> Note {
-    Note {
-        type_: EventType::Normal,
-        reason: "nodeAssigned",
-        action: "Announce",
-        note: format!(
-            "announcing from node {:?} with protocol \"layer2\"",
-            settings.node
-        ),
-    }
-}
-
-/// An object reference to a Service by key.
-trait ObjectRefFor {
-    fn object_ref_for(key: &ServiceKey) -> ObjectReference;
-}
-
-impl ObjectRefFor for Service {
-    fn object_ref_for(key: &ServiceKey) -> ObjectReference {
-        let mut service = Service::default();
-        service.metadata.name = Some(key.name.to_string());
-        service.metadata.namespace = Some(key.namespace.to_string());
-        service.object_ref(&())
-    }
 }
 
 /// The `swimlb_snapshot_dropped` reason of interfaces named but missing on this node.
