@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use crate::crd::{IPAddressPool, L2Advertisement};
 use crate::selector::{Selector, SelectorError};
 
@@ -464,149 +466,64 @@ fn parse_selectors(
     out
 }
 
+/// The errors of one object, as they are found.
+struct Report {
+    kind: ObjectKind,
+    namespace: String,
+    name: String,
+    errors: Vec<ConfigError>,
+}
+
+impl Report {
+    /// An empty report on `metadata`'s object of `kind`.
+    fn new(kind: ObjectKind, metadata: &ObjectMeta) -> Report {
+        Report {
+            kind,
+            namespace: metadata.namespace.clone().unwrap_or_default(),
+            name: metadata.name.clone().unwrap_or_default(),
+            errors: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, field: impl Into<String>, problem: Problem) {
+        self.errors.push(ConfigError {
+            kind: self.kind,
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            field: field.into(),
+            problem,
+        });
+    }
+}
+
+/// `objects` in (namespace, name) order, so "the later one" of a conflict is well defined.
+fn in_name_order<T: kube::Resource>(objects: &[T]) -> Vec<&T> {
+    let mut ordered: Vec<&T> = objects.iter().collect();
+    ordered.sort_by(|a, b| {
+        let key = |o: &T| {
+            let meta = o.meta();
+            (meta.namespace.clone(), meta.name.clone())
+        };
+        key(a).cmp(&key(b))
+    });
+    ordered
+}
+
 /// Converts pools and advertisements into the checked model, collecting every error.
 pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> Validated {
     let mut errors = Vec::new();
-
-    // Pools in (namespace, name) order, so "the later one" of an overlap is well defined.
-    let mut ordered: Vec<&IPAddressPool> = pools.iter().collect();
-    ordered.sort_by(|a, b| {
-        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
-            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
-    });
-
-    let mut candidates: Vec<(Pool, Vec<String>)> = Vec::new(); // pool, field of each range
+    let mut candidates: Vec<(Pool, Vec<String>)> = Vec::new();
     let mut seen_names: BTreeMap<String, String> = BTreeMap::new();
-    for obj in ordered {
-        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let mut own = Vec::new();
-        let mut report = |field: String, problem: Problem| {
-            own.push(ConfigError {
-                kind: ObjectKind::IPAddressPool,
-                namespace: namespace.clone(),
-                name: name.clone(),
-                field,
-                problem,
-            })
-        };
-        if name.is_empty() {
-            report("metadata.name".into(), Problem::NoName);
-        } else if let Some(first) = seen_names.get(&name) {
-            report(
-                "metadata.name".into(),
-                Problem::DuplicateName(format!("{first}/{name}")),
-            );
-        } else {
-            seen_names.insert(name.clone(), namespace.clone());
-        }
-        let mut ranges = Vec::new();
-        for (i, entry) in obj.spec.addresses.iter().enumerate() {
-            match parse_addresses(entry) {
-                Ok(r) => ranges.push((r, format!("spec.addresses[{i}]"))),
-                Err(e) => report(format!("spec.addresses[{i}]"), e.into()),
-            }
-        }
-        if obj.spec.addresses.is_empty() {
-            report("spec.addresses".into(), Problem::NoAddresses);
-        }
-        // Overlaps inside the pool.
-        let mut sorted = ranges.clone();
-        sorted.sort();
-        for pair in sorted.windows(2) {
-            let ((a, fa), (b, fb)) = (&pair[0], &pair[1]);
-            if a.family == b.family && b.start <= a.end {
-                let (later, earlier) = if fa > fb { (fa, fb) } else { (fb, fa) };
-                let range = if fa > fb { a } else { b };
-                report(
-                    later.clone(),
-                    Problem::SelfOverlap {
-                        range: range.to_string(),
-                        other: earlier.clone(),
-                    },
-                );
-            }
-        }
-        let allocation = obj.spec.service_allocation.as_ref().map(|sa| Allocation {
-            priority: sa.priority,
-            namespaces: sa.namespaces.iter().cloned().collect(),
-            namespace_selectors: parse_selectors(
-                &sa.namespace_selectors,
-                "spec.serviceAllocation.namespaceSelectors",
-                &mut report,
-            ),
-            service_selectors: parse_selectors(
-                &sa.service_selectors,
-                "spec.serviceAllocation.serviceSelectors",
-                &mut report,
-            ),
-        });
-        if own.is_empty() {
-            let (rs, fields): (Vec<_>, Vec<_>) = sorted.into_iter().unzip();
-            candidates.push((
-                Pool {
-                    name,
-                    namespace,
-                    labels: obj.metadata.labels.clone().unwrap_or_default(),
-                    ranges: rs,
-                    auto_assign: obj.spec.auto_assign,
-                    avoid_buggy_ips: obj.spec.avoid_buggy_ips,
-                    allocation,
-                },
-                fields,
-            ));
-        } else {
-            errors.extend(own);
+    for obj in in_name_order(pools) {
+        match check_pool(obj, &mut seen_names) {
+            Ok(candidate) => candidates.push(candidate),
+            Err(own) => errors.extend(own),
         }
     }
-
-    // Overlaps between pools: pools are taken in (namespace, name) order, and one that
-    // overlaps an already accepted pool is rejected (so a rejected pool never causes another
-    // rejection). Accepted ranges are kept by (family, start); two accepted ranges never
-    // overlap, so the one starting at or before a range's end, nearest to it, is the only
-    // candidate to check.
-    let mut accepted: BTreeMap<(Family, u128), (u128, usize)> = BTreeMap::new();
     let mut model = Model::default();
-    for (i, (pool, fields)) in candidates.iter().enumerate() {
-        let mut overlap = None;
-        for (range, field) in pool.ranges.iter().zip(fields) {
-            let hit = accepted
-                .range((range.family, 0)..=(range.family, range.end))
-                .next_back()
-                .filter(|(_, (end, _))| *end >= range.start);
-            if let Some((&(family, start), &(end, owner))) = hit {
-                let other = AddressRange { family, start, end };
-                overlap = Some((field.clone(), *range, owner, other));
-                break;
-            }
-        }
-        match overlap {
-            Some((field, range, owner, other)) => {
-                let owner = &candidates[owner].0;
-                errors.push(ConfigError {
-                    kind: ObjectKind::IPAddressPool,
-                    namespace: pool.namespace.clone(),
-                    name: pool.name.clone(),
-                    field,
-                    problem: Problem::PoolOverlap {
-                        range: range.to_string(),
-                        pool: format!("{}/{}", owner.namespace, owner.name),
-                        other: other.to_string(),
-                    },
-                });
-            }
-            None => {
-                for range in &pool.ranges {
-                    accepted.insert((range.family, range.start), (range.end, i));
-                }
-                model.pools.insert(pool.name.clone(), pool.clone());
-            }
-        }
+    for pool in accept_pools(&candidates, &mut errors) {
+        model.pools.insert(pool.name.clone(), pool);
     }
-    let all_pool_names: BTreeSet<String> = pools
-        .iter()
-        .filter_map(|p| p.metadata.name.clone())
-        .collect();
     let pool_labels: Vec<(String, BTreeMap<String, String>)> = pools
         .iter()
         .filter_map(|p| {
@@ -616,101 +533,214 @@ pub fn validate(pools: &[IPAddressPool], advertisements: &[L2Advertisement]) -> 
             ))
         })
         .collect();
-
-    let mut advs: Vec<&L2Advertisement> = advertisements.iter().collect();
-    advs.sort_by(|a, b| {
-        (a.metadata.namespace.as_deref(), a.metadata.name.as_deref())
-            .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_deref()))
-    });
-    for obj in advs {
-        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let mut own = Vec::new();
-        let mut report = |field: String, problem: Problem| {
-            own.push(ConfigError {
-                kind: ObjectKind::L2Advertisement,
-                namespace: namespace.clone(),
-                name: name.clone(),
-                field,
-                problem,
-            })
-        };
-        if name.is_empty() {
-            report("metadata.name".into(), Problem::NoName);
-        }
-        let mut selected = BTreeSet::new();
-        for (i, pool) in obj.spec.ip_address_pools.iter().enumerate() {
-            if all_pool_names.contains(pool) {
-                selected.insert(pool.clone());
-            } else {
-                report(
-                    format!("spec.ipAddressPools[{i}]"),
-                    Problem::UnknownPool(pool.clone()),
-                );
-            }
-        }
-        let pool_selectors = parse_selectors(
-            &obj.spec.ip_address_pool_selectors,
-            "spec.ipAddressPoolSelectors",
-            &mut report,
-        );
-        for (pool, labels) in &pool_labels {
-            if pool_selectors.iter().any(|s| s.matches(labels)) {
-                selected.insert(pool.clone());
-            }
-        }
-        if obj.spec.ip_address_pools.is_empty() && obj.spec.ip_address_pool_selectors.is_empty() {
-            selected = all_pool_names.clone();
-        }
-        let node_selectors =
-            parse_selectors(&obj.spec.node_selectors, "spec.nodeSelectors", &mut report);
-        let service_selectors = parse_selectors(
-            &obj.spec.service_selectors,
-            "spec.serviceSelectors",
-            &mut report,
-        );
-        let mut preferred_nodes = Vec::new();
-        for (i, preferred) in obj.spec.preferred_node_selectors.iter().enumerate() {
-            let weight = u8::try_from(preferred.weight)
-                .ok()
-                .filter(|_| PREFERENCE_WEIGHTS.contains(&preferred.weight));
-            if weight.is_none() {
-                report(
-                    format!("spec.preferredNodeSelectors[{i}].weight"),
-                    Problem::WeightOutOfRange(preferred.weight),
-                );
-            }
-            let selector = match Selector::parse(&preferred.preference) {
-                Ok(selector) => Some(selector),
-                Err(errors) => {
-                    for e in errors {
-                        report(
-                            format!("spec.preferredNodeSelectors[{i}].preference"),
-                            Problem::Selector(e),
-                        );
-                    }
-                    None
-                }
-            };
-            if let (Some(weight), Some(selector)) = (weight, selector) {
-                preferred_nodes.push(Preference { weight, selector });
-            }
-        }
-        if own.is_empty() {
-            model.advertisements.push(Advertisement {
-                name,
-                namespace,
-                pools: selected,
-                node_selectors,
-                interfaces: obj.spec.interfaces.clone(),
-                service_selectors,
-                preferred_nodes,
-            });
-        } else {
-            errors.extend(own);
+    for obj in in_name_order(advertisements) {
+        match check_advertisement(obj, &pool_labels) {
+            Ok(advertisement) => model.advertisements.push(advertisement),
+            Err(own) => errors.extend(own),
         }
     }
     Validated { model, errors }
+}
+
+/// One pool on its own: its name (unique across namespaces: `seen_names`, name to
+/// namespace), its ranges (none overlapping another of the pool), its allocation. `Ok`: the
+/// pool and the field of each of its ranges, in range order.
+fn check_pool(
+    obj: &IPAddressPool,
+    seen_names: &mut BTreeMap<String, String>,
+) -> Result<(Pool, Vec<String>), Vec<ConfigError>> {
+    let mut report = Report::new(ObjectKind::IPAddressPool, &obj.metadata);
+    let (namespace, name) = (report.namespace.clone(), report.name.clone());
+    if name.is_empty() {
+        report.add("metadata.name", Problem::NoName);
+    } else if let Some(first) = seen_names.get(&name) {
+        report.add(
+            "metadata.name",
+            Problem::DuplicateName(format!("{first}/{name}")),
+        );
+    } else {
+        seen_names.insert(name.clone(), namespace.clone());
+    }
+    let mut ranges = Vec::new();
+    for (i, entry) in obj.spec.addresses.iter().enumerate() {
+        match parse_addresses(entry) {
+            Ok(r) => ranges.push((r, format!("spec.addresses[{i}]"))),
+            Err(e) => report.add(format!("spec.addresses[{i}]"), e.into()),
+        }
+    }
+    if obj.spec.addresses.is_empty() {
+        report.add("spec.addresses", Problem::NoAddresses);
+    }
+    ranges.sort();
+    for pair in ranges.windows(2) {
+        let ((a, fa), (b, fb)) = (&pair[0], &pair[1]);
+        if a.family == b.family && b.start <= a.end {
+            let (later, earlier) = if fa > fb { (fa, fb) } else { (fb, fa) };
+            let range = if fa > fb { a } else { b };
+            report.add(
+                later.clone(),
+                Problem::SelfOverlap {
+                    range: range.to_string(),
+                    other: earlier.clone(),
+                },
+            );
+        }
+    }
+    let allocation = obj.spec.service_allocation.as_ref().map(|sa| Allocation {
+        priority: sa.priority,
+        namespaces: sa.namespaces.iter().cloned().collect(),
+        namespace_selectors: parse_selectors(
+            &sa.namespace_selectors,
+            "spec.serviceAllocation.namespaceSelectors",
+            |f, p| report.add(f, p),
+        ),
+        service_selectors: parse_selectors(
+            &sa.service_selectors,
+            "spec.serviceAllocation.serviceSelectors",
+            |f, p| report.add(f, p),
+        ),
+    });
+    if !report.errors.is_empty() {
+        return Err(report.errors);
+    }
+    let (ranges, fields): (Vec<_>, Vec<_>) = ranges.into_iter().unzip();
+    let pool = Pool {
+        name,
+        namespace,
+        labels: obj.metadata.labels.clone().unwrap_or_default(),
+        ranges,
+        auto_assign: obj.spec.auto_assign,
+        avoid_buggy_ips: obj.spec.avoid_buggy_ips,
+        allocation,
+    };
+    Ok((pool, fields))
+}
+
+/// Overlaps between pools: pools are taken in (namespace, name) order, and one that overlaps
+/// an already accepted pool is rejected (so a rejected pool never causes another rejection).
+/// Accepted ranges are kept by (family, start); two accepted ranges never overlap, so the one
+/// starting at or before a range's end, nearest to it, is the only candidate to check.
+fn accept_pools(candidates: &[(Pool, Vec<String>)], errors: &mut Vec<ConfigError>) -> Vec<Pool> {
+    let mut accepted: BTreeMap<(Family, u128), (u128, usize)> = BTreeMap::new();
+    let mut pools = Vec::new();
+    for (i, (pool, fields)) in candidates.iter().enumerate() {
+        let overlap = pool.ranges.iter().zip(fields).find_map(|(range, field)| {
+            let (&(family, start), &(end, owner)) = accepted
+                .range((range.family, 0)..=(range.family, range.end))
+                .next_back()
+                .filter(|(_, (end, _))| *end >= range.start)?;
+            Some((field, range, owner, AddressRange { family, start, end }))
+        });
+        let Some((field, range, owner, other)) = overlap else {
+            for range in &pool.ranges {
+                accepted.insert((range.family, range.start), (range.end, i));
+            }
+            pools.push(pool.clone());
+            continue;
+        };
+        let owner = &candidates[owner].0;
+        errors.push(ConfigError {
+            kind: ObjectKind::IPAddressPool,
+            namespace: pool.namespace.clone(),
+            name: pool.name.clone(),
+            field: field.clone(),
+            problem: Problem::PoolOverlap {
+                range: range.to_string(),
+                pool: format!("{}/{}", owner.namespace, owner.name),
+                other: other.to_string(),
+            },
+        });
+    }
+    pools
+}
+
+/// One advertisement: the pools it selects (by name among every pool, valid or not, or by
+/// label; every pool when it names none), its selectors and preferences.
+fn check_advertisement(
+    obj: &L2Advertisement,
+    pool_labels: &[(String, BTreeMap<String, String>)],
+) -> Result<Advertisement, Vec<ConfigError>> {
+    let mut report = Report::new(ObjectKind::L2Advertisement, &obj.metadata);
+    if report.name.is_empty() {
+        report.add("metadata.name", Problem::NoName);
+    }
+    let mut selected = BTreeSet::new();
+    for (i, pool) in obj.spec.ip_address_pools.iter().enumerate() {
+        if pool_labels.iter().any(|(name, _)| name == pool) {
+            selected.insert(pool.clone());
+        } else {
+            report.add(
+                format!("spec.ipAddressPools[{i}]"),
+                Problem::UnknownPool(pool.clone()),
+            );
+        }
+    }
+    let pool_selectors = parse_selectors(
+        &obj.spec.ip_address_pool_selectors,
+        "spec.ipAddressPoolSelectors",
+        |f, p| report.add(f, p),
+    );
+    for (pool, labels) in pool_labels {
+        if pool_selectors.iter().any(|s| s.matches(labels)) {
+            selected.insert(pool.clone());
+        }
+    }
+    if obj.spec.ip_address_pools.is_empty() && obj.spec.ip_address_pool_selectors.is_empty() {
+        selected = pool_labels.iter().map(|(name, _)| name.clone()).collect();
+    }
+    let node_selectors = parse_selectors(&obj.spec.node_selectors, "spec.nodeSelectors", |f, p| {
+        report.add(f, p)
+    });
+    let service_selectors = parse_selectors(
+        &obj.spec.service_selectors,
+        "spec.serviceSelectors",
+        |f, p| report.add(f, p),
+    );
+    let preferred_nodes = preferences(obj, &mut report);
+    if !report.errors.is_empty() {
+        return Err(report.errors);
+    }
+    Ok(Advertisement {
+        name: report.name,
+        namespace: report.namespace,
+        pools: selected,
+        node_selectors,
+        interfaces: obj.spec.interfaces.clone(),
+        service_selectors,
+        preferred_nodes,
+    })
+}
+
+/// An advertisement's `preferredNodeSelectors`, each with a weight MetalLB accepts.
+fn preferences(obj: &L2Advertisement, report: &mut Report) -> Vec<Preference> {
+    let mut preferred_nodes = Vec::new();
+    for (i, preferred) in obj.spec.preferred_node_selectors.iter().enumerate() {
+        let weight = u8::try_from(preferred.weight)
+            .ok()
+            .filter(|_| PREFERENCE_WEIGHTS.contains(&preferred.weight));
+        if weight.is_none() {
+            report.add(
+                format!("spec.preferredNodeSelectors[{i}].weight"),
+                Problem::WeightOutOfRange(preferred.weight),
+            );
+        }
+        let selector = match Selector::parse(&preferred.preference) {
+            Ok(selector) => Some(selector),
+            Err(errors) => {
+                for e in errors {
+                    report.add(
+                        format!("spec.preferredNodeSelectors[{i}].preference"),
+                        Problem::Selector(e),
+                    );
+                }
+                None
+            }
+        };
+        if let (Some(weight), Some(selector)) = (weight, selector) {
+            preferred_nodes.push(Preference { weight, selector });
+        }
+    }
+    preferred_nodes
 }
 
 #[cfg(test)]
