@@ -210,21 +210,7 @@ pub async fn run(
         })?;
     tracing::info!(listen = %bound, identity = %settings.identity, "serving /metrics /healthz /readyz");
 
-    let lease_error = |source| RunError::Lease {
-        namespace: settings.lease_namespace.clone(),
-        name: settings.lease_name.clone(),
-        source,
-    };
-    let duration = settings.lease_duration_seconds.max(2);
-    let lease = LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
-        .with_namespace(&settings.lease_namespace)
-        .with_identity(&settings.identity)
-        .with_field_manager(FIELD_MANAGER)
-        .with_duration(duration)
-        .with_grace((duration / 3).max(1))
-        .build()
-        .await
-        .map_err(lease_error)?;
+    let lease = lease_manager(&client, &settings).await?;
     tracing::debug!("lease manager built");
     let (mut leader, lease_task) = lease.watch().await;
     health_tx.send_modify(|h| h.ready = true);
@@ -236,18 +222,7 @@ pub async fn run(
         let _ = signal_stop.send(Some(Stop::Signal));
     });
 
-    // A standby waits for the lease or the signal.
-    let mut waiting = stop_rx.clone();
-    let became_leader = loop {
-        if *leader.borrow_and_update() {
-            break true;
-        }
-        tracing::info!(lease = %settings.lease_name, "standby: waiting for the lease");
-        tokio::select! {
-            _ = waiting.wait_for(Option::is_some) => break false,
-            changed = leader.changed() => if changed.is_err() { break false },
-        }
-    };
+    let became_leader = wait_for_lease(&mut leader, stop_rx.clone(), &settings.lease_name).await;
 
     let outcome = if became_leader {
         tracing::info!(lease = %settings.lease_name, "leader: starting");
@@ -304,6 +279,45 @@ pub async fn run(
     }
     http_task.abort();
     outcome
+}
+
+/// The lease manager of `settings`' lease.
+async fn lease_manager(
+    client: &Client,
+    settings: &Settings,
+) -> Result<kube_lease_manager::LeaseManager, RunError> {
+    let duration = settings.lease_duration_seconds.max(2);
+    LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+        .with_namespace(&settings.lease_namespace)
+        .with_identity(&settings.identity)
+        .with_field_manager(FIELD_MANAGER)
+        .with_duration(duration)
+        .with_grace((duration / 3).max(1))
+        .build()
+        .await
+        .map_err(|source| RunError::Lease {
+            namespace: settings.lease_namespace.clone(),
+            name: settings.lease_name.clone(),
+            source,
+        })
+}
+
+/// A standby waits for the lease (true) or the stop (false).
+async fn wait_for_lease(
+    leader: &mut watch::Receiver<bool>,
+    mut stop: watch::Receiver<Option<Stop>>,
+    lease: &str,
+) -> bool {
+    loop {
+        if *leader.borrow_and_update() {
+            return true;
+        }
+        tracing::info!(%lease, "standby: waiting for the lease");
+        tokio::select! {
+            _ = stop.wait_for(Option::is_some) => return false,
+            changed = leader.changed() => if changed.is_err() { return false },
+        }
+    }
 }
 
 /// Resolves when `stop` fires (or its sender is gone).
@@ -407,6 +421,57 @@ struct Housekeeping {
     written: BTreeMap<(String, String), IPAddressPoolStatus>,
 }
 
+/// The leader's caches: what the reconciler and housekeeping read.
+struct Caches {
+    namespaces: Store<Namespace>,
+    pools: Store<IPAddressPool>,
+    advertisements: Store<L2Advertisement>,
+    services: Store<Service>,
+    /// Set once the Service watch listed in full.
+    services_ready: watch::Receiver<bool>,
+}
+
+impl Caches {
+    /// Whether every cache listed in full (false: stopped first).
+    async fn ready(&mut self, stop: &mut watch::Receiver<Option<Stop>>) -> bool {
+        let startup = async {
+            let ready = futures::future::join4(
+                self.namespaces
+                    .wait_until_ready()
+                    .inspect(|_| tracing::debug!("namespaces ready")),
+                self.pools
+                    .wait_until_ready()
+                    .inspect(|_| tracing::debug!("pools ready")),
+                self.advertisements
+                    .wait_until_ready()
+                    .inspect(|_| tracing::debug!("advertisements ready")),
+                self.services_ready
+                    .wait_for(|ready| *ready)
+                    .map(|r| r.map(|_| ()))
+                    .inspect(|_| tracing::debug!("services ready")),
+            )
+            .await;
+            tracing::debug!(?ready, "stores");
+            ready.0.is_ok() && ready.1.is_ok() && ready.2.is_ok() && ready.3.is_ok()
+        };
+        tokio::select! {
+            r = startup => r,
+            _ = stop.wait_for(Option::is_some) => false,
+        }
+    }
+}
+
+/// What the leader's loop holds of the running Service controller.
+struct Running {
+    ctx: Arc<Context>,
+    recorder: Recorder,
+    /// Set once every existing assignment is loaded: no reconcile decides before.
+    loaded: watch::Sender<bool>,
+    /// Asks the controller to reconcile every Service again.
+    resync: futures::channel::mpsc::UnboundedSender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
 /// The leader's work, until `stop` fires.
 async fn lead(
     client: Client,
@@ -440,7 +505,7 @@ async fn lead(
     // from this reflector (and drives it), and this loop reads the same store for the load
     // before the first reconcile and for releases.
     let (services, service_writer) = reflector::store();
-    let (services_ready_tx, mut services_ready) = watch::channel(false);
+    let (services_ready_tx, services_ready) = watch::channel(false);
     let service_events = watcher(Api::<Service>::all(client.clone()), watch_config())
         .default_backoff()
         .modify(trim_service)
@@ -453,8 +518,15 @@ async fn lead(
             }
         })
         .applied_objects();
-    let by_namespace = services.clone();
-    let controller = Controller::for_stream(service_events, services.clone())
+    let mut caches = Caches {
+        namespaces,
+        pools,
+        advertisements,
+        services,
+        services_ready,
+    };
+    let by_namespace = caches.services.clone();
+    let controller = Controller::for_stream(service_events, caches.services.clone())
         // A Namespace's labels decide which pools may serve its Services.
         .watches_stream(namespace_changes.map(Ok), move |ns: Namespace| {
             services_in(&by_namespace, &ns.name_any())
@@ -462,39 +534,80 @@ async fn lead(
         .with_config(
             kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
         );
+    let running = run_controller(controller, client, settings, metrics, &caches, &stop);
+    let mut stopped = stop.clone();
+    let ready = caches.ready(&mut stopped).await;
+    tracing::debug!(ready, "caches");
+    if ready {
+        let mut state = Housekeeping::default();
+        apply_config(
+            &running.ctx,
+            &running.recorder,
+            &caches.pools,
+            &caches.advertisements,
+            &mut state,
+        )
+        .await;
+        load_existing(&running.ctx, &caches.services);
+        let _ = running.loaded.send(true);
+        health.send_modify(|h| h.ready = true);
+        housekeep(&running, &caches, &mut config_rx, &mut state, &mut stopped).await;
+    }
+    let Running {
+        resync,
+        loaded,
+        task,
+        ..
+    } = running;
+    drop(resync);
+    // Reconciles still waiting for the load (a stop before the caches were ready) go on and
+    // find the allocator not loaded: they write nothing.
+    drop(loaded);
+    match tokio::time::timeout(DRAIN_DEADLINE, task).await {
+        Ok(_) => tracing::info!("controller drained"),
+        Err(_) => tracing::warn!("controller drain timed out"),
+    }
+}
+
+/// Starts the Service controller: its reconciles wait until the existing assignments are
+/// loaded ([`Running::loaded`]), and it drains when `stop` fires.
+fn run_controller(
+    controller: Controller<Service>,
+    client: Client,
+    settings: &Settings,
+    metrics: ControllerMetrics,
+    caches: &Caches,
+    stop: &watch::Receiver<Option<Stop>>,
+) -> Running {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(settings.identity.clone()),
     };
     let recorder = Recorder::new(client.clone(), reporter.clone());
     let ctx = Arc::new(Context {
-        client: client.clone(),
+        client,
         allocator: Arc::new(Mutex::new(Allocator::new(
             settings.load_balancer_class.clone(),
             &Model::default(),
         ))),
-        namespaces: namespaces.clone(),
+        namespaces: caches.namespaces.clone(),
         recorder: recorder.clone(),
         reporter,
         metrics,
     });
-    let (loaded_tx, loaded_rx) = watch::channel(false);
-    let (resync_tx, resync_rx) = futures::channel::mpsc::unbounded::<()>();
-
+    let (loaded, loaded_rx) = watch::channel(false);
+    let (resync, resync_rx) = futures::channel::mpsc::unbounded::<()>();
     let mut graceful = stop.clone();
-    let reconciler = {
-        let loaded = loaded_rx.clone();
-        move |svc: Arc<Service>, ctx: Arc<Context>| {
-            let mut loaded = loaded.clone();
-            async move {
-                // Nothing is decided before every existing assignment is loaded.
-                let _ = loaded.wait_for(|l| *l).await;
-                reconcile(svc, ctx).await
-            }
+    let reconciler = move |svc: Arc<Service>, ctx: Arc<Context>| {
+        let mut loaded = loaded_rx.clone();
+        async move {
+            // Nothing is decided before every existing assignment is loaded.
+            let _ = loaded.wait_for(|l| *l).await;
+            reconcile(svc, ctx).await
         }
     };
     let watch_metrics = ctx.metrics.clone();
-    let controller_task = tokio::spawn(
+    let task = tokio::spawn(
         controller
             .reconcile_all_on(resync_rx)
             .graceful_shutdown_on(async move {
@@ -502,104 +615,86 @@ async fn lead(
             })
             .run(reconciler, error_policy, ctx.clone())
             .for_each(move |result| {
-                if let Err(kube::runtime::controller::Error::QueueError(_)) = &result {
-                    watch_metrics.watch_error(resource::SERVICES);
-                }
-                async move {
-                    match result {
-                        // The Service watch (it retries with backoff).
-                        Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
-                            tracing::warn!(error = %e, "service watch failed; retrying");
-                        }
-                        Err(e) => tracing::debug!(error = %e, "controller"),
-                        Ok(_) => {}
+                match result {
+                    // The Service watch (it retries with backoff).
+                    Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
+                        watch_metrics.watch_error(resource::SERVICES);
+                        tracing::warn!(error = %e, "service watch failed; retrying");
                     }
+                    Err(e) => tracing::debug!(error = %e, "controller"),
+                    Ok(_) => {}
                 }
+                async {}
             }),
     );
-
-    let mut stopped = stop.clone();
-    let startup = async {
-        let ready = futures::future::join4(
-            namespaces
-                .wait_until_ready()
-                .inspect(|_| tracing::debug!("namespaces ready")),
-            pools
-                .wait_until_ready()
-                .inspect(|_| tracing::debug!("pools ready")),
-            advertisements
-                .wait_until_ready()
-                .inspect(|_| tracing::debug!("advertisements ready")),
-            services_ready
-                .wait_for(|ready| *ready)
-                .map(|r| r.map(|_| ()))
-                .inspect(|_| tracing::debug!("services ready")),
-        )
-        .await;
-        tracing::debug!(?ready, "stores");
-        ready.0.is_ok() && ready.1.is_ok() && ready.2.is_ok() && ready.3.is_ok()
-    };
-    let ready = tokio::select! {
-        r = startup => r,
-        _ = stopped.wait_for(Option::is_some) => false,
-    };
-    let mut state = Housekeeping::default();
-    tracing::debug!(ready, "caches");
-    if ready {
-        apply_config(&ctx, &recorder, &pools, &advertisements, &mut state).await;
-        let existing = services.state();
-        match ctx.load_existing(existing.iter().map(AsRef::as_ref)) {
-            Ok(conflicts) => {
-                for c in &conflicts {
-                    tracing::warn!(service = %c.service, reason = c.error.as_str(), error = %c.error, "existing assignment not honoured");
-                }
-                tracing::info!(
-                    services = existing.len(),
-                    conflicts = conflicts.len(),
-                    "existing assignments loaded"
-                );
-            }
-            Err(e) => tracing::error!(error = %e, "cannot load existing assignments"),
-        }
-        drop(existing);
-        let _ = loaded_tx.send(true);
-        health.send_modify(|h| h.ready = true);
-
-        let mut tick = tokio::time::interval(HOUSEKEEPING_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stopped.wait_for(Option::is_some) => break,
-                Some(()) = config_rx.next() => {
-                    // Coalesce a burst of events into one validation.
-                    while config_rx.try_recv().is_ok() {}
-                    if apply_config(&ctx, &recorder, &pools, &advertisements, &mut state).await {
-                        let _ = resync_tx.unbounded_send(());
-                    }
-                }
-                _ = tick.tick() => {
-                    match ctx.forget_missing(&services) {
-                        Ok(gone) if !gone.is_empty() => {
-                            tracing::info!(released = gone.len(), "released the addresses of deleted Services");
-                            let _ = resync_tx.unbounded_send(());
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::error!(error = %e, "cannot release"),
-                    }
-                    // Whole seconds: what the API keeps of a transition time.
-                    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
-                    write_pool_statuses(&ctx, &pools, &mut state, now).await;
-                }
-            }
-        }
+    Running {
+        ctx,
+        recorder,
+        loaded,
+        resync,
+        task,
     }
-    drop(resync_tx);
-    // Reconciles still waiting for the load (a stop before the caches were ready) go on and
-    // find the allocator not loaded: they write nothing.
-    drop(loaded_tx);
-    match tokio::time::timeout(DRAIN_DEADLINE, controller_task).await {
-        Ok(_) => tracing::info!("controller drained"),
-        Err(_) => tracing::warn!("controller drain timed out"),
+}
+
+/// Loads the assignments the Services already hold, before the first reconcile.
+fn load_existing(ctx: &Context, services: &Store<Service>) {
+    let existing = services.state();
+    match ctx.load_existing(existing.iter().map(AsRef::as_ref)) {
+        Ok(conflicts) => {
+            for c in &conflicts {
+                tracing::warn!(service = %c.service, reason = c.error.as_str(), error = %c.error, "existing assignment not honoured");
+            }
+            tracing::info!(
+                services = existing.len(),
+                conflicts = conflicts.len(),
+                "existing assignments loaded"
+            );
+        }
+        Err(e) => tracing::error!(error = %e, "cannot load existing assignments"),
+    }
+}
+
+/// The leader's loop once loaded: configuration changes re-validated (a burst at once), and
+/// every [`HOUSEKEEPING_INTERVAL`] the addresses of deleted Services released and the pools'
+/// statuses written; until `stop` fires.
+async fn housekeep(
+    running: &Running,
+    caches: &Caches,
+    config_rx: &mut futures::channel::mpsc::UnboundedReceiver<()>,
+    state: &mut Housekeeping,
+    stop: &mut watch::Receiver<Option<Stop>>,
+) {
+    let Running {
+        ctx,
+        recorder,
+        resync,
+        ..
+    } = running;
+    let mut tick = tokio::time::interval(HOUSEKEEPING_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(Option::is_some) => break,
+            Some(()) = config_rx.next() => {
+                while config_rx.try_recv().is_ok() {}
+                if apply_config(ctx, recorder, &caches.pools, &caches.advertisements, state).await {
+                    let _ = resync.unbounded_send(());
+                }
+            }
+            _ = tick.tick() => {
+                match ctx.forget_missing(&caches.services) {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!(released = gone.len(), "released the addresses of deleted Services");
+                        let _ = resync.unbounded_send(());
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "cannot release"),
+                }
+                // Whole seconds: what the API keeps of a transition time.
+                let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH);
+                write_pool_statuses(ctx, &caches.pools, state, now).await;
+            }
+        }
     }
 }
 
