@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
-use swimlb_speaker::kubernetes::records::record_name;
+use swimlb_speaker::sources::kubernetes::records::record_name;
 use tokio::time::Instant;
 
 use crate::control_plane::{self, ControlPlane, Network};

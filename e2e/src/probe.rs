@@ -253,12 +253,17 @@ impl Prober {
 
 /// Opens the speaker's filtered packet socket (ARP and NDP) on `eth0` of the calling thread's
 /// namespace; reads wait at most `read_timeout`.
-pub fn open_eth0(read_timeout: Duration) -> Result<swimlb_speaker::packet_socket::LinkChannel> {
+pub fn open_eth0(
+    read_timeout: Duration,
+) -> Result<swimlb_speaker::net::packet_socket::LinkChannel> {
     let iface = pnet_datalink::interfaces()
         .into_iter()
         .find(|i| i.name == "eth0")
         .context("no eth0 in this namespace")?;
-    Ok(swimlb_speaker::packet_socket::open(&iface, read_timeout)?)
+    Ok(swimlb_speaker::net::packet_socket::open(
+        &iface,
+        read_timeout,
+    )?)
 }
 
 /// One ARP frame claiming an address, as the client saw it.

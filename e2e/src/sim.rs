@@ -39,9 +39,10 @@ use swimlb_speaker::gossip::{
     Core, Directory, GossipMetrics, GossipSettings, NodeIdentity, Outgoing, Profile,
     SuspicionOutcome, Timing,
 };
-use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
+use swimlb_speaker::model::membership::{LiveChange, LiveSet, MemberMeta};
+use swimlb_speaker::model::watch_knobs::Knobs;
 use swimlb_speaker::owner_watch::core::{MAX_WATCHERS, watch_addr};
-use swimlb_speaker::owner_watch::{Command, Event, Knobs, Plan, WatchCore, WatchMetrics};
+use swimlb_speaker::owner_watch::{Command, Event, Plan, WatchCore, WatchMetrics};
 
 /// What to simulate.
 #[derive(Debug, Clone)]

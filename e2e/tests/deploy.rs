@@ -273,7 +273,7 @@ fn container<'a>(spec: &'a Value, name: &str) -> &'a Value {
 
 /// The default of the flag `id` of `swimlb-speaker kubernetes`.
 fn speaker_default(id: &str) -> String {
-    let command = <swimlb_speaker::kubernetes::cli::Args as clap::Args>::augment_args(
+    let command = <swimlb_speaker::sources::kubernetes::cli::Args as clap::Args>::augment_args(
         clap::Command::new("swimlb-speaker"),
     );
     let arg = command
@@ -318,13 +318,13 @@ fn the_manifests_agree_with_the_binaries() {
     assert_eq!(port("metrics"), u64::from(listen.port()));
     assert_eq!(
         port("gossip"),
-        u64::from(swimlb_speaker::kubernetes::cli::GOSSIP_PORT)
+        u64::from(swimlb_speaker::sources::kubernetes::cli::GOSSIP_PORT)
     );
     assert_eq!(speaker_pod["hostNetwork"], true);
 
     // Grace periods outlast the drains.
     let grace = |spec: &Value| spec["terminationGracePeriodSeconds"].as_u64().expect("set");
-    assert!(grace(speaker_pod) > swimlb_speaker::engine::DRAIN_DEADLINE.as_secs());
+    assert!(grace(speaker_pod) > swimlb_speaker::model::engine::DRAIN_DEADLINE.as_secs());
     let controller_pod = pod_spec(&objects, "Deployment", "swimlb-controller");
     assert!(
         grace(controller_pod)

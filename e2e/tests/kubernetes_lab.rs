@@ -878,7 +878,7 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
 
     // A record left by a speaker that is gone, of a Service that does not exist (deleted while
     // every speaker was down): no event will ever touch it; the sweep deletes it.
-    let ghost = swimlb_speaker::kubernetes::records::record_name(
+    let ghost = swimlb_speaker::sources::kubernetes::records::record_name(
         &swimlb_config::service::ServiceKey::new("default", "ghost"),
     );
     let created = api

@@ -21,8 +21,8 @@ use serde_json::json;
 use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_e2e::metrics_doc;
 use swimlb_speaker::gossip::Timing;
-use swimlb_speaker::kubernetes::run::{Settings, run};
-use swimlb_speaker::kubernetes::snapshot::Options;
+use swimlb_speaker::sources::kubernetes::run::{Settings, run};
+use swimlb_speaker::sources::kubernetes::snapshot::Options;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 

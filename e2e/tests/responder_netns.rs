@@ -11,15 +11,15 @@ use std::time::Duration;
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe;
 use swimlb_proto::ethernet::MacAddr;
-use swimlb_speaker::packet_socket;
-use swimlb_speaker::responder::{Control, Metrics, Owned, Responder};
+use swimlb_speaker::net::packet_socket;
+use swimlb_speaker::net::responder::{Control, Metrics, Owned, Responder};
 
 fn start_responder(
     netns_name: &str,
 ) -> (
     Responder,
     Metrics,
-    tokio::sync::mpsc::UnboundedReceiver<swimlb_speaker::responder::Conflict>,
+    tokio::sync::mpsc::UnboundedReceiver<swimlb_speaker::net::responder::Conflict>,
 ) {
     let (tx, rx) = std::sync::mpsc::channel();
     let ns = netns_name.to_string();

@@ -341,11 +341,11 @@ fn first_new_answerer(prober: &Prober, fault: Instant, old_owner: &str) -> Optio
 /// The failover on a failing check that `swimlb-speaker check-config` prints for node `index`'s
 /// file (its first group's first check), computed by the same code.
 fn failing_check_figure(run: &Running, index: usize) -> Duration {
-    use swimlb_speaker::config_report::FailoverEstimate;
+    use swimlb_speaker::sources::config_report::FailoverEstimate;
     let name = &run.lab.node(index).name;
     let text = std::fs::read_to_string(run.daemons.dir().join(format!("{name}.yaml"))).unwrap();
     let config = swimlb_config::standalone::Standalone::parse(&text).expect("the lab's file");
-    let timing = swimlb_speaker::standalone::timing(&config).expect("the lab's timings");
+    let timing = swimlb_speaker::sources::standalone::timing(&config).expect("the lab's timings");
     let check = &config.groups[0].checks[0];
     FailoverEstimate::of(&timing, run.lab.nodes.len()).failing_check(check.worst_case_detection())
 }

@@ -13,12 +13,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group};
-use swimlb_speaker::announcer::Schedule;
-use swimlb_speaker::election::{Election, elect_with_threads, order_hash};
-use swimlb_speaker::engine::{Engine, Input, Start};
-use swimlb_speaker::interfaces::{Link, MAIN_TABLE, Route};
-use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
-use swimlb_speaker::snapshot::{ServedIp, Snapshot};
+use swimlb_speaker::model::announcer::Schedule;
+use swimlb_speaker::model::election::{Election, elect_with_threads, order_hash};
+use swimlb_speaker::model::engine::{Engine, Input, Start};
+use swimlb_speaker::model::links::{Link, MAIN_TABLE, Route};
+use swimlb_speaker::model::membership::{LiveChange, LiveSet, MemberMeta};
+use swimlb_speaker::model::snapshot::{ServedIp, Snapshot};
 
 const IPS: u32 = 10_000;
 const MEMBERS: usize = 1_000;

@@ -11,10 +11,10 @@ use std::net::{IpAddr, Ipv6Addr};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hyper::Method;
 use prometheus_client::registry::Registry;
-use swimlb_speaker::engine::AddressView;
 use swimlb_speaker::gossip::GossipMetrics;
-use swimlb_speaker::http::route;
-use swimlb_speaker::status::StatusBoard;
+use swimlb_speaker::model::engine::AddressView;
+use swimlb_speaker::serve::http::route;
+use swimlb_speaker::serve::status::StatusBoard;
 
 const IPS: u32 = 10_000;
 

@@ -10,7 +10,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use swimlb_proto::arp::{ArpOperation, ArpRepr};
 use swimlb_proto::ethernet::{EtherType, EthernetRepr, MacAddr, ZERO};
 use swimlb_proto::ndp::{self, NdpFrame, NdpMessage, NdpRepr};
-use swimlb_speaker::responder::{Owned, decide};
+use swimlb_speaker::net::responder::{Owned, decide};
 
 const OURS: MacAddr = MacAddr(2, 0, 0, 0, 0, 1);
 const THEIRS: MacAddr = MacAddr(2, 0, 0, 0, 0, 2);

@@ -62,7 +62,7 @@ enum Command {
     /// SIGINT (then drain).
     Kubernetes {
         #[command(flatten)]
-        args: Box<crate::kubernetes::cli::Args>,
+        args: Box<crate::sources::kubernetes::cli::Args>,
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
@@ -74,7 +74,7 @@ enum Command {
     /// verdict, the members, this node's checks.
     Status {
         /// The speaker's HTTP listener: host:port, or a host (port 7572).
-        #[arg(default_value = crate::status_table::DEFAULT_ADDR)]
+        #[arg(default_value = crate::serve::status_table::DEFAULT_ADDR)]
         addr: String,
         /// Redraw every second until Ctrl-C.
         #[arg(long, short)]
@@ -113,7 +113,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
 }
 
 fn status(addr: &str, watch: bool) -> ExitCode {
-    let socket = match crate::status_table::resolve(addr) {
+    let socket = match crate::serve::status_table::resolve(addr) {
         Ok(socket) => socket,
         Err(e) => {
             eprintln!("swimlb-speaker status: {e}");
@@ -131,7 +131,7 @@ fn status(addr: &str, watch: bool) -> ExitCode {
         }
     };
     let terminal = std::io::stdout().is_terminal();
-    match runtime.block_on(crate::status_table::run(socket, watch, terminal)) {
+    match runtime.block_on(crate::serve::status_table::run(socket, watch, terminal)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("swimlb-speaker status: {e}");
@@ -160,9 +160,12 @@ fn check_config(file: &Path) -> ExitCode {
         Err(code) => return code,
     };
     // What the daemon would refuse at start-up is an error of the check too.
-    match crate::config_report::refusals(&config) {
+    match crate::sources::config_report::refusals(&config) {
         (problems, Some(timing)) if problems.is_empty() => {
-            print!("{}", crate::config_report::report(&config, &timing));
+            print!(
+                "{}",
+                crate::sources::config_report::report(&config, &timing)
+            );
             ExitCode::SUCCESS
         }
         (problems, _) => {
@@ -202,7 +205,11 @@ fn init_tracing(format: LogFormat, filter: &str) {
     };
 }
 
-fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &str) -> ExitCode {
+fn kubernetes(
+    args: &crate::sources::kubernetes::cli::Args,
+    format: LogFormat,
+    filter: &str,
+) -> ExitCode {
     init_tracing(format, filter);
     let settings = match args.settings() {
         Ok(s) => s,
@@ -217,11 +224,11 @@ fn kubernetes(args: &crate::kubernetes::cli::Args, format: LogFormat, filter: &s
         let mut config = kube::Config::infer()
             .await
             .map_err(|e| format!("Kubernetes client: {e}"))?;
-        config.read_timeout = Some(crate::kubernetes::watch::READ_TIMEOUT);
+        config.read_timeout = Some(crate::sources::kubernetes::watch::READ_TIMEOUT);
         let client =
             kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
         let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
-        crate::kubernetes::run::run(settings, client, shutdown)
+        crate::sources::kubernetes::run::run(settings, client, shutdown)
             .await
             .map_err(|e| e.to_string())
     })
@@ -244,7 +251,7 @@ fn shutdown_signal()
 /// Runs a daemon on a two-thread runtime until it returns; its error is logged, printed and
 /// exits 69 (as does a runtime that cannot be built).
 fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    crate::memory::limit_arenas();
+    crate::serve::memory::limit_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -256,7 +263,9 @@ fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> 
             return ExitCode::from(EX_UNAVAILABLE);
         }
     };
-    runtime.spawn(crate::memory::trim_every(crate::memory::TRIM_PERIOD));
+    runtime.spawn(crate::serve::memory::trim_every(
+        crate::serve::memory::TRIM_PERIOD,
+    ));
     match runtime.block_on(daemon) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -283,7 +292,7 @@ fn standalone(file: &Path, format: LogFormat, filter: &str) -> ExitCode {
             }
         });
         let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
-        crate::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
+        crate::sources::standalone::run(config, file.to_path_buf(), shutdown, reload_rx)
             .await
             .map_err(|e| e.to_string())
     })

@@ -15,8 +15,8 @@ use serde_json::Value;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::standalone::Standalone;
 
-use crate::kubernetes::snapshot::{Built, Caches, Keeper, Options, build, trim_node};
-use crate::kubernetes::views::{ServiceView, SliceView, trim_service, trim_slice};
+use crate::sources::kubernetes::snapshot::{Built, Caches, Keeper, Options, build, trim_node};
+use crate::sources::kubernetes::views::{ServiceView, SliceView, trim_service, trim_slice};
 
 /// What `swimlb-speaker check-config` decides on a file's bytes, but for the key file (a path
 /// the fuzzer picks is not read): `Ok` with the report, or every error. Properties: an invalid
@@ -30,7 +30,7 @@ pub fn standalone_file(bytes: &[u8]) -> Result<String, Vec<String>> {
             return Err(errors.0.iter().map(ToString::to_string).collect());
         }
     };
-    let served = crate::standalone::snapshot(&config);
+    let served = crate::sources::standalone::snapshot(&config);
     let addresses: BTreeSet<_> = config.addresses().map(|(_, ip)| ip).collect();
     assert_eq!(
         served.iter().count(),
@@ -38,9 +38,9 @@ pub fn standalone_file(bytes: &[u8]) -> Result<String, Vec<String>> {
         "a valid file lists an address twice"
     );
     assert_eq!(served.iter().count(), addresses.len());
-    match crate::config_report::start_refusals(&config) {
+    match crate::sources::config_report::start_refusals(&config) {
         (problems, Some(timing)) if problems.is_empty() => {
-            Ok(crate::config_report::report(&config, &timing))
+            Ok(crate::sources::config_report::report(&config, &timing))
         }
         (problems, _) => {
             assert!(!problems.is_empty(), "timings refused without a reason");

@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use netns::{Lab, arp_answered, ip, must, require_root, run};
 
-use swimlb_speaker::addresses::{Addresses, Error as AddressError, HolderKind};
-use swimlb_speaker::interfaces::{InterfaceWatch, NoInterface, choose, snapshot};
+use swimlb_speaker::model::links::{NoInterface, choose};
+use swimlb_speaker::net::addresses::{Addresses, Error as AddressError, HolderKind};
+use swimlb_speaker::net::netlink::{InterfaceWatch, snapshot};
 
 /// Pings `target` over IPv6 from namespace B: a reply needs a neighbor advertisement first.
 fn ns_answered(b: &str, veth_b: &str, target: &str) -> bool {

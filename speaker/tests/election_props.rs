@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
-use swimlb_speaker::election::{Election, Outcome, effective_priority, elect, standing};
-use swimlb_speaker::membership::{CheckResult, GroupHealth, LiveChange, LiveSet, MemberMeta};
-use swimlb_speaker::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
+use swimlb_speaker::model::election::{Election, Outcome, effective_priority, elect, standing};
+use swimlb_speaker::model::membership::{
+    CheckResult, GroupHealth, LiveChange, LiveSet, MemberMeta,
+};
+use swimlb_speaker::model::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
 
 const NODES: usize = 8;
 const GROUPS: [&str; 3] = ["g0", "g1", "g2"];

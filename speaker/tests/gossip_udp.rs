@@ -6,7 +6,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use swimlb_proto::KeyRing;
 use swimlb_speaker::gossip::{GossipHandle, GossipMetrics, GossipSettings, Timing, spawn};
-use swimlb_speaker::membership::{LiveChange, LiveSet, MemberMeta};
+use swimlb_speaker::model::membership::{LiveChange, LiveSet, MemberMeta};
 
 const KEY: [u8; 32] = [42; 32];
 

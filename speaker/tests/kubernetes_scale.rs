@@ -32,9 +32,9 @@ use serde_json::{Value, json};
 use swimlb_config::service::ServiceKey;
 use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_speaker::gossip::Timing;
-use swimlb_speaker::kubernetes::records::record_name;
-use swimlb_speaker::kubernetes::run::{Settings, run};
-use swimlb_speaker::kubernetes::snapshot::Options;
+use swimlb_speaker::sources::kubernetes::records::record_name;
+use swimlb_speaker::sources::kubernetes::run::{Settings, run};
+use swimlb_speaker::sources::kubernetes::snapshot::Options;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -247,7 +247,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// How long the speaker is left alone before its memory is read: longer than its
-/// `malloc_trim` period ([`swimlb_speaker::memory::TRIM_PERIOD`]).
+/// `malloc_trim` period ([`swimlb_speaker::serve::memory::TRIM_PERIOD`]).
 const REST: Duration = Duration::from_secs(6);
 
 /// SIGKILLs every process running `program` (found through `/proc/PID/exe`).

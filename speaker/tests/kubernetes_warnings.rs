@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use swimlb_control_plane::test_plane::TestPlane;
 use swimlb_speaker::gossip::Timing;
-use swimlb_speaker::kubernetes::run::{Settings, run};
-use swimlb_speaker::kubernetes::snapshot::Options;
+use swimlb_speaker::sources::kubernetes::run::{Settings, run};
+use swimlb_speaker::sources::kubernetes::snapshot::Options;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 

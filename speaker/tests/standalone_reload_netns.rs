@@ -101,7 +101,7 @@ fn a_broken_file_or_garbage_keys_on_reload_are_refused_counted_and_logged_while_
         let shutdown = Box::pin(async move {
             let _ = stop_rx.await;
         });
-        let speaker = tokio::spawn(swimlb_speaker::standalone::run(
+        let speaker = tokio::spawn(swimlb_speaker::sources::standalone::run(
             config,
             path.clone(),
             shutdown,

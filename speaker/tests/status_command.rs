@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use swimlb_speaker::http::{AddressStatus, MemberStatus, Status};
+use swimlb_speaker::serve::http::{AddressStatus, MemberStatus, Status};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -54,7 +54,7 @@ fn listener() -> (SocketAddr, tokio::runtime::Runtime) {
         let (tx, rx) = watch::channel(status());
         // The listener reads the channel for as long as the runtime lives.
         std::mem::forget(tx);
-        swimlb_speaker::http::spawn(
+        swimlb_speaker::serve::http::spawn(
             "127.0.0.1:0".parse().unwrap(),
             rx,
             Arc::new(Registry::default()),

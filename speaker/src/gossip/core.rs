@@ -70,7 +70,7 @@ use super::metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 use super::replay::{ReplayGuard, sender_id};
 use super::sync::{Digest, RunningDigest};
 use super::timing::{Timing, TimingError};
-use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
+use crate::model::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 
 /// Pings a member sends to a suspect for one inquiry before it answers "unreachable".
 const RELAY_ATTEMPTS: u32 = 3;

@@ -31,7 +31,7 @@ use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
 use super::identity::NodeIdentity;
 use super::metadata::FastMap;
 use super::metrics::GossipMetrics;
-use crate::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
+use crate::model::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
 const CHANGE_BACKLOG: usize = 4096;

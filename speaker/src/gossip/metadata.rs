@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use super::identity::NodeIdentity;
-use crate::membership::{MemberMeta, NodeName};
+use crate::model::membership::{MemberMeta, NodeName};
 
 /// The largest encoded metadata record.
 pub const MAX_META_RECORD_LEN: usize = 1024;

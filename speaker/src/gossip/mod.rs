@@ -12,8 +12,8 @@
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
 //!
-//! The module's output is a [`LiveSet`](crate::membership::LiveSet) (alive members with their
-//! metadata) and a stream of [`LiveChange`](crate::membership::LiveChange)s.
+//! The module's output is a [`LiveSet`](crate::model::membership::LiveSet) (alive members with their
+//! metadata) and a stream of [`LiveChange`](crate::model::membership::LiveChange)s.
 
 pub mod core;
 pub mod driver;

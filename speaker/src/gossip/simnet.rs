@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use super::core::Core;
-use crate::membership::LiveChange;
+use crate::model::membership::LiveChange;
 
 /// Link behaviour for every datagram.
 #[derive(Debug, Clone, Copy, PartialEq)]

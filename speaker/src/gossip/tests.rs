@@ -9,7 +9,7 @@ use super::identity::NodeIdentity;
 use super::metrics::{GossipMetrics, RejectReason, SuspicionOutcome};
 use super::simnet::{Links, SimNet, Tapped};
 use super::timing::Timing;
-use crate::membership::{LiveChange, MemberMeta};
+use crate::model::membership::{LiveChange, MemberMeta};
 
 const K1: [u8; 32] = [1; 32];
 const K2: [u8; 32] = [2; 32];

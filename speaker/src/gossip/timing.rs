@@ -4,7 +4,7 @@
 //! [`Profile::Lan`] (memberlist's LAN defaults, seconds, for noisy networks). Every knob is a
 //! public field and may be overridden; [`Timing::validate`] rejects invalid combinations with
 //! every problem listed, before anything runs. The numbers behind the profiles come from
-//! `swimlb-lab sim` (see the README). The owner watch's knobs ([`crate::owner_watch::Knobs`])
+//! `swimlb-lab sim` (see the README). The owner watch's knobs ([`crate::model::watch_knobs::Knobs`])
 //! ride along: on in `fast`, off in `lan`.
 
 use std::num::{NonZeroU8, NonZeroUsize};
@@ -24,7 +24,7 @@ const _: () = assert!(1 + DEFAULT_MAX_PACKET + OVERHEAD <= 1452);
 
 use swimlb_config::standalone::GossipSettings;
 
-use crate::owner_watch::Knobs;
+use crate::model::watch_knobs::Knobs;
 /// A named starting point for [`Timing`]: one type, the configuration's, so a file, the CLI and
 /// the simulation name profiles alike.
 pub use swimlb_config::standalone::Profile;

@@ -17,7 +17,7 @@ use super::core::{Core, GossipSettings};
 use super::driver::{GossipHandle, spawn};
 use super::metrics::{GossipMetrics, RejectReason};
 use super::timing::Timing;
-use crate::membership::{LiveChange, LiveSet, MemberMeta};
+use crate::model::membership::{LiveChange, LiveSet, MemberMeta};
 
 const KEY: [u8; 32] = [77; 32];
 const CLUSTER: &str = "replay-udp";

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use super::metrics::TakeoverResult;
 use crate::gossip::NodeIdentity;
-use crate::membership::NodeName;
+use crate::model::membership::NodeName;
 
 /// An accusation lapses after this long unless the gossip has confirmed it.
 pub const ACCUSATION_TTL: Duration = Duration::from_secs(5);

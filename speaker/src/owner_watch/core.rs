@@ -42,10 +42,11 @@ use swimlb_proto::heartbeat::{self, NodeRef};
 use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 
 use super::metrics::{CheckResult, DropReason, WatchMetrics};
-use super::{Detector, Heard, Knobs, Schedule, Verdict};
+use super::{Detector, Heard, Schedule, Verdict};
 use crate::gossip::replay::{ReplayGuard, sender_id};
 use crate::gossip::{Directory, NodeIdentity, Outgoing};
-use crate::membership::NodeName;
+use crate::model::membership::NodeName;
+use crate::model::watch_knobs::Knobs;
 
 /// At most this many watchers per owner (the issue's `K`).
 pub const MAX_WATCHERS: usize = 3;

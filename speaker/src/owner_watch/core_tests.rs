@@ -12,9 +12,10 @@ use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 
 use super::core::{Command, Event, FAREWELL_INTERVAL_MS, Plan, WatchCore, watch_addr};
 use super::metrics::{CheckResult, DropReason, WatchMetrics};
-use super::{Knobs, worst_case_detection};
+use super::worst_case_detection;
 use crate::gossip::replay::sender_id;
 use crate::gossip::{Directory, NodeIdentity};
+use crate::model::watch_knobs::Knobs;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -51,21 +51,13 @@ pub use self::core::{Command, Event, Plan, WatchCore};
 pub use metrics::{CheckResult, DropReason, TakeoverResult, WatchMetrics};
 pub use service::{WatchEvents, WatchHandle};
 
+use crate::model::watch_knobs::{Knobs, MIN_INTERVAL, SLOW_INTERVAL};
+
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-/// The fast interval `I` by default (the `fast` profile).
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(20);
-/// Missed intervals `M` before silence, by default.
-pub const DEFAULT_MISSES: u32 = 5;
-/// The shortest interval `check-config` accepts.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
-/// The fewest misses `check-config` accepts.
-pub const MIN_MISSES: u32 = 3;
-/// The rate of a watch not yet established, and the longest interval accepted.
-pub const SLOW_INTERVAL: Duration = Duration::from_secs(1);
 /// Heartbeats of one incarnation a watcher hears before it acknowledges (see the module docs).
 pub const ESTABLISH_BEATS: u32 = 1;
 /// Beats a new schedule sends at the fast interval before it settles at the slow rate, each
@@ -87,63 +79,6 @@ pub fn max_jitter(interval: Duration) -> Duration {
 /// `misses * interval` + [`max_jitter`] + a quarter interval of slack for delivery.
 pub fn window(interval: Duration, misses: u32) -> Duration {
     interval * misses + max_jitter(interval) + interval / 4
-}
-
-/// The watch's knobs, per profile. Validate with [`Knobs::validate`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Knobs {
-    /// The fast interval `I`.
-    pub interval: Duration,
-    /// Missed intervals `M` before silence.
-    pub misses: u32,
-    /// The off switch: when false the caller runs no watch (gossip alone detects).
-    pub enabled: bool,
-}
-
-impl Default for Knobs {
-    fn default() -> Knobs {
-        Knobs {
-            interval: DEFAULT_INTERVAL,
-            misses: DEFAULT_MISSES,
-            enabled: true,
-        }
-    }
-}
-
-/// Why [`Knobs`] are invalid. Each names the value it refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum KnobsError {
-    /// `I` < [`MIN_INTERVAL`].
-    #[error("owner watch interval {0:?} is shorter than the minimum of 10ms")]
-    IntervalTooShort(Duration),
-    /// `I` > [`SLOW_INTERVAL`] (a heartbeat carries at most 65,535 ms anyway).
-    #[error("owner watch interval {0:?} is longer than the slow rate of 1s")]
-    IntervalTooLong(Duration),
-    /// `M` < [`MIN_MISSES`].
-    #[error("owner watch misses {0} is fewer than the minimum of 3")]
-    TooFewMisses(u32),
-}
-
-impl Knobs {
-    /// Checks `I` >= 10 ms, `I` <= 1 s and `M` >= 3, also when the watch is off (so a profile
-    /// switched on later is already valid); returns every problem at once.
-    pub fn validate(&self) -> Result<(), Vec<KnobsError>> {
-        let mut problems = Vec::new();
-        if self.interval < MIN_INTERVAL {
-            problems.push(KnobsError::IntervalTooShort(self.interval));
-        }
-        if self.interval > SLOW_INTERVAL {
-            problems.push(KnobsError::IntervalTooLong(self.interval));
-        }
-        if self.misses < MIN_MISSES {
-            problems.push(KnobsError::TooFewMisses(self.misses));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems)
-        }
-    }
 }
 
 /// The worst-case time from an owner's crash to [`Verdict::Silent`] at its watcher, with the
@@ -560,6 +495,7 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::watch_knobs::{DEFAULT_INTERVAL, DEFAULT_MISSES, KnobsError, MIN_MISSES};
 
     const MS: Duration = Duration::from_millis(1);
     const I: Duration = DEFAULT_INTERVAL;

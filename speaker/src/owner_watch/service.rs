@@ -24,10 +24,10 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::Knobs;
 use super::core::{Command, Event, Plan, WatchCore};
 use super::metrics::WatchMetrics;
 use crate::gossip::driver::Directory;
+use crate::model::watch_knobs::Knobs;
 
 pub use super::core::{
     CHECK_ROUNDS, FAREWELL_INTERVAL_MS, MAX_WATCHERS, check_round_at, watch_addr,

@@ -1,0 +1,1133 @@
+//! The drivers around the [`Engine`], shared by every mode: they read inputs, call the engine
+//! and carry out its actions. Nothing here decides.
+//!
+//! - [`Daemon`] holds the engine, the gossip handle, this node's record ([`LocalState`]), the
+//!   responders ([`AnsweringLinks`]) and `/status` with the owner gauges ([`StatusBoard`]).
+//!   [`Daemon::handle`] feeds one input and performs the actions: link actions go to the
+//!   responders, status deltas to the board, new announce facts into the node's record and out
+//!   through the gossip, notices to the log.
+//! - [`NetWatch`] dumps links and routes in its own task whenever the kernel reports a change,
+//!   so a netlink dump never delays a conflict or an announcement tick.
+//! - [`JoinHold`] decides when a starting node may answer: not while the mesh forms (a node
+//!   alone elects itself for everything, and two nodes would answer for one IP). The same hold
+//!   comes back after a pause: when the gossip reports [`Phase::Paused`] (the process was not
+//!   scheduled for longer than the suspicion timeout, see `gossip::driver`), the node answers
+//!   nothing until it has heard the cluster again, so it never answers for an IP the cluster
+//!   moved while it slept.
+//! - The owner watch ([`crate::owner_watch`]): the daemon tells the watch thread its
+//!   [`Plan`] (whom to send heartbeats to: the successors of the IPs it answers for) and acts
+//!   on its events. A silent owner is *accused*: the engine elects without it (as if it were
+//!   down, without touching the gossip: in foca a down member must rejoin under a new identity),
+//!   this node announces what it takes over and claims it to every member, which accuse it too.
+//!   An accusation ends when the gossip declares the member down or it comes back renewed
+//!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
+//!   refutes every claim against it and re-announces, and it keeps its IPs: the election
+//!   without accusations is the rule every node computes the same way). An accusation also ends
+//!   after [`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL). Which accusations stand is [`Accusations`]' decision; the daemon
+//!   feeds it and carries out its answers.
+//! - [`FailoverMetrics`] is the failover latency histogram: for every
+//!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
+//!   this node handed its first announcement of the IP to the responder.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+
+use crate::gossip::{GossipHandle, Phase};
+use crate::model::engine::{Action, Engine, Input, Notice};
+use crate::model::links::{Link, Route};
+use crate::model::local::LocalState;
+use crate::model::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
+use crate::model::watch_knobs::Knobs;
+use crate::net::answering::AnsweringLinks;
+use crate::net::netlink::{self, InterfaceWatch};
+use crate::owner_watch::accusations::{
+    Accusations, Change, Claimed, Ended, Ending, MemberChange, Silent,
+};
+use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
+use crate::owner_watch::{Command, Event, Plan, WatchEvents, WatchHandle, WatchMetrics};
+use crate::serve::status::StatusBoard;
+use swimlb_proto::KeyRing;
+
+/// A starting node answers at the latest this long after start, joined or not (its peers may
+/// all be down: then it serves alone).
+pub const JOIN_GRACE: Duration = Duration::from_secs(3);
+/// After joining, a node waits this long (and for every member's record) before it answers, so
+/// that the members the join brought are known.
+pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
+
+/// When a starting node may answer (pure; `now` is an argument).
+#[derive(Debug, Clone)]
+pub struct JoinHold {
+    started: Instant,
+    active_since: Option<Instant>,
+    released: bool,
+}
+
+impl JoinHold {
+    /// A hold from `now`; a node with no peers to join (`alone`) is never held.
+    pub fn new(now: Instant, alone: bool) -> JoinHold {
+        JoinHold {
+            started: now,
+            active_since: None,
+            released: alone,
+        }
+    }
+
+    /// Whether the hold is still on.
+    pub fn holding(&self) -> bool {
+        !self.released
+    }
+
+    /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
+    /// the node has been `Active` for [`JOIN_SETTLE`] and holds every member's record (no
+    /// placeholder of version 0), or [`JOIN_GRACE`] after start.
+    pub fn release(&mut self, now: Instant, phase: Phase, live: &LiveSet) -> bool {
+        if self.released {
+            return false;
+        }
+        match phase {
+            Phase::Active => {
+                self.active_since.get_or_insert(now);
+            }
+            Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
+        }
+        let settled = self
+            .active_since
+            .is_some_and(|t| now >= t + JOIN_SETTLE && live.iter().all(|m| m.version > 0));
+        self.released = settled || now >= self.started + JOIN_GRACE;
+        self.released
+    }
+
+    /// Puts the hold back on when the gossip reports a pause (the hold then ends as at start-up,
+    /// [`JOIN_GRACE`] after `now` at the latest); returns true once per pause, when it does.
+    pub fn rearm(&mut self, now: Instant, phase: Phase) -> bool {
+        if phase != Phase::Paused || !self.released {
+            return false;
+        }
+        *self = JoinHold::new(now, false);
+        true
+    }
+
+    /// Puts the hold back on for a pause the owner watch saw (its thread was not scheduled for
+    /// longer than a watcher waits); returns false when it was on already.
+    pub fn rearm_now(&mut self, now: Instant) -> bool {
+        if !self.released {
+            return false;
+        }
+        *self = JoinHold::new(now, false);
+        true
+    }
+
+    /// When to look again.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.released {
+            return None;
+        }
+        let grace = self.started + JOIN_GRACE;
+        Some(match self.active_since {
+            Some(t) => grace.min(t + JOIN_SETTLE),
+            None => grace,
+        })
+    }
+}
+
+/// `swimlb_failover_seconds`: how long the IPs this node took over were unanswered, as far as
+/// this node can tell. One sample per IP taken over from a member that went down or left (see
+/// [`Notice::TookOver`] for what is not a takeover), from the last datagram this node heard
+/// from that member to the moment it handed its first gratuitous announcement of the IP to the
+/// responder (which sends it at once). Not timed: a previous owner this node never heard from
+/// directly. Cloning shares the series.
+#[derive(Debug, Clone)]
+pub struct FailoverMetrics {
+    seconds: Histogram,
+}
+
+impl Default for FailoverMetrics {
+    fn default() -> FailoverMetrics {
+        FailoverMetrics {
+            // 10 ms .. 10.24 s, doubling.
+            seconds: Histogram::new(exponential_buckets(0.01, 2.0, 11)),
+        }
+    }
+}
+
+impl FailoverMetrics {
+    /// The histogram, registered into `registry`.
+    pub fn register(registry: &mut Registry) -> FailoverMetrics {
+        let metrics = FailoverMetrics::default();
+        registry.register(
+            "swimlb_failover_seconds",
+            "From the last datagram heard from an IP's owner that went down or left to this node's first gratuitous announcement of the IP, one sample per IP taken over",
+            metrics.seconds.clone(),
+        );
+        metrics
+    }
+}
+
+/// Times every [`Notice::TookOver`] among `actions` into `failovers`: from when its previous
+/// owner was last heard from (`last_heard`; `None`: never directly, not timed) to `announced`,
+/// when the actions' announcements were handed to the responders. Returns each takeover with
+/// its duration, for the log.
+pub(crate) fn observe_takeovers<'a>(
+    actions: &'a [Action],
+    announced: Instant,
+    last_heard: impl Fn(&str) -> Option<Instant>,
+    failovers: &FailoverMetrics,
+) -> Vec<(IpAddr, &'a NodeName, Option<Duration>)> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Notice(Notice::TookOver { ip, from }) => {
+                let took = last_heard(from).map(|heard| announced.saturating_duration_since(heard));
+                if let Some(took) = took {
+                    failovers.seconds.observe(took.as_secs_f64());
+                }
+                Some((*ip, from, took))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The latest links and routes, dumped in the background after every kernel notification.
+#[derive(Debug)]
+pub struct NetWatch {
+    rx: watch::Receiver<(Vec<Link>, Vec<Route>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NetWatch {
+    /// Subscribes, then dumps once (no change between the two is missed).
+    pub async fn start() -> Result<(NetWatch, Vec<Link>, Vec<Route>), netlink::Error> {
+        let mut watch_kernel = InterfaceWatch::subscribe()?;
+        let (links, routes) = netlink::snapshot().await?;
+        let (tx, rx) = watch::channel((links.clone(), routes.clone()));
+        let task = tokio::spawn(async move {
+            loop {
+                if let Err(e) = watch_kernel.changed().await {
+                    tracing::warn!(error = %e, "link and route notifications stopped: subscribing again");
+                    match InterfaceWatch::subscribe() {
+                        Ok(w) => watch_kernel = w,
+                        Err(e) => {
+                            tracing::error!(error = %e, "interface changes are no longer seen");
+                            return;
+                        }
+                    }
+                }
+                match netlink::snapshot().await {
+                    Ok(net) => {
+                        if tx.send(net).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read links and routes"),
+                }
+            }
+        });
+        Ok((NetWatch { rx, task }, links, routes))
+    }
+
+    /// The links and routes last dumped.
+    pub fn latest(&self) -> (Vec<Link>, Vec<Route>) {
+        self.rx.borrow().clone()
+    }
+
+    /// Another view of the links and routes last dumped (for a reader that does not wait for
+    /// changes).
+    pub fn subscribe(&self) -> watch::Receiver<(Vec<Link>, Vec<Route>)> {
+        self.rx.clone()
+    }
+
+    /// Resolves with the next links and routes.
+    pub async fn changed(&mut self) -> Option<(Vec<Link>, Vec<Route>)> {
+        self.rx.changed().await.ok()?;
+        Some(self.rx.borrow_and_update().clone())
+    }
+}
+
+impl Drop for NetWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The engine and the drivers of one speaker.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The decision core.
+    pub engine: Engine,
+    /// This node's gossiped record.
+    pub local: LocalState,
+    /// `/status` and the owner gauges.
+    pub board: StatusBoard,
+    answering: AnsweringLinks,
+    gossip: GossipHandle,
+    failovers: FailoverMetrics,
+    live: watch::Receiver<LiveSet>,
+    drained: bool,
+    watch: Option<WatchHandle>,
+    /// Members the owner watch found silent, here or by a claim.
+    accusations: Accusations,
+    /// The origin of the accusations' clock.
+    origin: Instant,
+    plan: Option<Plan>,
+    /// The successors of what this node answers for, kept per IP for the plan.
+    successors: Successors,
+    /// When this node may answer (start-up, and after a pause).
+    hold: JoinHold,
+    /// The IPs the last actions took over, with their previous owner.
+    took_over: Vec<(IpAddr, NodeName)>,
+}
+
+/// Starts the owner watch beside `gossip` when `knobs` switch it on: its socket on the gossip
+/// port + 1, its own copy of the key ring (`ring`: [`KeyRing::duplicate`] of the gossip's). A watch that cannot start is logged and left off:
+/// the gossip alone detects then.
+pub fn start_watch(
+    knobs: Knobs,
+    gossip: &GossipHandle,
+    ring: swimlb_proto::Result<KeyRing>,
+    metrics: WatchMetrics,
+) -> (Option<WatchHandle>, WatchEvents) {
+    if !knobs.enabled {
+        tracing::info!("owner watch off: the gossip alone detects a dead owner");
+        return (None, WatchEvents::none());
+    }
+    let Some(bind) = watch_addr(gossip.local_addr()) else {
+        tracing::error!(gossip = %gossip.local_addr(), "owner watch off: no port above the gossip port");
+        return (None, WatchEvents::none());
+    };
+    let ring = match ring {
+        Ok(ring) => ring,
+        Err(e) => {
+            tracing::error!(error = %e, "owner watch off: its key ring");
+            return (None, WatchEvents::none());
+        }
+    };
+    let plan = Plan {
+        me: gossip.identity(),
+        watchers: Vec::new(),
+        answering: false,
+        accused: BTreeMap::new(),
+    };
+    match WatchHandle::start(knobs, bind, ring, gossip.directory(), plan, metrics) {
+        Ok((handle, events)) => {
+            tracing::info!(
+                listen = %handle.local_addr(),
+                interval_ms = knobs.interval.as_secs_f64() * 1000.0,
+                misses = knobs.misses,
+                "owner watch on"
+            );
+            (Some(handle), events)
+        }
+        Err(e) => {
+            tracing::error!(%bind, error = %e, "owner watch off: cannot listen");
+            (None, WatchEvents::none())
+        }
+    }
+}
+
+impl Daemon {
+    /// Wires the parts; `initial` are the engine's first actions, performed at once.
+    pub async fn new(
+        engine: Engine,
+        initial: Vec<Action>,
+        local: LocalState,
+        board: StatusBoard,
+        answering: AnsweringLinks,
+        gossip: GossipHandle,
+        failovers: FailoverMetrics,
+    ) -> Daemon {
+        let live = gossip.live();
+        board.members(live.borrow().iter());
+        let mut answering = answering;
+        open_placed(&mut answering, &engine);
+        let mut daemon = Daemon {
+            engine,
+            local,
+            board,
+            answering,
+            gossip,
+            failovers,
+            live,
+            drained: false,
+            watch: None,
+            accusations: Accusations::default(),
+            origin: Instant::now(),
+            plan: None,
+            successors: Successors::default(),
+            hold: JoinHold::new(Instant::now(), false),
+            took_over: Vec::new(),
+        };
+        daemon.perform(initial).await;
+        daemon
+    }
+
+    /// Hands the daemon the owner watch (see [`start_watch`]; `None`: off), and tells it the
+    /// first plan.
+    pub fn with_watch(mut self, watch: Option<WatchHandle>) -> Daemon {
+        self.watch = watch;
+        self.successors.invalidate_all();
+        self.refresh_plan();
+        self
+    }
+
+    /// Feeds `input` at the current time and performs the actions. A tick also ends the
+    /// accusations made on claims that have lapsed ([`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL)).
+    pub async fn handle(&mut self, input: Input) {
+        if input == Input::Tick {
+            let now = self.clock(Instant::now());
+            let held = self.holds();
+            for ended in self.accusations.lapse(now, held) {
+                // Alive all along (lapsed), or renewed (confirmed): elect with its record.
+                let node = self.ended(ended);
+                self.reinstate(&node).await;
+            }
+        }
+        self.successors.input(&input);
+        let actions = self.engine.handle(Instant::now(), input);
+        self.perform(actions).await;
+    }
+
+    /// Replaces the start-up hold (the default holds: a node with peers to join).
+    pub fn with_hold(mut self, hold: JoinHold) -> Daemon {
+        self.hold = hold;
+        self
+    }
+
+    /// Whether the start-up (or pause) hold is on.
+    pub fn holding(&self) -> bool {
+        self.hold.holding()
+    }
+
+    /// When the hold wants to be looked at again.
+    pub fn hold_deadline(&self) -> Option<Instant> {
+        self.hold.next_deadline()
+    }
+
+    /// Puts the hold back on after a pause (the gossip's, or one the owner watch saw), and ends
+    /// it when the mesh has formed (or the grace passed).
+    pub async fn check_hold(&mut self) {
+        let now = Instant::now();
+        let phase = *self.gossip.phase().borrow();
+        if self.hold.rearm(now, phase) {
+            self.handle(Input::Hold(true)).await;
+        }
+        if self.hold.release(now, phase, self.engine.live()) {
+            let members = self.engine.live().len();
+            tracing::info!(members, "mesh formed: answering what this node owns");
+            self.handle(Input::Hold(false)).await;
+        }
+    }
+
+    /// The preemption delay ran out: the record says `settled` from now on.
+    pub async fn settle(&mut self) {
+        if self.local.tick(Instant::now()) {
+            tracing::info!("settled: may now take over from lower-priority owners");
+            self.publish_meta().await;
+        }
+    }
+
+    /// SIGTERM: marks this node draining in its record (peers elect successors at once) and
+    /// starts the hand-over; [`Daemon::drained`] tells when it is over.
+    pub async fn drain(&mut self) {
+        if self.local.drain() {
+            self.publish_meta().await;
+        }
+        self.board.update(|s| s.draining = true);
+        self.handle(Input::Drain).await;
+    }
+
+    /// Replaces the key ring of the gossip and of the owner watch.
+    pub async fn set_key_ring(&mut self, ring: KeyRing) -> Result<(), crate::gossip::GossipError> {
+        if let Some(watch) = &self.watch {
+            match ring.duplicate() {
+                Ok(copy) => watch.send(Command::KeyRing(Box::new(copy))),
+                Err(e) => tracing::error!(error = %e, "owner watch keys not replaced"),
+            }
+        }
+        self.gossip.set_key_ring(ring).await
+    }
+
+    /// Acts on what the owner watch reports (see the module docs).
+    pub async fn watch_event(&mut self, event: Event) {
+        let now = self.clock(Instant::now());
+        match event {
+            Event::Silent { owner, silent_for } => {
+                let node = owner.node.to_string();
+                let eligible = !self.engine.draining()
+                    && self.live.borrow().contains(&node)
+                    && self.succeeds(&node);
+                if self.accusations.silent(now, &owner, silent_for, eligible) != Silent::TakeOver {
+                    return;
+                }
+                tracing::warn!(
+                    member = %node,
+                    silent_ms = silent_for.as_secs_f64() * 1000.0,
+                    "owner silent on the watch and in the second check: taking over"
+                );
+                self.elect_without(&node).await;
+                let ip = self
+                    .took_over
+                    .iter()
+                    .find(|(_, from)| *from == node)
+                    .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |(ip, _)| *ip);
+                if let Some(watch) = &self.watch {
+                    watch.send(Command::Claim { ip, accused: owner });
+                }
+            }
+            Event::Claimed {
+                claimant,
+                accused,
+                incarnation,
+                ip,
+            } => {
+                let me = self.gossip.identity();
+                let held = self.holds();
+                match self
+                    .accusations
+                    .claimed(now, &me, &accused, incarnation, held)
+                {
+                    Claimed::Refute => self.refute(claimant, ip).await,
+                    Claimed::Accuse => {
+                        tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
+                        self.elect_without(&accused).await;
+                    }
+                    verdict @ (Claimed::OldSelf
+                    | Claimed::AlreadyAccused
+                    | Claimed::RefutedRecently
+                    | Claimed::NotCurrent) => {
+                        tracing::debug!(member = %accused, %claimant, verdict = verdict.as_str(), "claim not applied");
+                    }
+                }
+            }
+            Event::Alive { node, incarnation } => {
+                if let Some(ended) = self.accusations.alive(now, &node, incarnation) {
+                    let node = self.ended(ended);
+                    self.reinstate(&node).await;
+                }
+            }
+            Event::Paused { late } => {
+                tracing::warn!(
+                    late_ms = late.as_secs_f64() * 1000.0,
+                    "paused longer than a watcher waits: holding answers"
+                );
+                if self.hold.rearm_now(Instant::now()) {
+                    self.handle(Input::Hold(true)).await;
+                }
+            }
+        }
+    }
+
+    /// A member claims this node is silent while it runs in the claimed incarnation: every
+    /// member must elect with it again (the watch sends nothing after a pause of its own).
+    async fn refute(&mut self, claimant: NodeName, ip: IpAddr) {
+        tracing::warn!(%claimant, %ip, "a member claims this node is silent: refuting");
+        if let Some(watch) = &self.watch {
+            watch.send(Command::Refute);
+        }
+        if !self.engine.answering().is_empty() {
+            // The keeper announces last: once more, now that the claimant has.
+            let record = self.live.borrow().get(&claimant).cloned();
+            self.handle(Input::Member {
+                node: claimant,
+                record,
+                joined: true,
+            })
+            .await;
+        }
+    }
+
+    /// The accusations' clock at `at`.
+    fn clock(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.origin)
+    }
+
+    /// Whether the gossip holds a member alive in an incarnation (its identity's bump), as the
+    /// directory stands now.
+    fn holds(&self) -> impl Fn(&str, u64) -> bool + use<> {
+        let directory = self.gossip.directory().borrow().clone();
+        move |node, incarnation| directory.get(node).is_some_and(|id| id.bump == incarnation)
+    }
+
+    /// Whether this node would own one of `owner`'s IPs if `owner` were gone: only then does it
+    /// act on its own watch (the others wait for its claim, or for the gossip).
+    fn succeeds(&self, owner: &str) -> bool {
+        let election = self.engine.election();
+        let live = self.engine.live();
+        let me = election.local();
+        election
+            .outcomes()
+            .iter()
+            .filter(|(_, outcome)| outcome.owner() == Some(owner))
+            .any(|(ip, _)| election.successor(ip, live).as_deref() == Some(me))
+    }
+
+    /// The engine elects without `node`, now accused.
+    async fn elect_without(&mut self, node: &str) {
+        self.successors.invalidate_all();
+        self.handle(Input::Member {
+            node: node.to_string(),
+            record: None,
+            joined: false,
+        })
+        .await;
+    }
+
+    /// Logs and counts an accusation that ended; returns the member.
+    fn ended(&mut self, ended: Ended) -> NodeName {
+        self.successors.invalidate_all();
+        let own = ended.accusation.own;
+        match ended.how {
+            Ending::Refuted | Ending::Lapsed => {
+                tracing::warn!(member = %ended.node, result = ended.how.as_str(), own, "accusation ended: the member is alive");
+            }
+            Ending::Confirmed => {
+                tracing::info!(member = %ended.node, own, "accusation confirmed by the gossip");
+            }
+        }
+        if let (Some(result), Some(watch)) = (ended.takeover(), &self.watch) {
+            watch.metrics().takeover(result);
+        }
+        ended.node
+    }
+
+    /// The engine elects with `node` again, from its current record (none: it is gone).
+    async fn reinstate(&mut self, node: &str) {
+        let record = self.live.borrow().get(node).cloned();
+        let actions = self.engine.handle(
+            Instant::now(),
+            Input::Member {
+                node: node.to_string(),
+                record,
+                joined: true,
+            },
+        );
+        self.perform(actions).await;
+    }
+
+    /// Tells the watch thread the plan, when it changed: the successors of the IPs this node
+    /// answers for (the most often successor first, at most [`MAX_WATCHERS`]).
+    fn refresh_plan(&mut self) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        let me = self.gossip.identity();
+        if self.successors.is_clean() && self.plan.as_ref().is_some_and(|p| p.me == me) {
+            return;
+        }
+        self.successors.refresh(&self.engine);
+        let plan = Plan {
+            me,
+            watchers: self.successors.ranked(MAX_WATCHERS),
+            answering: !self.engine.answering().is_empty(),
+            accused: self.accusations.incarnations(),
+        };
+        if self.plan.as_ref() != Some(&plan) {
+            watch.send(Command::Plan(plan.clone()));
+            self.plan = Some(plan);
+        }
+    }
+
+    /// A change from the gossip's stream (`Err`: some were missed: resynchronise). Returns
+    /// false when the gossip has stopped.
+    pub async fn membership(
+        &mut self,
+        change: Result<LiveChange, broadcast::error::RecvError>,
+    ) -> bool {
+        let input = match change {
+            Ok(change) => {
+                let (node, joined) = match change {
+                    LiveChange::Up(node) => {
+                        tracing::info!(member = %node, "member up");
+                        (node, true)
+                    }
+                    LiveChange::Down(node) => {
+                        tracing::info!(member = %node, "member down");
+                        (node, false)
+                    }
+                    LiveChange::Meta(node) => {
+                        tracing::debug!(member = %node, "member metadata changed");
+                        (node, false)
+                    }
+                };
+                let record = self.live.borrow().get(&node).cloned();
+                self.board.member(&node, record.as_ref());
+                self.successors.invalidate_all();
+                let held = self.holds();
+                match self.accusations.member_changed(
+                    &node,
+                    change_kind(joined, record.is_some()),
+                    held,
+                ) {
+                    MemberChange::NotAccused => {}
+                    MemberChange::Confirmed(ended) => {
+                        self.ended(ended);
+                    }
+                    // The engine keeps electing without it.
+                    MemberChange::StillAccused => return true,
+                }
+                Input::Member {
+                    node,
+                    record,
+                    joined,
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "gossip changes lagged: full re-election");
+                let mut live = self.live.borrow().clone();
+                self.board.members(live.iter());
+                for node in self.accusations.nodes() {
+                    live.remove(node);
+                }
+                self.successors.invalidate_all();
+                Input::Live(live)
+            }
+            Err(broadcast::error::RecvError::Closed) => return false,
+        };
+        self.handle(input).await;
+        true
+    }
+
+    /// This node is back in the cluster under a renewed gossip identity (it was declared down,
+    /// by a cut or a pause). The gossip core has cleared `settled` in the node's record, so it
+    /// ranks behind every settled member; the preemption delay starts again and the record is
+    /// gossiped anew, with `settled` set back at once when there is no delay. Both sources call
+    /// this, so a returning node takes back what the election gives it in either mode.
+    pub async fn rejoined(&mut self, bump: u64) {
+        tracing::info!(
+            bump,
+            "back in the cluster under a renewed identity: preempt delay starts again"
+        );
+        self.local.rejoined(Instant::now());
+        self.publish_meta().await;
+    }
+
+    /// Gossips this node's record after a change to it.
+    pub async fn publish_meta(&mut self) {
+        if let Err(e) = self.gossip.set_meta(self.local.meta().clone()).await {
+            tracing::error!(error = %e, "this node's record could not be gossiped");
+        }
+    }
+
+    /// When the engine wants the next tick, or an accusation lapses.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let lapse = self.accusations.next_lapse().map(|at| self.origin + at);
+        match (self.engine.next_deadline(), lapse) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the drain is over.
+    pub fn drained(&self) -> bool {
+        self.drained
+    }
+
+    /// The gossip's phase, watched.
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.gossip.phase()
+    }
+
+    /// The gossip handle.
+    pub fn gossip(&self) -> &GossipHandle {
+        &self.gossip
+    }
+
+    /// New links and routes: the responders on dead links stop, the engine places again.
+    pub async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
+        for name in self.answering.set_links(links.clone()) {
+            tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
+        }
+        self.handle(Input::Net { links, routes }).await;
+        open_placed(&mut self.answering, &self.engine);
+    }
+
+    /// Carries out `actions`, in order.
+    pub async fn perform(&mut self, actions: Vec<Action>) {
+        self.answering.perform(&actions);
+        // The announcements are with the responders: the failovers among them end now.
+        let gossip = &self.gossip;
+        let (accusations, origin) = (&self.accusations, self.origin);
+        self.took_over.clear();
+        for (ip, from, took) in observe_takeovers(
+            &actions,
+            Instant::now(),
+            |node| match accusations.get(node) {
+                Some(a) => a.last_heard.map(|at| origin + at),
+                None => gossip.last_heard_before_down(node),
+            },
+            &self.failovers,
+        ) {
+            self.took_over.push((ip, from.clone()));
+            tracing::info!(
+                %ip,
+                previous_owner = %from,
+                failover_ms = took.map(|t| t.as_secs_f64() * 1000.0),
+                "took over from a member that went down or left"
+            );
+        }
+        let mut facts_changed = false;
+        self.successors.actions(&actions);
+        for action in actions {
+            match action {
+                Action::Silence { .. } | Action::Answer { .. } | Action::Announce { .. } => {}
+                Action::Facts(facts) => {
+                    tracing::info!(links = ?facts.links, unplaced = facts.unplaced.len(), "can announce on");
+                    if regained(&self.local.meta().announce, &facts)
+                        && self.local.restart_preempt_delay(Instant::now())
+                    {
+                        tracing::info!("a link can announce again: preempt delay starts again");
+                    }
+                    facts_changed |= self.local.set_announce(facts);
+                }
+                Action::Status { ip, view } => self.board.address(ip, view.as_ref()),
+                Action::Notice(notice) => log(&notice),
+                Action::Drained => self.drained = true,
+            }
+        }
+        if facts_changed {
+            self.publish_meta().await;
+        }
+        self.refresh_plan();
+    }
+
+    /// Leaves the mesh and stops the responders.
+    pub async fn stop(self) {
+        if let Err(e) = self.gossip.leave().await {
+            tracing::warn!(error = %e, "leaving the mesh");
+        }
+        self.answering.stop();
+    }
+}
+
+/// The successor of every IP this node answers for, and how many IPs each successor would
+/// take over: the owner watch's plan sends heartbeats to the most frequent ones. Kept per IP,
+/// so that an event that changes a few IPs (an EndpointSlice) costs a few elections, not one
+/// per answered IP; a change of the live set or of the whole snapshot recomputes everything.
+#[derive(Debug)]
+struct Successors {
+    of: HashMap<IpAddr, NodeName>,
+    counts: HashMap<NodeName, usize>,
+    /// Everything must be recomputed.
+    all: bool,
+    /// These IPs must be recomputed.
+    dirty: HashSet<IpAddr>,
+}
+
+impl Default for Successors {
+    fn default() -> Self {
+        Successors {
+            of: HashMap::new(),
+            counts: HashMap::new(),
+            all: true,
+            dirty: HashSet::new(),
+        }
+    }
+}
+
+impl Successors {
+    fn invalidate_all(&mut self) {
+        self.all = true;
+        self.dirty.clear();
+    }
+
+    fn invalidate(&mut self, ip: IpAddr) {
+        if !self.all {
+            self.dirty.insert(ip);
+        }
+    }
+
+    /// Invalidates what `input` may change: the IPs it names, or everything.
+    fn input(&mut self, input: &Input) {
+        match input {
+            Input::Served(entries) => {
+                for (ip, _) in entries {
+                    self.invalidate(*ip);
+                }
+            }
+            Input::Snapshot(_) | Input::Live(_) | Input::Member { .. } | Input::Net { .. } => {
+                self.invalidate_all()
+            }
+            Input::Hold(_) | Input::Conflict { .. } | Input::Tick | Input::Drain => {}
+        }
+    }
+
+    /// Invalidates the IPs whose answering or view `actions` changed.
+    fn actions(&mut self, actions: &[Action]) {
+        for action in actions {
+            if let Action::Answer { ip, .. }
+            | Action::Silence { ip, .. }
+            | Action::Status { ip, .. } = action
+            {
+                self.invalidate(*ip);
+            }
+        }
+    }
+
+    fn is_clean(&self) -> bool {
+        !self.all && self.dirty.is_empty()
+    }
+
+    /// Recomputes what was invalidated, from the engine's election and live set.
+    fn refresh(&mut self, engine: &Engine) {
+        let election = engine.election();
+        let live = engine.live();
+        if std::mem::take(&mut self.all) {
+            self.dirty.clear();
+            self.of.clear();
+            self.counts.clear();
+            for ip in engine.answering().keys() {
+                self.set(*ip, election.successor(ip, live));
+            }
+        } else {
+            for ip in std::mem::take(&mut self.dirty) {
+                let next = if engine.answering().contains_key(&ip) {
+                    election.successor(&ip, live)
+                } else {
+                    None
+                };
+                self.set(ip, next);
+            }
+        }
+    }
+
+    fn set(&mut self, ip: IpAddr, next: Option<NodeName>) {
+        if let Some(old) = self.of.remove(&ip)
+            && let Some(count) = self.counts.get_mut(&old)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.counts.remove(&old);
+            }
+        }
+        if let Some(node) = next {
+            *self.counts.entry(node.clone()).or_default() += 1;
+            self.of.insert(ip, node);
+        }
+    }
+
+    /// At most `max` successors, the most frequent first (ties by name).
+    fn ranked(&self, max: usize) -> Vec<NodeName> {
+        let mut ranked: Vec<(&NodeName, usize)> =
+            self.counts.iter().map(|(node, n)| (node, *n)).collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        ranked
+            .into_iter()
+            .take(max)
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+}
+
+/// What a gossip change is, for the accusations.
+fn change_kind(joined: bool, alive: bool) -> Change {
+    match (joined, alive) {
+        (true, _) => Change::Up,
+        (false, false) => Change::Down,
+        (false, true) => Change::Meta,
+    }
+}
+
+/// Opens a responder on every link some IP is placed on, before any of them is needed: a new
+/// owner then answers at once instead of opening its packet socket first (tens of
+/// milliseconds), and conflicts on those links are seen all along.
+fn open_placed(answering: &mut AnsweringLinks, engine: &Engine) {
+    for link in engine.placed_links() {
+        if let Err(e) = answering.open(&link) {
+            tracing::warn!(error = %e, "cannot answer on a placed link yet");
+        }
+    }
+}
+
+/// Whether `next` can announce something `before` could not: a link back, or an IP placed
+/// again.
+fn regained(before: &AnnounceFacts, next: &AnnounceFacts) -> bool {
+    !next.links.is_subset(&before.links) || !before.unplaced.is_subset(&next.unplaced)
+}
+
+fn log(notice: &Notice) {
+    match notice {
+        Notice::Conflict { ip, mac } => {
+            tracing::warn!(%ip, other = %mac, "another MAC claims an address we own: re-announcing")
+        }
+        Notice::SuccessorAnnounced { ip, mac } => {
+            tracing::info!(%ip, successor = %mac, "successor announced")
+        }
+        Notice::DrainDeadline { left } => {
+            tracing::warn!(
+                left,
+                "drain deadline passed before every successor announced"
+            )
+        }
+        Notice::Unplaced { ip, reason } => {
+            tracing::warn!(%ip, reason = reason.as_str(), "owner, but no interface to announce on")
+        }
+        // Logged with its duration where it is timed (`Daemon::perform`).
+        Notice::TookOver { .. } => {}
+    }
+}
+
+/// Sleeps until `at`, or forever.
+pub async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::membership::MemberMeta;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The plan's successors kept per IP equal a full recomputation after every input, as the
+    /// daemon invalidates them (Served entries that move IPs between nodes, members down and
+    /// up).
+    #[test]
+    fn successors_kept_per_ip_equal_a_full_recomputation() {
+        use crate::model::engine::tests::{engine, ip, member};
+        use crate::model::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
+        use std::sync::Arc;
+
+        let nodes = ["a", "b", "c", "d", "e"];
+        let members: Vec<MemberMeta> = nodes.iter().map(|n| member(n, 50)).collect();
+        let addr = |i: u32| ip(&format!("192.0.2.{}", i + 1));
+        let entry = |mask: u32| {
+            let mut served = ServedIp::group("api", Interfaces::Default);
+            let only: std::collections::BTreeSet<NodeName> = nodes
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| mask & (1 << k) != 0)
+                .map(|(_, n)| n.to_string())
+                .collect();
+            served.nodes = NodeFilter::Only(Arc::new(only));
+            Arc::new(served)
+        };
+        let mut snapshot = Snapshot::new();
+        for i in 0..40 {
+            snapshot.insert(addr(i), (*entry(0b11111)).clone()).unwrap();
+        }
+        let t0 = Instant::now();
+        let mut engine = engine(t0, "a", snapshot, &members);
+        let mut kept = Successors::default();
+        kept.refresh(&engine);
+        // A small linear congruential generator: the same steps on every run.
+        let mut seed: u32 = 7;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            seed >> 8
+        };
+        let mut moved = 0;
+        for step in 0..300 {
+            let input = match next() % 10 {
+                0 => {
+                    let node = nodes[1 + (next() % 4) as usize];
+                    let down = next() % 2 == 0;
+                    Input::Member {
+                        node: node.to_string(),
+                        record: (!down).then(|| member(node, 50)),
+                        joined: !down,
+                    }
+                }
+                _ => Input::Served(
+                    (0..1 + next() % 3)
+                        .map(|_| {
+                            let i = next() % 40;
+                            let mask = next() % 32;
+                            (addr(i), (mask != 0).then(|| entry(mask)))
+                        })
+                        .collect(),
+                ),
+            };
+            kept.input(&input);
+            let actions = engine.handle(t0 + ms(step), input);
+            kept.actions(&actions);
+            let before = kept.counts.clone();
+            kept.refresh(&engine);
+            moved += usize::from(before != kept.counts);
+            let mut fresh = Successors::default();
+            fresh.refresh(&engine);
+            assert_eq!(kept.counts, fresh.counts, "step {step}");
+            assert_eq!(kept.of, fresh.of, "step {step}");
+            assert_eq!(kept.ranked(MAX_WATCHERS), fresh.ranked(MAX_WATCHERS));
+            assert!(kept.is_clean());
+        }
+        assert!(moved > 50, "the steps moved successors {moved} times");
+    }
+
+    #[test]
+    fn a_joining_node_waits_for_every_record_and_the_settle_time() {
+        let t0 = Instant::now();
+        let mut hold = JoinHold::new(t0, false);
+        let mut live = LiveSet::new();
+        live.upsert(MemberMeta::new("a"));
+        let mut placeholder = MemberMeta::new("b");
+        placeholder.version = 0;
+        live.upsert(placeholder);
+        assert!(!hold.release(t0 + ms(10), Phase::Joining, &live));
+        assert_eq!(hold.next_deadline(), Some(t0 + JOIN_GRACE));
+        assert!(!hold.release(t0 + ms(20), Phase::Active, &live));
+        assert_eq!(hold.next_deadline(), Some(t0 + ms(20) + JOIN_SETTLE));
+        assert!(
+            !hold.release(t0 + ms(500), Phase::Active, &live),
+            "b's record is missing"
+        );
+        live.upsert(MemberMeta::new("b"));
+        assert!(hold.release(t0 + ms(501), Phase::Active, &live));
+        assert!(!hold.holding());
+        assert!(!hold.release(t0 + ms(502), Phase::Active, &live), "once");
+    }
+
+    #[test]
+    fn a_link_back_or_an_ip_placed_again_is_a_regain() {
+        let ip: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let none = AnnounceFacts::default();
+        let eth1 = AnnounceFacts {
+            links: ["eth1".to_string()].into(),
+            ..AnnounceFacts::default()
+        };
+        let unplaced = AnnounceFacts {
+            unplaced: [ip].into(),
+            ..AnnounceFacts::default()
+        };
+        assert!(regained(&none, &eth1));
+        assert!(!regained(&eth1, &none), "a loss is not a regain");
+        assert!(regained(&unplaced, &none));
+        assert!(!regained(&none, &unplaced));
+        assert!(!regained(&eth1, &eth1));
+    }
+
+    #[test]
+    fn a_node_that_reaches_nobody_serves_after_the_grace_and_one_alone_at_once() {
+        let t0 = Instant::now();
+        let live = LiveSet::new();
+        let mut hold = JoinHold::new(t0, false);
+        assert!(!hold.release(t0 + JOIN_GRACE - ms(1), Phase::Joining, &live));
+        assert!(hold.release(t0 + JOIN_GRACE, Phase::Joining, &live));
+        assert!(!JoinHold::new(t0, true).holding());
+    }
+
+    #[test]
+    fn a_pause_puts_the_hold_back_until_the_node_is_active_again() {
+        let t0 = Instant::now();
+        let live = LiveSet::new();
+        let mut hold = JoinHold::new(t0, true);
+        assert!(!hold.rearm(t0, Phase::Active));
+        assert!(hold.rearm(t0 + ms(10), Phase::Paused));
+        assert!(hold.holding());
+        assert!(!hold.rearm(t0 + ms(20), Phase::Paused), "once per pause");
+        assert!(!hold.release(t0 + ms(30), Phase::Paused, &live));
+        assert!(!hold.release(t0 + ms(40), Phase::Active, &live));
+        assert!(hold.release(t0 + ms(40) + JOIN_SETTLE, Phase::Active, &live));
+    }
+}

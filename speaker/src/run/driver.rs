@@ -1,0 +1,139 @@
+//! The one loop both sources run. The standalone file and the Kubernetes API differ in what
+//! they serve and in what they keep in step with the daemon (checks and hooks; records and
+//! Events); the gossip, the owner watch, the links, the conflicts, the clock and the hold are
+//! the same for both, and are handled here, once.
+//!
+//! A source implements [`Source`]: its own inputs ([`Source::next`]), its part on them
+//! ([`Source::handle`]), and hooks on the shared ones, which default to nothing. [`run`] waits
+//! on everything, hands each input to the [`Daemon`] and the hook, then looks at the hold and
+//! lets the source catch up ([`Source::after`]).
+
+use std::future::Future;
+
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::gossip::{NodeIdentity, Phase};
+use crate::model::engine::Input;
+use crate::model::links::Link;
+use crate::model::membership::LiveChange;
+use crate::net::responder::Conflict;
+use crate::owner_watch::WatchEvents;
+use crate::run::daemon::{Daemon, NetWatch, sleep_until};
+
+/// The inputs every source has: what the gossip, the owner watch, the responders and the kernel
+/// report.
+pub(crate) struct Shared {
+    /// Members up, down and changed.
+    pub changes: broadcast::Receiver<LiveChange>,
+    /// The gossip's phase.
+    pub phase: watch::Receiver<Phase>,
+    /// This node's gossip identity (renewed on a rejoin).
+    pub identity: watch::Receiver<NodeIdentity>,
+    /// Another host answering for an IP this node answers for.
+    pub conflicts: mpsc::UnboundedReceiver<Conflict>,
+    /// Links and routes.
+    pub net: NetWatch,
+    /// The owner watch's events.
+    pub watch: WatchEvents,
+}
+
+/// What a source adds to the shared [`Daemon`].
+pub(crate) trait Source {
+    /// The source's own inputs, waited on beside [`Shared`].
+    type Inputs;
+    /// One of them, ready to handle.
+    type Event;
+
+    /// The daemon the source drives.
+    fn daemon(&mut self) -> &mut Daemon;
+
+    /// Waits for the next of the source's own inputs. Must be cancel-safe: it is dropped when
+    /// a shared input comes first. `draining`: the node is handing over, inputs that would
+    /// start something new (a reload) wait.
+    fn next(inputs: &mut Self::Inputs, draining: bool) -> impl Future<Output = Self::Event>;
+
+    /// Acts on one of the source's own inputs.
+    fn handle(&mut self, event: Self::Event) -> impl Future<Output = ()>;
+
+    /// Whether `/readyz` says ready in `phase`.
+    fn ready(&self, phase: Phase) -> bool {
+        phase == Phase::Active
+    }
+
+    /// The daemon placed again on new links (`links`).
+    fn net_changed(&mut self, links: &[Link]) -> impl Future<Output = ()> {
+        let _ = links;
+        async {}
+    }
+
+    /// The members changed (after the daemon elected again).
+    fn members_changed(&mut self) {}
+
+    /// This node is back in the cluster under a renewed identity (after
+    /// [`Daemon::rejoined`]).
+    fn rejoined(&mut self) {}
+
+    /// The drain starts (before [`Daemon::drain`]).
+    fn draining(&mut self) {}
+
+    /// After every input: what the source keeps in step with the daemon.
+    fn after(&mut self) {}
+}
+
+/// Runs `source` until `shutdown` resolves and the drain is over, or the gossip stops.
+pub(crate) async fn run<S: Source>(
+    source: &mut S,
+    shared: &mut Shared,
+    own: &mut S::Inputs,
+    mut shutdown: impl Future<Output = ()> + Unpin,
+) {
+    loop {
+        let daemon = source.daemon();
+        let draining = daemon.engine.draining();
+        let settles_at = daemon.local.settles_at();
+        let hold_at = daemon.hold_deadline();
+        let tick_at = daemon.next_deadline();
+        tokio::select! {
+            _ = &mut shutdown, if !draining => {
+                tracing::info!("draining: handing the addresses over");
+                source.draining();
+                source.daemon().drain().await;
+            }
+            change = shared.changes.recv() => {
+                if !source.daemon().membership(change).await {
+                    break;
+                }
+                source.members_changed();
+            }
+            Ok(()) = shared.phase.changed() => {
+                let phase = *shared.phase.borrow_and_update();
+                tracing::info!(phase = phase.as_str(), "gossip phase");
+                let ready = source.ready(phase);
+                source.daemon().board.update(|s| s.ready = ready);
+            }
+            Ok(()) = shared.identity.changed() => {
+                let bump = shared.identity.borrow_and_update().bump;
+                source.daemon().rejoined(bump).await;
+                source.rejoined();
+            }
+            _ = sleep_until(settles_at) => source.daemon().settle().await,
+            // Looked at below, as after every input.
+            _ = sleep_until(hold_at) => {}
+            _ = sleep_until(tick_at) => source.daemon().handle(Input::Tick).await,
+            Some(c) = shared.conflicts.recv() => {
+                source.daemon().handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
+            }
+            Some((links, routes)) = shared.net.changed() => {
+                source.daemon().net(links.clone(), routes).await;
+                source.net_changed(&links).await;
+            }
+            Some(event) = shared.watch.recv() => source.daemon().watch_event(event).await,
+            event = S::next(own, draining) => source.handle(event).await,
+        }
+        source.daemon().check_hold().await;
+        if source.daemon().drained() {
+            break;
+        }
+        source.after();
+    }
+}

@@ -1,0 +1,942 @@
+//! `ServiceL2Status` records: which node announces each Service, as `kubectl get
+//! servicel2statuses` shows it.
+//!
+//! One record per Service, in the speaker's namespace, under a name derived from the Service
+//! ([`record_name`]), so every speaker writes the same object: a new owner takes the record
+//! over with a forced server-side apply, and a dead owner's record never dangles (it cannot
+//! delete its own, but it does not need to: the successor overwrites it). Writes per failover
+//! are proportional to the Services that moved. Services sharing an IP (`allow-shared-ip`)
+//! have one owner and one record each, all naming it, as in MetalLB: the owner writes them all.
+//!
+//! A record whose Service the snapshot does not serve (the Service is gone, or has no IP
+//! served) is deleted: by the first live member by name when the Service stops being served
+//! while the speakers run; and, for the records no event will ever touch again (the Service
+//! went while every speaker was down, or before this speaker saw it), by the sweep
+//! ([`Strays`]). Exactly one node sweeps each record, chosen from gossiped facts alone so every
+//! speaker agrees: **the node the record names, if it is a live member; otherwise the first
+//! live member by name**. The named node goes first because it wrote the record and is the one
+//! that knows best it no longer serves the Service (its caches produced the record); the first
+//! member covers a record left by a node that is gone or renamed. The sweep waits until the
+//! served Services are known in full (the caches listed and the holdings filled: a half-known
+//! snapshot would sweep valid records), and the caller also holds it while the mesh forms
+//! (a lone node is the first live member of its own view) and while the node drains.
+//!
+//! [`Holdings`] follows what this node answers, IP by IP, and says which Services' records
+//! changed. [`RecordWriter`] keeps what it wrote and what is still to write. [`RecordWriter::set`]
+//! is pure bookkeeping (which records this node must write or delete); [`RecordWriter::flush`]
+//! performs the pending writes and keeps those that fail (the API server may be away) for the
+//! next flush, so the records become true again once it is back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+
+use crate::model::engine::placement::LinkSet;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use sha2::{Digest, Sha256};
+use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
+use swimlb_config::service::ServiceKey;
+
+/// The field manager of the speakers' writes.
+pub const FIELD_MANAGER: &str = "swimlb-speaker";
+/// Label: the announcing node.
+pub const NODE_LABEL: &str = "swimlb.io/node";
+/// Label: the Service's name.
+pub const SERVICE_NAME_LABEL: &str = "swimlb.io/service-name";
+/// Label: the Service's namespace.
+pub const SERVICE_NAMESPACE_LABEL: &str = "swimlb.io/service-namespace";
+
+/// The record of `service`: `l2-` and the first 20 hex digits of `sha256(namespace/name)` (a
+/// DNS label whatever the names are, and the same on every node).
+pub fn record_name(service: &ServiceKey) -> String {
+    let digest = Sha256::digest(format!("{}/{}", service.namespace, service.name).as_bytes());
+    let hex: String = digest[..10].iter().map(|b| format!("{b:02x}")).collect();
+    format!("l2-{hex}")
+}
+
+/// The status a record of `service` announced by `node` on `interfaces` holds.
+pub fn record_status(
+    node: &str,
+    service: &ServiceKey,
+    interfaces: &[String],
+) -> ServiceL2StatusStatus {
+    ServiceL2StatusStatus {
+        node: node.to_string(),
+        service_name: service.name.to_string(),
+        service_namespace: service.namespace.to_string(),
+        interfaces: interfaces
+            .iter()
+            .map(|name| InterfaceInfo { name: name.clone() })
+            .collect(),
+    }
+}
+
+/// One served IP as the records see it: its Services, the links this node answers it on (none:
+/// this node does not), and whether nobody owns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpFacts {
+    /// The Service it belongs to (the first of those sharing it).
+    pub service: ServiceKey,
+    /// The other Services sharing it, each with its own record (`None`: not shared, the
+    /// common case, which allocates nothing).
+    pub shared_with: Option<Box<[ServiceKey]>>,
+    /// The links this node answers on (`None`: it does not answer); shared between the IPs
+    /// answered on the same links (the engine's [`LinkSet`]s).
+    pub links: Option<LinkSet>,
+    /// The election names no owner.
+    pub unowned: bool,
+}
+
+impl IpFacts {
+    /// Every Service holding the IP: the first, then the others sharing it.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        std::iter::once(&self.service).chain(self.shared_with.iter().flatten())
+    }
+}
+
+/// What this node holds, IP by IP, and the record of each Service that follows from it: kept
+/// up to date from the IPs that changed, so a change costs what it touches.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    node: String,
+    ips: HashMap<IpAddr, IpFacts>,
+    /// The IPs of each Service (mostly one: a small vector).
+    by_service: HashMap<ServiceKey, Vec<IpAddr>>,
+}
+
+impl Holdings {
+    /// Nothing held yet, by `node`.
+    pub fn new(node: &str) -> Holdings {
+        Holdings {
+            node: node.to_string(),
+            ..Holdings::default()
+        }
+    }
+
+    /// Whether `ip`'s facts as last set are these (without allocating): its Service, the
+    /// others sharing it (`namespace/name`), its links, whether it is unowned.
+    pub fn matches(
+        &self,
+        ip: &IpAddr,
+        service: Option<(&str, &str)>,
+        shared_with: Option<&[String]>,
+        links: Option<&BTreeSet<String>>,
+        unowned: bool,
+    ) -> bool {
+        let is = |key: &ServiceKey, (namespace, name): (&str, &str)| {
+            key.namespace == namespace && key.name == name
+        };
+        let same_siblings = match (
+            self.ips.get(ip).map(|f| f.shared_with.as_deref()),
+            shared_with,
+        ) {
+            (None | Some(None), None) => true,
+            (Some(Some(held)), Some(now)) => {
+                held.len() == now.len()
+                    && held
+                        .iter()
+                        .zip(now)
+                        .all(|(key, s)| s.split_once('/').is_some_and(|s| is(key, s)))
+            }
+            _ => false,
+        };
+        match (self.ips.get(ip), service) {
+            (None, None) => true,
+            (Some(f), Some(service)) => {
+                is(&f.service, service)
+                    && same_siblings
+                    && f.unowned == unowned
+                    && f.links.as_deref() == links
+            }
+            _ => false,
+        }
+    }
+
+    /// Every IP with facts.
+    pub fn ips(&self) -> impl Iterator<Item = &IpAddr> {
+        self.ips.keys()
+    }
+
+    /// Every Service with an IP.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.by_service.keys()
+    }
+
+    /// Whether `service` has an IP (shared or not): the snapshot serves it.
+    pub fn holds(&self, service: &ServiceKey) -> bool {
+        self.by_service.contains_key(service)
+    }
+
+    /// Sets `ip`'s facts (`None`: no longer served). Returns the Services whose record may
+    /// have changed (none when the facts are the same).
+    pub fn set(&mut self, ip: IpAddr, facts: Option<IpFacts>) -> Vec<ServiceKey> {
+        if self.ips.get(&ip) == facts.as_ref() {
+            return Vec::new();
+        }
+        let mut touched: Vec<ServiceKey> = Vec::new();
+        for service in facts.iter().flat_map(IpFacts::services) {
+            let ips = self
+                .by_service
+                .entry(service.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
+            if !ips.contains(&ip) {
+                ips.push(ip);
+                ips.sort_unstable();
+            }
+            touched.push(service.clone());
+        }
+        let before = match facts {
+            Some(facts) => self.ips.insert(ip, facts),
+            None => self.ips.remove(&ip),
+        };
+        for service in before.iter().flat_map(IpFacts::services) {
+            if touched.contains(service) {
+                continue;
+            }
+            if let Some(ips) = self.by_service.get_mut(service) {
+                ips.retain(|held| *held != ip);
+                if ips.is_empty() {
+                    self.by_service.remove(service);
+                }
+            }
+            touched.push(service.clone());
+        }
+        touched
+    }
+
+    /// The record this node should hold for `service` (`None`: it answers none of its IPs),
+    /// on the links of every IP it answers; and whether some IP of it has no owner (or the
+    /// Service is gone): then its record is an orphan.
+    pub fn record(&self, service: &ServiceKey) -> (Option<ServiceL2StatusStatus>, bool) {
+        let Some(ips) = self.by_service.get(service) else {
+            return (None, true);
+        };
+        let facts = ips.iter().filter_map(|ip| self.ips.get(ip));
+        let mut links: Option<BTreeSet<&str>> = None;
+        let mut unowned = false;
+        for f in facts {
+            unowned |= f.unowned;
+            if let Some(l) = &f.links {
+                links
+                    .get_or_insert_default()
+                    .extend(l.iter().map(String::as_str));
+            }
+        }
+        let record = links.map(|links| {
+            let links: Vec<String> = links.into_iter().map(str::to_string).collect();
+            record_status(&self.node, service, &links)
+        });
+        (record, unowned)
+    }
+}
+
+/// The records the API holds for Services the snapshot does not serve: no owner will write
+/// them and no orphan delete will come for them, so one node sweeps each (module docs: the
+/// node the record names if it is live, else the first live member by name). Mostly empty: a
+/// record is kept here only while its Service is not served.
+#[derive(Debug, Default)]
+pub struct Strays {
+    /// Service -> the node its record names (empty: none), and whether its delete was
+    /// handed out already.
+    records: HashMap<ServiceKey, (String, bool)>,
+    /// The served Services are known in full: sweeping may start.
+    synced: bool,
+}
+
+impl Strays {
+    /// None known, and no sweep until [`Strays::synced`].
+    pub fn new() -> Strays {
+        Strays::default()
+    }
+
+    /// The served Services are known in full from now on (the caches listed and every IP
+    /// of the snapshot is in the holdings): sweeping may start.
+    pub fn synced(&mut self) {
+        self.synced = true;
+    }
+
+    /// The API holds a record of `service` naming `node` (`None`: the record is gone);
+    /// `served`: whether the snapshot serves the Service now. A record seen again (written
+    /// again) may be handed out again.
+    pub fn seen(&mut self, service: &ServiceKey, node: Option<&str>, served: bool) {
+        match node {
+            Some(node) if !served => {
+                self.records
+                    .insert(service.clone(), (node.to_string(), false));
+            }
+            _ => {
+                self.records.remove(service);
+            }
+        }
+    }
+
+    /// `service` is served now: its record is no stray (its owner writes it).
+    pub fn served(&mut self, service: &ServiceKey) {
+        self.records.remove(service);
+    }
+
+    /// The records forgotten: the watch on them lists again.
+    pub fn clear(&mut self) {
+        self.records.clear();
+    }
+
+    /// Whether no stray is known.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The strays `node` deletes now (none before [`Strays::synced`]): those whose record
+    /// names it, and, when it is the `first` live member by name, those whose record names no
+    /// member `is_live` says is live. Each is handed out once, until it is seen again.
+    pub fn due(
+        &mut self,
+        node: &str,
+        is_live: impl Fn(&str) -> bool,
+        first: Option<&str>,
+    ) -> Vec<ServiceKey> {
+        if !self.synced {
+            return Vec::new();
+        }
+        let first = first == Some(node);
+        let mut due = Vec::new();
+        for (service, (named, handed_out)) in &mut self.records {
+            let mine = if named.as_str() == node {
+                true
+            } else {
+                first && !is_live(named)
+            };
+            if mine && !*handed_out {
+                *handed_out = true;
+                due.push(service.clone());
+            }
+        }
+        due.sort();
+        due
+    }
+}
+
+/// A record's status in a word: what [`RecordWriter`] keeps of what it wrote.
+fn fingerprint(status: &ServiceL2StatusStatus) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    status.node.hash(&mut hasher);
+    status.service_name.hash(&mut hasher);
+    status.service_namespace.hash(&mut hasher);
+    for interface in &status.interfaces {
+        interface.name.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// One write the writer has to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Apply the record of the Service with this status.
+    Apply(ServiceL2StatusStatus),
+    /// Delete the record of the Service.
+    Delete,
+    /// Delete the record of a Service not served ([`Strays`]), counted when it is deleted.
+    Sweep,
+}
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+#[error("ServiceL2Status {name} of {service}: {source}")]
+pub struct WriteError {
+    /// The record.
+    pub name: String,
+    /// Its Service.
+    pub service: ServiceKey,
+    /// The API's error.
+    #[source]
+    pub source: kube::Error,
+}
+
+/// The records this node writes, and those still to write.
+#[derive(Debug)]
+pub struct RecordWriter {
+    api: Api<ServiceL2Status>,
+    /// What the API holds from this node, as far as it knows ([`fingerprint`] of the status).
+    written: HashMap<ServiceKey, u64>,
+    /// What is still to do.
+    pending: BTreeMap<ServiceKey, Write>,
+    /// Records swept since the last [`RecordWriter::take_swept`].
+    swept: u64,
+}
+
+impl RecordWriter {
+    /// A writer of records in `namespace`.
+    pub fn new(client: kube::Client, namespace: &str) -> RecordWriter {
+        RecordWriter {
+            api: Api::namespaced(client, namespace),
+            written: HashMap::new(),
+            pending: BTreeMap::new(),
+            swept: 0,
+        }
+    }
+
+    /// Deletes the record of `service`, a Service the snapshot does not serve, left by a
+    /// node that no longer takes care of it ([`Strays::due`]). Undone by a later
+    /// [`RecordWriter::set`] (the Service is served again).
+    pub fn sweep(&mut self, service: &ServiceKey) {
+        self.written.remove(service);
+        self.pending.insert(service.clone(), Write::Sweep);
+    }
+
+    /// Forgets which records this node wrote: after a cut, the API may hold what others wrote
+    /// over them, so the next [`RecordWriter::set`] of each writes it again.
+    pub fn forget(&mut self) {
+        self.written.clear();
+    }
+
+    /// How many records were swept (deleted by this node, not found gone) since the last call.
+    pub fn take_swept(&mut self) -> u64 {
+        std::mem::take(&mut self.swept)
+    }
+
+    /// The record this node should hold for one Service (`None`: none), and whether the
+    /// Service is orphaned (announced by nobody, or gone: its record is deleted). A Service
+    /// this node stops announcing to another node is left alone: its new owner takes it over.
+    /// One Service at a time: a watch event costs what it changes.
+    pub fn set(
+        &mut self,
+        service: &ServiceKey,
+        desired: Option<ServiceL2StatusStatus>,
+        orphaned: bool,
+    ) {
+        match desired {
+            Some(status) => {
+                if self.written.get(service) != Some(&fingerprint(&status)) {
+                    self.pending.insert(service.clone(), Write::Apply(status));
+                } else {
+                    self.pending.remove(service);
+                }
+            }
+            None => {
+                self.written.remove(service);
+                if orphaned {
+                    self.pending.insert(service.clone(), Write::Delete);
+                } else {
+                    // Given up: another node took it (its apply wins); a delete not done yet
+                    // would now remove that node's record.
+                    self.pending.remove(service);
+                }
+            }
+        }
+    }
+
+    /// The API server holds `status` (`None`: no record) for `service`'s record, as the watch
+    /// on the records saw it. If this node wrote the record and it says otherwise now (another
+    /// node overwrote it while the two could not hear each other, or somebody deleted it), the
+    /// writer forgets it wrote it and returns true: the caller sets the record again, so a
+    /// record never stays stale while its owner lives.
+    ///
+    /// A write is two requests (the object, then its status), and the watch shows the object in
+    /// between with the status it had before: the caller calls this only once what it saw
+    /// has stood for a while ([`RecordWriter::differs`] first).
+    pub fn observe(
+        &mut self,
+        service: &ServiceKey,
+        status: Option<&ServiceL2StatusStatus>,
+    ) -> bool {
+        match self.written.get(service) {
+            Some(mine) if status.map(fingerprint) != Some(*mine) => {
+                self.written.remove(service);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether this node wrote `service`'s record and `status` says otherwise.
+    pub fn differs(&self, service: &ServiceKey, status: Option<&ServiceL2StatusStatus>) -> bool {
+        self.written
+            .get(service)
+            .is_some_and(|mine| status.map(fingerprint) != Some(*mine))
+    }
+
+    /// Takes `status` as written for `service`, as a successful flush would (tests of the
+    /// callers' bookkeeping, without an API server).
+    #[cfg(test)]
+    pub(crate) fn assume_written(&mut self, service: &ServiceKey, status: &ServiceL2StatusStatus) {
+        self.pending.remove(service);
+        self.written.insert(service.clone(), fingerprint(status));
+    }
+
+    /// Whether writes are pending (a failed one included).
+    pub fn is_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Performs the pending writes; those that fail stay pending and are returned.
+    pub async fn flush(&mut self) -> Vec<WriteError> {
+        let mut errors = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        for (service, write) in pending {
+            let name = record_name(&service);
+            let result = match &write {
+                Write::Apply(status) => self.apply(&name, &service, status).await,
+                Write::Delete | Write::Sweep => {
+                    match self.api.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {
+                            if write == Write::Sweep {
+                                self.swept += 1;
+                            }
+                            Ok(())
+                        }
+                        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match result {
+                Ok(()) => {
+                    if let Write::Apply(status) = write {
+                        self.written.insert(service, fingerprint(&status));
+                    }
+                }
+                Err(source) => {
+                    errors.push(WriteError {
+                        name,
+                        service: service.clone(),
+                        source,
+                    });
+                    self.pending.insert(service, write);
+                }
+            }
+        }
+        errors
+    }
+
+    async fn apply(
+        &self,
+        name: &str,
+        service: &ServiceKey,
+        status: &ServiceL2StatusStatus,
+    ) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let object = serde_json::json!({
+            "apiVersion": "swimlb.io/v1beta1",
+            "kind": "ServiceL2Status",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    NODE_LABEL: status.node,
+                    SERVICE_NAME_LABEL: service.name,
+                    SERVICE_NAMESPACE_LABEL: service.namespace,
+                },
+            },
+            "spec": {},
+        });
+        self.api
+            .patch(name, &params, &Patch::Apply(&object))
+            .await?;
+        let body = serde_json::json!({
+            "apiVersion": "swimlb.io/v1beta1",
+            "kind": "ServiceL2Status",
+            "metadata": { "name": name },
+            "status": status,
+        });
+        self.api
+            .patch_status(name, &params, &Patch::Apply(&body))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use swimlb_control_plane::test_plane::TestPlane;
+
+    /// A real control plane with swimlb's CRDs and the speaker's namespace.
+    async fn api_with_namespace(test: &str) -> TestPlane {
+        let api = TestPlane::start_async(&format!("records-{test}")).await;
+        api.create_namespace("swimlb-system").unwrap();
+        api
+    }
+
+    /// The writes of records so far (objects and their status), from the audit log.
+    fn record_writes(api: &TestPlane) -> usize {
+        api.requests()
+            .iter()
+            .filter(|r| r.resource.starts_with("servicel2statuses"))
+            .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
+            .count()
+    }
+
+    fn svc(name: &str) -> ServiceKey {
+        ServiceKey::new("default", name)
+    }
+
+    fn status(node: &str, name: &str) -> Option<ServiceL2StatusStatus> {
+        Some(record_status(node, &svc(name), &["eth0".to_string()]))
+    }
+
+    /// Every record in the namespace: (name, node label, status node).
+    /// What `each` reads of every record, sorted.
+    fn sorted_records<T: Ord>(api: &TestPlane, each: impl Fn(&serde_json::Value) -> T) -> Vec<T> {
+        let mut all: Vec<T> = api
+            .admin()
+            .list(
+                "swimlb.io/v1beta1",
+                "ServiceL2Status",
+                Some("swimlb-system"),
+            )
+            .unwrap()
+            .iter()
+            .map(each)
+            .collect();
+        all.sort();
+        all
+    }
+
+    fn text(value: &serde_json::Value) -> String {
+        value.as_str().unwrap_or_default().to_string()
+    }
+
+    fn records(api: &TestPlane) -> Vec<(String, String, String)> {
+        sorted_records(api, |o| {
+            (
+                text(&o["metadata"]["name"]),
+                text(&o["metadata"]["labels"][NODE_LABEL]),
+                text(&o["status"]["node"]),
+            )
+        })
+    }
+
+    fn facts(service: &str, links: Option<&[&str]>, unowned: bool) -> Option<IpFacts> {
+        Some(IpFacts {
+            service: svc(service),
+            shared_with: None,
+            links: links.map(|l| std::sync::Arc::new(l.iter().map(|s| s.to_string()).collect())),
+            unowned,
+        })
+    }
+
+    #[test]
+    fn holdings_say_which_records_change_and_what_they_hold() {
+        let v4: IpAddr = "192.0.2.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        assert_eq!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)),
+            vec![svc("web")]
+        );
+        assert!(
+            h.set(v4, facts("web", Some(&["eth0"]), false)).is_empty(),
+            "same facts"
+        );
+        assert_eq!(
+            h.set(v6, facts("web", Some(&["eth1"]), false)),
+            vec![svc("web")]
+        );
+        let (record, orphaned) = h.record(&svc("web"));
+        let record = record.expect("announced");
+        assert_eq!(record.node, "n1");
+        let links: Vec<&str> = record.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(links, ["eth0", "eth1"], "the links of every IP it answers");
+        assert!(!orphaned);
+        // Another node answers the IPv6 address; nobody owns the IPv4 one.
+        h.set(v6, facts("web", None, false));
+        h.set(v4, facts("web", None, true));
+        assert_eq!(h.record(&svc("web")), (None, true));
+        // The IP moves to another Service: both records may change.
+        assert_eq!(
+            h.set(v4, facts("db", Some(&["eth0"]), false)),
+            vec![svc("db"), svc("web")]
+        );
+        h.set(v6, None);
+        assert_eq!(h.record(&svc("web")), (None, true), "gone: an orphan");
+        assert_eq!(h.services().collect::<Vec<_>>(), vec![&svc("db")]);
+    }
+
+    #[test]
+    fn record_names_are_dns_labels_and_the_same_everywhere() {
+        let name = record_name(&svc("a-very-long-service-name-that-goes-on-and-on"));
+        assert_eq!(name.len(), 23);
+        assert!(name.starts_with("l2-"));
+        assert!(name[3..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(
+            name,
+            record_name(&svc("a-very-long-service-name-that-goes-on-and-on"))
+        );
+        assert_ne!(
+            record_name(&svc("a")),
+            record_name(&ServiceKey::new("other", "a"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_owner_takes_the_record_over_and_an_orphan_is_deleted() {
+        let api = api_with_namespace("a_new_owner_takes_the_record_over_and_an").await;
+        let client = api.client().await;
+        let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
+        let mut n2 = RecordWriter::new(client, "swimlb-system");
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
+        let errors = n1.flush().await;
+        assert!(errors.is_empty(), "{errors:?}");
+        let web = record_name(&svc("web"));
+        let db = record_name(&svc("db"));
+        let mut expected = vec![
+            (web.clone(), "n1".to_string(), "n1".to_string()),
+            (db.clone(), "n1".to_string(), "n1".to_string()),
+        ];
+        expected.sort();
+        assert_eq!(records(&api), expected);
+        let writes_before = record_writes(&api);
+        // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
+        n2.set(&svc("web"), status("n2", "web"), false);
+        assert!(n2.flush().await.is_empty());
+        let writes = record_writes(&api) - writes_before;
+        assert_eq!(writes, 2, "one Service moved: its object and its status");
+        let mut expected = vec![
+            (web.clone(), "n2".to_string(), "n2".to_string()),
+            (db.clone(), "n1".to_string(), "n1".to_string()),
+        ];
+        expected.sort();
+        assert_eq!(records(&api), expected);
+        // Nothing changed: nothing is written.
+        n2.set(&svc("web"), status("n2", "web"), false);
+        assert!(!n2.is_pending());
+        // db is announced by nobody now: the record goes.
+        n2.set(&svc("db"), None, true);
+        assert!(n2.flush().await.is_empty());
+        assert_eq!(records(&api), vec![(web, "n2".into(), "n2".into())]);
+    }
+
+    #[tokio::test]
+    async fn a_record_overwritten_behind_the_owners_back_is_written_again() {
+        let api = api_with_namespace("a_record_overwritten_behind_the_owners_b").await;
+        let client = api.client().await;
+        let mut n1 = RecordWriter::new(client.clone(), "swimlb-system");
+        let mut n2 = RecordWriter::new(client, "swimlb-system");
+        n1.set(&svc("web"), status("n1", "web"), false);
+        assert!(n1.flush().await.is_empty());
+        // A partition: n2 also owns web for a while and writes the record.
+        n2.set(&svc("web"), status("n2", "web"), false);
+        assert!(n2.flush().await.is_empty());
+        let web = record_name(&svc("web"));
+        assert_eq!(records(&api), vec![(web.clone(), "n2".into(), "n2".into())]);
+        // The partition heals, n1 keeps web. What it knows it wrote hides the stale record;
+        // the watch shows it.
+        n1.set(&svc("web"), status("n1", "web"), false);
+        assert!(!n1.is_pending(), "nothing changed as far as n1 knows");
+        let theirs = status("n2", "web").unwrap();
+        assert!(
+            n1.observe(&svc("web"), Some(&theirs)),
+            "stale: set it again"
+        );
+        n1.set(&svc("web"), status("n1", "web"), false);
+        assert!(n1.is_pending());
+        assert!(n1.flush().await.is_empty());
+        assert_eq!(records(&api), vec![(web.clone(), "n1".into(), "n1".into())]);
+        // Seeing its own record changes nothing; a deleted one is set again.
+        let mine = status("n1", "web").unwrap();
+        assert!(!n1.observe(&svc("web"), Some(&mine)));
+        assert!(n1.observe(&svc("web"), None));
+        // A Service this node does not announce is none of its business.
+        assert!(!n2.observe(&svc("db"), Some(&mine)));
+    }
+
+    #[tokio::test]
+    async fn writes_that_fail_while_the_api_server_is_away_are_retried_when_it_is_back() {
+        let mut api = api_with_namespace("writes_that_fail_while_the_api_server_is").await;
+        let client = api.client().await;
+        api.stop_apiserver().unwrap();
+        let mut n1 = RecordWriter::new(client, "swimlb-system");
+        n1.set(&svc("web"), status("n1", "web"), false);
+        n1.set(&svc("db"), status("n1", "db"), false);
+        n1.set(&svc("gone"), None, true);
+        let errors = n1.flush().await;
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(n1.is_pending(), "kept for the next flush");
+        // Ownership of db moved away meanwhile: its failed write is dropped; and gone is
+        // announced again, by another node: its delete is dropped too.
+        n1.set(&svc("db"), None, false);
+        n1.set(&svc("gone"), None, false);
+        api.start_apiserver().unwrap();
+        assert!(records(&api).is_empty(), "nothing was written meanwhile");
+        assert!(n1.flush().await.is_empty());
+        assert!(!n1.is_pending());
+        assert_eq!(
+            records(&api),
+            vec![(record_name(&svc("web")), "n1".into(), "n1".into())]
+        );
+    }
+
+    /// Every record in the namespace: (Service name label, status node).
+    fn records_by_service(api: &TestPlane) -> Vec<(String, String)> {
+        sorted_records(api, |o| {
+            (
+                text(&o["metadata"]["labels"][SERVICE_NAME_LABEL]),
+                text(&o["status"]["node"]),
+            )
+        })
+    }
+
+    /// The names of the records `user` deleted.
+    fn deletes_by(api: &TestPlane, user: &str) -> Vec<String> {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.user == user && r.verb == "delete")
+            .map(|r| r.name)
+            .collect()
+    }
+
+    /// What the loop does with the Services an IP change touched, for the first live member:
+    /// each one's record set (an orphan's deleted).
+    fn tell(h: &Holdings, writer: &mut RecordWriter, touched: Vec<ServiceKey>) {
+        for service in touched {
+            let (record, unowned) = h.record(&service);
+            writer.set(&service, record, unowned);
+        }
+    }
+
+    #[tokio::test]
+    async fn services_sharing_an_ip_each_get_a_record_naming_the_owner_until_one_goes() {
+        let api = api_with_namespace("services_sharing_an_ip_each_get_a_record").await;
+        let mut writer = RecordWriter::new(api.client().await, "swimlb-system");
+        let ip: IpAddr = "192.0.2.10".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        let shared = IpFacts {
+            shared_with: Some(vec![svc("web-udp")].into_boxed_slice()),
+            ..facts("web-tcp", Some(&["eth0"]), false).unwrap()
+        };
+        let touched = h.set(ip, Some(shared));
+        assert_eq!(touched, vec![svc("web-tcp"), svc("web-udp")]);
+        assert!(h.holds(&svc("web-udp")));
+        tell(&h, &mut writer, touched);
+        assert!(writer.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![
+                ("web-tcp".to_string(), "n1".to_string()),
+                ("web-udp".to_string(), "n1".to_string()),
+            ],
+            "one record per Service, both naming the owner"
+        );
+        // web-udp is deleted (or takes another IP): only its record goes.
+        let touched = h.set(ip, facts("web-tcp", Some(&["eth0"]), false));
+        assert_eq!(touched, vec![svc("web-tcp"), svc("web-udp")]);
+        assert!(!h.holds(&svc("web-udp")));
+        tell(&h, &mut writer, touched);
+        assert!(writer.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web-tcp".to_string(), "n1".to_string())]
+        );
+    }
+
+    #[test]
+    fn holdings_compare_the_services_sharing_an_ip() {
+        let ip: IpAddr = "192.0.2.10".parse().unwrap();
+        let mut h = Holdings::new("n1");
+        let links: BTreeSet<String> = ["eth0".to_string()].into();
+        let shared = IpFacts {
+            shared_with: Some(vec![svc("web-udp")].into_boxed_slice()),
+            ..facts("web-tcp", Some(&["eth0"]), false).unwrap()
+        };
+        h.set(ip, Some(shared));
+        let tcp = Some(("default", "web-tcp"));
+        let udp = ["default/web-udp".to_string()];
+        let other = ["default/db".to_string()];
+        assert!(h.matches(&ip, tcp, Some(&udp), Some(&links), false));
+        assert!(!h.matches(&ip, tcp, None, Some(&links), false));
+        assert!(!h.matches(&ip, tcp, Some(&other), Some(&links), false));
+        assert!(!h.matches(&ip, tcp, Some(&[]), Some(&links), false));
+    }
+
+    /// Writes a record of `service` naming `node`, as that node would have.
+    async fn leave_record(api: &TestPlane, node: &str, service: &str) {
+        let mut writer = RecordWriter::new(api.client().await, "swimlb-system");
+        writer.set(&svc(service), status(node, service), false);
+        assert!(writer.flush().await.is_empty());
+    }
+
+    /// Every record the API holds, seen by `strays` as the records' watch lists them, against
+    /// the Services `served`.
+    async fn list_into(api: &TestPlane, strays: &mut Strays, served: &[&str]) {
+        let list = Api::<ServiceL2Status>::namespaced(api.client().await, "swimlb-system")
+            .list(&Default::default())
+            .await
+            .unwrap();
+        for record in list {
+            let status = record.status.expect("written with a status");
+            let service = ServiceKey::new(&status.service_namespace, &status.service_name);
+            let is_served = served.contains(&service.name.as_str());
+            strays.seen(&service, Some(&status.node), is_served);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_of_a_service_not_served_is_swept_by_one_node_only() {
+        let api = api_with_namespace("a_record_of_a_service_not_served_is_swep").await;
+        // Left while every speaker was down: n3 is gone for good, n2 comes back.
+        leave_record(&api, "n3", "gone").await;
+        leave_record(&api, "n2", "old").await;
+        leave_record(&api, "n2", "web").await;
+        let mut n1 = RecordWriter::new(api.client_of("n1").await, "swimlb-system");
+        let mut n2 = RecordWriter::new(api.client_of("n2").await, "swimlb-system");
+        let (mut s1, mut s2) = (Strays::new(), Strays::new());
+        s1.synced();
+        s2.synced();
+        list_into(&api, &mut s1, &["web"]).await;
+        list_into(&api, &mut s2, &["web"]).await;
+        let live = |node: &str| node == "n1" || node == "n2";
+        // The record naming a dead node is the first member's; the one naming n2 is n2's.
+        let due1 = s1.due("n1", live, Some("n1"));
+        let due2 = s2.due("n2", live, Some("n1"));
+        assert_eq!(due1, vec![svc("gone")]);
+        assert_eq!(due2, vec![svc("old")]);
+        assert!(s1.due("n1", live, Some("n1")).is_empty(), "handed out once");
+        for service in &due1 {
+            n1.sweep(service);
+        }
+        for service in &due2 {
+            n2.sweep(service);
+        }
+        assert!(n1.flush().await.is_empty());
+        assert!(n2.flush().await.is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web".to_string(), "n2".to_string())],
+            "the served Service's record stays"
+        );
+        assert_eq!(deletes_by(&api, "n1"), vec![record_name(&svc("gone"))]);
+        assert_eq!(deletes_by(&api, "n2").len(), 1, "one delete each: no race");
+        assert_eq!((n1.take_swept(), n2.take_swept()), (1, 1));
+        assert_eq!(n1.take_swept(), 0, "taken");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_swept_before_the_served_services_are_known() {
+        let api = api_with_namespace("nothing_is_swept_before_the_served_servi").await;
+        leave_record(&api, "n1", "web").await;
+        let mut n1 = RecordWriter::new(api.client_of("n1").await, "swimlb-system");
+        let mut strays = Strays::new();
+        // The caches have not listed yet: nothing is served as far as this node knows.
+        list_into(&api, &mut strays, &[]).await;
+        let alone = |node: &str| node == "n1";
+        assert!(strays.due("n1", alone, Some("n1")).is_empty());
+        assert!(!n1.is_pending());
+        // They list: web is served, its record is no stray, and nothing is swept either.
+        strays.served(&svc("web"));
+        strays.synced();
+        assert!(strays.due("n1", alone, Some("n1")).is_empty());
+        assert_eq!(
+            records_by_service(&api),
+            vec![("web".to_string(), "n1".to_string())]
+        );
+        assert!(deletes_by(&api, "n1").is_empty());
+        // Had web not been served, the record would have been swept now.
+        list_into(&api, &mut strays, &[]).await;
+        assert_eq!(strays.due("n1", alone, Some("n1")), vec![svc("web")]);
+        // And a sweep is undone when the Service is served again before it is performed.
+        n1.sweep(&svc("web"));
+        n1.set(&svc("web"), status("n1", "web"), false);
+        assert!(n1.flush().await.is_empty());
+        assert!(deletes_by(&api, "n1").is_empty());
+    }
+}

@@ -1,0 +1,12 @@
+//! Where what is served comes from.
+//!
+//! - [`standalone`]: VIP groups from a file, with [`checks`] and [`notify`] hooks.
+//! - [`kubernetes`]: Services, EndpointSlices, Nodes and MetalLB's CRDs from the API, and the
+//!   records written back.
+//! - [`config_report`]: what `check-config` prints about a standalone file.
+
+pub mod checks;
+pub mod config_report;
+pub mod kubernetes;
+pub mod notify;
+pub mod standalone;

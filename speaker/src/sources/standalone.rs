@@ -1,0 +1,1050 @@
+//! The standalone source: VIP groups from a file, on plain Linux hosts.
+//!
+//! A mode is a source of inputs for the shared [`Engine`](crate::model::engine::Engine), run by the
+//! shared drivers ([`Daemon`]). This module owns what only the standalone mode has: the file
+//! (turned into a [`Snapshot`]), this node's record (priorities, check results, `settled`), the
+//! health checks, the notify hooks, SIGHUP reloads, and the VIPs on a dummy link with the ARP
+//! sysctls that keep the kernel from answering for them. Its loop only reads inputs and calls
+//! one handler per input; every decision is the engine's.
+//!
+//! Start-up order: the VIPs go onto the holder interface and the ARP sysctls are set before the
+//! first answer can be given (so the kernel never answers for a VIP); then the responders, the
+//! gossip, the checks, the HTTP listener. A starting node answers nothing until it has joined the
+//! mesh and holds every member's record ([`JoinHold`]), so two nodes never answer for one VIP
+//! while the mesh forms. Shutdown (SIGTERM): the node marks itself draining, so the peers elect a
+//! successor at once; it keeps answering each VIP until the successor's gratuitous ARP / NA is
+//! seen or the drain deadline passes, then leaves the mesh, removes the addresses and exits.
+//! Every group goes to `fault` when the drain starts (one notify call each); the queued calls run
+//! before the exit, within [`EXIT_HOOK_DEADLINE`].
+//!
+//! Readiness ([`ready`], `/readyz` and `/status` `ready`): the node has joined the mesh (a member
+//! acknowledged it: gossip phase `Active`) or its file lists no peers. A node that reaches none of
+//! its peers stays not ready (`joining`) while it serves, alone, what it elects; one that loses
+//! every member goes back to `joining`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use swimlb_config::keyfile::{parse_key_file, read_key_file};
+use swimlb_config::standalone::Standalone;
+use swimlb_proto::{KeyId, KeyRing};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::gossip::metadata::MAX_META_RECORD_LEN;
+use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
+use crate::model::announcer::Schedule;
+use crate::model::engine::placement::Placement;
+use crate::model::engine::{Engine, Input, Start};
+use crate::model::links::{Link, Route};
+use crate::model::local::CheckKey;
+use crate::model::local::LocalState;
+use crate::model::snapshot::{Interfaces, ServedIp, Snapshot};
+use crate::net::addresses::{self, Addresses, HolderKind};
+use crate::net::answering::AnsweringLinks;
+use crate::net::netlink;
+use crate::net::responder;
+use crate::owner_watch::WatchMetrics;
+use crate::run::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, start_watch};
+use crate::run::driver::{self, Shared};
+use crate::serve::http::{self, CheckStatus};
+use crate::serve::status::StatusBoard;
+use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
+use crate::sources::notify::{GroupState, HookResult, Notifier};
+
+/// Time a notify hook may run.
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the speaker waits at exit for queued notify calls (the drain's `fault`).
+pub const EXIT_HOOK_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Name of the interface holding the VIPs.
+pub const HOLDER_NAME: &str = addresses::DEFAULT_DUMMY_NAME;
+
+/// Why the speaker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The key file could not be read or parsed.
+    #[error("keyFile {path}: {message}")]
+    Keys {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The key ring refused the keys.
+    #[error("key ring: {0}")]
+    KeyRing(swimlb_proto::Error),
+    /// Gossip timings are invalid, or its socket could not be bound.
+    #[error("gossip: {0}")]
+    Gossip(#[from] gossip::GossipError),
+    /// Addresses or sysctls could not be set.
+    #[error("addresses: {0}")]
+    Addresses(#[from] addresses::Error),
+    /// Links and routes could not be read.
+    #[error("interfaces: {0}")]
+    Interfaces(#[from] netlink::Error),
+    /// The HTTP listener could not be bound.
+    #[error("listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// The key ring for `config`: from its key file, or the insecure well-known key.
+pub fn key_ring(config: &Standalone) -> Result<KeyRing, DaemonError> {
+    let keys = match &config.key_file {
+        Some(path) => {
+            let text = read_key_file(path).map_err(|e| DaemonError::Keys {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            parse_key_file(&text).map_err(|errors| DaemonError::Keys {
+                path: path.clone(),
+                message: errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?
+        }
+        None => vec![insecure_key(&config.cluster)],
+    };
+    KeyRing::new(&config.cluster, &keys).map_err(DaemonError::KeyRing)
+}
+
+/// `insecure: true`: a key everybody can derive from the cluster name. Datagrams still carry
+/// the envelope (so a misconfigured peer is rejected, not parsed), but they are not secret and
+/// anyone on the network can forge them.
+pub(crate) fn insecure_key(cluster: &str) -> [u8; 32] {
+    let digest = ring_digest(format!("swimlb insecure key for {cluster}").as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&digest);
+    key
+}
+
+pub(crate) fn ring_digest(data: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data).into()
+}
+
+/// The gossip timings of `config`: the profile, then every override.
+pub fn timing(config: &Standalone) -> Result<Timing, gossip::TimingError> {
+    Timing::from_settings(&config.gossip)
+}
+
+/// What the election serves: every address of every group.
+pub fn snapshot(config: &Standalone) -> Snapshot {
+    let mut snapshot = Snapshot::new();
+    for group in &config.groups {
+        let interfaces = Interfaces::named(group.interface.iter().cloned());
+        // A group moves as one: every address is ranked by the group's first address, so all
+        // of them elect the same owner (keepalived's VRRP instance, MetalLB's first ingress IP).
+        let order_ip = group.addresses.first().copied();
+        for ip in &group.addresses {
+            let mut served = ServedIp::group(group.name.clone(), interfaces.clone());
+            served.order_ip = order_ip;
+            // Duplicates across groups are rejected by the configuration's validation.
+            let _ = snapshot.insert(*ip, served);
+        }
+    }
+    snapshot
+}
+
+/// The announcement schedule of `config`.
+pub fn schedule(config: &Standalone) -> Schedule {
+    Schedule {
+        burst: config.announce.burst.get(),
+        second_burst_after: config.announce.second_burst_after,
+        refresh: config.announce.refresh,
+        ..Schedule::default()
+    }
+}
+
+/// This node's name: the file's `node`, else the hostname.
+pub fn node_name(config: &Standalone) -> String {
+    config.node.clone().unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into())
+    })
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    group: String,
+    check: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    reason: &'static str,
+}
+
+/// The standalone source's own metrics (the engine's drivers, the gossip and the responders
+/// register theirs).
+#[derive(Debug, Clone, Default)]
+struct Metrics {
+    check_up: Family<CheckLabels, Gauge>,
+    notify_failures: Counter,
+    reload_failures: Family<ReloadLabels, Counter>,
+    last_reload_ok: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric into `registry`; the last reload counts as successful until one
+    /// fails.
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "swimlb_check_up",
+            "1 while a health check passes on this node",
+            self.check_up.clone(),
+        );
+        registry.register(
+            "swimlb_notify_failures",
+            "Notify hook calls that failed",
+            self.notify_failures.clone(),
+        );
+        registry.register(
+            "swimlb_config_reload_failures",
+            "Reloads refused (the speaker keeps what it runs), by reason",
+            self.reload_failures.clone(),
+        );
+        registry.register(
+            "swimlb_config_last_reload_successful",
+            "0 while the last reload was refused, 1 after start-up or an applied reload",
+            self.last_reload_ok.clone(),
+        );
+        self.last_reload_ok.set(1);
+        // Every reason's series exists at 0 from the start: a family without a series is not
+        // exposed at all, and a rate over a series that appears with its first failure is 0.
+        for reason in ReloadFailure::ALL {
+            let _ = self.reload_failures.get_or_create(&ReloadLabels {
+                reason: reason.as_str(),
+            });
+        }
+    }
+
+    /// Counts a reload refused for `reason` (or keys that could not be handed to the gossip).
+    fn reload_failed(&self, reason: ReloadFailure) {
+        self.reload_failures
+            .get_or_create(&ReloadLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+        self.last_reload_ok.set(0);
+    }
+
+    /// Marks the last reload applied.
+    fn reload_applied(&self) {
+        self.last_reload_ok.set(1);
+    }
+}
+
+/// Why a reload was refused: the speaker keeps serving what it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadFailure {
+    /// The file cannot be read.
+    Unreadable,
+    /// The file does not validate.
+    Invalid,
+    /// `cluster` or `bind` changed: only a restart applies them.
+    RestartOnly,
+    /// The key file cannot be read or holds a bad line, or the key ring refuses the keys, or
+    /// the gossip could not take them.
+    Keys,
+    /// This node's gossip record would outgrow what the gossip carries.
+    GossipRecord,
+    /// The VIPs could not be put on the holder link, or the ARP sysctls set.
+    Addresses,
+}
+
+impl ReloadFailure {
+    /// Every reason.
+    pub const ALL: [ReloadFailure; 6] = [
+        ReloadFailure::Unreadable,
+        ReloadFailure::Invalid,
+        ReloadFailure::RestartOnly,
+        ReloadFailure::Keys,
+        ReloadFailure::GossipRecord,
+        ReloadFailure::Addresses,
+    ];
+
+    /// The metric label.
+    pub const fn as_str(&self) -> &'static str {
+        match self {
+            ReloadFailure::Unreadable => "unreadable",
+            ReloadFailure::Invalid => "invalid",
+            ReloadFailure::RestartOnly => "restart_only",
+            ReloadFailure::Keys => "keys",
+            ReloadFailure::GossipRecord => "gossip_record",
+            ReloadFailure::Addresses => "addresses",
+        }
+    }
+}
+
+/// The file at `path` as a reload would apply it over `running`, with its key ring; or why the
+/// reload is refused, with what to log. Reads the file and the key file, nothing else.
+pub fn prepare_reload(
+    running: &Standalone,
+    path: &Path,
+) -> Result<(Standalone, KeyRing), (ReloadFailure, String)> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        (
+            ReloadFailure::Unreadable,
+            format!("{}: {e}", path.display()),
+        )
+    })?;
+    let next = Standalone::parse(&text).map_err(|e| (ReloadFailure::Invalid, e.to_string()))?;
+    if next.cluster != running.cluster || next.bind != running.bind {
+        return Err((
+            ReloadFailure::RestartOnly,
+            "cluster and bind cannot change without a restart".to_string(),
+        ));
+    }
+    let ring = key_ring(&next).map_err(|e| (ReloadFailure::Keys, e.to_string()))?;
+    let len = crate::sources::config_report::largest_record(&next);
+    if len > MAX_META_RECORD_LEN {
+        return Err((
+            ReloadFailure::GossipRecord,
+            format!(
+                "this node's gossip record could reach {len} bytes, more than {MAX_META_RECORD_LEN}"
+            ),
+        ));
+    }
+    Ok((next, ring))
+}
+
+/// The receivers the loop waits on (kept apart from [`Source`] so its handlers can borrow it
+/// mutably while the loop polls these).
+/// The standalone source's own inputs (beside the shared ones, [`Shared`]).
+struct Inputs {
+    check_events: mpsc::Receiver<CheckEvent>,
+    hook_results: mpsc::UnboundedReceiver<(String, GroupState, HookResult)>,
+    /// SIGHUP.
+    reload: mpsc::Receiver<()>,
+}
+
+/// One of the standalone source's own inputs.
+enum Own {
+    Check(CheckEvent),
+    HookDone((String, GroupState, HookResult)),
+    Reload,
+}
+
+/// The standalone mode's state around the shared [`Daemon`].
+struct Source {
+    config: Standalone,
+    path: PathBuf,
+    daemon: Daemon,
+    holder: Addresses,
+    checks: CheckTasks,
+    last_outcome: BTreeMap<CheckKey, &'static str>,
+    notifiers: BTreeMap<String, (PathBuf, Notifier)>,
+    hook_tx: mpsc::UnboundedSender<(String, GroupState, HookResult)>,
+    group_states: BTreeMap<String, GroupState>,
+    metrics: Metrics,
+    ring_ids: Vec<KeyId>,
+    /// The links and routes last dumped (a reload places the new file on them).
+    net: watch::Receiver<(Vec<Link>, Vec<Route>)>,
+    http: JoinHandle<()>,
+}
+
+/// Runs the standalone speaker until `shutdown` resolves (then drains) or a fatal error.
+pub async fn run(
+    config: Standalone,
+    config_path: PathBuf,
+    shutdown: impl std::future::Future<Output = ()> + Unpin,
+    reload: mpsc::Receiver<()>,
+) -> Result<(), DaemonError> {
+    let (mut source, mut shared, mut inputs) = Source::start(config, config_path, reload).await?;
+    driver::run(&mut source, &mut shared, &mut inputs, shutdown).await;
+    source.stop().await
+}
+
+impl driver::Source for Source {
+    type Inputs = Inputs;
+    type Event = Own;
+
+    fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+
+    async fn next(inputs: &mut Inputs, draining: bool) -> Own {
+        tokio::select! {
+            Some(event) = inputs.check_events.recv() => Own::Check(event),
+            Some(result) = inputs.hook_results.recv() => Own::HookDone(result),
+            Some(()) = inputs.reload.recv(), if !draining => Own::Reload,
+            else => std::future::pending().await,
+        }
+    }
+
+    async fn handle(&mut self, event: Own) {
+        match event {
+            Own::Check(event) => self.check(event).await,
+            Own::HookDone(result) => self.hook_done(result),
+            Own::Reload => self.reload().await,
+        }
+    }
+
+    fn ready(&self, phase: Phase) -> bool {
+        ready(phase, alone(&self.config))
+    }
+
+    /// The ARP sysctls follow the announcing links.
+    async fn net_changed(&mut self, _links: &[Link]) {
+        let ifaces: Vec<String> = self.daemon.engine.placed_links().into_iter().collect();
+        let vips: Vec<IpAddr> = self
+            .daemon
+            .engine
+            .election()
+            .snapshot()
+            .iter()
+            .map(|(ip, _)| *ip)
+            .collect();
+        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
+            tracing::warn!(error = %e, "cannot set the ARP sysctls on a new interface");
+        }
+    }
+
+    fn after(&mut self) {
+        self.update_groups();
+    }
+}
+
+impl Source {
+    /// Builds everything in start-up order (see the module docs).
+    async fn start(
+        config: Standalone,
+        path: PathBuf,
+        reload: mpsc::Receiver<()>,
+    ) -> Result<(Source, Shared, Inputs), DaemonError> {
+        let node = node_name(&config);
+        let ring = key_ring(&config)?;
+        let ring_ids: Vec<KeyId> = ring.key_ids().collect();
+        if config.insecure {
+            tracing::warn!("insecure: gossip is neither secret nor authenticated");
+        }
+        let timing = timing(&config).map_err(gossip::GossipError::from)?;
+        let mut registry = Registry::default();
+        let gossip_metrics = GossipMetrics::register(&mut registry);
+        let failovers = FailoverMetrics::register(&mut registry);
+        let watch_metrics = WatchMetrics::register(&mut registry);
+        let responder_metrics = responder::Metrics::default();
+        responder_metrics.register(&mut registry);
+        let metrics = Metrics::default();
+        metrics.register(&mut registry);
+        let board = StatusBoard::new(&node, &mut registry);
+        crate::serve::process_metrics::register(&mut registry, board.subscribe());
+
+        let (net, links, routes) = NetWatch::start().await?;
+        let served = snapshot(&config);
+        let placement = Placement::new(&served, links.clone(), routes.clone());
+        let announce_links: Vec<String> = placement.used_links().into_iter().collect();
+        // The kernel must never answer for a VIP: sysctls and addresses before any responder.
+        let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+        let holder = hold_vips(&vips, &announce_links).await?;
+
+        let mut local = LocalState::new(&node, &config, Instant::now());
+        local.set_announce(placement.facts(&served));
+        let watch_knobs = timing.owner_watch;
+        let watch_ring = ring.duplicate();
+        let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
+        let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
+        // Subscribe before the live set is read: a change in between is seen twice (harmless),
+        // never missed.
+        let changes = gossip.subscribe();
+        let live = gossip.live().borrow().clone();
+        let alone = alone(&config);
+        let hold = JoinHold::new(Instant::now(), alone);
+        let (engine, initial) = Engine::new(
+            Instant::now(),
+            Start {
+                node: node.clone(),
+                schedule: schedule(&config),
+                snapshot: served,
+                live,
+                links: links.clone(),
+                routes,
+                hold: hold.holding(),
+            },
+        );
+        let (conflict_tx, conflicts) = mpsc::unbounded_channel();
+        let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+
+        let (check_tx, check_events) = mpsc::channel(64);
+        let checks = CheckTasks::start(&config, Tls::new(), check_tx);
+        let (hook_tx, hook_results) = mpsc::unbounded_channel();
+        let notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
+        let (_, http) = http::spawn(config.listen, board.subscribe(), Arc::new(registry))
+            .await
+            .map_err(|source| DaemonError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let net_view = net.subscribe();
+        let shared = Shared {
+            changes,
+            phase: gossip.phase(),
+            identity: gossip.identity_changes(),
+            conflicts,
+            net,
+            watch: watch_events,
+        };
+        let inputs = Inputs {
+            check_events,
+            hook_results,
+            reload,
+        };
+        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
+            .await
+            .with_watch(watch)
+            .with_hold(hold);
+        let mut source = Source {
+            config,
+            path,
+            daemon,
+            holder,
+            checks,
+            last_outcome: BTreeMap::new(),
+            notifiers,
+            hook_tx,
+            group_states: BTreeMap::new(),
+            metrics,
+            ring_ids,
+            net: net_view,
+            http,
+        };
+        let ready = ready(*shared.phase.borrow(), alone);
+        source.daemon.board.update(|s| s.ready = ready);
+        source.daemon.check_hold().await;
+        source.publish_checks();
+        source.update_groups();
+        Ok((source, shared, inputs))
+    }
+
+    async fn check(&mut self, event: CheckEvent) {
+        if !self.checks.is_current(&event) {
+            // Sent by a task a reload stopped, before it stopped.
+            return;
+        }
+        let CheckKey { group, check } = &event.key;
+        tracing::info!(%group, %check, passing = event.passing, outcome = event.outcome.as_str(), "check changed");
+        self.last_outcome
+            .insert(event.key.clone(), event.outcome.as_str());
+        if self.daemon.local.set_check(group, check, event.passing) {
+            self.daemon.publish_meta().await;
+        }
+        self.publish_checks();
+    }
+
+    fn hook_done(&mut self, (group, state, result): (String, GroupState, HookResult)) {
+        if result != HookResult::Ok {
+            self.metrics.notify_failures.inc();
+            tracing::warn!(%group, state = state.as_str(), result = result.as_str(), "notify hook failed");
+        }
+    }
+
+    /// SIGHUP: read the file again and apply what can change without a restart.
+    async fn reload(&mut self) {
+        let (next, next_ring) = match prepare_reload(&self.config, &self.path) {
+            Ok(prepared) => prepared,
+            Err((reason, error)) => {
+                tracing::error!(reason = reason.as_str(), %error, "reload refused: serving the configuration already running");
+                self.metrics.reload_failed(reason);
+                return;
+            }
+        };
+        for field in restart_only_changes(&self.config, &next) {
+            tracing::warn!(
+                field,
+                "reload: this change needs a restart and is not applied"
+            );
+        }
+        let served = snapshot(&next);
+        let (links, routes) = self.net.borrow().clone();
+        let ifaces: Vec<String> = Placement::new(&served, links, routes)
+            .used_links()
+            .into_iter()
+            .collect();
+        let vips: Vec<IpAddr> = served.iter().map(|(ip, _)| *ip).collect();
+        if let Err(e) = self.holder.reload(&vips, &ifaces).await {
+            tracing::error!(reason = ReloadFailure::Addresses.as_str(), error = %e, "reload refused: serving the configuration already running");
+            self.metrics.reload_failed(ReloadFailure::Addresses);
+            return;
+        }
+        // Unchanged checks keep running with their state; the others start failing, and so does
+        // what we gossip for them.
+        let unchanged = self.checks.reload(&next);
+        self.last_outcome.retain(|key, _| unchanged.contains(key));
+        if self.daemon.local.reload(&next, &unchanged) {
+            self.daemon.publish_meta().await;
+        }
+        self.daemon.handle(Input::Snapshot(served)).await;
+        self.notifiers = notifiers(&next, std::mem::take(&mut self.notifiers), &self.hook_tx);
+        self.group_states
+            .retain(|name, _| next.groups.iter().any(|g| &g.name == name));
+        self.config = next;
+        self.publish_checks();
+        if self.rotate_keys(next_ring).await {
+            self.metrics.reload_applied();
+        } else {
+            self.metrics.reload_failed(ReloadFailure::Keys);
+        }
+        tracing::info!("configuration reloaded");
+    }
+
+    /// Rotation: the first key seals from now on; peers are still answered with the key they
+    /// use while it is here.
+    /// Returns whether the gossip holds `ring`'s keys now.
+    async fn rotate_keys(&mut self, ring: KeyRing) -> bool {
+        let ids: Vec<KeyId> = ring.key_ids().collect();
+        if ids == self.ring_ids {
+            return true;
+        }
+        let sealing = ring.sealing_key_id();
+        match self.daemon.set_key_ring(ring).await {
+            Ok(()) => {
+                tracing::info!(keys = ids.len(), %sealing, "gossip keys replaced");
+                self.ring_ids = ids;
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "gossip keys not replaced");
+                false
+            }
+        }
+    }
+
+    /// Each group's state on this node, and a notify call for each change.
+    fn update_groups(&mut self) {
+        let draining = self.daemon.engine.draining();
+        let election = self.daemon.engine.election();
+        for group in &self.config.groups {
+            let owns = group.addresses.iter().any(|ip| election.owns(ip));
+            let fault = self
+                .daemon
+                .local
+                .meta()
+                .groups
+                .get(&group.name)
+                .is_some_and(|h| h.checks.iter().any(|c| c.weight == 0 && !c.passing));
+            // A draining node is handing its groups over: `fault` at once, even while it still
+            // answers for them until the successor has announced.
+            let state = if draining {
+                GroupState::Fault
+            } else if owns {
+                GroupState::Owner
+            } else if fault {
+                GroupState::Fault
+            } else {
+                GroupState::Backup
+            };
+            if self.group_states.insert(group.name.clone(), state) != Some(state) {
+                tracing::info!(group = %group.name, state = state.as_str(), "group state");
+                if let Some((_, n)) = self.notifiers.get(&group.name) {
+                    n.notify(state);
+                }
+            }
+        }
+    }
+
+    /// The checks in `/status` and `swimlb_check_up`.
+    fn publish_checks(&self) {
+        let mut checks = Vec::new();
+        for group in &self.config.groups {
+            let results = self.daemon.local.meta().groups.get(&group.name);
+            for (c, check) in group.checks.iter().enumerate() {
+                let passing = results
+                    .and_then(|h| h.checks.get(c))
+                    .is_some_and(|r| r.passing);
+                self.metrics
+                    .check_up
+                    .get_or_create(&CheckLabels {
+                        group: group.name.clone(),
+                        check: check.name.clone(),
+                    })
+                    .set(i64::from(passing));
+                let last = self
+                    .last_outcome
+                    .get(&CheckKey::new(&group.name, &check.name))
+                    .copied()
+                    .unwrap_or("none");
+                checks.push(CheckStatus {
+                    group: group.name.clone(),
+                    check: check.name.clone(),
+                    passing,
+                    last: last.to_string(),
+                });
+            }
+        }
+        self.daemon.board.update(|s| s.checks = checks);
+    }
+
+    /// Leave, stop answering, run the queued hooks, take the VIPs off.
+    async fn stop(self) -> Result<(), DaemonError> {
+        self.daemon.stop().await;
+        self.checks.stop();
+        self.http.abort();
+        let hooks_deadline = Instant::now() + EXIT_HOOK_DEADLINE;
+        for (group, (_, notifier)) in self.notifiers {
+            if !notifier.finish(hooks_deadline).await {
+                tracing::warn!(%group, "notify hook still running at exit: killed");
+            }
+        }
+        self.holder.teardown().await?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Puts the VIPs on the holder link and sets the ARP sysctls of `announce_links`.
+async fn hold_vips(vips: &[IpAddr], announce_links: &[String]) -> Result<Addresses, DaemonError> {
+    match Addresses::setup(HOLDER_NAME, vips, announce_links).await {
+        // No dummy driver, or a holder a previous run (on such a kernel) left behind.
+        Err(addresses::Error::KindUnsupported { .. })
+        | Err(addresses::Error::NotDummy { kind: _, .. })
+            if holder_is_ifb_or_missing().await =>
+        {
+            tracing::warn!(
+                holder = HOLDER_NAME,
+                "this kernel has no dummy links: holding the VIPs on an ifb link"
+            );
+            Ok(Addresses::setup_with(HolderKind::Ifb, HOLDER_NAME, vips, announce_links).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Starts the gossip task with this node's first record.
+async fn spawn_gossip(
+    config: &Standalone,
+    node: &str,
+    timing: Timing,
+    ring: KeyRing,
+    local: &LocalState,
+    metrics: GossipMetrics,
+) -> Result<gossip::GossipHandle, DaemonError> {
+    let settings = GossipSettings {
+        node: node.to_string(),
+        addr: config.bind,
+        seeds: config.peers.clone(),
+        timing,
+        bump: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(1),
+        rng_seed: u64::from_le_bytes(
+            ring_digest(node.as_bytes())[..8]
+                .try_into()
+                .unwrap_or([7; 8]),
+        ) ^ std::process::id() as u64,
+    };
+    Ok(gossip::spawn(settings, config.bind, ring, local.meta().clone(), metrics).await?)
+}
+
+/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
+/// `previous`, so its calls stay in order across a reload.
+fn notifiers(
+    config: &Standalone,
+    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
+    done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
+) -> BTreeMap<String, (PathBuf, Notifier)> {
+    config
+        .groups
+        .iter()
+        .filter_map(|g| {
+            let program = g.notify.clone()?;
+            let notifier = match previous.remove(&g.name) {
+                Some((old, notifier)) if old == program => notifier,
+                _ => Notifier::spawn(
+                    program.clone(),
+                    g.name.clone(),
+                    NOTIFY_TIMEOUT,
+                    done.clone(),
+                ),
+            };
+            Some((g.name.clone(), (program, notifier)))
+        })
+        .collect()
+}
+
+/// Whether a file describes a node with no peers to join (only itself, if anything).
+fn alone(config: &Standalone) -> bool {
+    config.peers.iter().all(|p| *p == config.bind)
+}
+
+/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
+/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
+/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
+/// the cluster is unconfirmed. Draining is reported on its own.
+pub fn ready(phase: Phase, alone: bool) -> bool {
+    match phase {
+        Phase::Active => true,
+        Phase::Joining => alone,
+        Phase::Left | Phase::Paused => false,
+    }
+}
+
+/// Whether the holder link is absent or an ifb link (ours, from a run on a kernel without the
+/// dummy driver). Any other link of that name is not ours to take over.
+async fn holder_is_ifb_or_missing() -> bool {
+    match netlink::snapshot().await {
+        Ok((links, _)) => match links.iter().find(|l| l.name == HOLDER_NAME) {
+            None => true,
+            Some(l) => l.kind.as_deref() == Some("ifb"),
+        },
+        Err(_) => false,
+    }
+}
+
+/// The settings a reload does not apply (the gossip socket, its peers and timings, the HTTP
+/// listener, the node name) that differ between `running` and `next`.
+fn restart_only_changes(running: &Standalone, next: &Standalone) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if next.node != running.node {
+        changed.push("node");
+    }
+    if next.peers != running.peers {
+        changed.push("peers");
+    }
+    if next.gossip != running.gossip {
+        changed.push("gossip");
+    }
+    if next.listen != running.listen {
+        changed.push("listen");
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("swimlb-reload-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_reload_is_refused_with_its_reason_for_every_bad_file_and_key_file() {
+        let dir = temp_dir("refused");
+        let keys = dir.join("keys");
+        std::fs::write(
+            &keys,
+            format!("{}\n", swimlb_config::keyfile::encode_key(&[7; 32])),
+        )
+        .unwrap();
+        let file = |extra: &str| {
+            format!(
+                "cluster: lab\nnode: n1\nbind: 192.0.2.10\nkeyFile: {}\n{extra}groups: [{{name: api, addresses: [192.0.2.100]}}]\n",
+                keys.display()
+            )
+        };
+        let path = dir.join("speaker.yaml");
+        std::fs::write(&path, file("")).unwrap();
+        let running = Standalone::parse(&file("")).unwrap();
+        let reason = |path: &Path| prepare_reload(&running, path).err().map(|(r, _)| r);
+        assert_eq!(reason(&path), None, "the running file reloads");
+
+        assert_eq!(
+            reason(&dir.join("missing.yaml")),
+            Some(ReloadFailure::Unreadable)
+        );
+        std::fs::write(&path, "cluster: lab\nbind: [oops\n").unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::Invalid));
+        std::fs::write(&path, file("").replace("cluster: lab", "cluster: other")).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::RestartOnly));
+        let groups: String = (0..9)
+            .map(|i| format!("  - {{name: g{i}-{}, addresses: [192.0.2.{}], checks: [{{name: c-{}, exec: /bin/true}}]}}\n", "x".repeat(55), 10 + i, "y".repeat(58)))
+            .collect();
+        let big = file("").replace(
+            "groups: [{name: api, addresses: [192.0.2.100]}]\n",
+            &format!("groups:\n{groups}"),
+        );
+        std::fs::write(&path, big).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::GossipRecord));
+
+        // The file is fine; the key file was rotated to garbage, then emptied, then removed.
+        std::fs::write(&path, file("")).unwrap();
+        for garbage in ["not a key\n", "", "# nothing\n"] {
+            std::fs::write(&keys, garbage).unwrap();
+            let (reason, message) = prepare_reload(&running, &path).unwrap_err();
+            assert_eq!(reason, ReloadFailure::Keys, "{garbage:?}");
+            assert!(
+                message.starts_with(&format!("keyFile {}", keys.display())),
+                "{message}"
+            );
+        }
+        std::fs::remove_file(&keys).unwrap();
+        assert_eq!(reason(&path), Some(ReloadFailure::Keys));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_refused_reload_is_counted_by_reason_and_clears_the_success_gauge_until_one_applies() {
+        let metrics = Metrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        let before = text(&registry);
+        assert!(before.contains("swimlb_config_last_reload_successful 1\n"));
+        assert!(
+            before.contains("swimlb_config_reload_failures_total{reason=\"unreadable\"} 0\n"),
+            "every reason exposed at 0 from the start:\n{before}"
+        );
+        metrics.reload_failed(ReloadFailure::Invalid);
+        metrics.reload_failed(ReloadFailure::Keys);
+        metrics.reload_failed(ReloadFailure::Keys);
+        let after = text(&registry);
+        assert!(
+            after.contains("swimlb_config_reload_failures_total{reason=\"keys\"} 2\n"),
+            "{after}"
+        );
+        assert!(
+            after.contains("swimlb_config_reload_failures_total{reason=\"invalid\"} 1\n"),
+            "{after}"
+        );
+        assert!(
+            after.contains("swimlb_config_last_reload_successful 0\n"),
+            "{after}"
+        );
+        metrics.reload_applied();
+        assert!(text(&registry).contains("swimlb_config_last_reload_successful 1\n"));
+    }
+
+    fn config(extra: &str) -> Standalone {
+        Standalone::parse(&format!(
+            "cluster: lab\nnode: n1\nbind: 192.0.2.10\ninsecure: true\n{extra}groups: [{{name: api, addresses: [192.0.2.100, '2001:db8::100'], interface: eth0}}, {{name: web, addresses: [192.0.2.101]}}]"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn snapshot_has_every_address_with_its_group_and_interface() {
+        let s = snapshot(&config(""));
+        assert_eq!(s.len(), 3);
+        let api = s.get(&"2001:db8::100".parse().unwrap()).unwrap();
+        assert_eq!(api.group.as_deref(), Some("api"));
+        assert_eq!(api.interfaces, Interfaces::named(["eth0"]));
+        assert_eq!(
+            s.get(&"192.0.2.101".parse().unwrap()).unwrap().interfaces,
+            Interfaces::Default
+        );
+    }
+
+    #[test]
+    fn every_address_of_a_group_elects_the_same_owner() {
+        use crate::model::membership::{GroupHealth, LiveSet, MemberMeta};
+        let config = config("");
+        let mut live = LiveSet::new();
+        for n in ["n1", "n2", "n3", "n4", "n5"] {
+            let mut m = MemberMeta::new(n);
+            m.settled = true;
+            m.announce.links.insert("eth0".into());
+            for g in ["api", "web"] {
+                m.groups.insert(
+                    g.into(),
+                    GroupHealth {
+                        priority: 100,
+                        checks: vec![],
+                    },
+                );
+            }
+            live.upsert(m);
+        }
+        let election = crate::model::election::Election::new("n1", snapshot(&config), &live);
+        let a = election.owner(&"192.0.2.100".parse().unwrap());
+        let b = election.owner(&"2001:db8::100".parse().unwrap());
+        assert!(a.is_some());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_reload_names_the_changes_it_does_not_apply() {
+        let running = config("");
+        assert!(restart_only_changes(&running, &config("")).is_empty());
+        let next = config("gossip: {probePeriod: 300ms}\n");
+        assert_eq!(restart_only_changes(&running, &next), ["gossip"]);
+    }
+
+    #[test]
+    fn timing_overrides_apply_and_bad_combinations_are_refused() {
+        let t = timing(&config("gossip: {probePeriod: 300ms}\n")).unwrap();
+        assert_eq!(t.probe_period, Duration::from_millis(300));
+        let t = timing(&config(
+            "gossip: {profile: lan, indirectProbes: 5, maxTransmissions: 12, scaleSuspicion: false, notifyDownMembers: true, announceDownPeriod: 1s, announceDownFanout: 2, syncPeriod: 0s, joinRetry: 100ms, maxPacketSize: 1200}\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                t.indirect_probes,
+                t.max_transmissions,
+                t.scale_suspicion,
+                t.notify_down_members
+            ),
+            (5, 12, false, true)
+        );
+        assert_eq!(
+            (
+                t.announce_down_period,
+                t.announce_down_fanout,
+                t.sync_period,
+                t.join_retry,
+                t.max_packet_size
+            ),
+            (
+                Duration::from_secs(1),
+                2,
+                Duration::ZERO,
+                Duration::from_millis(100),
+                1200
+            )
+        );
+        assert!(timing(&config("gossip: {maxPacketSize: 100}\n")).is_err());
+        assert!(timing(&config("gossip: {probePeriod: 100ms, probeRtt: 200ms}\n")).is_err());
+    }
+
+    #[test]
+    fn insecure_rings_of_one_cluster_interoperate_and_differ_across_clusters() {
+        let a = key_ring(&config("")).unwrap();
+        let b = key_ring(&config("")).unwrap();
+        let mut sealed = Vec::new();
+        a.seal(b"hello", &mut sealed).unwrap();
+        assert_eq!(b.open(&mut sealed).unwrap(), b"hello");
+        assert_ne!(insecure_key("lab"), insecure_key("other"));
+    }
+
+    #[test]
+    fn ready_once_joined_or_when_configured_alone() {
+        assert!(ready(Phase::Active, false));
+        assert!(!ready(Phase::Joining, false), "peers not reached yet");
+        assert!(ready(Phase::Joining, true), "nobody to join");
+        assert!(!ready(Phase::Left, true));
+        assert!(alone(&config("")));
+        assert!(alone(&config("peers: [192.0.2.10:7946]\n")), "only itself");
+        assert!(!alone(&config("peers: [192.0.2.11:7946]\n")));
+    }
+
+    #[test]
+    fn schedule_follows_the_file() {
+        let s = schedule(&config("announce: {burst: 3, secondBurstAfter: off}\n"));
+        assert_eq!((s.burst, s.second_burst_after), (3, None));
+    }
+}
