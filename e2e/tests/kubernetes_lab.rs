@@ -752,6 +752,19 @@ fn a_rolling_restart_of_every_speaker_loses_no_probe() {
     );
 }
 
+/// Who answered the probes, in runs: (first probe's sequence number, node, probes answered).
+fn answerers(records: &[probe::ProbeRecord]) -> Vec<(u64, String, usize)> {
+    let mut runs: Vec<(u64, String, usize)> = Vec::new();
+    for r in records {
+        let Some((node, _)) = &r.answer else { continue };
+        match runs.last_mut() {
+            Some((_, last, n)) if last == node => *n += 1,
+            _ => runs.push((r.seq, node.clone(), 1)),
+        }
+    }
+    runs
+}
+
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
@@ -771,10 +784,13 @@ fn node_selectors_the_exclude_label_a_shared_ip_and_a_controller_restart() {
     cluster.start_controller(&mut run.lab).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let records = prober.stop();
+    let during = &records[before.min(records.len())..];
     assert_eq!(
-        probe::owner_changes(&records[before.min(records.len())..]),
+        probe::owner_changes(during),
         0,
-        "the answering node changed across a controller restart"
+        "the answering node changed across a controller restart: {:?}\n{}",
+        answerers(during),
+        run.logs()
     );
     assert_eq!(run.cluster().ingress(APPS, SERVICE), vec![vip.clone()]);
     assert_eq!(
