@@ -194,7 +194,7 @@ struct SimArgs {
     /// or false, to compare with plain SWIM.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     lifeguard: bool,
-    /// The owner watch beside the gossip (issue 17): true (default) or false, for the gossip
+    /// The owner watch beside the gossip: true (default) or false, for the gossip
     /// alone.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     watch: bool,

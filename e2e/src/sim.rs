@@ -65,7 +65,7 @@ pub struct SimOptions {
     pub slow: Option<Duration>,
     /// After the crashes: one member stops entirely for this long, then resumes.
     pub pause: Option<Duration>,
-    /// The owner watch beside the gossip (`None`: gossip alone, as before issue 17).
+    /// The owner watch beside the gossip (`None`: the gossip alone).
     pub watch: Option<WatchOptions>,
 }
 

@@ -1,4 +1,4 @@
-//! The owner watch's datagram payload (issue 17): heartbeats from an owner to its watchers and
+//! The owner watch's datagram payload: heartbeats from an owner to its watchers and
 //! their acknowledgements, the watcher's quick second check (a poll, direct or relayed), and the
 //! takeover claim.
 //!

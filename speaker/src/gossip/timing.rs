@@ -97,7 +97,7 @@ pub struct Timing {
     /// Lifeguard: local health stretches probe and suspicion timeouts up to this many times
     /// (memberlist's `AwarenessMaxMultiplier`); 1 turns local health off.
     pub health_max: u32,
-    /// The owner watch (issue 17): direct heartbeats from an IP's owner to the next node in
+    /// The owner watch: direct heartbeats from an IP's owner to the next node in
     /// line, with their interval `I`, misses `M` and off switch. Checked with the rest by
     /// [`Timing::validate`], also when switched off.
     pub owner_watch: Knobs,

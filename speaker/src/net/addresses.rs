@@ -1,7 +1,7 @@
 //! Standalone mode: the virtual IPs on a dummy interface, and an announcing interface on which
 //! the kernel never answers ARP for them by itself.
 //!
-//! Owns (DESIGN.md, "Addresses"; issue 4):
+//! Owns (DESIGN.md, "Addresses"):
 //! - a dummy link (default [`DEFAULT_DUMMY_NAME`]) holding every VIP of the speaker's groups as a
 //!   host address (/32 or /128, IPv6 with `nodad` so it is usable at once), on every node, so
 //!   services can bind to a VIP at any time whoever owns it;

@@ -10,7 +10,7 @@
 //! record. These are not bounds: lost probes and a loaded machine make failovers longer, and the
 //! measured figures are in the README.
 //!
-//! One line describes the owner watch (issue 17): on or off, its interval and misses, the
+//! One line describes the owner watch: on or off, its interval and misses, the
 //! longest time until a watcher finds a crashed owner silent
 //! ([`owner_watch::worst_case_detection`], before the second check) and the datagrams per second
 //! it costs per watched pair ([`owner_watch::packets_per_second_per_pair`]).
