@@ -37,7 +37,7 @@ fn speaker_registry() -> (Registry, StatusBoard) {
         let view = AddressView {
             belongs_to: format!("namespace-{}/service-{i}", i % 100).into(),
             owner: Some("node-1".into()),
-            verdict: "owner",
+            verdict: swimlb_speaker::model::election::VerdictKind::Owner,
             links: Some(links.clone()),
         };
         board.address(ip, Some(&view));

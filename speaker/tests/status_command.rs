@@ -38,7 +38,7 @@ fn status() -> Status {
                 ip,
                 group: "api".into(),
                 owner: Some("node2".into()),
-                verdict: "not_owner",
+                verdict: swimlb_speaker::model::election::VerdictKind::NotOwner,
                 interfaces: None,
                 owner_since: None,
             },

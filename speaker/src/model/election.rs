@@ -154,14 +154,50 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// The verdict without its names.
+    pub fn kind(&self) -> VerdictKind {
+        match self {
+            Verdict::Owner => VerdictKind::Owner,
+            Verdict::NotOwner { .. } => VerdictKind::NotOwner,
+            Verdict::NotSelected { .. } => VerdictKind::NotSelected,
+            Verdict::NoReadyEndpoints => VerdictKind::NoReadyEndpoints,
+            Verdict::NoCandidates => VerdictKind::NoCandidates,
+        }
+    }
+
     /// A fixed label for logs and metrics.
     pub fn as_str(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// A [`Verdict`] without its names, as `/status` shows it (`Unknown`: the IP is not served).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VerdictKind {
+    /// [`Verdict::Owner`].
+    Owner,
+    /// [`Verdict::NotOwner`].
+    NotOwner,
+    /// [`Verdict::NotSelected`].
+    NotSelected,
+    /// [`Verdict::NoReadyEndpoints`].
+    NoReadyEndpoints,
+    /// [`Verdict::NoCandidates`].
+    NoCandidates,
+    /// No verdict: the election does not serve the IP.
+    Unknown,
+}
+
+impl VerdictKind {
+    /// A fixed label for logs, metrics and `/status`.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Verdict::Owner => "owner",
-            Verdict::NotOwner { .. } => "not_owner",
-            Verdict::NotSelected { .. } => "not_selected",
-            Verdict::NoReadyEndpoints => "no_ready_endpoints",
-            Verdict::NoCandidates => "no_candidates",
+            VerdictKind::Owner => "owner",
+            VerdictKind::NotOwner => "not_owner",
+            VerdictKind::NotSelected => "not_selected",
+            VerdictKind::NoReadyEndpoints => "no_ready_endpoints",
+            VerdictKind::NoCandidates => "no_candidates",
+            VerdictKind::Unknown => "unknown",
         }
     }
 }

@@ -6,6 +6,7 @@
 //! reads it. [`route`] is the pure part (path and state in, response out) and is tested without
 //! a socket.
 
+use crate::model::election::VerdictKind;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -65,7 +66,7 @@ pub struct AddressStatus {
     /// The elected owner, if any.
     pub owner: Option<SmolStr>,
     /// This node's verdict (`owner`, `not_owner`, `no_candidates`, ...).
-    pub verdict: &'static str,
+    pub verdict: VerdictKind,
     /// Every interface this node answers for it on (`None`: it does not answer; `[]` in JSON).
     pub interfaces: Option<LinkSet>,
     /// When this node saw the owner change last (or the IP appear), in seconds since the Unix
@@ -81,7 +82,7 @@ impl Serialize for AddressStatus {
         s.serialize_field("ip", &self.ip)?;
         s.serialize_field("group", &self.group)?;
         s.serialize_field("owner", &self.owner)?;
-        s.serialize_field("verdict", self.verdict)?;
+        s.serialize_field("verdict", self.verdict.as_str())?;
         s.serialize_field("interface", &links.and_then(|l| l.first()))?;
         s.serialize_field(
             "interfaces",
@@ -328,7 +329,7 @@ mod tests {
                     ip: "198.51.100.100".parse().unwrap(),
                     group: "api".into(),
                     owner: Some("node2".into()),
-                    verdict: "not_owner",
+                    verdict: VerdictKind::NotOwner,
                     interfaces: None,
                     owner_since: None,
                 },

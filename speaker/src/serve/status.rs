@@ -240,7 +240,11 @@ mod tests {
         let view = |owner: &str, links: &[&str]| AddressView {
             belongs_to: "api".into(),
             owner: Some(owner.into()),
-            verdict: if owner == "n1" { "owner" } else { "not_owner" },
+            verdict: if owner == "n1" {
+                crate::model::election::VerdictKind::Owner
+            } else {
+                crate::model::election::VerdictKind::NotOwner
+            },
             links: (!links.is_empty())
                 .then(|| std::sync::Arc::new(links.iter().map(|s| s.to_string()).collect())),
         };

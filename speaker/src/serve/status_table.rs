@@ -449,7 +449,7 @@ ingress-long-name   tcp       failing   timeout
                     ip,
                     group: "vip".into(),
                     owner: Some("node1".into()),
-                    verdict: "owner",
+                    verdict: crate::model::election::VerdictKind::Owner,
                     interfaces: Some(std::sync::Arc::new(["eth0".to_string()].into())),
                     owner_since: None,
                 },

@@ -39,6 +39,7 @@ pub mod placement;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use crate::model::election::VerdictKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -193,8 +194,8 @@ pub struct AddressView {
     pub belongs_to: SmolStr,
     /// The elected owner (inline up to 23 bytes: no allocation per IP for most node names).
     pub owner: Option<SmolStr>,
-    /// This node's verdict ([`crate::model::election::Verdict::as_str`]).
-    pub verdict: &'static str,
+    /// This node's verdict.
+    pub verdict: VerdictKind,
     /// The links this node answers on (`None`: it does not answer); shared between the IPs
     /// answered on the same links.
     pub links: Option<LinkSet>,
@@ -644,7 +645,7 @@ impl Engine {
             verdict: self
                 .election
                 .verdict(ip, &self.live)
-                .map_or("unknown", |v| v.as_str()),
+                .map_or(VerdictKind::Unknown, |v| v.kind()),
             links: self.answering.get(ip).cloned(),
         });
         if self.views.get(ip) == view.as_ref() {
