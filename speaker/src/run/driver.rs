@@ -10,15 +10,123 @@
 
 use std::future::Future;
 
+use prometheus_client::registry::Registry;
+use swimlb_proto::KeyRing;
 use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::Instant;
 
-use crate::gossip::{NodeIdentity, Phase};
-use crate::model::engine::Input;
-use crate::model::links::Link;
+use crate::gossip::{GossipHandle, GossipMetrics, NodeIdentity, Phase};
+use crate::model::announcer::Schedule;
+use crate::model::engine::{Engine, Input, Start};
+use crate::model::links::{Link, Route};
+use crate::model::local::LocalState;
 use crate::model::membership::LiveChange;
-use crate::net::responder::Conflict;
-use crate::owner_watch::WatchEvents;
-use crate::run::daemon::{Daemon, NetWatch, sleep_until};
+use crate::model::snapshot::Snapshot;
+use crate::model::watch_knobs::Knobs;
+use crate::net::answering::AnsweringLinks;
+use crate::net::responder::{self, Conflict};
+use crate::owner_watch::{WatchEvents, WatchMetrics};
+use crate::run::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
+use crate::serve::status::StatusBoard;
+
+/// The metrics every speaker has, registered, with the handles its parts count into. A source
+/// registers its own on [`Instruments::registry`] before it is served.
+pub(crate) struct Instruments {
+    pub registry: Registry,
+    pub board: StatusBoard,
+    pub gossip: GossipMetrics,
+    pub failovers: FailoverMetrics,
+    pub responder: responder::Metrics,
+    pub watch: WatchMetrics,
+}
+
+impl Instruments {
+    /// Every shared metric of `node`'s speaker.
+    pub(crate) fn register(node: &str) -> Instruments {
+        let mut registry = Registry::default();
+        let gossip = GossipMetrics::register(&mut registry);
+        let failovers = FailoverMetrics::register(&mut registry);
+        let watch = WatchMetrics::register(&mut registry);
+        let responder = responder::Metrics::default();
+        responder.register(&mut registry);
+        let board = StatusBoard::new(node, &mut registry);
+        crate::serve::process_metrics::register(&mut registry, board.subscribe());
+        Instruments {
+            registry,
+            board,
+            gossip,
+            failovers,
+            responder,
+            watch,
+        }
+    }
+}
+
+/// What a source hands over once its gossip runs, to be wired the same way in both modes.
+pub(crate) struct Parts {
+    /// This node's record as first gossiped.
+    pub local: LocalState,
+    pub schedule: Schedule,
+    /// What is served at start.
+    pub snapshot: Snapshot,
+    pub links: Vec<Link>,
+    pub routes: Vec<Route>,
+    pub net: NetWatch,
+    pub hold: JoinHold,
+    pub board: StatusBoard,
+    pub failovers: FailoverMetrics,
+    pub responder: responder::Metrics,
+    pub watch: WatchMetrics,
+    pub watch_knobs: Knobs,
+    /// The owner watch's copy of the key ring.
+    pub watch_ring: swimlb_proto::Result<KeyRing>,
+}
+
+/// Starts the owner watch beside `gossip`, the engine on the first live set, the responders,
+/// and the daemon; returns it with the shared inputs.
+pub(crate) async fn assemble(node: &str, gossip: GossipHandle, parts: Parts) -> (Daemon, Shared) {
+    let (watch, watch_events) =
+        start_watch(parts.watch_knobs, &gossip, parts.watch_ring, parts.watch);
+    // Subscribe before the live set is read: a change in between is seen twice (harmless),
+    // never missed.
+    let changes = gossip.subscribe();
+    let live = gossip.live().borrow().clone();
+    let (engine, initial) = Engine::new(
+        Instant::now(),
+        Start {
+            node: node.into(),
+            schedule: parts.schedule,
+            snapshot: parts.snapshot,
+            live,
+            links: parts.links.clone(),
+            routes: parts.routes,
+            hold: parts.hold.holding(),
+        },
+    );
+    let (conflict_tx, conflicts) = mpsc::unbounded_channel();
+    let answering = AnsweringLinks::new(parts.links, parts.responder, conflict_tx);
+    let shared = Shared {
+        changes,
+        phase: gossip.phase(),
+        identity: gossip.identity_changes(),
+        conflicts,
+        net: parts.net,
+        watch: watch_events,
+    };
+    let daemon = Daemon::new(
+        engine,
+        initial,
+        parts.local,
+        parts.board,
+        answering,
+        gossip,
+        parts.failovers,
+    )
+    .await
+    .with_watch(watch)
+    .with_hold(parts.hold);
+    (daemon, shared)
+}
 
 /// The inputs every source has: what the gossip, the owner watch, the responders and the kernel
 /// report.

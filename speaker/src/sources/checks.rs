@@ -570,11 +570,16 @@ mod tests {
             probe(&tcp(addr.to_string()), Duration::from_secs(2), &tls).await,
             Outcome::Pass
         );
-        drop(listener);
+        // A port bound but not listening refuses, and stays this test's: a port a dropped
+        // listener freed may be taken meanwhile by a test running beside this one.
+        let closed = tokio::net::TcpSocket::new_v4().unwrap();
+        closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed_addr = closed.local_addr().unwrap();
         assert_eq!(
-            probe(&tcp(addr.to_string()), Duration::from_secs(2), &tls).await,
+            probe(&tcp(closed_addr.to_string()), Duration::from_secs(2), &tls).await,
             Outcome::Connect
         );
+        drop(listener);
     }
 
     #[tokio::test]

@@ -43,21 +43,17 @@ use tokio::time::Instant;
 use crate::gossip::metadata::MAX_META_RECORD_LEN;
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::model::announcer::Schedule;
+use crate::model::engine::Input;
 use crate::model::engine::placement::Placement;
-use crate::model::engine::{Engine, Input, Start};
 use crate::model::links::{Link, Route};
 use crate::model::local::CheckKey;
 use crate::model::local::LocalState;
 use crate::model::snapshot::{Interfaces, ServedIp, Snapshot};
 use crate::net::addresses::{self, Addresses, HolderKind};
-use crate::net::answering::AnsweringLinks;
 use crate::net::netlink;
-use crate::net::responder;
-use crate::owner_watch::WatchMetrics;
-use crate::run::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, start_watch};
-use crate::run::driver::{self, Shared};
+use crate::run::daemon::{Daemon, JoinHold, NetWatch};
+use crate::run::driver::{self, Instruments, Parts, Shared};
 use crate::serve::http::{self, CheckStatus};
-use crate::serve::status::StatusBoard;
 use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
 use crate::sources::notify::{GroupState, HookResult, Notifier};
 
@@ -437,16 +433,9 @@ impl Source {
             tracing::warn!("insecure: gossip is neither secret nor authenticated");
         }
         let timing = timing(&config).map_err(gossip::GossipError::from)?;
-        let mut registry = Registry::default();
-        let gossip_metrics = GossipMetrics::register(&mut registry);
-        let failovers = FailoverMetrics::register(&mut registry);
-        let watch_metrics = WatchMetrics::register(&mut registry);
-        let responder_metrics = responder::Metrics::default();
-        responder_metrics.register(&mut registry);
+        let mut instruments = Instruments::register(&node);
         let metrics = Metrics::default();
-        metrics.register(&mut registry);
-        let board = StatusBoard::new(&node, &mut registry);
-        crate::serve::process_metrics::register(&mut registry, board.subscribe());
+        metrics.register(&mut instruments.registry);
 
         let (net, links, routes) = NetWatch::start().await?;
         let served = snapshot(&config);
@@ -460,57 +449,42 @@ impl Source {
         local.set_announce(placement.facts(&served));
         let watch_knobs = timing.owner_watch;
         let watch_ring = ring.duplicate();
-        let gossip = spawn_gossip(&config, &node, timing, ring, &local, gossip_metrics).await?;
-        let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
-        // Subscribe before the live set is read: a change in between is seen twice (harmless),
-        // never missed.
-        let changes = gossip.subscribe();
-        let live = gossip.live().borrow().clone();
+        let gossip = spawn_gossip(&config, &node, timing, ring, &local, instruments.gossip).await?;
         let alone = alone(&config);
-        let hold = JoinHold::new(Instant::now(), alone);
-        let (engine, initial) = Engine::new(
-            Instant::now(),
-            Start {
-                node: node.clone(),
-                schedule: schedule(&config),
-                snapshot: served,
-                live,
-                links: links.clone(),
-                routes,
-                hold: hold.holding(),
-            },
-        );
-        let (conflict_tx, conflicts) = mpsc::unbounded_channel();
-        let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
+        let net_view = net.subscribe();
+        let http_status = instruments.board.subscribe();
+        let parts = Parts {
+            local,
+            schedule: schedule(&config),
+            snapshot: served,
+            links,
+            routes,
+            net,
+            hold: JoinHold::new(Instant::now(), alone),
+            board: instruments.board,
+            failovers: instruments.failovers,
+            responder: instruments.responder,
+            watch: instruments.watch,
+            watch_knobs,
+            watch_ring,
+        };
+        let (daemon, shared) = driver::assemble(&node, gossip, parts).await;
 
         let (check_tx, check_events) = mpsc::channel(64);
         let checks = CheckTasks::start(&config, Tls::new(), check_tx);
         let (hook_tx, hook_results) = mpsc::unbounded_channel();
         let notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
-        let (_, http) = http::spawn(config.listen, board.subscribe(), Arc::new(registry))
+        let (_, http) = http::spawn(config.listen, http_status, Arc::new(instruments.registry))
             .await
             .map_err(|source| DaemonError::Listen {
                 addr: config.listen,
                 source,
             })?;
-        let net_view = net.subscribe();
-        let shared = Shared {
-            changes,
-            phase: gossip.phase(),
-            identity: gossip.identity_changes(),
-            conflicts,
-            net,
-            watch: watch_events,
-        };
         let inputs = Inputs {
             check_events,
             hook_results,
             reload,
         };
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
-            .await
-            .with_watch(watch)
-            .with_hold(hold);
         let mut source = Source {
             config,
             path,

@@ -37,7 +37,6 @@ use kube::Client;
 use kube::Resource as _;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::parse_key_file;
 use swimlb_config::service::ServiceKey;
 use swimlb_proto::{KeyId, KeyRing};
@@ -51,15 +50,11 @@ use super::snapshot::{self, Changes, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::model::announcer::Schedule;
-use crate::model::engine::{Engine, Input, Start};
+use crate::model::engine::{Engine, Input};
 use crate::model::links::Link;
 use crate::model::local::LocalState;
-use crate::net::answering::AnsweringLinks;
-use crate::net::responder;
-use crate::owner_watch::WatchMetrics;
-use crate::run::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, start_watch};
-use crate::run::driver::{self, Shared};
-use crate::serve::status::StatusBoard;
+use crate::run::daemon::{Daemon, JoinHold, NetWatch};
+use crate::run::driver::{self, Instruments, Parts, Shared};
 
 /// How often the key file is read again (a mounted Secret changes in place).
 pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
@@ -246,24 +241,21 @@ impl Source {
         client: Client,
         shutdown: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<Option<(Source, Shared, Inputs)>, Error> {
-        let Registered {
-            registry,
-            board,
-            gossip: gossip_metrics,
-            failovers,
-            responder: responder_metrics,
-            kube: metrics,
-            watch: watch_metrics,
-        } = registry(&settings);
+        let mut instruments = Instruments::register(&settings.node);
+        let metrics = KubeMetrics::register(&mut instruments.registry);
+        let board_seen = instruments.board.subscribe();
         // /healthz answers (and /readyz says not ready) while the watches list and the key is
         // awaited.
-        let (_, http) =
-            crate::serve::http::spawn(settings.listen, board.subscribe(), Arc::new(registry))
-                .await
-                .map_err(|source| Error::Listen {
-                    addr: settings.listen,
-                    source,
-                })?;
+        let (_, http) = crate::serve::http::spawn(
+            settings.listen,
+            instruments.board.subscribe(),
+            Arc::new(instruments.registry),
+        )
+        .await
+        .map_err(|source| Error::Listen {
+            addr: settings.listen,
+            source,
+        })?;
         let (stores, mut changed) = Stores::spawn(
             &client,
             &settings.namespace,
@@ -287,42 +279,28 @@ impl Source {
         let (net, links, routes) = NetWatch::start().await?;
         // What the first lists brought is in the stores: the first resync covers it.
         while changed.try_recv().is_ok() {}
-        let mut keeper = Keeper::new(settings.options.clone());
-        stores.resync(&mut keeper);
-        let mut dropped = DroppedReport::new(metrics.dropped.clone());
-        let first_changes = keeper.take_changes();
-        dropped.apply(&first_changes);
+        let (keeper, dropped, first_changes) = first_snapshot(&settings, &stores, &metrics);
         let snapshot = keeper.snapshot().clone();
         let local = first_record(&settings, &snapshot, &links, &routes);
         let watch_ring = ring.duplicate();
-        let gossip = spawn_gossip(&settings, &stores, ring, &local, gossip_metrics).await?;
-        let watch_knobs = settings.timing.owner_watch;
-        let (watch, watch_events) = start_watch(watch_knobs, &gossip, watch_ring, watch_metrics);
-        // Subscribe before the live set is read: a change in between is seen twice, never missed.
-        let changes = gossip.subscribe();
-        let phase = gossip.phase();
-        let identity = gossip.identity_changes();
-        let live = gossip.live().borrow().clone();
+        let gossip = spawn_gossip(&settings, &stores, ring, &local, instruments.gossip).await?;
         let link_names = links.iter().map(|l| l.name.clone()).collect();
-        let (engine, initial) = Engine::new(
-            Instant::now(),
-            Start {
-                node: settings.node.clone(),
-                schedule: Schedule::default(),
-                snapshot,
-                live,
-                links: links.clone(),
-                routes,
-                hold: true,
-            },
-        );
-        let (conflict_tx, conflicts) = mpsc::unbounded_channel();
-        let answering = AnsweringLinks::new(links, responder_metrics, conflict_tx);
-        let board_seen = board.subscribe();
-        let daemon = Daemon::new(engine, initial, local, board, answering, gossip, failovers)
-            .await
-            .with_watch(watch)
-            .with_hold(JoinHold::new(Instant::now(), false));
+        let parts = Parts {
+            local,
+            schedule: Schedule::default(),
+            snapshot,
+            links,
+            routes,
+            net,
+            hold: JoinHold::new(Instant::now(), false),
+            board: instruments.board,
+            failovers: instruments.failovers,
+            responder: instruments.responder,
+            watch: instruments.watch,
+            watch_knobs: settings.timing.owner_watch,
+            watch_ring,
+        };
+        let (daemon, shared) = driver::assemble(&settings.node, gossip, parts).await;
         let (to_write, to_write_rx) = mpsc::unbounded_channel();
         let (seen_tx, seen_records) = mpsc::unbounded_channel();
         let records = tokio::spawn(records_task::run(
@@ -333,14 +311,6 @@ impl Source {
             seen_tx,
             metrics.clone(),
         ));
-        let shared = Shared {
-            changes,
-            phase,
-            identity,
-            conflicts,
-            net,
-            watch: watch_events,
-        };
         let inputs = Inputs {
             changed,
             key_poll: tokio::time::interval(KEY_FILE_POLL),
@@ -367,11 +337,17 @@ impl Source {
             records,
             http,
         };
-        source.note_invalid_ads(&first_changes);
-        source.check_interfaces();
-        // Every IP of the first snapshot (the caches listed in full) into the holdings: from
-        // now on a Service not held is not served, and its record may be swept.
-        let ips: Vec<IpAddr> = source
+        source.first_sync(&first_changes);
+        Ok(Some((source, shared, inputs)))
+    }
+
+    /// After the start: the first snapshot's warnings and interfaces, and every IP of it into
+    /// the holdings (the caches listed in full): from now on a Service not held is not
+    /// served, and its record may be swept.
+    fn first_sync(&mut self, first_changes: &Changes) {
+        self.note_invalid_ads(first_changes);
+        self.check_interfaces();
+        let ips: Vec<IpAddr> = self
             .daemon
             .engine
             .election()
@@ -379,9 +355,8 @@ impl Source {
             .keys()
             .copied()
             .collect();
-        source.sync_ips(ips.into_iter());
-        source.strays.synced();
-        Ok(Some((source, shared, inputs)))
+        self.sync_ips(ips.into_iter());
+        self.strays.synced();
     }
 
     /// Watches changed something: what is served, and who the peers are. Only the objects
@@ -688,6 +663,20 @@ impl Source {
     }
 }
 
+/// The snapshot of the caches as first listed, with what it dropped counted.
+fn first_snapshot(
+    settings: &Settings,
+    stores: &Stores,
+    metrics: &KubeMetrics,
+) -> (Keeper, DroppedReport, Changes) {
+    let mut keeper = Keeper::new(settings.options.clone());
+    stores.resync(&mut keeper);
+    let mut dropped = DroppedReport::new(metrics.dropped.clone());
+    let first_changes = keeper.take_changes();
+    dropped.apply(&first_changes);
+    (keeper, dropped, first_changes)
+}
+
 /// This node's first record: no groups, unsettled for the preemption delay, and where it can
 /// announce what the caches serve.
 fn first_record(
@@ -706,39 +695,6 @@ fn first_record(
         crate::model::engine::placement::Placement::new(snapshot, links.to_vec(), routes.to_vec());
     local.set_announce(placement.facts(snapshot));
     local
-}
-
-/// The registry of the Kubernetes speaker and the metrics handles its parts count into.
-struct Registered {
-    registry: Registry,
-    board: StatusBoard,
-    gossip: GossipMetrics,
-    failovers: FailoverMetrics,
-    responder: responder::Metrics,
-    kube: KubeMetrics,
-    watch: WatchMetrics,
-}
-
-/// Every metric of the Kubernetes speaker, registered; the parts that need a handle returned.
-fn registry(settings: &Settings) -> Registered {
-    let mut registry = Registry::default();
-    let gossip = GossipMetrics::register(&mut registry);
-    let failovers = FailoverMetrics::register(&mut registry);
-    let watch = WatchMetrics::register(&mut registry);
-    let responder = responder::Metrics::default();
-    responder.register(&mut registry);
-    let kube = KubeMetrics::register(&mut registry);
-    let board = StatusBoard::new(&settings.node, &mut registry);
-    crate::serve::process_metrics::register(&mut registry, board.subscribe());
-    Registered {
-        registry,
-        board,
-        gossip,
-        failovers,
-        responder,
-        kube,
-        watch,
-    }
 }
 
 /// Starts the gossip with this node's first record, the speaker Pods as seeds.
@@ -890,7 +846,7 @@ mod tests {
 
     #[test]
     fn drops_are_counted_by_reason_in_place_and_cleared_when_gone() {
-        let mut registry = Registry::default();
+        let mut registry = prometheus_client::registry::Registry::default();
         let mut report = DroppedReport::default();
         registry.register("swimlb_snapshot_dropped", "drops", report.gauge.clone());
         let outside = |name: &str, ip: &str| snapshot::Dropped::OutsidePools {
