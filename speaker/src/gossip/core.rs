@@ -296,6 +296,27 @@ struct Wire {
 }
 
 impl Wire {
+    /// The wire of a node sealing in `stream`, with nothing sent or heard yet.
+    fn new(ring: KeyRing, stream: SealStream, metrics: GossipMetrics, health_max: u32) -> Wire {
+        Wire {
+            ring,
+            stream,
+            replay: ReplayGuard::default(),
+            peer_keys: FastMap::default(),
+            offered: FastMap::default(),
+            metrics,
+            timers: TimerHeap::default(),
+            outbox: Vec::new(),
+            notes: Vec::new(),
+            scratch: Vec::with_capacity(2048),
+            health: LocalHealth::new(health_max),
+            probe_started: false,
+            probe_failed: false,
+            incarnation: 0,
+            accusations: Vec::new(),
+        }
+    }
+
     fn health(&mut self, delta: i32) {
         if self.health.apply(delta) {
             self.metrics.set_health(self.health.score());
@@ -553,23 +574,7 @@ impl Core {
         let mut core = Core {
             foca,
             codec: PostcardCodec,
-            wire: Wire {
-                ring,
-                stream,
-                replay: ReplayGuard::default(),
-                peer_keys: FastMap::default(),
-                offered: FastMap::default(),
-                metrics,
-                timers: TimerHeap::default(),
-                outbox: Vec::new(),
-                notes: Vec::new(),
-                scratch: Vec::with_capacity(2048),
-                health: LocalHealth::new(settings.timing.health_max),
-                probe_started: false,
-                probe_failed: false,
-                incarnation: 0,
-                accusations: Vec::new(),
-            },
+            wire: Wire::new(ring, stream, metrics, settings.timing.health_max),
             seeds: settings
                 .seeds
                 .into_iter()
@@ -606,23 +611,21 @@ impl Core {
         core.wire.metrics.set_health(0);
         core.live.upsert(own.clone());
         core.changes.push(LiveChange::Up(own.node));
-        core.schedule_join_retry(now);
-        core.wire
-            .timers
-            .push(now + core.timing.meta_refresh, Task::MetaRefresh);
-        core.wire
-            .timers
-            .push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
-        core.wire
-            .timers
-            .push(now + core.timing.suspect_to_down_after, Task::SuspectSweep);
-        if !core.timing.sync_period.is_zero() {
-            core.wire
-                .timers
-                .push(now + core.timing.sync_period, Task::Sync);
-        }
+        core.start_timers(now);
         core.handle_due_timers(now);
         Ok(core)
+    }
+
+    /// The first join attempt and the periodic timers, from `now`.
+    fn start_timers(&mut self, now: Duration) {
+        self.schedule_join_retry(now);
+        let timers = &mut self.wire.timers;
+        timers.push(now + self.timing.meta_refresh, Task::MetaRefresh);
+        timers.push(now + HOUSEKEEPING_PERIOD, Task::Housekeeping);
+        timers.push(now + self.timing.suspect_to_down_after, Task::SuspectSweep);
+        if !self.timing.sync_period.is_zero() {
+            timers.push(now + self.timing.sync_period, Task::Sync);
+        }
     }
 
     /// The current identity (changes when the node renews itself).

@@ -251,34 +251,7 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
         for (node, p) in &group.priority.nodes {
             let _ = writeln!(out, "  priority {node}: {p}");
         }
-        let mut worst = None;
-        for check in &group.checks {
-            let target = match &check.kind {
-                CheckKind::Http { url, .. } => url.clone(),
-                CheckKind::Tcp { target } => target.clone(),
-                CheckKind::Exec { argv } => argv.join(" "),
-            };
-            let effect = match check.weight {
-                0 => "failure makes the node ineligible".to_string(),
-                w if w > 0 => format!("+{w} while passing"),
-                w => format!("{w} while failing"),
-            };
-            let detection = check.worst_case_detection();
-            worst = worst.max(Some(detection));
-            let _ = writeln!(
-                out,
-                "  check {} ({} {}): every {}, timeout {}, rise {}, fall {}, {}; detects a failure in at most {}",
-                check.name,
-                check.kind.as_str(),
-                target,
-                format_duration(check.interval),
-                format_duration(check.timeout),
-                check.rise,
-                check.fall,
-                effect,
-                format_duration(detection),
-            );
-        }
+        let worst = write_checks(&mut out, group);
         match worst {
             Some(w) => {
                 let _ = writeln!(
@@ -302,6 +275,39 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
         "failover figures are estimates from the timings, not bounds: lost probes and load make them longer; the measured figures are in the README"
     );
     out
+}
+
+/// One line per check of `group`; returns the longest time one takes to detect a failure.
+fn write_checks(out: &mut String, group: &swimlb_config::standalone::Group) -> Option<Duration> {
+    let mut worst = None;
+    for check in &group.checks {
+        let target = match &check.kind {
+            CheckKind::Http { url, .. } => url.clone(),
+            CheckKind::Tcp { target } => target.clone(),
+            CheckKind::Exec { argv } => argv.join(" "),
+        };
+        let effect = match check.weight {
+            0 => "failure makes the node ineligible".to_string(),
+            w if w > 0 => format!("+{w} while passing"),
+            w => format!("{w} while failing"),
+        };
+        let detection = check.worst_case_detection();
+        worst = worst.max(Some(detection));
+        let _ = writeln!(
+            out,
+            "  check {} ({} {}): every {}, timeout {}, rise {}, fall {}, {}; detects a failure in at most {}",
+            check.name,
+            check.kind.as_str(),
+            target,
+            format_duration(check.interval),
+            format_duration(check.timeout),
+            check.rise,
+            check.fall,
+            effect,
+            format_duration(detection),
+        );
+    }
+    worst
 }
 
 #[cfg(test)]

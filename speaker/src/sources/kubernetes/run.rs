@@ -265,15 +265,9 @@ impl Source {
         tracing::info!("waiting for the first list of every watch");
         // A stop before the caches and the key are there ends the speaker at once: it owns
         // nothing.
-        let ring = tokio::select! {
-            _ = shutdown => {
-                http.abort();
-                return Ok(None);
-            }
-            ring = async {
-                stores.ready().await?;
-                Ok::<KeyRing, Error>(wait_for_keys(&settings).await)
-            } => ring?,
+        let Some(ring) = caches_and_key(&stores, &settings, shutdown).await? else {
+            http.abort();
+            return Ok(None);
         };
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
         let (net, links, routes) = NetWatch::start().await?;
@@ -660,6 +654,21 @@ impl Source {
         self.http.abort();
         self.daemon.stop().await;
         tracing::info!("stopped");
+    }
+}
+
+/// Waits for the first list of every watch, then for the key file (`None`: stopped first).
+async fn caches_and_key(
+    stores: &Stores,
+    settings: &Settings,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<Option<KeyRing>, Error> {
+    tokio::select! {
+        _ = shutdown => Ok(None),
+        ring = async {
+            stores.ready().await?;
+            Ok::<KeyRing, Error>(wait_for_keys(settings).await)
+        } => ring.map(Some),
     }
 }
 
