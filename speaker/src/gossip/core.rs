@@ -816,12 +816,16 @@ impl Core {
         if let Ok(header) = self.codec.decode_header(&mut peek)
             && header.message == Message::Announce
             && self.holds_as_down(&header.src)
-            && {
-                let (alive, down) = self.alive_and_down();
-                alive >= down
-            }
         {
-            self.send_turn_undead(header.src);
+            match self.alive_and_down() {
+                (alive, down) if alive >= down => self.send_turn_undead(header.src),
+                // Alone, with more members down than alive (a dead member counts down on both
+                // sides): this node has no side to keep, so it is the one to start afresh, and
+                // the fresh instance takes the announce. Otherwise two survivors that declared
+                // each other down would wait for each other forever.
+                (1, _) => self.renew_alone(now),
+                _ => {}
+            }
         }
         let mut io = self.wire.at(now);
         match self.foca.handle_data(body, &mut io) {
@@ -851,9 +855,10 @@ impl Core {
     /// After a partition heals, each side holds the other as down. A node whose alive count is
     /// at least its down count answers the other side's announces with "you are down" (so that
     /// side renews); a node whose down count is at least its alive count, when it learns it was
-    /// declared down, was the one cut off and starts afresh ([`Core::restart_foca`]). In a
-    /// two-node cluster both hold when each side is one node; anywhere else the larger side
-    /// stays as it is and the smaller side rejoins it.
+    /// declared down, was the one cut off and starts afresh ([`Core::restart_foca`]). A node
+    /// alone that holds more down than alive starts afresh as soon as a member it holds down
+    /// announces ([`Core::renew_alone`]). The larger side stays as it is and the smaller side
+    /// rejoins it.
     fn alive_and_down(&self) -> (usize, usize) {
         let down = self
             .foca
@@ -861,6 +866,23 @@ impl Core {
             .filter(|m| m.state() == State::Down && !self.members.contains_key(&m.id().addr))
             .count();
         (self.members.len() + 1, down)
+    }
+
+    /// This node is alone and a member it holds down announced: it renews its identity and
+    /// starts a fresh instance that has forgotten its downs, as a node told it was declared
+    /// down does.
+    fn renew_alone(&mut self, now: Duration) {
+        let Some(identity) = foca::Identity::renew(self.foca.identity()) else {
+            return;
+        };
+        self.rejoins += 1;
+        tracing::info!(
+            bump = identity.bump,
+            "alone, and a member held down announces: rejoining under a renewed identity"
+        );
+        self.restart_foca(now, identity);
+        self.unsettle_own();
+        self.offer_own_record();
     }
 
     /// Tells `to` that we hold it as down, as foca's `notify_down_members` would, but only in

@@ -858,3 +858,31 @@ fn a_paused_member_takes_nobody_down_when_it_resumes() {
         assert_eq!(live_len(&net, i), 6, "node {i} sees everyone again");
     }
 }
+
+#[test]
+fn the_two_survivors_of_a_crash_merge_again_after_they_declared_each_other_down() {
+    // Seen in the Kubernetes lab under CPU starvation: with the third member dead, each
+    // survivor held one member alive (itself) and two down, so neither told the other it was
+    // down, neither renewed, and both stayed alone, both answering.
+    for seed in 0..10 {
+        let mut net = cluster(3, seed, Links::default());
+        net.run_for(Duration::from_secs(2));
+        net.crash(2);
+        net.run_for(Duration::from_secs(3));
+        net.set_group(1, 1);
+        let apart = run_until(&mut net, Duration::from_secs(10), |net| {
+            live_len(net, 0) == 1 && live_len(net, 1) == 1
+        });
+        assert!(apart.is_some(), "seed {seed}: the survivors never split");
+        net.heal();
+        let merged = run_until(&mut net, Duration::from_secs(20), |net| {
+            live_len(net, 0) == 2 && live_len(net, 1) == 2
+        });
+        assert!(
+            merged.is_some(),
+            "seed {seed}: the survivors stayed apart: {} and {} members",
+            live_len(&net, 0),
+            live_len(&net, 1)
+        );
+    }
+}
