@@ -955,21 +955,7 @@ impl Cluster {
 
 /// Runs one simulation.
 pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
-    anyhow::ensure!(opts.nodes >= 3, "--nodes must be at least 3");
-    anyhow::ensure!(
-        (0.0..100.0).contains(&opts.loss_pct),
-        "--loss must be in [0, 100)"
-    );
-    opts.timing.validate()?;
-    if let Some(watch) = &opts.watch {
-        anyhow::ensure!(
-            watch.ips_per_member >= 1,
-            "--ips-per-member must be at least 1"
-        );
-        if let Err(problems) = watch.knobs.validate() {
-            anyhow::bail!("owner watch knobs: {problems:?}");
-        }
-    }
+    validate(opts)?;
     let n = opts.nodes;
     let end = opts.duration;
     let links = Links {
@@ -983,140 +969,15 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         let core = new_core(opts, i, *bump, net.now())?;
         net.start(i, core)?;
     }
-
-    // Warm-up: until every node sees every node (or 30 s, or the end).
-    let warmup_cap = Duration::from_secs(30).min(end);
-    let mut false_downs = 0u64;
-    let mut converged = false;
-    while net.now() < warmup_cap {
-        net.run_for(Duration::from_millis(100));
-        false_downs += net
-            .drain_changes()
-            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
-            .count() as u64;
-        if (0..n).all(|i| net.core(i).is_some_and(|c| c.live().len() == n)) {
-            converged = true;
-            break;
-        }
-        if std::env::var_os("SIM_DEBUG").is_some() && net.now().as_millis().is_multiple_of(1000) {
-            let sizes: Vec<usize> = (0..n)
-                .map(|i| net.core(i).map_or(0, |c| c.live().len()))
-                .collect();
-            let full = sizes.iter().filter(|l| **l == n).count();
-            let mut short: Vec<_> = sizes.iter().filter(|l| **l != n).collect();
-            short.sort();
-            short.truncate(20);
-            eprintln!(
-                "warm-up {:?}: {full} of {n} see everyone; smallest views: {short:?}",
-                net.now()
-            );
-            for i in (0..n).filter(|i| sizes[*i] != n).take(3) {
-                let Some(c) = net.core(i) else { continue };
-                for m in (0..n).map(node_name).filter(|m| !c.live().contains(m)) {
-                    eprintln!(
-                        "  node {i} ({:?}) misses {m}: {:?}",
-                        c.phase(),
-                        c.debug_member(&m)
-                    );
-                }
-            }
-        }
-    }
+    let (converged, warmup_downs) = warm_up(&mut net, n, end);
     let warmup = net.now();
     let traffic_start: Vec<_> = (0..n).map(|i| net.traffic(i)).collect();
     let watch_start: u64 = (0..n).map(|i| net.watch().map_or(0, |w| w.sent(i))).sum();
-
-    let (cap, settle) = match opts.profile {
-        Profile::Fast => (Duration::from_secs(5), Duration::from_secs(2)),
-        Profile::Lan => (Duration::from_secs(60), Duration::from_secs(10)),
-    };
-    let mut samples_ms = Vec::new();
-    let mut undetected = 0usize;
-    let mut watch_samples_ms = Vec::new();
-    let mut watch_undetected = 0usize;
-    // Every member but node 0 takes its turn (seeds included: a restarted seed rejoins through
-    // the other seeds).
-    let mut next_victim = 1;
-    while net.now() + cap.min(Duration::from_secs(2)) + settle <= end {
-        let victim = next_victim;
-        next_victim = if next_victim + 1 >= n {
-            1
-        } else {
-            next_victim + 1
-        };
-        let victim_name = node_name(victim);
-        // Only survivors that know the victim can report it down.
-        let mut waiting: Vec<bool> = (0..n)
-            .map(|i| i != victim && net.core(i).is_some_and(|c| c.live().contains(&victim_name)))
-            .collect();
-        let mut left = waiting.iter().filter(|w| **w).count();
-        let crashed_at = net.now();
-        net.crash(victim);
-        let seen = net.takeovers().len();
-        let mut last = crashed_at;
-        while left > 0 && net.now() < crashed_at + cap && net.now() < end {
-            net.run_for(STEP);
-            for (at, observer, change) in net.drain_changes() {
-                if let LiveChange::Down(node) = change {
-                    if node == victim_name {
-                        if waiting[observer] {
-                            waiting[observer] = false;
-                            left -= 1;
-                            last = last.max(at);
-                        }
-                    } else {
-                        false_downs += 1;
-                    }
-                }
-            }
-        }
-        if left > 0 {
-            if std::env::var_os("SIM_DEBUG").is_some() {
-                for (i, w) in waiting.iter().enumerate() {
-                    if *w {
-                        let c = net.core(i);
-                        eprintln!(
-                            "t={:?} victim {victim_name} still alive at node {i}: {:?} {:?}",
-                            net.now(),
-                            c.map(|c| c.phase()),
-                            c.map(|c| c.debug_member(&victim_name))
-                        );
-                    }
-                }
-            }
-            undetected += 1;
-            samples_ms.push(cap.as_secs_f64() * 1e3);
-        } else {
-            samples_ms.push((last - crashed_at).as_secs_f64() * 1e3);
-        }
-        if net.watch().is_some() {
-            let first = net.takeovers()[seen..]
-                .iter()
-                .find(|t| t.owner == victim && t.kind == TakeoverKind::Confirmed);
-            match first {
-                Some(t) => watch_samples_ms.push((t.at - crashed_at).as_secs_f64() * 1e3),
-                None => watch_undetected += 1,
-            }
-        }
-        bumps[victim] += 1;
-        let core = new_core(opts, victim, bumps[victim], net.now())?;
-        net.start(victim, core)?;
-        let settle_end = (net.now() + settle).min(end);
-        while net.now() < settle_end {
-            net.run_for(Duration::from_millis(50));
-            false_downs += net
-                .drain_changes()
-                .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
-                .count() as u64;
-        }
-    }
+    let mut crashes = crash_each_in_turn(&mut net, opts, &mut bumps)?;
     // Whatever time is left: steady state.
     while net.now() < end {
         net.run_for(Duration::from_millis(100));
-        false_downs += net
-            .drain_changes()
-            .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
-            .count() as u64;
+        crashes.false_downs += count_downs(&mut net);
     }
 
     let measured = (net.now() - warmup).as_secs_f64().max(1e-9);
@@ -1141,6 +1002,13 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     let pause = opts
         .pause
         .map(|pause| stall(&mut net, n, stalled, Stall::Pause(pause)));
+    let CrashPhase {
+        mut samples_ms,
+        undetected,
+        mut watch_samples_ms,
+        watch_undetected,
+        false_downs,
+    } = crashes;
     samples_ms.sort_by(f64::total_cmp);
     watch_samples_ms.sort_by(f64::total_cmp);
     let takeovers_of = |kind| net.takeovers().iter().filter(|t| t.kind == kind).count() as u64;
@@ -1160,7 +1028,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         loss: opts.loss_pct,
         profile: opts.profile.as_str(),
         detection_ms: Quantiles::of(&samples_ms),
-        false_downs,
+        false_downs: warmup_downs + false_downs,
         packets_per_member_per_s: (packets + watch_packets) as f64 / n as f64 / measured,
         bytes_per_member_per_s: bytes as f64 / n as f64 / measured,
         crashes: samples_ms.len(),
@@ -1181,6 +1049,186 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         slow,
         pause,
     })
+}
+
+/// Refuses options the simulation cannot run.
+fn validate(opts: &SimOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(opts.nodes >= 3, "--nodes must be at least 3");
+    anyhow::ensure!(
+        (0.0..100.0).contains(&opts.loss_pct),
+        "--loss must be in [0, 100)"
+    );
+    opts.timing.validate()?;
+    if let Some(watch) = &opts.watch {
+        anyhow::ensure!(
+            watch.ips_per_member >= 1,
+            "--ips-per-member must be at least 1"
+        );
+        if let Err(problems) = watch.knobs.validate() {
+            anyhow::bail!("owner watch knobs: {problems:?}");
+        }
+    }
+    Ok(())
+}
+
+/// The downs reported since the last call (on the warm-up and steady phases every down is
+/// false: nobody crashed).
+fn count_downs(net: &mut Cluster) -> u64 {
+    net.drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(_)))
+        .count() as u64
+}
+
+/// Runs until every node sees every node (or 30 s, or the end); returns whether they did, and
+/// the downs seen meanwhile.
+fn warm_up(net: &mut Cluster, n: usize, end: Duration) -> (bool, u64) {
+    let cap = Duration::from_secs(30).min(end);
+    let mut false_downs = 0u64;
+    while net.now() < cap {
+        net.run_for(Duration::from_millis(100));
+        false_downs += count_downs(net);
+        if (0..n).all(|i| net.core(i).is_some_and(|c| c.live().len() == n)) {
+            return (true, false_downs);
+        }
+        if std::env::var_os("SIM_DEBUG").is_some() && net.now().as_millis().is_multiple_of(1000) {
+            debug_warm_up(net, n);
+        }
+    }
+    (false, false_downs)
+}
+
+/// `SIM_DEBUG`: who does not see whom yet.
+fn debug_warm_up(net: &Cluster, n: usize) {
+    let sizes: Vec<usize> = (0..n)
+        .map(|i| net.core(i).map_or(0, |c| c.live().len()))
+        .collect();
+    let full = sizes.iter().filter(|l| **l == n).count();
+    let mut short: Vec<_> = sizes.iter().filter(|l| **l != n).collect();
+    short.sort();
+    short.truncate(20);
+    eprintln!(
+        "warm-up {:?}: {full} of {n} see everyone; smallest views: {short:?}",
+        net.now()
+    );
+    for i in (0..n).filter(|i| sizes[*i] != n).take(3) {
+        let Some(c) = net.core(i) else { continue };
+        for m in (0..n).map(node_name).filter(|m| !c.live().contains(m)) {
+            eprintln!(
+                "  node {i} ({:?}) misses {m}: {:?}",
+                c.phase(),
+                c.debug_member(&m)
+            );
+        }
+    }
+}
+
+/// What the crash phase measured.
+#[derive(Debug, Default)]
+struct CrashPhase {
+    /// Crash to the last survivor's down, per crash (the cap when some never did).
+    samples_ms: Vec<f64>,
+    /// Crashes some survivor never reported within the cap.
+    undetected: usize,
+    /// Crash to the owner watch's first confirmed takeover, per crash.
+    watch_samples_ms: Vec<f64>,
+    /// Crashes the owner watch never took over from.
+    watch_undetected: usize,
+    /// Downs of members that did not crash.
+    false_downs: u64,
+}
+
+/// Crashes every member but node 0 in turn (seeds included: a restarted seed rejoins through
+/// the other seeds), each restarted under a new identity, while time is left.
+fn crash_each_in_turn(
+    net: &mut Cluster,
+    opts: &SimOptions,
+    bumps: &mut [u64],
+) -> anyhow::Result<CrashPhase> {
+    let (n, end) = (opts.nodes, opts.duration);
+    let (cap, settle) = match opts.profile {
+        Profile::Fast => (Duration::from_secs(5), Duration::from_secs(2)),
+        Profile::Lan => (Duration::from_secs(60), Duration::from_secs(10)),
+    };
+    let mut phase = CrashPhase::default();
+    let mut victim = 1;
+    while net.now() + cap.min(Duration::from_secs(2)) + settle <= end {
+        crash_one(net, n, victim, (cap, end), &mut phase);
+        bumps[victim] += 1;
+        let core = new_core(opts, victim, bumps[victim], net.now())?;
+        net.start(victim, core)?;
+        let settle_end = (net.now() + settle).min(end);
+        while net.now() < settle_end {
+            net.run_for(Duration::from_millis(50));
+            phase.false_downs += count_downs(net);
+        }
+        victim = if victim + 1 >= n { 1 } else { victim + 1 };
+    }
+    Ok(phase)
+}
+
+/// Crashes `victim` and waits (up to `cap`) until every survivor that knew it reports it down.
+fn crash_one(
+    net: &mut Cluster,
+    n: usize,
+    victim: usize,
+    (cap, end): (Duration, Duration),
+    phase: &mut CrashPhase,
+) {
+    let victim_name = node_name(victim);
+    // Only survivors that know the victim can report it down.
+    let mut waiting: Vec<bool> = (0..n)
+        .map(|i| i != victim && net.core(i).is_some_and(|c| c.live().contains(&victim_name)))
+        .collect();
+    let mut left = waiting.iter().filter(|w| **w).count();
+    let crashed_at = net.now();
+    net.crash(victim);
+    let seen = net.takeovers().len();
+    let mut last = crashed_at;
+    while left > 0 && net.now() < crashed_at + cap && net.now() < end {
+        net.run_for(STEP);
+        for (at, observer, change) in net.drain_changes() {
+            let LiveChange::Down(node) = change else {
+                continue;
+            };
+            if node != victim_name {
+                phase.false_downs += 1;
+            } else if waiting[observer] {
+                waiting[observer] = false;
+                left -= 1;
+                last = last.max(at);
+            }
+        }
+    }
+    if left > 0 {
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            for i in (0..n).filter(|i| waiting[*i]) {
+                let c = net.core(i);
+                eprintln!(
+                    "t={:?} victim {victim_name} still alive at node {i}: {:?} {:?}",
+                    net.now(),
+                    c.map(|c| c.phase()),
+                    c.map(|c| c.debug_member(&victim_name))
+                );
+            }
+        }
+        phase.undetected += 1;
+        phase.samples_ms.push(cap.as_secs_f64() * 1e3);
+    } else {
+        phase
+            .samples_ms
+            .push((last - crashed_at).as_secs_f64() * 1e3);
+    }
+    if net.watch().is_some() {
+        let first = net.takeovers()[seen..]
+            .iter()
+            .find(|t| t.owner == victim && t.kind == TakeoverKind::Confirmed);
+        match first {
+            Some(t) => phase
+                .watch_samples_ms
+                .push((t.at - crashed_at).as_secs_f64() * 1e3),
+            None => phase.watch_undetected += 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
