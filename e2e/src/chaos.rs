@@ -33,8 +33,8 @@ use tokio::time::Instant;
 
 use self::driver::{ChaosDaemons, Driver};
 use self::invariants::{
-    ArpSample, Executed, Invariant, Observations, Poll, Probe, Rule, VipObservations, VipRule,
-    Violation, World,
+    ArpSample, Executed, Invariant, Observations, Poll, Probe, Rule, Violation, VipObservations,
+    VipRule, World,
 };
 use self::schedule::{Fault, FaultKind, Setup, Step, Target};
 use crate::failover::{self, Daemons as _, KeepalivedDaemons, SwimlbDaemons};
@@ -291,16 +291,22 @@ fn make_daemons(lab: &Lab, options: &Options, setup: Setup) -> Result<ChaosDaemo
             }
             ChaosDaemons::Swimlb(d)
         }
-        Target::KeepalivedFast => ChaosDaemons::Keepalived(KeepalivedDaemons::new(lab, Tuning::Fast)),
+        Target::KeepalivedFast => {
+            ChaosDaemons::Keepalived(KeepalivedDaemons::new(lab, Tuning::Fast))
+        }
     })
 }
+
+/// One round of `/status` reads: when it started, and per node (`None`: no answer) the owner
+/// it names for each VIP.
+type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
 
 /// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
 #[derive(Debug)]
 struct StatusReader {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
-    log: Arc<Mutex<Vec<(Instant, Vec<Option<Vec<Option<String>>>>)>>>,
+    log: Arc<Mutex<Vec<StatusRound>>>,
 }
 
 impl StatusReader {
@@ -328,10 +334,7 @@ impl StatusReader {
                                 })
                             })
                             .collect();
-                        reads
-                            .into_iter()
-                            .map(|r| r.join().ok().flatten())
-                            .collect()
+                        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
                     });
                     polls.lock().expect("status log").push((at, owners));
                     let next = at + POLL_INTERVAL;
@@ -349,7 +352,7 @@ impl StatusReader {
     }
 
     /// Stops reading and returns every round.
-    fn finish(mut self) -> Vec<(Instant, Vec<Option<Vec<Option<String>>>>)> {
+    fn finish(mut self) -> Vec<StatusRound> {
         self.halt();
         self.snapshot()
     }
@@ -361,7 +364,7 @@ impl StatusReader {
         }
     }
 
-    fn snapshot(&self) -> Vec<(Instant, Vec<Option<Vec<Option<String>>>>)> {
+    fn snapshot(&self) -> Vec<StatusRound> {
         self.log.lock().expect("status log").clone()
     }
 }
@@ -456,10 +459,10 @@ impl ProcessWatch {
                         continue;
                     }
                     if memory && let Some((_, rss)) = crate::soak::proc_usage(pid) {
-                        let entry = self
-                            .memory
-                            .entry(pid)
-                            .or_insert((n, started[n - 1], None, rss));
+                        let entry =
+                            self.memory
+                                .entry(pid)
+                                .or_insert((n, started[n - 1], None, rss));
                         entry.3 = rss;
                         if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
                             entry.2 = Some(rss);
@@ -532,7 +535,7 @@ fn observations(
     t0: Instant,
     probers: &[Prober],
     askers: &[(Instant, Vec<probe::ArpAnswers>)],
-    polls: &[(Instant, Vec<Option<Vec<Option<String>>>>)],
+    polls: &[StatusRound],
     horizon: Duration,
 ) -> Observations {
     let since = |at: Instant| at.saturating_duration_since(t0);
@@ -648,7 +651,8 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             )
         })
         .collect::<Result<Vec<_>>>()?;
-    let requests = (options.duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
+    let requests =
+        (options.duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
     let askers = vip_list
         .iter()
         .map(|ip| {
@@ -730,7 +734,10 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
                 .iter()
                 .map(|(from, a)| (*from, a.snapshot()))
                 .collect();
-            let polls = status.as_ref().map(StatusReader::snapshot).unwrap_or_default();
+            let polls = status
+                .as_ref()
+                .map(StatusReader::snapshot)
+                .unwrap_or_default();
             let obs = observations(&lab, t0, &probers, &asked, &polls, horizon);
             let world = World::new(&faults, &executed, options.nodes);
             let violated = invariants::evaluate(&rule, &world, &obs, caps.status)
@@ -761,8 +768,10 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     watch.check(&mut lab, &mut daemons, &driver, &started, ran, true);
 
     let polls = status.map(StatusReader::finish).unwrap_or_default();
-    let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> =
-        askers.into_iter().map(|(from, a)| (from, a.stop())).collect();
+    let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
+        .into_iter()
+        .map(|(from, a)| (from, a.stop()))
+        .collect();
     let obs = observations(&lab, t0, &probers, &asked, &polls, ran);
     for p in probers {
         p.stop();
@@ -807,14 +816,18 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     let mut per_invariant: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
     for inv in Invariant::ALL {
-        let applies = caps.status
-            || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
+        let applies =
+            caps.status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
         if applies {
             per_invariant.insert(inv.as_str(), 0);
         }
     }
     for v in &violations {
-        let map = if v.excused { &mut excused } else { &mut per_invariant };
+        let map = if v.excused {
+            &mut excused
+        } else {
+            &mut per_invariant
+        };
         *map.entry(v.invariant.as_str()).or_insert(0) += 1;
     }
     let applied: BTreeSet<usize> = executed

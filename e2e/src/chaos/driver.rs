@@ -384,7 +384,11 @@ impl Driver {
                 }
                 for n in receivers {
                     let netns = lab.node(n).netns.clone();
-                    lab.run_in(&netns, "nft", &["delete", "table", "inet", &drop_table(index)])?;
+                    lab.run_in(
+                        &netns,
+                        "nft",
+                        &["delete", "table", "inet", &drop_table(index)],
+                    )?;
                 }
                 Ok(())
             }

@@ -450,7 +450,11 @@ fn dual(
             });
         }
     };
-    for s in o.arp.iter().filter(|s| s.at <= horizon && s.nodes.len() >= 2) {
+    for s in o
+        .arp
+        .iter()
+        .filter(|s| s.at <= horizon && s.nodes.len() >= 2)
+    {
         episode = match episode.take() {
             Some((first, last, mut nodes)) if s.at <= last + DUAL_GAP => {
                 nodes.extend(&s.nodes);
@@ -669,7 +673,9 @@ mod tests {
     }
 
     fn kinds(v: &[Violation]) -> Vec<(&'static str, bool)> {
-        v.iter().map(|v| (v.invariant.as_str(), v.excused)).collect()
+        v.iter()
+            .map(|v| (v.invariant.as_str(), v.excused))
+            .collect()
     }
 
     #[test]

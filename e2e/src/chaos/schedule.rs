@@ -468,8 +468,9 @@ pub fn schedule(seed: u64, duration: Duration, nodes: usize, target: Target) -> 
                 let room = episode_end.saturating_sub(episode_start);
                 let offset_ms = rng.range(0, (room.as_millis() as u64 * 7) / 10);
                 let at = episode_start + Duration::from_millis(offset_ms);
-                let wanted =
-                    Duration::from_millis(rng.range(min.as_millis() as u64, max.as_millis() as u64));
+                let wanted = Duration::from_millis(
+                    rng.range(min.as_millis() as u64, max.as_millis() as u64),
+                );
                 let available = episode_end.saturating_sub(at);
                 let duration = wanted.min(available);
                 if duration < min {
@@ -493,7 +494,8 @@ pub fn schedule(seed: u64, duration: Duration, nodes: usize, target: Target) -> 
                 break;
             }
         }
-        episode_start = latest_end.max(episode_start) + Duration::from_millis(rng.range(GAP.0, GAP.1));
+        episode_start =
+            latest_end.max(episode_start) + Duration::from_millis(rng.range(GAP.0, GAP.1));
     }
     faults.sort_by_key(|f| (f.at, f.end()));
     faults
@@ -691,7 +693,11 @@ mod tests {
                 swimlb.insert(f.kind.as_str());
             }
         }
-        assert_eq!(swimlb.len(), 13, "every kind but foreign_answer: {swimlb:?}");
+        assert_eq!(
+            swimlb.len(),
+            13,
+            "every kind but foreign_answer: {swimlb:?}"
+        );
     }
 
     #[test]
