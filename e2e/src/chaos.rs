@@ -474,6 +474,11 @@ impl ProcessWatch {
                         self.keepalived_gone.remove(&n);
                         continue;
                     }
+                    // `ip netns exec` enters the namespace after the spawn: a daemon just
+                    // started is not listed there yet.
+                    if at < started[n - 1] + Duration::from_secs(2) {
+                        continue;
+                    }
                     let netns = lab.node(n).netns.clone();
                     if driver::netns_pids(&netns).is_empty() && self.keepalived_gone.insert(n) {
                         self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
