@@ -64,6 +64,8 @@ pub struct Options {
     pub nodes: usize,
     /// Stop at the first violation.
     pub until_violation: bool,
+    /// Draw the seed's faults (tests that run only injected faults turn this off).
+    pub scheduled: bool,
     /// Faults added to the schedule's (tests inject a violation this way).
     pub injected: Vec<Fault>,
     /// The program the speakers run as (`PROGRAM speaker standalone ...`).
@@ -594,7 +596,11 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     let target = options.target;
     let caps = target.capabilities();
     let setup = schedule::setup(options.seed, options.nodes);
-    let mut faults = schedule::schedule(options.seed, options.duration, options.nodes, target);
+    let mut faults = if options.scheduled {
+        schedule::schedule(options.seed, options.duration, options.nodes, target)
+    } else {
+        Vec::new()
+    };
     faults.extend(options.injected.iter().copied());
     faults.sort_by_key(|f| (f.at, f.end()));
     let steps = schedule::actions(&faults, options.nodes);

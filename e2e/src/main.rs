@@ -369,6 +369,7 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         seed: args.seed,
         nodes: args.nodes,
         until_violation: args.until_violation,
+        scheduled: true,
         injected: Vec::new(),
         program: speaker_program()?,
     };
