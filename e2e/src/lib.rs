@@ -3,6 +3,9 @@
 //! (`e2e/control-plane/`), re-exported here as [`control_plane`], [`kube_client`] and
 //! [`kubectl`].
 //!
+//! - [`chaos`]: `swimlb-lab chaos`, seeded random faults, several at a time, with the invariants
+//!   (one answerer per VIP, no long dark VIP, agreement, the rule's owner, no crash, no leak)
+//!   checked the whole time.
 //! - [`control_plane`]: the real Kubernetes control plane (etcd, kube-apiserver,
 //!   kube-controller-manager, kube-scheduler) built from pinned Go modules, with its PKI.
 //! - [`converge`]: whether the lab has converged (one owner, named by the daemons, alone
@@ -36,6 +39,7 @@
 
 pub use swimlb_control_plane::{control_plane, kube_client, kubectl};
 
+pub mod chaos;
 pub mod converge;
 pub mod dashboard;
 pub mod demo;

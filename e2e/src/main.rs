@@ -43,6 +43,8 @@ enum Command {
     Sim(Box<SimArgs>),
     /// No fault: count false failovers and measure the speakers at rest (or under a flood).
     Soak(SoakArgs),
+    /// Seeded random faults, several at a time, with the invariants checked the whole time.
+    Chaos(ChaosArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
     /// Run the controller (same arguments as `swimlb-controller`).
@@ -78,6 +80,29 @@ struct SoakArgs {
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ChaosArgs {
+    /// Seconds of faults (the run ends with a calm tail inside them).
+    #[arg(long, default_value_t = 300)]
+    duration: u64,
+    /// Seed of the fault schedule: the same seed, duration, nodes and implementation give the
+    /// same schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Nodes in the lab (3 to 5).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Which load balancer: swimlb or keepalived-fast.
+    #[arg(long = "impl", default_value = "swimlb")]
+    implementation: String,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Stop at the first violation and print the seed and the faults that led to it.
+    #[arg(long)]
+    until_violation: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -226,7 +251,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let needs_root = matches!(
         cli.command,
-        Command::Demo(_) | Command::Failover(_) | Command::Soak(_)
+        Command::Demo(_) | Command::Failover(_) | Command::Soak(_) | Command::Chaos(_)
     );
     if needs_root && !swimlb_e2e::netns::is_root() {
         eprintln!(
@@ -239,6 +264,7 @@ fn main() -> std::process::ExitCode {
         Command::Failover(args) => run_failover(args),
         Command::Sim(args) => run_sim(*args),
         Command::Soak(args) => run_soak(args),
+        Command::Chaos(args) => run_chaos(args),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
     match result {
@@ -314,6 +340,55 @@ fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         write_reports(path, &reports)?;
     }
+    Ok(())
+}
+
+fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
+    use swimlb_e2e::chaos::{self, schedule::Target};
+    use swimlb_e2e::failover::Implementation;
+    cleanup_on_interrupt();
+    let implementation = parse_implementations(std::slice::from_ref(&args.implementation))?[0];
+    let target = match implementation {
+        Implementation::Swimlb => Target::Swimlb,
+        Implementation::KeepalivedFast => Target::KeepalivedFast,
+        other => anyhow::bail!(
+            "--impl {}: chaos runs swimlb or keepalived-fast",
+            other.as_str()
+        ),
+    };
+    anyhow::ensure!(
+        (3..=5).contains(&args.nodes),
+        "--nodes must be 3 to 5, not {}",
+        args.nodes
+    );
+    ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    ensure_keepalived(&[implementation])?;
+    let options = chaos::Options {
+        target,
+        duration: Duration::from_secs(args.duration),
+        seed: args.seed,
+        nodes: args.nodes,
+        until_violation: args.until_violation,
+        scheduled: true,
+        injected: Vec::new(),
+        program: speaker_program()?,
+    };
+    let report = chaos::run(&options, &mut |line| println!("{line}"))?;
+    print!("{}", report.text());
+    if let Some(path) = &args.json {
+        write_reports(path, std::slice::from_ref(&report))?;
+    }
+    if args.until_violation
+        && let Some(first) = report.first_violation()
+    {
+        println!("{first}");
+    }
+    anyhow::ensure!(
+        report.counted() == 0,
+        "{} violations (seed {})",
+        report.counted(),
+        args.seed
+    );
     Ok(())
 }
 

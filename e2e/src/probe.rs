@@ -418,6 +418,11 @@ impl ArpAsker {
         })
     }
 
+    /// A copy of every request's answers so far, in order.
+    pub fn snapshot(&self) -> Vec<ArpAnswers> {
+        self.log.lock().expect("ARP log").clone()
+    }
+
     /// Stops asking and returns every request's answers, in order.
     pub fn stop(self) -> Vec<ArpAnswers> {
         self.worker.stop();

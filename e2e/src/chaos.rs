@@ -1,0 +1,903 @@
+//! `swimlb-lab chaos`: seeded random faults, several at a time, on the namespace lab, with the
+//! invariants checked the whole time.
+//!
+//! - [`schedule`] (pure): the faults of a run, a function of (seed, duration, nodes, target).
+//! - [`invariants`] (pure): dual, dark, disagreement and misplaced over what was recorded.
+//! - [`driver`] (I/O): what each fault does to the lab and how it is undone.
+//!
+//! [`run`] builds the lab (the daemons of the target on every node, a responder beside each),
+//! waits for it to converge ([`failover::settle`]), then starts the observers: a prober per VIP
+//! (every 10 ms), an ARP asker per VIP (every 100 ms), and for swimlb a `/status` reader (every
+//! 500 ms, all nodes at once). It executes the schedule's steps at their times, recording when
+//! each really happened; meanwhile it reads the daemons' logs for panics and `/proc` for
+//! unexpected exits (crash) and for resident memory (leak: more than 10 % above the level
+//! read a minute after the daemon started). At the end (or at the first violation with
+//! `until_violation`) it undoes every fault still applied, tears the lab down and checks the
+//! invariants over the whole record. Every loop is bounded by the run's duration.
+
+pub mod driver;
+pub mod invariants;
+pub mod schedule;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use self::driver::{ChaosDaemons, Driver};
+use self::invariants::{
+    ArpSample, Executed, Invariant, Observations, Poll, Probe, Rule, Violation, VipObservations,
+    VipRule, World,
+};
+use self::schedule::{Fault, FaultKind, Setup, Step, Target};
+use crate::failover::{self, Daemons as _, KeepalivedDaemons, SwimlbDaemons};
+use crate::keepalived::Tuning;
+use crate::netns::{self, Lab};
+use crate::probe::{self, ArpAsker, PROBE_PORT, Prober, Worker};
+
+/// The groups' preemption delay in the swimlb lab.
+pub const PREEMPT_DELAY: Duration = Duration::from_secs(1);
+/// How often the `/status` reader reads every node.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// A daemon's memory is compared with its level this long after it started.
+const LEAK_BASELINE_AFTER: Duration = Duration::from_secs(60);
+/// How much above that level is a leak.
+const LEAK_FACTOR: f64 = 1.10;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The target.
+    pub target: Target,
+    /// Faults are drawn over this long; the run lasts this long after the lab converged.
+    pub duration: Duration,
+    /// Seed of the schedule.
+    pub seed: u64,
+    /// Nodes (3 to 5).
+    pub nodes: usize,
+    /// Stop at the first violation.
+    pub until_violation: bool,
+    /// Draw the seed's faults (tests that run only injected faults turn this off).
+    pub scheduled: bool,
+    /// Faults added to the schedule's (tests inject a violation this way).
+    pub injected: Vec<Fault>,
+    /// The program the speakers run as (`PROGRAM speaker standalone ...`).
+    pub program: PathBuf,
+}
+
+/// One line of the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelineEntry {
+    /// Since the start of the run.
+    pub at_ms: u64,
+    /// `start`, `step`, `end`, `violation`, `excused` or `error`.
+    pub what: &'static str,
+    /// The text.
+    pub text: String,
+}
+
+/// One daemon's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    /// Node.
+    pub node: String,
+    /// Process id.
+    pub pid: u32,
+    /// Resident memory a minute after it started, KiB.
+    pub baseline_kib: u64,
+    /// Resident memory last read, KiB.
+    pub last_kib: u64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The target.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// The seed.
+    pub seed: u64,
+    /// The requested duration, seconds.
+    pub duration_s: u64,
+    /// Seconds actually run.
+    pub ran_s: f64,
+    /// Nodes.
+    pub nodes: usize,
+    /// What the seed drew beside the faults.
+    pub setup: Setup,
+    /// Stopped at the first violation.
+    pub stopped_early: bool,
+    /// Violations per invariant (excused ones not counted).
+    pub violations_per_invariant: BTreeMap<&'static str, usize>,
+    /// Excused violations (around a partition of the mesh) per invariant.
+    pub excused_per_invariant: BTreeMap<&'static str, usize>,
+    /// Faults applied per kind.
+    pub faults_per_kind: BTreeMap<&'static str, usize>,
+    /// Every violation, excused ones included.
+    pub violations: Vec<Violation>,
+    /// Faults and violations on one timeline.
+    pub timeline: Vec<TimelineEntry>,
+    /// The faults of the schedule (and any injected), in start order.
+    pub faults: Vec<Fault>,
+    /// Probes sent, over every VIP.
+    pub probes: usize,
+    /// Of which unanswered.
+    pub lost_probes: usize,
+    /// Memory of the daemons that ran at least a minute.
+    pub memory: Vec<Memory>,
+    /// Steps that failed (a fault that could not be applied or undone).
+    pub errors: Vec<String>,
+    /// The command that replays the run.
+    pub replay: String,
+}
+
+impl Report {
+    /// Violations that count.
+    pub fn counted(&self) -> usize {
+        self.violations_per_invariant.values().sum()
+    }
+
+    /// The printed report: the timeline, then the counts.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        for e in &self.timeline {
+            let _ = writeln!(
+                s,
+                "{:>9.3} s  {:<9} {}",
+                e.at_ms as f64 / 1e3,
+                e.what,
+                e.text
+            );
+        }
+        let _ = writeln!(
+            s,
+            "chaos ({}): seed {}, {} nodes, {:.0} s{}: {} faults, {} probes ({} lost)",
+            self.implementation,
+            self.seed,
+            self.nodes,
+            self.ran_s,
+            if self.stopped_early {
+                " (stopped at the first violation)"
+            } else {
+                ""
+            },
+            self.faults_per_kind.values().sum::<usize>(),
+            self.probes,
+            self.lost_probes
+        );
+        let counts: Vec<String> = self
+            .violations_per_invariant
+            .iter()
+            .map(|(k, v)| {
+                let excused = self.excused_per_invariant.get(k).copied().unwrap_or(0);
+                if excused > 0 {
+                    format!("{k} {v} (+{excused} excused)")
+                } else {
+                    format!("{k} {v}")
+                }
+            })
+            .collect();
+        let _ = writeln!(s, "  violations: {}", counts.join(", "));
+        for m in &self.memory {
+            let _ = writeln!(
+                s,
+                "  {} (pid {}) rss {} KiB after its first minute, {} KiB at the end",
+                m.node, m.pid, m.baseline_kib, m.last_kib
+            );
+        }
+        for e in &self.errors {
+            let _ = writeln!(s, "  error: {e}");
+        }
+        let _ = writeln!(s, "  replay: {}", self.replay);
+        s
+    }
+
+    /// With `until_violation`: the first violation, the seed and the faults that led to it
+    /// (those applied in the 15 s before it, or still applied then).
+    pub fn first_violation(&self) -> Option<String> {
+        let v = self.violations.iter().find(|v| !v.excused)?;
+        let mut s = format!(
+            "first violation at {:.3} s: {} {}{}\nseed {}; faults leading to it:\n",
+            v.at.as_secs_f64(),
+            v.invariant.as_str(),
+            v.vip.map(|i| format!("(VIP {i}) ")).unwrap_or_default(),
+            v.detail,
+            self.seed
+        );
+        for f in self
+            .faults
+            .iter()
+            .filter(|f| f.at <= v.at && f.end() + Duration::from_secs(15) >= v.at)
+        {
+            let _ = writeln!(
+                s,
+                "  {:>8.3} s - {:>8.3} s  {}",
+                f.at.as_secs_f64(),
+                f.end().as_secs_f64(),
+                f.kind.describe()
+            );
+        }
+        let _ = write!(s, "replay: {}", self.replay);
+        Some(s)
+    }
+}
+
+/// The VIPs of a target's lab.
+fn vips(target: Target) -> Vec<Ipv4Addr> {
+    (0..target.capabilities().vips)
+        .map(|i| netns::vip_v4(i as u8))
+        .collect()
+}
+
+/// The lab's own election rule for a target with `setup` (the VIPs, their checks and
+/// priorities), over `nodes` nodes.
+pub fn rule(target: Target, setup: Setup, nodes: usize) -> Rule {
+    let caps = target.capabilities();
+    Rule {
+        vips: vips(target)
+            .into_iter()
+            .enumerate()
+            .map(|(i, ip)| VipRule {
+                ip,
+                // The first group has the check and the preferred node.
+                checked: caps.standalone && i == 0,
+                priorities: (1..=nodes)
+                    .map(|n| match setup.preferred {
+                        Some(p) if p == n && i == 0 && caps.standalone => 110,
+                        _ => 100,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        names: (1..=nodes).map(|n| format!("node{n}")).collect(),
+        preempt_delay: if caps.standalone {
+            PREEMPT_DELAY
+        } else {
+            Duration::ZERO
+        },
+    }
+}
+
+/// The swimlb speakers' group settings for node `n`: the first group gets a preemption delay,
+/// the priorities of `setup` and a health check on a flag file; a second group serves the
+/// second VIP with neither.
+fn swimlb_groups(setup: Setup, dir: &std::path::Path, name: &str) -> String {
+    let priority = match setup.preferred {
+        Some(p) => format!("    priority: {{node{p}: 110, default: 100}}\n"),
+        None => String::new(),
+    };
+    format!(
+        "    preemptDelay: {}ms\n{priority}    checks:\n      - {{name: flag, exec: [test, -e, \"{}\"], interval: 300ms, timeout: 300ms, rise: 1, fall: 1, weight: 0}}\n  - name: vip2\n    addresses: [{}]\n    interface: eth0\n    preemptDelay: {}ms\n",
+        PREEMPT_DELAY.as_millis(),
+        driver::flag_path(dir, name).display(),
+        netns::vip_v4(1),
+        PREEMPT_DELAY.as_millis(),
+    )
+}
+
+fn make_daemons(lab: &Lab, options: &Options, setup: Setup) -> Result<ChaosDaemons> {
+    Ok(match options.target {
+        Target::Swimlb => {
+            let mut d = SwimlbDaemons::new(lab, options.program.clone())?;
+            for node in &lab.nodes {
+                std::fs::write(driver::flag_path(d.dir(), &node.name), "")?;
+                d.group_extra
+                    .insert(node.index, swimlb_groups(setup, d.dir(), &node.name));
+            }
+            ChaosDaemons::Swimlb(d)
+        }
+        Target::KeepalivedFast => {
+            ChaosDaemons::Keepalived(KeepalivedDaemons::new(lab, Tuning::Fast))
+        }
+    })
+}
+
+/// One round of `/status` reads: when it started, and per node (`None`: no answer) the owner
+/// it names for each VIP.
+type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
+
+/// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
+#[derive(Debug)]
+struct StatusReader {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    log: Arc<Mutex<Vec<StatusRound>>>,
+}
+
+impl StatusReader {
+    fn start(lab: &Lab, vips: Vec<Ipv4Addr>) -> Result<StatusReader> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<_>>> = Arc::default();
+        let (flag, polls) = (stop.clone(), log.clone());
+        let addrs = failover::http_addrs(lab);
+        let netns = lab.client_netns.clone();
+        let handle = probe::spawn_in(
+            &lab.client_netns,
+            "chaos-status",
+            || Ok(()),
+            move |()| {
+                while !flag.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    let owners: Vec<Option<Vec<Option<String>>>> = std::thread::scope(|scope| {
+                        let reads: Vec<_> = addrs
+                            .iter()
+                            .map(|addr| {
+                                let (netns, vips) = (&netns, &vips);
+                                scope.spawn(move || {
+                                    probe::enter_netns(netns).ok()?;
+                                    owners_named(&crate::demo::http_get(*addr, "/status")?, vips)
+                                })
+                            })
+                            .collect();
+                        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
+                    });
+                    polls.lock().expect("status log").push((at, owners));
+                    let next = at + POLL_INTERVAL;
+                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            },
+        )?;
+        Ok(StatusReader {
+            stop,
+            handle: Some(handle),
+            log,
+        })
+    }
+
+    /// Stops reading and returns every round.
+    fn finish(mut self) -> Vec<StatusRound> {
+        self.halt();
+        self.snapshot()
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+
+    fn snapshot(&self) -> Vec<StatusRound> {
+        self.log.lock().expect("status log").clone()
+    }
+}
+
+impl Drop for StatusReader {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The owner a `/status` body names for each of `vips` (`None` for the body: not the JSON
+/// expected).
+pub fn owners_named(status: &str, vips: &[Ipv4Addr]) -> Option<Vec<Option<String>>> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    let addresses = v["addresses"].as_array()?;
+    Some(
+        vips.iter()
+            .map(|ip| {
+                let ip = ip.to_string();
+                addresses
+                    .iter()
+                    .find(|a| a["ip"] == ip.as_str())
+                    .and_then(|a| a["owner"].as_str())
+                    .map(str::to_string)
+            })
+            .collect(),
+    )
+}
+
+/// Crash and leak watch over the daemons' processes and logs.
+#[derive(Debug, Default)]
+struct ProcessWatch {
+    /// Log read offsets, by path.
+    offsets: BTreeMap<PathBuf, u64>,
+    /// Pids already reported gone.
+    gone: BTreeSet<u32>,
+    /// Nodes whose keepalived was reported gone (until restarted).
+    keepalived_gone: BTreeSet<usize>,
+    /// Per pid: node, when it started, its baseline and last resident memory (KiB).
+    memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
+    found: Vec<Violation>,
+}
+
+impl ProcessWatch {
+    fn crash(&mut self, at: Duration, detail: String) {
+        self.found.push(Violation {
+            invariant: Invariant::Crash,
+            at,
+            vip: None,
+            detail,
+            excused: false,
+        });
+    }
+
+    /// Reads the logs and `/proc`; `started[i]`: when node i+1's daemon last started.
+    fn check(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        driver: &Driver,
+        started: &[Duration],
+        at: Duration,
+        memory: bool,
+    ) {
+        for n in 1..=lab.nodes.len() {
+            let name = lab.node(n).name.clone();
+            match daemons {
+                ChaosDaemons::Swimlb(d) => {
+                    let log = d.log_path(lab, n);
+                    for line in self.new_lines(&log) {
+                        if line.contains("panicked") {
+                            self.crash(at, format!("{name}'s speaker log: {}", line.trim()));
+                        }
+                    }
+                    if !driver.running[n - 1] {
+                        continue;
+                    }
+                    let Some(pid) = d.pid(lab, n) else { continue };
+                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit_once(')')
+                                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                        });
+                    if matches!(state.as_deref(), None | Some("Z" | "X")) {
+                        if self.gone.insert(pid) {
+                            self.crash(
+                                at,
+                                format!("{name}'s speaker (pid {pid}) exited unexpectedly"),
+                            );
+                        }
+                        continue;
+                    }
+                    if memory && let Some((_, rss)) = crate::soak::proc_usage(pid) {
+                        let entry =
+                            self.memory
+                                .entry(pid)
+                                .or_insert((n, started[n - 1], None, rss));
+                        entry.3 = rss;
+                        if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
+                            entry.2 = Some(rss);
+                        }
+                    }
+                }
+                ChaosDaemons::Keepalived(_) => {
+                    if !driver.running[n - 1] {
+                        self.keepalived_gone.remove(&n);
+                        continue;
+                    }
+                    // `ip netns exec` enters the namespace after the spawn: a daemon just
+                    // started is not listed there yet.
+                    if at < started[n - 1] + Duration::from_secs(2) {
+                        continue;
+                    }
+                    let netns = lab.node(n).netns.clone();
+                    if driver::netns_pids(&netns).is_empty() && self.keepalived_gone.insert(n) {
+                        self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn new_lines(&mut self, path: &std::path::Path) -> Vec<String> {
+        use std::io::{Read as _, Seek as _};
+        let offset = self.offsets.entry(path.to_path_buf()).or_insert(0);
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return Vec::new();
+        };
+        if file.seek(std::io::SeekFrom::Start(*offset)).is_err() {
+            return Vec::new();
+        }
+        let mut text = String::new();
+        // Bounded: at most 16 MiB per read.
+        let _ = file.by_ref().take(16 << 20).read_to_string(&mut text);
+        // Only whole lines.
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        *offset += whole as u64;
+        text[..whole].lines().map(str::to_string).collect()
+    }
+
+    fn leaks(&self, names: &[String], end: Duration) -> (Vec<Violation>, Vec<Memory>) {
+        let mut found = Vec::new();
+        let mut memory = Vec::new();
+        for (pid, (node, _, baseline, last)) in &self.memory {
+            let Some(baseline) = baseline else { continue };
+            memory.push(Memory {
+                node: names[node - 1].clone(),
+                pid: *pid,
+                baseline_kib: *baseline,
+                last_kib: *last,
+            });
+            if *last as f64 > *baseline as f64 * LEAK_FACTOR {
+                found.push(Violation {
+                    invariant: Invariant::Leak,
+                    at: end,
+                    vip: None,
+                    detail: format!(
+                        "{}'s speaker (pid {pid}) grew from {baseline} KiB to {last} KiB",
+                        names[node - 1]
+                    ),
+                    excused: false,
+                });
+            }
+        }
+        (found, memory)
+    }
+}
+
+/// Everything the observers recorded, as the checker reads it.
+fn observations(
+    lab: &Lab,
+    t0: Instant,
+    probers: &[Prober],
+    askers: &[(Instant, Vec<probe::ArpAnswers>)],
+    polls: &[StatusRound],
+    horizon: Duration,
+) -> Observations {
+    let since = |at: Instant| at.saturating_duration_since(t0);
+    let node_of = |mac: &[u8; 6]| {
+        lab.nodes
+            .iter()
+            .find(|n| n.mac == *mac)
+            .map_or(0, |n| n.index)
+    };
+    let vips = probers
+        .iter()
+        .zip(askers)
+        .map(|(prober, (asked_from, answers))| VipObservations {
+            probes: prober
+                .snapshot()
+                .iter()
+                .filter(|r| r.sent >= t0)
+                .map(|r| Probe {
+                    sent: since(r.sent),
+                    answered: r.answer.is_some(),
+                })
+                .collect(),
+            arp: answers
+                .iter()
+                .map(|a| ArpSample {
+                    at: since(*asked_from + a.at),
+                    nodes: a.macs.iter().map(node_of).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Observations {
+        vips,
+        polls: polls
+            .iter()
+            .map(|(at, owners)| Poll {
+                at: since(*at),
+                owners: owners.clone(),
+            })
+            .collect(),
+        horizon,
+    }
+}
+
+/// Runs a chaos run; `progress` hears the lab's start and every fault step as it happens.
+pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if !(3..=5).contains(&options.nodes) {
+        bail!("chaos runs 3 to 5 nodes, not {}", options.nodes);
+    }
+    driver::cleanup_stale_cgroups();
+    let target = options.target;
+    let caps = target.capabilities();
+    let setup = schedule::setup(options.seed, options.nodes);
+    let mut faults = if options.scheduled {
+        schedule::schedule(options.seed, options.duration, options.nodes, target)
+    } else {
+        Vec::new()
+    };
+    faults.extend(options.injected.iter().copied());
+    faults.sort_by_key(|f| (f.at, f.end()));
+    let steps = schedule::actions(&faults, options.nodes);
+    let rule = rule(target, setup, options.nodes);
+    let replay = format!(
+        "swimlb-lab chaos --impl {} --seed {} --duration {} --nodes {}",
+        target.as_str(),
+        options.seed,
+        options.duration.as_secs(),
+        options.nodes
+    );
+
+    let mut lab = Lab::create(options.nodes).context("building the lab")?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    let mut daemons = make_daemons(&lab, options, setup)?;
+    for i in 1..=options.nodes {
+        daemons.as_dyn().start(&mut lab, i)?;
+    }
+    let vip_list = vips(target);
+    {
+        let prober = Prober::start(
+            &lab.client_netns,
+            SocketAddr::from((vip_list[0], PROBE_PORT)),
+            Duration::from_millis(10),
+        )?;
+        let settled = failover::settle(&lab, daemons.as_dyn(), &prober, progress)?;
+        prober.stop();
+        if let Err(reason) = settled {
+            bail!(
+                "the lab did not converge within {:?} ({reason}); no fault taken",
+                failover::CONVERGE_LIMIT
+            );
+        }
+    }
+    progress(&format!(
+        "chaos ({}): lab converged; {} faults over {} s (seed {}, {} nodes{})",
+        target.as_str(),
+        faults.len(),
+        options.duration.as_secs(),
+        options.seed,
+        options.nodes,
+        setup
+            .preferred
+            .map(|p| format!(", node{p} preferred by priority"))
+            .unwrap_or_default()
+    ));
+
+    let t0 = Instant::now();
+    let probers = vip_list
+        .iter()
+        .map(|ip| {
+            Prober::start(
+                &lab.client_netns,
+                SocketAddr::from((*ip, PROBE_PORT)),
+                Duration::from_millis(10),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let requests =
+        (options.duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
+    let askers = vip_list
+        .iter()
+        .map(|ip| {
+            let from = Instant::now();
+            Ok((
+                from,
+                ArpAsker::start(&lab.client_netns, *ip, invariants::ARP_INTERVAL, requests)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let status = if caps.status {
+        Some(StatusReader::start(&lab, vip_list.clone())?)
+    } else {
+        None
+    };
+
+    let mut driver = Driver::new(options.nodes);
+    let mut executed: Vec<Executed> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    let mut watch = ProcessWatch::default();
+    let mut started = vec![Duration::ZERO; options.nodes];
+    let mut last_check = Duration::ZERO;
+    let mut last_memory = Duration::ZERO;
+    let mut last_eval = Duration::ZERO;
+    let mut stopped_early = false;
+    let end = options.duration;
+    let mut next = steps.iter().peekable();
+    // Bounded: ends at `end` (every step is due before it), or at the first violation.
+    loop {
+        let now = t0.elapsed();
+        if now >= end && next.peek().is_none() {
+            break;
+        }
+        if let Some(action) = next.peek()
+            && action.at <= now
+        {
+            let action = **action;
+            next.next();
+            let fault = faults[action.fault];
+            let at = t0.elapsed();
+            executed.push(Executed {
+                at,
+                fault: action.fault,
+                step: action.step,
+            });
+            let outcome = driver.step(&mut lab, &mut daemons, action.fault, &fault, action.step);
+            if action.step == Step::Undo
+                && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
+            {
+                started[node - 1] = at;
+            }
+            match outcome {
+                Ok(()) => progress(&format!(
+                    "{:>9.3} s  {:<6} {}",
+                    at.as_secs_f64(),
+                    step_word(action.step),
+                    step_text(&fault, action.step)
+                )),
+                Err(e) => {
+                    let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
+                    progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
+                    errors.push(text);
+                }
+            }
+            continue;
+        }
+        if now >= last_check + Duration::from_secs(1) {
+            last_check = now;
+            let memory = now >= last_memory + Duration::from_secs(5);
+            if memory {
+                last_memory = now;
+            }
+            watch.check(&mut lab, &mut daemons, &driver, &started, now, memory);
+        }
+        if options.until_violation && now >= last_eval + Duration::from_secs(2) {
+            last_eval = now;
+            let horizon = now.saturating_sub(Duration::from_secs(2));
+            let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
+                .iter()
+                .map(|(from, a)| (*from, a.snapshot()))
+                .collect();
+            let polls = status
+                .as_ref()
+                .map(StatusReader::snapshot)
+                .unwrap_or_default();
+            let obs = observations(&lab, t0, &probers, &asked, &polls, horizon);
+            let world = World::new(&faults, &executed, options.nodes);
+            let violated = invariants::evaluate(&rule, &world, &obs, caps.status)
+                .iter()
+                .chain(&watch.found)
+                .any(|v| !v.excused);
+            if violated {
+                stopped_early = true;
+                break;
+            }
+        }
+        let wait = next
+            .peek()
+            .map_or(end.saturating_sub(now), |a| a.at.saturating_sub(now))
+            .min(Duration::from_millis(50));
+        std::thread::sleep(wait);
+    }
+    let ran = t0.elapsed();
+    let (undone, undo_errors) = driver.undo_all(&mut lab, &mut daemons);
+    for index in undone {
+        executed.push(Executed {
+            at: ran,
+            fault: index,
+            step: Step::Undo,
+        });
+    }
+    errors.extend(undo_errors);
+    watch.check(&mut lab, &mut daemons, &driver, &started, ran, true);
+
+    let polls = status.map(StatusReader::finish).unwrap_or_default();
+    let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
+        .into_iter()
+        .map(|(from, a)| (from, a.stop()))
+        .collect();
+    let obs = observations(&lab, t0, &probers, &asked, &polls, ran);
+    for p in probers {
+        p.stop();
+    }
+    drop(responders);
+    lab.teardown();
+
+    let world = World::new(&faults, &executed, options.nodes);
+    let mut violations = invariants::evaluate(&rule, &world, &obs, caps.status);
+    violations.extend(watch.found.iter().cloned());
+    let (leaks, memory) = watch.leaks(&rule.names, ran);
+    if caps.status {
+        violations.extend(leaks);
+    }
+    violations.sort_by_key(|v| (v.at, v.invariant));
+
+    let mut timeline: Vec<TimelineEntry> = executed
+        .iter()
+        .map(|e| {
+            let f = &faults[e.fault];
+            TimelineEntry {
+                at_ms: e.at.as_millis() as u64,
+                what: step_word(e.step),
+                text: step_text(f, e.step),
+            }
+        })
+        .collect();
+    timeline.extend(violations.iter().map(|v| TimelineEntry {
+        at_ms: v.at.as_millis() as u64,
+        what: if v.excused { "excused" } else { "VIOLATION" },
+        text: format!(
+            "{}{}: {}",
+            v.invariant.as_str(),
+            v.vip
+                .map(|i| format!(" {}", vip_list.get(i).map_or(String::new(), |ip| ip.to_string())))
+                .unwrap_or_default(),
+            v.detail
+        ),
+    }));
+    timeline.sort_by_key(|e| e.at_ms);
+
+    let mut per_invariant: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for inv in Invariant::ALL {
+        let applies =
+            caps.status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
+        if applies {
+            per_invariant.insert(inv.as_str(), 0);
+        }
+    }
+    for v in &violations {
+        let map = if v.excused {
+            &mut excused
+        } else {
+            &mut per_invariant
+        };
+        *map.entry(v.invariant.as_str()).or_insert(0) += 1;
+    }
+    let applied: BTreeSet<usize> = executed
+        .iter()
+        .filter(|e| e.step == Step::Apply)
+        .map(|e| e.fault)
+        .collect();
+    let mut per_kind: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for i in &applied {
+        *per_kind.entry(faults[*i].kind.as_str()).or_insert(0) += 1;
+    }
+    let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
+    let lost_probes = obs
+        .vips
+        .iter()
+        .map(|v| v.probes.iter().filter(|p| !p.answered).count())
+        .sum();
+    Ok(Report {
+        implementation: target.as_str(),
+        seed: options.seed,
+        duration_s: options.duration.as_secs(),
+        ran_s: ran.as_secs_f64(),
+        nodes: options.nodes,
+        setup,
+        stopped_early,
+        violations_per_invariant: per_invariant,
+        excused_per_invariant: excused,
+        faults_per_kind: per_kind,
+        violations,
+        timeline,
+        faults,
+        probes,
+        lost_probes,
+        memory,
+        errors,
+        replay,
+    })
+}
+
+fn step_word(step: Step) -> &'static str {
+    match step {
+        Step::Apply => "start",
+        Step::Rotate { .. } => "step",
+        Step::Undo => "end",
+    }
+}
+
+fn step_text(fault: &Fault, step: Step) -> String {
+    match step {
+        Step::Rotate { phase, node: 0 } => format!(
+            "{}: key file {}",
+            fault.kind.describe(),
+            if phase == 1 {
+                "holds the new key first, the old one second"
+            } else {
+                "holds the new key only"
+            }
+        ),
+        Step::Rotate { node, .. } => format!("{}: node{node} reloads", fault.kind.describe()),
+        _ => fault.kind.describe(),
+    }
+}

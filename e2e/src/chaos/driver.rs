@@ -1,0 +1,484 @@
+//! What each fault does to the lab, and how it is undone: the only part of the chaos run that
+//! touches namespaces, links, nftables, signals, files and cgroups.
+//!
+//! [`Driver::step`] performs one [`Step`] of one fault; [`Driver::undo_all`] undoes whatever is
+//! still applied (the end of a run, an early stop, an error). Drops are nftables tables of their
+//! own in the receiving node's namespace (one per fault, so overlapping drops never undo each
+//! other); loss is the lab's nftables loss table ([`Lab::set_loss`]: this lab's kernels may
+//! lack `sch_netem`); starvation is a CPU-limited cgroup holding the daemon and busy loops, made
+//! under the cgroup v1 `cpu` hierarchy or cgroup v2, named after the run so a later run removes
+//! what an interrupted one left ([`cleanup_stale_cgroups`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
+use crate::failover::{Daemons, GOSSIP_PORT, KeepalivedDaemons, SwimlbDaemons};
+use crate::netns::{self, Lab};
+
+/// The daemons a chaos run drives: one arm per target.
+#[derive(Debug)]
+pub enum ChaosDaemons {
+    /// swimlb standalone speakers.
+    Swimlb(SwimlbDaemons),
+    /// keepalived instances.
+    Keepalived(KeepalivedDaemons),
+}
+
+impl ChaosDaemons {
+    /// As the lab's common daemon interface.
+    pub fn as_dyn(&mut self) -> &mut dyn Daemons {
+        match self {
+            ChaosDaemons::Swimlb(d) => d,
+            ChaosDaemons::Keepalived(d) => d,
+        }
+    }
+
+    /// The nftables match of the target's membership traffic.
+    fn membership_match(&self) -> String {
+        match self {
+            ChaosDaemons::Swimlb(_) => format!("udp dport {GOSSIP_PORT}"),
+            // VRRP adverts (IP protocol 112).
+            ChaosDaemons::Keepalived(_) => "ip protocol 112".to_string(),
+        }
+    }
+}
+
+/// A starved daemon's cgroup and the busy loops beside it.
+#[derive(Debug)]
+struct Starved {
+    cgroup: Option<Cgroup>,
+    busy: Vec<usize>,
+}
+
+/// The cgroup flavour of this machine.
+#[derive(Debug, Clone)]
+struct Cgroup {
+    dir: PathBuf,
+    root_procs: PathBuf,
+}
+
+/// The parent directory of the lab's cgroups and whether it is cgroup v2.
+fn cgroup_root() -> Option<(PathBuf, bool)> {
+    let v1 = Path::new("/sys/fs/cgroup/cpu");
+    if v1.join("cpu.cfs_quota_us").exists() {
+        return Some((v1.to_path_buf(), false));
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).ok()?;
+    controllers
+        .split_whitespace()
+        .any(|c| c == "cpu")
+        .then(|| (v2.to_path_buf(), true))
+}
+
+/// Removes the lab's cgroups of runs whose process is gone (their processes died with the
+/// namespaces).
+pub fn cleanup_stale_cgroups() {
+    let Some((root, _)) = cgroup_root() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(netns::PREFIX) else {
+            continue;
+        };
+        let pid = rest.split(['-', 'x']).next().unwrap_or("");
+        if !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+impl Cgroup {
+    fn make(run_id: &str, fault: usize, quota_percent: u8) -> Result<Option<Cgroup>> {
+        let Some((root, v2)) = cgroup_root() else {
+            return Ok(None);
+        };
+        let dir = root.join(format!("{}{run_id}-starve{fault}", netns::PREFIX));
+        std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+        let quota = u64::from(quota_percent) * 1000;
+        if v2 {
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+            std::fs::write(dir.join("cpu.max"), format!("{quota} 100000"))?;
+        } else {
+            std::fs::write(dir.join("cpu.cfs_period_us"), "100000")?;
+            std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+        }
+        Ok(Some(Cgroup {
+            dir,
+            root_procs: root.join("cgroup.procs"),
+        }))
+    }
+
+    fn add(&self, pid: u32) {
+        let _ = std::fs::write(self.dir.join("cgroup.procs"), pid.to_string());
+    }
+
+    /// Moves every process left back to the root and removes the cgroup (bounded retries: a
+    /// check's short-lived child may be exiting).
+    fn remove(&self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace() {
+                let _ = std::fs::write(&self.root_procs, pid);
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The pids of every process in `netns` (the node's daemon, and whatever it started).
+pub fn netns_pids(netns: &str) -> Vec<u32> {
+    std::process::Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn signal(pids: &[u32], signal: &str) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .args(pids.iter().map(u32::to_string))
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// Applies and undoes faults in one lab.
+#[derive(Debug)]
+pub struct Driver {
+    paused: BTreeMap<usize, Vec<u32>>,
+    starved: BTreeMap<usize, Starved>,
+    applied: BTreeMap<usize, Fault>,
+    /// The key file's text before the running rotation.
+    old_key: Option<String>,
+    /// Nodes whose daemon runs, as the faults left them (index 0 is node 1).
+    pub running: Vec<bool>,
+}
+
+impl Driver {
+    /// A driver for a lab of `nodes` nodes, every daemon running.
+    pub fn new(nodes: usize) -> Driver {
+        Driver {
+            paused: BTreeMap::new(),
+            starved: BTreeMap::new(),
+            applied: BTreeMap::new(),
+            old_key: None,
+            running: vec![true; nodes],
+        }
+    }
+
+    /// Faults applied and not yet undone.
+    pub fn applied(&self) -> impl Iterator<Item = (&usize, &Fault)> {
+        self.applied.iter()
+    }
+
+    /// Performs `step` of fault number `index`.
+    pub fn step(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        index: usize,
+        fault: &Fault,
+        step: Step,
+    ) -> Result<()> {
+        match step {
+            Step::Apply => {
+                self.applied.insert(index, *fault);
+                self.apply(lab, daemons, index, fault.kind)
+            }
+            Step::Undo => {
+                if self.applied.remove(&index).is_none() {
+                    return Ok(());
+                }
+                self.undo(lab, daemons, index, fault.kind)
+            }
+            Step::Rotate { phase, node } => self.rotate(lab, daemons, fault.kind, phase, node),
+        }
+    }
+
+    /// Undoes every fault still applied, the latest first; returns the indices undone and the
+    /// errors met (every undo is tried).
+    pub fn undo_all(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+    ) -> (Vec<usize>, Vec<String>) {
+        let mut undone = Vec::new();
+        let mut errors = Vec::new();
+        let all: Vec<(usize, Fault)> = self.applied.iter().rev().map(|(i, f)| (*i, *f)).collect();
+        for (i, f) in all {
+            undone.push(i);
+            if let Err(e) = self.step(lab, daemons, i, &f, Step::Undo) {
+                errors.push(format!("undoing {}: {e:#}", f.kind.describe()));
+            }
+        }
+        (undone, errors)
+    }
+
+    fn apply(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        index: usize,
+        kind: FaultKind,
+    ) -> Result<()> {
+        match kind {
+            FaultKind::PowerOff { node } => {
+                lab.set_link(node, false)?;
+                self.running[node - 1] = false;
+                daemons.as_dyn().signal(lab, node, "KILL")
+            }
+            FaultKind::Kill { node } => {
+                self.running[node - 1] = false;
+                daemons.as_dyn().signal(lab, node, "KILL")
+            }
+            FaultKind::Pause { node } => {
+                let pids = netns_pids(&lab.node(node).netns);
+                signal(&pids, "STOP");
+                self.paused.insert(index, pids);
+                Ok(())
+            }
+            FaultKind::LinkFlap { node } => lab.set_link(node, false),
+            FaultKind::Drop {
+                traffic,
+                from,
+                to,
+                both,
+            } => {
+                let what = match traffic {
+                    Traffic::Membership => daemons.membership_match(),
+                    Traffic::Watch => format!("udp dport {}", GOSSIP_PORT + 1),
+                };
+                let mut pairs = vec![(from, to)];
+                if both {
+                    pairs.push((to, from));
+                }
+                for (from, to) in pairs {
+                    let rules = format!(
+                        "table inet {table} {{\n  chain in {{ type filter hook input priority -200; ip saddr {src} {what} drop; }}\n}}\n",
+                        table = drop_table(index),
+                        src = lab.node(from).v4,
+                    );
+                    netns::nft_apply(&lab.node(to).netns, &rules)?;
+                }
+                Ok(())
+            }
+            FaultKind::Loss { node, percent } => lab.set_loss(node, percent),
+            FaultKind::Starve {
+                node,
+                busy_loops,
+                quota_percent,
+            } => {
+                let netns = lab.node(node).netns.clone();
+                let daemon_pids = netns_pids(&netns);
+                let cgroup = Cgroup::make(lab.run_id(), index, quota_percent)?;
+                let mut busy = Vec::new();
+                for _ in 0..busy_loops {
+                    let mut cmd = Lab::command_in(&netns, "sh");
+                    cmd.args(["-c", "while :; do :; done"]);
+                    let child = lab.spawn(cmd)?;
+                    if let Some(cg) = &cgroup {
+                        cg.add(lab.child(child).id());
+                    }
+                    busy.push(child);
+                }
+                if let Some(cg) = &cgroup {
+                    for pid in daemon_pids {
+                        cg.add(pid);
+                    }
+                }
+                self.starved.insert(index, Starved { cgroup, busy });
+                Ok(())
+            }
+            FaultKind::BrokenReload { node, broken } => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    bail!("a reload needs swimlb's speakers");
+                };
+                let good = d.config(lab, node);
+                let text = match broken {
+                    Broken::Syntax => "cluster: [unclosed\n  groups: {{\n".to_string(),
+                    Broken::Invalid => format!("{good}colour: blue\n"),
+                    Broken::GarbageKeys => {
+                        let garbage = d.dir().join(format!("keys-garbage-node{node}"));
+                        std::fs::write(&garbage, "this is no base64 key!\n")?;
+                        good.lines()
+                            .map(|l| match l.starts_with("keyFile:") {
+                                true => format!("keyFile: {}\n", garbage.display()),
+                                false => format!("{l}\n"),
+                            })
+                            .collect()
+                    }
+                };
+                std::fs::write(config_path(d, lab, node), text)?;
+                hup(d, lab, node);
+                Ok(())
+            }
+            FaultKind::KeyRotation { .. } => Ok(()),
+            FaultKind::CheckFail { node } => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    bail!("a health check needs swimlb's speakers");
+                };
+                let _ = std::fs::remove_file(flag_path(d.dir(), &lab.node(node).name));
+                Ok(())
+            }
+            FaultKind::ForeignAnswer { node, vip } => {
+                let netns = lab.node(node).netns.clone();
+                let addr = format!("{}/32", netns::vip_v4(vip as u8));
+                lab.run_in(&netns, "ip", &["addr", "add", &addr, "dev", "eth0"])?;
+                Ok(())
+            }
+        }
+    }
+
+    fn undo(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        index: usize,
+        kind: FaultKind,
+    ) -> Result<()> {
+        match kind {
+            FaultKind::PowerOff { node } => {
+                daemons.as_dyn().clean_after_kill(lab, node)?;
+                lab.set_link(node, true)?;
+                daemons.as_dyn().start(lab, node)?;
+                self.running[node - 1] = true;
+                Ok(())
+            }
+            FaultKind::Kill { node } => {
+                daemons.as_dyn().clean_after_kill(lab, node)?;
+                daemons.as_dyn().start(lab, node)?;
+                self.running[node - 1] = true;
+                Ok(())
+            }
+            FaultKind::Pause { .. } => {
+                if let Some(pids) = self.paused.remove(&index) {
+                    signal(&pids, "CONT");
+                }
+                Ok(())
+            }
+            FaultKind::LinkFlap { node } => lab.set_link(node, true),
+            FaultKind::Drop { from, to, both, .. } => {
+                let mut receivers = vec![to];
+                if both {
+                    receivers.push(from);
+                }
+                for n in receivers {
+                    let netns = lab.node(n).netns.clone();
+                    lab.run_in(
+                        &netns,
+                        "nft",
+                        &["delete", "table", "inet", &drop_table(index)],
+                    )?;
+                }
+                Ok(())
+            }
+            FaultKind::Loss { node, .. } => lab.set_loss(node, 0),
+            FaultKind::Starve { .. } => {
+                if let Some(starved) = self.starved.remove(&index) {
+                    for busy in starved.busy {
+                        let child = lab.child(busy);
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    if let Some(cg) = starved.cgroup {
+                        cg.remove();
+                    }
+                }
+                Ok(())
+            }
+            FaultKind::BrokenReload { node, .. } => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    return Ok(());
+                };
+                std::fs::write(config_path(d, lab, node), d.config(lab, node))?;
+                hup(d, lab, node);
+                Ok(())
+            }
+            FaultKind::KeyRotation { .. } => {
+                self.old_key = None;
+                Ok(())
+            }
+            FaultKind::CheckFail { node } => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    return Ok(());
+                };
+                std::fs::write(flag_path(d.dir(), &lab.node(node).name), "")?;
+                Ok(())
+            }
+            FaultKind::ForeignAnswer { node, vip } => {
+                let netns = lab.node(node).netns.clone();
+                let addr = format!("{}/32", netns::vip_v4(vip as u8));
+                lab.run_in(&netns, "ip", &["addr", "del", &addr, "dev", "eth0"])?;
+                Ok(())
+            }
+        }
+    }
+
+    fn rotate(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        kind: FaultKind,
+        phase: u8,
+        node: usize,
+    ) -> Result<()> {
+        let (ChaosDaemons::Swimlb(d), FaultKind::KeyRotation { number }) = (daemons, kind) else {
+            bail!("a key rotation needs swimlb's speakers");
+        };
+        let keys = d.dir().join("keys");
+        if node > 0 {
+            hup(d, lab, node);
+            return Ok(());
+        }
+        let new = swimlb_config::keyfile::encode_key(&[number.wrapping_mul(37) as u8 ^ 0x5a; 32]);
+        if phase == 1 {
+            let old = std::fs::read_to_string(&keys).context("reading the key file")?;
+            let old = old.lines().next().unwrap_or("").to_string();
+            std::fs::write(&keys, format!("{new}\n{old}\n"))?;
+            self.old_key = Some(old);
+        } else {
+            std::fs::write(&keys, format!("{new}\n"))?;
+        }
+        Ok(())
+    }
+}
+
+fn drop_table(fault: usize) -> String {
+    format!("swimlb_chaos_drop{fault}")
+}
+
+/// The flag file node `name`'s health check tests.
+pub fn flag_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("healthy-{name}"))
+}
+
+fn config_path(d: &SwimlbDaemons, lab: &Lab, node: usize) -> PathBuf {
+    d.dir().join(format!("{}.yaml", lab.node(node).name))
+}
+
+/// SIGHUP to node `node`'s speaker, if it runs.
+fn hup(d: &SwimlbDaemons, lab: &mut Lab, node: usize) {
+    if let Some(pid) = d.pid(lab, node) {
+        signal(&[pid], "HUP");
+    }
+}
