@@ -131,10 +131,15 @@ fn namespace_of(i: usize) -> String {
     format!("apps-{:02}", i % NAMESPACES)
 }
 
+/// `address` as the API server wants it: in canonical form (RFC 5952; `2001:db8::0` is refused).
+fn canonical(address: &str) -> String {
+    let ip: std::net::Ipv6Addr = address.parse().expect("an IPv6 address");
+    ip.to_string()
+}
+
 /// The `i`th Service's IP: 2001:db8:100::1:0/112 (on the lab's 2001:db8:100::/64).
 fn service_ip(i: usize) -> String {
-    let ip: std::net::Ipv6Addr = format!("2001:db8:100::1:{i:x}").parse().expect("IPv6");
-    ip.to_string()
+    canonical(&format!("2001:db8:100::1:{i:x}"))
 }
 
 /// A Node as a kubelet reports it (kubernetes_scale.rs's, labels, conditions and image list).
@@ -159,7 +164,7 @@ fn node(i: usize) -> Value {
         "status": {
             "conditions": [condition("NetworkUnavailable", "False"), condition("MemoryPressure", "False"),
                 condition("DiskPressure", "False"), condition("PIDPressure", "False"), condition("Ready", "True")],
-            "addresses": [{"type": "InternalIP", "address": format!("2001:db8:400::{i:x}")},
+            "addresses": [{"type": "InternalIP", "address": canonical(&format!("2001:db8:400::{i:x}"))},
                 {"type": "Hostname", "address": format!("node-{i}")}],
             "capacity": {"cpu": "64", "memory": "263835220Ki", "pods": "110"},
             "allocatable": {"cpu": "63", "memory": "262835220Ki", "pods": "110"},
@@ -180,7 +185,7 @@ fn service(i: usize) -> Value {
 fn endpoint_slice(i: usize, nodes: usize) -> Value {
     let endpoints: Vec<Value> = (0..3)
         .map(|k| {
-            json!({"addresses": [format!("2001:db8:200::{:x}", i * 3 + k)],
+            json!({"addresses": [canonical(&format!("2001:db8:200::{:x}", i * 3 + k))],
                 "nodeName": format!("node-{}", (i + k) % nodes),
                 "zone": format!("zone-{}", (i + k) % 3),
                 "targetRef": {"kind": "Pod", "namespace": namespace_of(i),
@@ -227,6 +232,19 @@ fn announced(metrics: &str, node: &str) -> usize {
                 || l.starts_with("swimlb_announced{")
         })
         .count()
+}
+
+/// `GET path` on `addr` in HTTP/1.0, so that a large answer comes whole, not in chunks; the
+/// body.
+fn http10_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nhost: lab\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    Some(body.to_string())
 }
 
 /// swimlb's speaker in Kubernetes mode on `node`, as kubernetes_scale.rs runs it (the admin's
@@ -303,12 +321,10 @@ fn measure_speaker_memory_beside_swimlb() {
     let node = lab.node(1).clone();
     let metrics_of = |port: u16| {
         let addr = SocketAddr::from((node.v4, port));
-        probe::in_netns(&lab.client_netns, move || {
-            swimlb_e2e::demo::http_get(addr, "/metrics")
-        })
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+        probe::in_netns(&lab.client_netns, move || http10_get(addr, "/metrics"))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
     };
     // Every IP announced by both (MetalLB's controller assigns them first).
     let started = Instant::now();
