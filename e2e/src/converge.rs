@@ -7,7 +7,8 @@
 //!
 //! - the daemons name one owner, at the start and at the end of the window: every swimlb
 //!   speaker answers `/status`, is ready, sees every node as a member and names the same owner;
-//!   or exactly one keepalived is MASTER and every other is BACKUP;
+//!   or exactly one keepalived is MASTER and every other is BACKUP; or every MetalLB speaker
+//!   answers `/metrics`, its memberlist holds every node, and exactly one announces the VIP;
 //! - exactly one MAC claimed the VIP in ARP over the window (replies to the client's requests,
 //!   sent every 100 ms, and gratuitous ARP), that MAC is the named owner's, and it answered in
 //!   the first and in the last quarter of the window;
@@ -49,6 +50,17 @@ pub struct SpeakerView {
     pub ready: bool,
 }
 
+/// One MetalLB speaker, as far as the VIP goes: MetalLB has no status endpoint, so the lab
+/// reads what it exposes, its `/metrics` (`metallb_speaker_announced` for the VIP, set only
+/// on the node that announces it) and its log (memberlist's join and leave events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetallbView {
+    /// Whether this speaker announces the VIP.
+    pub announces: bool,
+    /// Members of its memberlist, itself included, as its log's node events leave them.
+    pub members: usize,
+}
+
 /// A keepalived VRRP state, as its notify FIFO last reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VrrpState {
@@ -85,6 +97,8 @@ pub enum Views {
     Swimlb(Vec<Option<SpeakerView>>),
     /// keepalived instances.
     Keepalived(Vec<Option<VrrpState>>),
+    /// MetalLB speakers.
+    Metallb(Vec<Option<MetallbView>>),
 }
 
 /// One observation window.
@@ -129,6 +143,8 @@ pub enum NotConverged {
         /// The node.
         node: String,
     },
+    /// No MetalLB speaker announces the VIP.
+    NoAnnouncer,
     /// Two speakers name different owners.
     Disputed {
         /// One owner named.
@@ -207,6 +223,7 @@ impl NotConverged {
             NotConverged::NotReady { .. } => "not_ready",
             NotConverged::PartialView { .. } => "partial_view",
             NotConverged::NoOwner { .. } => "no_owner",
+            NotConverged::NoAnnouncer => "no_announcer",
             NotConverged::Disputed { .. } => "disputed",
             NotConverged::NoMaster => "no_master",
             NotConverged::SeveralMasters { .. } => "several_masters",
@@ -235,6 +252,7 @@ impl fmt::Display for NotConverged {
                 nodes,
             } => write!(f, "{node} sees {members} of {nodes} members"),
             NotConverged::NoOwner { node } => write!(f, "{node} names no owner"),
+            NotConverged::NoAnnouncer => write!(f, "no MetalLB speaker announces the VIP"),
             NotConverged::Disputed { one, other } => {
                 write!(f, "the speakers name both {one} and {other} as owner")
             }
@@ -416,6 +434,33 @@ fn named_owner(nodes: &[Node], views: &Views) -> Result<String, NotConverged> {
                 }
             }
             named.ok_or(NotConverged::Silent { node: name(0) })
+        }
+        Views::Metallb(views) => {
+            let mut announcers = Vec::new();
+            for (i, view) in views.iter().enumerate() {
+                let node = name(i);
+                let Some(view) = view else {
+                    return Err(NotConverged::Silent { node });
+                };
+                if view.members != nodes.len() {
+                    return Err(NotConverged::PartialView {
+                        node,
+                        members: view.members,
+                        nodes: nodes.len(),
+                    });
+                }
+                if view.announces {
+                    announcers.push(node);
+                }
+            }
+            match announcers.as_slice() {
+                [] => Err(NotConverged::NoAnnouncer),
+                [one] => Ok(one.clone()),
+                [one, other, ..] => Err(NotConverged::Disputed {
+                    one: one.clone(),
+                    other: other.clone(),
+                }),
+            }
         }
         Views::Keepalived(states) => {
             let mut masters = Vec::new();
@@ -855,6 +900,39 @@ mod tests {
                 .unwrap_err()
                 .as_str(),
             "probe_from_other"
+        );
+    }
+
+    #[test]
+    fn one_metallb_speaker_announcing_with_full_memberlists_is_the_owner() {
+        let nodes = lab_nodes(3);
+        let view = |announces, members| Some(MetallbView { announces, members });
+        let named = |views: Vec<Option<MetallbView>>| named_owner(&nodes, &Views::Metallb(views));
+        assert_eq!(
+            named(vec![view(false, 3), view(false, 3), view(true, 3)]),
+            Ok("node3".to_string())
+        );
+        assert_eq!(
+            named(vec![view(false, 3), view(false, 3), view(false, 3)]),
+            Err(NotConverged::NoAnnouncer)
+        );
+        assert_eq!(
+            named(vec![view(false, 3), view(true, 3), view(true, 3)])
+                .unwrap_err()
+                .as_str(),
+            "disputed"
+        );
+        assert_eq!(
+            named(vec![view(false, 2), view(false, 3), view(true, 3)])
+                .unwrap_err()
+                .as_str(),
+            "partial_view"
+        );
+        assert_eq!(
+            named(vec![view(false, 3), None, view(true, 3)])
+                .unwrap_err()
+                .as_str(),
+            "silent"
         );
     }
 

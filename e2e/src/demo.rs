@@ -160,24 +160,92 @@ pub fn watch_member_gone(
     })
 }
 
-/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers);
-/// `kubernetes`: the Kubernetes lab (see [`crate::kubelab`]) instead of standalone speakers.
-pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
-    out(
-        "swimlb demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms",
-    );
+/// Polls the logs of MetalLB's speakers on `nodes` (node, log file) until each one's
+/// memberlist has dropped `gone` ([`crate::metallb::members`]); returns when each did (or `None`
+/// within `limit`).
+fn watch_metallb_member_gone(
+    nodes: Vec<(String, PathBuf)>,
+    gone: String,
+    limit: Duration,
+) -> std::thread::JoinHandle<Vec<(String, Option<Instant>)>> {
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + limit;
+        let mut result: Vec<(String, Option<Instant>)> =
+            nodes.iter().map(|(n, _)| (n.clone(), None)).collect();
+        while Instant::now() < deadline && result.iter().any(|(_, t)| t.is_none()) {
+            for (i, (_, log)) in nodes.iter().enumerate() {
+                if result[i].1.is_none()
+                    && let Ok(text) = std::fs::read_to_string(log)
+                    && !crate::metallb::members(&text).contains(&gone)
+                {
+                    result[i].1 = Some(Instant::now());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        result
+    })
+}
+
+/// Which lab the demo runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoLab {
+    /// swimlb's standalone speakers.
+    Standalone,
+    /// The Kubernetes lab (see [`crate::kubelab`]) with swimlb's controller and speakers.
+    Kubernetes,
+    /// The Kubernetes lab with MetalLB from its own manifest (see [`crate::metallb`]).
+    Metallb,
+}
+
+/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers).
+pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
+    let product = if which == DemoLab::Metallb {
+        "MetalLB"
+    } else {
+        "swimlb"
+    };
+    out(&format!(
+        "{product} demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms"
+    ));
     let mut lab = Lab::create(3).context("building the lab (needs root)")?;
     let mut workers = Vec::new();
     for node in lab.nodes.clone() {
         workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
-    let mut daemons = if kubernetes {
-        out(
-            "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
-        );
-        SwimlbDaemons::kubernetes(&mut lab, program)?
-    } else {
-        SwimlbDaemons::new(&lab, program)?
+    // MetalLB's speakers tell their memberlist only in their logs: (node, log file).
+    let mut metallb_logs: Option<Vec<(String, PathBuf)>> = None;
+    let (mut daemons, dir, kubernetes): (Box<dyn failover::Daemons>, PathBuf, bool) = match which {
+        DemoLab::Kubernetes => {
+            out(
+                "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
+            );
+            let daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
+            let dir = daemons.dir().to_path_buf();
+            (Box::new(daemons), dir, true)
+        }
+        DemoLab::Metallb => {
+            out(
+                "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443; MetalLB v0.15.2 from its metallb-native.yaml (kubectl apply --server-side, webhooks off), its Pods run by the lab's kubelets, its controller assigning the Service default/web 198.51.100.100; kube-proxy's DNAT",
+            );
+            let mut daemons = crate::metallb::MetallbDaemons::start(&mut lab, program)?;
+            for i in 1..=3 {
+                daemons.start(&mut lab, i)?;
+            }
+            metallb_logs = Some(
+                lab.nodes
+                    .iter()
+                    .filter_map(|n| Some((n.name.clone(), daemons.speaker_log_path(&n.name)?)))
+                    .collect(),
+            );
+            let dir = daemons.dir().to_path_buf();
+            (Box::new(daemons), dir, true)
+        }
+        DemoLab::Standalone => {
+            let daemons = SwimlbDaemons::new(&lab, program)?;
+            let dir = daemons.dir().to_path_buf();
+            (Box::new(daemons), dir, false)
+        }
     };
     for i in 1..=3 {
         daemons.start(&mut lab, i)?;
@@ -193,12 +261,12 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
         vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
     )?;
     // Measure only from a converged lab, and fault the node that owns the VIP at fault time.
-    let settled = match failover::settle(&lab, &mut daemons, &prober, out)? {
+    let settled = match failover::settle(&lab, daemons.as_mut(), &prober, out)? {
         Ok(settled) => settled,
         Err(reason) => bail!(
             "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {}",
             failover::CONVERGE_LIMIT,
-            daemons.dir().display()
+            dir.display()
         ),
     };
     let owner = settled.owner;
@@ -207,12 +275,17 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
         Ok(record) => record,
         Err(reason) => bail!(
             "not measured: {reason}; see the speaker logs in {}",
-            daemons.dir().display()
+            dir.display()
         ),
     };
     out(&format!(
-        "{owner} owns 198.51.100.100 (MAC {}): every speaker names it, and it alone answers ARP and the probes",
-        netns::mac_text(old.mac)
+        "{owner} owns 198.51.100.100 (MAC {}): {}, and it alone answers ARP and the probes",
+        netns::mac_text(old.mac),
+        if which == DemoLab::Metallb {
+            "it alone announces it, every speaker's memberlist holds every node"
+        } else {
+            "every speaker names it"
+        }
     ));
     let survivors: Vec<(String, SocketAddr)> = lab
         .nodes
@@ -220,13 +293,20 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
         .filter(|n| n.name != owner)
         .map(|n| (n.name.clone(), SocketAddr::from((n.v4, HTTP_PORT))))
         .collect();
-    let members = watch_member_gone(
-        &lab.client_netns,
-        survivors,
-        owner.clone(),
-        Duration::from_secs(20),
-    );
-    if daemons.cluster().is_some() {
+    let members = match metallb_logs {
+        Some(logs) => watch_metallb_member_gone(
+            logs.into_iter().filter(|(n, _)| *n != owner).collect(),
+            owner.clone(),
+            Duration::from_secs(20),
+        ),
+        None => watch_member_gone(
+            &lab.client_netns,
+            survivors,
+            owner.clone(),
+            Duration::from_secs(20),
+        ),
+    };
+    if kubernetes && which != DemoLab::Metallb {
         out(&format!(
             "the ServiceL2Status record of default/web names {owner}"
         ));
@@ -257,7 +337,14 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
     let mut missed = Vec::new();
     for (node, at) in &detections {
         match at {
-            Some(t) => timeline.push((ms(*t), format!("{node} declares {owner} down (gossip)"))),
+            Some(t) => timeline.push((
+                ms(*t),
+                if which == DemoLab::Metallb {
+                    format!("{node}'s memberlist drops {owner} (its log)")
+                } else {
+                    format!("{node} declares {owner} down (gossip)")
+                },
+            )),
             None => missed.push(format!(
                 "     ---   {node} never declared {owner} down within 20 s"
             )),
@@ -326,6 +413,7 @@ pub fn run(program: PathBuf, kubernetes: bool, out: &mut dyn FnMut(&str)) -> Res
     out(
         "(keepalived with its defaults takes about 3 s here: swimlb-lab failover --impl keepalived)",
     );
+    drop(daemons);
     drop(workers);
     lab.teardown();
     Ok(failover_ms)

@@ -38,6 +38,9 @@ pub enum Implementation {
     KeepalivedFast,
     /// swimlb's speaker in Kubernetes mode, in the Kubernetes lab ([`crate::kubelab`]).
     SwimlbKubernetes,
+    /// MetalLB's controller and speakers from MetalLB's manifest, in the Kubernetes lab
+    /// ([`crate::metallb`]).
+    Metallb,
 }
 
 impl Implementation {
@@ -48,15 +51,17 @@ impl Implementation {
             Implementation::Keepalived => "keepalived",
             Implementation::KeepalivedFast => "keepalived-fast",
             Implementation::SwimlbKubernetes => "swimlb-kubernetes",
+            Implementation::Metallb => "metallb",
         }
     }
 
     /// Every implementation, in the CLI's order.
-    pub const ALL: [Implementation; 4] = [
+    pub const ALL: [Implementation; 5] = [
         Implementation::Swimlb,
         Implementation::Keepalived,
         Implementation::KeepalivedFast,
         Implementation::SwimlbKubernetes,
+        Implementation::Metallb,
     ];
 
     /// The implementation named `name` in the CLI.
@@ -1011,6 +1016,9 @@ pub fn run(
         }
     });
     let server_version = daemons.server_version();
+    // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
+    // live in them).
+    drop(daemons);
     drop(responders);
     lab.teardown();
     let mut report = Report::new(options, samples, failed_trials, false_failovers);

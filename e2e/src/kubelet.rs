@@ -11,7 +11,7 @@
 //!   (`podIP` = the node's address). Any other Pod gets a network namespace of its own with a
 //!   veth on the lab bridge and an address of its own ([`POD_IPS`]): the controller's two
 //!   replicas run side by side, each with its own `podIP`, as on a real cluster.
-//! - **Volumes** ([`volumes`]): Secret volumes and projected volumes, the ServiceAccount's
+//! - **Volumes** ([`volumes`]): Secret, ConfigMap and projected volumes, the ServiceAccount's
 //!   `kube-api-access-*` included (a TokenRequest bound to the Pod, made with the node's
 //!   credential, `ca.crt` from the `kube-root-ca.crt` ConfigMap, the namespace), written by the
 //!   kubelet's atomic writer and synced every [`VOLUME_SYNC`] (a real kubelet takes up to its
@@ -19,7 +19,9 @@
 //! - **The container** ([`spec`]): `command` + `args` with `$(VAR)` expanded, its environment
 //!   resolved (downward API, Secret and ConfigMap keys) after the kubelet's variables of the
 //!   `kubernetes` Service (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, `KUBERNETES_PORT*`),
-//!   the image's binary mapped to the lab binary's subcommand, started as `ip netns exec
+//!   the image's binary mapped to the lab binary's subcommand (MetalLB's images, whose Pods name
+//!   no `command`, to their entrypoint's program built from the pinned module,
+//!   `$SWIMLB_K8S_BIN/metallb-speaker` and `metallb-controller`), started as `ip netns exec
 //!   <sandbox> unshare --mount` (a mount namespace per container, where each volume is bind
 //!   mounted at its `mountPath`, read-only when the mount says so; niceness 0, as a container
 //!   runtime's containers, even when the lab runs under `nice`) then `setpriv` with the user,
@@ -31,7 +33,8 @@
 //!   server, with a route to the cluster IP.
 //! - **Probes and status**: startup, liveness and readiness probes (`httpGet`) from the node's
 //!   namespace, restarts with the kubelet's back-off, and the Pod's status (`podIP`, `hostIP`,
-//!   phase, conditions, `containerStatuses`) patched on `pods/status` when it changes.
+//!   phase, conditions, `containerStatuses`) patched on `pods/status` when it changes. A trial
+//!   may hold a container's restart ([`Kubelet::hold_restarts`]) and release it later.
 //!
 //! The application's Pods of the image [`LAB_RESPONDER_IMAGE`] on the host network stand for
 //! the lab's probe responder, which already runs in every node's namespace: they are running
@@ -40,7 +43,7 @@
 //! Not played: images and pulling (the lab binary stands for the image), the read-only root
 //! file system (the mount points are made as empty directories of the host), seccomp, resource
 //! limits, init containers and Pods of several containers (refused, with the reason), volumes
-//! other than Secret and projected ones (refused), the link variables of Services other than
+//! other than Secret, ConfigMap and projected ones (refused), the link variables of Services other than
 //! `kubernetes`, the token's renewal, Pod deletion and rollouts. Containers start with a clean
 //! environment: `PATH` (the lab's, where `ip` and `setpriv` are), `HOME` (`/`), `HOSTNAME` (the
 //! node's name on the host network, else the Pod's name) and the container's variables.
@@ -65,7 +68,7 @@ use crate::control_plane::ControlPlane;
 use crate::kube_client::Kube;
 use crate::netns::{self, Lab, Node};
 use crate::probe;
-use spec::{HttpProbe, Privileges, ProbeRun, container_process, http_probe, text};
+use spec::{HttpProbe, Privileges, ProbeRun, Program, container_process, http_probe, text};
 use volumes::{File, Volume};
 
 /// How often a node lists its Pods and a pod worker looks at its container and probes.
@@ -143,6 +146,8 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
 #[derive(Debug)]
 struct Shared {
     program: PathBuf,
+    /// The control plane's build folder's programs that stand for images (MetalLB's), by name.
+    built: Vec<(&'static str, PathBuf)>,
     dir: PathBuf,
     run_id: String,
     switch_netns: String,
@@ -262,8 +267,16 @@ struct PodWorker {
     log: PathBuf,
     state: Arc<Mutex<PodState>>,
     stop: Arc<AtomicBool>,
+    restarts: Arc<AtomicU8>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// A pod worker restarts its container as the kubelet does (after the back-off).
+const RESTARTS_NORMAL: u8 = 0;
+/// A pod worker does not restart its container until released.
+const RESTARTS_HELD: u8 = 1;
+/// Released: the next start comes at once, and the back-off starts over.
+const RESTARTS_RELEASED: u8 = 2;
 
 type Workers = Arc<Mutex<Vec<PodWorker>>>;
 
@@ -295,6 +308,10 @@ impl Kubelet {
             .unwrap_or(443) as u16;
         let shared = Arc::new(Shared {
             program: program.to_path_buf(),
+            built: spec::BUILT_PROGRAMS
+                .iter()
+                .map(|name| (*name, plane.program(name)))
+                .collect(),
             dir: dir.to_path_buf(),
             run_id: lab.run_id().to_string(),
             switch_netns: lab.switch_netns.clone(),
@@ -355,6 +372,27 @@ impl Kubelet {
             }
             std::thread::sleep(TICK);
         }
+    }
+
+    /// Holds (`true`) the restarts of Pod `pod`'s container, or releases them (`false`): the
+    /// container then starts at the next tick and its back-off starts over, as for a fresh Pod.
+    /// The lab's trials restart a killed daemon themselves, once the failover was measured (a
+    /// kubelet would restart it after its back-off, which doubles with every kill). Whether
+    /// the Pod runs here.
+    pub fn hold_restarts(&self, pod: &str, hold: bool) -> bool {
+        let workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(worker) = workers.iter().find(|w| w.name == pod) else {
+            return false;
+        };
+        worker.restarts.store(
+            if hold {
+                RESTARTS_HELD
+            } else {
+                RESTARTS_RELEASED
+            },
+            Ordering::Relaxed,
+        );
+        true
     }
 
     /// Every container's log, for failure messages.
@@ -436,6 +474,7 @@ impl PodWorker {
         let log = pod_dir.join("container.log");
         let state: Arc<Mutex<PodState>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        let restarts = Arc::new(AtomicU8::new(RESTARTS_NORMAL));
         let mut run = PodRun {
             shared,
             kube,
@@ -446,6 +485,7 @@ impl PodWorker {
             log: log.clone(),
             state: state.clone(),
             stop: stop.clone(),
+            restarts: restarts.clone(),
             child: None,
             stand_in: false,
             written: BTreeMap::new(),
@@ -468,6 +508,7 @@ impl PodWorker {
             log,
             state,
             stop,
+            restarts,
             thread: Some(thread),
         })
     }
@@ -494,6 +535,8 @@ struct PodRun {
     log: PathBuf,
     state: Arc<Mutex<PodState>>,
     stop: Arc<AtomicBool>,
+    /// [`RESTARTS_NORMAL`], [`RESTARTS_HELD`] or [`RESTARTS_RELEASED`].
+    restarts: Arc<AtomicU8>,
     child: Option<Child>,
     /// The container stands for the lab's probe responder: no process.
     stand_in: bool,
@@ -616,6 +659,15 @@ impl PodRun {
             }
             self.run_probes(now);
             return Ok(());
+        }
+        match self.restarts.load(Ordering::Relaxed) {
+            RESTARTS_HELD => return Ok(()),
+            RESTARTS_RELEASED => {
+                self.restarts.store(RESTARTS_NORMAL, Ordering::Relaxed);
+                self.next_start = now;
+                self.backoff = FIRST_BACKOFF;
+            }
+            _ => {}
         }
         if now < self.next_start {
             return Ok(());
@@ -755,10 +807,24 @@ impl PodRun {
         cmd.arg("--")
             .arg("setpriv")
             .args(privileges.setpriv_args())
-            .arg("--")
-            .arg(&self.shared.program)
-            .arg(process.subcommand)
-            .args(&process.args)
+            .arg("--");
+        match process.program {
+            Program::Lab(subcommand) => cmd.arg(&self.shared.program).arg(subcommand),
+            Program::Built(name) => {
+                let path = self
+                    .shared
+                    .built
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, p)| p.clone())
+                    .with_context(|| format!("{name}: not a program of the build folder"))?;
+                if !path.is_file() {
+                    bail!("{} is missing: run e2e/k8s/build.sh", path.display());
+                }
+                cmd.arg(path)
+            }
+        };
+        cmd.args(&process.args)
             .env_clear()
             .env("PATH", CONTAINER_PATH)
             .env("HOME", "/")

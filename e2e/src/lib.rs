@@ -24,6 +24,8 @@
 //! - [`manifest_tools`]: `kubernetes-validate --strict` and `checkov` on `deploy/`, failing on
 //!   any report.
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
+//! - [`metallb`]: MetalLB beside swimlb in the Kubernetes lab, from its own manifest, its Pods
+//!   run by the lab's kubelets.
 //! - [`metrics_doc`]: the README's metrics table against what a `/metrics` exposes.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`pause`]: the pause scenarios of `swimlb-lab failover`: a speaker not scheduled for 2 s.
@@ -50,6 +52,7 @@ pub mod kubelab;
 pub mod kubelet;
 pub mod manifest_tools;
 pub mod manifests;
+pub mod metallb;
 pub mod metrics_doc;
 pub mod netns;
 pub mod pause;

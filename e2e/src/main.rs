@@ -57,12 +57,17 @@ struct DemoArgs {
     /// the timeline adds the moment the ServiceL2Status record named the new owner.
     #[arg(long)]
     kubernetes: bool,
+    /// With --kubernetes: swimlb, or metallb (MetalLB's controller and speakers from its own
+    /// manifest, in the same lab).
+    #[arg(long = "impl", default_value = "swimlb")]
+    implementation: String,
 }
 
 #[derive(Debug, clap::Args)]
 struct SoakArgs {
-    /// Which load balancer: swimlb, keepalived, keepalived-fast or swimlb-kubernetes; a comma
-    /// list runs each in turn, each in a fresh lab.
+    /// Which load balancer: swimlb, keepalived, keepalived-fast, swimlb-kubernetes or metallb
+    /// (MetalLB from its own manifest in the Kubernetes lab); a comma list runs each in turn,
+    /// each in a fresh lab.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,
     /// Nodes in the lab.
@@ -108,8 +113,9 @@ struct ChaosArgs {
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
     /// Which load balancer: swimlb, keepalived (Debian's defaults), keepalived-fast (VRRPv3,
-    /// advert_int 0.1) or swimlb-kubernetes (the Kubernetes lab: real control plane, controller,
-    /// speakers in Kubernetes mode); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
+    /// advert_int 0.1), swimlb-kubernetes (the Kubernetes lab: real control plane, controller,
+    /// speakers in Kubernetes mode) or metallb (MetalLB's controller and speakers from its own
+    /// manifest, in the same Kubernetes lab); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
     /// each in a fresh lab, and prints them side by side.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,
@@ -311,7 +317,16 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         ensure_packages(&[("ip", "iproute2")])?;
     }
     let program = speaker_program()?;
-    match swimlb_e2e::demo::run(program, args.kubernetes, &mut |line| println!("{line}"))? {
+    use swimlb_e2e::demo::DemoLab;
+    let which = match (args.implementation.as_str(), args.kubernetes) {
+        ("swimlb", false) => DemoLab::Standalone,
+        ("swimlb", true) => DemoLab::Kubernetes,
+        ("metallb", true) => DemoLab::Metallb,
+        (other, _) => {
+            anyhow::bail!("--impl {other}: expected swimlb, or metallb with --kubernetes")
+        }
+    };
+    match swimlb_e2e::demo::run(program, which, &mut |line| println!("{line}"))? {
         Some(_) => Ok(()),
         None => anyhow::bail!("the VIP did not fail over"),
     }
@@ -401,7 +416,7 @@ fn parse_implementations(
         .map(|name| {
             swimlb_e2e::failover::Implementation::parse(name).with_context(|| {
                 format!(
-                    "--impl {name}: expected swimlb, keepalived, keepalived-fast or swimlb-kubernetes"
+                    "--impl {name}: expected swimlb, keepalived, keepalived-fast, swimlb-kubernetes or metallb"
                 )
             })
         })
@@ -439,6 +454,10 @@ fn make_daemons(
         Implementation::SwimlbKubernetes => {
             Box::new(SwimlbDaemons::kubernetes(lab, program.to_path_buf())?)
         }
+        Implementation::Metallb => Box::new(swimlb_e2e::metallb::MetallbDaemons::start(
+            lab,
+            program.to_path_buf(),
+        )?),
     })
 }
 

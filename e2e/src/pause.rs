@@ -254,6 +254,11 @@ fn wait_rejoined(
                 .enumerate()
                 .filter(|(i, _)| i + 1 != index)
                 .all(|(_, v)| v.as_ref().is_some_and(|v| v.members == n)),
+            Views::Metallb(views) => views
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i + 1 != index)
+                .all(|(_, v)| v.as_ref().is_some_and(|v| v.members == n)),
             // keepalived has no membership: the resumed daemon is back at once.
             Views::Keepalived(_) => true,
         };

@@ -325,6 +325,9 @@ pub fn run(
             })
         })
         .collect();
+    // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
+    // live in them).
+    drop(daemons);
     drop(workers);
     lab.teardown();
     let owner_changes = probe::owner_changes(watched);

@@ -18,6 +18,35 @@ const IMAGE_BINARIES: [(&str, &str); 2] = [
     ("/usr/local/bin/swimlb-speaker", "speaker"),
     ("/usr/local/bin/swimlb-controller", "controller"),
 ];
+/// Images whose Pods name no `command`, so the image's entrypoint runs: (repository, the
+/// program of the control plane's build folder that stands for the entrypoint, the image's
+/// `USER`). MetalLB's images (`ENTRYPOINT ["/speaker"]`, `["/controller"]`, on
+/// `gcr.io/distroless/static`, whose user is root).
+const IMAGE_ENTRYPOINTS: [(&str, &str, u32); 2] = [
+    ("quay.io/metallb/speaker", "metallb-speaker", 0),
+    ("quay.io/metallb/controller", "metallb-controller", 0),
+];
+
+/// The programs of the control plane's build folder that stand for images.
+pub const BUILT_PROGRAMS: [&str; 2] = [IMAGE_ENTRYPOINTS[0].1, IMAGE_ENTRYPOINTS[1].1];
+
+/// The repository of an image reference, without its tag or digest.
+fn repository(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => repo,
+        _ => image,
+    }
+}
+
+/// The entry of [`IMAGE_ENTRYPOINTS`] for `container`'s image.
+fn entrypoint(container: &Value) -> Option<(&'static str, &'static str, u32)> {
+    let image = repository(text(container, "/image")?);
+    IMAGE_ENTRYPOINTS
+        .iter()
+        .find(|(repo, _, _)| *repo == image)
+        .copied()
+}
 /// The capabilities a container runtime (containerd, CRI-O) grants by default.
 const DEFAULT_CAPABILITIES: [&str; 14] = [
     "AUDIT_WRITE",
@@ -178,11 +207,21 @@ pub(super) fn secret_data(secret: &Value) -> Result<BTreeMap<String, Vec<u8>>> {
     Ok(data)
 }
 
-/// How the lab runs one container: the lab binary's subcommand, its arguments, its environment.
+/// The program that stands for a container's binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// The lab binary's subcommand (`speaker`, `controller`): swimlb's image.
+    Lab(&'static str),
+    /// A program of the control plane's build folder (`metallb-speaker`): the entrypoint of an
+    /// image of [`IMAGE_ENTRYPOINTS`].
+    Built(&'static str),
+}
+
+/// How the lab runs one container: its program, its arguments, its environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerProcess {
-    /// `speaker` or `controller`: the lab binary's subcommand for the image's binary.
-    pub subcommand: &'static str,
+    /// What runs for the image's binary.
+    pub program: Program,
     /// The arguments after it (the rest of `command`, then `args`), expanded.
     pub args: Vec<String>,
     /// The container's environment, in order, expanded: the kubelet's variables first (the
@@ -250,6 +289,15 @@ pub fn container_process(
             .collect()
     };
     let command = strings("command");
+    if command.is_empty()
+        && let Some((_, built, _)) = entrypoint(container)
+    {
+        return Ok(ContainerProcess {
+            program: Program::Built(built),
+            args: strings("args"),
+            env,
+        });
+    }
     let Some(binary) = command.first() else {
         bail!(
             "container {cname}: no command (the lab runs the image's binary named in `command`, \
@@ -265,7 +313,7 @@ pub fn container_process(
     let mut args: Vec<String> = command[1..].to_vec();
     args.extend(strings("args"));
     Ok(ContainerProcess {
-        subcommand,
+        program: Program::Lab(subcommand),
         args,
         env,
     })
@@ -302,10 +350,12 @@ impl Privileges {
         if own["privileged"] == true {
             bail!("privileged: not played by the lab");
         }
-        let uid = field("runAsUser")
-            .and_then(Value::as_u64)
-            .context("no runAsUser: the image's USER would apply, which the lab does not read")?
-            as u32;
+        let uid = match field("runAsUser").and_then(Value::as_u64) {
+            Some(uid) => uid as u32,
+            None => entrypoint(container).map(|(_, _, user)| user).context(
+                "no runAsUser: the image's USER would apply, which the lab does not read",
+            )?,
+        };
         let gid = field("runAsGroup").and_then(Value::as_u64).unwrap_or(0) as u32;
         if uid == 0 && field("runAsNonRoot") == Some(&json!(true)) {
             bail!("runAsNonRoot with runAsUser 0: the kubelet refuses to start it");
@@ -563,7 +613,7 @@ mod tests {
             "192.0.2.129".to_string(),
         )];
         let p = container_process(&pod(), &container, &no_objects, &base).unwrap();
-        assert_eq!(p.subcommand, "controller");
+        assert_eq!(p.program, Program::Lab("controller"));
         assert_eq!(
             p.args,
             [
@@ -623,6 +673,43 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{missing:#}").contains("gone"), "{missing:#}");
+    }
+
+    #[test]
+    fn metallbs_images_run_their_entrypoint_from_the_build_folder_as_root() {
+        let speaker = json!({"name": "speaker", "image": "quay.io/metallb/speaker:v0.15.2",
+            "args": ["--port=7472", "--log-level=info"],
+            "env": [{"name": "METALLB_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "securityContext": {"allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_RAW"], "drop": ["ALL"]}}});
+        let p = container_process(&pod(), &speaker, &no_objects, &[]).unwrap();
+        assert_eq!(p.program, Program::Built("metallb-speaker"));
+        assert_eq!(p.args, ["--port=7472", "--log-level=info"]);
+        assert_eq!(p.env, [("METALLB_NODE_NAME".into(), "node1".into())]);
+        let privileges = Privileges::of(&json!({}), &speaker).unwrap();
+        assert_eq!(
+            (privileges.uid, privileges.capabilities.clone()),
+            (0, vec!["NET_RAW".to_string()])
+        );
+        let controller = json!({"name": "controller",
+            "image": "quay.io/metallb/controller@sha256:00", "args": []});
+        assert_eq!(
+            container_process(&pod(), &controller, &no_objects, &[])
+                .unwrap()
+                .program,
+            Program::Built("metallb-controller")
+        );
+        // Another image without a command is still refused.
+        let other = json!({"name": "c", "image": "registry.example/metallb/speaker:v1"});
+        assert!(container_process(&pod(), &other, &no_objects, &[]).is_err());
+        assert_eq!(
+            repository("registry.example:5000/a/b"),
+            "registry.example:5000/a/b"
+        );
+        assert_eq!(
+            repository("registry.example:5000/a/b:v1"),
+            "registry.example:5000/a/b"
+        );
     }
 
     #[test]

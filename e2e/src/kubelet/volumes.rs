@@ -1,4 +1,4 @@
-//! A Pod's volumes as the kubelet makes them: Secret volumes and projected volumes (the one the
+//! A Pod's volumes as the kubelet makes them: Secret and ConfigMap volumes and projected volumes (the one the
 //! ServiceAccount admission plugin adds, `kube-api-access-*`: the ServiceAccount token bound to
 //! the Pod, the `kube-root-ca.crt` ConfigMap's `ca.crt` and the namespace from the downward
 //! API), each a directory of the lab written by the kubelet's atomic writer
@@ -157,6 +157,16 @@ pub fn volumes(pod_spec: &Value, container: &Value, pod_dir: &Path) -> Result<Ve
                 items: items(&secret["items"]),
             };
             ("secret", vec![source], mode(secret))
+        } else if let Some(config_map) = volume.get("configMap") {
+            let source = Projection::Object {
+                resource: "configmaps",
+                name: text(config_map, "/name")
+                    .with_context(|| format!("volume {name}: a configMap without a name"))?
+                    .to_string(),
+                optional: config_map["optional"].as_bool().unwrap_or(false),
+                items: items(&config_map["items"]),
+            };
+            ("configmap", vec![source], mode(config_map))
         } else if let Some(projected) = volume.get("projected") {
             let sources = projected["sources"]
                 .as_array()
@@ -166,7 +176,9 @@ pub fn volumes(pod_spec: &Value, container: &Value, pod_dir: &Path) -> Result<Ve
                 .collect::<Result<Vec<_>>>()?;
             ("projected", sources, mode(projected))
         } else {
-            bail!("volume {name}: only Secret and projected volumes are played by the lab");
+            bail!(
+                "volume {name}: only Secret, ConfigMap and projected volumes are played by the lab"
+            );
         };
         out.push(Volume {
             name: name.to_string(),
