@@ -16,6 +16,7 @@
 //!  kind 5 Ping      nonce u64, bump u64                                     16 bytes
 //!  kind 6 Pong      nonce u64                                                8 bytes
 //!  kind 7 Verdict   token u32, verdict u8 (0 unreachable, 1 reachable)      5 bytes
+//!  kind 8 Watch     an owner-watch payload (crate::heartbeat)               opaque
 //! ```
 //!
 //! Integers are big-endian except the digest's buckets. Kinds stay below `0x80`, which starts an
@@ -30,6 +31,9 @@
 //! - `Inquire`: "probe this suspect for me": the receiver pings the suspect (`Ping`, answered
 //!   by `Pong` with the same nonce when `bump` is the suspect's current identity bump) and sends
 //!   a [`Verdict`] with the inquiry's `token`.
+//! - `Watch`: an owner-watch claim or refutation ([`crate::heartbeat::WatchMessage`]) sent
+//!   through the gossip as well as on the watch port, so that a watch port blocked one way does
+//!   not keep a claim from its accused or a refutation from its claimant. The watch reads it.
 //!
 //! Guarantees: [`GossipMessage::parse`] never panics and never allocates (opaque bodies are
 //! borrowed), checks every fixed-layout field and rejects trailing bytes, so every payload it
@@ -65,6 +69,8 @@ pub enum Kind {
     Pong,
     /// Code 7.
     Verdict,
+    /// Code 8.
+    Watch,
 }
 
 impl Kind {
@@ -79,6 +85,7 @@ impl Kind {
             Kind::Ping => 5,
             Kind::Pong => 6,
             Kind::Verdict => 7,
+            Kind::Watch => 8,
         }
     }
 
@@ -93,6 +100,7 @@ impl Kind {
             5 => Some(Kind::Ping),
             6 => Some(Kind::Pong),
             7 => Some(Kind::Verdict),
+            8 => Some(Kind::Watch),
             _ => None,
         }
     }
@@ -108,6 +116,7 @@ impl Kind {
             Kind::Ping => "ping",
             Kind::Pong => "pong",
             Kind::Verdict => "verdict",
+            Kind::Watch => "watch",
         }
     }
 }
@@ -233,6 +242,8 @@ pub enum GossipMessage<'a> {
         /// What the probes found.
         verdict: Verdict,
     },
+    /// An owner-watch payload (a claim or a refutation), for the watch to read.
+    Watch(&'a [u8]),
 }
 
 impl<'a> GossipMessage<'a> {
@@ -247,6 +258,7 @@ impl<'a> GossipMessage<'a> {
             GossipMessage::Ping { .. } => Kind::Ping,
             GossipMessage::Pong { .. } => Kind::Pong,
             GossipMessage::Verdict { .. } => Kind::Verdict,
+            GossipMessage::Watch(_) => Kind::Watch,
         }
     }
 
@@ -279,6 +291,7 @@ impl<'a> GossipMessage<'a> {
                 verdict: Verdict::from_code(r.u8()?)
                     .ok_or(Error::MalformedGossip("verdict is neither 0 nor 1"))?,
             },
+            Kind::Watch => GossipMessage::Watch(r.rest_opaque()),
         };
         if !r.rest.is_empty() {
             return Err(Error::TrailingBytes);
@@ -289,7 +302,9 @@ impl<'a> GossipMessage<'a> {
     /// Bytes the payload takes, kind byte included.
     pub const fn buffer_len(&self) -> usize {
         1 + match self {
-            GossipMessage::Foca(body) | GossipMessage::Meta(body) => body.len(),
+            GossipMessage::Foca(body) | GossipMessage::Meta(body) | GossipMessage::Watch(body) => {
+                body.len()
+            }
             GossipMessage::MetaPull => 0,
             GossipMessage::Sync { digest, .. } => digest.body_len(),
             GossipMessage::Inquire { suspect, .. } => 4 + suspect.len(),
@@ -310,7 +325,9 @@ impl<'a> GossipMessage<'a> {
         let mut w = Writer { out, at: 0 };
         w.bytes(&[self.kind().code()]);
         match *self {
-            GossipMessage::Foca(body) | GossipMessage::Meta(body) => w.bytes(body),
+            GossipMessage::Foca(body) | GossipMessage::Meta(body) | GossipMessage::Watch(body) => {
+                w.bytes(body)
+            }
             GossipMessage::MetaPull => {}
             GossipMessage::Sync { echo, ref digest } => {
                 w.bytes(&[if echo { FLAG_ECHO } else { 0 }, digest.bits]);
@@ -422,7 +439,7 @@ mod tests {
     }
 
     /// Every golden payload with the message it spells.
-    fn golden_messages() -> [(&'static [u8], GossipMessage<'static>); 9] {
+    fn golden_messages() -> [(&'static [u8], GossipMessage<'static>); 10] {
         [
             (&golden::GOSSIP_FOCA, GossipMessage::Foca(b"foca packet")),
             (&golden::GOSSIP_META, GossipMessage::Meta(b"meta record")),
@@ -456,6 +473,10 @@ mod tests {
                     token: 42,
                     verdict: Verdict::Reachable,
                 },
+            ),
+            (
+                &golden::GOSSIP_WATCH,
+                GossipMessage::Watch(&golden::GOSSIP_WATCH[1..]),
             ),
         ]
     }
@@ -519,6 +540,7 @@ mod tests {
     fn opaque_bodies_may_be_empty() {
         assert_eq!(GossipMessage::parse(&[0]), Ok(GossipMessage::Foca(&[])));
         assert_eq!(GossipMessage::parse(&[1]), Ok(GossipMessage::Meta(&[])));
+        assert_eq!(GossipMessage::parse(&[8]), Ok(GossipMessage::Watch(&[])));
         assert_eq!(
             GossipMessage::parse(&[4, 0, 0, 0, 7]),
             Ok(GossipMessage::Inquire {
@@ -530,7 +552,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_bad_field_values_are_named() {
-        for code in [8, 0x7f, crate::heartbeat::KIND, 0xff] {
+        for code in [9, 0x7f, crate::heartbeat::KIND, 0xff] {
             assert_eq!(GossipMessage::parse(&[code]), Err(Error::GossipKind(code)));
         }
         let mut verdict = golden::GOSSIP_VERDICT_REACHABLE;
@@ -594,14 +616,14 @@ mod tests {
                 labels.push(kind.as_str());
             }
         }
-        assert_eq!(labels.len(), 8);
+        assert_eq!(labels.len(), 9);
         for verdict in [Verdict::Unreachable, Verdict::Reachable] {
             assert_eq!(Verdict::from_code(verdict.code()), Some(verdict));
             labels.push(verdict.as_str());
         }
         labels.sort_unstable();
         labels.dedup();
-        assert_eq!(labels.len(), 10);
+        assert_eq!(labels.len(), 11);
     }
 
     #[test]

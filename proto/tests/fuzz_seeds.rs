@@ -27,7 +27,7 @@ fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn every_gossip_seed_parses_and_emits_back_to_itself() {
     let seeds = seeds("gossip_parse");
-    assert_eq!(seeds.len(), 9, "one seed per golden gossip payload");
+    assert_eq!(seeds.len(), 10, "one seed per golden gossip payload");
     for (name, bytes) in &seeds {
         let message = GossipMessage::parse(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(message.buffer_len(), bytes.len(), "{name}");
@@ -50,6 +50,7 @@ fn the_gossip_seeds_are_the_golden_payloads() {
         &golden::GOSSIP_PONG,
         &golden::GOSSIP_VERDICT_UNREACHABLE,
         &golden::GOSSIP_VERDICT_REACHABLE,
+        &golden::GOSSIP_WATCH,
     ] {
         assert!(
             seeds.iter().any(|(_, bytes)| bytes == golden),

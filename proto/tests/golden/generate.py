@@ -52,6 +52,7 @@ GOSSIP = {
   "GOSSIP_PONG": 'bytes([6]) + struct.pack(">Q", 0x0102030405060708)',
   "GOSSIP_VERDICT_UNREACHABLE": 'bytes([7]) + struct.pack(">IB", 42, 0)',
   "GOSSIP_VERDICT_REACHABLE": 'bytes([7]) + struct.pack(">IB", 42, 1)',
+  "GOSSIP_WATCH": 'bytes([8, 0x80, 1, 1]) + struct.pack(">QQH", 1700000000000, 0, 20)',
 }
 
 HEAD = """//! Golden byte vectors, produced by independent implementations, never by this crate.

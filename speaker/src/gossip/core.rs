@@ -495,6 +495,19 @@ pub struct Core {
     next_token: u32,
     /// Inquiries this node serves: pings to a suspect on another member's behalf.
     relays: Vec<Relay>,
+    /// Owner-watch payloads received through the gossip, for the watch (see
+    /// [`Core::drain_watch`]).
+    watch_inbox: Vec<WatchRelayed>,
+}
+
+/// An owner-watch payload that arrived through the gossip: a claim or a refutation, sent this
+/// way as well as on the watch port (see [`Core::relay_watch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRelayed {
+    /// The gossip address of the member that sent it.
+    pub from: SocketAddr,
+    /// The watch payload, unopened by the gossip.
+    pub payload: Vec<u8>,
 }
 
 /// A suspicion this node times (see the module docs).
@@ -604,6 +617,7 @@ impl Core {
             suspicions: FastMap::default(),
             next_token: 0,
             relays: Vec::new(),
+            watch_inbox: Vec::new(),
         };
         core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
@@ -740,6 +754,21 @@ impl Core {
         self.wire.outbox.drain(..)
     }
 
+    /// The owner-watch payloads received through the gossip since the last call.
+    pub fn drain_watch(&mut self) -> std::vec::Drain<'_, WatchRelayed> {
+        self.watch_inbox.drain(..)
+    }
+
+    /// Sends an owner-watch `payload` (a claim or a refutation) to every alive member through
+    /// the gossip, beside the watch's own copy on its port: a watch port dropped one way then
+    /// keeps neither from its member.
+    pub fn relay_watch(&mut self, payload: &[u8]) {
+        let members: Vec<SocketAddr> = self.members.keys().copied().collect();
+        for to in members {
+            self.seal(to, &GossipMessage::Watch(payload));
+        }
+    }
+
     /// Takes the changes to the [`LiveSet`] since the last call, in order.
     pub fn drain_changes(&mut self) -> std::vec::Drain<'_, LiveChange> {
         self.changes.drain(..)
@@ -808,6 +837,10 @@ impl Core {
             }
             GossipMessage::Pong { nonce } => self.relay_answered(from, nonce),
             GossipMessage::Verdict { token, verdict } => self.verdict(now, from, token, verdict),
+            GossipMessage::Watch(payload) => self.watch_inbox.push(WatchRelayed {
+                from,
+                payload: payload.to_vec(),
+            }),
         }
     }
 

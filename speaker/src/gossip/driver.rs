@@ -27,7 +27,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
+use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase, WatchRelayed};
 use super::identity::NodeIdentity;
 use super::metadata::FastMap;
 use super::metrics::GossipMetrics;
@@ -37,13 +37,44 @@ use crate::model::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 const CHANGE_BACKLOG: usize = 4096;
 /// Datagrams queued for the sender task before new ones are dropped.
 const SEND_QUEUE: usize = 4096;
+/// Owner-watch payloads received through the gossip and queued for the watch before new ones
+/// are dropped (a claim or refutation per member and failover: a few at a time).
+const WATCH_QUEUE: usize = 256;
 
 #[derive(Debug)]
 enum Command {
     SetMeta(MemberMeta, oneshot::Sender<Result<(), GossipError>>),
     SetKeyRing(Box<KeyRing>, oneshot::Sender<()>),
     SetSeeds(Vec<SocketAddr>),
+    RelayWatch(Vec<u8>),
     Leave(oneshot::Sender<()>),
+}
+
+/// The owner watch's second path, through the gossip (see [`Core::relay_watch`]): what it
+/// sends this way and what arrives. Taken once, by the watch ([`GossipHandle::watch_link`]).
+#[derive(Debug)]
+pub struct WatchLink {
+    commands: mpsc::Sender<Command>,
+    received: mpsc::Receiver<WatchRelayed>,
+}
+
+impl WatchLink {
+    /// Queues `payload` for every alive member; a full queue drops it (the watch port carries
+    /// its own copy, and refutations repeat).
+    pub fn relay(&self, payload: Vec<u8>) {
+        if self
+            .commands
+            .try_send(Command::RelayWatch(payload))
+            .is_err()
+        {
+            tracing::debug!("gossip command queue full; watch relay dropped");
+        }
+    }
+
+    /// The next watch payload received through the gossip; `None` once the gossip stopped.
+    pub async fn recv(&mut self) -> Option<WatchRelayed> {
+        self.received.recv().await
+    }
 }
 
 /// When each member that went down or left was last heard from (see
@@ -65,6 +96,7 @@ pub struct GossipHandle {
     directory: watch::Receiver<Directory>,
     phase: watch::Receiver<Phase>,
     commands: mpsc::Sender<Command>,
+    watch_inbox: Mutex<Option<mpsc::Receiver<WatchRelayed>>>,
     local_addr: SocketAddr,
     task: JoinHandle<()>,
 }
@@ -111,6 +143,19 @@ impl GossipHandle {
     /// whenever it has lost every member.
     pub fn phase(&self) -> watch::Receiver<Phase> {
         self.phase.clone()
+    }
+
+    /// The owner watch's path through the gossip; `None` after the first call.
+    pub fn watch_link(&self) -> Option<WatchLink> {
+        let received = self
+            .watch_inbox
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        Some(WatchLink {
+            commands: self.commands.clone(),
+            received,
+        })
     }
 
     /// The address the socket is bound to.
@@ -199,6 +244,7 @@ pub async fn spawn(
     let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
     let heard_before_down = HeardBeforeDown::default();
     let (commands_tx, commands_rx) = mpsc::channel(16);
+    let (watch_tx, watch_rx) = mpsc::channel(WATCH_QUEUE);
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
     tokio::spawn(send_loop(socket.clone(), send_rx));
     let task = tokio::spawn(run(
@@ -216,6 +262,7 @@ pub async fn spawn(
             phase: phase_tx,
             changes: changes_tx.clone(),
             heard_before_down: heard_before_down.clone(),
+            watch: watch_tx,
         },
     ));
     Ok(GossipHandle {
@@ -226,6 +273,7 @@ pub async fn spawn(
         directory: directory_rx,
         phase: phase_rx,
         commands: commands_tx,
+        watch_inbox: Mutex::new(Some(watch_rx)),
         local_addr,
         task,
     })
@@ -250,6 +298,9 @@ struct Published {
     phase: watch::Sender<Phase>,
     changes: broadcast::Sender<LiveChange>,
     heard_before_down: HeardBeforeDown,
+    /// Owner-watch payloads received through the gossip. Bounded: without a watch to read
+    /// them they are dropped once the queue is full.
+    watch: mpsc::Sender<WatchRelayed>,
 }
 
 /// The directory of `core`'s members now.
@@ -385,6 +436,7 @@ async fn run(
                     let _ = reply.send(());
                 }
                 Some(Command::SetSeeds(seeds)) => core.set_seeds(origin.elapsed(), seeds),
+                Some(Command::RelayWatch(payload)) => core.relay_watch(&payload),
                 Some(Command::Leave(reply)) => {
                     core.leave(origin.elapsed());
                     for out in core.drain_outgoing() {
@@ -426,7 +478,11 @@ fn publish(
         phase,
         changes,
         heard_before_down,
+        watch,
     } = published;
+    for relayed in core.drain_watch() {
+        let _ = watch.try_send(relayed);
+    }
     for out in core.drain_outgoing() {
         if send.try_send(out).is_err() {
             tracing::debug!("gossip send queue full; datagram dropped");

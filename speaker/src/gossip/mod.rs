@@ -32,8 +32,8 @@ mod tests;
 #[cfg(test)]
 mod udp_tests;
 
-pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase};
-pub use driver::{Directory, GossipHandle, spawn};
+pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase, WatchRelayed};
+pub use driver::{Directory, GossipHandle, WatchLink, spawn};
 pub use identity::NodeIdentity;
 pub use metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 pub use timing::{Profile, Timing, TimingError};

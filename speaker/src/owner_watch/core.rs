@@ -203,6 +203,9 @@ pub struct WatchCore {
     rng: StdRng,
     metrics: WatchMetrics,
     outbox: Vec<Outgoing>,
+    /// Claims and refutations to send through the gossip as well (see
+    /// [`WatchCore::drain_relays`]).
+    relays: Vec<Vec<u8>>,
     events: Vec<Event>,
 }
 
@@ -241,6 +244,7 @@ impl WatchCore {
             rng: StdRng::seed_from_u64(seed),
             metrics,
             outbox: Vec::new(),
+            relays: Vec::new(),
             events: Vec::new(),
         };
         core.set_directory(directory);
@@ -276,6 +280,14 @@ impl WatchCore {
     /// Takes the datagrams queued for sending, in order.
     pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
         self.outbox.drain(..)
+    }
+
+    /// Takes the payloads queued for the gossip since the last call: every claim and refutation
+    /// goes through the gossip to every member as well as on the watch port, so that the watch
+    /// port dropped one way keeps neither from its member. The receiving watch reads them with
+    /// [`WatchCore::handle_relayed`].
+    pub fn drain_relays(&mut self) -> std::vec::Drain<'_, Vec<u8>> {
+        self.relays.drain(..)
     }
 
     /// Takes the events for the daemon, in order.
@@ -326,6 +338,7 @@ impl WatchCore {
                     accused: node_ref(&accused),
                 };
                 self.send_to_all(&message);
+                self.relay(&message);
             }
             // Nothing is sent after a pause of its own; an armed refutation would be a timer
             // due for ever.
@@ -444,6 +457,7 @@ impl WatchCore {
             interval_ms: interval_ms(self.knobs.interval),
         };
         self.send_to_all(&message);
+        self.relay(&message);
     }
 
     /// Watched owners: the rounds of the second check due, then the verdicts.
@@ -574,6 +588,40 @@ impl WatchCore {
         };
         self.metrics.received(message.message_type());
         self.handle(now, from, sender, &message);
+        self.update_sizes();
+    }
+
+    /// Handles a watch `payload` that arrived through the gossip from the member at gossip
+    /// address `from` ([`crate::gossip::Core::relay_watch`]; the gossip's envelope made it
+    /// authentic and fresh). Only claims and refutations travel that way: anything else is
+    /// dropped as malformed.
+    pub fn handle_relayed(&mut self, now: Duration, from: SocketAddr, payload: &[u8]) {
+        let Some(sender) = self
+            .directory
+            .values()
+            .find(|id| id.addr == from)
+            .map(|id| id.node.to_string())
+        else {
+            self.metrics.dropped(DropReason::UnknownSender);
+            return;
+        };
+        let relayable = |m: &WatchMessage<'_>| {
+            matches!(
+                m,
+                WatchMessage::Claim { .. } | WatchMessage::Heartbeat { seq: 0, .. }
+            )
+        };
+        let (Ok(message), Some(watch_from)) = (WatchMessage::parse(payload), watch_addr(from))
+        else {
+            self.metrics.dropped(DropReason::Malformed);
+            return;
+        };
+        if !relayable(&message) {
+            self.metrics.dropped(DropReason::Malformed);
+            return;
+        }
+        self.metrics.received(message.message_type());
+        self.handle(now, watch_from, sender, &message);
         self.update_sizes();
     }
 
@@ -749,6 +797,15 @@ impl WatchCore {
         }
         self.metrics.sent(message.message_type());
         self.outbox.push(Outgoing { to, bytes });
+    }
+
+    /// Queues `message` for the gossip ([`WatchCore::drain_relays`]).
+    fn relay(&mut self, message: &WatchMessage<'_>) {
+        let mut payload = vec![0u8; heartbeat::MAX_LEN];
+        if let Ok(len) = message.emit(&mut payload) {
+            payload.truncate(len);
+            self.relays.push(payload);
+        }
     }
 
     fn update_sizes(&self) {

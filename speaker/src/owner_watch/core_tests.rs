@@ -43,6 +43,9 @@ struct Lab {
     now: Duration,
     /// Whether a datagram from one node to another is lost.
     cut: Box<dyn Fn(usize, usize, MessageType) -> bool>,
+    /// Whether the claims and refutations queued for the gossip are delivered (as the gossip
+    /// would, never cut).
+    gossip: bool,
 }
 
 impl Lab {
@@ -54,6 +57,7 @@ impl Lab {
             events: vec![Vec::new(); n],
             now: Duration::from_secs(1),
             cut: Box::new(|_, _, _| false),
+            gossip: false,
         };
         for i in 0..n {
             let core = lab.core_for(i, &[]);
@@ -120,8 +124,17 @@ impl Lab {
                 continue;
             };
             self.events[from].extend(core.drain_events());
+            let relays: Vec<_> = core.drain_relays().collect();
             let out: Vec<_> = core.drain_outgoing().collect();
             let from_addr = watch_addr(self.ids[from].addr).unwrap();
+            for payload in relays.iter().filter(|_| self.gossip) {
+                for to in (0..self.cores.len()).filter(|to| *to != from) {
+                    if let Some(core) = self.cores[to].as_mut() {
+                        core.handle_relayed(self.now, self.ids[from].addr, payload);
+                        queue.push(to);
+                    }
+                }
+            }
             for mut datagram in out {
                 let Some(to) = self.index_of(datagram.to) else {
                     continue;
@@ -297,6 +310,112 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
     assert_eq!(alive(3), 0);
     // Refutations carry seq 0: they arm no detector.
     assert_eq!(lab.core(2).watched().count(), 0);
+}
+
+#[test]
+fn with_the_accused_cut_off_on_the_watch_port_its_refutation_reaches_the_claimant_through_the_gossip()
+ {
+    let alive_at_1 = |gossip: bool| {
+        let mut lab = Lab::new(3);
+        lab.gossip = gossip;
+        // Everything node 0's watch sends is lost; what it receives arrives.
+        lab.cut = Box::new(|from, _, _| from == 0);
+        let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let mut plan = lab.plan(1, &[]);
+        plan.accused.insert(name(0), 10);
+        lab.command(1, Command::Plan(plan));
+        lab.command(
+            1,
+            Command::Claim {
+                ip,
+                accused: lab.ids[0].clone(),
+            },
+        );
+        let claimed = Event::Claimed {
+            claimant: name(1),
+            accused: name(0),
+            incarnation: 10,
+            ip,
+        };
+        // Through both paths: the daemon's accusations take a claim once.
+        let claims = lab.events[0].iter().filter(|e| **e == claimed).count();
+        assert_eq!(claims, if gossip { 2 } else { 1 });
+        lab.command(0, Command::Refute);
+        lab.run_for(Duration::from_millis(100));
+        lab.events[1]
+            .iter()
+            .filter(|e| matches!(e, Event::Alive { node, incarnation: 10 } if *node == name(0)))
+            .count()
+    };
+    assert_eq!(
+        alive_at_1(false),
+        0,
+        "the watch port alone loses every refutation"
+    );
+    assert_eq!(
+        alive_at_1(true),
+        3,
+        "each of the three refutations, through the gossip"
+    );
+}
+
+#[test]
+fn through_the_gossip_only_claims_and_refutations_from_members_are_read() {
+    let mut lab = Lab::new(2);
+    let now = lab.now;
+    let member = lab.ids[1].addr;
+    let core = lab.cores[0].as_mut().unwrap();
+    let drops = |core: &WatchCore, reason| core.metrics().drops(reason);
+    let payload = |message: &WatchMessage<'_>| {
+        let mut buf = [0u8; swimlb_proto::heartbeat::MAX_LEN];
+        let len = message.emit(&mut buf).unwrap();
+        buf[..len].to_vec()
+    };
+    let refute = payload(&WatchMessage::Heartbeat {
+        incarnation: 10,
+        seq: 0,
+        interval_ms: 20,
+    });
+    let stranger = identity(7, 1).addr;
+    core.handle_relayed(now, stranger, &refute);
+    assert_eq!(drops(core, DropReason::UnknownSender), 1);
+    // A watch heartbeat, a poll and garbage are the watch port's business only.
+    let beat = payload(&WatchMessage::Heartbeat {
+        incarnation: 10,
+        seq: 1,
+        interval_ms: 20,
+    });
+    let poll = payload(&WatchMessage::Poll {
+        nonce: 1,
+        incarnation: 10,
+    });
+    for refused in [&beat[..], &poll, &[0xff, 1, 2], &[]] {
+        core.handle_relayed(now, member, refused);
+    }
+    assert_eq!(drops(core, DropReason::Malformed), 4);
+    assert_eq!(
+        core.watched().count(),
+        0,
+        "a relayed heartbeat arms no detector"
+    );
+    assert_eq!(
+        core.drain_outgoing().count(),
+        0,
+        "a relayed poll is not answered"
+    );
+    // A refutation from a member in the incarnation accused here is read.
+    let mut plan = lab.plan(0, &[]);
+    plan.accused.insert(name(1), 10);
+    let core = lab.cores[0].as_mut().unwrap();
+    core.command(now, Command::Plan(plan));
+    core.handle_relayed(now, member, &refute);
+    assert_eq!(
+        core.drain_events().collect::<Vec<_>>(),
+        vec![Event::Alive {
+            node: name(1),
+            incarnation: 10
+        }]
+    );
 }
 
 #[test]

@@ -26,7 +26,8 @@ use tokio::time::Instant;
 
 use super::core::{Command, Event, Plan, WatchCore};
 use super::metrics::WatchMetrics;
-use crate::gossip::driver::Directory;
+use crate::gossip::WatchRelayed;
+use crate::gossip::driver::{Directory, WatchLink};
 use crate::model::watch_knobs::Knobs;
 
 pub use super::core::{
@@ -68,6 +69,7 @@ impl WatchHandle {
         bind: SocketAddr,
         ring: KeyRing,
         directory: watch::Receiver<Directory>,
+        link: Option<WatchLink>,
         plan: Plan,
         metrics: WatchMetrics,
     ) -> std::io::Result<(WatchHandle, WatchEvents)> {
@@ -116,6 +118,7 @@ impl WatchHandle {
                         origin: Instant::now(),
                         socket,
                         directory,
+                        link,
                         events: events_tx,
                         last_warn: None,
                     };
@@ -148,6 +151,18 @@ impl WatchHandle {
     }
 }
 
+/// The next watch payload that arrived through the gossip; pending for ever without a link,
+/// or once the gossip has stopped.
+async fn next_relayed(link: &mut Option<WatchLink>) -> WatchRelayed {
+    if let Some(open) = link {
+        if let Some(relayed) = open.recv().await {
+            return relayed;
+        }
+        *link = None;
+    }
+    std::future::pending().await
+}
+
 /// The watch thread: the socket and the clock around the core.
 struct Driver {
     core: WatchCore,
@@ -155,6 +170,8 @@ struct Driver {
     origin: Instant,
     socket: UdpSocket,
     directory: watch::Receiver<Directory>,
+    /// The second path for claims and refutations, through the gossip.
+    link: Option<WatchLink>,
     events: mpsc::UnboundedSender<Event>,
     last_warn: Option<Duration>,
 }
@@ -177,6 +194,13 @@ impl Driver {
                         let now = self.now();
                         self.core.handle_datagram(now, from, &mut buf[..len]);
                     }
+                }
+                relayed = next_relayed(&mut self.link) => {
+                    if self.directory.has_changed().unwrap_or(false) {
+                        self.refresh_directory();
+                    }
+                    let now = self.now();
+                    self.core.handle_relayed(now, relayed.from, &relayed.payload);
                 }
                 command = commands.recv() => {
                     let Some(command) = command else {
@@ -215,6 +239,11 @@ impl Driver {
         for out in self.core.drain_outgoing() {
             // A full socket buffer drops it: the next heartbeat follows within an interval.
             let _ = self.socket.try_send_to(&out.bytes, out.to);
+        }
+        for payload in self.core.drain_relays() {
+            if let Some(link) = &self.link {
+                link.relay(payload);
+            }
         }
         for event in self.core.drain_events() {
             let _ = self.events.send(event);
@@ -291,7 +320,7 @@ mod tests {
         };
         let knobs = Knobs::default();
         let (handle, events) =
-            WatchHandle::start(knobs, bind, ring(), directory, plan, metrics).unwrap();
+            WatchHandle::start(knobs, bind, ring(), directory, None, plan, metrics).unwrap();
         Node {
             handle,
             events,

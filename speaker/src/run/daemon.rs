@@ -315,7 +315,8 @@ pub fn start_watch(
         answering: false,
         accused: BTreeMap::new(),
     };
-    match WatchHandle::start(knobs, bind, ring, gossip.directory(), plan, metrics) {
+    let link = gossip.watch_link();
+    match WatchHandle::start(knobs, bind, ring, gossip.directory(), link, plan, metrics) {
         Ok((handle, events)) => {
             tracing::info!(
                 listen = %handle.local_addr(),

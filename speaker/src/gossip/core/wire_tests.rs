@@ -198,7 +198,7 @@ fn malformed_payloads_are_dropped_and_counted_as_decode_errors() {
     bad_flags[1] = 2;
     let payloads: [&[u8]; 7] = [
         &[],
-        &[8],
+        &[9],
         &[swimlb_proto::heartbeat::KIND, 1, 1],
         &bad_verdict,
         &long_pong,
@@ -214,4 +214,31 @@ fn malformed_payloads_are_dropped_and_counted_as_decode_errors() {
     assert_eq!(metrics.rejected_count(RejectReason::Metadata), 0);
     receive(&mut core, addr(2), &golden::GOSSIP_META);
     assert_eq!(core.metrics().rejected_count(RejectReason::Metadata), 1);
+}
+
+#[test]
+fn a_watch_payload_goes_to_every_member_as_the_golden_bytes_and_comes_out_for_the_watch() {
+    let mut core = core();
+    core.hold_member(peer(2));
+    core.hold_member(peer(3));
+    let refutation = &golden::GOSSIP_WATCH[1..];
+    core.relay_watch(refutation);
+    let mut out = sent(&mut core);
+    out.sort();
+    assert_eq!(
+        out,
+        [
+            (addr(2), golden::GOSSIP_WATCH.to_vec()),
+            (addr(3), golden::GOSSIP_WATCH.to_vec()),
+        ]
+    );
+    receive(&mut core, addr(2), &golden::GOSSIP_WATCH);
+    assert_eq!(
+        core.drain_watch().collect::<Vec<_>>(),
+        [WatchRelayed {
+            from: addr(2),
+            payload: refutation.to_vec(),
+        }]
+    );
+    assert_eq!(core.drain_watch().count(), 0);
 }
