@@ -306,7 +306,7 @@ proptest! {
                     prop_assert_eq!(standing(meta, ip, served), Ok(rank.priority));
                     if let Some(group) = &served.group {
                         prop_assert_eq!(
-                            effective_priority(&meta.groups[group]),
+                            effective_priority(&meta.groups[group]).map(u32::from),
                             Ok(rank.priority)
                         );
                     }

@@ -207,8 +207,9 @@ impl VerdictKind {
 pub struct Rank {
     /// The member reports itself settled.
     pub settled: bool,
-    /// Effective priority for the IP.
-    pub priority: u8,
+    /// Effective priority for the IP: a group's 1..=254, or a Service's summed
+    /// `preferredNodeSelectors` weights, unbounded as in MetalLB.
+    pub priority: u32,
     /// `sha256(node + "#" + ip)`.
     pub hash: OrderHash,
     /// The member.
@@ -233,7 +234,7 @@ impl PartialOrd for Rank {
 }
 
 /// Compares `(settled, priority)`: `Less` means `a` ranks before `b`.
-fn tier_cmp(a: (bool, u8), b: (bool, u8)) -> Ordering {
+fn tier_cmp(a: (bool, u32), b: (bool, u32)) -> Ordering {
     b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1))
 }
 
@@ -341,19 +342,19 @@ fn can_announce(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> bool {
 
 /// Whether `meta` is a candidate for `ip` (served as `served`), and with which effective
 /// priority.
-pub fn standing(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> Result<u8, Exclusion> {
+pub fn standing(meta: &MemberMeta, ip: &IpAddr, served: &ServedIp) -> Result<u32, Exclusion> {
     let priority = group_standing(meta, served.group.as_deref())?;
     ip_filters(meta, ip, served)?;
-    Ok(node_priority(served, &meta.node).unwrap_or(priority))
+    Ok(node_priority(served, &meta.node).unwrap_or(u32::from(priority)))
 }
 
 /// The IP's own priority for `node` (a Service's `preferredNodeSelectors`), when it has one.
-fn node_priority(served: &ServedIp, node: &str) -> Option<u8> {
+fn node_priority(served: &ServedIp, node: &str) -> Option<u32> {
     if served.group.is_some() {
         return None;
     }
     let table = served.node_priority.as_ref()?;
-    Some(table.get(node).copied().unwrap_or(0).min(MAX_PRIORITY))
+    Some(table.get(node).copied().unwrap_or(0))
 }
 
 /// `sha256(node + "#" + ip_text)`, MetalLB's order key.
@@ -443,7 +444,7 @@ fn ip_text(ip: &IpAddr, buffer: &mut String) {
 /// Running best while scanning candidates; the hash is computed only for candidates whose
 /// `(settled, priority)` is at least the best's.
 struct BestSoFar<'a> {
-    best: Option<(bool, u8, OrderHash, &'a str)>,
+    best: Option<(bool, u32, OrderHash, &'a str)>,
 }
 
 impl<'a> BestSoFar<'a> {
@@ -451,7 +452,7 @@ impl<'a> BestSoFar<'a> {
         BestSoFar { best: None }
     }
 
-    fn offer(&mut self, meta: &'a MemberMeta, priority: u8, ip_text: &str) {
+    fn offer(&mut self, meta: &'a MemberMeta, priority: u32, ip_text: &str) {
         let tier = (meta.settled, priority);
         let hash = match &self.best {
             None => order_hash(&meta.node, ip_text),
@@ -623,7 +624,8 @@ fn elect_entries(entries: &[(&IpAddr, &ServedIp)], live: &LiveSet) -> Vec<(IpAdd
                 for (meta, priority) in table.iter() {
                     let placed = |meta: &MemberMeta| meta.announce.unplaced.is_empty();
                     if (unfiltered && placed(meta)) || ip_filters(meta, ip, served).is_ok() {
-                        let priority = node_priority(served, &meta.node).unwrap_or(*priority);
+                        let priority =
+                            node_priority(served, &meta.node).unwrap_or(u32::from(*priority));
                         best.offer(meta, priority, &text);
                     }
                 }

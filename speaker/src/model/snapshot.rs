@@ -118,10 +118,10 @@ pub struct ServedIp {
     /// endpoint that can serve anywhere (nobody serves it, as in MetalLB).
     pub ready_endpoints: Option<NodeSet>,
     /// Per-node priority for an IP without a group (MetalLB's `preferredNodeSelectors`: the
-    /// summed weights of the selectors a node matches, clamped to 254); a node not listed has
-    /// 0. `None`: every node has 0. Ignored for standalone groups, whose members gossip their
-    /// priority.
-    pub node_priority: Option<Arc<BTreeMap<NodeName, u8>>>,
+    /// summed weights of the selectors a node matches, without a limit, as MetalLB sums them); a
+    /// node not listed has 0. `None`: every node has 0. Ignored for standalone groups, whose
+    /// members gossip their priority.
+    pub node_priority: Option<Arc<BTreeMap<NodeName, u32>>>,
     /// The IP whose text goes into the election's order hash; `None`: this IP. MetalLB hashes
     /// a Service's first ingress IP for all of its IPs; set this to that IP to place a
     /// dual-stack Service exactly as MetalLB does.

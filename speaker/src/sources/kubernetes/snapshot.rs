@@ -70,9 +70,8 @@
 //!   the IP), which is where an ARP request for the IP arrives.
 //! - **Endpoints without `nodeName`** matter only for `Local` (they are where MetalLB skips
 //!   them); for `Cluster` such an endpoint still counts as one that can serve, as in MetalLB.
-//! - **Scores above 254** are clamped to 254 (the election's priority range): with more than
-//!   two preferences matching a node, two very high scores may tie where MetalLB would order
-//!   them.
+//! - **Scores are summed without a limit**, as MetalLB sums them (a Service's priorities are
+//!   not the groups' 1..=254): 300 against 260 orders the nodes as MetalLB does.
 //! - **Invalid objects** are ignored one by one, where MetalLB rejects the whole configuration
 //!   and keeps the previous one. [`validate`](swimlb_config::pools::validate) also rejects an advertisement that names an
 //!   unknown pool, where MetalLB skips only the unknown name.
@@ -98,7 +97,6 @@ use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
 
 use super::views::{ConditionsView, ServiceView, SliceView, trim_cached_meta};
-use crate::model::election::MAX_PRIORITY;
 use crate::model::membership::NodeName;
 use crate::model::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
 
@@ -278,7 +276,7 @@ pub fn build(caches: Caches<'_>, options: &Options) -> Built {
 struct Placement {
     nodes: NodeFilter,
     interfaces: Interfaces,
-    node_priority: Option<Arc<BTreeMap<NodeName, u8>>>,
+    node_priority: Option<Arc<BTreeMap<NodeName, u32>>>,
 }
 
 /// Why a Service's IPs are not in one valid pool.
@@ -513,11 +511,11 @@ impl Resolved {
             }
         }
         let node_priority = (!scores.is_empty()).then(|| {
-            let clamp = |score: u64| u8::try_from(score.min(u64::from(MAX_PRIORITY)));
+            let sum = |score: u64| u32::try_from(score).unwrap_or(u32::MAX);
             Arc::new(
                 scores
                     .into_iter()
-                    .map(|(node, score)| (node, clamp(score).unwrap_or(MAX_PRIORITY)))
+                    .map(|(node, score)| (node, sum(score)))
                     .collect(),
             )
         });

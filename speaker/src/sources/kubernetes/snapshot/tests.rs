@@ -726,28 +726,48 @@ fn preference_weights_are_summed_per_node_over_the_applicable_advertisements() {
     assert_eq!(built.dropped, vec![]);
     let entry = entry(&built, "192.0.2.10");
     assert_eq!(entry.nodes, only(&["a", "b", "c"]));
-    let want: BTreeMap<String, u8> = [("a".to_string(), 105), ("b".to_string(), 75)].into();
+    let want: BTreeMap<String, u32> = [("a".to_string(), 105), ("b".to_string(), 75)].into();
     assert_eq!(entry.node_priority, Some(Arc::new(want)));
 }
 
+/// MetalLB sums the weights without a limit: 300 against 260 puts the 300 first, where a
+/// clamp at the groups' 254 would tie them and leave the order to the hash.
 #[test]
-fn a_score_above_the_priority_range_is_clamped() {
+fn scores_above_the_groups_priority_range_are_summed_and_ordered_as_metallb_does() {
     let mut world = World::three_nodes().with_service("shop/web", &["192.0.2.10"], json!({}));
-    let heavy = json!({"weight": 100, "preference": {}});
+    let natural = Election::new("a", world.built().snapshot, &live(&["a", "b", "c"]))
+        .owner(&ip("192.0.2.10"))
+        .expect("owner")
+        .to_string();
+    // The node the hash puts first gets 260, another 300.
+    let heavier = if natural == "a" { "b" } else { "a" };
+    world.nodes = ["a", "b", "c"]
+        .map(|n| {
+            node(
+                n,
+                json!({"tier": if n == heavier { "gold" } else { "silver" }}),
+            )
+        })
+        .to_vec();
+    let prefer = |weight: i32, labels: Value| json!({"weight": weight, "preference": {"matchLabels": labels}});
     world.ads = vec![adv(
         "heavy",
-        json!({"preferredNodeSelectors": [heavy.clone(), heavy.clone(), heavy]}),
+        json!({"preferredNodeSelectors": [
+            prefer(100, json!({})),
+            prefer(100, json!({})),
+            prefer(60, json!({"tier": "silver"})),
+            prefer(100, json!({"tier": "gold"})),
+        ]}),
     )];
     let built = world.built();
     let table = entry(&built, "192.0.2.10")
         .node_priority
         .clone()
         .expect("scores");
-    assert!(
-        table
-            .values()
-            .all(|p| *p == crate::model::election::MAX_PRIORITY)
-    );
+    assert_eq!(table[heavier], 300);
+    assert_eq!(table[natural.as_str()], 260);
+    let election = Election::new("a", built.snapshot, &live(&["a", "b", "c"]));
+    assert_eq!(election.owner(&ip("192.0.2.10")), Some(heavier));
 }
 
 #[test]
