@@ -535,12 +535,17 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
             json!({"swimlb.io/address-pool": "one", "metallb.io/address-pool": "other"}),
             json!({}),
         ),
+        service(
+            "unparsable",
+            json!({"metallb.universe.tf/loadBalancerIPs": "192.0.2.x"}),
+            json!({}),
+        ),
     ];
     for svc in &bad {
         create_service(&client, svc).await;
     }
     // Each note names its cause.
-    let causes: [&[&str]; 4] = [
+    let causes: [&[&str]; 5] = [
         &["no free ipv4 address", "\"one\""],
         &["203.0.113.5", "not in any usable address pool"],
         &["192.0.2.40", "in use by default/first"],
@@ -549,6 +554,7 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
             "metallb.io/address-pool",
             "disagree",
         ],
+        &["loadBalancerIPs", "192.0.2.x"],
     ];
     for (svc, cause) in bad.iter().zip(causes) {
         let name = svc.name_any();
