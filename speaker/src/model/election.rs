@@ -836,22 +836,7 @@ impl Election {
                     (ip, Some(elect_one(&ip, served, live, &mut text)))
                 }
             };
-            let from = self
-                .outcomes
-                .get(&ip)
-                .and_then(Outcome::owner)
-                .map(str::to_string);
-            let to = outcome
-                .as_ref()
-                .and_then(Outcome::owner)
-                .map(str::to_string);
-            match outcome {
-                Some(outcome) => self.outcomes.insert(ip, outcome),
-                None => self.outcomes.remove(&ip),
-            };
-            if from != to {
-                changes.push(OwnerChange { ip, from, to });
-            }
+            changes.extend(self.record(ip, outcome));
         }
         changes
     }
@@ -871,6 +856,11 @@ impl Election {
             let _ = self.snapshot.insert(ip, served);
             outcome
         });
+        self.record(ip, outcome)
+    }
+
+    /// Stores `ip`'s new outcome (`None`: no longer served); returns its owner change, if any.
+    fn record(&mut self, ip: IpAddr, outcome: Option<Outcome>) -> Option<OwnerChange> {
         let from = self
             .outcomes
             .get(&ip)
