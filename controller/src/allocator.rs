@@ -719,10 +719,10 @@ impl Allocator {
         }
         match &req.pool {
             Some(name) => {
-                let admitted = self.pools.get(name).is_some_and(|p| {
-                    p.pool
-                        .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
-                });
+                let admitted = self
+                    .pools
+                    .get(name)
+                    .is_some_and(|p| p.pool.admits(&svc.applicant()));
                 if !admitted {
                     return Err(AllocationError::PoolNotAllowed(name.clone()));
                 }
@@ -734,10 +734,7 @@ impl Allocator {
                     .pools
                     .values()
                     .filter(|p| p.pool.auto_assign)
-                    .filter(|p| {
-                        p.pool
-                            .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
-                    })
+                    .filter(|p| p.pool.admits(&svc.applicant()))
                     .map(|p| (PoolRank::of(&p.pool), &p.pool.name))
                     .collect();
                 candidates.sort();
@@ -788,7 +785,7 @@ impl Allocator {
         {
             return Err(AllocationError::IpNotInPool(*first));
         }
-        if !pool.admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels) {
+        if !pool.admits(&svc.applicant()) {
             return Err(AllocationError::PoolNotAllowed(pool.name.clone()));
         }
         families_match(svc, ips)?;
