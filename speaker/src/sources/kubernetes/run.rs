@@ -430,7 +430,7 @@ impl Source {
                 let service = election
                     .snapshot()
                     .get(ip)
-                    .and_then(|s| s.belongs_to.split_once('/'));
+                    .and_then(|s| s.belongs_to.service_names());
                 let shared_with = election
                     .snapshot()
                     .get(ip)
@@ -737,7 +737,8 @@ async fn spawn_gossip(
 fn ip_facts(engine: &Engine, ip: &IpAddr) -> Option<IpFacts> {
     let election = engine.election();
     let served = election.snapshot().get(ip)?;
-    let service = service_key(&served.belongs_to)?;
+    let (namespace, name) = served.belongs_to.service_names()?;
+    let service = ServiceKey::new(namespace, name);
     let shared_with = served
         .shared_with
         .as_deref()

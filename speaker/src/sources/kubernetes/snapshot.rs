@@ -92,7 +92,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use smol_str::SmolStr;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
@@ -100,7 +99,7 @@ use swimlb_config::service::{ServiceKey, TrafficPolicy};
 use super::views::{ConditionsView, ServiceView, SliceView, trim_cached_meta};
 use crate::model::election::MAX_PRIORITY;
 use crate::model::membership::NodeName;
-use crate::model::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
+use crate::model::snapshot::{Interfaces, NodeFilter, NodeSet, Owner, ServedIp, Snapshot};
 
 /// The annotations that let a Service share its IP, in every spelling the controller accepts.
 pub const ALLOW_SHARED_IP: [&str; 3] = [
@@ -458,7 +457,7 @@ impl Resolved {
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
         // Every IP of the Service has the same entry.
         let served = ServedIp {
-            belongs_to: SmolStr::from(key.to_string()),
+            belongs_to: Owner::service(&key.namespace, &key.name),
             group: None,
             interfaces: placement.interfaces,
             nodes: placement.nodes,
