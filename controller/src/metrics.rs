@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use swimlb_config::pools::Family as IpFamily;
 
-use crate::allocator::{AllocationError, PoolUsage};
+use crate::allocator::{AllocationError, ErrorReason, PoolUsage};
 
 /// Labels of the pool gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,8 +27,14 @@ pub struct PoolLabels {
 /// Labels of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// [`AllocationError::as_str`].
-    pub reason: &'static str,
+    /// [`AllocationError::reason`].
+    pub reason: ErrorReason,
+}
+
+impl EncodeLabelValue for ErrorReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// Labels of the Kubernetes error counters.
@@ -222,7 +228,7 @@ impl ControllerMetrics {
     pub fn count_error(&self, error: &AllocationError) {
         self.allocation_errors
             .get_or_create(&ReasonLabels {
-                reason: error.as_str(),
+                reason: error.reason(),
             })
             .inc();
     }

@@ -51,7 +51,7 @@ mod request;
 mod verdict;
 
 pub use request::ANNOTATION_PREFIXES;
-pub use verdict::{AllocationError, NotOurs, Verdict};
+pub use verdict::{AllocationError, ErrorReason, NotOurs, Verdict};
 
 use ranges::PoolState;
 use request::{Request, Sharing, families_for, families_match, parse_request};

@@ -80,19 +80,67 @@ pub enum AllocationError {
 }
 
 impl AllocationError {
+    /// Its reason, the metric label.
+    pub fn reason(&self) -> ErrorReason {
+        match self {
+            AllocationError::InvalidIp { .. } => ErrorReason::InvalidIp,
+            AllocationError::ConflictingAnnotations { .. } => ErrorReason::ConflictingAnnotations,
+            AllocationError::UnknownPool(_) => ErrorReason::UnknownPool,
+            AllocationError::PoolNotAllowed(_) => ErrorReason::PoolNotAllowed,
+            AllocationError::IpNotInPool(_) => ErrorReason::IpNotInPool,
+            AllocationError::IpInUse { .. } => ErrorReason::IpInUse,
+            AllocationError::IpFamilyMismatch(_) => ErrorReason::IpFamilyMismatch,
+            AllocationError::PoolExhausted { .. } => ErrorReason::PoolExhausted,
+            AllocationError::FamilyUnavailable(_) => ErrorReason::FamilyUnavailable,
+            AllocationError::NoAvailablePool => ErrorReason::NoAvailablePool,
+        }
+    }
+
     /// The metric label (`swimlb_allocation_errors_total{reason}`).
     pub fn as_str(&self) -> &'static str {
+        self.reason().as_str()
+    }
+}
+
+/// The kind of an [`AllocationError`], without its details: the `reason` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorReason {
+    /// `invalid_ip`.
+    InvalidIp,
+    /// `conflicting_annotations`.
+    ConflictingAnnotations,
+    /// `unknown_pool`.
+    UnknownPool,
+    /// `pool_not_allowed`.
+    PoolNotAllowed,
+    /// `ip_not_in_pool`.
+    IpNotInPool,
+    /// `ip_in_use`.
+    IpInUse,
+    /// `ip_family_mismatch`.
+    IpFamilyMismatch,
+    /// `pool_exhausted`.
+    PoolExhausted,
+    /// `family_unavailable`.
+    FamilyUnavailable,
+    /// `no_available_pool`.
+    NoAvailablePool,
+}
+
+impl ErrorReason {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
         match self {
-            AllocationError::InvalidIp { .. } => "invalid_ip",
-            AllocationError::ConflictingAnnotations { .. } => "conflicting_annotations",
-            AllocationError::UnknownPool(_) => "unknown_pool",
-            AllocationError::PoolNotAllowed(_) => "pool_not_allowed",
-            AllocationError::IpNotInPool(_) => "ip_not_in_pool",
-            AllocationError::IpInUse { .. } => "ip_in_use",
-            AllocationError::IpFamilyMismatch(_) => "ip_family_mismatch",
-            AllocationError::PoolExhausted { .. } => "pool_exhausted",
-            AllocationError::FamilyUnavailable(_) => "family_unavailable",
-            AllocationError::NoAvailablePool => "no_available_pool",
+            ErrorReason::InvalidIp => "invalid_ip",
+            ErrorReason::ConflictingAnnotations => "conflicting_annotations",
+            ErrorReason::UnknownPool => "unknown_pool",
+            ErrorReason::PoolNotAllowed => "pool_not_allowed",
+            ErrorReason::IpNotInPool => "ip_not_in_pool",
+            ErrorReason::IpInUse => "ip_in_use",
+            ErrorReason::IpFamilyMismatch => "ip_family_mismatch",
+            ErrorReason::PoolExhausted => "pool_exhausted",
+            ErrorReason::FamilyUnavailable => "family_unavailable",
+            ErrorReason::NoAvailablePool => "no_available_pool",
         }
     }
 }

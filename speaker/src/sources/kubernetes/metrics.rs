@@ -9,6 +9,8 @@ use std::fmt::Write as _;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
+
+use super::snapshot::DropReason;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -85,8 +87,14 @@ impl EncodeLabelValue for Resource {
 /// The label set `{reason}` of `swimlb_snapshot_dropped`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedLabels {
-    /// [`Dropped::as_str`](super::snapshot::Dropped::as_str), or `unknown_interface`.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: DropReason,
+}
+
+impl EncodeLabelValue for DropReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// The buckets of `swimlb_kubernetes_event_handling_seconds`, in seconds: fine around the

@@ -247,18 +247,68 @@ pub enum Dropped {
 }
 
 impl Dropped {
+    /// Its reason, for logs and metrics.
+    pub fn reason(&self) -> DropReason {
+        match self {
+            Dropped::InvalidPool(_) => DropReason::InvalidPool,
+            Dropped::InvalidAdvertisement(_) => DropReason::InvalidAdvertisement,
+            Dropped::InvalidIngressIp { .. } => DropReason::InvalidIngressIp,
+            Dropped::OutsidePools { .. } => DropReason::OutsidePools,
+            Dropped::SplitAcrossPools { .. } => DropReason::SplitAcrossPools,
+            Dropped::NoMatchingAdvertisement { .. } => DropReason::NoMatchingAdvertisement,
+            Dropped::SharedIpWithServiceSelector { .. } => DropReason::SharedIpWithServiceSelector,
+            Dropped::IpConflict { .. } => DropReason::IpConflict,
+            Dropped::EndpointWithoutNode { .. } => DropReason::EndpointWithoutNode,
+        }
+    }
+
     /// A fixed label for logs and metrics.
     pub fn as_str(&self) -> &'static str {
+        self.reason().as_str()
+    }
+}
+
+/// Why something was left out of what is served: the `reason` label of
+/// `swimlb_snapshot_dropped`. One per [`Dropped`] variant, and the interfaces named but missing
+/// on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropReason {
+    /// `invalid_pool`.
+    InvalidPool,
+    /// `invalid_advertisement`.
+    InvalidAdvertisement,
+    /// `invalid_ingress_ip`.
+    InvalidIngressIp,
+    /// `outside_pools`.
+    OutsidePools,
+    /// `split_across_pools`.
+    SplitAcrossPools,
+    /// `no_matching_advertisement`.
+    NoMatchingAdvertisement,
+    /// `shared_ip_with_service_selector`.
+    SharedIpWithServiceSelector,
+    /// `ip_conflict`.
+    IpConflict,
+    /// `endpoint_without_node`.
+    EndpointWithoutNode,
+    /// `unknown_interface`: an interface named but missing on this node.
+    UnknownInterface,
+}
+
+impl DropReason {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Dropped::InvalidPool(_) => "invalid_pool",
-            Dropped::InvalidAdvertisement(_) => "invalid_advertisement",
-            Dropped::InvalidIngressIp { .. } => "invalid_ingress_ip",
-            Dropped::OutsidePools { .. } => "outside_pools",
-            Dropped::SplitAcrossPools { .. } => "split_across_pools",
-            Dropped::NoMatchingAdvertisement { .. } => "no_matching_advertisement",
-            Dropped::SharedIpWithServiceSelector { .. } => "shared_ip_with_service_selector",
-            Dropped::IpConflict { .. } => "ip_conflict",
-            Dropped::EndpointWithoutNode { .. } => "endpoint_without_node",
+            DropReason::InvalidPool => "invalid_pool",
+            DropReason::InvalidAdvertisement => "invalid_advertisement",
+            DropReason::InvalidIngressIp => "invalid_ingress_ip",
+            DropReason::OutsidePools => "outside_pools",
+            DropReason::SplitAcrossPools => "split_across_pools",
+            DropReason::NoMatchingAdvertisement => "no_matching_advertisement",
+            DropReason::SharedIpWithServiceSelector => "shared_ip_with_service_selector",
+            DropReason::IpConflict => "ip_conflict",
+            DropReason::EndpointWithoutNode => "endpoint_without_node",
+            DropReason::UnknownInterface => "unknown_interface",
         }
     }
 }
