@@ -12,7 +12,11 @@
 //! - `service` (feature `kube`): what swimlb reads of a Service (`ServiceView`, `view_of`) and
 //!   its trimming before it is cached.
 //! - `reflect` (feature `kube`): caches of Kubernetes objects (trimmed reflector stores).
+//! - `cli` (feature `cli`): the exit status of a refused command line, and the parse both
+//!   daemons start with.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "kube")]
 pub mod crd;
 pub mod duration;

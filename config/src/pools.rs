@@ -207,6 +207,17 @@ pub fn parse_addresses(entry: &str) -> Result<AddressRange, AddressError> {
     })
 }
 
+/// A Service asking for a pool: what a pool's `serviceAllocation` is checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct Applicant<'a> {
+    /// The Service's namespace.
+    pub namespace: &'a str,
+    /// The labels of that namespace.
+    pub namespace_labels: &'a BTreeMap<String, String>,
+    /// The Service's own labels.
+    pub service_labels: &'a BTreeMap<String, String>,
+}
+
 /// Which Services a pool is restricted to, and its priority.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -222,23 +233,18 @@ pub struct Allocation {
 
 impl Allocation {
     /// Whether a Service with these labels in this namespace may use the pool.
-    pub fn admits(
-        &self,
-        namespace: &str,
-        namespace_labels: &BTreeMap<String, String>,
-        service_labels: &BTreeMap<String, String>,
-    ) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+    pub fn admits(&self, service: &Applicant<'_>) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.contains(service.namespace))
             && (self.namespace_selectors.is_empty()
                 || self
                     .namespace_selectors
                     .iter()
-                    .any(|s| s.matches(namespace_labels)))
+                    .any(|s| s.matches(service.namespace_labels)))
             && (self.service_selectors.is_empty()
                 || self
                     .service_selectors
                     .iter()
-                    .any(|s| s.matches(service_labels)))
+                    .any(|s| s.matches(service.service_labels)))
     }
 }
 
@@ -294,15 +300,8 @@ impl Pool {
     }
 
     /// Whether a Service may use the pool according to `serviceAllocation` (true when absent).
-    pub fn admits(
-        &self,
-        namespace: &str,
-        namespace_labels: &BTreeMap<String, String>,
-        service_labels: &BTreeMap<String, String>,
-    ) -> bool {
-        self.allocation
-            .as_ref()
-            .is_none_or(|a| a.admits(namespace, namespace_labels, service_labels))
+    pub fn admits(&self, service: &Applicant<'_>) -> bool {
+        self.allocation.as_ref().is_none_or(|a| a.admits(service))
     }
 }
 
@@ -1118,9 +1117,21 @@ mod tests {
         let pool = &model.pools["a"];
         let web: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
         let none = BTreeMap::new();
-        assert!(pool.admits("prod", &none, &web));
-        assert!(!pool.admits("dev", &none, &web));
-        assert!(!pool.admits("prod", &none, &none));
+        assert!(pool.admits(&applicant("prod", &none, &web)));
+        assert!(!pool.admits(&applicant("dev", &none, &web)));
+        assert!(!pool.admits(&applicant("prod", &none, &none)));
+    }
+
+    fn applicant<'a>(
+        namespace: &'a str,
+        namespace_labels: &'a BTreeMap<String, String>,
+        service_labels: &'a BTreeMap<String, String>,
+    ) -> Applicant<'a> {
+        Applicant {
+            namespace,
+            namespace_labels,
+            service_labels,
+        }
     }
 }
 

@@ -6,7 +6,9 @@
 //! resolves (or the watch stream ends), and a failed watch is logged and retried with backoff,
 //! never ends the store.
 
+use std::fmt::Debug;
 use std::future::Future;
+use std::hash::Hash;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -15,6 +17,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
 
 /// How long the API server keeps one watch request open (`timeoutSeconds`) before kube's
 /// watcher opens the next from the last resourceVersion (nothing is missed). Short enough that
@@ -27,6 +30,21 @@ pub const WATCH_TIMEOUT_S: u32 = 20;
 /// The client's read timeout (set it on the `kube::Config`): a watch connection silent for this
 /// long is dead (a live one ends itself after [`WATCH_TIMEOUT_S`]).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a store's objects must be for kube's reflector: every store here holds one kind.
+pub trait Stored: Resource<DynamicType: Kind> + Clone + Debug + Send + Sync + Owned {}
+
+impl<K: Resource<DynamicType: Kind> + Clone + Debug + Send + Sync + Owned> Stored for K {}
+
+/// What kube's reflector asks of a resource's dynamic type (`()` for the typed resources here).
+pub trait Kind: Default + Eq + Hash + Clone + Send + Sync {}
+
+impl<T: Default + Eq + Hash + Clone + Send + Sync> Kind for T {}
+
+/// Deserializable into an owned value that lives as long as the program.
+pub trait Owned: DeserializeOwned + 'static {}
+
+impl<T: DeserializeOwned + 'static> Owned for T {}
 
 /// A watch of [`WATCH_TIMEOUT_S`] per request: every watch of the controller and the speaker.
 pub fn watch_config() -> watcher::Config {
@@ -49,31 +67,23 @@ pub fn trim_meta(meta: &mut kube::api::ObjectMeta) {
 
 /// A store of `api`'s objects (trimmed by [`trim_meta`]), kept by a background task until
 /// `stop` resolves; `changed` hears of every change.
-pub fn spawn_store<K>(
+pub fn spawn_store<K: Stored>(
     api: Api<K>,
     changed: Option<UnboundedSender<()>>,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
+) -> Store<K> {
     spawn_store_with(api, watch_config(), |_| {}, changed, stop)
 }
 
 /// [`spawn_store`] with a watch configuration (label or field selectors) and a trim of its own
 /// applied after [`trim_meta`] (for example dropping the parts of a Service nobody reads).
-pub fn spawn_store_with<K>(
+pub fn spawn_store_with<K: Stored>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
     changed: Option<UnboundedSender<()>>,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
+) -> Store<K> {
     spawn_store_observed(
         api,
         config,
@@ -99,7 +109,7 @@ pub enum Seen<'a, K> {
 /// [`spawn_store_with`] that shows `observe` every event once it is in the store, and every
 /// watch error: for a caller that needs to know what changed (not only that something did), or
 /// counts the errors. `observe` runs on the store's task: it must not block.
-pub fn spawn_store_observed<K, F>(
+pub fn spawn_store_observed<K: Stored, F>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
@@ -107,8 +117,6 @@ pub fn spawn_store_observed<K, F>(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Store<K>
 where
-    K: Resource + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
     F: FnMut(Seen<'_, K>) + Send + 'static,
 {
     let (reader, writer) = reflector::store();

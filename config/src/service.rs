@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 
 use smol_str::SmolStr;
 
-use crate::pools::Family;
+use crate::pools::{Applicant, Family};
 use crate::reflect::trim_meta;
 
 /// Identifies a Service. The names are `SmolStr`s: inline up to 23 bytes, as most namespaces
@@ -116,6 +116,17 @@ pub struct ServiceView {
     pub selector: BTreeMap<String, String>,
     /// The IPs in `status.loadBalancer.ingress`.
     pub status_ips: Vec<IpAddr>,
+}
+
+impl ServiceView {
+    /// The Service as a pool's `serviceAllocation` sees it.
+    pub fn applicant(&self) -> Applicant<'_> {
+        Applicant {
+            namespace: &self.key.namespace,
+            namespace_labels: &self.namespace_labels,
+            service_labels: &self.labels,
+        }
+    }
 }
 
 /// The [`ServiceView`] of a Service (pure). Unknown family, policy and protocol strings are

@@ -16,8 +16,9 @@ use prometheus_client::registry::Registry;
 use crate::metrics::ControllerMetrics;
 use crate::run::{Settings, run, signals};
 
-/// sysexits.h: the command line or configuration is invalid.
-pub const EX_CONFIG: u8 = 64;
+pub use swimlb_config::cli::EX_CONFIG;
+use swimlb_config::cli::parse_args;
+
 /// sysexits.h: the service is unavailable (a fatal runtime error).
 pub const EX_UNAVAILABLE: u8 = 69;
 
@@ -128,16 +129,9 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> 
 
 /// Runs the command line `args` (the program name first) and returns the exit status.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match parse_args(args) {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EX_CONFIG)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(status) => return status,
     };
     init_tracing(cli.log_format, &cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

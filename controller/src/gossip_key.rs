@@ -97,7 +97,7 @@ pub async fn ensure_with_retries(
             }
             Ok(Outcome::Exists) => return,
             Err(e) => {
-                metrics.write_error(crate::metrics::resource::SECRETS);
+                metrics.write_error(crate::metrics::ApiResource::Secrets);
                 tracing::warn!(error = %e, "gossip key Secret not ensured; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(60));

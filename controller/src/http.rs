@@ -6,13 +6,11 @@
 //! reads it. [`route`] is the pure part (method, path and health in, response out) and is tested
 //! without a socket.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, StatusCode};
 use prometheus_client::registry::Registry;
 use swimlb_proto::exposition::{self, Format};
 use tokio::sync::watch;
@@ -30,7 +28,7 @@ pub struct Health {
 }
 
 /// A response: status code, content type, body.
-pub type Reply = (StatusCode, &'static str, Bytes);
+pub use swimlb_proto::listener::Reply;
 
 fn text(code: StatusCode, body: &'static str) -> Reply {
     (code, "text/plain", Bytes::from_static(body.as_bytes()))
@@ -82,39 +80,11 @@ pub async fn serve(
     health: watch::Receiver<Health>,
     registry: Arc<Registry>,
 ) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let health = health.clone();
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let current = *health.borrow();
-                let accept = req
-                    .headers()
-                    .get(hyper::header::ACCEPT)
-                    .and_then(|v| v.to_str().ok());
-                let (code, content_type, body) =
-                    route(req.method(), req.uri().path(), accept, current, &registry);
-                let body = if req.method() == Method::HEAD {
-                    Bytes::new()
-                } else {
-                    body
-                };
-                let response = Response::builder()
-                    .status(code)
-                    .header(hyper::header::CONTENT_TYPE, content_type)
-                    .body(Full::new(body))
-                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
-    }
+    swimlb_proto::listener::serve(listener, move |method, path, accept| {
+        let current = *health.borrow();
+        route(method, path, accept, current, &registry)
+    })
+    .await;
 }
 
 /// Binds `addr` and serves in a background task; returns the bound address.

@@ -4,13 +4,16 @@
 //! [`ControllerMetrics::register`] registers into a registry it is handed (no globals). Labels are
 //! bounded: pool names come from validated pools, families and reasons from `as_str()`.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::fmt::{self, Write as _};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use swimlb_config::pools::Family as IpFamily;
 
-use crate::allocator::{AllocationError, PoolUsage};
+use crate::allocator::{AllocationError, ErrorReason, PoolUsage};
 
 /// Labels of the pool gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -18,37 +21,75 @@ pub struct PoolLabels {
     /// The pool name.
     pub pool: String,
     /// `ipv4` or `ipv6`.
-    pub family: &'static str,
+    pub family: FamilyLabel,
 }
 
 /// Labels of the error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    /// [`AllocationError::as_str`].
-    pub reason: &'static str,
+    /// [`AllocationError::reason`].
+    pub reason: ErrorReason,
+}
+
+impl EncodeLabelValue for ErrorReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// Labels of the Kubernetes error counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
-    /// The resource's plural name, as in an API path ([`resource`]).
-    pub resource: &'static str,
+    /// The resource.
+    pub resource: ApiResource,
 }
 
-/// The resources the controller watches and writes, as the `resource` label spells them.
-pub mod resource {
+/// The resources the controller watches and writes; the `resource` label spells each as in an
+/// API path ([`ApiResource::as_str`]).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ApiResource {
     /// `services`: watched; their `status.loadBalancer` written.
-    pub const SERVICES: &str = "services";
+    Services,
     /// `namespaces`: watched.
-    pub const NAMESPACES: &str = "namespaces";
+    Namespaces,
     /// `ipaddresspools`: watched; their status written.
-    pub const IP_ADDRESS_POOLS: &str = "ipaddresspools";
+    IpAddressPools,
     /// `l2advertisements`: watched.
-    pub const L2_ADVERTISEMENTS: &str = "l2advertisements";
+    L2Advertisements,
     /// `events`: written.
-    pub const EVENTS: &str = "events";
+    Events,
     /// `secrets`: the speakers' gossip key, created.
-    pub const SECRETS: &str = "secrets";
+    Secrets,
+}
+
+impl ApiResource {
+    /// The plural name, as in an API path.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiResource::Services => "services",
+            ApiResource::Namespaces => "namespaces",
+            ApiResource::IpAddressPools => "ipaddresspools",
+            ApiResource::L2Advertisements => "l2advertisements",
+            ApiResource::Events => "events",
+            ApiResource::Secrets => "secrets",
+        }
+    }
+}
+
+impl EncodeLabelValue for ApiResource {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// An address family as a label value: `ipv4` or `ipv6` ([`IpFamily::as_str`]).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct FamilyLabel(pub IpFamily);
+
+impl EncodeLabelValue for FamilyLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        encoder.write_str(self.0.as_str())
+    }
 }
 
 /// Labels of `swimlb_build_info`.
@@ -122,18 +163,18 @@ impl ControllerMetrics {
         // Every series of a known resource at 0, so that rate() and alerts see them from the
         // start.
         for resource in [
-            resource::SERVICES,
-            resource::NAMESPACES,
-            resource::IP_ADDRESS_POOLS,
-            resource::L2_ADVERTISEMENTS,
+            ApiResource::Services,
+            ApiResource::Namespaces,
+            ApiResource::IpAddressPools,
+            ApiResource::L2Advertisements,
         ] {
             let _ = m.watch_errors.get_or_create(&ResourceLabels { resource });
         }
         for resource in [
-            resource::SERVICES,
-            resource::IP_ADDRESS_POOLS,
-            resource::EVENTS,
-            resource::SECRETS,
+            ApiResource::Services,
+            ApiResource::IpAddressPools,
+            ApiResource::Events,
+            ApiResource::Secrets,
         ] {
             let _ = m.write_errors.get_or_create(&ResourceLabels { resource });
         }
@@ -150,15 +191,15 @@ impl ControllerMetrics {
         m
     }
 
-    /// Counts one failed watch or list of `resource` (a [`resource`] name).
-    pub fn watch_error(&self, resource: &'static str) {
+    /// Counts one failed watch or list of `resource`.
+    pub fn watch_error(&self, resource: ApiResource) {
         self.watch_errors
             .get_or_create(&ResourceLabels { resource })
             .inc();
     }
 
-    /// Counts one failed write of `resource` (a [`resource`] name).
-    pub fn write_error(&self, resource: &'static str) {
+    /// Counts one failed write of `resource`.
+    pub fn write_error(&self, resource: ApiResource) {
         self.write_errors
             .get_or_create(&ResourceLabels { resource })
             .inc();
@@ -172,7 +213,7 @@ impl ControllerMetrics {
         for u in usage {
             let labels = PoolLabels {
                 pool: u.pool.clone(),
-                family: u.family.as_str(),
+                family: FamilyLabel(u.family),
             };
             self.pool_addresses
                 .get_or_create(&labels)
@@ -187,7 +228,7 @@ impl ControllerMetrics {
     pub fn count_error(&self, error: &AllocationError) {
         self.allocation_errors
             .get_or_create(&ReasonLabels {
-                reason: error.as_str(),
+                reason: error.reason(),
             })
             .inc();
     }
@@ -218,9 +259,9 @@ mod tests {
         ]);
         m.count_error(&AllocationError::NoAvailablePool);
         m.count_error(&AllocationError::NoAvailablePool);
-        m.watch_error(resource::NAMESPACES);
-        m.write_error(resource::EVENTS);
-        m.write_error(resource::EVENTS);
+        m.watch_error(ApiResource::Namespaces);
+        m.write_error(ApiResource::Events);
+        m.write_error(ApiResource::Events);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
         assert!(

@@ -35,7 +35,7 @@ use swimlb_config::pools::Family;
 use swimlb_config::service::{ServiceKey, ServiceView, view_of};
 
 use crate::allocator::{Allocator, LoadConflict, NotOurs, PoolUsage, Verdict};
-use crate::metrics::{ControllerMetrics, resource};
+use crate::metrics::{ApiResource, ControllerMetrics};
 
 /// The server-side apply field manager of every status write.
 pub const FIELD_MANAGER: &str = "swimlb-controller";
@@ -216,7 +216,7 @@ async fn publish(ctx: &Context, svc: &Service, type_: EventType, reason: &str, n
         }
     };
     if let Err(e) = published {
-        ctx.metrics.write_error(resource::EVENTS);
+        ctx.metrics.write_error(ApiResource::Events);
         tracing::warn!(service = %svc.name_any(), error = %e, "cannot publish event");
     }
 }
@@ -331,9 +331,9 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
 /// Retries a failed reconcile after [`RETRY_AFTER_ERROR`].
 pub fn error_policy(_svc: Arc<Service>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
     match error {
-        ReconcileError::ApplyStatus { .. } => ctx.metrics.write_error(resource::SERVICES),
+        ReconcileError::ApplyStatus { .. } => ctx.metrics.write_error(ApiResource::Services),
         ReconcileError::ApplyPoolStatus { .. } => {
-            ctx.metrics.write_error(resource::IP_ADDRESS_POOLS)
+            ctx.metrics.write_error(ApiResource::IpAddressPools)
         }
         ReconcileError::Poisoned(_) => {}
     }

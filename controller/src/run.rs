@@ -53,7 +53,7 @@ use tokio::sync::watch;
 
 use crate::allocator::Allocator;
 use crate::http::Health;
-use crate::metrics::{ControllerMetrics, resource};
+use crate::metrics::{ApiResource, ControllerMetrics};
 use swimlb_config::reflect::{Seen, spawn_store_observed, trim_meta, watch_config};
 use swimlb_config::service::trim_service;
 
@@ -353,7 +353,7 @@ fn reflect_namespaces(
             match event {
                 None => return,
                 Some(Err(e)) => {
-                    metrics.watch_error(resource::NAMESPACES);
+                    metrics.watch_error(ApiResource::Namespaces);
                     tracing::warn!(error = %e, "namespace watch failed; retrying");
                 }
                 Some(Ok(watcher::Event::Apply(ns) | watcher::Event::InitApply(ns))) => {
@@ -389,7 +389,7 @@ pub fn namespace_labels_changed(
 fn observe<K>(
     changed: &futures::channel::mpsc::UnboundedSender<()>,
     metrics: &ControllerMetrics,
-    resource: &'static str,
+    resource: ApiResource,
 ) -> impl FnMut(Seen<'_, K>) + Send + 'static {
     let changed = changed.clone();
     let metrics = metrics.clone();
@@ -490,14 +490,14 @@ async fn lead(
         Api::<IPAddressPool>::all(client.clone()),
         watch_config(),
         |_| {},
-        observe(&config_tx, &metrics, resource::IP_ADDRESS_POOLS),
+        observe(&config_tx, &metrics, ApiResource::IpAddressPools),
         stopped(stop.clone()),
     );
     let advertisements = spawn_store_observed(
         Api::<L2Advertisement>::all(client.clone()),
         watch_config(),
         |_| {},
-        observe(&config_tx, &metrics, resource::L2_ADVERTISEMENTS),
+        observe(&config_tx, &metrics, ApiResource::L2Advertisements),
         stopped(stop.clone()),
     );
     drop(config_tx);
@@ -618,7 +618,7 @@ fn run_controller(
                 match result {
                     // The Service watch (it retries with backoff).
                     Err(e @ kube::runtime::controller::Error::QueueError(_)) => {
-                        watch_metrics.watch_error(resource::SERVICES);
+                        watch_metrics.watch_error(ApiResource::Services);
                         tracing::warn!(error = %e, "service watch failed; retrying");
                     }
                     Err(e) => tracing::debug!(error = %e, "controller"),
@@ -735,7 +735,7 @@ async fn apply_config(
             secondary: None,
         };
         if let Err(e) = recorder.publish(&event, &pool.object_ref(&())).await {
-            ctx.metrics.write_error(resource::EVENTS);
+            ctx.metrics.write_error(ApiResource::Events);
             tracing::warn!(pool = %name, error = %e, "cannot publish event");
         }
     }
@@ -848,7 +848,7 @@ async fn write_pool_statuses(
             match apply_pool_status(&ctx.client, &key.0, &key.1, &status).await {
                 Ok(()) => {}
                 Err(e) => {
-                    ctx.metrics.write_error(resource::IP_ADDRESS_POOLS);
+                    ctx.metrics.write_error(ApiResource::IpAddressPools);
                     tracing::warn!(error = %e, "pool status");
                     continue;
                 }

@@ -1,4 +1,4 @@
-//! swimlb's wire formats, with no I/O.
+//! swimlb's wire formats, with no I/O (but for the `listener` feature's HTTP loop).
 //!
 //! Each module owns one format: a typed `Repr` with `parse`, `buffer_len` and `emit`, in the
 //! manner of smoltcp's `wire` module. Parsing never panics and never allocates; every rejection
@@ -21,6 +21,7 @@
 //! - [`heartbeat`]: the owner watch's payload inside the envelope: heartbeats, polls, relays and
 //!   takeover claims ([`WatchMessage`]).
 //! - [`exposition`]: `/metrics` text: OpenMetrics or the classic Prometheus format, negotiated.
+//! - `listener` (feature `listener`): the HTTP accept-and-serve loop around a pure router.
 //! - `golden` (hidden): byte vectors from independent implementations, for tests, benchmarks and
 //!   fuzz seeds.
 
@@ -37,6 +38,8 @@ pub mod golden;
 pub mod gossip;
 pub mod heartbeat;
 pub mod ip;
+#[cfg(feature = "listener")]
+pub mod listener;
 pub mod ndp;
 pub mod vrrp;
 

@@ -50,7 +50,7 @@ fn snapshot() -> Snapshot {
             IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n as u16))
         };
         snapshot
-            .insert(ip, ServedIp::service(format!("ns/svc-{n}")))
+            .insert(ip, ServedIp::service("ns", &format!("svc-{n}")))
             .expect("distinct IPs");
     }
     snapshot

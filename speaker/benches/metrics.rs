@@ -13,6 +13,7 @@ use hyper::Method;
 use prometheus_client::registry::Registry;
 use swimlb_speaker::gossip::GossipMetrics;
 use swimlb_speaker::model::engine::AddressView;
+use swimlb_speaker::model::snapshot::Owner;
 use swimlb_speaker::serve::http::route;
 use swimlb_speaker::serve::status::StatusBoard;
 
@@ -35,7 +36,7 @@ fn speaker_registry() -> (Registry, StatusBoard) {
             i as u16,
         ));
         let view = AddressView {
-            belongs_to: format!("namespace-{}/service-{i}", i % 100).into(),
+            belongs_to: Owner::service(&format!("namespace-{}", i % 100), &format!("service-{i}")),
             owner: Some("node-1".into()),
             verdict: swimlb_speaker::model::election::VerdictKind::Owner,
             links: Some(links.clone()),

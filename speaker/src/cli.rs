@@ -13,8 +13,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use swimlb_config::keyfile::new_key_file;
 use swimlb_config::standalone::Standalone;
 
-/// sysexits.h: the configuration is invalid.
-pub const EX_CONFIG: u8 = 64;
+pub use swimlb_config::cli::EX_CONFIG;
+use swimlb_config::cli::parse_args;
+
 /// sysexits.h: the service is unavailable (a fatal runtime error).
 pub const EX_UNAVAILABLE: u8 = 69;
 
@@ -84,16 +85,9 @@ enum Command {
 
 /// Runs the command line `args` (the program name first) and returns the exit status.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match parse_args(args) {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EX_CONFIG)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(status) => return status,
     };
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),

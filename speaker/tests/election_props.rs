@@ -107,7 +107,7 @@ fn served() -> impl Strategy<Value = ServedIp> {
             };
             let mut served = match group {
                 Some(group) => ServedIp::group(group, interface),
-                None => ServedIp::service("ns/svc"),
+                None => ServedIp::service("ns", "svc"),
             };
             if let Some(set) = only {
                 served.nodes = NodeFilter::Only(set);

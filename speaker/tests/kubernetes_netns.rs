@@ -97,7 +97,7 @@ fn metallb_owner(nodes: &[&str]) -> String {
         live.upsert(m);
     }
     let ip: IpAddr = VIP.parse().unwrap();
-    let snapshot = Snapshot::from_entries([(ip, ServedIp::service("default/web"))]).unwrap();
+    let snapshot = Snapshot::from_entries([(ip, ServedIp::service("default", "web"))]).unwrap();
     Election::new(nodes[0], snapshot, &live)
         .owner(&ip)
         .unwrap()

@@ -3,8 +3,9 @@
 use super::*;
 use proptest::prelude::*;
 use swimlb_config::crd::{IPAddressPool, ServiceAllocation};
+use swimlb_config::pools::u128_to_ip;
 use swimlb_config::pools::validate;
-use swimlb_config::service::Protocol;
+use swimlb_config::service::{IpFamilyPolicy, Protocol, ServicePort, TrafficPolicy};
 
 fn pool(name: &str, addresses: &[&str]) -> IPAddressPool {
     IPAddressPool::with_addresses("swimlb-system", name, addresses)

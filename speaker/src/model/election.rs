@@ -838,22 +838,7 @@ impl Election {
                     (ip, Some(elect_one(&ip, served, live, &mut text)))
                 }
             };
-            let from = self
-                .outcomes
-                .get(&ip)
-                .and_then(Outcome::owner)
-                .map(str::to_string);
-            let to = outcome
-                .as_ref()
-                .and_then(Outcome::owner)
-                .map(str::to_string);
-            match outcome {
-                Some(outcome) => self.outcomes.insert(ip, outcome),
-                None => self.outcomes.remove(&ip),
-            };
-            if from != to {
-                changes.push(OwnerChange { ip, from, to });
-            }
+            changes.extend(self.record(ip, outcome));
         }
         changes
     }
@@ -873,6 +858,11 @@ impl Election {
             let _ = self.snapshot.insert(ip, served);
             outcome
         });
+        self.record(ip, outcome)
+    }
+
+    /// Stores `ip`'s new outcome (`None`: no longer served); returns its owner change, if any.
+    fn record(&mut self, ip: IpAddr, outcome: Option<Outcome>) -> Option<OwnerChange> {
         let from = self
             .outcomes
             .get(&ip)
@@ -902,7 +892,7 @@ impl Election {
         }
         for (ip, served) in self.snapshot.iter() {
             bytes += node_overhead(std::mem::size_of_val(ip) + std::mem::size_of_val(served));
-            bytes += served.belongs_to.len() * usize::from(served.belongs_to.is_heap_allocated());
+            bytes += served.belongs_to.heap_bytes();
             bytes += served.group.as_ref().map_or(0, String::capacity);
             for other in served.shared_with.iter().flatten() {
                 bytes += std::mem::size_of::<String>() + other.capacity();
@@ -1016,7 +1006,7 @@ mod tests {
         let mut snapshot = Snapshot::new();
         for i in 0..50u8 {
             snapshot
-                .insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns/s"))
+                .insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns", "s"))
                 .unwrap();
         }
         let one = elect_with_threads(&snapshot, &set, 1);
@@ -1037,7 +1027,7 @@ mod tests {
         let v4 = ip("192.0.2.7");
         let mut snapshot = Snapshot::new();
         for address in ["192.0.2.7", "2001:db8::7"] {
-            let mut served = ServedIp::service("ns/dual");
+            let mut served = ServedIp::service("ns", "dual");
             served.order_ip = Some(v4);
             snapshot.insert(ip(address), served).unwrap();
         }
@@ -1053,7 +1043,7 @@ mod tests {
     #[test]
     fn the_lowest_hash_owns_an_ip_among_equals() {
         let set = live(["a", "b", "c"].map(|n| member(n, true)));
-        let snapshot = single("192.0.2.1", ServedIp::service("ns/s"));
+        let snapshot = single("192.0.2.1", ServedIp::service("ns", "s"));
         let expected = ["a", "b", "c"]
             .into_iter()
             .min_by_key(|n| order_hash(n, "192.0.2.1"))
@@ -1128,16 +1118,16 @@ mod tests {
         let set = live([member("a", true), member("b", true), draining]);
         let only_b = NodeFilter::Only(Arc::new(BTreeSet::from(["b".to_string()])));
         let mut snapshot = Snapshot::new();
-        let mut filtered = ServedIp::service("ns/filtered");
+        let mut filtered = ServedIp::service("ns", "filtered");
         filtered.nodes = only_b;
         snapshot.insert(ip("192.0.2.1"), filtered).unwrap();
-        let mut local_none = ServedIp::service("ns/local-none");
+        let mut local_none = ServedIp::service("ns", "local-none");
         local_none.ready_endpoints = Some(Arc::new(BTreeSet::from(["zz".to_string()])));
         snapshot.insert(ip("192.0.2.2"), local_none).unwrap();
-        let mut local_b = ServedIp::service("ns/local-b");
+        let mut local_b = ServedIp::service("ns", "local-b");
         local_b.ready_endpoints = Some(Arc::new(BTreeSet::from(["b".to_string()])));
         snapshot.insert(ip("192.0.2.3"), local_b).unwrap();
-        let mut nobody = ServedIp::service("ns/nobody");
+        let mut nobody = ServedIp::service("ns", "nobody");
         nobody.nodes = NodeFilter::Only(Arc::new(BTreeSet::from(["d".to_string()])));
         snapshot.insert(ip("192.0.2.4"), nobody).unwrap();
         snapshot
@@ -1232,7 +1222,7 @@ mod tests {
     #[test]
     fn removing_an_ip_from_the_snapshot_reports_its_owner_leaving() {
         let set = live([member("a", true)]);
-        let snapshot = single("192.0.2.1", ServedIp::service("ns/s"));
+        let snapshot = single("192.0.2.1", ServedIp::service("ns", "s"));
         let mut election = Election::new("a", snapshot, &set);
         let changes = election.apply_snapshot(Snapshot::new(), &set);
         assert_eq!(
@@ -1253,7 +1243,7 @@ mod tests {
         let set = live(names.map(|n| member(n, true)));
         let mut snapshot = Snapshot::new();
         for i in 1..=20 {
-            let _ = snapshot.insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns/s"));
+            let _ = snapshot.insert(ip(&format!("192.0.2.{i}")), ServedIp::service("ns", "s"));
         }
         let election = Election::new("a", snapshot.clone(), &set);
         for (addr, outcome) in election.outcomes() {
@@ -1275,7 +1265,7 @@ mod tests {
         let named = ServedIp::group("api", Interfaces::named(["eth1"]));
         let mut snapshot = single("192.0.2.1", named);
         snapshot
-            .insert(ip("192.0.2.2"), ServedIp::service("ns/s"))
+            .insert(ip("192.0.2.2"), ServedIp::service("ns", "s"))
             .unwrap();
         let mut a = member("a", true);
         a.groups.insert("api".into(), health(50, &[]));
@@ -1308,7 +1298,7 @@ mod tests {
 
     #[test]
     fn a_services_node_priority_ranks_before_the_hash() {
-        let mut served = ServedIp::service("ns/s");
+        let mut served = ServedIp::service("ns", "s");
         let set = live([member("a", true), member("b", true), member("c", true)]);
         let plain = Election::new("a", single("10.0.0.1", served.clone()), &set);
         // MetalLB's golden order for 10.0.0.1: node-b, node-a, node-c; here without "node-".

@@ -101,11 +101,78 @@ impl NodeFilter {
     }
 }
 
+/// What a served IP belongs to: a standalone group or a Kubernetes Service. [`fmt::Display`]
+/// gives the group name or `namespace/name`, as `/status` and the metrics show it.
+///
+/// One [`SmolStr`] holds the text (inline up to 23 bytes), so an owner is no larger than a
+/// string key, and the kind is read from it: a Kubernetes namespace never holds a `/`, and
+/// neither does a group name (the configuration refuses one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner(SmolStr);
+
+/// An [`Owner`], read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerKind<'a> {
+    /// A standalone group.
+    Group(&'a str),
+    /// A Kubernetes Service.
+    Service {
+        /// Its namespace.
+        namespace: &'a str,
+        /// Its name.
+        name: &'a str,
+    },
+}
+
+impl Owner {
+    /// The standalone group `name` (which holds no `/`).
+    pub fn group(name: &str) -> Owner {
+        Owner(SmolStr::from(name))
+    }
+
+    /// The Kubernetes Service `namespace/name`.
+    pub fn service(namespace: &str, name: &str) -> Owner {
+        Owner(smol_str::format_smolstr!("{namespace}/{name}"))
+    }
+
+    /// Which kind of owner this is, with its names.
+    pub fn kind(&self) -> OwnerKind<'_> {
+        match self.0.split_once('/') {
+            Some((namespace, name)) => OwnerKind::Service { namespace, name },
+            None => OwnerKind::Group(&self.0),
+        }
+    }
+
+    /// The Service's namespace and name; `None` for a group.
+    pub fn service_names(&self) -> Option<(&str, &str)> {
+        match self.kind() {
+            OwnerKind::Service { namespace, name } => Some((namespace, name)),
+            OwnerKind::Group(_) => None,
+        }
+    }
+
+    /// The displayed text (cheap: inline, or a shared pointer).
+    pub fn to_smol_str(&self) -> SmolStr {
+        self.0.clone()
+    }
+
+    /// Heap bytes held (0 when the text is inline).
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len() * usize::from(self.0.is_heap_allocated())
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// One IP to serve and the rules for who may serve it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedIp {
-    /// What the IP belongs to: the standalone group name, or `namespace/service`.
-    pub belongs_to: SmolStr,
+    /// What the IP belongs to: a standalone group, or a Kubernetes Service.
+    pub belongs_to: Owner,
     /// The group whose [`GroupHealth`](crate::model::membership::GroupHealth) applies (standalone). `None`
     /// for Kubernetes Services: every member has priority 0 and no checks for them.
     pub group: Option<String>,
@@ -134,9 +201,9 @@ pub struct ServedIp {
 
 impl ServedIp {
     /// A Kubernetes-style entry: no group, default interface, every node, `Cluster` policy.
-    pub fn service(belongs_to: impl Into<SmolStr>) -> ServedIp {
+    pub fn service(namespace: &str, name: &str) -> ServedIp {
         ServedIp {
-            belongs_to: belongs_to.into(),
+            belongs_to: Owner::service(namespace, name),
             group: None,
             interfaces: Interfaces::Default,
             nodes: NodeFilter::All,
@@ -151,7 +218,7 @@ impl ServedIp {
     pub fn group(group: impl Into<String>, interfaces: Interfaces) -> ServedIp {
         let group = group.into();
         ServedIp {
-            belongs_to: SmolStr::from(&group),
+            belongs_to: Owner::group(&group),
             group: Some(group),
             interfaces,
             nodes: NodeFilter::All,
@@ -340,6 +407,31 @@ impl Snapshot {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_owner_reads_back_its_kind_and_displays_as_the_status_shows_it() {
+        let service = Owner::service("shop", "web");
+        assert_eq!(
+            service.kind(),
+            OwnerKind::Service {
+                namespace: "shop",
+                name: "web"
+            }
+        );
+        assert_eq!(service.to_string(), "shop/web");
+        assert_eq!(service.service_names(), Some(("shop", "web")));
+        let group = Owner::group("api");
+        assert_eq!(group.kind(), OwnerKind::Group("api"));
+        assert_eq!(group.to_string(), "api");
+        assert_eq!(group.service_names(), None);
+        assert_eq!(std::mem::size_of::<Owner>(), std::mem::size_of::<SmolStr>());
+        assert_eq!(service.heap_bytes(), 0);
+        let long = Owner::service("a-namespace-of-some-length", "a-service");
+        assert_eq!(
+            long.heap_bytes(),
+            "a-namespace-of-some-length/a-service".len()
+        );
+    }
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -348,33 +440,40 @@ mod tests {
     fn an_ip_claimed_by_two_services_is_refused_naming_both() {
         let mut snapshot = Snapshot::new();
         snapshot
-            .insert(ip("192.0.2.1"), ServedIp::service("ns/a"))
+            .insert(ip("192.0.2.1"), ServedIp::service("ns", "a"))
             .unwrap();
         let err = snapshot
-            .insert(ip("192.0.2.1"), ServedIp::service("ns/b"))
+            .insert(ip("192.0.2.1"), ServedIp::service("ns", "b"))
             .unwrap_err();
         assert_eq!(
             err.to_string(),
             "IP 192.0.2.1 is claimed by both \"ns/a\" and \"ns/b\""
         );
-        assert_eq!(snapshot.get(&ip("192.0.2.1")).unwrap().belongs_to, "ns/a");
+        assert_eq!(
+            snapshot
+                .get(&ip("192.0.2.1"))
+                .unwrap()
+                .belongs_to
+                .to_string(),
+            "ns/a"
+        );
     }
 
     #[test]
     fn diff_lists_added_removed_and_changed_ips_in_order() {
         let mut old = Snapshot::new();
-        old.insert(ip("192.0.2.1"), ServedIp::service("ns/a"))
+        old.insert(ip("192.0.2.1"), ServedIp::service("ns", "a"))
             .unwrap();
-        old.insert(ip("192.0.2.2"), ServedIp::service("ns/b"))
+        old.insert(ip("192.0.2.2"), ServedIp::service("ns", "b"))
             .unwrap();
-        old.insert(ip("192.0.2.3"), ServedIp::service("ns/c"))
+        old.insert(ip("192.0.2.3"), ServedIp::service("ns", "c"))
             .unwrap();
         let mut new = old.clone();
         new.remove(&ip("192.0.2.1"));
-        let mut local = ServedIp::service("ns/b");
+        let mut local = ServedIp::service("ns", "b");
         local.ready_endpoints = Some(Arc::new(BTreeSet::from(["n1".to_string()])));
         new.insert(ip("192.0.2.2"), local).unwrap();
-        new.insert(ip("2001:db8::1"), ServedIp::service("ns/d"))
+        new.insert(ip("2001:db8::1"), ServedIp::service("ns", "d"))
             .unwrap();
         assert_eq!(
             old.diff(&new),

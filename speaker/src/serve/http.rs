@@ -8,13 +8,11 @@
 
 use crate::model::election::VerdictKind;
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, StatusCode};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use smol_str::SmolStr;
@@ -115,7 +113,7 @@ pub struct CheckStatus {
 }
 
 /// A response: status code, content type, body.
-pub type Reply = (StatusCode, &'static str, Bytes);
+pub use swimlb_proto::listener::Reply;
 
 /// Answers `method path` from `status` and `registry`; `accept` (the request's `Accept` header)
 /// chooses the format of `/metrics`.
@@ -200,39 +198,11 @@ pub async fn serve(
     status: watch::Receiver<Status>,
     registry: Arc<Registry>,
 ) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let status = status.clone();
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let current = status.borrow().clone();
-                let accept = req
-                    .headers()
-                    .get(hyper::header::ACCEPT)
-                    .and_then(|v| v.to_str().ok());
-                let (code, content_type, body) =
-                    route(req.method(), req.uri().path(), accept, &current, &registry);
-                let body = if req.method() == Method::HEAD {
-                    Bytes::new()
-                } else {
-                    body
-                };
-                let response = Response::builder()
-                    .status(code)
-                    .header(hyper::header::CONTENT_TYPE, content_type)
-                    .body(Full::new(body))
-                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
-    }
+    swimlb_proto::listener::serve(listener, move |method, path, accept| {
+        let current = status.borrow().clone();
+        route(method, path, accept, &current, &registry)
+    })
+    .await;
 }
 
 /// Binds `addr` and serves in a background task.

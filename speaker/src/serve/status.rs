@@ -201,7 +201,7 @@ impl StatusBoard {
 fn entry(ip: IpAddr, view: &AddressView) -> AddressStatus {
     AddressStatus {
         ip,
-        group: view.belongs_to.clone(),
+        group: view.belongs_to.to_smol_str(),
         owner: view.owner.clone(),
         verdict: view.verdict,
         interfaces: view.links.clone(),
@@ -228,6 +228,7 @@ fn unix_now() -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::snapshot::Owner;
 
     use crate::serve::http::metrics_text as encode;
 
@@ -238,7 +239,7 @@ mod tests {
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
         let other: IpAddr = "192.0.2.2".parse().unwrap();
         let view = |owner: &str, links: &[&str]| AddressView {
-            belongs_to: "api".into(),
+            belongs_to: Owner::group("api"),
             owner: Some(owner.into()),
             verdict: if owner == "n1" {
                 crate::model::election::VerdictKind::Owner

@@ -28,7 +28,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -185,7 +187,13 @@ struct CheckLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
-    reason: &'static str,
+    reason: ReloadFailure,
+}
+
+impl EncodeLabelValue for ReloadFailure {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// The standalone source's own metrics (the engine's drivers, the gossip and the responders
@@ -226,18 +234,14 @@ impl Metrics {
         // Every reason's series exists at 0 from the start: a family without a series is not
         // exposed at all, and a rate over a series that appears with its first failure is 0.
         for reason in ReloadFailure::ALL {
-            let _ = self.reload_failures.get_or_create(&ReloadLabels {
-                reason: reason.as_str(),
-            });
+            let _ = self.reload_failures.get_or_create(&ReloadLabels { reason });
         }
     }
 
     /// Counts a reload refused for `reason` (or keys that could not be handed to the gossip).
     fn reload_failed(&self, reason: ReloadFailure) {
         self.reload_failures
-            .get_or_create(&ReloadLabels {
-                reason: reason.as_str(),
-            })
+            .get_or_create(&ReloadLabels { reason })
             .inc();
         self.last_reload_ok.set(0);
     }
@@ -249,7 +253,7 @@ impl Metrics {
 }
 
 /// Why a reload was refused: the speaker keeps serving what it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReloadFailure {
     /// The file cannot be read.
     Unreadable,

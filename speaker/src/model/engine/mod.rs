@@ -55,7 +55,7 @@ use crate::model::announcer::{Announcer, Effect, Schedule};
 use crate::model::election::{Election, OwnerChange};
 use crate::model::links::{Link, NoInterface, Route};
 use crate::model::membership::{AnnounceFacts, LiveSet, MemberMeta, NodeName};
-use crate::model::snapshot::{ServedIp, Snapshot, SnapshotChange};
+use crate::model::snapshot::{Owner, ServedIp, Snapshot, SnapshotChange};
 
 /// How long a draining speaker keeps answering at most, waiting for its successors.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
@@ -190,8 +190,8 @@ pub enum Notice {
 /// One IP as this node sees it, for `/status` and the metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddressView {
-    /// The group or `namespace/service`.
-    pub belongs_to: SmolStr,
+    /// The group or Service.
+    pub belongs_to: Owner,
     /// The elected owner (inline up to 23 bytes: no allocation per IP for most node names).
     pub owner: Option<SmolStr>,
     /// This node's verdict.

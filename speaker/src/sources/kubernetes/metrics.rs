@@ -5,8 +5,12 @@
 //! label value comes from a closed list: the plural name of a watched or written resource
 //! ([`Resource::as_str`]) or a [`Dropped`](super::snapshot::Dropped) reason.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
+
+use super::snapshot::DropReason;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -65,22 +69,32 @@ impl Resource {
 /// The label set `{resource}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
-    resource: &'static str,
+    resource: Resource,
 }
 
 impl From<Resource> for ResourceLabels {
     fn from(resource: Resource) -> ResourceLabels {
-        ResourceLabels {
-            resource: resource.as_str(),
-        }
+        ResourceLabels { resource }
+    }
+}
+
+impl EncodeLabelValue for Resource {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(self.as_str())
     }
 }
 
 /// The label set `{reason}` of `swimlb_snapshot_dropped`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedLabels {
-    /// [`Dropped::as_str`](super::snapshot::Dropped::as_str), or `unknown_interface`.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: DropReason,
+}
+
+impl EncodeLabelValue for DropReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        encoder.write_str(self.as_str())
+    }
 }
 
 /// The buckets of `swimlb_kubernetes_event_handling_seconds`, in seconds: fine around the

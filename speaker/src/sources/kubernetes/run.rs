@@ -46,7 +46,7 @@ use tokio::time::Instant;
 use super::metrics::{DroppedLabels, KubeMetrics, Resource};
 use super::records::{Holdings, IpFacts, Strays};
 use super::records_task::{self, SeenRecord, ToWrite};
-use super::snapshot::{self, Changes, Dropped, Keeper};
+use super::snapshot::{self, Changes, DropReason, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
 use crate::gossip::{self, GossipMetrics, GossipSettings, Phase, Timing};
 use crate::model::announcer::Schedule;
@@ -430,7 +430,7 @@ impl Source {
                 let service = election
                     .snapshot()
                     .get(ip)
-                    .and_then(|s| s.belongs_to.split_once('/'));
+                    .and_then(|s| s.belongs_to.service_names());
                 let shared_with = election
                     .snapshot()
                     .get(ip)
@@ -626,8 +626,10 @@ impl Source {
             });
         }
         self.unknown_interfaces = missing;
-        self.dropped
-            .set(UNKNOWN_INTERFACE, self.unknown_interfaces.len() as i64);
+        self.dropped.set(
+            DropReason::UnknownInterface,
+            self.unknown_interfaces.len() as i64,
+        );
     }
 
     /// Reads the key file again and rotates when its keys changed.
@@ -737,7 +739,8 @@ async fn spawn_gossip(
 fn ip_facts(engine: &Engine, ip: &IpAddr) -> Option<IpFacts> {
     let election = engine.election();
     let served = election.snapshot().get(ip)?;
-    let service = service_key(&served.belongs_to)?;
+    let (namespace, name) = served.belongs_to.service_names()?;
+    let service = ServiceKey::new(namespace, name);
     let shared_with = served
         .shared_with
         .as_deref()
@@ -756,15 +759,12 @@ fn service_key(belongs_to: &str) -> Option<ServiceKey> {
     Some(ServiceKey::new(namespace, name))
 }
 
-/// The `swimlb_snapshot_dropped` reason of interfaces named but missing on this node.
-const UNKNOWN_INTERFACE: &str = "unknown_interface";
-
 /// What the snapshot left out: the gauge by reason, kept from the changes (a drop is logged
 /// when it appears, not again on every event).
 #[derive(Debug, Default)]
 struct DroppedReport {
     gauge: Family<DroppedLabels, Gauge>,
-    counts: BTreeMap<&'static str, i64>,
+    counts: BTreeMap<DropReason, i64>,
 }
 
 impl DroppedReport {
@@ -778,27 +778,27 @@ impl DroppedReport {
     fn apply(&mut self, changes: &Changes) {
         let mut touched = BTreeSet::new();
         for d in &changes.restored {
-            *self.counts.entry(d.as_str()).or_default() -= 1;
-            touched.insert(d.as_str());
+            *self.counts.entry(d.reason()).or_default() -= 1;
+            touched.insert(d.reason());
         }
         for d in &changes.dropped {
             tracing::warn!(reason = d.as_str(), "not served: {d}");
-            *self.counts.entry(d.as_str()).or_default() += 1;
-            touched.insert(d.as_str());
+            *self.counts.entry(d.reason()).or_default() += 1;
+            touched.insert(d.reason());
         }
         for reason in touched {
-            let n = self.counts.get(reason).copied().unwrap_or_default();
+            let n = self.counts.get(&reason).copied().unwrap_or_default();
             self.set(reason, n);
         }
     }
 
     /// Sets one reason's count in place (a scrape never sees the family emptied); 0 removes it.
-    fn set(&mut self, reason: &'static str, n: i64) {
+    fn set(&mut self, reason: DropReason, n: i64) {
         if n > 0 {
             self.counts.insert(reason, n);
             self.gauge.get_or_create(&DroppedLabels { reason }).set(n);
         } else {
-            self.counts.remove(reason);
+            self.counts.remove(&reason);
             self.gauge.remove(&DroppedLabels { reason });
         }
     }
@@ -866,7 +866,7 @@ mod tests {
             dropped: vec![outside("a", "192.0.2.1"), outside("b", "192.0.2.2")],
             ..Changes::default()
         });
-        report.set(UNKNOWN_INTERFACE, 1);
+        report.set(DropReason::UnknownInterface, 1);
         let text = encode(&registry);
         assert!(
             text.contains(r#"swimlb_snapshot_dropped{reason="outside_pools"} 2"#),
@@ -885,7 +885,7 @@ mod tests {
             restored: vec![outside("b", "192.0.2.2")],
             ..Changes::default()
         });
-        report.set(UNKNOWN_INTERFACE, 0);
+        report.set(DropReason::UnknownInterface, 0);
         let text = encode(&registry);
         assert!(!text.contains("outside_pools"), "{text}");
         assert!(!text.contains("unknown_interface"), "{text}");

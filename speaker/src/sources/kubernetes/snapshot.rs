@@ -91,14 +91,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use smol_str::SmolStr;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
 use swimlb_config::pools::{Advertisement, ConfigError, Model};
 use swimlb_config::service::{ServiceKey, TrafficPolicy};
 
 use super::views::{ConditionsView, ServiceView, SliceView, trim_cached_meta};
 use crate::model::membership::NodeName;
-use crate::model::snapshot::{Interfaces, NodeFilter, NodeSet, ServedIp, Snapshot};
+use crate::model::snapshot::{Interfaces, NodeFilter, NodeSet, Owner, ServedIp, Snapshot};
 
 /// The annotations that let a Service share its IP, in every spelling the controller accepts.
 pub const ALLOW_SHARED_IP: [&str; 3] = [
@@ -246,18 +245,68 @@ pub enum Dropped {
 }
 
 impl Dropped {
+    /// Its reason, for logs and metrics.
+    pub fn reason(&self) -> DropReason {
+        match self {
+            Dropped::InvalidPool(_) => DropReason::InvalidPool,
+            Dropped::InvalidAdvertisement(_) => DropReason::InvalidAdvertisement,
+            Dropped::InvalidIngressIp { .. } => DropReason::InvalidIngressIp,
+            Dropped::OutsidePools { .. } => DropReason::OutsidePools,
+            Dropped::SplitAcrossPools { .. } => DropReason::SplitAcrossPools,
+            Dropped::NoMatchingAdvertisement { .. } => DropReason::NoMatchingAdvertisement,
+            Dropped::SharedIpWithServiceSelector { .. } => DropReason::SharedIpWithServiceSelector,
+            Dropped::IpConflict { .. } => DropReason::IpConflict,
+            Dropped::EndpointWithoutNode { .. } => DropReason::EndpointWithoutNode,
+        }
+    }
+
     /// A fixed label for logs and metrics.
     pub fn as_str(&self) -> &'static str {
+        self.reason().as_str()
+    }
+}
+
+/// Why something was left out of what is served: the `reason` label of
+/// `swimlb_snapshot_dropped`. One per [`Dropped`] variant, and the interfaces named but missing
+/// on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropReason {
+    /// `invalid_pool`.
+    InvalidPool,
+    /// `invalid_advertisement`.
+    InvalidAdvertisement,
+    /// `invalid_ingress_ip`.
+    InvalidIngressIp,
+    /// `outside_pools`.
+    OutsidePools,
+    /// `split_across_pools`.
+    SplitAcrossPools,
+    /// `no_matching_advertisement`.
+    NoMatchingAdvertisement,
+    /// `shared_ip_with_service_selector`.
+    SharedIpWithServiceSelector,
+    /// `ip_conflict`.
+    IpConflict,
+    /// `endpoint_without_node`.
+    EndpointWithoutNode,
+    /// `unknown_interface`: an interface named but missing on this node.
+    UnknownInterface,
+}
+
+impl DropReason {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Dropped::InvalidPool(_) => "invalid_pool",
-            Dropped::InvalidAdvertisement(_) => "invalid_advertisement",
-            Dropped::InvalidIngressIp { .. } => "invalid_ingress_ip",
-            Dropped::OutsidePools { .. } => "outside_pools",
-            Dropped::SplitAcrossPools { .. } => "split_across_pools",
-            Dropped::NoMatchingAdvertisement { .. } => "no_matching_advertisement",
-            Dropped::SharedIpWithServiceSelector { .. } => "shared_ip_with_service_selector",
-            Dropped::IpConflict { .. } => "ip_conflict",
-            Dropped::EndpointWithoutNode { .. } => "endpoint_without_node",
+            DropReason::InvalidPool => "invalid_pool",
+            DropReason::InvalidAdvertisement => "invalid_advertisement",
+            DropReason::InvalidIngressIp => "invalid_ingress_ip",
+            DropReason::OutsidePools => "outside_pools",
+            DropReason::SplitAcrossPools => "split_across_pools",
+            DropReason::NoMatchingAdvertisement => "no_matching_advertisement",
+            DropReason::SharedIpWithServiceSelector => "shared_ip_with_service_selector",
+            DropReason::IpConflict => "ip_conflict",
+            DropReason::EndpointWithoutNode => "endpoint_without_node",
+            DropReason::UnknownInterface => "unknown_interface",
         }
     }
 }
@@ -456,7 +505,7 @@ impl Resolved {
         let ready_endpoints = ready_endpoints(key, svc, slices, dropped);
         // Every IP of the Service has the same entry.
         let served = ServedIp {
-            belongs_to: SmolStr::from(key.to_string()),
+            belongs_to: Owner::service(&key.namespace, &key.name),
             group: None,
             interfaces: placement.interfaces,
             nodes: placement.nodes,

@@ -220,7 +220,7 @@ fn an_ip_in_an_advertised_pool_is_served_by_every_node_with_the_services_key() {
     assert_eq!(
         *entry,
         ServedIp {
-            belongs_to: "shop/web".into(),
+            belongs_to: Owner::service("shop", "web"),
             group: None,
             interfaces: Interfaces::Default,
             nodes: only(&["a", "b", "c"]),
@@ -828,7 +828,7 @@ fn an_ip_shared_by_several_services_is_one_entry_of_the_first_service() {
     world.services.remove(0);
     let built = world.built();
     let entry = entry(&built, "192.0.2.10");
-    assert_eq!(entry.belongs_to, "shop/web-tcp");
+    assert_eq!(entry.belongs_to.to_string(), "shop/web-tcp");
     assert_eq!(entry.shared_with, None);
 }
 

@@ -36,149 +36,25 @@
 //! twice; the same inputs in the same order give the same outputs. Finding the lowest free
 //! address costs O(log n) amortised: each range keeps the set of used offsets and a cursor below
 //! which every address is used.
+//!
+//! Parts: `request` reads what a Service asks for (pure parsing), `ranges` keeps each pool's used
+//! addresses, `verdict` holds the answers; this module decides.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use swimlb_config::pools::{AddressRange, Family, Model, Pool, ip_to_u128, is_buggy, u128_to_ip};
-use swimlb_config::service::{IpFamilyPolicy, ServiceKey, ServicePort, ServiceView, TrafficPolicy};
+use swimlb_config::pools::{Family, Model, Pool, ip_to_u128};
+use swimlb_config::service::{ServiceKey, ServiceView};
 
-/// The annotation prefixes read, in order of precedence for messages.
-pub const ANNOTATION_PREFIXES: [&str; 3] = ["swimlb.io/", "metallb.io/", "metallb.universe.tf/"];
+mod ranges;
+mod request;
+mod verdict;
 
-/// Why a Service is not served by this allocator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotOurs {
-    /// `spec.type` is not LoadBalancer.
-    NotLoadBalancer,
-    /// The `loadBalancerClass` differs from the one served.
-    OtherClass,
-}
+pub use request::ANNOTATION_PREFIXES;
+pub use verdict::{AllocationError, ErrorReason, NotOurs, Verdict};
 
-impl NotOurs {
-    /// The log word and metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotOurs::NotLoadBalancer => "not_load_balancer",
-            NotOurs::OtherClass => "other_class",
-        }
-    }
-}
-
-/// Why a Service got no addresses.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AllocationError {
-    /// An address that does not parse, or an annotation with too many addresses.
-    #[error("{field}: {value:?} is not a valid address list (one IP, or one per family)")]
-    InvalidIp {
-        /// The field or annotation.
-        field: String,
-        /// Its value.
-        value: String,
-    },
-    /// Two fields or spellings of an annotation that disagree.
-    #[error("{first} and {second} disagree")]
-    ConflictingAnnotations {
-        /// One field.
-        first: String,
-        /// The other field.
-        second: String,
-    },
-    /// The named pool does not exist (or is invalid).
-    #[error("unknown address pool {0:?}")]
-    UnknownPool(String),
-    /// The pool's `serviceAllocation` does not admit the Service.
-    #[error("address pool {0:?} does not admit this service (serviceAllocation)")]
-    PoolNotAllowed(String),
-    /// A requested address is in no pool (or not in the named one, or a skipped buggy one).
-    #[error("{0} is not in any usable address pool")]
-    IpNotInPool(IpAddr),
-    /// A requested address is held by a Service that may not share it.
-    #[error("{ip} is in use by {holder} and cannot be shared")]
-    IpInUse {
-        /// The address.
-        ip: IpAddr,
-        /// A holder.
-        holder: ServiceKey,
-    },
-    /// A requested address is of a family the Service does not have.
-    #[error("{0} is of a family the service does not have (ipFamilies, ipFamilyPolicy)")]
-    IpFamilyMismatch(IpAddr),
-    /// Every usable pool is full.
-    #[error("no free {} address in pool {pool:?}", family.as_str())]
-    PoolExhausted {
-        /// The last pool tried.
-        pool: String,
-        /// The family that ran out.
-        family: Family,
-    },
-    /// No usable pool has the family.
-    #[error("no usable address pool has {} addresses", .0.as_str())]
-    FamilyUnavailable(Family),
-    /// No pool is usable by this Service.
-    #[error("no address pool is available to this service")]
-    NoAvailablePool,
-}
-
-impl AllocationError {
-    /// The metric label (`swimlb_allocation_errors_total{reason}`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            AllocationError::InvalidIp { .. } => "invalid_ip",
-            AllocationError::ConflictingAnnotations { .. } => "conflicting_annotations",
-            AllocationError::UnknownPool(_) => "unknown_pool",
-            AllocationError::PoolNotAllowed(_) => "pool_not_allowed",
-            AllocationError::IpNotInPool(_) => "ip_not_in_pool",
-            AllocationError::IpInUse { .. } => "ip_in_use",
-            AllocationError::IpFamilyMismatch(_) => "ip_family_mismatch",
-            AllocationError::PoolExhausted { .. } => "pool_exhausted",
-            AllocationError::FamilyUnavailable(_) => "family_unavailable",
-            AllocationError::NoAvailablePool => "no_available_pool",
-        }
-    }
-}
-
-/// The allocator's decision for one Service.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// The Service holds these addresses (in family order of the request), which differ from
-    /// its status: write them.
-    Assigned {
-        /// The addresses.
-        ips: Vec<IpAddr>,
-        /// The pool they come from.
-        pool: String,
-    },
-    /// The Service holds exactly the addresses its status shows.
-    Unchanged,
-    /// Not served by this allocator; anything it held is released (clear a status we wrote).
-    NotOurs(NotOurs),
-    /// Existing assignments are not loaded yet ([`Allocator::load_existing`]): nothing changed,
-    /// try again later.
-    NotLoaded,
-    /// No addresses; anything it held is released.
-    Error(AllocationError),
-    /// The Service keeps these addresses although no pool in force has them (their pool is
-    /// invalid or gone): write them if the status differs, and warn.
-    Kept {
-        /// The addresses.
-        ips: Vec<IpAddr>,
-    },
-}
-
-impl Verdict {
-    /// The log word and metric label.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Verdict::Assigned { .. } => "assigned",
-            Verdict::Unchanged => "unchanged",
-            Verdict::NotOurs(_) => "not_ours",
-            Verdict::NotLoaded => "not_loaded",
-            Verdict::Error(_) => "error",
-            Verdict::Kept { .. } => "kept",
-        }
-    }
-}
+use ranges::PoolState;
+use request::{Request, Sharing, families_for, families_match, parse_request};
 
 /// Where a pool stands in automatic allocation, MetalLB's order (smaller first): pools with a
 /// `serviceAllocation` of priority > 0 by ascending priority (1 is the highest), then those
@@ -218,36 +94,6 @@ pub struct LoadConflict {
     pub error: AllocationError,
 }
 
-/// How a Service may share its addresses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Sharing {
-    key: Option<String>,
-    ports: BTreeSet<ServicePort>,
-    policy: TrafficPolicy,
-    selector: BTreeMap<String, String>,
-}
-
-impl Sharing {
-    fn of(svc: &ServiceView, key: Option<String>) -> Self {
-        Self {
-            key,
-            ports: svc.ports.iter().copied().collect(),
-            policy: svc.external_traffic_policy,
-            selector: svc.selector.clone(),
-        }
-    }
-
-    fn compatible(&self, other: &Sharing) -> bool {
-        match (&self.key, &other.key) {
-            (Some(a), Some(b)) if a == b => {}
-            _ => return false,
-        }
-        self.ports.is_disjoint(&other.ports)
-            && self.policy == other.policy
-            && (self.policy == TrafficPolicy::Cluster || self.selector == other.selector)
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Holding {
     /// The pool the addresses come from; `None` when loaded from a status outside every pool.
@@ -257,84 +103,6 @@ struct Holding {
     /// What the Service asked for when it got them (named addresses, named pool): a Service
     /// kept outside the pools moves only when this changes.
     asked: (Vec<IpAddr>, Option<String>),
-}
-
-/// One range of a pool and its used addresses.
-#[derive(Clone, Debug)]
-struct RangeState {
-    range: AddressRange,
-    used: BTreeSet<u128>,
-    /// Every address of the range below the cursor is used or skipped.
-    cursor: u128,
-}
-
-impl RangeState {
-    fn new(range: AddressRange) -> Self {
-        Self {
-            range,
-            used: BTreeSet::new(),
-            cursor: range.start,
-        }
-    }
-
-    /// The lowest free address, moving the cursor up to it.
-    fn lowest_free(&mut self, avoid_buggy: bool) -> Option<u128> {
-        let end = self.range.end;
-        let mut n = self.cursor;
-        if n > end {
-            return None;
-        }
-        let mut used = self.used.range(n..=end).peekable();
-        let found = loop {
-            if n > end {
-                break None;
-            }
-            if avoid_buggy && is_buggy(self.range.family, n) {
-                match n.checked_add(1) {
-                    Some(next) => n = next,
-                    None => break None,
-                }
-                continue;
-            }
-            while used.next_if(|u| **u < n).is_some() {}
-            if used.peek().is_some_and(|u| **u == n) {
-                match n.checked_add(1) {
-                    Some(next) => n = next,
-                    None => break None,
-                }
-                continue;
-            }
-            break Some(n);
-        };
-        self.cursor = found.unwrap_or(n.max(self.cursor));
-        found
-    }
-}
-
-#[derive(Clone, Debug)]
-struct PoolState {
-    pool: Pool,
-    ranges: Vec<RangeState>,
-}
-
-impl PoolState {
-    fn new(pool: Pool) -> Self {
-        let ranges = pool.ranges.iter().copied().map(RangeState::new).collect();
-        Self { pool, ranges }
-    }
-
-    fn range_of(&mut self, ip: IpAddr) -> Option<&mut RangeState> {
-        self.ranges.iter_mut().find(|r| r.range.contains(ip))
-    }
-
-    fn lowest_free(&mut self, family: Family) -> Option<IpAddr> {
-        let avoid = self.pool.avoid_buggy_ips;
-        self.ranges
-            .iter_mut()
-            .filter(|r| r.range.family == family)
-            .find_map(|r| r.lowest_free(avoid))
-            .map(|n| u128_to_ip(family, n))
-    }
 }
 
 /// The addresses a pool has and hands out, per family.
@@ -361,161 +129,6 @@ pub struct Allocator {
     shared: HashMap<String, BTreeSet<IpAddr>>,
     /// Whether [`Allocator::load_existing`] has run; until then nothing is assigned.
     loaded: bool,
-}
-
-/// What a Service asks for, parsed from its fields and annotations.
-#[derive(Clone, Debug)]
-struct Request {
-    ips: Vec<IpAddr>,
-    pool: Option<String>,
-    sharing: Sharing,
-}
-
-fn annotation(svc: &ServiceView, name: &str) -> Result<Option<String>, AllocationError> {
-    let mut found: Option<(&str, &str)> = None;
-    for prefix in ANNOTATION_PREFIXES {
-        let spelled = svc
-            .annotations
-            .iter()
-            .find(|(k, _)| k.strip_prefix(prefix).is_some_and(|rest| rest == name));
-        if let Some((key, value)) = spelled {
-            let value = value.trim();
-            match found {
-                Some((first, v)) if v != value => {
-                    return Err(AllocationError::ConflictingAnnotations {
-                        first: first.to_string(),
-                        second: key.clone(),
-                    });
-                }
-                Some(_) => {}
-                None => found = Some((key.as_str(), value)),
-            }
-        }
-    }
-    Ok(found.map(|(_, v)| v.to_string()).filter(|v| !v.is_empty()))
-}
-
-fn parse_ip_list(field: &str, value: &str) -> Result<Vec<IpAddr>, AllocationError> {
-    let invalid = || AllocationError::InvalidIp {
-        field: field.to_string(),
-        value: value.to_string(),
-    };
-    let ips = value
-        .split(',')
-        .map(|s| s.trim().parse::<IpAddr>().map_err(|_| invalid()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let families: BTreeSet<Family> = ips.iter().map(|ip| Family::of(*ip)).collect();
-    if ips.is_empty() || ips.len() > 2 || families.len() != ips.len() {
-        return Err(invalid());
-    }
-    Ok(ips)
-}
-
-fn parse_request(svc: &ServiceView) -> Result<Request, AllocationError> {
-    let spec_ip = svc
-        .load_balancer_ip
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty());
-    let spec_ips = spec_ip
-        .map(|v| parse_ip_list("spec.loadBalancerIP", v))
-        .transpose()?;
-    let annotated = annotation(svc, "loadBalancerIPs")?
-        .map(|v| parse_ip_list("loadBalancerIPs", &v))
-        .transpose()?;
-    let ips = match (spec_ips, annotated) {
-        (Some(a), Some(b)) => {
-            if a.iter().collect::<BTreeSet<_>>() != b.iter().collect::<BTreeSet<_>>() {
-                return Err(AllocationError::ConflictingAnnotations {
-                    first: "spec.loadBalancerIP".into(),
-                    second: "loadBalancerIPs".into(),
-                });
-            }
-            b
-        }
-        (Some(a), None) => a,
-        (None, Some(b)) => b,
-        (None, None) => Vec::new(),
-    };
-    let pool = annotation(svc, "address-pool")?;
-    let key = annotation(svc, "allow-shared-ip")?;
-    Ok(Request {
-        ips,
-        pool,
-        sharing: Sharing::of(svc, key),
-    })
-}
-
-/// The families a Service gets from a pool, in request order.
-fn families_for(svc: &ServiceView, pool: &Pool) -> Result<Vec<Family>, AllocationError> {
-    let listed: Vec<Family> = if svc.ip_families.is_empty() {
-        Family::ALL.to_vec()
-    } else {
-        svc.ip_families.clone()
-    };
-    match svc.ip_family_policy {
-        IpFamilyPolicy::RequireDualStack => {
-            let wanted = if svc.ip_families.len() == 2 {
-                listed
-            } else {
-                Family::ALL.to_vec()
-            };
-            match wanted.iter().find(|f| !pool.has_family(**f)) {
-                Some(missing) => Err(AllocationError::FamilyUnavailable(*missing)),
-                None => Ok(wanted),
-            }
-        }
-        IpFamilyPolicy::PreferDualStack => {
-            let have: Vec<Family> = listed
-                .iter()
-                .copied()
-                .filter(|f| pool.has_family(*f))
-                .collect();
-            if have.is_empty() {
-                Err(AllocationError::FamilyUnavailable(listed[0]))
-            } else {
-                Ok(have)
-            }
-        }
-        IpFamilyPolicy::SingleStack => {
-            if svc.ip_families.is_empty() {
-                listed
-                    .iter()
-                    .find(|f| pool.has_family(**f))
-                    .map(|f| vec![*f])
-                    .ok_or(AllocationError::FamilyUnavailable(Family::V4))
-            } else if pool.has_family(listed[0]) {
-                Ok(vec![listed[0]])
-            } else {
-                Err(AllocationError::FamilyUnavailable(listed[0]))
-            }
-        }
-    }
-}
-
-/// Whether the families of these addresses are exactly what the Service wants from the pool.
-fn families_match(svc: &ServiceView, ips: &[IpAddr]) -> Result<(), AllocationError> {
-    if !svc.ip_families.is_empty()
-        && let Some(ip) = ips
-            .iter()
-            .find(|ip| !svc.ip_families.contains(&Family::of(**ip)))
-    {
-        return Err(AllocationError::IpFamilyMismatch(*ip));
-    }
-    let have: BTreeSet<Family> = ips.iter().map(|ip| Family::of(*ip)).collect();
-    match svc.ip_family_policy {
-        IpFamilyPolicy::SingleStack if ips.len() > 1 => {
-            Err(AllocationError::IpFamilyMismatch(ips[1]))
-        }
-        IpFamilyPolicy::RequireDualStack if have.len() < 2 => {
-            let missing = Family::ALL
-                .into_iter()
-                .find(|f| !have.contains(f))
-                .unwrap_or(Family::V6);
-            Err(AllocationError::FamilyUnavailable(missing))
-        }
-        _ => Ok(()),
-    }
 }
 
 impl Allocator {
@@ -719,10 +332,10 @@ impl Allocator {
         }
         match &req.pool {
             Some(name) => {
-                let admitted = self.pools.get(name).is_some_and(|p| {
-                    p.pool
-                        .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
-                });
+                let admitted = self
+                    .pools
+                    .get(name)
+                    .is_some_and(|p| p.pool.admits(&svc.applicant()));
                 if !admitted {
                     return Err(AllocationError::PoolNotAllowed(name.clone()));
                 }
@@ -734,10 +347,7 @@ impl Allocator {
                     .pools
                     .values()
                     .filter(|p| p.pool.auto_assign)
-                    .filter(|p| {
-                        p.pool
-                            .admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels)
-                    })
+                    .filter(|p| p.pool.admits(&svc.applicant()))
                     .map(|p| (PoolRank::of(&p.pool), &p.pool.name))
                     .collect();
                 candidates.sort();
@@ -788,7 +398,7 @@ impl Allocator {
         {
             return Err(AllocationError::IpNotInPool(*first));
         }
-        if !pool.admits(&svc.key.namespace, &svc.namespace_labels, &svc.labels) {
+        if !pool.admits(&svc.applicant()) {
             return Err(AllocationError::PoolNotAllowed(pool.name.clone()));
         }
         families_match(svc, ips)?;
