@@ -37,10 +37,12 @@ use self::invariants::{
     VipRule, World,
 };
 use self::schedule::{Fault, FaultKind, Setup, Step, Target};
-use crate::failover::{self, Daemons as _, KeepalivedDaemons, SwimlbDaemons};
+use crate::daemons::{Daemons as _, KeepalivedDaemons, SwimlbDaemons};
 use crate::keepalived::Tuning;
+use crate::lab;
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober, Worker};
+use crate::trial;
 
 /// The groups' preemption delay in the swimlb lab.
 pub const PREEMPT_DELAY: Duration = Duration::from_secs(1);
@@ -316,7 +318,7 @@ impl StatusReader {
         let stop = Arc::new(AtomicBool::new(false));
         let log: Arc<Mutex<Vec<_>>> = Arc::default();
         let (flag, polls) = (stop.clone(), log.clone());
-        let addrs = failover::http_addrs(lab);
+        let addrs = lab::http_addrs(lab);
         let netns = lab.client_netns.clone();
         let handle = probe::spawn_in(
             &lab.client_netns,
@@ -332,7 +334,7 @@ impl StatusReader {
                                 let (netns, vips) = (&netns, &vips);
                                 scope.spawn(move || {
                                     probe::enter_netns(netns).ok()?;
-                                    owners_named(&crate::demo::http_get(*addr, "/status")?, vips)
+                                    owners_named(&lab::http_get(*addr, "/status")?, vips)
                                 })
                             })
                             .collect();
@@ -460,7 +462,7 @@ impl ProcessWatch {
                         }
                         continue;
                     }
-                    if memory && let Some((_, rss)) = crate::soak::proc_usage(pid) {
+                    if memory && let Some((_, rss)) = lab::proc_usage(pid) {
                         let entry =
                             self.memory
                                 .entry(pid)
@@ -629,12 +631,12 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             SocketAddr::from((vip_list[0], PROBE_PORT)),
             Duration::from_millis(10),
         )?;
-        let settled = failover::settle(&lab, daemons.as_dyn(), &prober, progress)?;
+        let settled = trial::settle(&lab, daemons.as_dyn(), &prober, progress)?;
         prober.stop();
         if let Err(reason) = settled {
             bail!(
                 "the lab did not converge within {:?} ({reason}); no fault taken",
-                failover::CONVERGE_LIMIT
+                trial::CONVERGE_LIMIT
             );
         }
     }

@@ -8,121 +8,21 @@
 //! - a membership watcher that polls every survivor's `/status` and records when the old owner
 //!   left its member list (the gossip's detection).
 
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use swimlb_proto::Frame;
-use swimlb_proto::arp::ArpOperation;
 use swimlb_proto::ethernet::MacAddr;
-use swimlb_proto::ndp::NdpMessage;
 use tokio::time::Instant;
 
-use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use crate::daemons::{self, Daemons as _, SwimlbDaemons};
 use crate::kubelab;
+use crate::lab::HTTP_PORT;
+pub use crate::lab::{Announcement, AnnouncementWatcher, http_get};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns, open_eth0, spawn_in};
-
-/// One announcement seen by the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Announcement {
-    /// When it arrived.
-    pub at: Instant,
-    /// The MAC that claimed the VIP.
-    pub mac: MacAddr,
-    /// The VIP.
-    pub ip: IpAddr,
-}
-
-/// Records gratuitous ARP and unsolicited NA frames for `vips` arriving in `netns` on `eth0`.
-#[derive(Debug)]
-pub struct AnnouncementWatcher {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<Announcement>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl AnnouncementWatcher {
-    /// Starts watching.
-    pub fn start(netns: &str, vips: Vec<IpAddr>) -> Result<AnnouncementWatcher> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
-        let (flag, log) = (stop.clone(), seen.clone());
-        let setup = || open_eth0(Duration::from_millis(20));
-        let thread = spawn_in(netns, "announcements", setup, move |mut channel| {
-            while !flag.load(Ordering::Relaxed) {
-                let Ok(frame) = channel.rx.next() else {
-                    continue;
-                };
-                let at = Instant::now();
-                let claim = match Frame::parse(frame) {
-                    Ok(Frame::Arp { arp, .. })
-                        if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
-                    {
-                        Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
-                    }
-                    Ok(Frame::Ndp(f)) => match f.ndp.message {
-                        NdpMessage::NeighborAdvert {
-                            target,
-                            target_link_addr,
-                            flags,
-                        } if !flags.solicited => Some((
-                            target_link_addr.unwrap_or(f.ethernet.src),
-                            IpAddr::V6(target),
-                        )),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                if let Some((mac, ip)) = claim
-                    && vips.contains(&ip)
-                {
-                    log.lock()
-                        .expect("announcement log")
-                        .push(Announcement { at, mac, ip });
-                }
-            }
-        })?;
-        Ok(AnnouncementWatcher {
-            stop,
-            seen,
-            thread: Some(thread),
-        })
-    }
-
-    /// Everything seen so far.
-    pub fn seen(&self) -> Vec<Announcement> {
-        self.seen.lock().expect("announcement log").clone()
-    }
-}
-
-impl Drop for AnnouncementWatcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// `GET path` on `addr` from the current thread's namespace, with a short timeout.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: lab\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    Some(body.to_string())
-}
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::trial;
 
 /// Polls `/status` of `nodes` from `netns` until each has dropped `gone` from its members;
 /// returns when each did (or `None` within `limit`).
@@ -215,7 +115,7 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
     }
     // MetalLB's speakers tell their memberlist only in their logs: (node, log file).
     let mut metallb_logs: Option<Vec<(String, PathBuf)>> = None;
-    let (mut daemons, dir, kubernetes): (Box<dyn failover::Daemons>, PathBuf, bool) = match which {
+    let (mut daemons, dir, kubernetes): (Box<dyn daemons::Daemons>, PathBuf, bool) = match which {
         DemoLab::Kubernetes => {
             out(
                 "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
@@ -261,11 +161,11 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
         vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
     )?;
     // Measure only from a converged lab, and fault the node that owns the VIP at fault time.
-    let settled = match failover::settle(&lab, daemons.as_mut(), &prober, out)? {
+    let settled = match trial::settle(&lab, daemons.as_mut(), &prober, out)? {
         Ok(settled) => settled,
         Err(reason) => bail!(
             "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {}",
-            failover::CONVERGE_LIMIT,
+            trial::CONVERGE_LIMIT,
             dir.display()
         ),
     };

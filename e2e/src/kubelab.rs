@@ -292,7 +292,7 @@ impl Cluster {
         cmd.args(["speaker", "kubernetes", "--cluster"])
             .arg(format!("lab-{}", lab.run_id()))
             .arg("--listen")
-            .arg(SocketAddr::from((node.v4, crate::failover::HTTP_PORT)).to_string())
+            .arg(SocketAddr::from((node.v4, crate::lab::HTTP_PORT)).to_string())
             .args(&self.speaker_args)
             .env("NODE_NAME", &node.name)
             .env("POD_NAMESPACE", NAMESPACE)
@@ -658,14 +658,14 @@ pub struct AddressSeen {
 /// What every node's speaker says of `ip`, in node order (`None`: no answer, or the address is
 /// not in its `/status`).
 pub fn address_views(lab: &Lab, ip: &str) -> Vec<Option<AddressSeen>> {
-    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
+    let nodes: Vec<SocketAddr> = crate::lab::http_addrs(lab);
     let count = nodes.len();
     let ip = ip.to_string();
     probe::in_netns(&lab.client_netns, move || {
         nodes
             .iter()
             .map(|addr| {
-                let body = crate::demo::http_get(*addr, "/status")?;
+                let body = crate::lab::http_get(*addr, "/status")?;
                 let v: Value = serde_json::from_str(&body).ok()?;
                 let entry = v["addresses"]
                     .as_array()?

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::converge::{self, MetallbView, Views};
-use crate::failover::Daemons;
+use crate::daemons::Daemons;
 use crate::kubectl::Source;
 use crate::kubelab::{self, APPS, BareCluster, Policy, SERVICE};
 use crate::kubelet::{self, Kubelet, PodState};
@@ -304,7 +304,7 @@ impl Daemons for MetallbDaemons {
         let metrics = probe::in_netns(&lab.client_netns, move || {
             addrs
                 .iter()
-                .map(|addr| (0..3).find_map(|_| crate::demo::http_get(*addr, "/metrics")))
+                .map(|addr| (0..3).find_map(|_| crate::lab::http_get(*addr, "/metrics")))
                 .collect::<Vec<_>>()
         })
         .unwrap_or_else(|_| vec![None; count]);

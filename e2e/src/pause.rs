@@ -23,10 +23,12 @@ use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
 use crate::converge::Views;
-use crate::demo::AnnouncementWatcher;
-use crate::failover::{self, Daemons, Options, Percentiles, Scenario};
+use crate::daemons::Daemons;
+use crate::failover::{Options, Scenario};
+use crate::lab::AnnouncementWatcher;
 use crate::netns::{self, Lab};
 use crate::probe::{self, PROBE_PORT, Prober};
+use crate::trial::{self, Percentiles};
 
 /// How long the speaker is stopped.
 pub const PAUSE: Duration = Duration::from_secs(2);
@@ -105,7 +107,7 @@ pub fn run(
         bail!("pause::run runs the pause scenarios only");
     }
     let (mut lab, responders, mut daemons) =
-        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
+        trial::start_lab(options.nodes, options.loss, make_daemons)?;
     let vip = netns::vip_v4(0);
     let mut samples = Vec::new();
     let mut failed_trials = 0;
@@ -115,7 +117,7 @@ pub fn run(
             SocketAddr::from((vip, PROBE_PORT)),
             options.probe_interval,
         )?;
-        let settled = match failover::settle(&lab, daemons.as_mut(), &prober, progress)? {
+        let settled = match trial::settle(&lab, daemons.as_mut(), &prober, progress)? {
             Ok(s) => s,
             Err(reason) => {
                 failed_trials += 1;
@@ -220,7 +222,7 @@ pub fn run(
         failed_trials,
         loss: options.loss,
         pause_ms: PAUSE.as_millis() as u64,
-        failover_ms: failover::percentiles(&ms),
+        failover_ms: trial::percentiles(&ms),
         old_owner_answers: samples.iter().map(|s| s.old_owner_answers).sum(),
         moved_trials: samples.iter().filter(|s| s.owner_changes > 0).count(),
         samples,

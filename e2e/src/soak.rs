@@ -16,11 +16,14 @@ use anyhow::Result;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::failover::{Daemons, Implementation};
+use crate::daemons::Daemons;
+use crate::daemons::Implementation;
 use crate::flood::{Flood, FloodKind};
+use crate::lab::proc_usage;
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
 use crate::scrape::{self, Sample};
+use crate::trial;
 
 /// How often the client asks who has the VIP by ARP.
 pub const ARP_INTERVAL: Duration = Duration::from_millis(100);
@@ -147,36 +150,17 @@ impl Report {
     }
 }
 
-/// The (utime + stime) of `pid`, in clock ticks, and its resident memory in KiB.
-pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((utime + stime, rss_kib))
-}
-
 /// Every node's `/metrics` answer read from the client, as samples, in node order (`None`: no
 /// answer in 3 tries; with `--loss` a lost SYN fails one attempt).
 fn scrape_nodes(lab: &Lab) -> Vec<Option<Vec<Sample>>> {
-    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
+    let nodes: Vec<SocketAddr> = crate::lab::http_addrs(lab);
     let count = nodes.len();
     probe::in_netns(&lab.client_netns, move || {
         nodes
             .iter()
             .map(|addr| {
                 (0..3)
-                    .find_map(|_| crate::demo::http_get(*addr, "/metrics"))
+                    .find_map(|_| crate::lab::http_get(*addr, "/metrics"))
                     .map(|text| scrape::samples(&text))
             })
             .collect()
@@ -236,17 +220,17 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     let (mut lab, workers, mut daemons) =
-        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
+        trial::start_lab(options.nodes, options.loss, make_daemons)?;
     let prober = Prober::start(
         &lab.client_netns,
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = match crate::failover::settle(&lab, daemons.as_mut(), &prober, progress)? {
+    let owner = match trial::settle(&lab, daemons.as_mut(), &prober, progress)? {
         Ok(settled) => settled.owner,
         Err(reason) => anyhow::bail!(
             "the lab did not converge within {:?} ({reason}); nothing watched",
-            crate::failover::CONVERGE_LIMIT
+            trial::CONVERGE_LIMIT
         ),
     };
     progress(&format!(

@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
-use crate::failover::{Daemons, GOSSIP_PORT, KeepalivedDaemons, SwimlbDaemons};
+use crate::daemons::{Daemons, KeepalivedDaemons, SwimlbDaemons};
+use crate::lab::GOSSIP_PORT;
 use crate::netns::{self, Lab};
 
 /// The daemons a chaos run drives: one arm per target.
