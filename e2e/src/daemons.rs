@@ -2,7 +2,6 @@
 //! the Kubernetes lab) and keepalived. Each starts, signals and restarts its node's daemon and
 //! reports what the daemons say about the VIP.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,9 +9,8 @@ use anyhow::Result;
 
 use crate::keepalived;
 use crate::kubelab;
-use crate::lab::{GOSSIP_PORT, HTTP_PORT, SpeakerView, Views, http_addrs, http_get, rule};
+use crate::lab::{GOSSIP_PORT, HTTP_PORT, SpeakerView, Views, http_addrs, read_each, rule};
 use crate::netns::{self, Lab};
-use crate::probe;
 
 /// Which load balancer a lab runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,16 +358,7 @@ impl Daemons for SwimlbDaemons {
     }
 
     fn views(&mut self, lab: &Lab) -> Views {
-        let nodes: Vec<SocketAddr> = http_addrs(lab);
-        let count = nodes.len();
-        // Three tries each: with `--loss` a lost SYN fails one connection attempt.
-        let views = probe::in_netns(&lab.client_netns, move || {
-            nodes
-                .iter()
-                .map(|addr| (0..3).find_map(|_| speaker_view(&http_get(*addr, "/status")?)))
-                .collect()
-        });
-        Views::Swimlb(views.unwrap_or_else(|_| vec![None; count]))
+        Views::Swimlb(read_each(lab, http_addrs(lab), "/status", 3, speaker_view))
     }
 
     fn pid(&mut self, lab: &mut Lab, index: usize) -> Option<u32> {

@@ -658,28 +658,25 @@ pub struct AddressSeen {
 /// What every node's speaker says of `ip`, in node order (`None`: no answer, or the address is
 /// not in its `/status`).
 pub fn address_views(lab: &Lab, ip: &str) -> Vec<Option<AddressSeen>> {
-    let nodes: Vec<SocketAddr> = crate::lab::http_addrs(lab);
-    let count = nodes.len();
     let ip = ip.to_string();
-    probe::in_netns(&lab.client_netns, move || {
-        nodes
-            .iter()
-            .map(|addr| {
-                let body = crate::lab::http_get(*addr, "/status")?;
-                let v: Value = serde_json::from_str(&body).ok()?;
-                let entry = v["addresses"]
-                    .as_array()?
-                    .iter()
-                    .find(|a| a["ip"] == ip.as_str())?;
-                Some(AddressSeen {
-                    owner: entry["owner"].as_str().map(str::to_string),
-                    verdict: entry["verdict"].as_str()?.to_string(),
-                    members: v["members"].as_array()?.len(),
-                })
+    crate::lab::read_each(
+        lab,
+        crate::lab::http_addrs(lab),
+        "/status",
+        1,
+        move |body| {
+            let v: Value = serde_json::from_str(body).ok()?;
+            let entry = v["addresses"]
+                .as_array()?
+                .iter()
+                .find(|a| a["ip"] == ip.as_str())?;
+            Some(AddressSeen {
+                owner: entry["owner"].as_str().map(str::to_string),
+                verdict: entry["verdict"].as_str()?.to_string(),
+                members: v["members"].as_array()?.len(),
             })
-            .collect()
-    })
-    .unwrap_or_else(|_| vec![None; count])
+        },
+    )
 }
 
 /// Waits (at most `limit`, every 100 ms) until every speaker sees every member and they all name

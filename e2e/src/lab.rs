@@ -9,6 +9,6 @@ pub mod usage;
 pub mod views;
 
 pub use announcements::{Announcement, AnnouncementWatcher};
-pub use http::{GOSSIP_PORT, HTTP_PORT, get_each, http_addrs, http_get};
+pub use http::{GOSSIP_PORT, HTTP_PORT, http_addrs, http_get, read_each};
 pub use usage::proc_usage;
 pub use views::{MetallbView, SpeakerView, Views, VrrpState};

@@ -39,7 +39,7 @@ use crate::kubectl::Source;
 use crate::kubelab::{self, APPS, BareCluster, Policy, SERVICE};
 use crate::kubelet::{self, Kubelet, PodState};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT};
+use crate::probe::PROBE_PORT;
 use crate::scrape;
 
 /// MetalLB's namespace (its manifest's).
@@ -299,15 +299,8 @@ impl Daemons for MetallbDaemons {
             .iter()
             .map(|n| SocketAddr::from((n.v4, METRICS_PORT)))
             .collect();
-        let count = addrs.len();
-        // Three tries each: with `--loss` a lost SYN fails one connection attempt.
-        let metrics = probe::in_netns(&lab.client_netns, move || {
-            addrs
-                .iter()
-                .map(|addr| (0..3).find_map(|_| crate::lab::http_get(*addr, "/metrics")))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_else(|_| vec![None; count]);
+        let metrics =
+            crate::lab::read_each(lab, addrs, "/metrics", 3, |text| Some(text.to_string()));
         let vip = IpAddr::V4(netns::vip_v4(0));
         let views = lab
             .nodes

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::daemons::Daemons;
 use crate::daemons::Implementation;
 use crate::flood::{Flood, FloodKind};
-use crate::lab::proc_usage;
+use crate::lab::{self, proc_usage};
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
 use crate::scrape::{self, Sample};
@@ -153,19 +153,9 @@ impl Report {
 /// Every node's `/metrics` answer read from the client, as samples, in node order (`None`: no
 /// answer in 3 tries; with `--loss` a lost SYN fails one attempt).
 fn scrape_nodes(lab: &Lab) -> Vec<Option<Vec<Sample>>> {
-    let nodes: Vec<SocketAddr> = crate::lab::http_addrs(lab);
-    let count = nodes.len();
-    probe::in_netns(&lab.client_netns, move || {
-        nodes
-            .iter()
-            .map(|addr| {
-                (0..3)
-                    .find_map(|_| crate::lab::http_get(*addr, "/metrics"))
-                    .map(|text| scrape::samples(&text))
-            })
-            .collect()
+    lab::read_each(lab, lab::http_addrs(lab), "/metrics", 3, |text| {
+        Some(scrape::samples(text))
     })
-    .unwrap_or_else(|_| vec![None; count])
 }
 
 /// One speaker's `/metrics` samples at the start and at the end of the run (`None`: no answer).

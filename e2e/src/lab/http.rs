@@ -35,16 +35,21 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     Some(body.to_string())
 }
 
-/// `GET path` on every node's speaker from the client, in node order; `None`: no answer in 3
-/// tries (with `--loss` a lost SYN fails one connection attempt).
-pub fn get_each(lab: &Lab, path: &'static str) -> Vec<Option<String>> {
-    let nodes = http_addrs(lab);
-    let count = nodes.len();
+/// `GET path` on each of `addrs` from the client, in order, each answer read by `read`; `None`:
+/// no answer `read` accepted in `tries` tries (with `--loss` a lost SYN fails one attempt).
+pub fn read_each<T: Send + 'static>(
+    lab: &Lab,
+    addrs: Vec<SocketAddr>,
+    path: &'static str,
+    tries: usize,
+    read: impl Fn(&str) -> Option<T> + Send + 'static,
+) -> Vec<Option<T>> {
+    let count = addrs.len();
     probe::in_netns(&lab.client_netns, move || {
-        nodes
+        addrs
             .iter()
-            .map(|addr| (0..3).find_map(|_| http_get(*addr, path)))
+            .map(|addr| (0..tries).find_map(|_| read(&http_get(*addr, path)?)))
             .collect()
     })
-    .unwrap_or_else(|_| vec![None; count])
+    .unwrap_or_else(|_| (0..count).map(|_| None).collect())
 }
