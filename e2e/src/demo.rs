@@ -215,16 +215,7 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
     let fault = Instant::now();
     lab.set_link(old.index, false)?;
 
-    let deadline = fault + Duration::from_secs(20);
-    let sample = loop {
-        if let Some(s) = probe::failover(&prober.snapshot(), fault, &owner) {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let sample = trial::wait_failover(&prober, fault, &owner, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(200));
     let records = prober.stop();
     let detections = members.join().unwrap_or_default();

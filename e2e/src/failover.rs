@@ -26,7 +26,8 @@ use crate::flood::{Flood, FloodKind};
 use crate::lab::proc_usage;
 pub use crate::lab::{GOSSIP_PORT, HTTP_PORT, http_addrs};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober};
+use crate::probe::{PROBE_PORT, Prober};
+use crate::trial;
 pub use crate::trial::{
     CONVERGE_LIMIT, Percentiles, Settled, first_other_answer, percentiles, settle, start_lab,
     wait_for_steady_owner,
@@ -313,17 +314,7 @@ pub fn run(
             }
         }
         false_failovers += settled.false_failovers;
-        let deadline = fault + Duration::from_secs(30);
-        let sample = loop {
-            let records = prober.snapshot();
-            if let Some(s) = probe::failover(&records, fault, &owner) {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let sample = trial::wait_failover(&prober, fault, &owner, Duration::from_secs(30));
         std::thread::sleep(Duration::from_millis(200));
         let records = prober.stop();
         let new_owner = sample

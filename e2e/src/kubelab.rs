@@ -191,12 +191,7 @@ impl Cluster {
             json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
             "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {}}),
         )?;
-        api.create(service(
-            SERVICE,
-            &netns::vip_v4(0).to_string(),
-            Policy::Cluster,
-            None,
-        ))?;
+        api.create(lab_service())?;
         Ok(())
     }
 
@@ -340,12 +335,7 @@ impl Cluster {
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
-        self.api()
-            .get("v1", "Service", Some(namespace), service)
-            .ok()
-            .flatten()
-            .map(|s| ingress_ips(&s))
-            .unwrap_or_default()
+        ingress(self.api(), namespace, service)
     }
 }
 
@@ -446,12 +436,7 @@ impl BareCluster {
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
-        self.api()
-            .get("v1", "Service", Some(namespace), service)
-            .ok()
-            .flatten()
-            .map(|s| ingress_ips(&s))
-            .unwrap_or_default()
+        ingress(self.api(), namespace, service)
     }
 
     /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
@@ -467,6 +452,15 @@ impl BareCluster {
             .unwrap_or_default();
         record_pairs(&records)
     }
+}
+
+/// The IPs the controller wrote into `namespace/service`'s status, as `api` reads them now.
+fn ingress(api: &Kube, namespace: &str, service: &str) -> Vec<String> {
+    api.get("v1", "Service", Some(namespace), service)
+        .ok()
+        .flatten()
+        .map(|s| ingress_ips(&s))
+        .unwrap_or_default()
 }
 
 /// The IPs of a Service's `status.loadBalancer.ingress`.
@@ -594,6 +588,16 @@ pub enum Policy {
     Cluster,
     /// Only nodes with a ready endpoint announce.
     Local,
+}
+
+/// The lab's Service, [`SERVICE`], asking for the first VIP for every node (`Cluster`).
+pub fn lab_service() -> Value {
+    service(
+        SERVICE,
+        &netns::vip_v4(0).to_string(),
+        Policy::Cluster,
+        None,
+    )
 }
 
 /// A Service of type LoadBalancer in [`APPS`] asking for `ip` (the `loadBalancerIPs`

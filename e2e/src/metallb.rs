@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use crate::converge::{self, MetallbView, Views};
 use crate::daemons::Daemons;
 use crate::kubectl::Source;
-use crate::kubelab::{self, APPS, BareCluster, Policy, SERVICE};
+use crate::kubelab::{self, APPS, BareCluster, SERVICE};
 use crate::kubelet::{self, Kubelet, PodState};
 use crate::netns::{self, Lab};
 use crate::probe::PROBE_PORT;
@@ -198,12 +198,7 @@ impl MetallbDaemons {
         }
         let api = self.cluster.api();
         api.create(backends())?;
-        api.create(kubelab::service(
-            SERVICE,
-            &netns::vip_v4(0).to_string(),
-            Policy::Cluster,
-            None,
-        ))?;
+        api.create(kubelab::lab_service())?;
         Ok(())
     }
 

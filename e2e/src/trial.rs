@@ -41,6 +41,26 @@ pub fn wait_for_steady_owner(prober: &Prober, steady: usize, limit: Duration) ->
     }
 }
 
+/// Polls `prober` (every 10 ms, at most `limit` after `fault`) until a node other than `owner`
+/// answers; the failover it measured, or `None` when nobody took over in time.
+pub fn wait_failover(
+    prober: &Prober,
+    fault: Instant,
+    owner: &str,
+    limit: Duration,
+) -> Option<probe::FailoverSample> {
+    let deadline = fault + limit;
+    loop {
+        if let Some(s) = probe::failover(&prober.snapshot(), fault, owner) {
+            return Some(s);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// How long a trial (or the demo) waits for the lab to converge before it is reported as failed.
 pub const CONVERGE_LIMIT: Duration = Duration::from_secs(60);
 

@@ -341,12 +341,7 @@ impl Driver {
                 let _ = std::fs::remove_file(flag_path(d.dir(), &lab.node(node).name));
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => {
-                let netns = lab.node(node).netns.clone();
-                let addr = format!("{}/32", netns::vip_v4(vip as u8));
-                lab.run_in(&netns, "ip", &["addr", "add", &addr, "dev", "eth0"])?;
-                Ok(())
-            }
+            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "add"),
         }
     }
 
@@ -426,12 +421,7 @@ impl Driver {
                 std::fs::write(flag_path(d.dir(), &lab.node(node).name), "")?;
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => {
-                let netns = lab.node(node).netns.clone();
-                let addr = format!("{}/32", netns::vip_v4(vip as u8));
-                lab.run_in(&netns, "ip", &["addr", "del", &addr, "dev", "eth0"])?;
-                Ok(())
-            }
+            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "del"),
         }
     }
 
@@ -466,6 +456,15 @@ impl Driver {
 
 fn drop_table(fault: usize) -> String {
     format!("swimlb_chaos_drop{fault}")
+}
+
+/// `ip addr add` or `del` (`op`) of VIP `vip` on node `node`'s eth0: a foreign host answering
+/// for it.
+fn foreign_address(lab: &mut Lab, node: usize, vip: usize, op: &str) -> Result<()> {
+    let netns = lab.node(node).netns.clone();
+    let addr = format!("{}/32", netns::vip_v4(vip as u8));
+    lab.run_in(&netns, "ip", &["addr", op, &addr, "dev", "eth0"])?;
+    Ok(())
 }
 
 /// The flag file node `name`'s health check tests.
