@@ -589,32 +589,54 @@ fn observations(
     }
 }
 
-/// Runs a chaos run; `progress` hears the lab's start and every fault step as it happens.
-pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    if !(3..=5).contains(&options.nodes) {
-        bail!("chaos runs 3 to 5 nodes, not {}", options.nodes);
-    }
-    driver::cleanup_stale_cgroups();
-    let target = options.target;
-    let caps = target.capabilities();
-    let setup = schedule::setup(options.seed, options.nodes);
-    let mut faults = if options.scheduled {
-        schedule::schedule(options.seed, options.duration, options.nodes, target)
-    } else {
-        Vec::new()
-    };
-    faults.extend(options.injected.iter().copied());
-    faults.sort_by_key(|f| (f.at, f.end()));
-    let steps = schedule::actions(&faults, options.nodes);
-    let rule = rule(target, setup, options.nodes);
-    let replay = format!(
-        "swimlb-lab chaos --impl {} --seed {} --duration {} --nodes {}",
-        target.as_str(),
-        options.seed,
-        options.duration.as_secs(),
-        options.nodes
-    );
+/// What a run will do, fixed before the lab starts: the faults in the order they are due, their
+/// steps, and the rule the checker holds the daemons to.
+struct Plan {
+    setup: Setup,
+    faults: Vec<Fault>,
+    steps: Vec<schedule::Action>,
+    rule: Rule,
+    replay: String,
+}
 
+impl Plan {
+    /// The seed's setup and schedule, plus the injected faults.
+    fn new(options: &Options) -> Plan {
+        let target = options.target;
+        let setup = schedule::setup(options.seed, options.nodes);
+        let mut faults = if options.scheduled {
+            schedule::schedule(options.seed, options.duration, options.nodes, target)
+        } else {
+            Vec::new()
+        };
+        faults.extend(options.injected.iter().copied());
+        faults.sort_by_key(|f| (f.at, f.end()));
+        let steps = schedule::actions(&faults, options.nodes);
+        let replay = format!(
+            "swimlb-lab chaos --impl {} --seed {} --duration {} --nodes {}",
+            target.as_str(),
+            options.seed,
+            options.duration.as_secs(),
+            options.nodes
+        );
+        Plan {
+            setup,
+            faults,
+            steps,
+            rule: rule(target, setup, options.nodes),
+            replay,
+        }
+    }
+}
+
+/// The lab with a responder and the daemons on every node, converged on the first VIP `vip`:
+/// no fault is taken in a lab that never converged.
+fn start_converged(
+    options: &Options,
+    setup: Setup,
+    vip: Ipv4Addr,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Lab, Vec<Worker>, ChaosDaemons)> {
     let mut lab = Lab::create(options.nodes).context("building the lab")?;
     let mut responders: Vec<Worker> = Vec::new();
     for node in lab.nodes.clone() {
@@ -624,183 +646,319 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     for i in 1..=options.nodes {
         daemons.as_dyn().start(&mut lab, i)?;
     }
-    let vip_list = vips(target);
-    {
-        let prober = Prober::start(
-            &lab.client_netns,
-            SocketAddr::from((vip_list[0], PROBE_PORT)),
-            Duration::from_millis(10),
-        )?;
-        let settled = trial::settle(&lab, daemons.as_dyn(), &prober, progress)?;
-        prober.stop();
-        if let Err(reason) = settled {
-            bail!(
-                "the lab did not converge within {:?} ({reason}); no fault taken",
-                trial::CONVERGE_LIMIT
-            );
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((vip, PROBE_PORT)),
+        Duration::from_millis(10),
+    )?;
+    let settled = trial::settle(&lab, daemons.as_dyn(), &prober, progress)?;
+    prober.stop();
+    if let Err(reason) = settled {
+        bail!(
+            "the lab did not converge within {:?} ({reason}); no fault taken",
+            trial::CONVERGE_LIMIT
+        );
+    }
+    Ok((lab, responders, daemons))
+}
+
+/// The client's observers of every VIP over the run: a prober and an ARP asker each, and the
+/// `/status` reader when the daemons have one. `t0` is the start of the run.
+struct Observers {
+    t0: Instant,
+    probers: Vec<Prober>,
+    askers: Vec<(Instant, ArpAsker)>,
+    status: Option<StatusReader>,
+}
+
+impl Observers {
+    fn start(lab: &Lab, vips: &[Ipv4Addr], duration: Duration, status: bool) -> Result<Observers> {
+        let t0 = Instant::now();
+        let probers = vips
+            .iter()
+            .map(|ip| {
+                Prober::start(
+                    &lab.client_netns,
+                    SocketAddr::from((*ip, PROBE_PORT)),
+                    Duration::from_millis(10),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let requests = (duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
+        let askers = vips
+            .iter()
+            .map(|ip| {
+                let from = Instant::now();
+                Ok((
+                    from,
+                    ArpAsker::start(&lab.client_netns, *ip, invariants::ARP_INTERVAL, requests)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let status = if status {
+            Some(StatusReader::start(lab, vips.to_vec())?)
+        } else {
+            None
+        };
+        Ok(Observers {
+            t0,
+            probers,
+            askers,
+            status,
+        })
+    }
+
+    /// What they recorded so far, up to `horizon`.
+    fn snapshot(&self, lab: &Lab, horizon: Duration) -> Observations {
+        let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = self
+            .askers
+            .iter()
+            .map(|(from, a)| (*from, a.snapshot()))
+            .collect();
+        let polls = self
+            .status
+            .as_ref()
+            .map(StatusReader::snapshot)
+            .unwrap_or_default();
+        observations(lab, self.t0, &self.probers, &asked, &polls, horizon)
+    }
+
+    /// Stops them; everything they recorded up to `horizon`.
+    fn finish(self, lab: &Lab, horizon: Duration) -> Observations {
+        let polls = self.status.map(StatusReader::finish).unwrap_or_default();
+        let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = self
+            .askers
+            .into_iter()
+            .map(|(from, a)| (from, a.stop()))
+            .collect();
+        let obs = observations(lab, self.t0, &self.probers, &asked, &polls, horizon);
+        for p in self.probers {
+            p.stop();
+        }
+        obs
+    }
+}
+
+/// The fault loop: the plan's steps on time, the daemons' processes checked every second, and
+/// with `--until-violation` the invariants every 2 s.
+struct Drive {
+    driver: Driver,
+    executed: Vec<Executed>,
+    errors: Vec<String>,
+    watch: ProcessWatch,
+    /// When each node's daemon last (re)started, since the start of the run.
+    started: Vec<Duration>,
+    stopped_early: bool,
+}
+
+impl Drive {
+    fn new(nodes: usize) -> Drive {
+        Drive {
+            driver: Driver::new(nodes),
+            executed: Vec::new(),
+            errors: Vec::new(),
+            watch: ProcessWatch::default(),
+            started: vec![Duration::ZERO; nodes],
+            stopped_early: false,
         }
     }
+
+    /// Runs the plan until its end (every step is due before it) or the first violation;
+    /// returns how long it ran.
+    fn run(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        plan: &Plan,
+        observers: &Observers,
+        options: &Options,
+        progress: &mut dyn FnMut(&str),
+    ) -> Duration {
+        let t0 = observers.t0;
+        let status = options.target.capabilities().status;
+        let (mut last_check, mut last_memory, mut last_eval) =
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let end = options.duration;
+        let mut next = plan.steps.iter().peekable();
+        loop {
+            let now = t0.elapsed();
+            if now >= end && next.peek().is_none() {
+                break;
+            }
+            if let Some(action) = next.peek()
+                && action.at <= now
+            {
+                let action = **action;
+                next.next();
+                self.step(lab, daemons, &plan.faults, action, t0.elapsed(), progress);
+                continue;
+            }
+            if now >= last_check + Duration::from_secs(1) {
+                last_check = now;
+                let memory = now >= last_memory + Duration::from_secs(5);
+                if memory {
+                    last_memory = now;
+                }
+                let started = &self.started;
+                self.watch
+                    .check(lab, daemons, &self.driver, started, now, memory);
+            }
+            if options.until_violation && now >= last_eval + Duration::from_secs(2) {
+                last_eval = now;
+                let obs = observers.snapshot(lab, now.saturating_sub(Duration::from_secs(2)));
+                let world = World::new(&plan.faults, &self.executed, options.nodes);
+                let violated = invariants::evaluate(&plan.rule, &world, &obs, status)
+                    .iter()
+                    .chain(&self.watch.found)
+                    .any(|v| !v.excused);
+                if violated {
+                    self.stopped_early = true;
+                    break;
+                }
+            }
+            let wait = next
+                .peek()
+                .map_or(end.saturating_sub(now), |a| a.at.saturating_sub(now))
+                .min(Duration::from_millis(50));
+            std::thread::sleep(wait);
+        }
+        t0.elapsed()
+    }
+
+    /// Executes one step at `at` (since the start of the run) and tells `progress`.
+    fn step(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        faults: &[Fault],
+        action: schedule::Action,
+        at: Duration,
+        progress: &mut dyn FnMut(&str),
+    ) {
+        let fault = faults[action.fault];
+        self.executed.push(Executed {
+            at,
+            fault: action.fault,
+            step: action.step,
+        });
+        let outcome = self
+            .driver
+            .step(lab, daemons, action.fault, &fault, action.step);
+        if action.step == Step::Undo
+            && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
+        {
+            self.started[node - 1] = at;
+        }
+        match outcome {
+            Ok(()) => progress(&format!(
+                "{:>9.3} s  {:<6} {}",
+                at.as_secs_f64(),
+                step_word(action.step),
+                step_text(&fault, action.step)
+            )),
+            Err(e) => {
+                let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
+                progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
+                self.errors.push(text);
+            }
+        }
+    }
+
+    /// Undoes every fault still applied, recorded at `ran`, and checks the processes once more.
+    fn finish(&mut self, lab: &mut Lab, daemons: &mut ChaosDaemons, ran: Duration) {
+        let (undone, undo_errors) = self.driver.undo_all(lab, daemons);
+        for index in undone {
+            self.executed.push(Executed {
+                at: ran,
+                fault: index,
+                step: Step::Undo,
+            });
+        }
+        self.errors.extend(undo_errors);
+        self.watch
+            .check(lab, daemons, &self.driver, &self.started, ran, true);
+    }
+}
+
+/// Runs a chaos run; `progress` hears the lab's start and every fault step as it happens.
+pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if !(3..=5).contains(&options.nodes) {
+        bail!("chaos runs 3 to 5 nodes, not {}", options.nodes);
+    }
+    driver::cleanup_stale_cgroups();
+    let target = options.target;
+    let caps = target.capabilities();
+    let plan = Plan::new(options);
+    let vip_list = vips(target);
+    let (mut lab, responders, mut daemons) =
+        start_converged(options, plan.setup, vip_list[0], progress)?;
     progress(&format!(
         "chaos ({}): lab converged; {} faults over {} s (seed {}, {} nodes{})",
         target.as_str(),
-        faults.len(),
+        plan.faults.len(),
         options.duration.as_secs(),
         options.seed,
         options.nodes,
-        setup
+        plan.setup
             .preferred
             .map(|p| format!(", node{p} preferred by priority"))
             .unwrap_or_default()
     ));
 
-    let t0 = Instant::now();
-    let probers = vip_list
-        .iter()
-        .map(|ip| {
-            Prober::start(
-                &lab.client_netns,
-                SocketAddr::from((*ip, PROBE_PORT)),
-                Duration::from_millis(10),
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let requests =
-        (options.duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
-    let askers = vip_list
-        .iter()
-        .map(|ip| {
-            let from = Instant::now();
-            Ok((
-                from,
-                ArpAsker::start(&lab.client_netns, *ip, invariants::ARP_INTERVAL, requests)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let status = if caps.status {
-        Some(StatusReader::start(&lab, vip_list.clone())?)
-    } else {
-        None
-    };
-
-    let mut driver = Driver::new(options.nodes);
-    let mut executed: Vec<Executed> = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
-    let mut watch = ProcessWatch::default();
-    let mut started = vec![Duration::ZERO; options.nodes];
-    let mut last_check = Duration::ZERO;
-    let mut last_memory = Duration::ZERO;
-    let mut last_eval = Duration::ZERO;
-    let mut stopped_early = false;
-    let end = options.duration;
-    let mut next = steps.iter().peekable();
-    // Bounded: ends at `end` (every step is due before it), or at the first violation.
-    loop {
-        let now = t0.elapsed();
-        if now >= end && next.peek().is_none() {
-            break;
-        }
-        if let Some(action) = next.peek()
-            && action.at <= now
-        {
-            let action = **action;
-            next.next();
-            let fault = faults[action.fault];
-            let at = t0.elapsed();
-            executed.push(Executed {
-                at,
-                fault: action.fault,
-                step: action.step,
-            });
-            let outcome = driver.step(&mut lab, &mut daemons, action.fault, &fault, action.step);
-            if action.step == Step::Undo
-                && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
-            {
-                started[node - 1] = at;
-            }
-            match outcome {
-                Ok(()) => progress(&format!(
-                    "{:>9.3} s  {:<6} {}",
-                    at.as_secs_f64(),
-                    step_word(action.step),
-                    step_text(&fault, action.step)
-                )),
-                Err(e) => {
-                    let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
-                    progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
-                    errors.push(text);
-                }
-            }
-            continue;
-        }
-        if now >= last_check + Duration::from_secs(1) {
-            last_check = now;
-            let memory = now >= last_memory + Duration::from_secs(5);
-            if memory {
-                last_memory = now;
-            }
-            watch.check(&mut lab, &mut daemons, &driver, &started, now, memory);
-        }
-        if options.until_violation && now >= last_eval + Duration::from_secs(2) {
-            last_eval = now;
-            let horizon = now.saturating_sub(Duration::from_secs(2));
-            let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
-                .iter()
-                .map(|(from, a)| (*from, a.snapshot()))
-                .collect();
-            let polls = status
-                .as_ref()
-                .map(StatusReader::snapshot)
-                .unwrap_or_default();
-            let obs = observations(&lab, t0, &probers, &asked, &polls, horizon);
-            let world = World::new(&faults, &executed, options.nodes);
-            let violated = invariants::evaluate(&rule, &world, &obs, caps.status)
-                .iter()
-                .chain(&watch.found)
-                .any(|v| !v.excused);
-            if violated {
-                stopped_early = true;
-                break;
-            }
-        }
-        let wait = next
-            .peek()
-            .map_or(end.saturating_sub(now), |a| a.at.saturating_sub(now))
-            .min(Duration::from_millis(50));
-        std::thread::sleep(wait);
-    }
-    let ran = t0.elapsed();
-    let (undone, undo_errors) = driver.undo_all(&mut lab, &mut daemons);
-    for index in undone {
-        executed.push(Executed {
-            at: ran,
-            fault: index,
-            step: Step::Undo,
-        });
-    }
-    errors.extend(undo_errors);
-    watch.check(&mut lab, &mut daemons, &driver, &started, ran, true);
-
-    let polls = status.map(StatusReader::finish).unwrap_or_default();
-    let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
-        .into_iter()
-        .map(|(from, a)| (from, a.stop()))
-        .collect();
-    let obs = observations(&lab, t0, &probers, &asked, &polls, ran);
-    for p in probers {
-        p.stop();
-    }
+    let observers = Observers::start(&lab, &vip_list, options.duration, caps.status)?;
+    let mut drive = Drive::new(options.nodes);
+    let ran = drive.run(&mut lab, &mut daemons, &plan, &observers, options, progress);
+    drive.finish(&mut lab, &mut daemons, ran);
+    let obs = observers.finish(&lab, ran);
     drop(responders);
     lab.teardown();
 
-    let world = World::new(&faults, &executed, options.nodes);
-    let mut violations = invariants::evaluate(&rule, &world, &obs, caps.status);
-    violations.extend(watch.found.iter().cloned());
-    let (leaks, memory) = watch.leaks(&rule.names, ran);
+    let world = World::new(&plan.faults, &drive.executed, options.nodes);
+    let mut violations = invariants::evaluate(&plan.rule, &world, &obs, caps.status);
+    violations.extend(drive.watch.found.iter().cloned());
+    let (leaks, memory) = drive.watch.leaks(&plan.rule.names, ran);
     if caps.status {
         violations.extend(leaks);
     }
     violations.sort_by_key(|v| (v.at, v.invariant));
 
+    let timeline = timeline(&plan.faults, &drive.executed, &violations, &vip_list);
+    let (per_invariant, excused) = per_invariant(caps.status, &violations);
+    let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
+    let lost_probes = obs
+        .vips
+        .iter()
+        .map(|v| v.probes.iter().filter(|p| !p.answered).count())
+        .sum();
+    Ok(Report {
+        implementation: target.as_str(),
+        seed: options.seed,
+        duration_s: options.duration.as_secs(),
+        ran_s: ran.as_secs_f64(),
+        nodes: options.nodes,
+        setup: plan.setup,
+        stopped_early: drive.stopped_early,
+        violations_per_invariant: per_invariant,
+        excused_per_invariant: excused,
+        faults_per_kind: per_kind(&plan.faults, &drive.executed),
+        violations,
+        timeline,
+        faults: plan.faults,
+        probes,
+        lost_probes,
+        memory,
+        errors: drive.errors,
+        replay: plan.replay,
+    })
+}
+
+/// Every executed step and every violation, in time order.
+fn timeline(
+    faults: &[Fault],
+    executed: &[Executed],
+    violations: &[Violation],
+    vip_list: &[Ipv4Addr],
+) -> Vec<TimelineEntry> {
     let mut timeline: Vec<TimelineEntry> = executed
         .iter()
         .map(|e| {
@@ -825,17 +983,24 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         ),
     }));
     timeline.sort_by_key(|e| e.at_ms);
+    timeline
+}
 
+/// Violations and excused ones per invariant; every invariant that applies is listed, at 0 when
+/// it held (without `/status`, only dual, dark and crash apply).
+fn per_invariant(
+    status: bool,
+    violations: &[Violation],
+) -> (BTreeMap<&'static str, usize>, BTreeMap<&'static str, usize>) {
     let mut per_invariant: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
     for inv in Invariant::ALL {
-        let applies =
-            caps.status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
+        let applies = status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
         if applies {
             per_invariant.insert(inv.as_str(), 0);
         }
     }
-    for v in &violations {
+    for v in violations {
         let map = if v.excused {
             &mut excused
         } else {
@@ -843,6 +1008,11 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         };
         *map.entry(v.invariant.as_str()).or_insert(0) += 1;
     }
+    (per_invariant, excused)
+}
+
+/// Faults applied, per kind.
+fn per_kind(faults: &[Fault], executed: &[Executed]) -> BTreeMap<&'static str, usize> {
     let applied: BTreeSet<usize> = executed
         .iter()
         .filter(|e| e.step == Step::Apply)
@@ -852,32 +1022,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     for i in &applied {
         *per_kind.entry(faults[*i].kind.as_str()).or_insert(0) += 1;
     }
-    let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
-    let lost_probes = obs
-        .vips
-        .iter()
-        .map(|v| v.probes.iter().filter(|p| !p.answered).count())
-        .sum();
-    Ok(Report {
-        implementation: target.as_str(),
-        seed: options.seed,
-        duration_s: options.duration.as_secs(),
-        ran_s: ran.as_secs_f64(),
-        nodes: options.nodes,
-        setup,
-        stopped_early,
-        violations_per_invariant: per_invariant,
-        excused_per_invariant: excused,
-        faults_per_kind: per_kind,
-        violations,
-        timeline,
-        faults,
-        probes,
-        lost_probes,
-        memory,
-        errors,
-        replay,
-    })
+    per_kind
 }
 
 fn step_word(step: Step) -> &'static str {
