@@ -244,137 +244,54 @@ impl Report {
     }
 }
 
-/// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
-pub fn run(
-    options: &Options,
-    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Report> {
-    let (mut lab, responders, mut daemons) = start_lab(options.nodes, options.loss, make_daemons)?;
-    let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
-    let flood = match options.flood {
-        Some((kind, pps)) => {
-            let key = std::fs::read_to_string(lab.work_dir().join("keys"))
-                .ok()
-                .and_then(|text| swimlb_config::keyfile::parse_key_file(&text).ok())
-                .and_then(|keys| keys.first().copied());
-            let usage: Vec<Option<(u32, u64)>> = (1..=options.nodes)
-                .map(|i| {
-                    let pid = daemons.pid(&mut lab, i)?;
-                    Some((pid, proc_usage(pid)?.0))
-                })
-                .collect();
-            Some((
-                kind,
-                pps,
-                Flood::start(&lab, kind, pps, key)?,
-                usage,
-                Instant::now(),
-            ))
-        }
-        None => None,
-    };
-    let mut samples = Vec::new();
-    let mut failed_trials = 0;
-    let mut false_failovers = 0;
-    for trial in 1..=options.trials {
-        let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
-        let settled = match settle(&lab, daemons.as_mut(), &prober, progress)? {
-            Ok(settled) => settled,
-            Err(reason) => {
-                prober.stop();
-                failed_trials += 1;
-                progress(&format!(
-                    "trial {trial}/{}: not measured: the lab did not converge within {CONVERGE_LIMIT:?} ({reason})",
-                    options.trials
-                ));
-                continue;
-            }
-        };
-        let (owner, index) = (settled.owner.clone(), settled.index);
-        let record = match daemons.before_fault(&owner, options.api_down)? {
-            Ok(record) => record,
-            Err(reason) => {
-                prober.stop();
-                failed_trials += 1;
-                progress(&format!(
-                    "trial {trial}/{}: not measured: {reason}",
-                    options.trials
-                ));
-                continue;
-            }
-        };
-        let fault = Instant::now();
-        match options.scenario {
-            Scenario::Poweroff => lab.set_link(index, false)?,
-            Scenario::Kill => daemons.signal(&mut lab, index, "KILL")?,
-            Scenario::Sigterm => daemons.signal(&mut lab, index, "TERM")?,
-            Scenario::Pause | Scenario::PauseBackup => {
-                bail!("the pause scenarios run in crate::pause::run")
-            }
-        }
-        false_failovers += settled.false_failovers;
-        let sample = trial::wait_failover(&prober, fault, &owner, Duration::from_secs(30));
-        std::thread::sleep(Duration::from_millis(200));
-        let records = prober.stop();
-        let new_owner = sample
-            .as_ref()
-            .and_then(|_| first_other_answer(&records, fault, &owner));
-        daemons
-            .after_fault()
-            .context("bringing the API server back")?;
-        // The record must name the node that took over (not merely another one).
-        let status_ms = record
-            .and_then(|r| r.join())
-            .filter(|(node, _)| Some(node) == new_owner.as_ref())
-            .map(|(_, at)| at.duration_since(fault).as_secs_f64() * 1e3);
-        match sample {
-            Some(s) => {
-                let status = status_ms
-                    .map(|ms| {
-                        format!(
-                            ", status record names {} after {ms:.1} ms",
-                            new_owner.as_deref().unwrap_or("?")
-                        )
-                    })
-                    .unwrap_or_default();
-                progress(&format!(
-                    "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost{status}",
-                    options.trials, s.failover_ms, s.lost_probes
-                ));
-                samples.push(Sample {
-                    failover_ms: s.failover_ms,
-                    lost_probes: s.lost_probes,
-                    status_ms,
-                });
-            }
-            None => {
-                failed_trials += 1;
-                progress(&format!(
-                    "trial {trial}/{}: {owner} faulted, no other node answered within 30 s",
-                    options.trials
-                ));
-            }
-        }
-        // Restore the old owner as a backup; the next trial waits for the lab to converge.
-        match options.scenario {
-            Scenario::Poweroff => lab.set_link(index, true)?,
-            Scenario::Kill => {
-                daemons.clean_after_kill(&mut lab, index)?;
-                daemons.start(&mut lab, index)?;
-            }
-            Scenario::Sigterm => daemons.start(&mut lab, index)?,
-            Scenario::Pause | Scenario::PauseBackup => {}
-        }
+/// A flood running under the trials, with every daemon's CPU ticks when it started.
+struct RunningFlood {
+    kind: FloodKind,
+    pps: u64,
+    flood: Flood,
+    before: Vec<Option<(u32, u64)>>,
+    started: Instant,
+}
+
+/// Every node's daemon's pid and CPU ticks now, in node order (`None`: not running).
+fn cpu_ticks(lab: &mut Lab, daemons: &mut dyn Daemons, nodes: usize) -> Vec<Option<(u32, u64)>> {
+    (1..=nodes)
+        .map(|i| {
+            let pid = daemons.pid(lab, i)?;
+            Some((pid, proc_usage(pid)?.0))
+        })
+        .collect()
+}
+
+impl RunningFlood {
+    /// Starts `pps` packets per second of `kind` from the client, forged with the lab's key.
+    fn start(
+        lab: &mut Lab,
+        daemons: &mut dyn Daemons,
+        nodes: usize,
+        (kind, pps): (FloodKind, u64),
+    ) -> Result<RunningFlood> {
+        let key = std::fs::read_to_string(lab.work_dir().join("keys"))
+            .ok()
+            .and_then(|text| swimlb_config::keyfile::parse_key_file(&text).ok())
+            .and_then(|keys| keys.first().copied());
+        let before = cpu_ticks(lab, daemons, nodes);
+        Ok(RunningFlood {
+            kind,
+            pps,
+            flood: Flood::start(lab, kind, pps, key)?,
+            before,
+            started: Instant::now(),
+        })
     }
-    let flood = flood.map(|(kind, pps, flood, before, started)| {
-        let elapsed = started.elapsed().as_secs_f64();
-        let cpu_percent = (1..=options.nodes)
+
+    /// Stops the flood; what it sent, and each daemon's CPU meanwhile.
+    fn finish(self, lab: &mut Lab, daemons: &mut dyn Daemons, nodes: usize) -> FloodReport {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let now = cpu_ticks(lab, daemons, nodes);
+        let cpu_percent = (1..=nodes)
             .map(|i| {
-                let now = daemons
-                    .pid(&mut lab, i)
-                    .and_then(|pid| Some((pid, proc_usage(pid)?.0)));
-                let spent = match (before[i - 1], now) {
+                let spent = match (self.before[i - 1], now[i - 1]) {
                     (Some((p0, t0)), Some((p1, t1))) if p0 == p1 => t1.saturating_sub(t0),
                     (_, Some((_, t1))) => t1,
                     _ => 0,
@@ -387,12 +304,175 @@ pub fn run(
             })
             .collect();
         FloodReport {
-            kind: kind.as_str(),
-            pps,
-            sent: flood.stop(),
+            kind: self.kind.as_str(),
+            pps: self.pps,
+            sent: self.flood.stop(),
             cpu_percent,
         }
-    });
+    }
+}
+
+/// How one trial ended.
+enum TrialEnd {
+    /// Not measured: the lab did not converge, or was not ready for the fault.
+    NotMeasured,
+    /// The owner was faulted; `sample` is `None` when no other node answered within 30 s.
+    Faulted {
+        sample: Option<Sample>,
+        false_failovers: usize,
+    },
+}
+
+/// Takes the scenario's fault to node `index`.
+fn fault(scenario: Scenario, lab: &mut Lab, daemons: &mut dyn Daemons, index: usize) -> Result<()> {
+    match scenario {
+        Scenario::Poweroff => lab.set_link(index, false),
+        Scenario::Kill => daemons.signal(lab, index, "KILL"),
+        Scenario::Sigterm => daemons.signal(lab, index, "TERM"),
+        Scenario::Pause | Scenario::PauseBackup => {
+            bail!("the pause scenarios run in crate::pause::run")
+        }
+    }
+}
+
+/// Brings faulted node `index` back as a backup; the next trial waits for the lab to converge.
+fn restore(
+    scenario: Scenario,
+    lab: &mut Lab,
+    daemons: &mut dyn Daemons,
+    index: usize,
+) -> Result<()> {
+    match scenario {
+        Scenario::Poweroff => lab.set_link(index, true),
+        Scenario::Kill => {
+            daemons.clean_after_kill(lab, index)?;
+            daemons.start(lab, index)
+        }
+        Scenario::Sigterm => daemons.start(lab, index),
+        Scenario::Pause | Scenario::PauseBackup => Ok(()),
+    }
+}
+
+/// Trial number `trial`: waits for the lab to converge, faults the owner, measures the
+/// failover (and the status record's, in the Kubernetes lab) and restores the old owner.
+fn run_trial(
+    trial: usize,
+    options: &Options,
+    lab: &mut Lab,
+    daemons: &mut dyn Daemons,
+    progress: &mut dyn FnMut(&str),
+) -> Result<TrialEnd> {
+    let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
+    let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
+    let settled = match settle(lab, daemons, &prober, progress)? {
+        Ok(settled) => settled,
+        Err(reason) => {
+            prober.stop();
+            progress(&format!(
+                "trial {trial}/{}: not measured: the lab did not converge within {CONVERGE_LIMIT:?} ({reason})",
+                options.trials
+            ));
+            return Ok(TrialEnd::NotMeasured);
+        }
+    };
+    let (owner, index) = (settled.owner.clone(), settled.index);
+    let record = match daemons.before_fault(&owner, options.api_down)? {
+        Ok(record) => record,
+        Err(reason) => {
+            prober.stop();
+            progress(&format!(
+                "trial {trial}/{}: not measured: {reason}",
+                options.trials
+            ));
+            return Ok(TrialEnd::NotMeasured);
+        }
+    };
+    let fault_at = Instant::now();
+    fault(options.scenario, lab, daemons, index)?;
+    let measured = trial::wait_failover(&prober, fault_at, &owner, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(200));
+    let records = prober.stop();
+    let new_owner = measured
+        .as_ref()
+        .and_then(|_| first_other_answer(&records, fault_at, &owner));
+    daemons
+        .after_fault()
+        .context("bringing the API server back")?;
+    // The record must name the node that took over (not merely another one).
+    let status_ms = record
+        .and_then(|r| r.join())
+        .filter(|(node, _)| Some(node) == new_owner.as_ref())
+        .map(|(_, at)| at.duration_since(fault_at).as_secs_f64() * 1e3);
+    let sample = match measured {
+        Some(s) => {
+            let status = status_ms
+                .map(|ms| {
+                    format!(
+                        ", status record names {} after {ms:.1} ms",
+                        new_owner.as_deref().unwrap_or("?")
+                    )
+                })
+                .unwrap_or_default();
+            progress(&format!(
+                "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost{status}",
+                options.trials, s.failover_ms, s.lost_probes
+            ));
+            Some(Sample {
+                failover_ms: s.failover_ms,
+                lost_probes: s.lost_probes,
+                status_ms,
+            })
+        }
+        None => {
+            progress(&format!(
+                "trial {trial}/{}: {owner} faulted, no other node answered within 30 s",
+                options.trials
+            ));
+            None
+        }
+    };
+    restore(options.scenario, lab, daemons, index)?;
+    Ok(TrialEnd::Faulted {
+        sample,
+        false_failovers: settled.false_failovers,
+    })
+}
+
+/// Runs the trials in a fresh lab and returns the report. `progress` gets one line per trial.
+pub fn run(
+    options: &Options,
+    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report> {
+    let (mut lab, responders, mut daemons) = start_lab(options.nodes, options.loss, make_daemons)?;
+    let flood = match options.flood {
+        Some(flood) => Some(RunningFlood::start(
+            &mut lab,
+            daemons.as_mut(),
+            options.nodes,
+            flood,
+        )?),
+        None => None,
+    };
+    let mut samples = Vec::new();
+    let mut failed_trials = 0;
+    let mut false_failovers = 0;
+    for trial in 1..=options.trials {
+        match run_trial(trial, options, &mut lab, daemons.as_mut(), progress)? {
+            TrialEnd::NotMeasured => failed_trials += 1,
+            TrialEnd::Faulted {
+                sample,
+                false_failovers: seen,
+            } => {
+                false_failovers += seen;
+                match sample {
+                    Some(sample) => samples.push(sample),
+                    None => failed_trials += 1,
+                }
+            }
+        }
+    }
+    let flood = flood.map(|flood| flood.finish(&mut lab, daemons.as_mut(), options.nodes));
     let server_version = daemons.server_version();
     // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
     // live in them).
