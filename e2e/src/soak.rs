@@ -203,6 +203,44 @@ pub fn watch_figures(speakers: &[SpeakerMetrics]) -> (Takeovers, Option<f64>, Ve
     (takeovers, p99.map(|s| (s * 1e6).round() / 1e3), unread)
 }
 
+/// Every node's `/metrics` samples from `before` the run and now, in node order.
+fn speaker_metrics(lab: &Lab, before: Vec<Option<Vec<Sample>>>) -> Vec<SpeakerMetrics> {
+    let names = lab.nodes.iter().map(|n| n.name.clone());
+    names
+        .zip(before)
+        .zip(scrape_nodes(lab))
+        .map(|((node, before), after)| SpeakerMetrics {
+            node,
+            before,
+            after,
+        })
+        .collect()
+}
+
+/// Each daemon's memory at the end and CPU over `elapsed`, from its `/proc` usage `before` and
+/// `after` (a daemon missing either is left out).
+fn speaker_costs(
+    pids: &[(String, u32)],
+    before: &[Option<(u64, u64)>],
+    after: &[Option<(u64, u64)>],
+    elapsed: Duration,
+) -> Vec<SpeakerCost> {
+    // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
+    let ticks_per_s = 100.0;
+    pids.iter()
+        .zip(before.iter().zip(after.iter()))
+        .filter_map(|((node, _), (b, a))| {
+            let (b, a) = (b.as_ref()?, a.as_ref()?);
+            Some(SpeakerCost {
+                node: node.clone(),
+                rss_mib: a.1 as f64 / 1024.0,
+                cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
+                    * 100.0,
+            })
+        })
+        .collect()
+}
+
 /// Runs the soak with the daemons `make_daemons` starts in the lab.
 pub fn run(
     options: &Options,
@@ -266,17 +304,7 @@ pub fn run(
     let arp_answers = asker.stop();
     let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
     let (takeovers, timer_lateness_ms, metrics_unread) = if swimlb {
-        let names = lab.nodes.iter().map(|n| n.name.clone());
-        let scrapes: Vec<_> = names
-            .zip(metrics_before)
-            .zip(scrape_nodes(&lab))
-            .map(|((node, before), after)| SpeakerMetrics {
-                node,
-                before,
-                after,
-            })
-            .collect();
-        watch_figures(&scrapes)
+        watch_figures(&speaker_metrics(&lab, metrics_before))
     } else {
         (Takeovers::default(), None, Vec::new())
     };
@@ -284,21 +312,7 @@ pub fn run(
     let records = prober.stop();
     // The newest probes may still be in flight.
     let watched = &records[skip.min(records.len())..records.len().saturating_sub(5)];
-    // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
-    let ticks_per_s = 100.0;
-    let speakers = pids
-        .iter()
-        .zip(before.iter().zip(after.iter()))
-        .filter_map(|((node, _), (b, a))| {
-            let (b, a) = (b.as_ref()?, a.as_ref()?);
-            Some(SpeakerCost {
-                node: node.clone(),
-                rss_mib: a.1 as f64 / 1024.0,
-                cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
-                    * 100.0,
-            })
-        })
-        .collect();
+    let speakers = speaker_costs(&pids, &before, &after, elapsed);
     // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
     // live in them).
     drop(daemons);
