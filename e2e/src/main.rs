@@ -493,28 +493,8 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     use swimlb_e2e::failover::{self, Implementation, Options, Scenario};
     cleanup_on_interrupt();
     let implementations = parse_implementations(&args.implementation)?;
-    let scenario = match args.scenario.as_str() {
-        "poweroff" => Scenario::Poweroff,
-        "kill" => Scenario::Kill,
-        "sigterm" => Scenario::Sigterm,
-        "pause" => Scenario::Pause,
-        "pause-backup" => Scenario::PauseBackup,
-        other => anyhow::bail!(
-            "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
-        ),
-    };
-    let flood = match args.flood.as_deref() {
-        None => None,
-        Some([kind, pps]) => Some((
-            swimlb_e2e::flood::FloodKind::parse(kind)
-                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
-            pps.parse::<u64>()
-                .ok()
-                .filter(|p| *p > 0)
-                .with_context(|| format!("--flood {kind} {pps}: a rate above 0"))?,
-        )),
-        Some(other) => anyhow::bail!("--flood takes KIND PPS, not {other:?}"),
-    };
+    let scenario = parse_scenario(&args.scenario)?;
+    let flood = parse_flood(args.flood.as_deref())?;
     let pause = matches!(scenario, Scenario::Pause | Scenario::PauseBackup);
     anyhow::ensure!(
         !pause
@@ -570,6 +550,48 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     for report in &reports {
         println!("{}", report.table());
     }
+    print_ratios(&reports);
+    if let Some(path) = &args.json {
+        write_reports(path, &reports)?;
+    }
+    Ok(())
+}
+
+/// `--scenario NAME`.
+fn parse_scenario(name: &str) -> anyhow::Result<swimlb_e2e::failover::Scenario> {
+    use swimlb_e2e::failover::Scenario;
+    Ok(match name {
+        "poweroff" => Scenario::Poweroff,
+        "kill" => Scenario::Kill,
+        "sigterm" => Scenario::Sigterm,
+        "pause" => Scenario::Pause,
+        "pause-backup" => Scenario::PauseBackup,
+        other => anyhow::bail!(
+            "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
+        ),
+    })
+}
+
+/// `--flood KIND PPS`, if given.
+fn parse_flood(
+    flood: Option<&[String]>,
+) -> anyhow::Result<Option<(swimlb_e2e::flood::FloodKind, u64)>> {
+    Ok(match flood {
+        None => None,
+        Some([kind, pps]) => Some((
+            swimlb_e2e::flood::FloodKind::parse(kind)
+                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
+            pps.parse::<u64>()
+                .ok()
+                .filter(|p| *p > 0)
+                .with_context(|| format!("--flood {kind} {pps}: a rate above 0"))?,
+        )),
+        Some(other) => anyhow::bail!("--flood takes KIND PPS, not {other:?}"),
+    })
+}
+
+/// How many times swimlb's p50 each keepalived's is, when both ran.
+fn print_ratios(reports: &[swimlb_e2e::failover::Report]) {
     let p50 = |name: &str| {
         reports
             .iter()
@@ -586,10 +608,6 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(path) = &args.json {
-        write_reports(path, &reports)?;
-    }
-    Ok(())
 }
 
 fn which(program: &str) -> Option<PathBuf> {
