@@ -660,6 +660,41 @@ fn write_reports<T: serde::Serialize>(path: &std::path::Path, reports: &[T]) -> 
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// The partition's and the stalls' lines under a run's table row.
+fn print_phases(report: &sim::SimReport) {
+    if let Some(p) = &report.partition {
+        println!(
+            "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
+            p.cut_off,
+            report.nodes,
+            p.cut_s,
+            p.healed,
+            p.heal_ms,
+            p.downs_after_heal,
+            p.cut_off_downs_after_heal,
+            p.takeovers
+        );
+    }
+    for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
+        if let Some(st) = stall {
+            println!(
+                "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}; watch takeovers of it {}",
+                st.stall_ms,
+                st.member,
+                st.stalls,
+                st.window_ms,
+                st.false_downs_of_others,
+                st.downs_of_stalled,
+                st.recover_ms.p50,
+                st.recover_ms.max,
+                st.unrecovered,
+                st.max_health,
+                st.stalled_takeovers
+            );
+        }
+    }
+}
+
 fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.duration.is_finite() && args.duration > 0.0,
@@ -696,37 +731,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
                 println!("{}", sim::table_row(&report, started.elapsed()));
-                if let Some(p) = &report.partition {
-                    println!(
-                        "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
-                        p.cut_off,
-                        report.nodes,
-                        p.cut_s,
-                        p.healed,
-                        p.heal_ms,
-                        p.downs_after_heal,
-                        p.cut_off_downs_after_heal,
-                        p.takeovers
-                    );
-                }
-                for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
-                    if let Some(st) = stall {
-                        println!(
-                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}; watch takeovers of it {}",
-                            st.stall_ms,
-                            st.member,
-                            st.stalls,
-                            st.window_ms,
-                            st.false_downs_of_others,
-                            st.downs_of_stalled,
-                            st.recover_ms.p50,
-                            st.recover_ms.max,
-                            st.unrecovered,
-                            st.max_health,
-                            st.stalled_takeovers
-                        );
-                    }
-                }
+                print_phases(&report);
                 reports.push(report);
             }
         }
