@@ -255,20 +255,26 @@ mod tests {
     use super::watch::{Ranking, rank_key};
     use super::*;
 
-    #[test]
-    fn small_lossless_run_detects_every_crash_without_false_downs() {
-        let opts = SimOptions {
-            nodes: 5,
+    /// `nodes` members on the fast profile for `seconds`, no loss, no stall or partition, the
+    /// watch on.
+    fn lossless(nodes: usize, seconds: u64, seed: u64) -> SimOptions {
+        SimOptions {
+            nodes,
             loss_pct: 0.0,
-            duration: Duration::from_secs(20),
+            duration: Duration::from_secs(seconds),
             profile: Profile::Fast,
             timing: Timing::fast(),
-            seed: 1,
+            seed,
             partition: None,
             slow: None,
             pause: None,
             watch: Some(WatchOptions::default()),
-        };
+        }
+    }
+
+    #[test]
+    fn small_lossless_run_detects_every_crash_without_false_downs() {
+        let opts = lossless(5, 20, 1);
         let report = run(&opts).unwrap();
         assert!(report.crashes >= 3, "{report:?}");
         assert_eq!(report.undetected, 0);
@@ -279,16 +285,9 @@ mod tests {
     #[test]
     fn same_seed_gives_the_same_run() {
         let opts = SimOptions {
-            nodes: 6,
             loss_pct: 5.0,
-            duration: Duration::from_secs(15),
-            profile: Profile::Fast,
-            timing: Timing::fast(),
-            seed: 42,
             partition: Some(Duration::from_secs(3)),
-            slow: None,
-            pause: None,
-            watch: Some(WatchOptions::default()),
+            ..lossless(6, 15, 42)
         };
         let first = serde_json::to_string(&run(&opts).unwrap()).unwrap();
         let second = serde_json::to_string(&run(&opts).unwrap()).unwrap();
@@ -298,16 +297,8 @@ mod tests {
     #[test]
     fn a_partition_heals_into_one_membership_without_downs_after_the_heal() {
         let opts = SimOptions {
-            nodes: 9,
-            loss_pct: 0.0,
-            duration: Duration::from_secs(10),
-            profile: Profile::Fast,
-            timing: Timing::fast(),
-            seed: 7,
             partition: Some(Duration::from_secs(5)),
-            slow: None,
-            pause: None,
-            watch: Some(WatchOptions::default()),
+            ..lossless(9, 10, 7)
         };
         let report = run(&opts).unwrap();
         let p = report.partition.expect("a partition phase ran");
@@ -319,16 +310,9 @@ mod tests {
     #[test]
     fn a_slow_and_a_paused_member_take_no_other_member_down_and_recover() {
         let opts = SimOptions {
-            nodes: 8,
-            loss_pct: 0.0,
-            duration: Duration::from_secs(10),
-            profile: Profile::Fast,
-            timing: Timing::fast(),
-            seed: 3,
-            partition: None,
             slow: Some(Duration::from_millis(500)),
             pause: Some(Duration::from_millis(2000)),
-            watch: Some(WatchOptions::default()),
+            ..lossless(8, 10, 3)
         };
         let report = run(&opts).unwrap();
         for stall in [report.slow.unwrap(), report.pause.unwrap()] {
@@ -385,18 +369,7 @@ mod tests {
 
     #[test]
     fn every_crash_is_taken_over_by_the_watch_and_no_live_member_is_without_loss() {
-        let opts = SimOptions {
-            nodes: 6,
-            loss_pct: 0.0,
-            duration: Duration::from_secs(15),
-            profile: Profile::Fast,
-            timing: Timing::fast(),
-            seed: 11,
-            partition: None,
-            slow: None,
-            pause: None,
-            watch: Some(WatchOptions::default()),
-        };
+        let opts = lossless(6, 15, 11);
         let report = run(&opts).unwrap();
         assert!(report.crashes >= 3, "{report:?}");
         assert_eq!(report.watch_undetected, 0, "{report:?}");
@@ -415,16 +388,8 @@ mod tests {
     #[test]
     fn without_the_watch_nothing_is_taken_over_and_no_watch_datagram_is_counted() {
         let opts = SimOptions {
-            nodes: 5,
-            loss_pct: 0.0,
-            duration: Duration::from_secs(8),
-            profile: Profile::Fast,
-            timing: Timing::fast(),
-            seed: 1,
-            partition: None,
-            slow: None,
-            pause: None,
             watch: None,
+            ..lossless(5, 8, 1)
         };
         let report = run(&opts).unwrap();
         assert!(!report.watch);
