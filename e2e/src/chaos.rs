@@ -6,7 +6,7 @@
 //! - [`driver`] (I/O): what each fault does to the lab and how it is undone.
 //!
 //! [`run`] builds the lab (the daemons of the target on every node, a responder beside each),
-//! waits for it to converge ([`failover::settle`]), then starts the observers: a prober per VIP
+//! waits for it to converge ([`trial::settle`]), then starts the observers: a prober per VIP
 //! (every 10 ms), an ARP asker per VIP (every 100 ms), and for swimlb a `/status` reader (every
 //! 500 ms, all nodes at once). It executes the schedule's steps at their times, recording when
 //! each really happened; meanwhile it reads the daemons' logs for panics and `/proc` for

@@ -33,11 +33,11 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::converge::{self, MetallbView, Views};
 use crate::daemons::Daemons;
 use crate::kubectl::Source;
 use crate::kubelab::{self, APPS, BareCluster, SERVICE};
 use crate::kubelet::{self, Kubelet, PodState};
+use crate::lab::{MetallbView, Views, rule};
 use crate::netns::{self, Lab};
 use crate::probe::PROBE_PORT;
 use crate::scrape;
@@ -326,7 +326,7 @@ impl Daemons for MetallbDaemons {
     /// every node).
     fn expected_owner(&self, lab: &Lab) -> Option<String> {
         let names: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
-        converge::metallb_owner(&names, IpAddr::V4(netns::vip_v4(0)))
+        rule::metallb_owner(&names, IpAddr::V4(netns::vip_v4(0)))
     }
 }
 

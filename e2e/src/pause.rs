@@ -12,7 +12,7 @@
 //!   answering node must not change (`owner_changes`, counted from the pause to 2 s after the
 //!   paused node rejoined).
 //!
-//! Every trial starts from a converged lab ([`failover::settle`]), as the other faults do.
+//! Every trial starts from a converged lab ([`trial::settle`]), as the other faults do.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -22,9 +22,9 @@ use serde::Serialize;
 use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
-use crate::converge::Views;
 use crate::daemons::Daemons;
 use crate::failover::{Options, Scenario};
+use crate::lab::Views;
 use crate::lab::{Announcement, AnnouncementWatcher};
 use crate::netns::{self, Lab, Node};
 use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober};
