@@ -13,9 +13,9 @@ pub(super) type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
 /// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
 #[derive(Debug)]
 pub(super) struct StatusReader {
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) handle: Option<std::thread::JoinHandle<()>>,
-    pub(super) log: Arc<Mutex<Vec<StatusRound>>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    log: Arc<Mutex<Vec<StatusRound>>>,
 }
 
 impl StatusReader {
@@ -66,7 +66,7 @@ impl StatusReader {
         self.snapshot()
     }
 
-    pub(super) fn halt(&mut self) {
+    fn halt(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -158,9 +158,9 @@ pub(super) fn observations(
 /// `/status` reader when the daemons have one. `t0` is the start of the run.
 pub(super) struct Observers {
     pub(super) t0: Instant,
-    pub(super) probers: Vec<Prober>,
-    pub(super) askers: Vec<(Instant, ArpAsker)>,
-    pub(super) status: Option<StatusReader>,
+    probers: Vec<Prober>,
+    askers: Vec<(Instant, ArpAsker)>,
+    status: Option<StatusReader>,
 }
 
 impl Observers {

@@ -12,13 +12,13 @@ pub(super) const LEAK_FACTOR: f64 = 1.10;
 #[derive(Debug, Default)]
 pub(super) struct ProcessWatch {
     /// Log read offsets, by path.
-    pub(super) offsets: BTreeMap<PathBuf, u64>,
+    offsets: BTreeMap<PathBuf, u64>,
     /// Pids already reported gone.
-    pub(super) gone: BTreeSet<u32>,
+    gone: BTreeSet<u32>,
     /// Nodes whose keepalived was reported gone (until restarted).
-    pub(super) keepalived_gone: BTreeSet<usize>,
+    keepalived_gone: BTreeSet<usize>,
     /// Per pid: node, when it started, its baseline and last resident memory (KiB).
-    pub(super) memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
+    memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
     pub(super) found: Vec<Violation>,
 }
 
@@ -102,7 +102,7 @@ impl ProcessWatch {
         }
     }
 
-    pub(super) fn new_lines(&mut self, path: &std::path::Path) -> Vec<String> {
+    fn new_lines(&mut self, path: &std::path::Path) -> Vec<String> {
         use std::io::{Read as _, Seek as _};
         let offset = self.offsets.entry(path.to_path_buf()).or_insert(0);
         let Ok(mut file) = std::fs::File::open(path) else {

@@ -6,8 +6,8 @@ use super::*;
 /// clock: every watch event runs after the gossip events due at the same time or earlier.
 #[derive(Debug)]
 pub struct Cluster {
-    pub(super) net: SimNet,
-    pub(super) watch: Option<OwnerWatches>,
+    net: SimNet,
+    watch: Option<OwnerWatches>,
 }
 
 impl Cluster {

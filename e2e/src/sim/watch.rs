@@ -54,10 +54,10 @@ pub(super) const RANKED: usize = 8;
 /// ranking, much cheaper).
 #[derive(Debug)]
 pub(super) struct Ranking {
-    pub(super) ips: usize,
-    pub(super) names: Vec<String>,
+    ips: usize,
+    names: Vec<String>,
     /// Per IP (`owner * ips + k`): the other members by hash, the first [`RANKED`].
-    pub(super) ranked: Vec<[u32; RANKED]>,
+    ranked: Vec<[u32; RANKED]>,
 }
 
 /// splitmix64's finaliser.
@@ -172,9 +172,9 @@ pub(super) enum WatchEventKind {
 
 #[derive(Debug)]
 pub(super) struct WatchEvent {
-    pub(super) at: Duration,
-    pub(super) seq: u64,
-    pub(super) kind: WatchEventKind,
+    at: Duration,
+    seq: u64,
+    kind: WatchEventKind,
 }
 
 impl PartialEq for WatchEvent {
@@ -208,15 +208,15 @@ pub(super) enum Hold {
 /// One member's owner watch: the speaker's [`WatchCore`], and the daemon's part of it.
 #[derive(Debug)]
 pub(super) struct Member {
-    pub(super) core: WatchCore,
+    core: WatchCore,
     /// When its pending wake-up fires.
-    pub(super) wake: Option<Duration>,
+    wake: Option<Duration>,
     /// The gossip view its directory was taken from ([`Core::members_version`]).
-    pub(super) directory_from: u64,
+    directory_from: u64,
     /// The view and the incarnation its plan was made from.
-    pub(super) planned_from: Option<(u64, u64)>,
-    pub(super) next_plan: Duration,
-    pub(super) hold: Hold,
+    planned_from: Option<(u64, u64)>,
+    next_plan: Duration,
+    hold: Hold,
 }
 
 /// The owner watch of every member on the simulation's clock, beside a [`SimNet`]: each member
@@ -232,15 +232,15 @@ pub(super) struct Member {
 /// until it heard the cluster again; this is a simplification).
 #[derive(Debug)]
 pub struct OwnerWatches {
-    pub(super) knobs: Knobs,
-    pub(super) ranking: Ranking,
-    pub(super) nodes: Vec<Option<Member>>,
-    pub(super) sent: Vec<u64>,
-    pub(super) events: BinaryHeap<WatchEvent>,
-    pub(super) seq: u64,
-    pub(super) rng: StdRng,
-    pub(super) seed: u64,
-    pub(super) takeovers: Vec<Takeover>,
+    knobs: Knobs,
+    ranking: Ranking,
+    nodes: Vec<Option<Member>>,
+    sent: Vec<u64>,
+    events: BinaryHeap<WatchEvent>,
+    seq: u64,
+    rng: StdRng,
+    seed: u64,
+    takeovers: Vec<Takeover>,
     /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
     pub(super) stalled: Option<usize>,
     /// During the partition phase: takeovers of running members are
@@ -330,7 +330,7 @@ impl OwnerWatches {
         self.nodes[i] = None;
     }
 
-    pub(super) fn push(&mut self, at: Duration, kind: WatchEventKind) {
+    fn push(&mut self, at: Duration, kind: WatchEventKind) {
         self.seq += 1;
         self.events.push(WatchEvent {
             at,
@@ -340,7 +340,7 @@ impl OwnerWatches {
     }
 
     /// Sends `bytes` from member `from` to the watch at `to` through the lossy links.
-    pub(super) fn send(&mut self, net: &SimNet, from: usize, to: SocketAddr, bytes: Vec<u8>) {
+    fn send(&mut self, net: &SimNet, from: usize, to: SocketAddr, bytes: Vec<u8>) {
         self.sent[from] += 1;
         let Some(to) = watch_member(to, self.nodes.len()) else {
             return;
@@ -364,7 +364,7 @@ impl OwnerWatches {
     }
 
     /// Sets member `i`'s next wake-up: its core's next deadline, or the next look at the plan.
-    pub(super) fn reschedule(&mut self, net: &SimNet, i: usize) {
+    fn reschedule(&mut self, net: &SimNet, i: usize) {
         let now = net.now();
         let Some(member) = self.nodes[i].as_mut() else {
             return;
@@ -436,7 +436,7 @@ impl OwnerWatches {
 
     /// The simulated daemon's plan for member `i`, sent when its view, its incarnation or its
     /// hold changed.
-    pub(super) fn replan(&mut self, now: Duration, gossip: &Core, i: usize) {
+    fn replan(&mut self, now: Duration, gossip: &Core, i: usize) {
         let from = (gossip.members_version(), gossip.identity().bump);
         let watchers = {
             let Some(member) = self.nodes[i].as_ref() else {
@@ -467,7 +467,7 @@ impl OwnerWatches {
 
     /// Sends what member `i`'s core queued and plays the daemon on its events (which may queue
     /// more: a claim, a refutation).
-    pub(super) fn flush(&mut self, net: &SimNet, i: usize) {
+    fn flush(&mut self, net: &SimNet, i: usize) {
         loop {
             let Some(member) = self.nodes[i].as_mut() else {
                 return;
@@ -487,7 +487,7 @@ impl OwnerWatches {
     }
 
     /// The simulated daemon's part on `event` of member `i`'s watch.
-    pub(super) fn event(&mut self, net: &SimNet, i: usize, event: Event) {
+    fn event(&mut self, net: &SimNet, i: usize, event: Event) {
         let Some(gossip) = net.core(i) else {
             return;
         };
@@ -514,13 +514,7 @@ impl OwnerWatches {
 
     /// Member `i`'s watch found `owner` silent: the daemon's conditions for a takeover, the
     /// takeover judged, and its claim.
-    pub(super) fn silent(
-        &mut self,
-        net: &SimNet,
-        i: usize,
-        owner: NodeIdentity,
-        silent_for: Duration,
-    ) {
+    fn silent(&mut self, net: &SimNet, i: usize, owner: NodeIdentity, silent_for: Duration) {
         let now = net.now();
         let (Some(gossip), Some(o)) = (net.core(i), member_index(&owner.node)) else {
             return;
