@@ -6,7 +6,7 @@
 //! - [`driver`] (I/O): what each fault does to the lab and how it is undone.
 //!
 //! [`run`] builds the lab (the daemons of the target on every node, a responder beside each),
-//! waits for it to converge ([`failover::settle`]), then starts the observers: a prober per VIP
+//! waits for it to converge ([`trial::settle`]), then starts the observers: a prober per VIP
 //! (every 10 ms), an ARP asker per VIP (every 100 ms), and for swimlb a `/status` reader (every
 //! 500 ms, all nodes at once). It executes the schedule's steps at their times, recording when
 //! each really happened; meanwhile it reads the daemons' logs for panics and `/proc` for
@@ -17,6 +17,8 @@
 
 pub mod driver;
 pub mod invariants;
+mod observe;
+mod process_watch;
 pub mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,21 +38,19 @@ use self::invariants::{
     ArpSample, Executed, Invariant, Observations, Poll, Probe, Rule, Violation, VipObservations,
     VipRule, World,
 };
+pub use self::observe::owners_named;
+use self::observe::*;
+use self::process_watch::*;
 use self::schedule::{Fault, FaultKind, Setup, Step, Target};
-use crate::failover::{self, Daemons as _, KeepalivedDaemons, SwimlbDaemons};
+use crate::daemons::{Daemons as _, KeepalivedDaemons, SwimlbDaemons};
 use crate::keepalived::Tuning;
+use crate::lab;
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober, Worker};
+use crate::trial;
 
 /// The groups' preemption delay in the swimlb lab.
 pub const PREEMPT_DELAY: Duration = Duration::from_secs(1);
-/// How often the `/status` reader reads every node.
-const POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// A daemon's memory is compared with its level this long after it started.
-const LEAK_BASELINE_AFTER: Duration = Duration::from_secs(60);
-/// How much above that level is a leak.
-const LEAK_FACTOR: f64 = 1.10;
-
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -299,291 +299,217 @@ fn make_daemons(lab: &Lab, options: &Options, setup: Setup) -> Result<ChaosDaemo
     })
 }
 
-/// One round of `/status` reads: when it started, and per node (`None`: no answer) the owner
-/// it names for each VIP.
-type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
-
-/// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
-#[derive(Debug)]
-struct StatusReader {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-    log: Arc<Mutex<Vec<StatusRound>>>,
+/// What a run will do, fixed before the lab starts: the faults in the order they are due, their
+/// steps, and the rule the checker holds the daemons to.
+struct Plan {
+    setup: Setup,
+    faults: Vec<Fault>,
+    steps: Vec<schedule::Action>,
+    rule: Rule,
+    replay: String,
 }
 
-impl StatusReader {
-    fn start(lab: &Lab, vips: Vec<Ipv4Addr>) -> Result<StatusReader> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let log: Arc<Mutex<Vec<_>>> = Arc::default();
-        let (flag, polls) = (stop.clone(), log.clone());
-        let addrs = failover::http_addrs(lab);
-        let netns = lab.client_netns.clone();
-        let handle = probe::spawn_in(
-            &lab.client_netns,
-            "chaos-status",
-            || Ok(()),
-            move |()| {
-                while !flag.load(Ordering::Relaxed) {
-                    let at = Instant::now();
-                    let owners: Vec<Option<Vec<Option<String>>>> = std::thread::scope(|scope| {
-                        let reads: Vec<_> = addrs
-                            .iter()
-                            .map(|addr| {
-                                let (netns, vips) = (&netns, &vips);
-                                scope.spawn(move || {
-                                    probe::enter_netns(netns).ok()?;
-                                    owners_named(&crate::demo::http_get(*addr, "/status")?, vips)
-                                })
-                            })
-                            .collect();
-                        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
-                    });
-                    polls.lock().expect("status log").push((at, owners));
-                    let next = at + POLL_INTERVAL;
-                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                }
-            },
-        )?;
-        Ok(StatusReader {
-            stop,
-            handle: Some(handle),
-            log,
-        })
+impl Plan {
+    /// The seed's setup and schedule, plus the injected faults.
+    fn new(options: &Options) -> Plan {
+        let target = options.target;
+        let setup = schedule::setup(options.seed, options.nodes);
+        let mut faults = if options.scheduled {
+            schedule::schedule(options.seed, options.duration, options.nodes, target)
+        } else {
+            Vec::new()
+        };
+        faults.extend(options.injected.iter().copied());
+        faults.sort_by_key(|f| (f.at, f.end()));
+        let steps = schedule::actions(&faults, options.nodes);
+        let replay = format!(
+            "swimlb-lab chaos --impl {} --seed {} --duration {} --nodes {}",
+            target.as_str(),
+            options.seed,
+            options.duration.as_secs(),
+            options.nodes
+        );
+        Plan {
+            setup,
+            faults,
+            steps,
+            rule: rule(target, setup, options.nodes),
+            replay,
+        }
     }
+}
 
-    /// Stops reading and returns every round.
-    fn finish(mut self) -> Vec<StatusRound> {
-        self.halt();
-        self.snapshot()
+/// The lab with a responder and the daemons on every node, converged on the first VIP `vip`:
+/// no fault is taken in a lab that never converged.
+fn start_converged(
+    options: &Options,
+    setup: Setup,
+    vip: Ipv4Addr,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Lab, Vec<Worker>, ChaosDaemons)> {
+    let mut lab = Lab::create(options.nodes).context("building the lab")?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
+    let mut daemons = make_daemons(&lab, options, setup)?;
+    for i in 1..=options.nodes {
+        daemons.as_dyn().start(&mut lab, i)?;
+    }
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((vip, PROBE_PORT)),
+        Duration::from_millis(10),
+    )?;
+    let settled = trial::settle(&lab, daemons.as_dyn(), &prober, progress)?;
+    prober.stop();
+    if let Err(reason) = settled {
+        bail!(
+            "the lab did not converge within {:?} ({reason}); no fault taken",
+            trial::CONVERGE_LIMIT
+        );
+    }
+    Ok((lab, responders, daemons))
+}
 
-    fn halt(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
+/// The fault loop: the plan's steps on time, the daemons' processes checked every second, and
+/// with `--until-violation` the invariants every 2 s.
+struct Drive {
+    driver: Driver,
+    executed: Vec<Executed>,
+    errors: Vec<String>,
+    watch: ProcessWatch,
+    /// When each node's daemon last (re)started, since the start of the run.
+    started: Vec<Duration>,
+    stopped_early: bool,
+}
+
+impl Drive {
+    fn new(nodes: usize) -> Drive {
+        Drive {
+            driver: Driver::new(nodes),
+            executed: Vec::new(),
+            errors: Vec::new(),
+            watch: ProcessWatch::default(),
+            started: vec![Duration::ZERO; nodes],
+            stopped_early: false,
         }
     }
 
-    fn snapshot(&self) -> Vec<StatusRound> {
-        self.log.lock().expect("status log").clone()
-    }
-}
-
-impl Drop for StatusReader {
-    fn drop(&mut self) {
-        self.halt();
-    }
-}
-
-/// The owner a `/status` body names for each of `vips` (`None` for the body: not the JSON
-/// expected).
-pub fn owners_named(status: &str, vips: &[Ipv4Addr]) -> Option<Vec<Option<String>>> {
-    let v: serde_json::Value = serde_json::from_str(status).ok()?;
-    let addresses = v["addresses"].as_array()?;
-    Some(
-        vips.iter()
-            .map(|ip| {
-                let ip = ip.to_string();
-                addresses
-                    .iter()
-                    .find(|a| a["ip"] == ip.as_str())
-                    .and_then(|a| a["owner"].as_str())
-                    .map(str::to_string)
-            })
-            .collect(),
-    )
-}
-
-/// Crash and leak watch over the daemons' processes and logs.
-#[derive(Debug, Default)]
-struct ProcessWatch {
-    /// Log read offsets, by path.
-    offsets: BTreeMap<PathBuf, u64>,
-    /// Pids already reported gone.
-    gone: BTreeSet<u32>,
-    /// Nodes whose keepalived was reported gone (until restarted).
-    keepalived_gone: BTreeSet<usize>,
-    /// Per pid: node, when it started, its baseline and last resident memory (KiB).
-    memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
-    found: Vec<Violation>,
-}
-
-impl ProcessWatch {
-    fn crash(&mut self, at: Duration, detail: String) {
-        self.found.push(Violation {
-            invariant: Invariant::Crash,
-            at,
-            vip: None,
-            detail,
-            excused: false,
-        });
-    }
-
-    /// Reads the logs and `/proc`; `started[i]`: when node i+1's daemon last started.
-    fn check(
+    /// Runs the plan until its end (every step is due before it) or the first violation;
+    /// returns how long it ran.
+    fn run(
         &mut self,
         lab: &mut Lab,
         daemons: &mut ChaosDaemons,
-        driver: &Driver,
-        started: &[Duration],
+        plan: &Plan,
+        observers: &Observers,
+        options: &Options,
+        progress: &mut dyn FnMut(&str),
+    ) -> Duration {
+        let t0 = observers.t0;
+        let status = options.target.capabilities().status;
+        let (mut last_check, mut last_memory, mut last_eval) =
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let end = options.duration;
+        let mut next = plan.steps.iter().peekable();
+        loop {
+            let now = t0.elapsed();
+            if now >= end && next.peek().is_none() {
+                break;
+            }
+            if let Some(action) = next.peek()
+                && action.at <= now
+            {
+                let action = **action;
+                next.next();
+                self.step(lab, daemons, &plan.faults, action, t0.elapsed(), progress);
+                continue;
+            }
+            if now >= last_check + Duration::from_secs(1) {
+                last_check = now;
+                let memory = now >= last_memory + Duration::from_secs(5);
+                if memory {
+                    last_memory = now;
+                }
+                let started = &self.started;
+                self.watch
+                    .check(lab, daemons, &self.driver, started, now, memory);
+            }
+            if options.until_violation && now >= last_eval + Duration::from_secs(2) {
+                last_eval = now;
+                let obs = observers.snapshot(lab, now.saturating_sub(Duration::from_secs(2)));
+                let world = World::new(&plan.faults, &self.executed, options.nodes);
+                let violated = invariants::evaluate(&plan.rule, &world, &obs, status)
+                    .iter()
+                    .chain(&self.watch.found)
+                    .any(|v| !v.excused);
+                if violated {
+                    self.stopped_early = true;
+                    break;
+                }
+            }
+            let wait = next
+                .peek()
+                .map_or(end.saturating_sub(now), |a| a.at.saturating_sub(now))
+                .min(Duration::from_millis(50));
+            std::thread::sleep(wait);
+        }
+        t0.elapsed()
+    }
+
+    /// Executes one step at `at` (since the start of the run) and tells `progress`.
+    fn step(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        faults: &[Fault],
+        action: schedule::Action,
         at: Duration,
-        memory: bool,
+        progress: &mut dyn FnMut(&str),
     ) {
-        for n in 1..=lab.nodes.len() {
-            let name = lab.node(n).name.clone();
-            match daemons {
-                ChaosDaemons::Swimlb(d) => {
-                    let log = d.log_path(lab, n);
-                    for line in self.new_lines(&log) {
-                        if line.contains("panicked") {
-                            self.crash(at, format!("{name}'s speaker log: {}", line.trim()));
-                        }
-                    }
-                    if !driver.running[n - 1] {
-                        continue;
-                    }
-                    let Some(pid) = d.pid(lab, n) else { continue };
-                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .ok()
-                        .and_then(|s| {
-                            s.rsplit_once(')')
-                                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
-                        });
-                    if matches!(state.as_deref(), None | Some("Z" | "X")) {
-                        if self.gone.insert(pid) {
-                            self.crash(
-                                at,
-                                format!("{name}'s speaker (pid {pid}) exited unexpectedly"),
-                            );
-                        }
-                        continue;
-                    }
-                    if memory && let Some((_, rss)) = crate::soak::proc_usage(pid) {
-                        let entry =
-                            self.memory
-                                .entry(pid)
-                                .or_insert((n, started[n - 1], None, rss));
-                        entry.3 = rss;
-                        if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
-                            entry.2 = Some(rss);
-                        }
-                    }
-                }
-                ChaosDaemons::Keepalived(_) => {
-                    if !driver.running[n - 1] {
-                        self.keepalived_gone.remove(&n);
-                        continue;
-                    }
-                    // `ip netns exec` enters the namespace after the spawn: a daemon just
-                    // started is not listed there yet.
-                    if at < started[n - 1] + Duration::from_secs(2) {
-                        continue;
-                    }
-                    let netns = lab.node(n).netns.clone();
-                    if driver::netns_pids(&netns).is_empty() && self.keepalived_gone.insert(n) {
-                        self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
-                    }
-                }
+        let fault = faults[action.fault];
+        self.executed.push(Executed {
+            at,
+            fault: action.fault,
+            step: action.step,
+        });
+        let outcome = self
+            .driver
+            .step(lab, daemons, action.fault, &fault, action.step);
+        if action.step == Step::Undo
+            && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
+        {
+            self.started[node - 1] = at;
+        }
+        match outcome {
+            Ok(()) => progress(&format!(
+                "{:>9.3} s  {:<6} {}",
+                at.as_secs_f64(),
+                step_word(action.step),
+                step_text(&fault, action.step)
+            )),
+            Err(e) => {
+                let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
+                progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
+                self.errors.push(text);
             }
         }
     }
 
-    fn new_lines(&mut self, path: &std::path::Path) -> Vec<String> {
-        use std::io::{Read as _, Seek as _};
-        let offset = self.offsets.entry(path.to_path_buf()).or_insert(0);
-        let Ok(mut file) = std::fs::File::open(path) else {
-            return Vec::new();
-        };
-        if file.seek(std::io::SeekFrom::Start(*offset)).is_err() {
-            return Vec::new();
-        }
-        let mut text = String::new();
-        // Bounded: at most 16 MiB per read.
-        let _ = file.by_ref().take(16 << 20).read_to_string(&mut text);
-        // Only whole lines.
-        let whole = text.rfind('\n').map_or(0, |i| i + 1);
-        *offset += whole as u64;
-        text[..whole].lines().map(str::to_string).collect()
-    }
-
-    fn leaks(&self, names: &[String], end: Duration) -> (Vec<Violation>, Vec<Memory>) {
-        let mut found = Vec::new();
-        let mut memory = Vec::new();
-        for (pid, (node, _, baseline, last)) in &self.memory {
-            let Some(baseline) = baseline else { continue };
-            memory.push(Memory {
-                node: names[node - 1].clone(),
-                pid: *pid,
-                baseline_kib: *baseline,
-                last_kib: *last,
+    /// Undoes every fault still applied, recorded at `ran`, and checks the processes once more.
+    fn finish(&mut self, lab: &mut Lab, daemons: &mut ChaosDaemons, ran: Duration) {
+        let (undone, undo_errors) = self.driver.undo_all(lab, daemons);
+        for index in undone {
+            self.executed.push(Executed {
+                at: ran,
+                fault: index,
+                step: Step::Undo,
             });
-            if *last as f64 > *baseline as f64 * LEAK_FACTOR {
-                found.push(Violation {
-                    invariant: Invariant::Leak,
-                    at: end,
-                    vip: None,
-                    detail: format!(
-                        "{}'s speaker (pid {pid}) grew from {baseline} KiB to {last} KiB",
-                        names[node - 1]
-                    ),
-                    excused: false,
-                });
-            }
         }
-        (found, memory)
-    }
-}
-
-/// Everything the observers recorded, as the checker reads it.
-fn observations(
-    lab: &Lab,
-    t0: Instant,
-    probers: &[Prober],
-    askers: &[(Instant, Vec<probe::ArpAnswers>)],
-    polls: &[StatusRound],
-    horizon: Duration,
-) -> Observations {
-    let since = |at: Instant| at.saturating_duration_since(t0);
-    let node_of = |mac: &[u8; 6]| {
-        lab.nodes
-            .iter()
-            .find(|n| n.mac == *mac)
-            .map_or(0, |n| n.index)
-    };
-    let vips = probers
-        .iter()
-        .zip(askers)
-        .map(|(prober, (asked_from, answers))| VipObservations {
-            probes: prober
-                .snapshot()
-                .iter()
-                .filter(|r| r.sent >= t0)
-                .map(|r| Probe {
-                    sent: since(r.sent),
-                    answered: r.answer.is_some(),
-                })
-                .collect(),
-            arp: answers
-                .iter()
-                .map(|a| ArpSample {
-                    at: since(*asked_from + a.at),
-                    nodes: a.macs.iter().map(node_of).collect(),
-                })
-                .collect(),
-        })
-        .collect();
-    Observations {
-        vips,
-        polls: polls
-            .iter()
-            .map(|(at, owners)| Poll {
-                at: since(*at),
-                owners: owners.clone(),
-            })
-            .collect(),
-        horizon,
+        self.errors.extend(undo_errors);
+        self.watch
+            .check(lab, daemons, &self.driver, &self.started, ran, true);
     }
 }
 
@@ -595,210 +521,77 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     driver::cleanup_stale_cgroups();
     let target = options.target;
     let caps = target.capabilities();
-    let setup = schedule::setup(options.seed, options.nodes);
-    let mut faults = if options.scheduled {
-        schedule::schedule(options.seed, options.duration, options.nodes, target)
-    } else {
-        Vec::new()
-    };
-    faults.extend(options.injected.iter().copied());
-    faults.sort_by_key(|f| (f.at, f.end()));
-    let steps = schedule::actions(&faults, options.nodes);
-    let rule = rule(target, setup, options.nodes);
-    let replay = format!(
-        "swimlb-lab chaos --impl {} --seed {} --duration {} --nodes {}",
-        target.as_str(),
-        options.seed,
-        options.duration.as_secs(),
-        options.nodes
-    );
-
-    let mut lab = Lab::create(options.nodes).context("building the lab")?;
-    let mut responders: Vec<Worker> = Vec::new();
-    for node in lab.nodes.clone() {
-        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
-    }
-    let mut daemons = make_daemons(&lab, options, setup)?;
-    for i in 1..=options.nodes {
-        daemons.as_dyn().start(&mut lab, i)?;
-    }
+    let plan = Plan::new(options);
     let vip_list = vips(target);
-    {
-        let prober = Prober::start(
-            &lab.client_netns,
-            SocketAddr::from((vip_list[0], PROBE_PORT)),
-            Duration::from_millis(10),
-        )?;
-        let settled = failover::settle(&lab, daemons.as_dyn(), &prober, progress)?;
-        prober.stop();
-        if let Err(reason) = settled {
-            bail!(
-                "the lab did not converge within {:?} ({reason}); no fault taken",
-                failover::CONVERGE_LIMIT
-            );
-        }
-    }
+    let (mut lab, responders, mut daemons) =
+        start_converged(options, plan.setup, vip_list[0], progress)?;
     progress(&format!(
         "chaos ({}): lab converged; {} faults over {} s (seed {}, {} nodes{})",
         target.as_str(),
-        faults.len(),
+        plan.faults.len(),
         options.duration.as_secs(),
         options.seed,
         options.nodes,
-        setup
+        plan.setup
             .preferred
             .map(|p| format!(", node{p} preferred by priority"))
             .unwrap_or_default()
     ));
 
-    let t0 = Instant::now();
-    let probers = vip_list
-        .iter()
-        .map(|ip| {
-            Prober::start(
-                &lab.client_netns,
-                SocketAddr::from((*ip, PROBE_PORT)),
-                Duration::from_millis(10),
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let requests =
-        (options.duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
-    let askers = vip_list
-        .iter()
-        .map(|ip| {
-            let from = Instant::now();
-            Ok((
-                from,
-                ArpAsker::start(&lab.client_netns, *ip, invariants::ARP_INTERVAL, requests)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let status = if caps.status {
-        Some(StatusReader::start(&lab, vip_list.clone())?)
-    } else {
-        None
-    };
-
-    let mut driver = Driver::new(options.nodes);
-    let mut executed: Vec<Executed> = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
-    let mut watch = ProcessWatch::default();
-    let mut started = vec![Duration::ZERO; options.nodes];
-    let mut last_check = Duration::ZERO;
-    let mut last_memory = Duration::ZERO;
-    let mut last_eval = Duration::ZERO;
-    let mut stopped_early = false;
-    let end = options.duration;
-    let mut next = steps.iter().peekable();
-    // Bounded: ends at `end` (every step is due before it), or at the first violation.
-    loop {
-        let now = t0.elapsed();
-        if now >= end && next.peek().is_none() {
-            break;
-        }
-        if let Some(action) = next.peek()
-            && action.at <= now
-        {
-            let action = **action;
-            next.next();
-            let fault = faults[action.fault];
-            let at = t0.elapsed();
-            executed.push(Executed {
-                at,
-                fault: action.fault,
-                step: action.step,
-            });
-            let outcome = driver.step(&mut lab, &mut daemons, action.fault, &fault, action.step);
-            if action.step == Step::Undo
-                && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
-            {
-                started[node - 1] = at;
-            }
-            match outcome {
-                Ok(()) => progress(&format!(
-                    "{:>9.3} s  {:<6} {}",
-                    at.as_secs_f64(),
-                    step_word(action.step),
-                    step_text(&fault, action.step)
-                )),
-                Err(e) => {
-                    let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
-                    progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
-                    errors.push(text);
-                }
-            }
-            continue;
-        }
-        if now >= last_check + Duration::from_secs(1) {
-            last_check = now;
-            let memory = now >= last_memory + Duration::from_secs(5);
-            if memory {
-                last_memory = now;
-            }
-            watch.check(&mut lab, &mut daemons, &driver, &started, now, memory);
-        }
-        if options.until_violation && now >= last_eval + Duration::from_secs(2) {
-            last_eval = now;
-            let horizon = now.saturating_sub(Duration::from_secs(2));
-            let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
-                .iter()
-                .map(|(from, a)| (*from, a.snapshot()))
-                .collect();
-            let polls = status
-                .as_ref()
-                .map(StatusReader::snapshot)
-                .unwrap_or_default();
-            let obs = observations(&lab, t0, &probers, &asked, &polls, horizon);
-            let world = World::new(&faults, &executed, options.nodes);
-            let violated = invariants::evaluate(&rule, &world, &obs, caps.status)
-                .iter()
-                .chain(&watch.found)
-                .any(|v| !v.excused);
-            if violated {
-                stopped_early = true;
-                break;
-            }
-        }
-        let wait = next
-            .peek()
-            .map_or(end.saturating_sub(now), |a| a.at.saturating_sub(now))
-            .min(Duration::from_millis(50));
-        std::thread::sleep(wait);
-    }
-    let ran = t0.elapsed();
-    let (undone, undo_errors) = driver.undo_all(&mut lab, &mut daemons);
-    for index in undone {
-        executed.push(Executed {
-            at: ran,
-            fault: index,
-            step: Step::Undo,
-        });
-    }
-    errors.extend(undo_errors);
-    watch.check(&mut lab, &mut daemons, &driver, &started, ran, true);
-
-    let polls = status.map(StatusReader::finish).unwrap_or_default();
-    let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = askers
-        .into_iter()
-        .map(|(from, a)| (from, a.stop()))
-        .collect();
-    let obs = observations(&lab, t0, &probers, &asked, &polls, ran);
-    for p in probers {
-        p.stop();
-    }
+    let observers = Observers::start(&lab, &vip_list, options.duration, caps.status)?;
+    let mut drive = Drive::new(options.nodes);
+    let ran = drive.run(&mut lab, &mut daemons, &plan, &observers, options, progress);
+    drive.finish(&mut lab, &mut daemons, ran);
+    let obs = observers.finish(&lab, ran);
     drop(responders);
     lab.teardown();
 
-    let world = World::new(&faults, &executed, options.nodes);
-    let mut violations = invariants::evaluate(&rule, &world, &obs, caps.status);
-    violations.extend(watch.found.iter().cloned());
-    let (leaks, memory) = watch.leaks(&rule.names, ran);
+    let world = World::new(&plan.faults, &drive.executed, options.nodes);
+    let mut violations = invariants::evaluate(&plan.rule, &world, &obs, caps.status);
+    violations.extend(drive.watch.found.iter().cloned());
+    let (leaks, memory) = drive.watch.leaks(&plan.rule.names, ran);
     if caps.status {
         violations.extend(leaks);
     }
     violations.sort_by_key(|v| (v.at, v.invariant));
 
+    let timeline = timeline(&plan.faults, &drive.executed, &violations, &vip_list);
+    let (per_invariant, excused) = per_invariant(caps.status, &violations);
+    let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
+    let lost_probes = obs
+        .vips
+        .iter()
+        .map(|v| v.probes.iter().filter(|p| !p.answered).count())
+        .sum();
+    Ok(Report {
+        implementation: target.as_str(),
+        seed: options.seed,
+        duration_s: options.duration.as_secs(),
+        ran_s: ran.as_secs_f64(),
+        nodes: options.nodes,
+        setup: plan.setup,
+        stopped_early: drive.stopped_early,
+        violations_per_invariant: per_invariant,
+        excused_per_invariant: excused,
+        faults_per_kind: per_kind(&plan.faults, &drive.executed),
+        violations,
+        timeline,
+        faults: plan.faults,
+        probes,
+        lost_probes,
+        memory,
+        errors: drive.errors,
+        replay: plan.replay,
+    })
+}
+
+/// Every executed step and every violation, in time order.
+fn timeline(
+    faults: &[Fault],
+    executed: &[Executed],
+    violations: &[Violation],
+    vip_list: &[Ipv4Addr],
+) -> Vec<TimelineEntry> {
     let mut timeline: Vec<TimelineEntry> = executed
         .iter()
         .map(|e| {
@@ -823,17 +616,24 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         ),
     }));
     timeline.sort_by_key(|e| e.at_ms);
+    timeline
+}
 
+/// Violations and excused ones per invariant; every invariant that applies is listed, at 0 when
+/// it held (without `/status`, only dual, dark and crash apply).
+fn per_invariant(
+    status: bool,
+    violations: &[Violation],
+) -> (BTreeMap<&'static str, usize>, BTreeMap<&'static str, usize>) {
     let mut per_invariant: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
     for inv in Invariant::ALL {
-        let applies =
-            caps.status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
+        let applies = status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
         if applies {
             per_invariant.insert(inv.as_str(), 0);
         }
     }
-    for v in &violations {
+    for v in violations {
         let map = if v.excused {
             &mut excused
         } else {
@@ -841,6 +641,11 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         };
         *map.entry(v.invariant.as_str()).or_insert(0) += 1;
     }
+    (per_invariant, excused)
+}
+
+/// Faults applied, per kind.
+fn per_kind(faults: &[Fault], executed: &[Executed]) -> BTreeMap<&'static str, usize> {
     let applied: BTreeSet<usize> = executed
         .iter()
         .filter(|e| e.step == Step::Apply)
@@ -850,32 +655,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     for i in &applied {
         *per_kind.entry(faults[*i].kind.as_str()).or_insert(0) += 1;
     }
-    let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
-    let lost_probes = obs
-        .vips
-        .iter()
-        .map(|v| v.probes.iter().filter(|p| !p.answered).count())
-        .sum();
-    Ok(Report {
-        implementation: target.as_str(),
-        seed: options.seed,
-        duration_s: options.duration.as_secs(),
-        ran_s: ran.as_secs_f64(),
-        nodes: options.nodes,
-        setup,
-        stopped_early,
-        violations_per_invariant: per_invariant,
-        excused_per_invariant: excused,
-        faults_per_kind: per_kind,
-        violations,
-        timeline,
-        faults,
-        probes,
-        lost_probes,
-        memory,
-        errors,
-        replay,
-    })
+    per_kind
 }
 
 fn step_word(step: Step) -> &'static str {

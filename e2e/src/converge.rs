@@ -23,14 +23,14 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-use crate::failover::Daemons;
+use crate::daemons::Daemons;
+pub use crate::lab::rule::{metallb_order, metallb_owner};
+pub use crate::lab::views::{MetallbView, SpeakerView, Views, VrrpState};
 use crate::netns::{self, Lab, Node};
 use crate::probe::{self, ArpClaim, Prober};
 
@@ -38,68 +38,6 @@ use crate::probe::{self, ArpClaim, Prober};
 pub const WINDOW: Duration = Duration::from_secs(1);
 /// How often the client asks for the VIP's MAC during a window.
 pub const ARP_INTERVAL: Duration = Duration::from_millis(100);
-
-/// One swimlb speaker's `/status`, as far as the VIP goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpeakerView {
-    /// The owner it names for the VIP (`None`: no owner, or the VIP missing).
-    pub owner: Option<String>,
-    /// Alive members it sees, itself included.
-    pub members: usize,
-    /// Whether it says it has joined the mesh.
-    pub ready: bool,
-}
-
-/// One MetalLB speaker, as far as the VIP goes: MetalLB has no status endpoint, so the lab
-/// reads what it exposes, its `/metrics` (`metallb_speaker_announced` for the VIP, set only
-/// on the node that announces it) and its log (memberlist's join and leave events).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MetallbView {
-    /// Whether this speaker announces the VIP.
-    pub announces: bool,
-    /// Members of its memberlist, itself included, as its log's node events leave them.
-    pub members: usize,
-}
-
-/// A keepalived VRRP state, as its notify FIFO last reported it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VrrpState {
-    /// Holds the VIP.
-    Master,
-    /// Listens for the master's adverts.
-    Backup,
-    /// Its interface or a tracked script is down.
-    Fault,
-    /// Stopping.
-    Stop,
-    /// Anything else keepalived may write.
-    Unknown(String),
-}
-
-impl VrrpState {
-    /// Reads the state word of a notify line (`MASTER`, `BACKUP`, ...); never fails.
-    pub fn parse(word: &str) -> VrrpState {
-        match word {
-            "MASTER" => VrrpState::Master,
-            "BACKUP" => VrrpState::Backup,
-            "FAULT" => VrrpState::Fault,
-            "STOP" => VrrpState::Stop,
-            other => VrrpState::Unknown(other.to_string()),
-        }
-    }
-}
-
-/// What every node's daemon says, in node order (index 0 is node 1); `None`: it said nothing
-/// (no `/status` answer, no VRRP state reported since it started).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Views {
-    /// swimlb speakers.
-    Swimlb(Vec<Option<SpeakerView>>),
-    /// keepalived instances.
-    Keepalived(Vec<Option<VrrpState>>),
-    /// MetalLB speakers.
-    Metallb(Vec<Option<MetallbView>>),
-}
 
 /// One observation window.
 #[derive(Debug, Clone, PartialEq)]
@@ -484,28 +422,6 @@ fn named_owner(nodes: &[Node], views: &Views) -> Result<String, NotConverged> {
             }
         }
     }
-}
-
-/// MetalLB's layer-2 order of `nodes` for `ip`: `sha256(node + "#" + ip)` ascending, bytewise.
-/// With equal priorities and every node an eligible, settled candidate, the first one owns the
-/// IP. Written here from MetalLB's rule, apart from the speaker's election code, so the lab checks
-/// the product instead of agreeing with it.
-pub fn metallb_order<'a>(nodes: &[&'a str], ip: IpAddr) -> Vec<&'a str> {
-    let mut keyed: Vec<([u8; 32], &str)> = nodes
-        .iter()
-        .map(|node| {
-            let digest = Sha256::digest(format!("{node}#{ip}").as_bytes());
-            (digest.into(), *node)
-        })
-        .collect();
-    keyed.sort();
-    keyed.into_iter().map(|(_, node)| node).collect()
-}
-
-/// The owner MetalLB's order names for `ip` among `nodes` (every one a live, settled candidate
-/// of equal priority).
-pub fn metallb_owner(nodes: &[&str], ip: IpAddr) -> Option<String> {
-    metallb_order(nodes, ip).first().map(|n| n.to_string())
 }
 
 /// Whether `converged` is where the election rule puts the VIP (`expected`, when the daemons
@@ -945,28 +861,6 @@ mod tests {
         assert_eq!(
             VrrpState::parse("DELETED"),
             VrrpState::Unknown("DELETED".into())
-        );
-    }
-
-    #[test]
-    fn metallbs_order_matches_its_own_golden_vectors() {
-        // MetalLB's TestSortL2Candidates.
-        let nodes = ["node-a", "node-b", "node-c"];
-        let ip = |last| IpAddr::V4(Ipv4Addr::new(10, 0, 0, last));
-        assert_eq!(metallb_order(&nodes, ip(1)), ["node-b", "node-a", "node-c"]);
-        assert_eq!(metallb_order(&nodes, ip(2)), ["node-b", "node-c", "node-a"]);
-    }
-
-    #[test]
-    fn the_labs_first_vip_belongs_to_node3_then_node2_then_node1() {
-        let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100));
-        assert_eq!(
-            metallb_order(&["node1", "node2", "node3"], vip),
-            ["node3", "node2", "node1"]
-        );
-        assert_eq!(
-            metallb_owner(&["node1", "node2"], vip).as_deref(),
-            Some("node2")
         );
     }
 

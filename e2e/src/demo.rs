@@ -8,121 +8,21 @@
 //! - a membership watcher that polls every survivor's `/status` and records when the old owner
 //!   left its member list (the gossip's detection).
 
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use swimlb_proto::Frame;
-use swimlb_proto::arp::ArpOperation;
 use swimlb_proto::ethernet::MacAddr;
-use swimlb_proto::ndp::NdpMessage;
 use tokio::time::Instant;
 
-use crate::failover::{self, Daemons as _, HTTP_PORT, SwimlbDaemons};
+use crate::daemons::{self, Daemons as _, SwimlbDaemons};
 use crate::kubelab;
-use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober, enter_netns, open_eth0, spawn_in};
-
-/// One announcement seen by the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Announcement {
-    /// When it arrived.
-    pub at: Instant,
-    /// The MAC that claimed the VIP.
-    pub mac: MacAddr,
-    /// The VIP.
-    pub ip: IpAddr,
-}
-
-/// Records gratuitous ARP and unsolicited NA frames for `vips` arriving in `netns` on `eth0`.
-#[derive(Debug)]
-pub struct AnnouncementWatcher {
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<Announcement>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl AnnouncementWatcher {
-    /// Starts watching.
-    pub fn start(netns: &str, vips: Vec<IpAddr>) -> Result<AnnouncementWatcher> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen: Arc<Mutex<Vec<Announcement>>> = Arc::default();
-        let (flag, log) = (stop.clone(), seen.clone());
-        let setup = || open_eth0(Duration::from_millis(20));
-        let thread = spawn_in(netns, "announcements", setup, move |mut channel| {
-            while !flag.load(Ordering::Relaxed) {
-                let Ok(frame) = channel.rx.next() else {
-                    continue;
-                };
-                let at = Instant::now();
-                let claim = match Frame::parse(frame) {
-                    Ok(Frame::Arp { arp, .. })
-                        if arp.is_gratuitous() || arp.operation == ArpOperation::Reply =>
-                    {
-                        Some((arp.sender_mac, IpAddr::V4(arp.sender_ip)))
-                    }
-                    Ok(Frame::Ndp(f)) => match f.ndp.message {
-                        NdpMessage::NeighborAdvert {
-                            target,
-                            target_link_addr,
-                            flags,
-                        } if !flags.solicited => Some((
-                            target_link_addr.unwrap_or(f.ethernet.src),
-                            IpAddr::V6(target),
-                        )),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                if let Some((mac, ip)) = claim
-                    && vips.contains(&ip)
-                {
-                    log.lock()
-                        .expect("announcement log")
-                        .push(Announcement { at, mac, ip });
-                }
-            }
-        })?;
-        Ok(AnnouncementWatcher {
-            stop,
-            seen,
-            thread: Some(thread),
-        })
-    }
-
-    /// Everything seen so far.
-    pub fn seen(&self) -> Vec<Announcement> {
-        self.seen.lock().expect("announcement log").clone()
-    }
-}
-
-impl Drop for AnnouncementWatcher {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// `GET path` on `addr` from the current thread's namespace, with a short timeout.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: lab\r\nconnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    Some(body.to_string())
-}
+use crate::lab::HTTP_PORT;
+pub use crate::lab::{Announcement, AnnouncementWatcher, http_get};
+use crate::netns::{self, Lab, Node};
+use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::trial;
 
 /// Polls `/status` of `nodes` from `netns` until each has dropped `gone` from its members;
 /// returns when each did (or `None` within `limit`).
@@ -198,29 +98,31 @@ pub enum DemoLab {
     Metallb,
 }
 
-/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers).
-pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
-    let product = if which == DemoLab::Metallb {
-        "MetalLB"
-    } else {
-        "swimlb"
-    };
-    out(&format!(
-        "{product} demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms"
-    ));
-    let mut lab = Lab::create(3).context("building the lab (needs root)")?;
-    let mut workers = Vec::new();
-    for node in lab.nodes.clone() {
-        workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
-    }
-    // MetalLB's speakers tell their memberlist only in their logs: (node, log file).
-    let mut metallb_logs: Option<Vec<(String, PathBuf)>> = None;
-    let (mut daemons, dir, kubernetes): (Box<dyn failover::Daemons>, PathBuf, bool) = match which {
+/// The demo's daemons, started on every node.
+struct Started {
+    daemons: Box<dyn daemons::Daemons>,
+    /// Where their logs go.
+    dir: PathBuf,
+    /// Whether they run in the Kubernetes lab.
+    kubernetes: bool,
+    /// MetalLB's speakers tell their memberlist only in their logs: (node, log file).
+    metallb_logs: Option<Vec<(String, PathBuf)>>,
+}
+
+/// Starts `which` lab's daemons on the three nodes, saying what the lab is.
+fn start_daemons(
+    lab: &mut Lab,
+    program: PathBuf,
+    which: DemoLab,
+    out: &mut dyn FnMut(&str),
+) -> Result<Started> {
+    let mut metallb_logs = None;
+    let (mut daemons, dir, kubernetes): (Box<dyn daemons::Daemons>, PathBuf, bool) = match which {
         DemoLab::Kubernetes => {
             out(
                 "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
             );
-            let daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
+            let daemons = SwimlbDaemons::kubernetes(lab, program)?;
             let dir = daemons.dir().to_path_buf();
             (Box::new(daemons), dir, true)
         }
@@ -228,9 +130,9 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
             out(
                 "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443; MetalLB v0.15.2 from its metallb-native.yaml (kubectl apply --server-side, webhooks off), its Pods run by the lab's kubelets, its controller assigning the Service default/web 198.51.100.100; kube-proxy's DNAT",
             );
-            let mut daemons = crate::metallb::MetallbDaemons::start(&mut lab, program)?;
+            let mut daemons = crate::metallb::MetallbDaemons::start(lab, program)?;
             for i in 1..=3 {
-                daemons.start(&mut lab, i)?;
+                daemons.start(lab, i)?;
             }
             metallb_logs = Some(
                 lab.nodes
@@ -242,100 +144,102 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
             (Box::new(daemons), dir, true)
         }
         DemoLab::Standalone => {
-            let daemons = SwimlbDaemons::new(&lab, program)?;
+            let daemons = SwimlbDaemons::new(lab, program)?;
             let dir = daemons.dir().to_path_buf();
             (Box::new(daemons), dir, false)
         }
     };
     for i in 1..=3 {
-        daemons.start(&mut lab, i)?;
+        daemons.start(lab, i)?;
     }
-    let vip = netns::vip_v4(0);
-    let prober = Prober::start(
-        &lab.client_netns,
-        SocketAddr::from((vip, PROBE_PORT)),
-        Duration::from_millis(10),
-    )?;
-    let watcher = AnnouncementWatcher::start(
-        &lab.client_netns,
-        vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
-    )?;
+    Ok(Started {
+        daemons,
+        dir,
+        kubernetes,
+        metallb_logs,
+    })
+}
+
+/// The owner to fault, from a converged lab, and the watch of its status record (Kubernetes
+/// lab); an error when the lab cannot be measured.
+fn settle_owner(
+    lab: &Lab,
+    started: &mut Started,
+    prober: &Prober,
+    out: &mut dyn FnMut(&str),
+) -> Result<(String, Node, Option<kubelab::RecordChange>)> {
+    let dir = started.dir.display();
     // Measure only from a converged lab, and fault the node that owns the VIP at fault time.
-    let settled = match failover::settle(&lab, daemons.as_mut(), &prober, out)? {
+    let settled = match trial::settle(lab, started.daemons.as_mut(), prober, out)? {
         Ok(settled) => settled,
         Err(reason) => bail!(
-            "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {}",
-            failover::CONVERGE_LIMIT,
-            dir.display()
+            "not measured: the lab did not converge within {:?} ({reason}); see the speaker logs in {dir}",
+            trial::CONVERGE_LIMIT,
         ),
     };
     let owner = settled.owner;
     let old = lab.node(settled.index).clone();
-    let record = match daemons.before_fault(&owner, false)? {
+    let record = match started.daemons.before_fault(&owner, false)? {
         Ok(record) => record,
-        Err(reason) => bail!(
-            "not measured: {reason}; see the speaker logs in {}",
-            dir.display()
-        ),
+        Err(reason) => bail!("not measured: {reason}; see the speaker logs in {dir}"),
     };
-    out(&format!(
-        "{owner} owns 198.51.100.100 (MAC {}): {}, and it alone answers ARP and the probes",
-        netns::mac_text(old.mac),
-        if which == DemoLab::Metallb {
-            "it alone announces it, every speaker's memberlist holds every node"
-        } else {
-            "every speaker names it"
-        }
-    ));
+    Ok((owner, old, record))
+}
+
+/// Watches the survivors drop `owner` from their members: `/status` for swimlb, the logs for
+/// MetalLB.
+fn watch_detections(
+    lab: &Lab,
+    metallb_logs: Option<Vec<(String, PathBuf)>>,
+    owner: &str,
+) -> std::thread::JoinHandle<Vec<(String, Option<Instant>)>> {
     let survivors: Vec<(String, SocketAddr)> = lab
         .nodes
         .iter()
         .filter(|n| n.name != owner)
         .map(|n| (n.name.clone(), SocketAddr::from((n.v4, HTTP_PORT))))
         .collect();
-    let members = match metallb_logs {
+    match metallb_logs {
         Some(logs) => watch_metallb_member_gone(
             logs.into_iter().filter(|(n, _)| *n != owner).collect(),
-            owner.clone(),
+            owner.to_string(),
             Duration::from_secs(20),
         ),
         None => watch_member_gone(
             &lab.client_netns,
             survivors,
-            owner.clone(),
+            owner.to_string(),
             Duration::from_secs(20),
         ),
-    };
-    if kubernetes && which != DemoLab::Metallb {
-        out(&format!(
-            "the ServiceL2Status record of default/web names {owner}"
-        ));
     }
-    out(&format!("powering {owner} off (its link goes down)"));
-    let fault = Instant::now();
-    lab.set_link(old.index, false)?;
+}
 
-    let deadline = fault + Duration::from_secs(20);
-    let sample = loop {
-        if let Some(s) = probe::failover(&prober.snapshot(), fault, &owner) {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    std::thread::sleep(Duration::from_millis(200));
-    let records = prober.stop();
-    let detections = members.join().unwrap_or_default();
-    let record = record.map(kubelab::RecordChange::join);
-    let announcements = watcher.seen();
+/// What the observers saw of one failover.
+struct Seen {
+    fault: Instant,
+    sample: Option<probe::FailoverSample>,
+    records: Vec<probe::ProbeRecord>,
+    detections: Vec<(String, Option<Instant>)>,
+    /// Kubernetes lab: when the status record named another node (`Some(None)`: it did not).
+    record: Option<Option<(String, Instant)>>,
+    announcements: Vec<crate::lab::Announcement>,
+}
+
+/// The events after the fault in the order they happened (ms after it), and the lines for those
+/// that never came.
+fn timeline(
+    lab: &Lab,
+    which: DemoLab,
+    owner: &str,
+    old: &Node,
+    seen: &Seen,
+) -> (Vec<(f64, String)>, Vec<String>) {
+    let fault = seen.fault;
     let ms = |t: Instant| t.duration_since(fault).as_secs_f64() * 1e3;
-
-    // Events in the order they happened (the detection threads report in node order).
+    // The detection threads report in node order; the sort below puts them in time order.
     let mut timeline: Vec<(f64, String)> = vec![(0.0, format!("fault: {owner}'s link down"))];
     let mut missed = Vec::new();
-    for (node, at) in &detections {
+    for (node, at) in &seen.detections {
         match at {
             Some(t) => timeline.push((
                 ms(*t),
@@ -350,7 +254,8 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
             )),
         }
     }
-    if let Some(a) = announcements
+    if let Some(a) = seen
+        .announcements
         .iter()
         .filter(|a| a.at >= fault && a.mac != mac(old.mac))
         .min_by_key(|a| a.at)
@@ -369,19 +274,13 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
             ),
         ));
     }
-    if let Some(s) = &sample {
-        let first = records
-            .iter()
-            .filter_map(|r| r.answer.as_ref())
-            .filter(|(n, at)| *at >= fault && *n != owner)
-            .min_by_key(|(_, at)| *at)
-            .map(|(n, _)| n.clone())
-            .unwrap_or_default();
+    if let Some(s) = &seen.sample {
+        let first = trial::first_other_answer(&seen.records, fault, owner).unwrap_or_default();
         timeline.push((s.failover_ms, format!("first answer from {first}")));
     }
-    match record {
+    match &seen.record {
         Some(Some((node, at))) => timeline.push((
-            ms(at),
+            ms(*at),
             format!("the ServiceL2Status record of default/web names {node}"),
         )),
         Some(None) => missed.push(
@@ -390,6 +289,66 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
         None => {}
     }
     timeline.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (timeline, missed)
+}
+
+/// Runs the demo; prints as it goes. `program` is the lab binary (for the speakers).
+pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Result<Option<f64>> {
+    let product = if which == DemoLab::Metallb {
+        "MetalLB"
+    } else {
+        "swimlb"
+    };
+    out(&format!(
+        "{product} demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms"
+    ));
+    let mut lab = Lab::create(3).context("building the lab (needs root)")?;
+    let mut workers = Vec::new();
+    for node in lab.nodes.clone() {
+        workers.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    let mut started = start_daemons(&mut lab, program, which, out)?;
+    let vip = netns::vip_v4(0);
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((vip, PROBE_PORT)),
+        Duration::from_millis(10),
+    )?;
+    let watcher = AnnouncementWatcher::start(
+        &lab.client_netns,
+        vec![IpAddr::V4(vip), IpAddr::V6(netns::vip_v6(0))],
+    )?;
+    let (owner, old, record) = settle_owner(&lab, &mut started, &prober, out)?;
+    out(&format!(
+        "{owner} owns 198.51.100.100 (MAC {}): {}, and it alone answers ARP and the probes",
+        netns::mac_text(old.mac),
+        if which == DemoLab::Metallb {
+            "it alone announces it, every speaker's memberlist holds every node"
+        } else {
+            "every speaker names it"
+        }
+    ));
+    let members = watch_detections(&lab, started.metallb_logs.take(), &owner);
+    if started.kubernetes && which != DemoLab::Metallb {
+        out(&format!(
+            "the ServiceL2Status record of default/web names {owner}"
+        ));
+    }
+    out(&format!("powering {owner} off (its link goes down)"));
+    let fault = Instant::now();
+    lab.set_link(old.index, false)?;
+
+    let sample = trial::wait_failover(&prober, fault, &owner, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(200));
+    let seen = Seen {
+        fault,
+        sample,
+        records: prober.stop(),
+        detections: members.join().unwrap_or_default(),
+        record: record.map(kubelab::RecordChange::join),
+        announcements: watcher.seen(),
+    };
+    let (timeline, missed) = timeline(&lab, which, &owner, &old, &seen);
     out("timeline (ms after the fault):");
     for (at, what) in &timeline {
         out(&format!("  {at:>7.1}  {what}"));
@@ -397,7 +356,7 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
     for line in &missed {
         out(line);
     }
-    let failover_ms = match sample {
+    let failover_ms = match seen.sample {
         Some(s) => {
             out(&format!(
                 "failover: {:.0} ms, {} probes lost",
@@ -413,7 +372,7 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
     out(
         "(keepalived with its defaults takes about 3 s here: swimlb-lab failover --impl keepalived)",
     );
-    drop(daemons);
+    drop(started);
     drop(workers);
     lab.teardown();
     Ok(failover_ms)

@@ -90,7 +90,7 @@ impl Flood {
                 let targets: Vec<SocketAddr> = lab
                     .nodes
                     .iter()
-                    .map(|n| SocketAddr::from((n.v4, crate::failover::GOSSIP_PORT)))
+                    .map(|n| SocketAddr::from((n.v4, crate::lab::GOSSIP_PORT)))
                     .collect();
                 let setup = || Ok(UdpSocket::bind("0.0.0.0:0")?);
                 let forged = forged_datagrams(&key);

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::converge::VrrpState;
+use crate::lab::VrrpState;
 
 /// The VRRP router id the lab uses.
 pub const VRID: u8 = 51;

@@ -191,12 +191,7 @@ impl Cluster {
             json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
             "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {}}),
         )?;
-        api.create(service(
-            SERVICE,
-            &netns::vip_v4(0).to_string(),
-            Policy::Cluster,
-            None,
-        ))?;
+        api.create(lab_service())?;
         Ok(())
     }
 
@@ -292,7 +287,7 @@ impl Cluster {
         cmd.args(["speaker", "kubernetes", "--cluster"])
             .arg(format!("lab-{}", lab.run_id()))
             .arg("--listen")
-            .arg(SocketAddr::from((node.v4, crate::failover::HTTP_PORT)).to_string())
+            .arg(SocketAddr::from((node.v4, crate::lab::HTTP_PORT)).to_string())
             .args(&self.speaker_args)
             .env("NODE_NAME", &node.name)
             .env("POD_NAMESPACE", NAMESPACE)
@@ -340,12 +335,7 @@ impl Cluster {
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
-        self.api()
-            .get("v1", "Service", Some(namespace), service)
-            .ok()
-            .flatten()
-            .map(|s| ingress_ips(&s))
-            .unwrap_or_default()
+        ingress(self.api(), namespace, service)
     }
 }
 
@@ -446,12 +436,7 @@ impl BareCluster {
 
     /// The IPs the controller wrote into `namespace/service`'s status.
     pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
-        self.api()
-            .get("v1", "Service", Some(namespace), service)
-            .ok()
-            .flatten()
-            .map(|s| ingress_ips(&s))
-            .unwrap_or_default()
+        ingress(self.api(), namespace, service)
     }
 
     /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
@@ -467,6 +452,15 @@ impl BareCluster {
             .unwrap_or_default();
         record_pairs(&records)
     }
+}
+
+/// The IPs the controller wrote into `namespace/service`'s status, as `api` reads them now.
+fn ingress(api: &Kube, namespace: &str, service: &str) -> Vec<String> {
+    api.get("v1", "Service", Some(namespace), service)
+        .ok()
+        .flatten()
+        .map(|s| ingress_ips(&s))
+        .unwrap_or_default()
 }
 
 /// The IPs of a Service's `status.loadBalancer.ingress`.
@@ -596,6 +590,16 @@ pub enum Policy {
     Local,
 }
 
+/// The lab's Service, [`SERVICE`], asking for the first VIP for every node (`Cluster`).
+pub fn lab_service() -> Value {
+    service(
+        SERVICE,
+        &netns::vip_v4(0).to_string(),
+        Policy::Cluster,
+        None,
+    )
+}
+
 /// A Service of type LoadBalancer in [`APPS`] asking for `ip` (the `loadBalancerIPs`
 /// annotation), sharing it under `shared` (`allow-shared-ip`) when given.
 pub fn service(name: &str, ip: &str, policy: Policy, shared: Option<&str>) -> Value {
@@ -658,28 +662,25 @@ pub struct AddressSeen {
 /// What every node's speaker says of `ip`, in node order (`None`: no answer, or the address is
 /// not in its `/status`).
 pub fn address_views(lab: &Lab, ip: &str) -> Vec<Option<AddressSeen>> {
-    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
-    let count = nodes.len();
     let ip = ip.to_string();
-    probe::in_netns(&lab.client_netns, move || {
-        nodes
-            .iter()
-            .map(|addr| {
-                let body = crate::demo::http_get(*addr, "/status")?;
-                let v: Value = serde_json::from_str(&body).ok()?;
-                let entry = v["addresses"]
-                    .as_array()?
-                    .iter()
-                    .find(|a| a["ip"] == ip.as_str())?;
-                Some(AddressSeen {
-                    owner: entry["owner"].as_str().map(str::to_string),
-                    verdict: entry["verdict"].as_str()?.to_string(),
-                    members: v["members"].as_array()?.len(),
-                })
+    crate::lab::read_each(
+        lab,
+        crate::lab::http_addrs(lab),
+        "/status",
+        1,
+        move |body| {
+            let v: Value = serde_json::from_str(body).ok()?;
+            let entry = v["addresses"]
+                .as_array()?
+                .iter()
+                .find(|a| a["ip"] == ip.as_str())?;
+            Some(AddressSeen {
+                owner: entry["owner"].as_str().map(str::to_string),
+                verdict: entry["verdict"].as_str()?.to_string(),
+                members: v["members"].as_array()?.len(),
             })
-            .collect()
-    })
-    .unwrap_or_else(|_| vec![None; count])
+        },
+    )
 }
 
 /// Waits (at most `limit`, every 100 ms) until every speaker sees every member and they all name

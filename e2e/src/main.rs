@@ -493,28 +493,8 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     use swimlb_e2e::failover::{self, Implementation, Options, Scenario};
     cleanup_on_interrupt();
     let implementations = parse_implementations(&args.implementation)?;
-    let scenario = match args.scenario.as_str() {
-        "poweroff" => Scenario::Poweroff,
-        "kill" => Scenario::Kill,
-        "sigterm" => Scenario::Sigterm,
-        "pause" => Scenario::Pause,
-        "pause-backup" => Scenario::PauseBackup,
-        other => anyhow::bail!(
-            "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
-        ),
-    };
-    let flood = match args.flood.as_deref() {
-        None => None,
-        Some([kind, pps]) => Some((
-            swimlb_e2e::flood::FloodKind::parse(kind)
-                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
-            pps.parse::<u64>()
-                .ok()
-                .filter(|p| *p > 0)
-                .with_context(|| format!("--flood {kind} {pps}: a rate above 0"))?,
-        )),
-        Some(other) => anyhow::bail!("--flood takes KIND PPS, not {other:?}"),
-    };
+    let scenario = parse_scenario(&args.scenario)?;
+    let flood = parse_flood(args.flood.as_deref())?;
     let pause = matches!(scenario, Scenario::Pause | Scenario::PauseBackup);
     anyhow::ensure!(
         !pause
@@ -570,6 +550,48 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
     for report in &reports {
         println!("{}", report.table());
     }
+    print_ratios(&reports);
+    if let Some(path) = &args.json {
+        write_reports(path, &reports)?;
+    }
+    Ok(())
+}
+
+/// `--scenario NAME`.
+fn parse_scenario(name: &str) -> anyhow::Result<swimlb_e2e::failover::Scenario> {
+    use swimlb_e2e::failover::Scenario;
+    Ok(match name {
+        "poweroff" => Scenario::Poweroff,
+        "kill" => Scenario::Kill,
+        "sigterm" => Scenario::Sigterm,
+        "pause" => Scenario::Pause,
+        "pause-backup" => Scenario::PauseBackup,
+        other => anyhow::bail!(
+            "--scenario {other}: expected poweroff, kill, sigterm, pause or pause-backup"
+        ),
+    })
+}
+
+/// `--flood KIND PPS`, if given.
+fn parse_flood(
+    flood: Option<&[String]>,
+) -> anyhow::Result<Option<(swimlb_e2e::flood::FloodKind, u64)>> {
+    Ok(match flood {
+        None => None,
+        Some([kind, pps]) => Some((
+            swimlb_e2e::flood::FloodKind::parse(kind)
+                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
+            pps.parse::<u64>()
+                .ok()
+                .filter(|p| *p > 0)
+                .with_context(|| format!("--flood {kind} {pps}: a rate above 0"))?,
+        )),
+        Some(other) => anyhow::bail!("--flood takes KIND PPS, not {other:?}"),
+    })
+}
+
+/// How many times swimlb's p50 each keepalived's is, when both ran.
+fn print_ratios(reports: &[swimlb_e2e::failover::Report]) {
     let p50 = |name: &str| {
         reports
             .iter()
@@ -586,10 +608,6 @@ fn run_failover(args: FailoverArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if let Some(path) = &args.json {
-        write_reports(path, &reports)?;
-    }
-    Ok(())
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -642,6 +660,41 @@ fn write_reports<T: serde::Serialize>(path: &std::path::Path, reports: &[T]) -> 
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
+/// The partition's and the stalls' lines under a run's table row.
+fn print_phases(report: &sim::SimReport) {
+    if let Some(p) = &report.partition {
+        println!(
+            "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
+            p.cut_off,
+            report.nodes,
+            p.cut_s,
+            p.healed,
+            p.heal_ms,
+            p.downs_after_heal,
+            p.cut_off_downs_after_heal,
+            p.takeovers
+        );
+    }
+    for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
+        if let Some(st) = stall {
+            println!(
+                "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}; watch takeovers of it {}",
+                st.stall_ms,
+                st.member,
+                st.stalls,
+                st.window_ms,
+                st.false_downs_of_others,
+                st.downs_of_stalled,
+                st.recover_ms.p50,
+                st.recover_ms.max,
+                st.unrecovered,
+                st.max_health,
+                st.stalled_takeovers
+            );
+        }
+    }
+}
+
 fn run_sim(args: SimArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.duration.is_finite() && args.duration > 0.0,
@@ -678,37 +731,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;
                 println!("{}", sim::table_row(&report, started.elapsed()));
-                if let Some(p) = &report.partition {
-                    println!(
-                        "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
-                        p.cut_off,
-                        report.nodes,
-                        p.cut_s,
-                        p.healed,
-                        p.heal_ms,
-                        p.downs_after_heal,
-                        p.cut_off_downs_after_heal,
-                        p.takeovers
-                    );
-                }
-                for (what, stall) in [("slow", &report.slow), ("pause", &report.pause)] {
-                    if let Some(st) = stall {
-                        println!(
-                            "        {what} {:.0} ms: member {} stalled {} times for {:.0} ms; false downs of others {}, downs of it {}; recovered p50 {:.0} ms, max {:.0} ms ({} not within 10 s); its highest local health {}; watch takeovers of it {}",
-                            st.stall_ms,
-                            st.member,
-                            st.stalls,
-                            st.window_ms,
-                            st.false_downs_of_others,
-                            st.downs_of_stalled,
-                            st.recover_ms.p50,
-                            st.recover_ms.max,
-                            st.unrecovered,
-                            st.max_health,
-                            st.stalled_takeovers
-                        );
-                    }
-                }
+                print_phases(&report);
                 reports.push(report);
             }
         }

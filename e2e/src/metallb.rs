@@ -33,13 +33,13 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::converge::{self, MetallbView, Views};
-use crate::failover::Daemons;
+use crate::daemons::Daemons;
 use crate::kubectl::Source;
-use crate::kubelab::{self, APPS, BareCluster, Policy, SERVICE};
+use crate::kubelab::{self, APPS, BareCluster, SERVICE};
 use crate::kubelet::{self, Kubelet, PodState};
+use crate::lab::{MetallbView, Views, rule};
 use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT};
+use crate::probe::PROBE_PORT;
 use crate::scrape;
 
 /// MetalLB's namespace (its manifest's).
@@ -198,12 +198,7 @@ impl MetallbDaemons {
         }
         let api = self.cluster.api();
         api.create(backends())?;
-        api.create(kubelab::service(
-            SERVICE,
-            &netns::vip_v4(0).to_string(),
-            Policy::Cluster,
-            None,
-        ))?;
+        api.create(kubelab::lab_service())?;
         Ok(())
     }
 
@@ -299,15 +294,8 @@ impl Daemons for MetallbDaemons {
             .iter()
             .map(|n| SocketAddr::from((n.v4, METRICS_PORT)))
             .collect();
-        let count = addrs.len();
-        // Three tries each: with `--loss` a lost SYN fails one connection attempt.
-        let metrics = probe::in_netns(&lab.client_netns, move || {
-            addrs
-                .iter()
-                .map(|addr| (0..3).find_map(|_| crate::demo::http_get(*addr, "/metrics")))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_else(|_| vec![None; count]);
+        let metrics =
+            crate::lab::read_each(lab, addrs, "/metrics", 3, |text| Some(text.to_string()));
         let vip = IpAddr::V4(netns::vip_v4(0));
         let views = lab
             .nodes
@@ -338,7 +326,7 @@ impl Daemons for MetallbDaemons {
     /// every node).
     fn expected_owner(&self, lab: &Lab) -> Option<String> {
         let names: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
-        converge::metallb_owner(&names, IpAddr::V4(netns::vip_v4(0)))
+        rule::metallb_owner(&names, IpAddr::V4(netns::vip_v4(0)))
     }
 }
 

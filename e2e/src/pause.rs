@@ -12,7 +12,7 @@
 //!   answering node must not change (`owner_changes`, counted from the pause to 2 s after the
 //!   paused node rejoined).
 //!
-//! Every trial starts from a converged lab ([`failover::settle`]), as the other faults do.
+//! Every trial starts from a converged lab ([`trial::settle`]), as the other faults do.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -22,11 +22,13 @@ use serde::Serialize;
 use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
-use crate::converge::Views;
-use crate::demo::AnnouncementWatcher;
-use crate::failover::{self, Daemons, Options, Percentiles, Scenario};
-use crate::netns::{self, Lab};
-use crate::probe::{self, PROBE_PORT, Prober};
+use crate::daemons::Daemons;
+use crate::failover::{Options, Scenario};
+use crate::lab::Views;
+use crate::lab::{Announcement, AnnouncementWatcher};
+use crate::netns::{self, Lab, Node};
+use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober};
+use crate::trial::{self, Percentiles};
 
 /// How long the speaker is stopped.
 pub const PAUSE: Duration = Duration::from_secs(2);
@@ -105,109 +107,14 @@ pub fn run(
         bail!("pause::run runs the pause scenarios only");
     }
     let (mut lab, responders, mut daemons) =
-        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
-    let vip = netns::vip_v4(0);
+        trial::start_lab(options.nodes, options.loss, make_daemons)?;
     let mut samples = Vec::new();
     let mut failed_trials = 0;
     for trial in 1..=options.trials {
-        let prober = Prober::start(
-            &lab.client_netns,
-            SocketAddr::from((vip, PROBE_PORT)),
-            options.probe_interval,
-        )?;
-        let settled = match failover::settle(&lab, daemons.as_mut(), &prober, progress)? {
-            Ok(s) => s,
-            Err(reason) => {
-                failed_trials += 1;
-                progress(&format!(
-                    "trial {trial}/{}: not measured: {reason}",
-                    options.trials
-                ));
-                continue;
-            }
-        };
-        let target = match options.scenario {
-            Scenario::Pause => settled.index,
-            _ => (1..=options.nodes)
-                .find(|i| *i != settled.index)
-                .context("pause-backup needs two nodes")?,
-        };
-        let paused = lab.node(target).clone();
-        let pid = daemons
-            .pid(&mut lab, target)
-            .with_context(|| format!("{}'s daemon is not running", paused.name))?;
-        let watcher = AnnouncementWatcher::start(&lab.client_netns, vec![IpAddr::V4(vip)])?;
-        let fault = Instant::now();
-        signal(pid, "STOP")?;
-        std::thread::sleep(PAUSE);
-        signal(pid, "CONT")?;
-        let resume = Instant::now();
-        // The client keeps asking for the VIP while the paused node comes back.
-        let client = lab.client_netns.clone();
-        let asker = std::thread::spawn(move || {
-            probe::arp_claims(&client, vip, None, 100, Duration::from_millis(20))
-        });
-        let rejoined = wait_rejoined(&lab, daemons.as_mut(), target, REJOIN_LIMIT);
-        let _ = asker.join();
-        std::thread::sleep(Duration::from_secs(2));
-        let records = prober.stop();
-        let Some(rejoined) = rejoined else {
-            failed_trials += 1;
-            progress(&format!(
-                "trial {trial}/{}: {} paused, not measured: it did not rejoin within {REJOIN_LIMIT:?}",
-                options.trials, paused.name
-            ));
-            continue;
-        };
-        let in_window = |at: Instant| at >= resume && at <= rejoined;
-        let stale = match options.scenario {
-            Scenario::Pause => {
-                let m = paused.mac;
-                let mac = MacAddr(m[0], m[1], m[2], m[3], m[4], m[5]);
-                let claims = watcher
-                    .seen()
-                    .iter()
-                    .filter(|a| in_window(a.at) && a.mac == mac)
-                    .count();
-                let answers = records
-                    .iter()
-                    .filter_map(|r| r.answer.as_ref())
-                    .filter(|(n, at)| *n == paused.name && in_window(*at))
-                    .count();
-                (claims as u64, answers as u64)
-            }
-            _ => (0, 0),
-        };
-        let (claims, probe_answers) = stale;
-        let stale = claims + probe_answers;
-        let changes = probe::owner_changes(
-            &records
-                .iter()
-                .filter(|r| r.sent >= fault)
-                .cloned()
-                .collect::<Vec<_>>(),
-        );
-        let failover_ms = match options.scenario {
-            Scenario::Pause => {
-                probe::failover(&records, fault, &settled.owner).map(|s| s.failover_ms)
-            }
-            _ => None,
-        };
-        let rejoin_ms = rejoined.duration_since(resume).as_secs_f64() * 1e3;
-        progress(&format!(
-            "trial {trial}/{}: {} paused {} ms: failover {}, old owner's answers after resume {stale} ({claims} ARP, {probe_answers} probes), answering node changed {changes} times, rejoined {:.0} ms after resume",
-            options.trials,
-            paused.name,
-            PAUSE.as_millis(),
-            failover_ms.map_or("none".to_string(), |ms| format!("{ms:.1} ms")),
-            rejoin_ms
-        ));
-        samples.push(PauseSample {
-            failover_ms,
-            old_owner_answers: stale,
-            owner_changes: changes,
-            rejoin_ms: Some(rejoin_ms),
-        });
+        match pause_trial(trial, options, &mut lab, daemons.as_mut(), progress)? {
+            Some(sample) => samples.push(sample),
+            None => failed_trials += 1,
+        }
     }
     drop(responders);
     lab.teardown();
@@ -220,11 +127,125 @@ pub fn run(
         failed_trials,
         loss: options.loss,
         pause_ms: PAUSE.as_millis() as u64,
-        failover_ms: failover::percentiles(&ms),
+        failover_ms: trial::percentiles(&ms),
         old_owner_answers: samples.iter().map(|s| s.old_owner_answers).sum(),
         moved_trials: samples.iter().filter(|s| s.owner_changes > 0).count(),
         samples,
     })
+}
+
+/// Trial number `trial`: waits for the lab to converge, pauses the owner (or, for
+/// `pause-backup`, another node) for [`PAUSE`], and measures until it rejoined; `None` when the
+/// trial could not be measured.
+fn pause_trial(
+    trial: usize,
+    options: &Options,
+    lab: &mut Lab,
+    daemons: &mut dyn Daemons,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Option<PauseSample>> {
+    let vip = netns::vip_v4(0);
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::from((vip, PROBE_PORT)),
+        options.probe_interval,
+    )?;
+    let settled = match trial::settle(lab, daemons, &prober, progress)? {
+        Ok(s) => s,
+        Err(reason) => {
+            progress(&format!(
+                "trial {trial}/{}: not measured: {reason}",
+                options.trials
+            ));
+            return Ok(None);
+        }
+    };
+    let target = match options.scenario {
+        Scenario::Pause => settled.index,
+        _ => (1..=options.nodes)
+            .find(|i| *i != settled.index)
+            .context("pause-backup needs two nodes")?,
+    };
+    let paused = lab.node(target).clone();
+    let pid = daemons
+        .pid(lab, target)
+        .with_context(|| format!("{}'s daemon is not running", paused.name))?;
+    let watcher = AnnouncementWatcher::start(&lab.client_netns, vec![IpAddr::V4(vip)])?;
+    let fault = Instant::now();
+    signal(pid, "STOP")?;
+    std::thread::sleep(PAUSE);
+    signal(pid, "CONT")?;
+    let resume = Instant::now();
+    // The client keeps asking for the VIP while the paused node comes back.
+    let client = lab.client_netns.clone();
+    let asker = std::thread::spawn(move || {
+        probe::arp_claims(&client, vip, None, 100, Duration::from_millis(20))
+    });
+    let rejoined = wait_rejoined(lab, daemons, target, REJOIN_LIMIT);
+    let _ = asker.join();
+    std::thread::sleep(Duration::from_secs(2));
+    let records = prober.stop();
+    let Some(rejoined) = rejoined else {
+        progress(&format!(
+            "trial {trial}/{}: {} paused, not measured: it did not rejoin within {REJOIN_LIMIT:?}",
+            options.trials, paused.name
+        ));
+        return Ok(None);
+    };
+    let (claims, probe_answers) = match options.scenario {
+        Scenario::Pause => stale_answers(&paused, &watcher.seen(), &records, (resume, rejoined)),
+        _ => (0, 0),
+    };
+    let stale = claims + probe_answers;
+    let changes = probe::owner_changes(
+        &records
+            .iter()
+            .filter(|r| r.sent >= fault)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let failover_ms = match options.scenario {
+        Scenario::Pause => probe::failover(&records, fault, &settled.owner).map(|s| s.failover_ms),
+        _ => None,
+    };
+    let rejoin_ms = rejoined.duration_since(resume).as_secs_f64() * 1e3;
+    progress(&format!(
+        "trial {trial}/{}: {} paused {} ms: failover {}, old owner's answers after resume {stale} ({claims} ARP, {probe_answers} probes), answering node changed {changes} times, rejoined {:.0} ms after resume",
+        options.trials,
+        paused.name,
+        PAUSE.as_millis(),
+        failover_ms.map_or("none".to_string(), |ms| format!("{ms:.1} ms")),
+        rejoin_ms
+    ));
+    Ok(Some(PauseSample {
+        failover_ms,
+        old_owner_answers: stale,
+        owner_changes: changes,
+        rejoin_ms: Some(rejoin_ms),
+    }))
+}
+
+/// The paused node's claims of the VIP in `window` (its resume to its rejoin): its ARP
+/// announcements and replies the client saw, and the probes it answered.
+fn stale_answers(
+    paused: &Node,
+    seen: &[Announcement],
+    records: &[ProbeRecord],
+    (resume, rejoined): (Instant, Instant),
+) -> (u64, u64) {
+    let in_window = |at: Instant| at >= resume && at <= rejoined;
+    let m = paused.mac;
+    let mac = MacAddr(m[0], m[1], m[2], m[3], m[4], m[5]);
+    let claims = seen
+        .iter()
+        .filter(|a| in_window(a.at) && a.mac == mac)
+        .count();
+    let answers = records
+        .iter()
+        .filter_map(|r| r.answer.as_ref())
+        .filter(|(n, at)| *n == paused.name && in_window(*at))
+        .count();
+    (claims as u64, answers as u64)
 }
 
 fn signal(pid: u32, signal: &str) -> Result<()> {

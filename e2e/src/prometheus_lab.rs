@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::failover::HTTP_PORT;
+use crate::lab::HTTP_PORT;
 use crate::netns::{self, Lab};
 
 /// The `namespace` label the second scrape job of [`LabPrometheus`] adds, as Kubernetes

@@ -16,23 +16,25 @@ fn program() -> String {
 }
 
 fn run(args: &[&str], stdin: Option<&str>) -> Result<Output> {
-    let mut child = Command::new(program())
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+    let missing = || {
+        format!(
+            "running {} (apt-get install prometheus; test.sh installs it)",
+            program()
+        )
+    };
+    let mut cmd = Command::new(program());
+    cmd.args(args);
+    // Without input, `output` runs it with a null stdin and both outputs captured.
+    let Some(text) = stdin else {
+        return cmd.output().with_context(missing);
+    };
+    let mut child = cmd
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| {
-            format!(
-                "running {} (apt-get install prometheus; test.sh installs it)",
-                program()
-            )
-        })?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        .with_context(missing)?;
+    if let Some(mut pipe) = child.stdin.take() {
         pipe.write_all(text.as_bytes())
             .context("writing promtool's input")?;
     }

@@ -16,11 +16,14 @@ use anyhow::Result;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::failover::{Daemons, Implementation};
+use crate::daemons::Daemons;
+use crate::daemons::Implementation;
 use crate::flood::{Flood, FloodKind};
+use crate::lab::{self, proc_usage};
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
 use crate::scrape::{self, Sample};
+use crate::trial;
 
 /// How often the client asks who has the VIP by ARP.
 pub const ARP_INTERVAL: Duration = Duration::from_millis(100);
@@ -147,41 +150,12 @@ impl Report {
     }
 }
 
-/// The (utime + stime) of `pid`, in clock ticks, and its resident memory in KiB.
-pub(crate) fn proc_usage(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((utime + stime, rss_kib))
-}
-
 /// Every node's `/metrics` answer read from the client, as samples, in node order (`None`: no
 /// answer in 3 tries; with `--loss` a lost SYN fails one attempt).
 fn scrape_nodes(lab: &Lab) -> Vec<Option<Vec<Sample>>> {
-    let nodes: Vec<SocketAddr> = crate::failover::http_addrs(lab);
-    let count = nodes.len();
-    probe::in_netns(&lab.client_netns, move || {
-        nodes
-            .iter()
-            .map(|addr| {
-                (0..3)
-                    .find_map(|_| crate::demo::http_get(*addr, "/metrics"))
-                    .map(|text| scrape::samples(&text))
-            })
-            .collect()
+    lab::read_each(lab, lab::http_addrs(lab), "/metrics", 3, |text| {
+        Some(scrape::samples(text))
     })
-    .unwrap_or_else(|_| vec![None; count])
 }
 
 /// One speaker's `/metrics` samples at the start and at the end of the run (`None`: no answer).
@@ -229,6 +203,44 @@ pub fn watch_figures(speakers: &[SpeakerMetrics]) -> (Takeovers, Option<f64>, Ve
     (takeovers, p99.map(|s| (s * 1e6).round() / 1e3), unread)
 }
 
+/// Every node's `/metrics` samples from `before` the run and now, in node order.
+fn speaker_metrics(lab: &Lab, before: Vec<Option<Vec<Sample>>>) -> Vec<SpeakerMetrics> {
+    let names = lab.nodes.iter().map(|n| n.name.clone());
+    names
+        .zip(before)
+        .zip(scrape_nodes(lab))
+        .map(|((node, before), after)| SpeakerMetrics {
+            node,
+            before,
+            after,
+        })
+        .collect()
+}
+
+/// Each daemon's memory at the end and CPU over `elapsed`, from its `/proc` usage `before` and
+/// `after` (a daemon missing either is left out).
+fn speaker_costs(
+    pids: &[(String, u32)],
+    before: &[Option<(u64, u64)>],
+    after: &[Option<(u64, u64)>],
+    elapsed: Duration,
+) -> Vec<SpeakerCost> {
+    // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
+    let ticks_per_s = 100.0;
+    pids.iter()
+        .zip(before.iter().zip(after.iter()))
+        .filter_map(|((node, _), (b, a))| {
+            let (b, a) = (b.as_ref()?, a.as_ref()?);
+            Some(SpeakerCost {
+                node: node.clone(),
+                rss_mib: a.1 as f64 / 1024.0,
+                cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
+                    * 100.0,
+            })
+        })
+        .collect()
+}
+
 /// Runs the soak with the daemons `make_daemons` starts in the lab.
 pub fn run(
     options: &Options,
@@ -236,17 +248,17 @@ pub fn run(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
     let (mut lab, workers, mut daemons) =
-        crate::failover::start_lab(options.nodes, options.loss, make_daemons)?;
+        trial::start_lab(options.nodes, options.loss, make_daemons)?;
     let prober = Prober::start(
         &lab.client_netns,
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
         Duration::from_millis(10),
     )?;
-    let owner = match crate::failover::settle(&lab, daemons.as_mut(), &prober, progress)? {
+    let owner = match trial::settle(&lab, daemons.as_mut(), &prober, progress)? {
         Ok(settled) => settled.owner,
         Err(reason) => anyhow::bail!(
             "the lab did not converge within {:?} ({reason}); nothing watched",
-            crate::failover::CONVERGE_LIMIT
+            trial::CONVERGE_LIMIT
         ),
     };
     progress(&format!(
@@ -292,17 +304,7 @@ pub fn run(
     let arp_answers = asker.stop();
     let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
     let (takeovers, timer_lateness_ms, metrics_unread) = if swimlb {
-        let names = lab.nodes.iter().map(|n| n.name.clone());
-        let scrapes: Vec<_> = names
-            .zip(metrics_before)
-            .zip(scrape_nodes(&lab))
-            .map(|((node, before), after)| SpeakerMetrics {
-                node,
-                before,
-                after,
-            })
-            .collect();
-        watch_figures(&scrapes)
+        watch_figures(&speaker_metrics(&lab, metrics_before))
     } else {
         (Takeovers::default(), None, Vec::new())
     };
@@ -310,21 +312,7 @@ pub fn run(
     let records = prober.stop();
     // The newest probes may still be in flight.
     let watched = &records[skip.min(records.len())..records.len().saturating_sub(5)];
-    // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
-    let ticks_per_s = 100.0;
-    let speakers = pids
-        .iter()
-        .zip(before.iter().zip(after.iter()))
-        .filter_map(|((node, _), (b, a))| {
-            let (b, a) = (b.as_ref()?, a.as_ref()?);
-            Some(SpeakerCost {
-                node: node.clone(),
-                rss_mib: a.1 as f64 / 1024.0,
-                cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
-                    * 100.0,
-            })
-        })
-        .collect();
+    let speakers = speaker_costs(&pids, &before, &after, elapsed);
     // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
     // live in them).
     drop(daemons);

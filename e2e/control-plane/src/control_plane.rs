@@ -172,109 +172,13 @@ impl ControlPlane {
             ),
             Network::Netns { ip, .. } => (SocketAddr::from((*ip, 6443)), 2379, 2380),
         };
-        let pki = Pki::create(dir, api_addr.ip(), &options.nodes)?;
-        let server = format!("https://{api_addr}");
-        for (name, user) in [
-            ("admin", "admin"),
-            ("controller-manager", "controller-manager"),
-            ("scheduler", "scheduler"),
-        ] {
-            pki.write_kubeconfig(&dir.join(format!("{name}.kubeconfig")), &server, user)?;
-        }
-        for node in &options.nodes {
-            pki.write_kubeconfig(
-                &dir.join(format!("kubelet-{node}.kubeconfig")),
-                &server,
-                &format!("kubelet-{node}"),
-            )?;
-        }
-        std::fs::write(
-            dir.join("audit-policy.yaml"),
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
-        )?;
-        let d = |f: &str| dir.join(f).display().to_string();
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let mut args = BTreeMap::new();
-        args.insert(
-            Component::Etcd,
-            vec![
-                "--name=lab".into(),
-                format!("--data-dir={}", d("etcd")),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-                format!("--initial-cluster=lab=http://127.0.0.1:{etcd_peer_port}"),
-                "--log-level=warn".into(),
-            ],
-        );
-        let mut api = vec![
-            format!("--etcd-servers={etcd_url}"),
-            format!("--bind-address={}", api_addr.ip()),
-            format!("--advertise-address={}", api_addr.ip()),
-            format!("--secure-port={}", api_addr.port()),
-            format!("--cert-dir={}", d("apiserver-certs")),
-            format!("--tls-cert-file={}", d("apiserver.crt")),
-            format!("--tls-private-key-file={}", d("apiserver.key")),
-            format!("--client-ca-file={}", d("ca.crt")),
-            format!("--service-account-key-file={}", d("sa.pub")),
-            format!("--service-account-signing-key-file={}", d("sa.key")),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--api-audiences=https://kubernetes.default.svc".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            "--allow-privileged=true".into(),
-            format!("--audit-policy-file={}", d("audit-policy.yaml")),
-            format!("--audit-log-path={}", d("audit.log")),
-            "--audit-log-format=json".into(),
-            "--profiling=false".into(),
-        ];
-        if network == Network::Loopback {
-            // The `kubernetes` Service's endpoint may not be a loopback address; on the
-            // loopback no Pod would reach it anyway.
-            api.push("--endpoint-reconciler-type=none".into());
-        }
-        if let Some(every) = options.compaction_interval {
-            api.push(format!(
-                "--etcd-compaction-interval={}s",
-                every.as_secs().max(1)
-            ));
-        }
-        args.insert(Component::ApiServer, api);
-        args.insert(
-            Component::ControllerManager,
-            vec![
-                format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
-                format!(
-                    "--authentication-kubeconfig={}",
-                    d("controller-manager.kubeconfig")
-                ),
-                format!(
-                    "--authorization-kubeconfig={}",
-                    d("controller-manager.kubeconfig")
-                ),
-                format!("--service-account-private-key-file={}", d("sa.key")),
-                format!("--root-ca-file={}", d("ca.crt")),
-                format!("--cluster-signing-cert-file={}", d("ca.crt")),
-                format!("--cluster-signing-key-file={}", d("ca.key")),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                "--use-service-account-credentials=true".into(),
-                "--leader-elect=false".into(),
-                "--secure-port=0".into(),
-                "--profiling=false".into(),
-            ],
-        );
-        args.insert(
-            Component::Scheduler,
-            vec![
-                format!("--kubeconfig={}", d("scheduler.kubeconfig")),
-                format!("--authentication-kubeconfig={}", d("scheduler.kubeconfig")),
-                format!("--authorization-kubeconfig={}", d("scheduler.kubeconfig")),
-                "--leader-elect=false".into(),
-                "--secure-port=0".into(),
-                "--profiling=false".into(),
-            ],
+        write_files(dir, api_addr, &options.nodes)?;
+        let args = component_args(
+            dir,
+            &network,
+            api_addr,
+            (etcd_port, etcd_peer_port),
+            options,
         );
         let netns = match &network {
             Network::Loopback => None,
@@ -881,4 +785,141 @@ impl Pki {
         std::fs::write(path, text)?;
         Ok(())
     }
+}
+
+/// The cluster's PKI in `dir`, a kubeconfig for each component and node (the API server at
+/// `api_addr`), and the audit policy.
+fn write_files(dir: &Path, api_addr: SocketAddr, nodes: &[String]) -> Result<()> {
+    let pki = Pki::create(dir, api_addr.ip(), nodes)?;
+    let server = format!("https://{api_addr}");
+    for (name, user) in [
+        ("admin", "admin"),
+        ("controller-manager", "controller-manager"),
+        ("scheduler", "scheduler"),
+    ] {
+        pki.write_kubeconfig(&dir.join(format!("{name}.kubeconfig")), &server, user)?;
+    }
+    for node in nodes {
+        pki.write_kubeconfig(
+            &dir.join(format!("kubelet-{node}.kubeconfig")),
+            &server,
+            &format!("kubelet-{node}"),
+        )?;
+    }
+    std::fs::write(
+        dir.join("audit-policy.yaml"),
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+    )?;
+    Ok(())
+}
+
+/// Every component's command line, by component.
+fn component_args(
+    dir: &Path,
+    network: &Network,
+    api_addr: SocketAddr,
+    (etcd_port, etcd_peer_port): (u16, u16),
+    options: &Options,
+) -> BTreeMap<Component, Vec<String>> {
+    let d = |f: &str| dir.join(f).display().to_string();
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let mut args = BTreeMap::new();
+    args.insert(
+        Component::Etcd,
+        vec![
+            "--name=lab".into(),
+            format!("--data-dir={}", d("etcd")),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-cluster=lab=http://127.0.0.1:{etcd_peer_port}"),
+            "--log-level=warn".into(),
+        ],
+    );
+    args.insert(
+        Component::ApiServer,
+        apiserver_args(dir, network, api_addr, &etcd_url, options),
+    );
+    args.insert(
+        Component::ControllerManager,
+        vec![
+            format!("--kubeconfig={}", d("controller-manager.kubeconfig")),
+            format!(
+                "--authentication-kubeconfig={}",
+                d("controller-manager.kubeconfig")
+            ),
+            format!(
+                "--authorization-kubeconfig={}",
+                d("controller-manager.kubeconfig")
+            ),
+            format!("--service-account-private-key-file={}", d("sa.key")),
+            format!("--root-ca-file={}", d("ca.crt")),
+            format!("--cluster-signing-cert-file={}", d("ca.crt")),
+            format!("--cluster-signing-key-file={}", d("ca.key")),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--use-service-account-credentials=true".into(),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--profiling=false".into(),
+        ],
+    );
+    args.insert(
+        Component::Scheduler,
+        vec![
+            format!("--kubeconfig={}", d("scheduler.kubeconfig")),
+            format!("--authentication-kubeconfig={}", d("scheduler.kubeconfig")),
+            format!("--authorization-kubeconfig={}", d("scheduler.kubeconfig")),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+            "--profiling=false".into(),
+        ],
+    );
+    args
+}
+
+/// The API server's command line: etcd at `etcd_url`, serving on `api_addr`, with RBAC, the
+/// node authorizer and an audit log.
+fn apiserver_args(
+    dir: &Path,
+    network: &Network,
+    api_addr: SocketAddr,
+    etcd_url: &str,
+    options: &Options,
+) -> Vec<String> {
+    let d = |f: &str| dir.join(f).display().to_string();
+    let mut api = vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--bind-address={}", api_addr.ip()),
+        format!("--advertise-address={}", api_addr.ip()),
+        format!("--secure-port={}", api_addr.port()),
+        format!("--cert-dir={}", d("apiserver-certs")),
+        format!("--tls-cert-file={}", d("apiserver.crt")),
+        format!("--tls-private-key-file={}", d("apiserver.key")),
+        format!("--client-ca-file={}", d("ca.crt")),
+        format!("--service-account-key-file={}", d("sa.pub")),
+        format!("--service-account-signing-key-file={}", d("sa.key")),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--api-audiences=https://kubernetes.default.svc".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        "--allow-privileged=true".into(),
+        format!("--audit-policy-file={}", d("audit-policy.yaml")),
+        format!("--audit-log-path={}", d("audit.log")),
+        "--audit-log-format=json".into(),
+        "--profiling=false".into(),
+    ];
+    if *network == Network::Loopback {
+        // The `kubernetes` Service's endpoint may not be a loopback address; on the
+        // loopback no Pod would reach it anyway.
+        api.push("--endpoint-reconciler-type=none".into());
+    }
+    if let Some(every) = options.compaction_interval {
+        api.push(format!(
+            "--etcd-compaction-interval={}s",
+            every.as_secs().max(1)
+        ));
+    }
+    api
 }

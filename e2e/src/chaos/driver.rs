@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
-use crate::failover::{Daemons, GOSSIP_PORT, KeepalivedDaemons, SwimlbDaemons};
+use crate::daemons::{Daemons, KeepalivedDaemons, SwimlbDaemons};
+use crate::lab::GOSSIP_PORT;
 use crate::netns::{self, Lab};
 
 /// The daemons a chaos run drives: one arm per target.
@@ -268,19 +269,7 @@ impl Driver {
                     Traffic::Membership => daemons.membership_match(),
                     Traffic::Watch => format!("udp dport {}", GOSSIP_PORT + 1),
                 };
-                let mut pairs = vec![(from, to)];
-                if both {
-                    pairs.push((to, from));
-                }
-                for (from, to) in pairs {
-                    let rules = format!(
-                        "table inet {table} {{\n  chain in {{ type filter hook input priority -200; ip saddr {src} {what} drop; }}\n}}\n",
-                        table = drop_table(index),
-                        src = lab.node(from).v4,
-                    );
-                    netns::nft_apply(&lab.node(to).netns, &rules)?;
-                }
-                Ok(())
+                drop_traffic(lab, index, &what, (from, to), both)
             }
             FaultKind::Loss { node, percent } => lab.set_loss(node, percent),
             FaultKind::Starve {
@@ -288,49 +277,15 @@ impl Driver {
                 busy_loops,
                 quota_percent,
             } => {
-                let netns = lab.node(node).netns.clone();
-                let daemon_pids = netns_pids(&netns);
-                let cgroup = Cgroup::make(lab.run_id(), index, quota_percent)?;
-                let mut busy = Vec::new();
-                for _ in 0..busy_loops {
-                    let mut cmd = Lab::command_in(&netns, "sh");
-                    cmd.args(["-c", "while :; do :; done"]);
-                    let child = lab.spawn(cmd)?;
-                    if let Some(cg) = &cgroup {
-                        cg.add(lab.child(child).id());
-                    }
-                    busy.push(child);
-                }
-                if let Some(cg) = &cgroup {
-                    for pid in daemon_pids {
-                        cg.add(pid);
-                    }
-                }
-                self.starved.insert(index, Starved { cgroup, busy });
+                let starved = starve(lab, index, node, busy_loops, quota_percent)?;
+                self.starved.insert(index, starved);
                 Ok(())
             }
             FaultKind::BrokenReload { node, broken } => {
                 let ChaosDaemons::Swimlb(d) = daemons else {
                     bail!("a reload needs swimlb's speakers");
                 };
-                let good = d.config(lab, node);
-                let text = match broken {
-                    Broken::Syntax => "cluster: [unclosed\n  groups: {{\n".to_string(),
-                    Broken::Invalid => format!("{good}colour: blue\n"),
-                    Broken::GarbageKeys => {
-                        let garbage = d.dir().join(format!("keys-garbage-node{node}"));
-                        std::fs::write(&garbage, "this is no base64 key!\n")?;
-                        good.lines()
-                            .map(|l| match l.starts_with("keyFile:") {
-                                true => format!("keyFile: {}\n", garbage.display()),
-                                false => format!("{l}\n"),
-                            })
-                            .collect()
-                    }
-                };
-                std::fs::write(config_path(d, lab, node), text)?;
-                hup(d, lab, node);
-                Ok(())
+                broken_reload(d, lab, node, broken)
             }
             FaultKind::KeyRotation { .. } => Ok(()),
             FaultKind::CheckFail { node } => {
@@ -340,12 +295,7 @@ impl Driver {
                 let _ = std::fs::remove_file(flag_path(d.dir(), &lab.node(node).name));
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => {
-                let netns = lab.node(node).netns.clone();
-                let addr = format!("{}/32", netns::vip_v4(vip as u8));
-                lab.run_in(&netns, "ip", &["addr", "add", &addr, "dev", "eth0"])?;
-                Ok(())
-            }
+            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "add"),
         }
     }
 
@@ -425,12 +375,7 @@ impl Driver {
                 std::fs::write(flag_path(d.dir(), &lab.node(node).name), "")?;
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => {
-                let netns = lab.node(node).netns.clone();
-                let addr = format!("{}/32", netns::vip_v4(vip as u8));
-                lab.run_in(&netns, "ip", &["addr", "del", &addr, "dev", "eth0"])?;
-                Ok(())
-            }
+            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "del"),
         }
     }
 
@@ -465,6 +410,91 @@ impl Driver {
 
 fn drop_table(fault: usize) -> String {
     format!("swimlb_chaos_drop{fault}")
+}
+
+/// nftables in `to` drops `what` from `from` (and the other way with `both`), in fault
+/// `index`'s own table so the undo removes exactly it.
+fn drop_traffic(
+    lab: &Lab,
+    index: usize,
+    what: &str,
+    (from, to): (usize, usize),
+    both: bool,
+) -> Result<()> {
+    let mut pairs = vec![(from, to)];
+    if both {
+        pairs.push((to, from));
+    }
+    for (from, to) in pairs {
+        let rules = format!(
+            "table inet {table} {{\n  chain in {{ type filter hook input priority -200; ip saddr {src} {what} drop; }}\n}}\n",
+            table = drop_table(index),
+            src = lab.node(from).v4,
+        );
+        netns::nft_apply(&lab.node(to).netns, &rules)?;
+    }
+    Ok(())
+}
+
+/// `busy_loops` shell loops in node `node`'s namespace, sharing a cgroup capped at
+/// `quota_percent` of a core with its daemons (when cgroups can be made).
+fn starve(
+    lab: &mut Lab,
+    index: usize,
+    node: usize,
+    busy_loops: u8,
+    quota_percent: u8,
+) -> Result<Starved> {
+    let netns = lab.node(node).netns.clone();
+    let daemon_pids = netns_pids(&netns);
+    let cgroup = Cgroup::make(lab.run_id(), index, quota_percent)?;
+    let mut busy = Vec::new();
+    for _ in 0..busy_loops {
+        let mut cmd = Lab::command_in(&netns, "sh");
+        cmd.args(["-c", "while :; do :; done"]);
+        let child = lab.spawn(cmd)?;
+        if let Some(cg) = &cgroup {
+            cg.add(lab.child(child).id());
+        }
+        busy.push(child);
+    }
+    if let Some(cg) = &cgroup {
+        for pid in daemon_pids {
+            cg.add(pid);
+        }
+    }
+    Ok(Starved { cgroup, busy })
+}
+
+/// Writes a `broken` configuration for node `node`'s speaker and reloads it (SIGHUP).
+fn broken_reload(d: &SwimlbDaemons, lab: &mut Lab, node: usize, broken: Broken) -> Result<()> {
+    let good = d.config(lab, node);
+    let text = match broken {
+        Broken::Syntax => "cluster: [unclosed\n  groups: {{\n".to_string(),
+        Broken::Invalid => format!("{good}colour: blue\n"),
+        Broken::GarbageKeys => {
+            let garbage = d.dir().join(format!("keys-garbage-node{node}"));
+            std::fs::write(&garbage, "this is no base64 key!\n")?;
+            good.lines()
+                .map(|l| match l.starts_with("keyFile:") {
+                    true => format!("keyFile: {}\n", garbage.display()),
+                    false => format!("{l}\n"),
+                })
+                .collect()
+        }
+    };
+    std::fs::write(config_path(d, lab, node), text)?;
+    hup(d, lab, node);
+    Ok(())
+}
+
+/// `ip addr add` or `del` (`op`) of VIP `vip` on node `node`'s eth0: a foreign host answering
+/// for it.
+fn foreign_address(lab: &mut Lab, node: usize, vip: usize, op: &str) -> Result<()> {
+    let netns = lab.node(node).netns.clone();
+    let addr = format!("{}/32", netns::vip_v4(vip as u8));
+    lab.run_in(&netns, "ip", &["addr", op, &addr, "dev", "eth0"])?;
+    Ok(())
 }
 
 /// The flag file node `name`'s health check tests.

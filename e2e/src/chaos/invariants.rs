@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::schedule::{Fault, FaultKind, Step, Traffic};
-use crate::converge;
+use crate::lab::rule;
 
 /// How long a dual or dark answer may last.
 pub const LIMIT: Duration = Duration::from_secs(1);
@@ -306,7 +306,7 @@ pub struct VipRule {
 }
 
 /// The lab's election rule: for each VIP, the live eligible nodes by priority (descending),
-/// then MetalLB's order ([`converge::metallb_order`]); every node settled (the rule is only
+/// then MetalLB's order ([`rule::metallb_order`]); every node settled (the rule is only
 /// asked after the preemption delay).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -340,7 +340,7 @@ impl Rule {
             .iter()
             .map(|n| self.names[n - 1].as_str())
             .collect();
-        let order = converge::metallb_order(&names, IpAddr::V4(rule.ip));
+        let order = rule::metallb_order(&names, IpAddr::V4(rule.ip));
         candidates.into_iter().min_by_key(|n| {
             let rank = order
                 .iter()

@@ -1,0 +1,237 @@
+//! The client's observers over a chaos run: a prober and an ARP asker per VIP, a reader of every
+//! node's `/status`, and what they recorded as the checker reads it.
+
+use super::*;
+
+/// How often the `/status` reader reads every node.
+pub(super) const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One round of `/status` reads: when it started, and per node (`None`: no answer) the owner
+/// it names for each VIP.
+pub(super) type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
+
+/// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
+#[derive(Debug)]
+pub(super) struct StatusReader {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    log: Arc<Mutex<Vec<StatusRound>>>,
+}
+
+impl StatusReader {
+    pub(super) fn start(lab: &Lab, vips: Vec<Ipv4Addr>) -> Result<StatusReader> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<_>>> = Arc::default();
+        let (flag, polls) = (stop.clone(), log.clone());
+        let addrs = lab::http_addrs(lab);
+        let netns = lab.client_netns.clone();
+        let handle = probe::spawn_in(
+            &lab.client_netns,
+            "chaos-status",
+            || Ok(()),
+            move |()| {
+                while !flag.load(Ordering::Relaxed) {
+                    let at = Instant::now();
+                    let owners: Vec<Option<Vec<Option<String>>>> = std::thread::scope(|scope| {
+                        let reads: Vec<_> = addrs
+                            .iter()
+                            .map(|addr| {
+                                let (netns, vips) = (&netns, &vips);
+                                scope.spawn(move || {
+                                    probe::enter_netns(netns).ok()?;
+                                    owners_named(&lab::http_get(*addr, "/status")?, vips)
+                                })
+                            })
+                            .collect();
+                        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
+                    });
+                    polls.lock().expect("status log").push((at, owners));
+                    let next = at + POLL_INTERVAL;
+                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            },
+        )?;
+        Ok(StatusReader {
+            stop,
+            handle: Some(handle),
+            log,
+        })
+    }
+
+    /// Stops reading and returns every round.
+    pub(super) fn finish(mut self) -> Vec<StatusRound> {
+        self.halt();
+        self.snapshot()
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> Vec<StatusRound> {
+        self.log.lock().expect("status log").clone()
+    }
+}
+
+impl Drop for StatusReader {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The owner a `/status` body names for each of `vips` (`None` for the body: not the JSON
+/// expected).
+pub fn owners_named(status: &str, vips: &[Ipv4Addr]) -> Option<Vec<Option<String>>> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    let addresses = v["addresses"].as_array()?;
+    Some(
+        vips.iter()
+            .map(|ip| {
+                let ip = ip.to_string();
+                addresses
+                    .iter()
+                    .find(|a| a["ip"] == ip.as_str())
+                    .and_then(|a| a["owner"].as_str())
+                    .map(str::to_string)
+            })
+            .collect(),
+    )
+}
+
+/// Everything the observers recorded, as the checker reads it.
+pub(super) fn observations(
+    lab: &Lab,
+    t0: Instant,
+    probers: &[Prober],
+    askers: &[(Instant, Vec<probe::ArpAnswers>)],
+    polls: &[StatusRound],
+    horizon: Duration,
+) -> Observations {
+    let since = |at: Instant| at.saturating_duration_since(t0);
+    let node_of = |mac: &[u8; 6]| {
+        lab.nodes
+            .iter()
+            .find(|n| n.mac == *mac)
+            .map_or(0, |n| n.index)
+    };
+    let vips = probers
+        .iter()
+        .zip(askers)
+        .map(|(prober, (asked_from, answers))| VipObservations {
+            probes: prober
+                .snapshot()
+                .iter()
+                .filter(|r| r.sent >= t0)
+                .map(|r| Probe {
+                    sent: since(r.sent),
+                    answered: r.answer.is_some(),
+                })
+                .collect(),
+            arp: answers
+                .iter()
+                .map(|a| ArpSample {
+                    at: since(*asked_from + a.at),
+                    nodes: a.macs.iter().map(node_of).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Observations {
+        vips,
+        polls: polls
+            .iter()
+            .map(|(at, owners)| Poll {
+                at: since(*at),
+                owners: owners.clone(),
+            })
+            .collect(),
+        horizon,
+    }
+}
+
+/// The client's observers of every VIP over the run: a prober and an ARP asker each, and the
+/// `/status` reader when the daemons have one. `t0` is the start of the run.
+pub(super) struct Observers {
+    pub(super) t0: Instant,
+    probers: Vec<Prober>,
+    askers: Vec<(Instant, ArpAsker)>,
+    status: Option<StatusReader>,
+}
+
+impl Observers {
+    pub(super) fn start(
+        lab: &Lab,
+        vips: &[Ipv4Addr],
+        duration: Duration,
+        status: bool,
+    ) -> Result<Observers> {
+        let t0 = Instant::now();
+        let probers = vips
+            .iter()
+            .map(|ip| {
+                Prober::start(
+                    &lab.client_netns,
+                    SocketAddr::from((*ip, PROBE_PORT)),
+                    Duration::from_millis(10),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let requests = (duration.as_millis() / invariants::ARP_INTERVAL.as_millis()) as usize + 50;
+        let askers = vips
+            .iter()
+            .map(|ip| {
+                let from = Instant::now();
+                Ok((
+                    from,
+                    ArpAsker::start(&lab.client_netns, *ip, invariants::ARP_INTERVAL, requests)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let status = if status {
+            Some(StatusReader::start(lab, vips.to_vec())?)
+        } else {
+            None
+        };
+        Ok(Observers {
+            t0,
+            probers,
+            askers,
+            status,
+        })
+    }
+
+    /// What they recorded so far, up to `horizon`.
+    pub(super) fn snapshot(&self, lab: &Lab, horizon: Duration) -> Observations {
+        let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = self
+            .askers
+            .iter()
+            .map(|(from, a)| (*from, a.snapshot()))
+            .collect();
+        let polls = self
+            .status
+            .as_ref()
+            .map(StatusReader::snapshot)
+            .unwrap_or_default();
+        observations(lab, self.t0, &self.probers, &asked, &polls, horizon)
+    }
+
+    /// Stops them; everything they recorded up to `horizon`.
+    pub(super) fn finish(self, lab: &Lab, horizon: Duration) -> Observations {
+        let polls = self.status.map(StatusReader::finish).unwrap_or_default();
+        let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = self
+            .askers
+            .into_iter()
+            .map(|(from, a)| (from, a.stop()))
+            .collect();
+        let obs = observations(lab, self.t0, &self.probers, &asked, &polls, horizon);
+        for p in self.probers {
+            p.stop();
+        }
+        obs
+    }
+}

@@ -1,0 +1,149 @@
+//! The daemons' processes over a chaos run: crashes found in their logs and exits, and their
+//! resident memory for the leak check.
+
+use super::*;
+
+/// A daemon's memory is compared with its level this long after it started.
+pub(super) const LEAK_BASELINE_AFTER: Duration = Duration::from_secs(60);
+/// How much above that level is a leak.
+pub(super) const LEAK_FACTOR: f64 = 1.10;
+
+/// Crash and leak watch over the daemons' processes and logs.
+#[derive(Debug, Default)]
+pub(super) struct ProcessWatch {
+    /// Log read offsets, by path.
+    offsets: BTreeMap<PathBuf, u64>,
+    /// Pids already reported gone.
+    gone: BTreeSet<u32>,
+    /// Nodes whose keepalived was reported gone (until restarted).
+    keepalived_gone: BTreeSet<usize>,
+    /// Per pid: node, when it started, its baseline and last resident memory (KiB).
+    memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
+    pub(super) found: Vec<Violation>,
+}
+
+impl ProcessWatch {
+    pub(super) fn crash(&mut self, at: Duration, detail: String) {
+        self.found.push(Violation {
+            invariant: Invariant::Crash,
+            at,
+            vip: None,
+            detail,
+            excused: false,
+        });
+    }
+
+    /// Reads the logs and `/proc`; `started[i]`: when node i+1's daemon last started.
+    pub(super) fn check(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        driver: &Driver,
+        started: &[Duration],
+        at: Duration,
+        memory: bool,
+    ) {
+        for n in 1..=lab.nodes.len() {
+            let name = lab.node(n).name.clone();
+            match daemons {
+                ChaosDaemons::Swimlb(d) => {
+                    let log = d.log_path(lab, n);
+                    for line in self.new_lines(&log) {
+                        if line.contains("panicked") {
+                            self.crash(at, format!("{name}'s speaker log: {}", line.trim()));
+                        }
+                    }
+                    if !driver.running[n - 1] {
+                        continue;
+                    }
+                    let Some(pid) = d.pid(lab, n) else { continue };
+                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit_once(')')
+                                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                        });
+                    if matches!(state.as_deref(), None | Some("Z" | "X")) {
+                        if self.gone.insert(pid) {
+                            self.crash(
+                                at,
+                                format!("{name}'s speaker (pid {pid}) exited unexpectedly"),
+                            );
+                        }
+                        continue;
+                    }
+                    if memory && let Some((_, rss)) = lab::proc_usage(pid) {
+                        let entry =
+                            self.memory
+                                .entry(pid)
+                                .or_insert((n, started[n - 1], None, rss));
+                        entry.3 = rss;
+                        if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
+                            entry.2 = Some(rss);
+                        }
+                    }
+                }
+                ChaosDaemons::Keepalived(_) => {
+                    if !driver.running[n - 1] {
+                        self.keepalived_gone.remove(&n);
+                        continue;
+                    }
+                    // `ip netns exec` enters the namespace after the spawn: a daemon just
+                    // started is not listed there yet.
+                    if at < started[n - 1] + Duration::from_secs(2) {
+                        continue;
+                    }
+                    let netns = lab.node(n).netns.clone();
+                    if driver::netns_pids(&netns).is_empty() && self.keepalived_gone.insert(n) {
+                        self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn new_lines(&mut self, path: &std::path::Path) -> Vec<String> {
+        use std::io::{Read as _, Seek as _};
+        let offset = self.offsets.entry(path.to_path_buf()).or_insert(0);
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return Vec::new();
+        };
+        if file.seek(std::io::SeekFrom::Start(*offset)).is_err() {
+            return Vec::new();
+        }
+        let mut text = String::new();
+        // Bounded: at most 16 MiB per read.
+        let _ = file.by_ref().take(16 << 20).read_to_string(&mut text);
+        // Only whole lines.
+        let whole = text.rfind('\n').map_or(0, |i| i + 1);
+        *offset += whole as u64;
+        text[..whole].lines().map(str::to_string).collect()
+    }
+
+    pub(super) fn leaks(&self, names: &[String], end: Duration) -> (Vec<Violation>, Vec<Memory>) {
+        let mut found = Vec::new();
+        let mut memory = Vec::new();
+        for (pid, (node, _, baseline, last)) in &self.memory {
+            let Some(baseline) = baseline else { continue };
+            memory.push(Memory {
+                node: names[node - 1].clone(),
+                pid: *pid,
+                baseline_kib: *baseline,
+                last_kib: *last,
+            });
+            if *last as f64 > *baseline as f64 * LEAK_FACTOR {
+                found.push(Violation {
+                    invariant: Invariant::Leak,
+                    at: end,
+                    vip: None,
+                    detail: format!(
+                        "{}'s speaker (pid {pid}) grew from {baseline} KiB to {last} KiB",
+                        names[node - 1]
+                    ),
+                    excused: false,
+                });
+            }
+        }
+        (found, memory)
+    }
+}

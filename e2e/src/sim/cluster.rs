@@ -1,0 +1,119 @@
+//! The gossip's network and the owner watches run on one virtual clock.
+
+use super::*;
+
+/// The gossip's [`SimNet`] and, unless switched off, the [`OwnerWatches`] beside it, run on one
+/// clock: every watch event runs after the gossip events due at the same time or earlier.
+#[derive(Debug)]
+pub struct Cluster {
+    net: SimNet,
+    watch: Option<OwnerWatches>,
+}
+
+impl Cluster {
+    /// `net`, with `watch` beside it.
+    pub fn new(net: SimNet, watch: Option<OwnerWatches>) -> Cluster {
+        Cluster { net, watch }
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Duration {
+        self.net.now()
+    }
+
+    /// Node `i`'s core, if it runs.
+    pub fn core(&self, i: usize) -> Option<&Core> {
+        self.net.core(i)
+    }
+
+    /// The gossip datagrams node `i` sent so far.
+    pub fn traffic(&self, i: usize) -> Traffic {
+        self.net.traffic(i)
+    }
+
+    /// The watch, when it runs.
+    pub fn watch(&self) -> Option<&OwnerWatches> {
+        self.watch.as_ref()
+    }
+
+    /// Starts (or restarts) node `i` with `core`, and its watch.
+    pub fn start(&mut self, i: usize, core: Core) -> anyhow::Result<()> {
+        self.net.start(i, core);
+        if let Some(watch) = &mut self.watch {
+            watch.start(&self.net, i)?;
+        }
+        Ok(())
+    }
+
+    /// Crashes node `i` and its watch.
+    pub fn crash(&mut self, i: usize) {
+        self.net.crash(i);
+        if let Some(watch) = &mut self.watch {
+            watch.crash(i);
+        }
+    }
+
+    /// [`SimNet::set_lag`]: the watch lags too.
+    pub fn set_lag(&mut self, i: usize, lag: Duration) {
+        self.net.set_lag(i, lag);
+    }
+
+    /// [`SimNet::pause`]: the watch pauses too.
+    pub fn pause(&mut self, i: usize, until: Duration) {
+        self.net.pause(i, until);
+    }
+
+    /// [`SimNet::set_group`]: the watch's datagrams cross only within a group too.
+    pub fn set_group(&mut self, i: usize, group: u32) {
+        self.net.set_group(i, group);
+    }
+
+    /// [`SimNet::heal`].
+    pub fn heal(&mut self) {
+        self.net.heal();
+    }
+
+    /// [`SimNet::drain_changes`].
+    pub fn drain_changes(&mut self) -> std::vec::Drain<'_, (Duration, usize, LiveChange)> {
+        self.net.drain_changes()
+    }
+
+    /// Marks `member` as the stalled one (its takeovers are [`TakeoverKind::Stalled`]).
+    pub(super) fn set_stalled(&mut self, member: Option<usize>) {
+        if let Some(watch) = &mut self.watch {
+            watch.stalled = member;
+        }
+    }
+
+    /// Marks the partition phase (takeovers of running members are
+    /// [`TakeoverKind::Partitioned`]).
+    pub(super) fn set_partitioned(&mut self, on: bool) {
+        if let Some(watch) = &mut self.watch {
+            watch.partitioned = on;
+        }
+    }
+
+    /// Takeovers so far (none without the watch).
+    pub fn takeovers(&self) -> &[Takeover] {
+        self.watch.as_ref().map_or(&[], OwnerWatches::takeovers)
+    }
+
+    /// Runs both up to `until`.
+    pub fn run_until(&mut self, until: Duration) {
+        let Some(watch) = &mut self.watch else {
+            self.net.run_until(until);
+            return;
+        };
+        while let Some(at) = watch.next_at().filter(|at| *at <= until) {
+            self.net.run_until(at);
+            watch.step(&self.net);
+        }
+        self.net.run_until(until);
+    }
+
+    /// Runs both for `span`.
+    pub fn run_for(&mut self, span: Duration) {
+        let until = self.now() + span;
+        self.run_until(until);
+    }
+}
