@@ -118,24 +118,59 @@ pub struct Sample {
     pub status_ms: Option<f64>,
 }
 
-/// The JSON report (DESIGN.md's contract).
+/// The fields a failover report and a pause report begin with.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Report {
-    /// `swimlb`, `keepalived` or `keepalived-fast`.
+pub struct RunHeader {
+    /// `swimlb`, `swimlb-kubernetes`, `keepalived`, `keepalived-fast` or `metallb`.
     #[serde(rename = "impl")]
     pub implementation: &'static str,
-    /// `poweroff`, `kill` or `sigterm`.
+    /// The scenario, as on the command line.
     pub scenario: &'static str,
     /// Nodes.
     pub nodes: usize,
     /// Trials run (the requested count).
     pub trials: usize,
-    /// Trials in which no other node answered within the 30 s cap: they have no sample, so the
-    /// percentiles cover `trials - failed_trials` samples. Not in DESIGN.md's contract; added so
-    /// a run that lost trials cannot read as a clean one.
+    /// Trials that gave no sample (for a failover: no other node answered within the 30 s
+    /// cap), so the percentiles cover `trials - failed_trials` samples. Not in DESIGN.md's
+    /// contract; added so a run that lost trials cannot read as a clean one.
     pub failed_trials: usize,
     /// Loss on every link, percent.
     pub loss: u8,
+}
+
+impl RunHeader {
+    /// The header of a run of `options` that gave `samples` samples and `failed_trials` none.
+    pub fn new(options: &Options, samples: usize, failed_trials: usize) -> RunHeader {
+        RunHeader {
+            implementation: options.implementation.as_str(),
+            scenario: options.scenario.as_str(),
+            nodes: options.nodes,
+            trials: samples + failed_trials,
+            failed_trials,
+            loss: options.loss,
+        }
+    }
+
+    /// The start of a table line, the scenario padded to `scenario_width`.
+    pub fn table(&self, scenario_width: usize) -> String {
+        format!(
+            "{:<15} {:<scenario_width$} nodes {:>2} trials {:>2} (failed {}) loss {:>2}%",
+            self.implementation,
+            self.scenario,
+            self.nodes,
+            self.trials,
+            self.failed_trials,
+            self.loss,
+        )
+    }
+}
+
+/// The JSON report (DESIGN.md's contract).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// What ran, and how many trials gave no sample.
+    #[serde(flatten)]
+    pub run: RunHeader,
     /// Failover time summary.
     pub failover_ms: Percentiles,
     /// Lost probes summary.
@@ -172,12 +207,7 @@ impl Report {
         let mut lost: Vec<u64> = samples.iter().map(|s| s.lost_probes).collect();
         lost.sort_unstable();
         Report {
-            implementation: options.implementation.as_str(),
-            scenario: options.scenario.as_str(),
-            nodes: options.nodes,
-            trials: samples.len() + failed_trials,
-            failed_trials,
-            loss: options.loss,
+            run: RunHeader::new(options, samples.len(), failed_trials),
             failover_ms: percentiles(&ms),
             lost_probes: LostProbes {
                 p50: lost
@@ -197,50 +227,48 @@ impl Report {
 
     /// A table for the terminal.
     pub fn table(&self) -> String {
-        format!(
-            "{:<15} {:<8} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
-            self.implementation,
-            self.scenario,
-            self.nodes,
-            self.trials,
-            self.failed_trials,
-            self.loss,
-            self.failover_ms.p50,
-            self.failover_ms.p90,
-            self.failover_ms.p99,
-            self.failover_ms.max,
-            self.lost_probes.p50,
-            self.lost_probes.max,
-            self.false_failovers
-        ) + &match &self.status_ms {
-            Some(st) => format!(
-                " | status ms p50 {:.1} p99 {:.1}{}",
-                st.p50,
-                st.p99,
-                if self.api_down {
-                    " (API server down)"
-                } else {
-                    ""
-                }
-            ),
-            None => String::new(),
-        } + &match &self.server_version {
-            Some(version) => format!(" | kube-apiserver {version}"),
-            None => String::new(),
-        } + &match &self.flood {
-            Some(f) => format!(
-                " | {} flood {} pps ({} sent), CPU % {}",
-                f.kind,
-                f.pps,
-                f.sent,
-                f.cpu_percent
-                    .iter()
-                    .map(|(n, c)| format!("{n} {c:.1}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            None => String::new(),
-        }
+        self.run.table(8)
+            + &format!(
+                " | failover ms p50 {:>7.1} p90 {:>7.1} p99 {:>7.1} max {:>7.1} | lost probes p50 {:>3} max {:>3} | false failovers {}",
+                self.failover_ms.p50,
+                self.failover_ms.p90,
+                self.failover_ms.p99,
+                self.failover_ms.max,
+                self.lost_probes.p50,
+                self.lost_probes.max,
+                self.false_failovers
+            )
+            + &match &self.status_ms {
+                Some(st) => format!(
+                    " | status ms p50 {:.1} p99 {:.1}{}",
+                    st.p50,
+                    st.p99,
+                    if self.api_down {
+                        " (API server down)"
+                    } else {
+                        ""
+                    }
+                ),
+                None => String::new(),
+            }
+            + &match &self.server_version {
+                Some(version) => format!(" | kube-apiserver {version}"),
+                None => String::new(),
+            }
+            + &match &self.flood {
+                Some(f) => format!(
+                    " | {} flood {} pps ({} sent), CPU % {}",
+                    f.kind,
+                    f.pps,
+                    f.sent,
+                    f.cpu_percent
+                        .iter()
+                        .map(|(n, c)| format!("{n} {c:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => String::new(),
+            }
     }
 }
 

@@ -595,7 +595,7 @@ fn print_ratios(reports: &[swimlb_e2e::failover::Report]) {
     let p50 = |name: &str| {
         reports
             .iter()
-            .find(|r| r.implementation == name && !r.samples.is_empty())
+            .find(|r| r.run.implementation == name && !r.samples.is_empty())
             .map(|r| r.failover_ms.p50)
     };
     for peer in ["keepalived", "keepalived-fast"] {

@@ -23,7 +23,7 @@ use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
 
 use crate::daemons::Daemons;
-use crate::failover::{Options, Scenario};
+use crate::failover::{Options, RunHeader, Scenario};
 use crate::lab::Views;
 use crate::lab::{Announcement, AnnouncementWatcher};
 use crate::netns::{self, Lab, Node};
@@ -52,19 +52,9 @@ pub struct PauseSample {
 /// The JSON report of a pause run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PauseReport {
-    /// The implementation.
-    #[serde(rename = "impl")]
-    pub implementation: &'static str,
-    /// `pause` or `pause-backup`.
-    pub scenario: &'static str,
-    /// Nodes.
-    pub nodes: usize,
-    /// Trials run.
-    pub trials: usize,
-    /// Trials that did not converge, or whose paused node never rejoined.
-    pub failed_trials: usize,
-    /// Loss on every link, percent.
-    pub loss: u8,
+    /// What ran, and how many trials did not converge or whose paused node never rejoined.
+    #[serde(flatten)]
+    pub run: RunHeader,
     /// The pause, in milliseconds.
     pub pause_ms: u64,
     /// `pause`: failover time summary.
@@ -80,20 +70,15 @@ pub struct PauseReport {
 impl PauseReport {
     /// A table line for the terminal.
     pub fn table(&self) -> String {
-        format!(
-            "{:<15} {:<12} nodes {:>2} trials {:>2} (failed {}) loss {:>2}% pause {} ms | failover ms p50 {:.1} p99 {:.1} | old owner's answers after resume {} | trials that moved the VIP {}",
-            self.implementation,
-            self.scenario,
-            self.nodes,
-            self.trials,
-            self.failed_trials,
-            self.loss,
-            self.pause_ms,
-            self.failover_ms.p50,
-            self.failover_ms.p99,
-            self.old_owner_answers,
-            self.moved_trials
-        )
+        self.run.table(12)
+            + &format!(
+                " pause {} ms | failover ms p50 {:.1} p99 {:.1} | old owner's answers after resume {} | trials that moved the VIP {}",
+                self.pause_ms,
+                self.failover_ms.p50,
+                self.failover_ms.p99,
+                self.old_owner_answers,
+                self.moved_trials
+            )
     }
 }
 
@@ -120,12 +105,7 @@ pub fn run(
     lab.teardown();
     let ms: Vec<f64> = samples.iter().filter_map(|s| s.failover_ms).collect();
     Ok(PauseReport {
-        implementation: options.implementation.as_str(),
-        scenario: options.scenario.as_str(),
-        nodes: options.nodes,
-        trials: samples.len() + failed_trials,
-        failed_trials,
-        loss: options.loss,
+        run: RunHeader::new(options, samples.len(), failed_trials),
         pause_ms: PAUSE.as_millis() as u64,
         failover_ms: trial::percentiles(&ms),
         old_owner_answers: samples.iter().map(|s| s.old_owner_answers).sum(),

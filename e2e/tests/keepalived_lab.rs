@@ -38,9 +38,13 @@ fn one_poweroff(implementation: Implementation, tuning: Tuning) -> Sample {
         &mut |line| eprintln!("{line}"),
     )
     .unwrap();
-    assert_eq!(report.implementation, implementation.as_str());
+    assert_eq!(report.run.implementation, implementation.as_str());
     assert_eq!(
-        (report.trials, report.failed_trials, report.samples.len()),
+        (
+            report.run.trials,
+            report.run.failed_trials,
+            report.samples.len()
+        ),
         (1, 0, 1),
         "the backup answered after the master's link went down"
     );
