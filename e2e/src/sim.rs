@@ -22,10 +22,10 @@
 //! IPs, on the same clock, loss, delay, partitions, lag and pauses as the gossip. A watcher's takeover of a
 //! member that runs in the accused incarnation and is not stalled is a refuted (false)
 //! takeover; of a crashed one, confirmed; of the `--slow` / `--pause` member during its stalls,
-//! counted apart (`stalled_takeovers`). The watch's datagrams count in the traffic.
+//! counted apart (`stalled_takeovers`). The watch's datagrams count in the traffic. Claims and
+//! refutations also travel through the gossip cores, as in the daemon (gossip kind 8).
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use swimlb_proto::KeyRing;
-use swimlb_speaker::gossip::simnet::{Links, SimNet, Traffic};
+use swimlb_speaker::gossip::simnet::{Links, SimEvent, SimNet, Timeline, Traffic};
 use swimlb_speaker::gossip::{
     Core, Directory, GossipMetrics, GossipSettings, NodeIdentity, Outgoing, Profile,
     SuspicionOutcome, Timing,

@@ -106,14 +106,30 @@ impl Cluster {
         };
         while let Some(at) = watch.next_at().filter(|at| *at <= until) {
             self.net.run_until(at);
+            route_relays(&mut self.net, watch);
             watch.step(&self.net);
+            route_relays(&mut self.net, watch);
         }
         self.net.run_until(until);
+        route_relays(&mut self.net, watch);
     }
 
     /// Runs both for `span`.
     pub fn run_for(&mut self, span: Duration) {
         let until = self.now() + span;
         self.run_until(until);
+    }
+}
+
+/// Claims and refutations travel through the gossip as they do in the daemon: from each watch
+/// core to its gossip core ([`Core::relay_watch`]), and what the gossip cores received to their
+/// watch cores ([`WatchCore::handle_relayed`]).
+fn route_relays(net: &mut SimNet, watch: &mut OwnerWatches) {
+    for (i, payload) in watch.take_relays() {
+        net.with_core(i, |core, _| core.relay_watch(&payload));
+    }
+    let relayed: Vec<_> = net.drain_watch_relayed().collect();
+    for (at, i, r) in relayed {
+        watch.relayed(net, i, at, r.from, &r.payload);
     }
 }

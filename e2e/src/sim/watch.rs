@@ -158,42 +158,6 @@ pub(super) fn watch_member(addr: SocketAddr, n: usize) -> Option<usize> {
     (i < n && watch_addr_of(i) == addr).then_some(i)
 }
 
-#[derive(Debug)]
-pub(super) enum WatchEventKind {
-    Deliver {
-        to: usize,
-        from: SocketAddr,
-        bytes: Vec<u8>,
-    },
-    Wake {
-        node: usize,
-    },
-}
-
-#[derive(Debug)]
-pub(super) struct WatchEvent {
-    at: Duration,
-    seq: u64,
-    kind: WatchEventKind,
-}
-
-impl PartialEq for WatchEvent {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at && self.seq == other.seq
-    }
-}
-impl Eq for WatchEvent {}
-impl PartialOrd for WatchEvent {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for WatchEvent {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
-    }
-}
-
 /// Where the simulated daemon's hold after a pause stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Hold {
@@ -219,6 +183,16 @@ pub(super) struct Member {
     hold: Hold,
 }
 
+impl Member {
+    /// Give the core the gossip's directory again if the view changed since it last had it.
+    fn refresh_directory(&mut self, gossip: &Core) {
+        if gossip.members_version() != self.directory_from {
+            self.directory_from = gossip.members_version();
+            self.core.set_directory(directory_of(gossip));
+        }
+    }
+}
+
 /// The owner watch of every member on the simulation's clock, beside a [`SimNet`]: each member
 /// runs the speaker's own [`WatchCore`] (the code the watch thread drives), its datagrams
 /// sealed and opened as on the wire, through an event queue of its own with loss and delay
@@ -236,11 +210,12 @@ pub struct OwnerWatches {
     ranking: Ranking,
     nodes: Vec<Option<Member>>,
     sent: Vec<u64>,
-    events: BinaryHeap<WatchEvent>,
-    seq: u64,
+    events: Timeline<SimEvent>,
     rng: StdRng,
     seed: u64,
     takeovers: Vec<Takeover>,
+    /// Claims and refutations the cores queued for the gossip: (member, payload).
+    relays: Vec<(usize, Vec<u8>)>,
     /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
     pub(super) stalled: Option<usize>,
     /// During the partition phase: takeovers of running members are
@@ -265,11 +240,11 @@ impl OwnerWatches {
             ranking: Ranking::new(n, opts.ips_per_member),
             nodes: (0..n).map(|_| None).collect(),
             sent: vec![0; n],
-            events: BinaryHeap::new(),
-            seq: 0,
+            events: Timeline::default(),
             rng: StdRng::seed_from_u64(seed ^ 0x77a7_c4e5),
             seed,
             takeovers: Vec::new(),
+            relays: Vec::new(),
             stalled: None,
             partitioned: false,
         }
@@ -287,7 +262,7 @@ impl OwnerWatches {
 
     /// When the next event is due.
     pub(super) fn next_at(&self) -> Option<Duration> {
-        self.events.peek().map(|e| e.at)
+        self.events.next_at()
     }
 
     /// Starts member `i`'s watch (its core runs in `net`), its first wake-up now.
@@ -330,13 +305,8 @@ impl OwnerWatches {
         self.nodes[i] = None;
     }
 
-    fn push(&mut self, at: Duration, kind: WatchEventKind) {
-        self.seq += 1;
-        self.events.push(WatchEvent {
-            at,
-            seq: self.seq,
-            kind,
-        });
+    fn push(&mut self, at: Duration, kind: SimEvent) {
+        self.events.push(at, kind);
     }
 
     /// Sends `bytes` from member `from` to the watch at `to` through the lossy links.
@@ -360,7 +330,7 @@ impl OwnerWatches {
         };
         let at = net.now() + links.delay_min + jitter + net.lag(to);
         let from = watch_addr_of(from);
-        self.push(at, WatchEventKind::Deliver { to, from, bytes });
+        self.push(at, SimEvent::Deliver { to, from, bytes });
     }
 
     /// Sets member `i`'s next wake-up: its core's next deadline, or the next look at the plan.
@@ -377,48 +347,42 @@ impl OwnerWatches {
         let fire = planned + net.lag(i);
         if member.wake != Some(fire) {
             member.wake = Some(fire);
-            self.push(fire, WatchEventKind::Wake { node: i });
+            self.push(fire, SimEvent::Wake { node: i });
         }
     }
 
     /// Handles the next event (due at [`SimNet::now`]).
     pub(super) fn step(&mut self, net: &SimNet) {
-        let Some(event) = self.events.pop() else {
+        let Some((at, event)) = self.events.pop_due(Duration::MAX) else {
             return;
         };
-        let i = match event.kind {
-            WatchEventKind::Deliver { to, .. } => to,
-            WatchEventKind::Wake { node } => node,
-        };
+        let i = event.node();
         let Some(member) = self.nodes[i].as_mut() else {
             return;
         };
-        let wake = matches!(event.kind, WatchEventKind::Wake { .. });
-        if wake && member.wake != Some(event.at) {
+        let wake = matches!(event, SimEvent::Wake { .. });
+        if wake && member.wake != Some(at) {
             return;
         }
         if let Some(until) = net.paused_until(i) {
             if wake {
                 member.wake = Some(until);
             }
-            self.push(until, event.kind);
+            self.push(until, event);
             return;
         }
         let Some(gossip) = net.core(i) else {
             return;
         };
         let now = net.now();
-        if gossip.members_version() != member.directory_from {
-            member.directory_from = gossip.members_version();
-            member.core.set_directory(directory_of(gossip));
-        }
-        match event.kind {
-            WatchEventKind::Deliver {
+        member.refresh_directory(gossip);
+        match event {
+            SimEvent::Deliver {
                 from, mut bytes, ..
             } => {
                 member.core.handle_datagram(now, from, &mut bytes);
             }
-            WatchEventKind::Wake { .. } => {
+            SimEvent::Wake { .. } => {
                 member.wake = None;
                 let plan_due = now >= member.next_plan;
                 if plan_due {
@@ -430,6 +394,32 @@ impl OwnerWatches {
                 }
             }
         }
+        self.flush(net, i);
+        self.reschedule(net, i);
+    }
+
+    /// Takes the claims and refutations to send through the gossip: (member, payload).
+    pub(super) fn take_relays(&mut self) -> Vec<(usize, Vec<u8>)> {
+        std::mem::take(&mut self.relays)
+    }
+
+    /// A claim or a refutation that reached member `i` through the gossip, from the member at
+    /// gossip address `from`, at `at`.
+    pub(super) fn relayed(
+        &mut self,
+        net: &SimNet,
+        i: usize,
+        at: Duration,
+        from: SocketAddr,
+        payload: &[u8],
+    ) {
+        let Some(member) = self.nodes[i].as_mut() else {
+            return;
+        };
+        if let Some(gossip) = net.core(i) {
+            member.refresh_directory(gossip);
+        }
+        member.core.handle_relayed(at, from, payload);
         self.flush(net, i);
         self.reschedule(net, i);
     }
@@ -474,6 +464,8 @@ impl OwnerWatches {
             };
             let out: Vec<Outgoing> = member.core.drain_outgoing().collect();
             let events: Vec<Event> = member.core.drain_events().collect();
+            let relays = member.core.drain_relays().map(|payload| (i, payload));
+            self.relays.extend(relays);
             if out.is_empty() && events.is_empty() {
                 return;
             }

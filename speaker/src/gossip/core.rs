@@ -763,7 +763,9 @@ impl Core {
     /// the gossip, beside the watch's own copy on its port: a watch port dropped one way then
     /// keeps neither from its member.
     pub fn relay_watch(&mut self, payload: &[u8]) {
-        let members: Vec<SocketAddr> = self.members.keys().copied().collect();
+        // In address order: the simulation draws loss and delay per datagram, in send order.
+        let mut members: Vec<SocketAddr> = self.members.keys().copied().collect();
+        members.sort_unstable();
         for to in members {
             self.seal(to, &GossipMessage::Watch(payload));
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use super::core::Core;
+use super::core::{Core, WatchRelayed};
 use crate::model::membership::LiveChange;
 
 /// Link behaviour for every datagram.
@@ -61,37 +61,98 @@ pub struct Tapped {
     pub bytes: Vec<u8>,
 }
 
+/// What a simulated network does at a given time: deliver a datagram or wake a node's timers.
+/// Shared with the lab's simulation of the owner watch, which runs beside this network.
 #[derive(Debug)]
-enum EventKind {
+pub enum SimEvent {
+    /// `bytes` from `from` arrive at node `to`.
     Deliver {
+        /// The receiving node's index.
         to: usize,
+        /// The sender's address.
         from: SocketAddr,
+        /// The datagram.
         bytes: Vec<u8>,
     },
+    /// Node `node`'s timer is due.
     Wake {
+        /// The node's index.
         node: usize,
     },
 }
 
-#[derive(Debug)]
-struct Event {
-    at: Duration,
-    seq: u64,
-    kind: EventKind,
+impl SimEvent {
+    /// The node the event happens at.
+    pub fn node(&self) -> usize {
+        match self {
+            SimEvent::Deliver { to, .. } => *to,
+            SimEvent::Wake { node } => *node,
+        }
+    }
 }
 
-impl PartialEq for Event {
+/// Events at virtual times, taken in time order and, at the same time, in the order they were
+/// put in: the same calls give the same run.
+#[derive(Debug)]
+pub struct Timeline<K> {
+    heap: BinaryHeap<Due<K>>,
+    seq: u64,
+}
+
+impl<K> Default for Timeline<K> {
+    fn default() -> Self {
+        Timeline {
+            heap: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<K> Timeline<K> {
+    /// Puts `kind` in at `at`.
+    pub fn push(&mut self, at: Duration, kind: K) {
+        self.seq += 1;
+        self.heap.push(Due {
+            at,
+            seq: self.seq,
+            kind,
+        });
+    }
+
+    /// When the next event is due.
+    pub fn next_at(&self) -> Option<Duration> {
+        self.heap.peek().map(|e| e.at)
+    }
+
+    /// Takes the next event if it is due at `until` or earlier.
+    pub fn pop_due(&mut self, until: Duration) -> Option<(Duration, K)> {
+        if self.next_at()? > until {
+            return None;
+        }
+        self.heap.pop().map(|e| (e.at, e.kind))
+    }
+}
+
+#[derive(Debug)]
+struct Due<K> {
+    at: Duration,
+    seq: u64,
+    kind: K,
+}
+
+impl<K> PartialEq for Due<K> {
     fn eq(&self, other: &Self) -> bool {
         self.at == other.at && self.seq == other.seq
     }
 }
-impl Eq for Event {}
-impl PartialOrd for Event {
+impl<K> Eq for Due<K> {}
+impl<K> PartialOrd for Due<K> {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Event {
+impl<K> Ord for Due<K> {
+    /// Reversed: the heap's greatest is the earliest.
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
     }
@@ -115,11 +176,12 @@ pub struct SimNet {
     now: Duration,
     slots: Vec<Slot>,
     by_addr: HashMap<SocketAddr, usize>,
-    events: BinaryHeap<Event>,
-    seq: u64,
+    events: Timeline<SimEvent>,
     rng: StdRng,
     links: Links,
     changes: Vec<(Duration, usize, LiveChange)>,
+    /// Owner-watch payloads the cores received through the gossip: (time, node index, payload).
+    watch_relayed: Vec<(Duration, usize, WatchRelayed)>,
     record_changes: bool,
     tapped: Option<Vec<Tapped>>,
 }
@@ -131,11 +193,11 @@ impl SimNet {
             now: Duration::ZERO,
             slots: Vec::new(),
             by_addr: HashMap::new(),
-            events: BinaryHeap::new(),
-            seq: 0,
+            events: Timeline::default(),
             rng: StdRng::seed_from_u64(seed),
             links,
             changes: Vec::new(),
+            watch_relayed: Vec::new(),
             record_changes: true,
             tapped: None,
         }
@@ -279,8 +341,14 @@ impl SimNet {
     /// partitions (a datagram an attacker on the link injects). Unknown destinations drop it.
     pub fn inject(&mut self, from: SocketAddr, to: SocketAddr, bytes: Vec<u8>) {
         if let Some(&to) = self.by_addr.get(&to) {
-            self.push(self.now, EventKind::Deliver { to, from, bytes });
+            self.push(self.now, SimEvent::Deliver { to, from, bytes });
         }
+    }
+
+    /// Takes the owner-watch payloads the cores received through the gossip ([`Core::drain_watch`]):
+    /// (time, node index that received it, payload), in order.
+    pub fn drain_watch_relayed(&mut self) -> std::vec::Drain<'_, (Duration, usize, WatchRelayed)> {
+        self.watch_relayed.drain(..)
     }
 
     /// Takes the recorded changes: (time, node index that saw it, change).
@@ -290,30 +358,24 @@ impl SimNet {
 
     /// Runs every event up to and including `until`, then sets the clock to `until`.
     pub fn run_until(&mut self, until: Duration) {
-        while self.events.peek().is_some_and(|e| e.at <= until) {
-            let Some(event) = self.events.pop() else {
-                break;
-            };
-            self.now = event.at;
-            let node = match &event.kind {
-                EventKind::Deliver { to, .. } => *to,
-                EventKind::Wake { node } => *node,
-            };
+        while let Some((at, kind)) = self.events.pop_due(until) {
+            self.now = at;
+            let node = kind.node();
             if let Some(until) = self.slots[node].paused_until {
                 if self.now < until {
-                    if matches!(event.kind, EventKind::Wake { .. }) {
-                        if self.slots[node].wake != Some(event.at) {
+                    if matches!(kind, SimEvent::Wake { .. }) {
+                        if self.slots[node].wake != Some(at) {
                             continue;
                         }
                         self.slots[node].wake = Some(until);
                     }
-                    self.push(until, event.kind);
+                    self.push(until, kind);
                     continue;
                 }
                 self.slots[node].paused_until = None;
             }
-            match event.kind {
-                EventKind::Deliver {
+            match kind {
+                SimEvent::Deliver {
                     to,
                     from,
                     mut bytes,
@@ -321,10 +383,12 @@ impl SimNet {
                     let now = self.now;
                     if let Some(core) = self.slots[to].core.as_mut() {
                         core.handle_datagram(now, from, &mut bytes);
+                        let relayed = core.drain_watch().map(|r| (now, to, r));
+                        self.watch_relayed.extend(relayed);
                         self.flush(to);
                     }
                 }
-                EventKind::Wake { node } => {
+                SimEvent::Wake { node } => {
                     let now = self.now;
                     let slot = &mut self.slots[node];
                     if slot.wake != Some(now) {
@@ -347,13 +411,8 @@ impl SimNet {
         self.run_until(until);
     }
 
-    fn push(&mut self, at: Duration, kind: EventKind) {
-        self.seq += 1;
-        self.events.push(Event {
-            at,
-            seq: self.seq,
-            kind,
-        });
+    fn push(&mut self, at: Duration, kind: SimEvent) {
+        self.events.push(at, kind);
     }
 
     /// Sends what node `i` queued, records its changes and schedules its next wake-up.
@@ -402,7 +461,7 @@ impl SimNet {
             let at = self.now + self.links.delay_min + jitter + self.slots[to].lag;
             self.push(
                 at,
-                EventKind::Deliver {
+                SimEvent::Deliver {
                     to,
                     from,
                     bytes: out.bytes,
@@ -413,7 +472,7 @@ impl SimNet {
             let at = at.max(self.now) + lag;
             if self.slots[i].wake != Some(at) {
                 self.slots[i].wake = Some(at);
-                self.push(at, EventKind::Wake { node: i });
+                self.push(at, SimEvent::Wake { node: i });
             }
         }
     }
