@@ -40,6 +40,7 @@
 //! accepts has exactly one encoding and [`GossipMessage::emit`] writes it back byte for byte.
 //! `emit` checks the buffer before it writes a byte: a refused emit leaves the buffer as it was.
 
+use crate::reader::Reader;
 use crate::{Error, Result};
 
 /// The most a digest's bucket count exponent can be: 2^6 = 64 buckets, 512 bytes.
@@ -363,34 +364,8 @@ impl<'a> GossipMessage<'a> {
     }
 }
 
-/// Reads fields off the front of a body; every read checks the length first.
-struct Reader<'a> {
-    rest: &'a [u8],
-}
-
+/// The gossip's payloads, read with the crate's [`Reader`].
 impl<'a> Reader<'a> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let (head, rest) = self.rest.split_first_chunk::<N>().ok_or(Error::Truncated)?;
-        self.rest = rest;
-        Ok(*head)
-    }
-
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take::<1>()?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_be_bytes(self.take()?))
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_be_bytes(self.take()?))
-    }
-
-    fn rest_opaque(&mut self) -> &'a [u8] {
-        core::mem::take(&mut self.rest)
-    }
-
     fn sync(&mut self) -> Result<GossipMessage<'a>> {
         let flags = self.u8()?;
         let bits = self.u8()?;

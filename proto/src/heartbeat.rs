@@ -67,6 +67,7 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+use crate::reader::Reader;
 use crate::{Error, Result};
 
 /// The first byte of every watch payload; gossip payloads start below `0x80`.
@@ -418,34 +419,8 @@ const fn addr_len(addr: &SocketAddr) -> usize {
     }
 }
 
-/// Reads fields off the front of a body; every read checks the length first.
-struct Reader<'a> {
-    rest: &'a [u8],
-}
-
+/// The owner watch's fields, read with the crate's [`Reader`].
 impl<'a> Reader<'a> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
-        let (head, rest) = self.rest.split_first_chunk::<N>().ok_or(Error::Truncated)?;
-        self.rest = rest;
-        Ok(*head)
-    }
-
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take::<1>()?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_be_bytes(self.take()?))
-    }
-
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_be_bytes(self.take()?))
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_be_bytes(self.take()?))
-    }
-
     fn ip(&mut self) -> Result<IpAddr> {
         match self.u8()? {
             FAMILY_V4 => Ok(IpAddr::V4(Ipv4Addr::from(self.take::<4>()?))),

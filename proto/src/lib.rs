@@ -41,6 +41,7 @@ pub mod ip;
 #[cfg(feature = "listener")]
 pub mod listener;
 pub mod ndp;
+mod reader;
 pub mod vrrp;
 
 pub use envelope::{KeyId, KeyRing, SealStream, Sequence};
