@@ -111,6 +111,9 @@ pub struct Report {
     pub metrics_unread: Vec<String>,
     /// Per speaker.
     pub speakers: Vec<SpeakerCost>,
+    /// Speakers with no cost figure: no process at the start, or its process gone by the end
+    /// (it exited or was restarted during the run).
+    pub speakers_unsampled: Vec<String>,
 }
 
 impl Report {
@@ -144,6 +147,11 @@ impl Report {
             s.push_str(&format!(
                 "  {:<8} rss {:>6.1} MiB  cpu {:>5.2} % of a core\n",
                 c.node, c.rss_mib, c.cpu_percent
+            ));
+        }
+        for node in &self.speakers_unsampled {
+            s.push_str(&format!(
+                "  {node:<8} not sampled: no speaker process at the start, or it exited or restarted during the run\n"
             ));
         }
         s
@@ -218,27 +226,29 @@ fn speaker_metrics(lab: &Lab, before: Vec<Option<Vec<Sample>>>) -> Vec<SpeakerMe
 }
 
 /// Each daemon's memory at the end and CPU over `elapsed`, from its `/proc` usage `before` and
-/// `after` (a daemon missing either is left out).
+/// `after`; the nodes whose daemon is missing either come back apart.
 fn speaker_costs(
-    pids: &[(String, u32)],
+    nodes: &[String],
     before: &[Option<(u64, u64)>],
     after: &[Option<(u64, u64)>],
     elapsed: Duration,
-) -> Vec<SpeakerCost> {
+) -> (Vec<SpeakerCost>, Vec<String>) {
     // /proc reports CPU time in USER_HZ ticks, 100 per second on Linux on every architecture.
     let ticks_per_s = 100.0;
-    pids.iter()
-        .zip(before.iter().zip(after.iter()))
-        .filter_map(|((node, _), (b, a))| {
-            let (b, a) = (b.as_ref()?, a.as_ref()?);
-            Some(SpeakerCost {
+    let mut costs = Vec::new();
+    let mut unsampled = Vec::new();
+    for (node, (b, a)) in nodes.iter().zip(before.iter().zip(after.iter())) {
+        match (b, a) {
+            (Some(b), Some(a)) => costs.push(SpeakerCost {
                 node: node.clone(),
                 rss_mib: a.1 as f64 / 1024.0,
                 cpu_percent: (a.0.saturating_sub(b.0)) as f64 / ticks_per_s / elapsed.as_secs_f64()
                     * 100.0,
-            })
-        })
-        .collect()
+            }),
+            _ => unsampled.push(node.clone()),
+        }
+    }
+    (costs, unsampled)
 }
 
 /// Runs the soak with the daemons `make_daemons` starts in the lab.
@@ -265,12 +275,11 @@ pub fn run(
         "{owner} owns the VIP; watching for {:?}",
         options.duration
     ));
-    let pids: Vec<(String, u32)> = (1..=options.nodes)
-        .filter_map(|i| {
-            daemons
-                .pid(&mut lab, i)
-                .map(|p| (lab.node(i).name.clone(), p))
-        })
+    let nodes: Vec<String> = (1..=options.nodes)
+        .map(|i| lab.node(i).name.clone())
+        .collect();
+    let pids: Vec<Option<u32>> = (1..=options.nodes)
+        .map(|i| daemons.pid(&mut lab, i))
         .collect();
     let swimlb = matches!(
         options.implementation,
@@ -282,7 +291,7 @@ pub fn run(
     } else {
         Vec::new()
     };
-    let before: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
+    let before: Vec<Option<(u64, u64)>> = pids.iter().map(|p| p.and_then(proc_usage)).collect();
     let flooder = if options.flood_pps > 0 {
         Some(Flood::start(
             &lab,
@@ -302,7 +311,7 @@ pub fn run(
     std::thread::sleep(options.duration);
     let elapsed = started.elapsed();
     let arp_answers = asker.stop();
-    let after: Vec<Option<(u64, u64)>> = pids.iter().map(|(_, p)| proc_usage(*p)).collect();
+    let after: Vec<Option<(u64, u64)>> = pids.iter().map(|p| p.and_then(proc_usage)).collect();
     let (takeovers, timer_lateness_ms, metrics_unread) = if swimlb {
         watch_figures(&speaker_metrics(&lab, metrics_before))
     } else {
@@ -312,7 +321,7 @@ pub fn run(
     let records = prober.stop();
     // The newest probes may still be in flight.
     let watched = &records[skip.min(records.len())..records.len().saturating_sub(5)];
-    let speakers = speaker_costs(&pids, &before, &after, elapsed);
+    let (speakers, speakers_unsampled) = speaker_costs(&nodes, &before, &after, elapsed);
     // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
     // live in them).
     drop(daemons);
@@ -336,12 +345,26 @@ pub fn run(
         timer_lateness_ms,
         metrics_unread,
         speakers,
+        speakers_unsampled,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_speaker_gone_by_the_end_is_named_not_dropped() {
+        let nodes = ["node1", "node2", "node3"].map(String::from);
+        let before = [Some((100, 1024)), Some((100, 1024)), None];
+        let after = [None, Some((400, 2048)), Some((400, 2048))];
+        let (costs, unsampled) = speaker_costs(&nodes, &before, &after, Duration::from_secs(10));
+        assert_eq!(unsampled, ["node1", "node3"]);
+        assert_eq!(costs.len(), 1);
+        assert_eq!(costs[0].node, "node2");
+        assert_eq!(costs[0].rss_mib, 2.0);
+        assert!((costs[0].cpu_percent - 30.0).abs() < 1e-9);
+    }
 
     #[test]
     fn reads_its_own_cpu_and_memory() {
