@@ -7,6 +7,7 @@
 //! - [`keyfile`]: the gossip key file.
 //! - [`duration`]: `900ms`, `1s`, `1m30s`.
 //! - `crd` (feature `kube`): the `swimlb.io/v1beta1` custom resources.
+//! - `metallb` (feature `kube`): MetalLB's layer-2 objects converted into swimlb's.
 //! - `pools` (feature `kube`): address pools and advertisements, validated.
 //! - `selector` (feature `kube`): Kubernetes label selectors.
 //! - `service` (feature `kube`): what swimlb reads of a Service (`ServiceView`, `view_of`) and
@@ -21,6 +22,8 @@ pub mod cli;
 pub mod crd;
 pub mod duration;
 pub mod keyfile;
+#[cfg(feature = "kube")]
+pub mod metallb;
 #[cfg(feature = "kube")]
 pub mod pools;
 #[cfg(feature = "kube")]

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 
 use crate::metrics::ControllerMetrics;
@@ -21,6 +21,8 @@ use swimlb_config::cli::parse_args;
 
 /// sysexits.h: the service is unavailable (a fatal runtime error).
 pub const EX_UNAVAILABLE: u8 = 69;
+/// sysexits.h: the input data was incorrect (`convert-metallb` refused it).
+pub const EX_DATAERR: u8 = 65;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -32,9 +34,12 @@ enum LogFormat {
 #[command(
     name = "swimlb-controller",
     version,
-    about = "swimlb controller: assigns LoadBalancer Service IPs from address pools"
+    about = "swimlb controller: assigns LoadBalancer Service IPs from address pools",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// A kubeconfig file (default: the in-cluster configuration, else $KUBECONFIG or
     /// ~/.kube/config).
     #[arg(long)]
@@ -67,6 +72,51 @@ struct Cli {
     /// Log filter (tracing's EnvFilter syntax), also from RUST_LOG.
     #[arg(long, default_value = "info")]
     log: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Reads MetalLB's layer-2 configuration on standard input (`kubectl get -n metallb-system
+    /// ipaddresspools.metallb.io,l2advertisements.metallb.io -o json`) and prints swimlb's as a
+    /// List for `kubectl apply -f -`; refuses what swimlb would read differently.
+    ConvertMetallb {
+        /// The namespace of the swimlb objects.
+        #[arg(long, default_value = "swimlb-system")]
+        namespace: String,
+    },
+}
+
+/// `convert-metallb`: the List on standard output, what was skipped and every error on standard
+/// error.
+fn convert_metallb(namespace: &str) -> ExitCode {
+    let mut text = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text) {
+        eprintln!("swimlb-controller convert-metallb: reading standard input: {e}");
+        return ExitCode::from(EX_DATAERR);
+    }
+    let input: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("swimlb-controller convert-metallb: standard input is not JSON: {e}");
+            return ExitCode::from(EX_DATAERR);
+        }
+    };
+    match swimlb_config::metallb::convert(&input, namespace) {
+        Ok(converted) => {
+            for why in &converted.skipped {
+                eprintln!("skipped: {why}");
+            }
+            let out = serde_json::to_string_pretty(&converted.list).unwrap_or_default();
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("swimlb-controller convert-metallb: {e}");
+            }
+            ExitCode::from(EX_DATAERR)
+        }
+    }
 }
 
 fn init_tracing(format: LogFormat, filter: &str) {
@@ -133,6 +183,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Ok(cli) => cli,
         Err(status) => return status,
     };
+    if let Some(Command::ConvertMetallb { namespace }) = &cli.command {
+        return convert_metallb(namespace);
+    }
     init_tracing(cli.log_format, &cli.log);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
