@@ -44,7 +44,7 @@
 //! file system (the mount points are made as empty directories of the host), seccomp, resource
 //! limits, init containers and Pods of several containers (refused, with the reason), volumes
 //! other than Secret, ConfigMap and projected ones (refused), the link variables of Services other than
-//! `kubernetes`, the token's renewal, Pod deletion and rollouts. Containers start with a clean
+//! `kubernetes`, the token's renewal and rollouts of a DaemonSet in place. Containers start with a clean
 //! environment: `PATH` (the lab's, where `ip` and `setpriv` are), `HOME` (`/`), `HOSTNAME` (the
 //! node's name on the host network, else the Pod's name) and the container's variables.
 
@@ -267,6 +267,8 @@ struct PodWorker {
     log: PathBuf,
     state: Arc<Mutex<PodState>>,
     stop: Arc<AtomicBool>,
+    /// The Pod is being deleted: once stopped, the worker ends its deletion.
+    deleting: Arc<AtomicBool>,
     restarts: Arc<AtomicU8>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -443,16 +445,28 @@ fn sync_node(shared: &Arc<Shared>, kube: Arc<Kube>, node: &Node, workers: &Worke
             let pods = list["items"].as_array().cloned().unwrap_or_default();
             let mut workers = workers.lock().unwrap_or_else(|e| e.into_inner());
             for w in workers.iter().filter(|w| w.node == node.name) {
-                if !pods
+                match pods
                     .iter()
-                    .any(|p| text(p, "/metadata/uid") == Some(&w.uid))
+                    .find(|p| text(p, "/metadata/uid") == Some(&w.uid))
                 {
-                    w.stop.store(true, Ordering::Relaxed);
+                    None => w.stop.store(true, Ordering::Relaxed),
+                    Some(pod) if deleting(pod) => {
+                        w.deleting.store(true, Ordering::Relaxed);
+                        w.stop.store(true, Ordering::Relaxed);
+                    }
+                    Some(_) => {}
                 }
             }
             for pod in pods {
                 let uid = text(&pod, "/metadata/uid").unwrap_or_default();
                 if workers.iter().any(|w| w.uid == uid) {
+                    continue;
+                }
+                if deleting(&pod) {
+                    // Deleted before its worker started: nothing runs, the deletion ends now.
+                    let namespace = text(&pod, "/metadata/namespace").unwrap_or("default");
+                    let name = text(&pod, "/metadata/name").unwrap_or_default();
+                    let _ = kube.delete_pod_now(namespace, name, uid);
                     continue;
                 }
                 match PodWorker::start(shared.clone(), kube.clone(), node.clone(), pod) {
@@ -465,6 +479,11 @@ fn sync_node(shared: &Arc<Shared>, kube: Arc<Kube>, node: &Node, workers: &Worke
     }
 }
 
+/// Whether the API server is deleting `pod` gracefully (its containers are to stop).
+fn deleting(pod: &Value) -> bool {
+    pod.pointer("/metadata/deletionTimestamp").is_some()
+}
+
 impl PodWorker {
     fn start(shared: Arc<Shared>, kube: Arc<Kube>, node: Node, pod: Value) -> Result<PodWorker> {
         let name = text(&pod, "/metadata/name").unwrap_or_default().to_string();
@@ -474,6 +493,7 @@ impl PodWorker {
         let log = pod_dir.join("container.log");
         let state: Arc<Mutex<PodState>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        let deleting = Arc::new(AtomicBool::new(false));
         let restarts = Arc::new(AtomicU8::new(RESTARTS_NORMAL));
         let mut run = PodRun {
             shared,
@@ -485,6 +505,7 @@ impl PodWorker {
             log: log.clone(),
             state: state.clone(),
             stop: stop.clone(),
+            deleting: deleting.clone(),
             restarts: restarts.clone(),
             child: None,
             stand_in: false,
@@ -508,6 +529,7 @@ impl PodWorker {
             log,
             state,
             stop,
+            deleting,
             restarts,
             thread: Some(thread),
         })
@@ -535,6 +557,7 @@ struct PodRun {
     log: PathBuf,
     state: Arc<Mutex<PodState>>,
     stop: Arc<AtomicBool>,
+    deleting: Arc<AtomicBool>,
     /// [`RESTARTS_NORMAL`], [`RESTARTS_HELD`] or [`RESTARTS_RELEASED`].
     restarts: Arc<AtomicU8>,
     child: Option<Child>,
@@ -594,10 +617,26 @@ impl PodRun {
             self.publish_status();
             std::thread::sleep(TICK);
         }
-        self.stop_container("the lab stops");
+        let deleting = self.deleting.load(Ordering::Relaxed);
+        self.stop_container(if deleting {
+            "the Pod is deleted"
+        } else {
+            "the lab stops"
+        });
         self.publish_status();
         if let Some(sandbox) = &self.sandbox {
             sandbox.remove();
+        }
+        if deleting {
+            let uid = text(&self.pod, "/metadata/uid")
+                .unwrap_or_default()
+                .to_string();
+            if let Err(e) = self
+                .kube
+                .delete_pod_now(&self.namespace(), &self.name(), &uid)
+            {
+                self.update(|s| s.waiting = Some(format!("ending the deletion: {e:#}")));
+            }
         }
     }
 

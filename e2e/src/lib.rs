@@ -37,6 +37,8 @@
 //! - [`pause`]: the pause scenarios of `swimlb-lab failover` (uses its options).
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline (runs the MetalLB lab too).
+//! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the README's commands
+//!   (uses [`metallb`]'s lab).
 //! - [`chaos`]: `swimlb-lab chaos`, seeded random faults with the invariants checked throughout.
 //!
 //! From the control plane crate:
@@ -61,6 +63,7 @@ pub mod manifest_tools;
 pub mod manifests;
 pub mod metallb;
 pub mod metrics_doc;
+pub mod migrate;
 pub mod netns;
 pub mod pause;
 pub mod probe;

@@ -45,6 +45,9 @@ enum Command {
     Soak(SoakArgs),
     /// Seeded random faults, several at a time, with the invariants checked the whole time.
     Chaos(ChaosArgs),
+    /// MetalLB serving Services, replaced by swimlb by the README's "Switching from MetalLB":
+    /// Service IPs changed, owners moved, probes lost.
+    Migrate(MigrateArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
     /// Run the controller (same arguments as `swimlb-controller`).
@@ -82,6 +85,19 @@ struct SoakArgs {
     /// Non-ARP frames per second sent at node1.
     #[arg(long, default_value_t = 0)]
     flood_pps: u64,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// Nodes in the lab.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Services of type LoadBalancer (1 to 4: the lab's pool is a /30).
+    #[arg(long, default_value_t = 4)]
+    services: usize,
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -257,7 +273,11 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let needs_root = matches!(
         cli.command,
-        Command::Demo(_) | Command::Failover(_) | Command::Soak(_) | Command::Chaos(_)
+        Command::Demo(_)
+            | Command::Failover(_)
+            | Command::Soak(_)
+            | Command::Chaos(_)
+            | Command::Migrate(_)
     );
     if needs_root && !swimlb_e2e::netns::is_root() {
         eprintln!(
@@ -271,6 +291,7 @@ fn main() -> std::process::ExitCode {
         Command::Sim(args) => run_sim(*args),
         Command::Soak(args) => run_soak(args),
         Command::Chaos(args) => run_chaos(args),
+        Command::Migrate(args) => run_migrate(args),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
     match result {
@@ -330,6 +351,22 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         Some(_) => Ok(()),
         None => anyhow::bail!("the VIP did not fail over"),
     }
+}
+
+fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    cleanup_on_interrupt();
+    ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    let options = swimlb_e2e::migrate::Options {
+        nodes: args.nodes,
+        services: args.services,
+    };
+    let report =
+        swimlb_e2e::migrate::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        write_reports(path, std::slice::from_ref(&report))?;
+    }
+    Ok(())
 }
 
 fn run_soak(args: SoakArgs) -> anyhow::Result<()> {

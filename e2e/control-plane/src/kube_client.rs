@@ -282,8 +282,30 @@ impl Kube {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<bool> {
+        self.delete_with(api_version, kind, namespace, name, &DeleteParams::default())
+    }
+
+    /// Deletes the Pod `namespace/name` of `uid` at once (grace period 0), as a kubelet
+    /// finishes a graceful deletion once its containers stopped; whether it existed.
+    pub fn delete_pod_now(&self, namespace: &str, name: &str, uid: &str) -> Result<bool> {
+        let mut params = DeleteParams::default().grace_period(0);
+        params.preconditions = Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        });
+        self.delete_with("v1", "Pod", Some(namespace), name, &params)
+    }
+
+    fn delete_with(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        params: &DeleteParams,
+    ) -> Result<bool> {
         let api = self.api(api_version, kind, namespace)?;
-        match self.block_on(api.delete(name, &DeleteParams::default())) {
+        match self.block_on(api.delete(name, params)) {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
             Err(e) => Err(e.into()),

@@ -31,8 +31,32 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    let (_, body) = text.split_once("\r\n\r\n")?;
-    Some(body.to_string())
+    body(&text)
+}
+
+/// The body of an HTTP/1.1 `response`, its chunks joined when the server sent it chunked (Go's
+/// server does for a large `/metrics`).
+fn body(response: &str) -> Option<String> {
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.eq_ignore_ascii_case("transfer-encoding") && v.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    if !chunked {
+        return Some(body.to_string());
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// `GET path` on each of `addrs` from the client, in order, each answer read by `read`; `None`:
@@ -52,4 +76,20 @@ pub fn read_each<T: Send + 'static>(
             .collect()
     })
     .unwrap_or_else(|_| (0..count).map(|_| None).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunked_body_is_joined_and_a_plain_one_kept() {
+        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nmetal\r\na;x=1\r\nlb_speaker\r\n0\r\n\r\n";
+        assert_eq!(body(chunked).as_deref(), Some("metallb_speaker"));
+        let plain = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\na\r\nb";
+        assert_eq!(body(plain).as_deref(), Some("a\r\nb"));
+        // Cut short: no answer rather than half of one.
+        assert_eq!(body("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\nabc"), None);
+        assert_eq!(body("no head"), None);
+    }
 }

@@ -1,0 +1,644 @@
+//! `swimlb-lab migrate`: MetalLB serving Services in the Kubernetes lab is replaced by swimlb
+//! by the README's "Switching from MetalLB", command for command, while the client probes every
+//! Service IP; the report counts the IPs that changed, the owners that moved and the probes
+//! lost.
+//!
+//! - MetalLB runs as in [`crate::metallb`] (its manifest, its Pods run by the kubelets), with
+//!   the Service `default/web` asking for the pool's first address and `web-1`... asking for
+//!   none (MetalLB's controller picks them). The switch starts only once every Service has its
+//!   IP, every speaker sees every member, exactly the node MetalLB's order names announces each
+//!   IP, and the client's probes are answered by it.
+//! - The switch is the operator's commands, run with the pinned kubectl from the client as the
+//!   administrator, and the lab binary's `controller convert-metallb` for the configuration:
+//!   nothing is converted by hand.
+//! - swimlb's Pods come from `deploy/swimlb.yaml`, run by the same kubelets; the switch ends when
+//!   every swimlb speaker names, for every IP, the node MetalLB's order names, and each
+//!   Service's `ServiceL2Status` record names it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::kubelab::{self, APPS, SERVICE};
+use crate::lab::rule;
+use crate::metallb::{self, MetallbDaemons};
+use crate::netns::Lab;
+use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober, Worker};
+
+/// How long the lab waits for each stage (a functional bound, not a measurement).
+const STAGE: Duration = Duration::from_secs(180);
+/// The client's probe interval for each Service IP.
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// Probes sent this close to the end are not judged (their answers may be on the way).
+const IN_FLIGHT: Duration = Duration::from_millis(500);
+/// How long the probes go on after the switch ended.
+const TAIL: Duration = Duration::from_secs(3);
+/// The pool's addresses (`kubelab::POOL`, a /30): at most this many Services.
+pub const MAX_SERVICES: usize = 4;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Nodes in the lab.
+    pub nodes: usize,
+    /// Services of type LoadBalancer (1 to [`MAX_SERVICES`]).
+    pub services: usize,
+}
+
+/// One Service across the switch.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceMove {
+    /// `namespace/name`.
+    pub service: String,
+    /// The IP in its status under MetalLB, and after the switch.
+    pub ip_before: String,
+    pub ip_after: String,
+    /// The node MetalLB's order names for the IP among the lab's nodes.
+    pub rule_owner: String,
+    /// The node that answered the client's probes before and after the switch.
+    pub owner_before: String,
+    pub owner_after: Option<String>,
+    /// Every node that answered a probe during the switch (one when nothing moved).
+    pub answered_by: Vec<String>,
+    /// Probes sent from the start of the switch to its end, and those never answered.
+    pub probes_sent: usize,
+    pub probes_lost: usize,
+}
+
+/// One of the operator's commands.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// The command as the README gives it.
+    pub command: String,
+    /// When it started, since the switch started, and how long it took, ms.
+    pub started_ms: u64,
+    pub took_ms: u64,
+}
+
+/// The switch's report (`--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Nodes in the lab.
+    pub nodes: usize,
+    /// Each Service.
+    pub services: Vec<ServiceMove>,
+    /// Services whose IP changed.
+    pub ips_changed: usize,
+    /// Service IPs answered, during or after the switch, by a node other than the one before.
+    pub owners_moved: usize,
+    /// Probes over every IP, sent during the switch, and those lost.
+    pub probes_sent: usize,
+    pub probes_lost: usize,
+    /// From the deletion of MetalLB's speakers to swimlb's speakers and records all naming the
+    /// owners, ms: how long no speaker answered ARP for the IPs.
+    pub speakerless_ms: u64,
+    /// The operator's commands, in order.
+    pub steps: Vec<Step>,
+    /// What `convert-metallb` left out, with why.
+    pub skipped: Vec<String>,
+}
+
+impl Report {
+    /// The report as a table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{:<14} {:<16} {:<16} {:<7} {:<7} {:<7} {:>6} {:>5}\n",
+            "service", "ip before", "ip after", "rule", "before", "after", "probes", "lost"
+        );
+        for s in &self.services {
+            out += &format!(
+                "{:<14} {:<16} {:<16} {:<7} {:<7} {:<7} {:>6} {:>5}\n",
+                s.service,
+                s.ip_before,
+                s.ip_after,
+                s.rule_owner,
+                s.owner_before,
+                s.owner_after.as_deref().unwrap_or("-"),
+                s.probes_sent,
+                s.probes_lost
+            );
+        }
+        for step in &self.steps {
+            out += &format!(
+                "  +{:>6} ms ({:>5} ms)  {}\n",
+                step.started_ms, step.took_ms, step.command
+            );
+        }
+        out += &format!(
+            "Service IPs changed: {}, owners moved: {}, probes lost: {} of {}; no speaker for {} ms\n",
+            self.ips_changed,
+            self.owners_moved,
+            self.probes_lost,
+            self.probes_sent,
+            self.speakerless_ms
+        );
+        out
+    }
+}
+
+/// A Service of the lab that asks for no IP: MetalLB's controller picks it.
+fn unrequested_service(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": APPS},
+        "spec": {"type": "LoadBalancer", "selector": {"app": SERVICE},
+            "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]}})
+}
+
+/// Runs the switch in a fresh lab of `options.nodes` nodes; `program` is the lab binary.
+pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if !(1..=MAX_SERVICES).contains(&options.services) {
+        bail!("--services {}: 1 to {MAX_SERVICES}", options.services);
+    }
+    let mut lab = Lab::create(options.nodes)?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in &lab.nodes {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    progress("starting the control plane and MetalLB from its manifest");
+    let metallb = MetallbDaemons::start(&mut lab, program.clone())?;
+    let api = metallb.cluster().api();
+    let mut names = vec![SERVICE.to_string()];
+    for i in 1..options.services {
+        // One at a time, so MetalLB's controller gives `web` the address it asks for first.
+        wait_ingress(&metallb, names.last().map(String::as_str).unwrap_or(SERVICE))?;
+        let name = format!("{SERVICE}-{i}");
+        api.create(unrequested_service(&name))?;
+        names.push(name);
+    }
+    let before = wait_metallb_serving(&lab, &metallb, &names)?;
+    progress("MetalLB serves every Service; probing every IP from the client");
+    let probers = start_probers(&lab, &before)?;
+    let before = wait_answered(&probers, &before)?;
+    let t0 = Instant::now();
+    let switch = switch(&lab, &metallb, &program, &before, t0, progress)?;
+    std::thread::sleep(TAIL);
+    let end = Instant::now();
+    let records: Vec<Vec<ProbeRecord>> = probers.into_iter().map(Prober::stop).collect();
+    drop(responders);
+    let services = before
+        .iter()
+        .zip(&records)
+        .map(|(b, r)| b.judge(metallb.cluster(), r, t0, end))
+        .collect();
+    Ok(report(options.nodes, services, switch))
+}
+
+/// A Service as MetalLB served it.
+#[derive(Debug, Clone)]
+struct Before {
+    name: String,
+    ip: IpAddr,
+    rule_owner: String,
+    /// The node answering the probes (set once they are answered).
+    owner: String,
+}
+
+impl Before {
+    /// The Service's fate in `records` (its IP's probes), from `t0` to `end`.
+    fn judge(
+        &self,
+        cluster: &kubelab::BareCluster,
+        records: &[ProbeRecord],
+        t0: Instant,
+        end: Instant,
+    ) -> ServiceMove {
+        let during: Vec<&ProbeRecord> = records
+            .iter()
+            .filter(|r| r.sent >= t0 && r.sent + IN_FLIGHT < end)
+            .collect();
+        let mut answered_by: Vec<String> = during
+            .iter()
+            .filter_map(|r| r.answer.as_ref().map(|(n, _)| n.clone()))
+            .collect();
+        answered_by.sort();
+        answered_by.dedup();
+        let owner_after = records
+            .iter()
+            .rev()
+            .find_map(|r| r.answer.as_ref().map(|(n, _)| n.clone()));
+        ServiceMove {
+            service: format!("{APPS}/{}", self.name),
+            ip_before: self.ip.to_string(),
+            ip_after: cluster.ingress(APPS, &self.name).join(","),
+            rule_owner: self.rule_owner.clone(),
+            owner_before: self.owner.clone(),
+            owner_after,
+            answered_by,
+            probes_sent: during.len(),
+            probes_lost: during.iter().filter(|r| r.answer.is_none()).count(),
+        }
+    }
+}
+
+/// The report's totals over `services`.
+fn report(nodes: usize, services: Vec<ServiceMove>, switch: Switch) -> Report {
+    Report {
+        nodes,
+        ips_changed: services
+            .iter()
+            .filter(|s| s.ip_after != s.ip_before)
+            .count(),
+        owners_moved: services
+            .iter()
+            .filter(|s| {
+                s.owner_after.as_deref() != Some(s.owner_before.as_str())
+                    || s.answered_by.iter().any(|n| *n != s.owner_before)
+            })
+            .count(),
+        probes_sent: services.iter().map(|s| s.probes_sent).sum(),
+        probes_lost: services.iter().map(|s| s.probes_lost).sum(),
+        services,
+        speakerless_ms: switch.speakerless_ms,
+        steps: switch.steps,
+        skipped: switch.skipped,
+    }
+}
+
+/// Waits until `name` has an IP in its status.
+fn wait_ingress(metallb: &MetallbDaemons, name: &str) -> Result<()> {
+    let deadline = Instant::now() + STAGE;
+    while metallb.cluster().ingress(APPS, name).is_empty() {
+        if Instant::now() > deadline {
+            bail!("MetalLB's controller gave {APPS}/{name} no IP within {STAGE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// Waits until MetalLB serves every one of `names`: an IP in its status, every speaker seeing
+/// every member, and exactly the node MetalLB's order names announcing the IP.
+fn wait_metallb_serving(
+    lab: &Lab,
+    metallb: &MetallbDaemons,
+    names: &[String],
+) -> Result<Vec<Before>> {
+    let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
+    let deadline = Instant::now() + STAGE;
+    loop {
+        let served = metallb_serving(lab, metallb, names, &nodes);
+        match served {
+            Ok(before) => return Ok(before),
+            Err(why) if Instant::now() > deadline => {
+                let speakers: Vec<String> = lab
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        let log = metallb.speaker_log(&n.name);
+                        let lines: Vec<&str> = log
+                            .lines()
+                            .filter(|l| {
+                                l.contains("announc") || l.contains("web-1") || l.contains("error")
+                            })
+                            .collect();
+                        let last = &lines[lines.len().saturating_sub(30)..];
+                        let addr = SocketAddr::from((n.v4, metallb::METRICS_PORT));
+                        let metrics = crate::lab::read_each(lab, vec![addr], "/metrics", 1, |t| {
+                            Some(t.to_string())
+                        })
+                        .pop()
+                        .flatten();
+                        format!(
+                            "--- MetalLB's speaker on {} ---\n{}\n{:?}",
+                            n.name,
+                            last.join("\n"),
+                            metrics.map(|m| m.lines().filter(|l| l.contains("announced")).map(str::to_string).collect::<Vec<_>>())
+                        )
+                    })
+                    .collect();
+                bail!(
+                    "MetalLB did not serve every Service within {STAGE:?}: {why}\n{}",
+                    speakers.join("\n")
+                )
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// The Services as MetalLB serves them now, or why not yet.
+fn metallb_serving(
+    lab: &Lab,
+    metallb: &MetallbDaemons,
+    names: &[String],
+    nodes: &[&str],
+) -> Result<Vec<Before>, String> {
+    for node in nodes {
+        let members = metallb::members(&metallb.speaker_log(node)).len();
+        if members != nodes.len() {
+            return Err(format!("{node}'s speaker sees {members} members"));
+        }
+    }
+    let addrs: Vec<SocketAddr> = lab
+        .nodes
+        .iter()
+        .map(|n| SocketAddr::from((n.v4, metallb::METRICS_PORT)))
+        .collect();
+    let metrics = crate::lab::read_each(lab, addrs, "/metrics", 3, |t| Some(t.to_string()));
+    let mut before = Vec::new();
+    for name in names {
+        let ips = metallb.cluster().ingress(APPS, name);
+        let [ip] = ips.as_slice() else {
+            return Err(format!("{name} has the IPs {ips:?}"));
+        };
+        let ip: IpAddr = ip.parse().map_err(|e| format!("{name}: {ip}: {e}"))?;
+        let announcing: Vec<&str> = nodes
+            .iter()
+            .zip(&metrics)
+            .filter(|(node, m)| {
+                m.as_deref()
+                    .is_some_and(|m| metallb::announces(m, node, ip))
+            })
+            .map(|(node, _)| *node)
+            .collect();
+        let rule_owner = rule::metallb_owner(nodes, ip).unwrap_or_default();
+        if announcing != [rule_owner.as_str()] {
+            return Err(format!(
+                "{ip} announced by {announcing:?}, not {rule_owner}"
+            ));
+        }
+        before.push(Before {
+            name: name.clone(),
+            ip,
+            owner: String::new(),
+            rule_owner,
+        });
+    }
+    Ok(before)
+}
+
+/// A prober from the client for each Service IP.
+fn start_probers(lab: &Lab, before: &[Before]) -> Result<Vec<Prober>> {
+    before
+        .iter()
+        .map(|b| {
+            Prober::start(
+                &lab.client_netns,
+                SocketAddr::new(b.ip, PROBE_PORT),
+                PROBE_INTERVAL,
+            )
+        })
+        .collect()
+}
+
+/// Waits until each IP's latest 100 probes were all answered by its rule owner, which becomes
+/// its owner before the switch.
+fn wait_answered(probers: &[Prober], before: &[Before]) -> Result<Vec<Before>> {
+    let deadline = Instant::now() + STAGE;
+    loop {
+        let steady = probers.iter().zip(before).all(|(p, b)| {
+            let records = p.snapshot();
+            let settled: Vec<&ProbeRecord> = records
+                .iter()
+                .rev()
+                .filter(|r| r.sent + IN_FLIGHT < Instant::now())
+                .take(100)
+                .collect();
+            settled.len() == 100
+                && settled
+                    .iter()
+                    .all(|r| r.answer.as_ref().is_some_and(|(n, _)| *n == b.rule_owner))
+        });
+        if steady {
+            return Ok(before
+                .iter()
+                .map(|b| Before {
+                    owner: b.rule_owner.clone(),
+                    ..b.clone()
+                })
+                .collect());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the client's probes were not all answered by the rule's owners within {STAGE:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The switch as it went.
+#[derive(Debug)]
+struct Switch {
+    steps: Vec<Step>,
+    speakerless_ms: u64,
+    skipped: Vec<String>,
+}
+
+/// The operator's commands, timed from `t0`.
+struct Steps {
+    t0: Instant,
+    list: Vec<Step>,
+}
+
+impl Steps {
+    /// Runs `f` as `command` and records when it started and how long it took.
+    fn run<T>(
+        &mut self,
+        command: &str,
+        progress: &mut dyn FnMut(&str),
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        progress(&format!("$ {command}"));
+        let start = Instant::now();
+        let out = f().with_context(|| command.to_string())?;
+        self.list.push(Step {
+            command: command.to_string(),
+            started_ms: start.duration_since(self.t0).as_millis() as u64,
+            took_ms: start.elapsed().as_millis() as u64,
+        });
+        Ok(out)
+    }
+}
+
+/// The README's "Switching from MetalLB", command for command.
+fn switch(
+    lab: &Lab,
+    metallb: &MetallbDaemons,
+    program: &Path,
+    before: &[Before],
+    t0: Instant,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Switch> {
+    let plane = metallb.cluster().control_plane();
+    let kubectl = plane.kubectl();
+    let ns = metallb::NAMESPACE;
+    let mut steps = Steps {
+        t0,
+        list: Vec::new(),
+    };
+    let exported = steps.run(
+        &format!("kubectl get -n {ns} ipaddresspools.metallb.io,l2advertisements.metallb.io -o json > metallb.json"),
+        progress,
+        || kubectl.run(&["get", "-n", ns, "ipaddresspools.metallb.io,l2advertisements.metallb.io", "-o", "json"], None),
+    )?;
+    let (converted, skipped) = steps.run(
+        "swimlb-controller convert-metallb < metallb.json > swimlb-config.json",
+        progress,
+        || convert(program, &exported),
+    )?;
+    steps.run(
+        &format!(
+            "kubectl delete -n {ns} deployment/controller daemonset/speaker --cascade=foreground"
+        ),
+        progress,
+        || {
+            kubectl.run(
+                &[
+                    "delete",
+                    "-n",
+                    ns,
+                    "deployment/controller",
+                    "daemonset/speaker",
+                    "--cascade=foreground",
+                    "--timeout=120s",
+                ],
+                None,
+            )
+        },
+    )?;
+    let silent_from = Instant::now();
+    let install = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
+    steps.run(
+        "kubectl apply --server-side -f deploy/swimlb.yaml",
+        progress,
+        || kubectl.apply(crate::kubectl::Source::File(&install)),
+    )?;
+    steps.run(
+        "kubectl wait --for condition=established crd/ipaddresspools.swimlb.io crd/l2advertisements.swimlb.io",
+        progress,
+        || kubectl.run(&["wait", "--for", "condition=established", "--timeout=60s", "crd/ipaddresspools.swimlb.io", "crd/l2advertisements.swimlb.io"], None),
+    )?;
+    steps.run(
+        "kubectl apply --server-side -f swimlb-config.json",
+        progress,
+        || kubectl.apply(crate::kubectl::Source::Text(&converted)),
+    )?;
+    steps.run(
+        "(swimlb's speakers all name every IP's owner, its records written)",
+        progress,
+        || wait_swimlb_serving(lab, metallb.cluster(), before),
+    )?;
+    let speakerless_ms = silent_from.elapsed().as_millis() as u64;
+    let manifest =
+        metallb::lab_manifest(&std::fs::read_to_string(plane.program(metallb::MANIFEST))?)?;
+    steps.run(
+        &format!("kubectl delete -f {} --ignore-not-found", metallb::MANIFEST),
+        progress,
+        || {
+            kubectl.run(
+                &["delete", "--ignore-not-found", "--timeout=180s", "-f", "-"],
+                Some(&manifest),
+            )
+        },
+    )?;
+    Ok(Switch {
+        steps: steps.list,
+        speakerless_ms,
+        skipped,
+    })
+}
+
+/// `swimlb-controller convert-metallb` (the lab binary's `controller` command) on `exported`:
+/// the List to apply, and what it skipped.
+fn convert(program: &Path, exported: &str) -> Result<(String, Vec<String>)> {
+    let mut child = Command::new(program)
+        .args(["controller", "convert-metallb"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(
+        &mut child.stdin.take().context("stdin")?,
+        exported.as_bytes(),
+    )?;
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("convert-metallb ({}):\n{stderr}", out.status);
+    }
+    let skipped = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("skipped: "))
+        .map(str::to_string)
+        .collect();
+    Ok((String::from_utf8(out.stdout)?, skipped))
+}
+
+/// Waits until every swimlb speaker sees every member and names each IP's rule owner, and each
+/// Service's record names it.
+fn wait_swimlb_serving(lab: &Lab, cluster: &kubelab::BareCluster, before: &[Before]) -> Result<()> {
+    let deadline = Instant::now() + STAGE;
+    loop {
+        let pending: Vec<String> = before
+            .iter()
+            .filter(|b| {
+                let views = kubelab::address_views(lab, &b.ip.to_string());
+                let named = views.iter().all(|v| {
+                    v.as_ref().is_some_and(|v| {
+                        v.owner.as_deref() == Some(b.rule_owner.as_str())
+                            && v.members == lab.nodes.len()
+                    })
+                });
+                !named
+                    || cluster.record_node(APPS, &b.name).as_deref() != Some(b.rule_owner.as_str())
+            })
+            .map(|b| b.name.clone())
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("swimlb did not serve {pending:?} within {STAGE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moved(owner_after: Option<&str>, answered_by: &[&str], ip_after: &str) -> ServiceMove {
+        ServiceMove {
+            service: "default/web".into(),
+            ip_before: "198.51.100.100".into(),
+            ip_after: ip_after.into(),
+            rule_owner: "node2".into(),
+            owner_before: "node2".into(),
+            owner_after: owner_after.map(str::to_string),
+            answered_by: answered_by.iter().map(|n| n.to_string()).collect(),
+            probes_sent: 100,
+            probes_lost: 3,
+        }
+    }
+
+    #[test]
+    fn an_owner_moved_when_another_node_answered_during_the_switch_or_after_it() {
+        let switch = || Switch {
+            steps: Vec::new(),
+            speakerless_ms: 10,
+            skipped: Vec::new(),
+        };
+        let still = moved(Some("node2"), &["node2"], "198.51.100.100");
+        let r = report(3, vec![still.clone()], switch());
+        assert_eq!((r.ips_changed, r.owners_moved, r.probes_lost), (0, 0, 3));
+        let services = vec![
+            still,
+            moved(Some("node2"), &["node1", "node2"], "198.51.100.100"),
+            moved(Some("node3"), &["node3"], "198.51.100.100"),
+            moved(None, &[], "198.51.100.101"),
+        ];
+        let r = report(3, services, switch());
+        assert_eq!(r.ips_changed, 1);
+        assert_eq!(r.owners_moved, 3);
+        assert_eq!((r.probes_sent, r.probes_lost), (400, 12));
+        assert!(r.table().contains("owners moved: 3"), "{}", r.table());
+    }
+}
