@@ -13,9 +13,12 @@
 //! - `service` (feature `kube`): what swimlb reads of a Service (`ServiceView`, `view_of`) and
 //!   its trimming before it is cached.
 //! - `reflect` (feature `kube`): caches of Kubernetes objects (trimmed reflector stores).
+//! - `api_errors` (feature `kube`): the counters of failed Kubernetes API calls, by resource.
 //! - `cli` (feature `cli`): the exit status of a refused command line, and the parse both
 //!   daemons start with.
 
+#[cfg(feature = "kube")]
+pub mod api_errors;
 #[cfg(feature = "cli")]
 pub mod cli;
 #[cfg(feature = "kube")]

@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use swimlb_config::api_errors::ApiErrors;
 use swimlb_config::pools::Family as IpFamily;
 
 use crate::allocator::{AllocationError, ErrorReason, PoolUsage};
@@ -35,13 +36,6 @@ impl EncodeLabelValue for ErrorReason {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
         encoder.write_str(self.as_str())
     }
-}
-
-/// Labels of the Kubernetes error counters.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    /// The resource.
-    pub resource: ApiResource,
 }
 
 /// The resources the controller watches and writes; the `resource` label spells each as in an
@@ -115,10 +109,8 @@ pub struct ControllerMetrics {
     pub addresses_outside_pools: Gauge,
     /// `swimlb_build_info{version,component}`: always 1.
     pub build_info: Family<BuildLabels, Gauge>,
-    /// `swimlb_kubernetes_watch_errors_total{resource}`: failed watches and lists.
-    pub watch_errors: Family<ResourceLabels, Counter>,
-    /// `swimlb_kubernetes_write_errors_total{resource}`: failed writes.
-    pub write_errors: Family<ResourceLabels, Counter>,
+    /// `swimlb_kubernetes_watch_errors_total{resource}` and `..._write_errors_total{resource}`.
+    pub api_errors: ApiErrors<ApiResource>,
 }
 
 fn saturate(n: u128) -> i64 {
@@ -128,7 +120,7 @@ fn saturate(n: u128) -> i64 {
 impl ControllerMetrics {
     /// New metrics, registered into `registry` under their `swimlb_` names.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
+        let mut m = Self::default();
         m.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
@@ -160,49 +152,33 @@ impl ControllerMetrics {
             "Addresses Services keep although no IPAddressPool in force has them",
             m.addresses_outside_pools.clone(),
         );
-        // Every series of a known resource at 0, so that rate() and alerts see them from the
-        // start.
-        for resource in [
-            ApiResource::Services,
-            ApiResource::Namespaces,
-            ApiResource::IpAddressPools,
-            ApiResource::L2Advertisements,
-        ] {
-            let _ = m.watch_errors.get_or_create(&ResourceLabels { resource });
-        }
-        for resource in [
-            ApiResource::Services,
-            ApiResource::IpAddressPools,
-            ApiResource::Events,
-            ApiResource::Secrets,
-        ] {
-            let _ = m.write_errors.get_or_create(&ResourceLabels { resource });
-        }
-        registry.register(
-            "swimlb_kubernetes_watch_errors",
-            "Failed watches and lists of a resource (each is retried with backoff)",
-            m.watch_errors.clone(),
-        );
-        registry.register(
-            "swimlb_kubernetes_write_errors",
-            "Writes to the API server that failed, by resource (statuses are retried)",
-            m.write_errors.clone(),
+        m.api_errors = ApiErrors::register(
+            registry,
+            &[
+                ApiResource::Services,
+                ApiResource::Namespaces,
+                ApiResource::IpAddressPools,
+                ApiResource::L2Advertisements,
+            ],
+            &[
+                ApiResource::Services,
+                ApiResource::IpAddressPools,
+                ApiResource::Events,
+                ApiResource::Secrets,
+            ],
+            "statuses are retried",
         );
         m
     }
 
     /// Counts one failed watch or list of `resource`.
     pub fn watch_error(&self, resource: ApiResource) {
-        self.watch_errors
-            .get_or_create(&ResourceLabels { resource })
-            .inc();
+        self.api_errors.watch_error(resource);
     }
 
     /// Counts one failed write of `resource`.
     pub fn write_error(&self, resource: ApiResource) {
-        self.write_errors
-            .get_or_create(&ResourceLabels { resource })
-            .inc();
+        self.api_errors.write_error(resource);
     }
 
     /// Sets the pool gauges from [`crate::allocator::Allocator::usage`]; pools no longer present

@@ -204,13 +204,13 @@ impl Driver {
         match step {
             Step::Apply => {
                 self.applied.insert(index, *fault);
-                self.apply(lab, daemons, index, fault.kind)
+                self.set(lab, daemons, index, fault.kind, true)
             }
             Step::Undo => {
                 if self.applied.remove(&index).is_none() {
                     return Ok(());
                 }
-                self.undo(lab, daemons, index, fault.kind)
+                self.set(lab, daemons, index, fault.kind, false)
             }
             Step::Rotate { phase, node } => self.rotate(lab, daemons, fault.kind, phase, node),
         }
@@ -235,78 +235,21 @@ impl Driver {
         (undone, errors)
     }
 
-    fn apply(
+    /// Puts fault `kind` on (`on`) or takes it off, each fault's two directions side by side.
+    fn set(
         &mut self,
         lab: &mut Lab,
         daemons: &mut ChaosDaemons,
         index: usize,
         kind: FaultKind,
+        on: bool,
     ) -> Result<()> {
         match kind {
-            FaultKind::PowerOff { node } => {
+            FaultKind::PowerOff { node } if on => {
                 lab.set_link(node, false)?;
                 self.running[node - 1] = false;
                 daemons.as_dyn().signal(lab, node, "KILL")
             }
-            FaultKind::Kill { node } => {
-                self.running[node - 1] = false;
-                daemons.as_dyn().signal(lab, node, "KILL")
-            }
-            FaultKind::Pause { node } => {
-                let pids = netns_pids(&lab.node(node).netns);
-                signal(&pids, "STOP");
-                self.paused.insert(index, pids);
-                Ok(())
-            }
-            FaultKind::LinkFlap { node } => lab.set_link(node, false),
-            FaultKind::Drop {
-                traffic,
-                from,
-                to,
-                both,
-            } => {
-                let what = match traffic {
-                    Traffic::Membership => daemons.membership_match(),
-                    Traffic::Watch => format!("udp dport {}", GOSSIP_PORT + 1),
-                };
-                drop_traffic(lab, index, &what, (from, to), both)
-            }
-            FaultKind::Loss { node, percent } => lab.set_loss(node, percent),
-            FaultKind::Starve {
-                node,
-                busy_loops,
-                quota_percent,
-            } => {
-                let starved = starve(lab, index, node, busy_loops, quota_percent)?;
-                self.starved.insert(index, starved);
-                Ok(())
-            }
-            FaultKind::BrokenReload { node, broken } => {
-                let ChaosDaemons::Swimlb(d) = daemons else {
-                    bail!("a reload needs swimlb's speakers");
-                };
-                broken_reload(d, lab, node, broken)
-            }
-            FaultKind::KeyRotation { .. } => Ok(()),
-            FaultKind::CheckFail { node } => {
-                let ChaosDaemons::Swimlb(d) = daemons else {
-                    bail!("a health check needs swimlb's speakers");
-                };
-                let _ = std::fs::remove_file(flag_path(d.dir(), &lab.node(node).name));
-                Ok(())
-            }
-            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "add"),
-        }
-    }
-
-    fn undo(
-        &mut self,
-        lab: &mut Lab,
-        daemons: &mut ChaosDaemons,
-        index: usize,
-        kind: FaultKind,
-    ) -> Result<()> {
-        match kind {
             FaultKind::PowerOff { node } => {
                 daemons.as_dyn().clean_after_kill(lab, node)?;
                 lab.set_link(node, true)?;
@@ -314,10 +257,20 @@ impl Driver {
                 self.running[node - 1] = true;
                 Ok(())
             }
+            FaultKind::Kill { node } if on => {
+                self.running[node - 1] = false;
+                daemons.as_dyn().signal(lab, node, "KILL")
+            }
             FaultKind::Kill { node } => {
                 daemons.as_dyn().clean_after_kill(lab, node)?;
                 daemons.as_dyn().start(lab, node)?;
                 self.running[node - 1] = true;
+                Ok(())
+            }
+            FaultKind::Pause { node } if on => {
+                let pids = netns_pids(&lab.node(node).netns);
+                signal(&pids, "STOP");
+                self.paused.insert(index, pids);
                 Ok(())
             }
             FaultKind::Pause { .. } => {
@@ -326,7 +279,19 @@ impl Driver {
                 }
                 Ok(())
             }
-            FaultKind::LinkFlap { node } => lab.set_link(node, true),
+            FaultKind::LinkFlap { node } => lab.set_link(node, !on),
+            FaultKind::Drop {
+                traffic,
+                from,
+                to,
+                both,
+            } if on => {
+                let what = match traffic {
+                    Traffic::Membership => daemons.membership_match(),
+                    Traffic::Watch => format!("udp dport {}", GOSSIP_PORT + 1),
+                };
+                drop_traffic(lab, index, &what, (from, to), both)
+            }
             FaultKind::Drop { from, to, both, .. } => {
                 let mut receivers = vec![to];
                 if both {
@@ -342,7 +307,16 @@ impl Driver {
                 }
                 Ok(())
             }
-            FaultKind::Loss { node, .. } => lab.set_loss(node, 0),
+            FaultKind::Loss { node, percent } => lab.set_loss(node, if on { percent } else { 0 }),
+            FaultKind::Starve {
+                node,
+                busy_loops,
+                quota_percent,
+            } if on => {
+                let starved = starve(lab, index, node, busy_loops, quota_percent)?;
+                self.starved.insert(index, starved);
+                Ok(())
+            }
             FaultKind::Starve { .. } => {
                 if let Some(starved) = self.starved.remove(&index) {
                     for busy in starved.busy {
@@ -356,6 +330,12 @@ impl Driver {
                 }
                 Ok(())
             }
+            FaultKind::BrokenReload { node, broken } if on => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    bail!("a reload needs swimlb's speakers");
+                };
+                broken_reload(d, lab, node, broken)
+            }
             FaultKind::BrokenReload { node, .. } => {
                 let ChaosDaemons::Swimlb(d) = daemons else {
                     return Ok(());
@@ -365,7 +345,16 @@ impl Driver {
                 Ok(())
             }
             FaultKind::KeyRotation { .. } => {
-                self.old_key = None;
+                if !on {
+                    self.old_key = None;
+                }
+                Ok(())
+            }
+            FaultKind::CheckFail { node } if on => {
+                let ChaosDaemons::Swimlb(d) = daemons else {
+                    bail!("a health check needs swimlb's speakers");
+                };
+                let _ = std::fs::remove_file(flag_path(d.dir(), &lab.node(node).name));
                 Ok(())
             }
             FaultKind::CheckFail { node } => {
@@ -375,7 +364,9 @@ impl Driver {
                 std::fs::write(flag_path(d.dir(), &lab.node(node).name), "")?;
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => foreign_address(lab, node, vip, "del"),
+            FaultKind::ForeignAnswer { node, vip } => {
+                foreign_address(lab, node, vip, if on { "add" } else { "del" })
+            }
         }
     }
 

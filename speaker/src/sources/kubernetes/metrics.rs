@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use swimlb_config::api_errors::ApiErrors;
 
 /// A resource the speaker watches or writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,10 +113,8 @@ fn event_handling_histogram() -> Histogram {
 /// The Kubernetes mode's metrics. Clones share the same values.
 #[derive(Debug, Clone)]
 pub struct KubeMetrics {
-    /// `swimlb_kubernetes_watch_errors_total{resource}`.
-    watch_errors: Family<ResourceLabels, Counter>,
-    /// `swimlb_kubernetes_write_errors_total{resource}`.
-    write_errors: Family<ResourceLabels, Counter>,
+    /// `swimlb_kubernetes_watch_errors_total{resource}` and `..._write_errors_total{resource}`.
+    api_errors: ApiErrors<Resource>,
     /// `swimlb_kubernetes_event_handling_seconds{resource}`.
     event_handling: HistogramFamily,
     /// `swimlb_kubernetes_records_swept_total`.
@@ -127,8 +126,7 @@ pub struct KubeMetrics {
 impl Default for KubeMetrics {
     fn default() -> KubeMetrics {
         KubeMetrics {
-            watch_errors: Family::default(),
-            write_errors: Family::default(),
+            api_errors: ApiErrors::default(),
             event_handling: Family::new_with_constructor(event_handling_histogram),
             records_swept: Counter::default(),
             dropped: Family::default(),
@@ -140,23 +138,15 @@ impl KubeMetrics {
     /// New metrics, registered into `registry`, every series of a known resource at 0 (so
     /// that `rate()` and alerts see them from the start).
     pub fn register(registry: &mut Registry) -> KubeMetrics {
-        let m = KubeMetrics::default();
+        let mut m = KubeMetrics::default();
         for resource in Resource::WATCHED {
-            let _ = m.watch_errors.get_or_create(&resource.into());
             let _ = m.event_handling.get_or_create(&resource.into());
         }
-        for resource in Resource::WRITTEN {
-            let _ = m.write_errors.get_or_create(&resource.into());
-        }
-        registry.register(
-            "swimlb_kubernetes_watch_errors",
-            "Failed watches and lists of a resource (each is retried with backoff)",
-            m.watch_errors.clone(),
-        );
-        registry.register(
-            "swimlb_kubernetes_write_errors",
-            "Writes to the API server that failed, by resource (records are retried until they are true)",
-            m.write_errors.clone(),
+        m.api_errors = ApiErrors::register(
+            registry,
+            &Resource::WATCHED,
+            &Resource::WRITTEN,
+            "records are retried until they are true",
         );
         registry.register(
             "swimlb_kubernetes_event_handling_seconds",
@@ -178,12 +168,12 @@ impl KubeMetrics {
 
     /// Counts one failed watch or list of `resource`.
     pub fn watch_error(&self, resource: Resource) {
-        self.watch_errors.get_or_create(&resource.into()).inc();
+        self.api_errors.watch_error(resource);
     }
 
     /// Counts one failed write of `resource`.
     pub fn write_error(&self, resource: Resource) {
-        self.write_errors.get_or_create(&resource.into()).inc();
+        self.api_errors.write_error(resource);
     }
 
     /// Counts `n` records swept.
