@@ -166,7 +166,10 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
     let mut names = vec![SERVICE.to_string()];
     for i in 1..options.services {
         // One at a time, so MetalLB's controller gives `web` the address it asks for first.
-        wait_ingress(&metallb, names.last().map(String::as_str).unwrap_or(SERVICE))?;
+        wait_ingress(
+            &metallb,
+            names.last().map(String::as_str).unwrap_or(SERVICE),
+        )?;
         let name = format!("{SERVICE}-{i}");
         api.create(unrequested_service(&name))?;
         names.push(name);
@@ -308,7 +311,11 @@ fn wait_metallb_serving(
                             "--- MetalLB's speaker on {} ---\n{}\n{:?}",
                             n.name,
                             last.join("\n"),
-                            metrics.map(|m| m.lines().filter(|l| l.contains("announced")).map(str::to_string).collect::<Vec<_>>())
+                            metrics.map(|m| m
+                                .lines()
+                                .filter(|l| l.contains("announced"))
+                                .map(str::to_string)
+                                .collect::<Vec<_>>())
                         )
                     })
                     .collect();

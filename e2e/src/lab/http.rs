@@ -89,7 +89,10 @@ mod tests {
         let plain = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\na\r\nb";
         assert_eq!(body(plain).as_deref(), Some("a\r\nb"));
         // Cut short: no answer rather than half of one.
-        assert_eq!(body("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\nabc"), None);
+        assert_eq!(
+            body("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\nabc"),
+            None
+        );
         assert_eq!(body("no head"), None);
     }
 }

@@ -67,6 +67,11 @@ pub struct JoinHold {
     started: Instant,
     active_since: Option<Instant>,
     released: bool,
+    /// Members the node expects at start (itself included; 0: none): the speakers that exist
+    /// but have not joined yet would otherwise lose their IPs to it for a moment.
+    expected: usize,
+    /// Active for [`JOIN_SETTLE`] when last looked at.
+    settle_passed: bool,
 }
 
 impl JoinHold {
@@ -76,7 +81,15 @@ impl JoinHold {
             started: now,
             active_since: None,
             released: alone,
+            expected: 0,
+            settle_passed: false,
         }
+    }
+
+    /// At start, the hold also waits (within [`JOIN_GRACE`]) until `members` are live: the
+    /// speakers the node knows to exist (Kubernetes mode: its DaemonSet's Pods with an IP).
+    pub fn expect(&mut self, members: usize) {
+        self.expected = members;
     }
 
     /// Whether the hold is still on.
@@ -85,8 +98,8 @@ impl JoinHold {
     }
 
     /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
-    /// the node has been `Active` for [`JOIN_SETTLE`] and holds every member's record (no
-    /// placeholder of version 0), or [`JOIN_GRACE`] after start.
+    /// the node has been `Active` for [`JOIN_SETTLE`], holds every member's record (no
+    /// placeholder of version 0) and sees the members it expects, or [`JOIN_GRACE`] after start.
     pub fn release(&mut self, now: Instant, phase: Phase, live: &LiveSet) -> bool {
         if self.released {
             return false;
@@ -97,9 +110,11 @@ impl JoinHold {
             }
             Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
         }
-        let settled = self
-            .active_since
-            .is_some_and(|t| now >= t + JOIN_SETTLE && live.iter().all(|m| m.version > 0));
+        let settle_passed = self.active_since.is_some_and(|t| now >= t + JOIN_SETTLE);
+        let settled =
+            settle_passed && live.iter().all(|m| m.version > 0) && live.len() >= self.expected;
+        // Past the settle time only members are awaited: a membership change looks again.
+        self.settle_passed = settle_passed;
         self.released = settled || now >= self.started + JOIN_GRACE;
         self.released
     }
@@ -131,8 +146,8 @@ impl JoinHold {
         }
         let grace = self.started + JOIN_GRACE;
         Some(match self.active_since {
-            Some(t) => grace.min(t + JOIN_SETTLE),
-            None => grace,
+            Some(t) if !self.settle_passed => grace.min(t + JOIN_SETTLE),
+            _ => grace,
         })
     }
 }
@@ -399,6 +414,11 @@ impl Daemon {
     pub fn with_hold(mut self, hold: JoinHold) -> Daemon {
         self.hold = hold;
         self
+    }
+
+    /// How many members the start-up hold waits for (see [`JoinHold::expect`]).
+    pub fn expect_members(&mut self, members: usize) {
+        self.hold.expect(members);
     }
 
     /// Whether the start-up (or pause) hold is on.
@@ -1087,6 +1107,33 @@ mod tests {
         assert!(hold.release(t0 + ms(501), Phase::Active, &live));
         assert!(!hold.holding());
         assert!(!hold.release(t0 + ms(502), Phase::Active, &live), "once");
+    }
+
+    #[test]
+    fn a_starting_node_waits_for_the_members_it_expects_within_the_grace() {
+        let t0 = Instant::now();
+        let mut hold = JoinHold::new(t0, false);
+        hold.expect(3);
+        let mut live = LiveSet::new();
+        live.upsert(MemberMeta::new("a"));
+        live.upsert(MemberMeta::new("b"));
+        assert!(!hold.release(t0 + ms(10), Phase::Active, &live));
+        assert!(
+            !hold.release(t0 + ms(300), Phase::Active, &live),
+            "c is expected"
+        );
+        assert_eq!(hold.next_deadline(), Some(t0 + JOIN_GRACE), "no busy loop");
+        live.upsert(MemberMeta::new("c"));
+        assert!(hold.release(t0 + ms(301), Phase::Active, &live));
+        let mut alone = JoinHold::new(t0, false);
+        alone.expect(3);
+        let mut two = LiveSet::new();
+        two.upsert(MemberMeta::new("a"));
+        assert!(!alone.release(t0 + ms(10), Phase::Active, &two));
+        assert!(
+            alone.release(t0 + JOIN_GRACE, Phase::Active, &two),
+            "the grace ends it"
+        );
     }
 
     #[test]

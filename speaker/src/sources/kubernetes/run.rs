@@ -286,7 +286,13 @@ impl Source {
             links,
             routes,
             net,
-            hold: JoinHold::new(Instant::now(), false),
+            hold: {
+                // The speaker Pods that exist: their speakers would lose their IPs to this
+                // one for a moment if it answered before they joined.
+                let mut hold = JoinHold::new(Instant::now(), false);
+                hold.expect(stores.peers(settings.bind.port()).len());
+                hold
+            },
             board: instruments.board,
             failovers: instruments.failovers,
             responder: instruments.responder,
@@ -405,6 +411,7 @@ impl Source {
         }
         if pods {
             let peers = self.stores.peers(self.settings.bind.port());
+            self.daemon.expect_members(peers.len());
             if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
                 tracing::warn!(error = %e, "gossip seeds not updated");
             }
