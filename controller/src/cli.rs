@@ -16,11 +16,9 @@ use prometheus_client::registry::Registry;
 use crate::metrics::ControllerMetrics;
 use crate::run::{Settings, run, signals};
 
-pub use swimlb_config::cli::EX_CONFIG;
 use swimlb_config::cli::parse_args;
+pub use swimlb_config::cli::{EX_CONFIG, EX_UNAVAILABLE};
 
-/// sysexits.h: the service is unavailable (a fatal runtime error).
-pub const EX_UNAVAILABLE: u8 = 69;
 /// sysexits.h: the input data was incorrect (`convert-metallb` refused it).
 pub const EX_DATAERR: u8 = 65;
 
@@ -187,16 +185,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         return convert_metallb(namespace);
     }
     init_tracing(cli.log_format, &cli.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match swimlb_config::cli::runtime("swimlb-controller") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("swimlb-controller: {e}");
-            return ExitCode::from(EX_UNAVAILABLE);
-        }
+        Err(status) => return status,
     };
     let settings = Settings {
         load_balancer_class: cli.load_balancer_class.clone(),

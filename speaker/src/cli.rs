@@ -13,11 +13,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use swimlb_config::keyfile::new_key_file;
 use swimlb_config::standalone::Standalone;
 
-pub use swimlb_config::cli::EX_CONFIG;
 use swimlb_config::cli::parse_args;
-
-/// sysexits.h: the service is unavailable (a fatal runtime error).
-pub const EX_UNAVAILABLE: u8 = 69;
+pub use swimlb_config::cli::{EX_CONFIG, EX_UNAVAILABLE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -246,16 +243,9 @@ fn shutdown_signal()
 /// exits 69 (as does a runtime that cannot be built).
 fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     crate::serve::memory::limit_arenas();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match swimlb_config::cli::runtime("swimlb-speaker") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("swimlb-speaker: {e}");
-            return ExitCode::from(EX_UNAVAILABLE);
-        }
+        Err(status) => return status,
     };
     runtime.spawn(crate::serve::memory::trim_every(
         crate::serve::memory::TRIM_PERIOD,
