@@ -48,6 +48,7 @@
 //! environment: `PATH` (the lab's, where `ip` and `setpriv` are), `HOME` (`/`), `HOSTNAME` (the
 //! node's name on the host network, else the Pod's name) and the container's variables.
 
+mod sandbox;
 pub mod spec;
 pub mod volumes;
 
@@ -68,6 +69,7 @@ use crate::control_plane::ControlPlane;
 use crate::kube_client::Kube;
 use crate::netns::{self, Lab, Node};
 use crate::probe;
+use sandbox::Sandbox;
 use spec::{HttpProbe, Privileges, ProbeRun, Program, container_process, http_probe, text};
 use volumes::{File, Volume};
 
@@ -157,82 +159,6 @@ struct Shared {
     api: SocketAddr,
     next_pod_ip: AtomicU8,
     stop: AtomicBool,
-}
-
-/// Where a Pod's containers run and the addresses its status reports.
-#[derive(Debug, Clone)]
-struct Sandbox {
-    netns: String,
-    pod_ip: IpAddr,
-    host_ip: IpAddr,
-    hostname: String,
-    /// Made for the Pod (deleted with it), not its node's.
-    own: bool,
-}
-
-impl Sandbox {
-    /// The Pod's sandbox on `node`: its namespace, or a new one on the lab bridge.
-    fn make(shared: &Shared, node: &Node, pod: &Value) -> Result<Sandbox> {
-        let name = text(pod, "/metadata/name").unwrap_or_default();
-        if pod["spec"]["hostNetwork"] == true {
-            return Ok(Sandbox {
-                netns: node.netns.clone(),
-                pod_ip: IpAddr::V4(node.v4),
-                host_ip: IpAddr::V4(node.v4),
-                hostname: node.name.clone(),
-                own: false,
-            });
-        }
-        let k = shared.next_pod_ip.fetch_add(1, Ordering::Relaxed);
-        if k > POD_IPS.1 {
-            bail!(
-                "the lab has no Pod address left (198.51.100.{}-{})",
-                POD_IPS.0,
-                POD_IPS.1
-            );
-        }
-        let ip = Ipv4Addr::new(198, 51, 100, k);
-        let netns = format!("{}{}-p{k}", netns::PREFIX, shared.run_id);
-        let port = format!("p{k}");
-        let sw = shared.switch_netns.as_str();
-        run("ip", &["netns", "add", &netns])?;
-        let sandbox = Sandbox {
-            netns: netns.clone(),
-            pod_ip: IpAddr::V4(ip),
-            host_ip: IpAddr::V4(node.v4),
-            hostname: name.to_string(),
-            own: true,
-        };
-        let mac = netns::mac_text([0x02, 0, 0, 0, 0x01, k]);
-        let address = format!("{ip}/{}", netns::PREFIX_V4);
-        let steps: [&[&str]; 6] = [
-            &[
-                "link", "add", "eth0", "netns", &netns, "address", &mac, "type", "veth", "peer",
-                "name", &port, "netns", sw,
-            ],
-            &["-n", sw, "link", "set", &port, "master", "br0", "up"],
-            &["-n", &netns, "link", "set", "lo", "up"],
-            &["-n", &netns, "addr", "add", &address, "dev", "eth0"],
-            &["-n", &netns, "link", "set", "eth0", "up"],
-            &["-n", &netns, "route", "add", "default", "dev", "eth0"],
-        ];
-        for args in steps {
-            if let Err(e) = run("ip", args) {
-                sandbox.remove();
-                return Err(e);
-            }
-        }
-        install_service_proxy(&netns, shared.service, shared.api)
-            .inspect_err(|_| sandbox.remove())?;
-        Ok(sandbox)
-    }
-
-    /// Deletes the Pod's own namespace (its veth goes with it).
-    fn remove(&self) {
-        if self.own {
-            let _ = run("ip", &["netns", "del", &self.netns]);
-        }
-    }
 }
 
 /// What a pod worker has seen of its Pod, for the test and its report.

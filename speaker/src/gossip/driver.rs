@@ -14,7 +14,7 @@
 //! node down and moved its addresses meanwhile, so the task publishes [`Phase::Paused`] until
 //! it has heard an authentic datagram again and then one suspicion timeout plus a probe period
 //! has passed (the cluster's news, its own down included, has arrived by then); the daemon holds
-//! every answer meanwhile (see `daemon::JoinHold`).
+//! every answer meanwhile (see `run::hold::JoinHold`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};

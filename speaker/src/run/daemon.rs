@@ -8,7 +8,7 @@
 //!   through the gossip, notices to the log.
 //! - [`NetWatch`] dumps links and routes in its own task whenever the kernel reports a change,
 //!   so a netlink dump never delays a conflict or an announcement tick.
-//! - [`JoinHold`] decides when a starting node may answer: not while the mesh forms (a node
+//! - [`JoinHold`] (in `hold`) decides when a starting node may answer: not while the mesh forms (a node
 //!   alone elects itself for everything, and two nodes would answer for one IP). The same hold
 //!   comes back after a pause: when the gossip reports [`Phase::Paused`] (the process was not
 //!   scheduled for longer than the suspicion timeout, see `gossip::driver`), the node answers
@@ -51,106 +51,9 @@ use crate::owner_watch::accusations::{
 };
 use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
 use crate::owner_watch::{Command, Event, Plan, WatchEvents, WatchHandle, WatchMetrics};
+use crate::run::hold::JoinHold;
 use crate::serve::status::StatusBoard;
 use swimlb_proto::KeyRing;
-
-/// A starting node answers at the latest this long after start, joined or not (its peers may
-/// all be down: then it serves alone).
-pub const JOIN_GRACE: Duration = Duration::from_secs(3);
-/// After joining, a node waits this long (and for every member's record) before it answers, so
-/// that the members the join brought are known.
-pub const JOIN_SETTLE: Duration = Duration::from_millis(200);
-
-/// When a starting node may answer (pure; `now` is an argument).
-#[derive(Debug, Clone)]
-pub struct JoinHold {
-    started: Instant,
-    active_since: Option<Instant>,
-    released: bool,
-    /// Members the node expects at start (itself included; 0: none): the speakers that exist
-    /// but have not joined yet would otherwise lose their IPs to it for a moment.
-    expected: usize,
-    /// Active for [`JOIN_SETTLE`] when last looked at.
-    settle_passed: bool,
-}
-
-impl JoinHold {
-    /// A hold from `now`; a node with no peers to join (`alone`) is never held.
-    pub fn new(now: Instant, alone: bool) -> JoinHold {
-        JoinHold {
-            started: now,
-            active_since: None,
-            released: alone,
-            expected: 0,
-            settle_passed: false,
-        }
-    }
-
-    /// At start, the hold also waits (within [`JOIN_GRACE`]) until `members` are live: the
-    /// speakers the node knows to exist (Kubernetes mode: its DaemonSet's Pods with an IP).
-    pub fn expect(&mut self, members: usize) {
-        self.expected = members;
-    }
-
-    /// Whether the hold is still on.
-    pub fn holding(&self) -> bool {
-        !self.released
-    }
-
-    /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
-    /// the node has been `Active` for [`JOIN_SETTLE`], holds every member's record (no
-    /// placeholder of version 0) and sees the members it expects, or [`JOIN_GRACE`] after start.
-    pub fn release(&mut self, now: Instant, phase: Phase, live: &LiveSet) -> bool {
-        if self.released {
-            return false;
-        }
-        match phase {
-            Phase::Active => {
-                self.active_since.get_or_insert(now);
-            }
-            Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
-        }
-        let settle_passed = self.active_since.is_some_and(|t| now >= t + JOIN_SETTLE);
-        let settled =
-            settle_passed && live.iter().all(|m| m.version > 0) && live.len() >= self.expected;
-        // Past the settle time only members are awaited: a membership change looks again.
-        self.settle_passed = settle_passed;
-        self.released = settled || now >= self.started + JOIN_GRACE;
-        self.released
-    }
-
-    /// Puts the hold back on when the gossip reports a pause (the hold then ends as at start-up,
-    /// [`JOIN_GRACE`] after `now` at the latest); returns true once per pause, when it does.
-    pub fn rearm(&mut self, now: Instant, phase: Phase) -> bool {
-        if phase != Phase::Paused || !self.released {
-            return false;
-        }
-        *self = JoinHold::new(now, false);
-        true
-    }
-
-    /// Puts the hold back on for a pause the owner watch saw (its thread was not scheduled for
-    /// longer than a watcher waits); returns false when it was on already.
-    pub fn rearm_now(&mut self, now: Instant) -> bool {
-        if !self.released {
-            return false;
-        }
-        *self = JoinHold::new(now, false);
-        true
-    }
-
-    /// When to look again.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        if self.released {
-            return None;
-        }
-        let grace = self.started + JOIN_GRACE;
-        Some(match self.active_since {
-            Some(t) if !self.settle_passed => grace.min(t + JOIN_SETTLE),
-            _ => grace,
-        })
-    }
-}
 
 /// `swimlb_failover_seconds`: how long the IPs this node took over were unanswered, as far as
 /// this node can tell. One sample per IP taken over from a member that went down or left (see
@@ -1087,56 +990,6 @@ mod tests {
     }
 
     #[test]
-    fn a_joining_node_waits_for_every_record_and_the_settle_time() {
-        let t0 = Instant::now();
-        let mut hold = JoinHold::new(t0, false);
-        let mut live = LiveSet::new();
-        live.upsert(MemberMeta::new("a"));
-        let mut placeholder = MemberMeta::new("b");
-        placeholder.version = 0;
-        live.upsert(placeholder);
-        assert!(!hold.release(t0 + ms(10), Phase::Joining, &live));
-        assert_eq!(hold.next_deadline(), Some(t0 + JOIN_GRACE));
-        assert!(!hold.release(t0 + ms(20), Phase::Active, &live));
-        assert_eq!(hold.next_deadline(), Some(t0 + ms(20) + JOIN_SETTLE));
-        assert!(
-            !hold.release(t0 + ms(500), Phase::Active, &live),
-            "b's record is missing"
-        );
-        live.upsert(MemberMeta::new("b"));
-        assert!(hold.release(t0 + ms(501), Phase::Active, &live));
-        assert!(!hold.holding());
-        assert!(!hold.release(t0 + ms(502), Phase::Active, &live), "once");
-    }
-
-    #[test]
-    fn a_starting_node_waits_for_the_members_it_expects_within_the_grace() {
-        let t0 = Instant::now();
-        let mut hold = JoinHold::new(t0, false);
-        hold.expect(3);
-        let mut live = LiveSet::new();
-        live.upsert(MemberMeta::new("a"));
-        live.upsert(MemberMeta::new("b"));
-        assert!(!hold.release(t0 + ms(10), Phase::Active, &live));
-        assert!(
-            !hold.release(t0 + ms(300), Phase::Active, &live),
-            "c is expected"
-        );
-        assert_eq!(hold.next_deadline(), Some(t0 + JOIN_GRACE), "no busy loop");
-        live.upsert(MemberMeta::new("c"));
-        assert!(hold.release(t0 + ms(301), Phase::Active, &live));
-        let mut alone = JoinHold::new(t0, false);
-        alone.expect(3);
-        let mut two = LiveSet::new();
-        two.upsert(MemberMeta::new("a"));
-        assert!(!alone.release(t0 + ms(10), Phase::Active, &two));
-        assert!(
-            alone.release(t0 + JOIN_GRACE, Phase::Active, &two),
-            "the grace ends it"
-        );
-    }
-
-    #[test]
     fn a_link_back_or_an_ip_placed_again_is_a_regain() {
         let ip: std::net::IpAddr = "192.0.2.1".parse().unwrap();
         let none = AnnounceFacts::default();
@@ -1153,29 +1006,5 @@ mod tests {
         assert!(regained(&unplaced, &none));
         assert!(!regained(&none, &unplaced));
         assert!(!regained(&eth1, &eth1));
-    }
-
-    #[test]
-    fn a_node_that_reaches_nobody_serves_after_the_grace_and_one_alone_at_once() {
-        let t0 = Instant::now();
-        let live = LiveSet::new();
-        let mut hold = JoinHold::new(t0, false);
-        assert!(!hold.release(t0 + JOIN_GRACE - ms(1), Phase::Joining, &live));
-        assert!(hold.release(t0 + JOIN_GRACE, Phase::Joining, &live));
-        assert!(!JoinHold::new(t0, true).holding());
-    }
-
-    #[test]
-    fn a_pause_puts_the_hold_back_until_the_node_is_active_again() {
-        let t0 = Instant::now();
-        let live = LiveSet::new();
-        let mut hold = JoinHold::new(t0, true);
-        assert!(!hold.rearm(t0, Phase::Active));
-        assert!(hold.rearm(t0 + ms(10), Phase::Paused));
-        assert!(hold.holding());
-        assert!(!hold.rearm(t0 + ms(20), Phase::Paused), "once per pause");
-        assert!(!hold.release(t0 + ms(30), Phase::Paused, &live));
-        assert!(!hold.release(t0 + ms(40), Phase::Active, &live));
-        assert!(hold.release(t0 + ms(40) + JOIN_SETTLE, Phase::Active, &live));
     }
 }

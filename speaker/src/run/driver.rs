@@ -26,7 +26,8 @@ use crate::model::watch_knobs::Knobs;
 use crate::net::answering::AnsweringLinks;
 use crate::net::responder::{self, Conflict};
 use crate::owner_watch::{WatchEvents, WatchMetrics};
-use crate::run::daemon::{Daemon, FailoverMetrics, JoinHold, NetWatch, sleep_until, start_watch};
+use crate::run::daemon::{Daemon, FailoverMetrics, NetWatch, sleep_until, start_watch};
+use crate::run::hold::JoinHold;
 use crate::serve::status::StatusBoard;
 
 /// The metrics every speaker has, registered, with the handles its parts count into. A source

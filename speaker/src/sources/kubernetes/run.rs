@@ -53,8 +53,9 @@ use crate::model::announcer::Schedule;
 use crate::model::engine::{Engine, Input};
 use crate::model::links::Link;
 use crate::model::local::LocalState;
-use crate::run::daemon::{Daemon, JoinHold, NetWatch};
+use crate::run::daemon::{Daemon, NetWatch};
 use crate::run::driver::{self, Instruments, Parts, Shared};
+use crate::run::hold::JoinHold;
 
 /// How often the key file is read again (a mounted Secret changes in place).
 pub const KEY_FILE_POLL: Duration = Duration::from_secs(2);
