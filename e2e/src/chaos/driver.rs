@@ -292,21 +292,7 @@ impl Driver {
                 };
                 drop_traffic(lab, index, &what, (from, to), both)
             }
-            FaultKind::Drop { from, to, both, .. } => {
-                let mut receivers = vec![to];
-                if both {
-                    receivers.push(from);
-                }
-                for n in receivers {
-                    let netns = lab.node(n).netns.clone();
-                    lab.run_in(
-                        &netns,
-                        "nft",
-                        &["delete", "table", "inet", &drop_table(index)],
-                    )?;
-                }
-                Ok(())
-            }
+            FaultKind::Drop { from, to, both, .. } => undrop_traffic(lab, index, (from, to), both),
             FaultKind::Loss { node, percent } => lab.set_loss(node, if on { percent } else { 0 }),
             FaultKind::Starve {
                 node,
@@ -330,6 +316,25 @@ impl Driver {
                 }
                 Ok(())
             }
+            FaultKind::BrokenReload { .. }
+            | FaultKind::KeyRotation { .. }
+            | FaultKind::CheckFail { .. } => self.set_config(lab, daemons, kind, on),
+            FaultKind::ForeignAnswer { node, vip } => {
+                foreign_address(lab, node, vip, if on { "add" } else { "del" })
+            }
+        }
+    }
+
+    /// The faults of swimlb's own configuration: a broken reload, a key rotation's end, a
+    /// failing health check.
+    fn set_config(
+        &mut self,
+        lab: &mut Lab,
+        daemons: &mut ChaosDaemons,
+        kind: FaultKind,
+        on: bool,
+    ) -> Result<()> {
+        match kind {
             FaultKind::BrokenReload { node, broken } if on => {
                 let ChaosDaemons::Swimlb(d) = daemons else {
                     bail!("a reload needs swimlb's speakers");
@@ -364,9 +369,7 @@ impl Driver {
                 std::fs::write(flag_path(d.dir(), &lab.node(node).name), "")?;
                 Ok(())
             }
-            FaultKind::ForeignAnswer { node, vip } => {
-                foreign_address(lab, node, vip, if on { "add" } else { "del" })
-            }
+            _ => Ok(()),
         }
     }
 
@@ -423,6 +426,28 @@ fn drop_traffic(
             src = lab.node(from).v4,
         );
         netns::nft_apply(&lab.node(to).netns, &rules)?;
+    }
+    Ok(())
+}
+
+/// Removes what [`drop_traffic`] added for fault `index` on the receivers of `(from, to)`.
+fn undrop_traffic(
+    lab: &mut Lab,
+    index: usize,
+    (from, to): (usize, usize),
+    both: bool,
+) -> Result<()> {
+    let mut receivers = vec![to];
+    if both {
+        receivers.push(from);
+    }
+    for n in receivers {
+        let netns = lab.node(n).netns.clone();
+        lab.run_in(
+            &netns,
+            "nft",
+            &["delete", "table", "inet", &drop_table(index)],
+        )?;
     }
     Ok(())
 }

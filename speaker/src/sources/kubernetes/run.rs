@@ -287,13 +287,7 @@ impl Source {
             links,
             routes,
             net,
-            hold: {
-                // The speaker Pods that exist: their speakers would lose their IPs to this
-                // one for a moment if it answered before they joined.
-                let mut hold = JoinHold::new(Instant::now(), false);
-                hold.expect(stores.peers(settings.bind.port()).len());
-                hold
-            },
+            hold: start_hold(&settings, &stores),
             board: instruments.board,
             failovers: instruments.failovers,
             responder: instruments.responder,
@@ -714,6 +708,14 @@ fn first_record(
         crate::model::engine::placement::Placement::new(snapshot, links.to_vec(), routes.to_vec());
     local.set_announce(placement.facts(snapshot));
     local
+}
+
+/// The start-up hold, waiting for the speaker Pods that exist: their speakers would lose their
+/// IPs to this one for a moment if it answered before they joined.
+fn start_hold(settings: &Settings, stores: &Stores) -> JoinHold {
+    let mut hold = JoinHold::new(Instant::now(), false);
+    hold.expect(stores.peers(settings.bind.port()).len());
+    hold
 }
 
 /// Starts the gossip with this node's first record, the speaker Pods as seeds.
