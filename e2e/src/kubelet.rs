@@ -35,6 +35,10 @@
 //!   namespace, restarts with the kubelet's back-off, and the Pod's status (`podIP`, `hostIP`,
 //!   phase, conditions, `containerStatuses`) patched on `pods/status` when it changes. A trial
 //!   may hold a container's restart ([`Kubelet::hold_restarts`]) and release it later.
+//! - **Deletion**: a Pod the API server deletes gracefully (`deletionTimestamp`) has its
+//!   container stopped with its grace period and its sandbox removed, then the kubelet deletes it
+//!   for good (grace period 0, on its uid), so `kubectl delete --cascade=foreground` of a
+//!   workload returns once its Pods are gone, as on a cluster.
 //!
 //! The application's Pods of the image [`LAB_RESPONDER_IMAGE`] on the host network stand for
 //! the lab's probe responder, which already runs in every node's namespace: they are running
@@ -44,7 +48,8 @@
 //! file system (the mount points are made as empty directories of the host), seccomp, resource
 //! limits, init containers and Pods of several containers (refused, with the reason), volumes
 //! other than Secret, ConfigMap and projected ones (refused), the link variables of Services other than
-//! `kubernetes`, the token's renewal and rollouts of a DaemonSet in place. Containers start with a clean
+//! `kubernetes`, the token's renewal (rollouts, which are Pod deletions and creations, are
+//! untested). Containers start with a clean
 //! environment: `PATH` (the lab's, where `ip` and `setpriv` are), `HOME` (`/`), `HOSTNAME` (the
 //! node's name on the host network, else the Pod's name) and the container's variables.
 
