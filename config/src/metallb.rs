@@ -114,23 +114,25 @@ pub fn convert(input: &Value, namespace: &str) -> Result<Converted, Vec<String>>
     })
 }
 
-/// The object's name, labels and annotations (but kubectl's record of MetalLB's object), in
-/// `namespace`.
+/// The object's name, labels and annotations (but kubectl's record of MetalLB's object; an
+/// empty map left out), in `namespace`.
 fn metadata(item: &Value, namespace: &str) -> ObjectMeta {
     let strings = |key: &str| {
-        item["metadata"][key].as_object().map(|m| {
-            m.iter()
-                .filter(|(k, _)| k.as_str() != LAST_APPLIED)
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                .collect()
-        })
+        item["metadata"][key]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| k.as_str() != LAST_APPLIED)
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            })
+            .filter(|m| !m.is_empty())
     };
     ObjectMeta {
         name: item["metadata"]["name"].as_str().map(str::to_string),
         namespace: Some(namespace.to_string()),
         labels: strings("labels"),
-        annotations: strings("annotations")
-            .filter(|m: &std::collections::BTreeMap<_, _>| !m.is_empty()),
+        annotations: strings("annotations"),
         ..ObjectMeta::default()
     }
 }

@@ -177,7 +177,7 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
     let before = wait_metallb_serving(&lab, &metallb, &names)?;
     progress("MetalLB serves every Service; probing every IP from the client");
     let probers = start_probers(&lab, &before)?;
-    let before = wait_answered(&probers, &before)?;
+    wait_answered(&probers, &before)?;
     let t0 = Instant::now();
     let switch = switch(&lab, &metallb, &program, &before, t0, progress)?;
     std::thread::sleep(TAIL);
@@ -197,9 +197,8 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
 struct Before {
     name: String,
     ip: IpAddr,
+    /// The node MetalLB's order names, which answered the probes before the switch.
     rule_owner: String,
-    /// The node answering the probes (set once they are answered).
-    owner: String,
 }
 
 impl Before {
@@ -230,7 +229,7 @@ impl Before {
             ip_before: self.ip.to_string(),
             ip_after: cluster.ingress(APPS, &self.name).join(","),
             rule_owner: self.rule_owner.clone(),
-            owner_before: self.owner.clone(),
+            owner_before: self.rule_owner.clone(),
             owner_after,
             answered_by,
             probes_sent: during.len(),
@@ -373,7 +372,6 @@ fn metallb_serving(
         before.push(Before {
             name: name.clone(),
             ip,
-            owner: String::new(),
             rule_owner,
         });
     }
@@ -394,9 +392,8 @@ fn start_probers(lab: &Lab, before: &[Before]) -> Result<Vec<Prober>> {
         .collect()
 }
 
-/// Waits until each IP's latest 100 probes were all answered by its rule owner, which becomes
-/// its owner before the switch.
-fn wait_answered(probers: &[Prober], before: &[Before]) -> Result<Vec<Before>> {
+/// Waits until each IP's latest 100 probes were all answered by its rule owner.
+fn wait_answered(probers: &[Prober], before: &[Before]) -> Result<()> {
     let deadline = Instant::now() + STAGE;
     loop {
         let steady = probers.iter().zip(before).all(|(p, b)| {
@@ -413,13 +410,7 @@ fn wait_answered(probers: &[Prober], before: &[Before]) -> Result<Vec<Before>> {
                     .all(|r| r.answer.as_ref().is_some_and(|(n, _)| *n == b.rule_owner))
         });
         if steady {
-            return Ok(before
-                .iter()
-                .map(|b| Before {
-                    owner: b.rule_owner.clone(),
-                    ..b.clone()
-                })
-                .collect());
+            return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
