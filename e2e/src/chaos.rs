@@ -35,8 +35,8 @@ use tokio::time::Instant;
 
 use self::driver::{ChaosDaemons, Driver};
 use self::invariants::{
-    ArpSample, Executed, Invariant, Observations, Poll, Probe, Rule, Violation, VipObservations,
-    VipRule, World,
+    ArpSample, DualEpisode, Executed, Invariant, Observations, Poll, Probe, Rule, Violation,
+    VipObservations, VipRule, World,
 };
 pub use self::observe::owners_named;
 use self::observe::*;
@@ -122,6 +122,8 @@ pub struct Report {
     pub faults_per_kind: BTreeMap<&'static str, usize>,
     /// Every violation, excused ones included.
     pub violations: Vec<Violation>,
+    /// Every stretch of two MACs answering one VIP, the short ones included.
+    pub dual_episodes: Vec<DualEpisode>,
     /// Faults and violations on one timeline.
     pub timeline: Vec<TimelineEntry>,
     /// The faults of the schedule (and any injected), in start order.
@@ -185,6 +187,14 @@ impl Report {
             })
             .collect();
         let _ = writeln!(s, "  violations: {}", counts.join(", "));
+        if let Some(longest) = self.dual_episodes.iter().map(|e| e.span).max() {
+            let _ = writeln!(
+                s,
+                "  two MACs answered a VIP {} times, the longest for {} ms",
+                self.dual_episodes.len(),
+                longest.as_millis()
+            );
+        }
         for m in &self.memory {
             let _ = writeln!(
                 s,
@@ -575,6 +585,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         excused_per_invariant: excused,
         faults_per_kind: per_kind(&plan.faults, &drive.executed),
         violations,
+        dual_episodes: invariants::dual_episodes(&obs),
         timeline,
         faults: plan.faults,
         probes,

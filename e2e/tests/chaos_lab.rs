@@ -140,3 +140,34 @@ fn a_mesh_split_into_singletons_by_a_pause_and_a_one_way_drop_merges_again() {
         report.text()
     );
 }
+
+/// The dual answers seed 1's 1,800 s run found: a node's link down for 2.3-2.5 s, long enough
+/// for it to hold every other member down and take every VIP alone. Once its link is back it
+/// must let go before the dual answers last a second. Each node is cut once, 10 s apart.
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_node_cut_off_long_enough_to_be_alone_lets_go_of_the_vips_once_back() {
+    let _one = one_lab("chaos link flaps");
+    let injected: Vec<Fault> = (1..=3)
+        .map(|node| Fault {
+            at: Duration::from_secs(4 + 10 * (node as u64 - 1)),
+            duration: Duration::from_millis(2400),
+            kind: FaultKind::LinkFlap { node },
+        })
+        .collect();
+    let mut options = options(1, Duration::from_secs(36), injected);
+    options.scheduled = false;
+    let report = chaos::run(&options, &mut |line| eprintln!("{line}")).expect("the chaos run");
+    eprint!("{}", report.text());
+    for e in &report.dual_episodes {
+        eprintln!(
+            "dual: VIP {} at {:.3} s for {} ms by {:?}",
+            e.vip,
+            e.at.as_secs_f64(),
+            e.span.as_millis(),
+            e.nodes
+        );
+    }
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.counted(), 0, "violations:\n{}", report.text());
+}

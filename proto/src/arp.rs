@@ -151,6 +151,19 @@ impl ArpRepr {
         }
     }
 
+    /// A request for the MAC of `target`, from `mac` at `sender` (`0.0.0.0`: an ARP probe, RFC
+    /// 5227 section 2.1.1, which the target answers without learning the sender); sent to
+    /// broadcast.
+    pub const fn request(mac: MacAddr, sender: Ipv4Addr, target: Ipv4Addr) -> ArpRepr {
+        ArpRepr {
+            operation: ArpOperation::Request,
+            sender_mac: mac,
+            sender_ip: sender,
+            target_mac: ethernet::ZERO,
+            target_ip: target,
+        }
+    }
+
     /// The reply that says `our_mac` has the address `self` asks for, addressed to the asker;
     /// `None` when `self` is not a request.
     pub const fn reply_to(&self, our_mac: MacAddr) -> Option<ArpRepr> {
@@ -220,6 +233,17 @@ mod tests {
             target_mac: ethernet::ZERO,
             target_ip: A_IP,
         }
+    }
+
+    #[test]
+    fn a_request_for_a_peer_is_the_kernels_request_and_goes_to_broadcast() {
+        assert_eq!(ArpRepr::request(B_MAC, B_IP, A_IP), request());
+        let probe = ArpRepr::request(B_MAC, Ipv4Addr::UNSPECIFIED, A_IP);
+        assert!(!probe.is_gratuitous());
+        assert_eq!(probe.ethernet_dst(), ethernet::BROADCAST);
+        let mut frame = [0u8; FRAME_LEN];
+        probe.emit_frame(&mut frame).unwrap();
+        assert_eq!(ArpRepr::parse(body(&frame)).unwrap(), probe);
     }
 
     fn body(frame: &[u8]) -> &[u8] {

@@ -395,6 +395,28 @@ impl NdpFrame {
         }
     }
 
+    /// A solicitation for the MAC of `target` from `our_mac` at `src` (RFC 4861 section 7.2.2):
+    /// to `target`'s solicited-node multicast address, with the source link-layer option, so
+    /// the target learns the solicitor as it answers.
+    pub const fn solicit(our_mac: MacAddr, src: Ipv6Addr, target: Ipv6Addr) -> NdpFrame {
+        let group = solicited_node_multicast(target);
+        NdpFrame {
+            ethernet: EthernetRepr {
+                dst: multicast_mac(group),
+                src: our_mac,
+                ethertype: EtherType::Ipv6,
+            },
+            ndp: NdpRepr {
+                src_addr: src,
+                dst_addr: group,
+                message: NdpMessage::NeighborSolicit {
+                    target,
+                    source_link_addr: Some(our_mac),
+                },
+            },
+        }
+    }
+
     /// The advertisement answering solicitation `self` with `our_mac` (RFC 4861 section 7.2.4):
     /// from the target, Override set, target link-layer option. To the solicitor (Solicited set;
     /// Ethernet destination its source link-layer option, else the frame's source MAC), or, when
@@ -485,6 +507,13 @@ mod tests {
                 },
             },
         }
+    }
+
+    #[test]
+    fn a_solicitation_for_a_peer_goes_to_its_solicited_node_group_with_our_mac() {
+        let f = NdpFrame::solicit(B_MAC, B_IP, A_IP);
+        assert_eq!(f, ns_multicast());
+        assert_eq!(NdpFrame::parse(&emitted(&f)).unwrap(), f);
     }
 
     fn emitted(f: &NdpFrame) -> Vec<u8> {

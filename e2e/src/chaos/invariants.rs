@@ -403,8 +403,8 @@ pub struct Observations {
 /// `/status` (and so a rule to check).
 pub fn evaluate(rule: &Rule, world: &World, obs: &Observations, status: bool) -> Vec<Violation> {
     let mut found = Vec::new();
+    dual(world, obs, &mut found);
     for (vip, o) in obs.vips.iter().enumerate() {
-        dual(world, vip, o, obs.horizon, &mut found);
         dark(rule, world, vip, o, obs.horizon, &mut found);
     }
     if status {
@@ -425,50 +425,74 @@ fn node_list(nodes: &BTreeSet<usize>) -> String {
         .join(" and ")
 }
 
-fn dual(
-    world: &World,
-    vip: usize,
-    o: &VipObservations,
-    horizon: Duration,
-    found: &mut Vec<Violation>,
-) {
-    let mut episode: Option<(Duration, Duration, BTreeSet<usize>)> = None;
-    let close = |e: (Duration, Duration, BTreeSet<usize>), found: &mut Vec<Violation>| {
-        let (first, last, nodes) = e;
-        let span = last - first + ARP_INTERVAL;
-        if span > LIMIT {
-            found.push(Violation {
-                invariant: Invariant::Dual,
-                at: first + LIMIT,
-                vip: Some(vip),
-                detail: format!(
-                    "{} answered ARP for the VIP for {:.1} s",
-                    node_list(&nodes),
-                    span.as_secs_f64()
-                ),
-                excused: world.partitioned_within(first.saturating_sub(SETTLE), last),
-            });
-        }
-    };
-    for s in o
-        .arp
-        .iter()
-        .filter(|s| s.at <= horizon && s.nodes.len() >= 2)
-    {
-        episode = match episode.take() {
-            Some((first, last, mut nodes)) if s.at <= last + DUAL_GAP => {
-                nodes.extend(&s.nodes);
-                Some((first, s.at, nodes))
-            }
-            Some(done) => {
-                close(done, found);
-                Some((s.at, s.at, s.nodes.clone()))
-            }
-            None => Some((s.at, s.at, s.nodes.clone())),
+/// One stretch of ARP requests for a VIP answered by two MACs or more (gaps of at most
+/// [`DUAL_GAP`]), however short: the runs report them all, the invariant only those longer
+/// than [`LIMIT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DualEpisode {
+    /// The VIP (0-based).
+    pub vip: usize,
+    /// The first request answered twice, since the start of the run.
+    #[serde(rename = "at_ms", serialize_with = "as_ms")]
+    pub at: Duration,
+    /// From the first such request to one ARP interval after the last.
+    #[serde(rename = "span_ms", serialize_with = "as_ms")]
+    pub span: Duration,
+    /// The nodes that answered (0: a MAC of no node).
+    pub nodes: BTreeSet<usize>,
+}
+
+/// Every dual episode in `obs`, in time order per VIP.
+pub fn dual_episodes(obs: &Observations) -> Vec<DualEpisode> {
+    let mut episodes = Vec::new();
+    for (vip, o) in obs.vips.iter().enumerate() {
+        let mut open: Option<(Duration, Duration, BTreeSet<usize>)> = None;
+        let mut close = |(first, last, nodes): (Duration, Duration, BTreeSet<usize>)| {
+            episodes.push(DualEpisode {
+                vip,
+                at: first,
+                span: last - first + ARP_INTERVAL,
+                nodes,
+            })
         };
+        for s in o
+            .arp
+            .iter()
+            .filter(|s| s.at <= obs.horizon && s.nodes.len() >= 2)
+        {
+            open = match open.take() {
+                Some((first, last, mut nodes)) if s.at <= last + DUAL_GAP => {
+                    nodes.extend(&s.nodes);
+                    Some((first, s.at, nodes))
+                }
+                Some(done) => {
+                    close(done);
+                    Some((s.at, s.at, s.nodes.clone()))
+                }
+                None => Some((s.at, s.at, s.nodes.clone())),
+            };
+        }
+        if let Some(e) = open {
+            close(e);
+        }
     }
-    if let Some(e) = episode {
-        close(e, found);
+    episodes
+}
+
+fn dual(world: &World, obs: &Observations, found: &mut Vec<Violation>) {
+    for e in dual_episodes(obs).into_iter().filter(|e| e.span > LIMIT) {
+        found.push(Violation {
+            invariant: Invariant::Dual,
+            at: e.at + LIMIT,
+            vip: Some(e.vip),
+            detail: format!(
+                "{} answered ARP for the VIP for {:.1} s",
+                node_list(&e.nodes),
+                e.span.as_secs_f64()
+            ),
+            excused: world
+                .partitioned_within(e.at.saturating_sub(SETTLE), e.at + e.span - ARP_INTERVAL),
+        });
     }
 }
 

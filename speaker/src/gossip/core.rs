@@ -52,7 +52,7 @@
 //!   confirmation came back.
 
 use std::collections::{BTreeSet, BinaryHeap};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use foca::{Codec, Header, Message, OwnedNotification, PostcardCodec, State, Timer};
@@ -651,6 +651,23 @@ impl Core {
     /// the owner watch, which addresses members directly.
     pub fn member_identities(&self) -> impl Iterator<Item = &NodeIdentity> {
         self.members.values()
+    }
+
+    /// Every peer address this node gossips with or would: its seeds, its members, and the
+    /// members it holds down (a cut-off node's way back), without its own, deduplicated.
+    pub fn peer_addresses(&self) -> Vec<IpAddr> {
+        let own = self.foca.identity().addr.ip();
+        let known = self.foca.iter_membership_state().map(|m| m.id().addr);
+        let all: BTreeSet<IpAddr> = self
+            .seeds
+            .iter()
+            .copied()
+            .chain(self.members.keys().copied())
+            .chain(known)
+            .map(|addr| addr.ip())
+            .filter(|ip| *ip != own)
+            .collect();
+        all.into_iter().collect()
     }
 
     /// Grows with every change to [`Core::member_identities`] (a member up, down or renewed).

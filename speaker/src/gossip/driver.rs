@@ -47,6 +47,7 @@ enum Command {
     SetKeyRing(Box<KeyRing>, oneshot::Sender<()>),
     SetSeeds(Vec<SocketAddr>),
     RelayWatch(Vec<u8>),
+    PeerAddresses(oneshot::Sender<Vec<std::net::IpAddr>>),
     Leave(oneshot::Sender<()>),
 }
 
@@ -193,6 +194,21 @@ impl GossipHandle {
             .send(Command::SetSeeds(seeds))
             .await
             .map_err(|_| GossipError::Stopped)
+    }
+
+    /// Every address this node gossips with or would ([`Core::peer_addresses`]); empty once
+    /// the task has stopped.
+    pub async fn peer_addresses(&self) -> Vec<std::net::IpAddr> {
+        let (reply, answer) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::PeerAddresses(reply))
+            .await
+            .is_err()
+        {
+            return Vec::new();
+        }
+        answer.await.unwrap_or_default()
     }
 
     /// Leaves the cluster: returns once the leave datagrams are sent and the task has stopped.
@@ -437,6 +453,9 @@ async fn run(
                 }
                 Some(Command::SetSeeds(seeds)) => core.set_seeds(origin.elapsed(), seeds),
                 Some(Command::RelayWatch(payload)) => core.relay_watch(&payload),
+                Some(Command::PeerAddresses(reply)) => {
+                    let _ = reply.send(core.peer_addresses());
+                }
                 Some(Command::Leave(reply)) => {
                     core.leave(origin.elapsed());
                     for out in core.drain_outgoing() {

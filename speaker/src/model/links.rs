@@ -23,6 +23,8 @@ pub struct Link {
     pub mac: [u8; 6],
     /// Administratively up (`IFF_UP`).
     pub up: bool,
+    /// The carrier is there (`IFF_LOWER_UP`): a cable, a switch port, a veth peer that is up.
+    pub carrier: bool,
     /// `IFF_NOARP`: the link does not resolve neighbours, so announcing on it means nothing.
     pub noarp: bool,
     /// A port of a bond (`IFF_SLAVE`, port kind `bond`, or a master whose kind is `bond`):
@@ -46,6 +48,7 @@ impl Link {
             name: name.to_string(),
             mac,
             up: true,
+            carrier: true,
             noarp: false,
             slave: false,
             loopback: false,
@@ -90,6 +93,23 @@ impl Route {
             _ => false,
         }
     }
+}
+
+/// The addresses of `peers` a connected route of the main table puts on the link `ifindex`:
+/// the ones the kernel resolves with ARP or NDP on that link.
+pub fn on_link(peers: &[IpAddr], routes: &[Route], ifindex: u32) -> Vec<IpAddr> {
+    peers
+        .iter()
+        .copied()
+        .filter(|ip| {
+            routes.iter().any(|r| {
+                r.ifindex == ifindex
+                    && r.gateway.is_none()
+                    && r.table == MAIN_TABLE
+                    && r.contains(*ip)
+            })
+        })
+        .collect()
 }
 
 /// Why no interface can announce an IP. A typed verdict: log and count with [`Self::as_str`].
@@ -267,6 +287,30 @@ mod tests {
             choose(ip("198.51.100.7"), None, &links, &routes),
             Err(NoInterface::NoRoute)
         );
+    }
+
+    #[test]
+    fn the_peers_on_a_link_are_those_its_connected_routes_cover() {
+        let mut via = connected("203.0.113.0", 24, 2);
+        via.gateway = Some(ip("198.51.100.1"));
+        let routes = [
+            connected("198.51.100.0", 24, 2),
+            connected("2001:db8:100::", 64, 2),
+            connected("192.0.2.0", 24, 3),
+            via,
+        ];
+        let peers = [
+            ip("198.51.100.11"),
+            ip("192.0.2.12"),
+            ip("203.0.113.13"),
+            ip("2001:db8:100::14"),
+        ];
+        assert_eq!(
+            on_link(&peers, &routes, 2),
+            vec![ip("198.51.100.11"), ip("2001:db8:100::14")]
+        );
+        assert_eq!(on_link(&peers, &routes, 3), vec![ip("192.0.2.12")]);
+        assert!(on_link(&peers, &routes, 4).is_empty());
     }
 
     #[test]

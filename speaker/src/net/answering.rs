@@ -61,6 +61,15 @@ impl AnsweringLink {
     }
 }
 
+/// What [`AnsweringLinks::set_links`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LinkChanges {
+    /// The links whose responders stopped (gone, down or re-created).
+    pub closed: Vec<String>,
+    /// The answering links whose carrier came back (name, index).
+    pub carrier_back: Vec<(String, u32)>,
+}
+
 /// The responders of one speaker.
 #[derive(Debug)]
 pub struct AnsweringLinks {
@@ -87,20 +96,36 @@ impl AnsweringLinks {
     }
 
     /// The node's links changed: responders on links that are gone, down or re-created stop.
-    /// Returns the names of the links closed.
-    pub fn set_links(&mut self, links: Vec<Link>) -> Vec<String> {
-        let mut closed = Vec::new();
+    pub fn set_links(&mut self, links: Vec<Link>) -> LinkChanges {
+        let mut changes = LinkChanges::default();
         self.open.retain(|name, open| {
             let alive = links
                 .iter()
                 .any(|l| &l.name == name && l.index == open.index && l.up);
             if !alive {
-                closed.push(name.clone());
+                changes.closed.push(name.clone());
             }
             alive
         });
+        for (name, open) in &self.open {
+            let was = self.links.iter().find(|l| l.index == open.index);
+            let now = links.iter().find(|l| l.index == open.index);
+            if let (Some(was), Some(now)) = (was, now)
+                && !was.carrier
+                && now.carrier
+            {
+                changes.carrier_back.push((name.clone(), now.index));
+            }
+        }
         self.links = links;
-        closed
+        changes
+    }
+
+    /// Asks on `name` for the MACs of `targets`, from `sources` (see [`Control::Solicit`]).
+    pub fn solicit(&mut self, name: &str, sources: Vec<IpAddr>, targets: Vec<IpAddr>) {
+        if let Some(link) = self.open.get_mut(name) {
+            link.responder.send(Control::Solicit { sources, targets });
+        }
     }
 
     /// Opens a responder on `name` (the engine placed only usable links, so this normally

@@ -53,6 +53,7 @@ pub fn link_from_message(msg: &LinkMessage) -> Link {
         name: String::new(),
         mac: [0; 6],
         up: flags.contains(LinkFlags::Up),
+        carrier: flags.contains(LinkFlags::LowerUp),
         noarp: flags.contains(LinkFlags::Noarp),
         slave: flags.contains(LinkFlags::Port),
         loopback: flags.contains(LinkFlags::Loopback),

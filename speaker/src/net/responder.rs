@@ -230,6 +230,38 @@ pub fn announcement(mac: MacAddr, ip: IpAddr, buf: &mut [u8]) -> Result<usize, W
     }
 }
 
+/// The frame that asks for `target`'s MAC from `mac`, sent from the first of `sources` of
+/// `target`'s family: an ARP request (an ARP probe, from `0.0.0.0`, when there is no IPv4
+/// source), or a neighbor solicitation (`None` without an IPv6 source: a solicitation from `::`
+/// is duplicate address detection). Returns the length written.
+pub fn solicitation(
+    mac: MacAddr,
+    sources: &[IpAddr],
+    target: IpAddr,
+    buf: &mut [u8],
+) -> Option<Result<usize, WireError>> {
+    let frame = match target {
+        IpAddr::V4(target) => {
+            let source = sources
+                .iter()
+                .find_map(|ip| match ip {
+                    IpAddr::V4(v4) => Some(*v4),
+                    IpAddr::V6(_) => None,
+                })
+                .unwrap_or(Ipv4Addr::UNSPECIFIED);
+            Reply::Arp(ArpRepr::request(mac, source, target))
+        }
+        IpAddr::V6(target) => {
+            let source = sources.iter().find_map(|ip| match ip {
+                IpAddr::V6(v6) => Some(*v6),
+                IpAddr::V4(_) => None,
+            })?;
+            Reply::Ndp(NdpFrame::solicit(mac, source, target))
+        }
+    };
+    Some(frame.emit(buf))
+}
+
 /// Label of the drop counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DropLabels {
@@ -292,6 +324,9 @@ pub struct Metrics {
     pub dropped: Family<DropLabels, Counter>,
     /// Frames that could not be sent.
     pub send_errors: Counter,
+    /// ARP requests and neighbor solicitations for peers, sent when the link's carrier came
+    /// back.
+    pub peer_solicitations: Counter,
 }
 
 impl Metrics {
@@ -337,6 +372,11 @@ impl Metrics {
             "Frames the responder could not send",
             self.send_errors.clone(),
         );
+        registry.register(
+            "swimlb_peer_solicitations_sent",
+            "ARP requests and neighbor solicitations sent for the peers' addresses when a link's carrier came back",
+            self.peer_solicitations.clone(),
+        );
     }
 }
 
@@ -347,6 +387,13 @@ pub enum Control {
     SetOwned(Owned),
     /// Send one announcement of `ip` now.
     Announce(IpAddr),
+    /// Ask for the MACs of `targets` now, from `sources` (see [`solicitation`]).
+    Solicit {
+        /// This node's addresses, one per family at most used.
+        sources: Vec<IpAddr>,
+        /// The peers' addresses.
+        targets: Vec<IpAddr>,
+    },
     /// Stop the thread.
     Stop,
 }
@@ -505,6 +552,13 @@ fn run(
                     }
                     if let Ok(len) = announcement(mac, ip, &mut out) {
                         send(&mut *tx, &out[..len], metrics, &metrics.gratuitous_sent);
+                    }
+                }
+                Ok(Control::Solicit { sources, targets }) => {
+                    for target in targets {
+                        if let Some(Ok(len)) = solicitation(mac, &sources, target, &mut out) {
+                            send(&mut *tx, &out[..len], metrics, &metrics.peer_solicitations);
+                        }
                     }
                 }
                 Ok(Control::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,

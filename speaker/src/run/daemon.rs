@@ -665,11 +665,38 @@ impl Daemon {
 
     /// New links and routes: the responders on dead links stop, the engine places again.
     pub async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
-        for name in self.answering.set_links(links.clone()) {
+        let changes = self.answering.set_links(links.clone());
+        for name in changes.closed {
             tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
+        }
+        if !changes.carrier_back.is_empty() {
+            self.solicit_peers(&changes.carrier_back, &routes).await;
         }
         self.handle(Input::Net { links, routes }).await;
         open_placed(&mut self.answering, &self.engine);
+    }
+
+    /// A link this node answers on has its carrier back (a cable, a switch port): asks at once
+    /// for the MACs of the peers on it. While the carrier was gone the kernel's neighbour
+    /// entries for them failed, and it would send the next ARP request or solicitation only on
+    /// its retransmit timer (1 s by default), holding the gossip datagrams queued until then:
+    /// a node cut off that long has taken the VIPs alone, and would answer for them beside
+    /// their owners for that second. The answers fill the kernel's entries and the queued
+    /// datagrams leave at once.
+    async fn solicit_peers(&mut self, links: &[(String, u32)], routes: &[Route]) {
+        let peers = self.gossip.peer_addresses().await;
+        let own = self.gossip.local_addr().ip();
+        let sources: Vec<IpAddr> = Some(own)
+            .filter(|ip| !ip.is_unspecified())
+            .into_iter()
+            .collect();
+        for (name, index) in links {
+            let targets = crate::model::links::on_link(&peers, routes, *index);
+            tracing::info!(interface = %name, peers = targets.len(), "carrier back: asking for the peers' MACs");
+            if !targets.is_empty() {
+                self.answering.solicit(name, sources.clone(), targets);
+            }
+        }
     }
 
     /// Carries out `actions`, in order.

@@ -267,9 +267,11 @@ impl Core {
         self.wire.notes.extend(restored.into_iter().filter(|note| {
             !matches!(note, OwnedNotification::MemberUp(id) if members.get(&id.addr) == Some(id))
         }));
-        // Until a member acknowledges the new identity, keep announcing to the seeds.
+        // Announce the new identity at once (a join retry may be pending from before, up to
+        // `join_retry` away), and keep announcing to the seeds until a member acknowledges it.
         self.phase = Phase::Joining;
-        self.schedule_join_retry(now);
+        self.announce_to_seeds(now);
+        self.schedule_join_retry(now + self.timing.join_retry);
     }
 
     /// Clears `settled` in our own record: a renewed identity is a new membership, and a node
