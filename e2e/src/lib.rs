@@ -55,6 +55,7 @@ pub mod dashboard;
 pub mod demo;
 pub mod failover;
 pub mod flood;
+pub mod handover;
 pub mod keepalived;
 pub mod kubelab;
 pub mod kubelet;

@@ -48,6 +48,9 @@ enum Command {
     /// MetalLB serving Services, replaced by swimlb by the README's "Switching from MetalLB":
     /// Service IPs changed, owners moved, probes lost.
     Migrate(MigrateArgs),
+    /// Moves decided by the Kubernetes API (an endpoint moved to another node), each measured
+    /// from the client: dual and dark answers, and when the new owner alone answered.
+    Handover(HandoverArgs),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
     /// Run the controller (same arguments as `swimlb-controller`).
@@ -98,6 +101,22 @@ struct MigrateArgs {
     /// Services of type LoadBalancer (1 to 4: the lab's pool is a /30).
     #[arg(long, default_value_t = 4)]
     services: usize,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct HandoverArgs {
+    /// Nodes in the lab.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Moves.
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Busy loops (`while :; do :; done`) on the machine throughout.
+    #[arg(long, default_value_t = 0)]
+    busy: usize,
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -278,6 +297,7 @@ fn main() -> std::process::ExitCode {
             | Command::Soak(_)
             | Command::Chaos(_)
             | Command::Migrate(_)
+            | Command::Handover(_)
     );
     if needs_root && !swimlb_e2e::netns::is_root() {
         eprintln!(
@@ -292,6 +312,7 @@ fn main() -> std::process::ExitCode {
         Command::Soak(args) => run_soak(args),
         Command::Chaos(args) => run_chaos(args),
         Command::Migrate(args) => run_migrate(args),
+        Command::Handover(args) => run_handover(args),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
     match result {
@@ -362,6 +383,23 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
     };
     let report =
         swimlb_e2e::migrate::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        write_reports(path, std::slice::from_ref(&report))?;
+    }
+    Ok(())
+}
+
+fn run_handover(args: HandoverArgs) -> anyhow::Result<()> {
+    cleanup_on_interrupt();
+    ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    let options = swimlb_e2e::handover::Options {
+        nodes: args.nodes,
+        trials: args.trials,
+        busy: args.busy,
+    };
+    let report =
+        swimlb_e2e::handover::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;
     print!("{}", report.table());
     if let Some(path) = &args.json {
         write_reports(path, std::slice::from_ref(&report))?;

@@ -1,0 +1,366 @@
+//! `swimlb-lab handover`: moves decided by the Kubernetes API, measured from the client.
+//!
+//! A Service of `externalTrafficPolicy: Local` has its one ready endpoint on one node, so that
+//! node owns its IP. Each trial moves the endpoint to the next node (a merge patch of the
+//! EndpointSlice, as the endpoint slice controller writes when a Pod moves) while the client asks
+//! "who has" the IP by ARP every 10 ms. Each speaker sees the change through its own API watch;
+//! what the client saw in between is the trial's sample: how long two MACs answered (dual), how
+//! long none did (dark), and when the new owner alone answered. `--busy N` runs N busy loops on
+//! the machine throughout (the load under which the lab tests saw dual and dark answers). A
+//! trial is measured only when, before the patch, the old owner alone answered and every
+//! speaker named it; after it every speaker must name the new owner within 10 s.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::daemons::{Daemons, SwimlbDaemons};
+use crate::kubelab::{self, APPS, Policy};
+use crate::netns::{self, Lab};
+use crate::probe::{self, ArpAnswers, ArpAsker, Worker};
+use crate::trial::Percentiles;
+
+/// The client's ARP interval.
+pub const ARP_INTERVAL: Duration = Duration::from_millis(10);
+/// Asked before the patch (the old owner alone must answer).
+const BEFORE: Duration = Duration::from_millis(500);
+/// Asked after the patch.
+const AFTER: Duration = Duration::from_secs(3);
+/// How long every speaker has to name the new owner.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+/// The Service moved.
+const SERVICE: &str = "handover";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Nodes in the lab.
+    pub nodes: usize,
+    /// Moves.
+    pub trials: usize,
+    /// Busy loops on the machine throughout.
+    pub busy: usize,
+}
+
+/// One move as the client saw it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    /// The node the endpoint left.
+    pub from: String,
+    /// The node it moved to.
+    pub to: String,
+    /// From the patch to the first request answered by the new owner alone, after which the
+    /// old owner never answered again.
+    pub handover_ms: f64,
+    /// From the first request after the patch answered by two MACs to one interval after the
+    /// last (0: none).
+    pub dual_ms: f64,
+    /// The longest run of unanswered requests after the patch, times the interval.
+    pub dark_ms: f64,
+}
+
+/// The run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Always `swimlb-kubernetes`.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// Nodes.
+    pub nodes: usize,
+    /// Busy loops.
+    pub busy: usize,
+    /// The client's ARP interval, ms.
+    pub arp_interval_ms: f64,
+    /// Trials asked for.
+    pub trials: usize,
+    /// Trials not measured (the lab had not settled before, or did not after), with why.
+    pub not_measured: Vec<String>,
+    /// Every measured move.
+    pub samples: Vec<Sample>,
+    /// Of `dual_ms`.
+    pub dual: Option<Percentiles>,
+    /// Of `dark_ms`.
+    pub dark: Option<Percentiles>,
+    /// Of `handover_ms`.
+    pub handover: Option<Percentiles>,
+}
+
+impl Report {
+    /// The table the command prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "handover ({}): {} nodes, {} busy loops, ARP every {} ms: {} of {} moves measured\n",
+            self.implementation,
+            self.nodes,
+            self.busy,
+            self.arp_interval_ms,
+            self.samples.len(),
+            self.trials
+        );
+        let row = |name: &str, p: &Option<Percentiles>, nonzero: usize| match p {
+            Some(p) => format!(
+                "  {name:<9} p50 {:>7.1} ms  p90 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  ({nonzero} moves with any)\n",
+                p.p50, p.p90, p.p99, p.max
+            ),
+            None => format!("  {name:<9} -\n"),
+        };
+        let count = |f: fn(&Sample) -> f64| self.samples.iter().filter(|s| f(s) > 0.0).count();
+        s += &row("dual", &self.dual, count(|s| s.dual_ms));
+        s += &row("dark", &self.dark, count(|s| s.dark_ms));
+        s += &row("handover", &self.handover, self.samples.len());
+        for why in &self.not_measured {
+            s += &format!("  not measured: {why}\n");
+        }
+        s
+    }
+}
+
+/// Reads one move from the client's requests: `patch` is when the EndpointSlice was patched,
+/// on the asker's clock. `Err` when the old owner did not answer alone before it, or the new
+/// owner never answered alone for good after it.
+pub fn sample(
+    answers: &[ArpAnswers],
+    patch: Duration,
+    from: [u8; 6],
+    to: [u8; 6],
+    interval: Duration,
+) -> Result<(f64, f64, f64), String> {
+    let (before, after): (Vec<&ArpAnswers>, Vec<&ArpAnswers>) =
+        answers.iter().partition(|a| a.at < patch);
+    if before.iter().any(|a| a.macs.iter().any(|m| *m != from))
+        || !before.iter().any(|a| a.macs.contains(&from))
+    {
+        return Err("before the move, the old owner did not answer alone".into());
+    }
+    let last_from = after.iter().rposition(|a| a.macs.contains(&from));
+    let settled = after
+        .iter()
+        .enumerate()
+        .skip(last_from.map_or(0, |i| i + 1))
+        .find(|(_, a)| a.macs.len() == 1 && a.macs.contains(&to))
+        .map(|(i, _)| i);
+    let Some(settled) = settled else {
+        return Err("after the move, the new owner did not answer alone for good".into());
+    };
+    if after[settled..]
+        .iter()
+        .any(|a| a.macs.iter().any(|m| *m != to))
+    {
+        return Err("after the move, another MAC answered after the new owner".into());
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let handover = ms(after[settled].at.saturating_sub(patch));
+    let twice: Vec<Duration> = after
+        .iter()
+        .filter(|a| a.macs.len() >= 2)
+        .map(|a| a.at)
+        .collect();
+    let dual = match (twice.first(), twice.last()) {
+        (Some(first), Some(last)) => ms(*last - *first + interval),
+        _ => 0.0,
+    };
+    let mut longest = 0;
+    let mut run = 0;
+    for a in &after[..settled] {
+        run = if a.macs.is_empty() { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    Ok((handover, dual, ms(interval * longest)))
+}
+
+/// Busy loops, killed on drop.
+struct Busy(Vec<Child>);
+
+impl Busy {
+    fn start(n: usize) -> Result<Busy> {
+        let mut loops = Vec::new();
+        for _ in 0..n {
+            loops.push(
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .context("starting a busy loop")?,
+            );
+        }
+        Ok(Busy(loops))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn move_endpoint(daemons: &SwimlbDaemons, node: &str) -> Result<()> {
+    let cluster = daemons.cluster().context("Kubernetes mode")?;
+    let slice = json!({"endpoints": [{"addresses": ["203.0.113.30"], "nodeName": node,
+        "conditions": {"ready": true, "serving": true, "terminating": false}}]});
+    cluster.api().merge_patch(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        Some(APPS),
+        &format!("{SERVICE}-0"),
+        slice,
+        false,
+    )?;
+    Ok(())
+}
+
+/// Runs the trials on a fresh Kubernetes lab.
+pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if options.nodes < 2 {
+        bail!("--nodes {}: a move needs two nodes", options.nodes);
+    }
+    let mut lab = Lab::create(options.nodes)?;
+    let mut responders: Vec<Worker> = Vec::new();
+    for node in &lab.nodes {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    }
+    progress("starting the control plane, the controller and the speakers");
+    let mut daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
+    for i in 1..=lab.nodes.len() {
+        daemons.start(&mut lab, i)?;
+    }
+    let ip: Ipv4Addr = netns::vip_v4(1);
+    let api = daemons.cluster().context("Kubernetes mode")?.api();
+    api.create(kubelab::service(
+        SERVICE,
+        &ip.to_string(),
+        Policy::Local,
+        None,
+    ))?;
+    api.create(kubelab::endpoint_slice(SERVICE, 0, &["node1"]))?;
+    let names: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
+    let mut owner = 0;
+    kubelab::wait_for_owner(&lab, &ip.to_string(), Duration::from_secs(60), |o| {
+        o == Some(names[owner].as_str())
+    })
+    .map_err(|views| anyhow::anyhow!("node1 never owned {ip}: {views:?}"))?;
+    progress(&format!(
+        "{ip} owned by node1; {} busy loops; {} moves",
+        options.busy, options.trials
+    ));
+    let busy = Busy::start(options.busy)?;
+    let mut samples = Vec::new();
+    let mut not_measured = Vec::new();
+    for trial in 1..=options.trials {
+        let to = (owner + 1) % names.len();
+        let (from_mac, to_mac) = (lab.nodes[owner].mac, lab.nodes[to].mac);
+        let requests = ((BEFORE + AFTER).as_millis() / ARP_INTERVAL.as_millis()) as usize;
+        let started = Instant::now();
+        let asker = ArpAsker::start(&lab.client_netns, ip, ARP_INTERVAL, requests)?;
+        std::thread::sleep(BEFORE);
+        let patch = started.elapsed();
+        move_endpoint(&daemons, &names[to])?;
+        std::thread::sleep(AFTER);
+        let answers = asker.stop();
+        let settled = kubelab::wait_for_owner(&lab, &ip.to_string(), SETTLE_LIMIT, |o| {
+            o == Some(names[to].as_str())
+        });
+        owner = to;
+        if let Err(views) = settled {
+            not_measured.push(format!(
+                "move {trial} to {}: the speakers did not name it within {SETTLE_LIMIT:?}: {views:?}",
+                names[to]
+            ));
+            continue;
+        }
+        match sample(&answers, patch, from_mac, to_mac, ARP_INTERVAL) {
+            Ok((handover_ms, dual_ms, dark_ms)) => {
+                let s = Sample {
+                    from: names[(to + names.len() - 1) % names.len()].clone(),
+                    to: names[to].clone(),
+                    handover_ms,
+                    dual_ms,
+                    dark_ms,
+                };
+                progress(&format!(
+                    "move {trial}: {} -> {}: new owner alone after {:.0} ms, dual {:.0} ms, dark {:.0} ms",
+                    s.from, s.to, s.handover_ms, s.dual_ms, s.dark_ms
+                ));
+                samples.push(s);
+            }
+            Err(why) => not_measured.push(format!("move {trial} to {}: {why}", names[to])),
+        }
+    }
+    drop(busy);
+    drop(daemons);
+    drop(responders);
+    lab.teardown();
+    let of = |f: fn(&Sample) -> f64| {
+        let values: Vec<f64> = samples.iter().map(f).collect();
+        (!values.is_empty()).then(|| crate::trial::percentiles(&values))
+    };
+    Ok(Report {
+        implementation: "swimlb-kubernetes",
+        nodes: options.nodes,
+        busy: options.busy,
+        arp_interval_ms: ARP_INTERVAL.as_secs_f64() * 1e3,
+        trials: options.trials,
+        not_measured,
+        dual: of(|s| s.dual_ms),
+        dark: of(|s| s.dark_ms),
+        handover: of(|s| s.handover_ms),
+        samples,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    const A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+    const MS: Duration = Duration::from_millis(10);
+
+    fn answers(seq: &[&[[u8; 6]]]) -> Vec<ArpAnswers> {
+        seq.iter()
+            .enumerate()
+            .map(|(i, macs)| ArpAnswers {
+                at: MS * i as u32,
+                macs: macs.iter().copied().collect::<BTreeSet<_>>(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_move_with_two_dual_requests_and_no_dark_one() {
+        let seq = answers(&[&[A], &[A], &[A], &[A, B], &[A, B], &[B], &[B]]);
+        let (handover, dual, dark) = sample(&seq, MS * 2, A, B, MS).unwrap();
+        assert_eq!((handover, dual, dark), (30.0, 20.0, 0.0));
+    }
+
+    #[test]
+    fn a_move_with_a_dark_gap_counts_its_longest_run() {
+        let seq = answers(&[&[A], &[A], &[], &[A], &[], &[], &[], &[B], &[B]]);
+        let (handover, dual, dark) = sample(&seq, MS * 2, A, B, MS).unwrap();
+        assert_eq!((handover, dual, dark), (50.0, 0.0, 30.0));
+    }
+
+    #[test]
+    fn a_move_is_not_measured_when_the_lab_was_not_settled_or_flapped_after() {
+        let unsettled = answers(&[&[A, B], &[A], &[B]]);
+        assert!(sample(&unsettled, MS * 2, A, B, MS).is_err());
+        let flapped = answers(&[&[A], &[B], &[A], &[B], &[B]]);
+        // The old owner answered after the new one: measured from the last time it did.
+        let (handover, _, _) = sample(&flapped, MS, A, B, MS).unwrap();
+        assert_eq!(handover, 20.0);
+        let stray = answers(&[&[A], &[B], &[B], &[[2, 0, 0, 0, 0, 9]]]);
+        assert!(sample(&stray, MS, A, B, MS).is_err());
+        let never = answers(&[&[A], &[A], &[]]);
+        assert!(sample(&never, MS, A, B, MS).is_err());
+    }
+}
