@@ -910,6 +910,12 @@ fn log(notice: &Notice) {
         Notice::SuccessorAnnounced { ip, mac } => {
             tracing::info!(%ip, successor = %mac, "successor announced")
         }
+        Notice::HandedOver { ip, mac } => {
+            tracing::info!(%ip, successor = %mac, "moved to another member, which announced it: no longer answering")
+        }
+        Notice::HandoverDeadline { ip } => {
+            tracing::warn!(%ip, "moved to another member, which did not announce it in time: no longer answering")
+        }
         Notice::DrainDeadline { left } => {
             tracing::warn!(
                 left,

@@ -26,6 +26,8 @@ struct Guard {
     logged: Option<Instant>,
     /// A claim came during the hold-off: re-announce at this time, if still the owner.
     trailing: Option<Instant>,
+    /// The last claim.
+    claimed: Option<Instant>,
 }
 
 /// What to do about one claim.
@@ -47,6 +49,7 @@ impl ConflictDamper {
     /// Another MAC claimed `ip` (owned by this node) at `now`.
     pub fn claim(&mut self, now: Instant, ip: IpAddr) -> Response {
         let guard = self.guards.entry(ip).or_default();
+        guard.claimed = Some(now);
         let log = guard
             .logged
             .is_none_or(|t| now >= t + CONFLICT_LOG_INTERVAL);
@@ -82,6 +85,14 @@ impl ConflictDamper {
             }
         }
         due
+    }
+
+    /// Whether another MAC claimed `ip` at `since` or later.
+    pub fn claimed_since(&self, ip: &IpAddr, since: Instant) -> bool {
+        self.guards
+            .get(ip)
+            .and_then(|g| g.claimed)
+            .is_some_and(|t| t >= since)
     }
 
     /// Forgets `ip` (no longer owned), so the state stays bounded by the owned IPs.

@@ -22,6 +22,13 @@
 //!   (see [`Input::Hold`]) and has at least one link for it. What the node can announce on is
 //!   reported as [`Action::Facts`] for the source to gossip, so the others elect without it
 //!   where it cannot ([`crate::model::election::Exclusion::CannotAnnounce`]).
+//! - **Hand-over.** An IP that moves from this node to another live member (the API moved its
+//!   endpoints, a check failed, a preferred member settled) stays answered here until that
+//!   member announces it (a conflict from another MAC) or [`HANDOVER_DEADLINE`] passes: each
+//!   speaker sees such a move on its own (in Kubernetes, through its own API watch), and an old
+//!   owner that went silent first would leave the IP dark until the new one saw it too. A claim
+//!   seen in the [`HANDOVER_DEADLINE`] before the move counts: the new owner announced first.
+//!   A move to no owner, a hold and a drain stop at once as before.
 //! - **Drain.** After [`Input::Drain`] nothing new is taken; each IP answered at that moment
 //!   keeps being answered until its successor announces it (a conflict from another MAC) or
 //!   [`DRAIN_DEADLINE`] passes; then [`Action::Drained`], once.
@@ -56,6 +63,10 @@ use crate::model::election::{Election, OwnerChange};
 use crate::model::links::{Link, NoInterface, Route};
 use crate::model::membership::{AnnounceFacts, LiveSet, MemberMeta, NodeName};
 use crate::model::snapshot::{Owner, ServedIp, Snapshot, SnapshotChange};
+
+/// How long an IP that moved to another live member stays answered here at most, waiting for
+/// that member's announcement.
+pub const HANDOVER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// How long a draining speaker keeps answering at most, waiting for its successors.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
@@ -156,6 +167,19 @@ pub enum Notice {
         /// The other MAC.
         mac: MacAddr,
     },
+    /// `ip` moved to another live member, which announced it: this node stopped answering it.
+    HandedOver {
+        /// The IP.
+        ip: IpAddr,
+        /// The new owner's MAC.
+        mac: MacAddr,
+    },
+    /// `ip` moved to another live member, whose announcement did not come within
+    /// [`HANDOVER_DEADLINE`]: this node stopped answering it anyway.
+    HandoverDeadline {
+        /// The IP.
+        ip: IpAddr,
+    },
     /// While draining, the successor announced `ip`: this node stopped answering it.
     SuccessorAnnounced {
         /// The IP.
@@ -224,6 +248,9 @@ pub struct Engine {
     facts: AnnounceFacts,
     drain: Option<Drain>,
     hold: bool,
+    /// IPs that moved to another live member and are still answered here until the deadline
+    /// (`Some`), or whose hand-over just ended (`None`), until they are silenced.
+    handing: BTreeMap<IpAddr, Option<Instant>>,
     /// IPs this node took over from a member that went down or left, until their first
     /// announcement ([`Notice::TookOver`]) or until this node no longer owns them.
     taken_over: BTreeMap<IpAddr, NodeName>,
@@ -264,6 +291,7 @@ impl Engine {
             views: BTreeMap::new(),
             facts: AnnounceFacts::default(),
             drain: None,
+            handing: BTreeMap::new(),
             hold: start.hold,
             taken_over: BTreeMap::new(),
         };
@@ -341,6 +369,7 @@ impl Engine {
             self.announcer.next_deadline(),
             self.conflicts.next_deadline(),
             drain,
+            self.handing.values().flatten().min().copied(),
         ]
         .into_iter()
         .flatten()
@@ -496,6 +525,12 @@ impl Engine {
         if !self.answering.contains_key(&ip) {
             return Vec::new();
         }
+        if let Some(handing) = self.handing.get_mut(&ip) {
+            if handing.take().is_some() {
+                actions.push(Action::Notice(Notice::HandedOver { ip, mac }));
+            }
+            return vec![ip];
+        }
         let response = self.conflicts.claim(now, ip);
         if response.log {
             actions.push(Action::Notice(Notice::Conflict { ip, mac }));
@@ -520,7 +555,15 @@ impl Engine {
         for ip in self.conflicts.due(now) {
             self.announcer.burst(now, ip);
         }
-        Vec::new()
+        let mut expired = Vec::new();
+        for (ip, handing) in &mut self.handing {
+            if handing.is_some_and(|deadline| now >= deadline) {
+                *handing = None;
+                expired.push(*ip);
+                actions.push(Action::Notice(Notice::HandoverDeadline { ip: *ip }));
+            }
+        }
+        expired
     }
 
     fn start_drain(&mut self, now: Instant, actions: &mut Vec<Action>) {
@@ -556,10 +599,43 @@ impl Engine {
                 false => None,
             };
         }
-        if self.hold || !self.election.owns(ip) {
+        if self.hold {
             return None;
         }
-        self.placement.links_of(ip).cloned()
+        if self.election.owns(ip) {
+            return self.placement.links_of(ip).cloned();
+        }
+        // Handed over: the links it is answered on while they are still where it belongs.
+        let held = self.answering.get(ip)?;
+        let handing = self.handing.get(ip).is_some_and(Option::is_some);
+        (handing && self.placement.links_of(ip) == Some(held)).then(|| held.clone())
+    }
+
+    /// Starts or ends `ip`'s hand-over (see the module docs) before its links are settled.
+    fn hand_over(&mut self, now: Instant, ip: &IpAddr) {
+        let successor = self
+            .election
+            .owner(ip)
+            .filter(|o| *o != self.election.local() && self.live.contains(o));
+        if successor.is_none() || self.hold || self.drain.is_some() {
+            if self.handing.remove(ip).is_some()
+                && self.election.owns(ip)
+                && !self.announcer.own(now, *ip)
+            {
+                // Back before the hand-over ended: the neighbours may have the successor's MAC.
+                self.announcer.burst(now, *ip);
+            }
+            return;
+        }
+        if !self.answering.contains_key(ip) || self.handing.contains_key(ip) {
+            return;
+        }
+        let since = now.checked_sub(HANDOVER_DEADLINE).unwrap_or(now);
+        if !self.conflicts.claimed_since(ip, since) {
+            // Answered, no longer announced: the successor's announcement ends it.
+            self.handing.insert(*ip, Some(now + HANDOVER_DEADLINE));
+            self.announcer.disown(ip);
+        }
     }
 
     /// Brings the answered set, the announcements and the status of `ips` to what the facts
@@ -570,6 +646,7 @@ impl Engine {
             if !self.election.owns(ip) {
                 self.taken_over.remove(ip);
             }
+            self.hand_over(now, ip);
             let wanted = self.wanted_links(ip);
             let held = self.answering.get(ip);
             if wanted.as_ref() == held {
@@ -590,6 +667,7 @@ impl Engine {
             match wanted {
                 None => {
                     self.answering.remove(ip);
+                    self.handing.remove(ip);
                     self.announcer.disown(ip);
                     self.conflicts.forget(ip);
                     if self.election.owns(ip)

@@ -736,8 +736,128 @@ fn the_new_owner_times_the_failover_from_the_last_datagram_of_the_old_one() {
     );
 }
 
+/// `192.0.2.1` served on eth0 by the nodes of `only` alone (as an endpoint's nodes are).
+fn served_only(only: &[&str]) -> Vec<(IpAddr, Option<Arc<ServedIp>>)> {
+    let mut served = ServedIp::group("api", Interfaces::named(["eth0"]));
+    served.nodes = crate::model::snapshot::NodeFilter::Only(Arc::new(
+        only.iter().map(|n| n.to_string()).collect(),
+    ));
+    vec![(ip("192.0.2.1"), Some(Arc::new(served)))]
+}
+
+fn notices(actions: &[Action]) -> Vec<Notice> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Notice(n) => Some(n.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `a` owns 192.0.2.1 (its endpoint is on `a`) among live `a` and `b`.
+fn owner_a(t0: Instant) -> Engine {
+    let members = [member("a", 50), member("b", 50)];
+    let mut a = engine(t0, "a", Snapshot::new(), &members);
+    a.handle(t0, Input::Served(served_only(&["a"])));
+    assert!(a.answers(&ip("192.0.2.1")));
+    a
+}
+
+#[test]
+fn an_ip_moved_to_a_live_member_is_answered_until_that_member_announces_it() {
+    let t0 = Instant::now();
+    let mut a = owner_a(t0);
+    let vip = ip("192.0.2.1");
+    let moved = a.handle(t0 + ms(100), Input::Served(served_only(&["b"])));
+    assert!(silences(&moved).is_empty(), "{moved:?}");
+    assert!(a.answers(&vip));
+    assert_eq!(a.election().owner(&vip), Some("b"));
+    // Still answered, no longer announced: nothing due but the hand-over's deadline.
+    assert_eq!(a.next_deadline(), Some(t0 + ms(100) + HANDOVER_DEADLINE));
+    let claimed = a.handle(
+        t0 + ms(130),
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    assert_eq!(silences(&claimed), vec![(vip, vec!["eth0".to_string()])]);
+    assert_eq!(
+        notices(&claimed),
+        vec![Notice::HandedOver {
+            ip: vip,
+            mac: OTHER_MAC
+        }]
+    );
+    assert!(!a.answers(&vip));
+    assert_eq!(a.next_deadline(), None);
+}
+
+#[test]
+fn a_hand_over_nobody_announces_ends_at_its_deadline() {
+    let t0 = Instant::now();
+    let mut a = owner_a(t0);
+    let vip = ip("192.0.2.1");
+    a.handle(t0 + ms(100), Input::Served(served_only(&["b"])));
+    assert!(silences(&a.handle(t0 + ms(2000), Input::Tick)).is_empty());
+    let late = a.handle(t0 + ms(100) + HANDOVER_DEADLINE, Input::Tick);
+    assert_eq!(silences(&late), vec![(vip, vec!["eth0".to_string()])]);
+    assert_eq!(notices(&late), vec![Notice::HandoverDeadline { ip: vip }]);
+    assert!(!a.answers(&vip));
+}
+
+#[test]
+fn a_successor_that_announced_first_or_no_successor_at_all_means_silence_at_once() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    // b saw the move first and announced; a re-announced (a conflict), then saw it too.
+    let mut a = owner_a(t0);
+    a.handle(
+        t0 + ms(50),
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    let moved = a.handle(t0 + ms(100), Input::Served(served_only(&["b"])));
+    assert_eq!(silences(&moved), vec![(vip, vec!["eth0".to_string()])]);
+    // No ready endpoint anywhere: nobody to hand over to.
+    let mut a = owner_a(t0);
+    let gone = a.handle(t0 + ms(100), Input::Served(served_only(&[])));
+    assert_eq!(silences(&gone), vec![(vip, vec!["eth0".to_string()])]);
+    // The successor is not a live member.
+    let mut a = owner_a(t0);
+    let gone = a.handle(t0 + ms(100), Input::Served(served_only(&["c"])));
+    assert_eq!(silences(&gone), vec![(vip, vec!["eth0".to_string()])]);
+}
+
+#[test]
+fn an_ip_that_comes_back_during_its_hand_over_is_announced_again() {
+    let t0 = Instant::now();
+    let mut a = owner_a(t0);
+    let vip = ip("192.0.2.1");
+    a.handle(t0 + ms(100), Input::Served(served_only(&["b"])));
+    let back = a.handle(t0 + ms(200), Input::Served(served_only(&["a"])));
+    assert!(silences(&back).is_empty());
+    assert!(
+        announcements(&back).contains(&(vip, "eth0".to_string())),
+        "{back:?}"
+    );
+    // Owned again: a claim is a conflict, not the end of a hand-over.
+    let claimed = a.handle(
+        t0 + ms(300),
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    assert!(silences(&claimed).is_empty());
+    assert!(a.answers(&vip));
+}
+
 // The property: any sequence of inputs leaves the engine answering exactly what a fresh engine
-// computes from the final facts, with the same status.
+// computes from the final facts, with the same status, once every hand-over is over.
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -890,6 +1010,9 @@ proptest! {
             let input = world.input(&engine, step);
             engine.handle(now, input);
         }
+        // Once every hand-over is over.
+        now += HANDOVER_DEADLINE;
+        engine.handle(now, Input::Tick);
         let (fresh, _) = Engine::new(now, start(&world));
         prop_assert_eq!(engine.answering(), fresh.answering());
         prop_assert_eq!(&engine.views, &fresh.views);
