@@ -20,7 +20,7 @@
 //!  0      1         2        3
 //!  +------+---------+--------+------------------------------+
 //!  | kind | version | type   | body (by type, exact length) |
-//!  | 0x80 | 1       | 1..=6  |                              |
+//!  | 0x80 | 1       | 1..=7  |                              |
 //!  +------+---------+--------+------------------------------+
 //!
 //!  type 1 Heartbeat   incarnation u64, seq u64, interval ms u16 (not 0)             18 bytes
@@ -29,6 +29,7 @@
 //!  type 4 Relay       nonce u64, target node                                     variable
 //!  type 5 Claim       ip, epoch u64, claimant node, accused node                 variable
 //!  type 6 Ack         incarnation u64, seq u64                                      16 bytes
+//!  type 7 Move        ip, epoch u64, from node, to node                          variable
 //!
 //!  node = name length u8 (1..=253), name (UTF-8), address, bump u64
 //!  address = family u8 (4 or 6), IPv4 (4 bytes) | IPv6 (16 bytes), port u16,
@@ -59,6 +60,9 @@
 //!   incarnation) and answer with a `PollReply` carrying `nonce`: the independent path.
 //! - `Claim`: the watcher that took `ip` over tells the mesh; `epoch` grows with every claim the
 //!   claimant makes, so (ip, claimant, epoch) names one claim and newer ones supersede older.
+//! - `Move`: `ip` moved from `from` to `to`, both alive, by what its sender (one of the two)
+//!   was told (in Kubernetes, by the API): the first of the two to see a move tells the other,
+//!   which follows at once instead of when its own view catches up. `epoch` as for `Claim`.
 //!
 //! Guarantees: [`WatchMessage::parse`] never panics and never allocates (names are borrowed
 //! from the input), checks every field, and rejects trailing bytes: a longer body is a new
@@ -116,6 +120,8 @@ pub enum MessageType {
     Claim,
     /// Code 6.
     Ack,
+    /// Code 7.
+    Move,
 }
 
 impl MessageType {
@@ -128,6 +134,7 @@ impl MessageType {
             MessageType::Relay => 4,
             MessageType::Claim => 5,
             MessageType::Ack => 6,
+            MessageType::Move => 7,
         }
     }
 
@@ -140,6 +147,7 @@ impl MessageType {
             4 => Some(MessageType::Relay),
             5 => Some(MessageType::Claim),
             6 => Some(MessageType::Ack),
+            7 => Some(MessageType::Move),
             _ => None,
         }
     }
@@ -153,6 +161,7 @@ impl MessageType {
             MessageType::Relay => "relay",
             MessageType::Claim => "claim",
             MessageType::Ack => "ack",
+            MessageType::Move => "move",
         }
     }
 }
@@ -220,6 +229,18 @@ pub enum WatchMessage<'a> {
         /// The owner found silent (its bump: the incarnation found silent).
         accused: NodeRef<'a>,
     },
+    /// `ip` moved from `from` to `to` (both alive) by what the sender, one of the two, was
+    /// told.
+    Move {
+        /// The IP.
+        ip: IpAddr,
+        /// Grows with every move the sender tells.
+        epoch: u64,
+        /// The owner before.
+        from: NodeRef<'a>,
+        /// The owner now.
+        to: NodeRef<'a>,
+    },
     /// The watcher heard the owner's heartbeat `seq` of `incarnation`.
     Ack {
         /// The incarnation of the heartbeat heard.
@@ -239,6 +260,7 @@ impl<'a> WatchMessage<'a> {
             WatchMessage::Relay { .. } => MessageType::Relay,
             WatchMessage::Claim { .. } => MessageType::Claim,
             WatchMessage::Ack { .. } => MessageType::Ack,
+            WatchMessage::Move { .. } => MessageType::Move,
         }
     }
 
@@ -305,6 +327,12 @@ impl<'a> WatchMessage<'a> {
                 incarnation: r.u64()?,
                 seq: r.u64()?,
             },
+            MessageType::Move => WatchMessage::Move {
+                ip: r.ip()?,
+                epoch: r.u64()?,
+                from: r.node()?,
+                to: r.node()?,
+            },
         };
         if !r.rest.is_empty() {
             return Err(Error::TrailingBytes);
@@ -326,6 +354,9 @@ impl<'a> WatchMessage<'a> {
                     accused,
                     ..
                 } => ip_len(ip) + 8 + claimant.buffer_len() + accused.buffer_len(),
+                WatchMessage::Move { ip, from, to, .. } => {
+                    ip_len(ip) + 8 + from.buffer_len() + to.buffer_len()
+                }
             }
     }
 
@@ -346,6 +377,10 @@ impl<'a> WatchMessage<'a> {
             } => {
                 check_name(claimant.name)?;
                 check_name(accused.name)?;
+            }
+            WatchMessage::Move { from, to, .. } => {
+                check_name(from.name)?;
+                check_name(to.name)?;
             }
             _ => {}
         }
@@ -391,6 +426,17 @@ impl<'a> WatchMessage<'a> {
                 w.u64(epoch);
                 w.node(&claimant);
                 w.node(&accused);
+            }
+            WatchMessage::Move {
+                ip,
+                epoch,
+                from,
+                to,
+            } => {
+                w.ip(ip);
+                w.u64(epoch);
+                w.node(&from);
+                w.node(&to);
             }
         }
         debug_assert_eq!(w.at, len);

@@ -269,6 +269,15 @@ proptest! {
     }
 
     #[test]
+    fn watch_move_round_trips(
+        ip in ip(), epoch in any::<u64>(), from in owned_node(), to in owned_node(),
+    ) {
+        watch_round_trips(WatchMessage::Move {
+            ip, epoch, from: node_ref(&from), to: node_ref(&to),
+        })?;
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic_the_watch_parser(
         kind_and_version in any::<bool>(), bytes in proptest::collection::vec(any::<u8>(), 0..700),
     ) {

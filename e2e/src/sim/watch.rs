@@ -498,8 +498,9 @@ impl OwnerWatches {
                     member.core.command(net.now(), Command::Refute);
                 }
             }
-            // The simulation does not elect, so it accuses no one and has nothing to refute.
-            Event::Alive { .. } => {}
+            // The simulation does not elect, so it accuses no one, has nothing to refute and
+            // serves no API moves.
+            Event::Alive { .. } | Event::Moved { .. } => {}
             Event::Paused { .. } => member.hold = Hold::Paused,
         }
     }

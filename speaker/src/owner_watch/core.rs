@@ -113,6 +113,16 @@ pub enum Command {
     },
     /// A claim accused this node while it answers: tell every member it is alive.
     Refute,
+    /// What this node was told moved `ip` from `from` to `to`, both alive, one of them this
+    /// node: tell the other one, so it follows before its own view does.
+    Move {
+        /// The IP.
+        ip: IpAddr,
+        /// The owner before.
+        from: NodeIdentity,
+        /// The owner now.
+        to: NodeIdentity,
+    },
 }
 
 /// What the watch tells the daemon.
@@ -135,6 +145,17 @@ pub enum Event {
         incarnation: u64,
         /// The IP it names.
         ip: IpAddr,
+    },
+    /// Member `sender`, one of the two, says `ip` moved from `from` to `to`.
+    Moved {
+        /// Who says so (`from` or `to`).
+        sender: NodeName,
+        /// The IP.
+        ip: IpAddr,
+        /// The owner before.
+        from: NodeName,
+        /// The owner now.
+        to: NodeName,
     },
     /// An accused member was heard in the accused incarnation: it is alive.
     Alive {
@@ -347,6 +368,21 @@ impl WatchCore {
                 self.refutes_left = REFUTE_REPEAT;
                 self.next_refute = now;
                 self.tick_refute(now);
+            }
+            Command::Move { ip, from, to } => {
+                self.claim_epoch += 1;
+                let message = WatchMessage::Move {
+                    ip,
+                    epoch: self.claim_epoch,
+                    from: node_ref(&from),
+                    to: node_ref(&to),
+                };
+                let me = self.plan.me.node.as_str();
+                let other = if from.node.as_str() == me { &to } else { &from };
+                if let Some(addr) = watch_addr(other.addr) {
+                    self.send(addr, &message);
+                }
+                self.relay(&message);
             }
         }
         self.update_sizes();
@@ -608,7 +644,9 @@ impl WatchCore {
         let relayable = |m: &WatchMessage<'_>| {
             matches!(
                 m,
-                WatchMessage::Claim { .. } | WatchMessage::Heartbeat { seq: 0, .. }
+                WatchMessage::Claim { .. }
+                    | WatchMessage::Move { .. }
+                    | WatchMessage::Heartbeat { seq: 0, .. }
             )
         };
         let (Ok(message), Some(watch_from)) = (WatchMessage::parse(payload), watch_addr(from))
@@ -684,6 +722,18 @@ impl WatchCore {
                     accused: accused.name.to_string(),
                     incarnation: accused.bump,
                     ip,
+                });
+            }
+            WatchMessage::Move { ip, from, to, .. } => {
+                if (from.name != sender && to.name != sender) || from.name == to.name {
+                    self.metrics.dropped(DropReason::Malformed);
+                    return;
+                }
+                self.events.push(Event::Moved {
+                    sender,
+                    ip,
+                    from: from.name.to_string(),
+                    to: to.name.to_string(),
                 });
             }
         }

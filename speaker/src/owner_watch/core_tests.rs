@@ -313,6 +313,57 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
 }
 
 #[test]
+fn a_move_told_reaches_the_other_owner_directly_and_through_the_gossip_and_a_third_party_cannot_tell_one()
+ {
+    let mut lab = Lab::new(4);
+    lab.gossip = false;
+    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    let moved = Event::Moved {
+        sender: name(1),
+        ip,
+        from: name(1),
+        to: name(2),
+    };
+    let command = |lab: &Lab| Command::Move {
+        ip,
+        from: lab.ids[1].clone(),
+        to: lab.ids[2].clone(),
+    };
+    lab.command(1, command(&lab));
+    assert_eq!(lab.events[2], vec![moved.clone()]);
+    assert!(lab.events[0].is_empty() && lab.events[3].is_empty());
+    assert_eq!(lab.core(1).metrics().sent_of(MessageType::Move), 1);
+    // Through the gossip as well (every member reads it; only the two act on it).
+    lab.events = vec![Vec::new(); 4];
+    lab.gossip = true;
+    lab.command(1, command(&lab));
+    assert_eq!(lab.events[2], vec![moved.clone(), moved.clone()]);
+    assert_eq!(lab.events[3], vec![moved]);
+
+    // Node 3 telling a move between nodes 1 and 2: dropped.
+    let from = watch_addr(lab.ids[3].addr).unwrap();
+    let mut stream = stream_of(&lab.ids[3]);
+    let forged = WatchMessage::Move {
+        ip,
+        epoch: 1,
+        from: NodeRef {
+            name: "n1",
+            addr: lab.ids[1].addr,
+            bump: 10,
+        },
+        to: NodeRef {
+            name: "n2",
+            addr: lab.ids[2].addr,
+            bump: 10,
+        },
+    };
+    let core = lab.cores[0].as_mut().unwrap();
+    core.handle_datagram(lab.now, from, &mut sealed(&mut stream, &forged));
+    assert_eq!(core.metrics().drops(DropReason::Malformed), 1);
+    assert_eq!(core.drain_events().count(), 0);
+}
+
+#[test]
 fn with_the_accused_cut_off_on_the_watch_port_its_refutation_reaches_the_claimant_through_the_gossip()
  {
     let alive_at_1 = |gossip: bool| {

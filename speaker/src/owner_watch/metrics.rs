@@ -136,13 +136,14 @@ impl Default for WatchMetrics {
     }
 }
 
-const MESSAGE_TYPES: [MessageType; 6] = [
+const MESSAGE_TYPES: [MessageType; 7] = [
     MessageType::Heartbeat,
     MessageType::Ack,
     MessageType::Poll,
     MessageType::PollReply,
     MessageType::Relay,
     MessageType::Claim,
+    MessageType::Move,
 ];
 
 impl WatchMetrics {

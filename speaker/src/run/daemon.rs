@@ -430,6 +430,15 @@ impl Daemon {
                     }
                 }
             }
+            Event::Moved {
+                sender,
+                ip,
+                from,
+                to,
+            } => {
+                tracing::info!(%ip, %from, %to, %sender, "told of a move by the API");
+                self.handle(Input::Moved { ip, from, to }).await;
+            }
             Event::Alive { node, incarnation } => {
                 if let Some(ended) = self.accusations.alive(now, &node, incarnation) {
                     let node = self.ended(ended);
@@ -740,12 +749,31 @@ impl Daemon {
                 Action::Status { ip, view } => self.board.address(ip, view.as_ref()),
                 Action::Notice(notice) => log(&notice),
                 Action::Drained => self.drained = true,
+                Action::Moved { ip, from, to } => self.tell_move(ip, &from, &to),
             }
         }
         if facts_changed {
             self.publish_meta().await;
         }
         self.refresh_plan();
+    }
+
+    /// Tells the other one of `from` and `to` that the API moved `ip` (see the engine's docs),
+    /// through the owner watch; without a watch the other one follows its own view alone.
+    fn tell_move(&self, ip: IpAddr, from: &str, to: &str) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        let directory = self.gossip.directory().borrow().clone();
+        let me = self.gossip.identity();
+        let identity = |node: &str| match me.node.as_str() == node {
+            true => Some(me.clone()),
+            false => directory.get(node).cloned(),
+        };
+        if let (Some(from), Some(to)) = (identity(from), identity(to)) {
+            tracing::debug!(%ip, from = %from.node, to = %to.node, "telling a move by the API");
+            watch.send(Command::Move { ip, from, to });
+        }
     }
 
     /// Leaves the mesh and stops the responders.
@@ -805,6 +833,7 @@ impl Successors {
             Input::Snapshot(_) | Input::Live(_) | Input::Member { .. } | Input::Net { .. } => {
                 self.invalidate_all()
             }
+            Input::Moved { ip, .. } => self.invalidate(*ip),
             Input::Hold(_) | Input::Conflict { .. } | Input::Tick | Input::Drain => {}
         }
     }

@@ -29,6 +29,11 @@
 //!   owner that went silent first would leave the IP dark until the new one saw it too. A claim
 //!   seen in the [`HANDOVER_DEADLINE`] before the move counts: the new owner announced first.
 //!   A move to no owner, a hold and a drain stop at once as before.
+//! - **Moves told.** A move the API decided ([`Input::Snapshot`], [`Input::Served`]) between two
+//!   live members, one of them this node, is reported ([`Action::Moved`]) for the drivers to
+//!   tell the other one; told of such a move ([`Input::Moved`]) while its own view still names
+//!   the old owner, this node follows it at once (the new owner answers, the old one hands
+//!   over) until its own view names someone else or [`MOVE_DEADLINE`] passes.
 //! - **Drain.** After [`Input::Drain`] nothing new is taken; each IP answered at that moment
 //!   keeps being answered until its successor announces it (a conflict from another MAC) or
 //!   [`DRAIN_DEADLINE`] passes; then [`Action::Drained`], once.
@@ -67,6 +72,9 @@ use crate::model::snapshot::{Owner, ServedIp, Snapshot, SnapshotChange};
 /// How long an IP that moved to another live member stays answered here at most, waiting for
 /// that member's announcement.
 pub const HANDOVER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long a move another member told of is followed before this node's own view agrees.
+pub const MOVE_DEADLINE: Duration = Duration::from_secs(3);
 
 /// How long a draining speaker keeps answering at most, waiting for its successors.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(3);
@@ -110,6 +118,15 @@ pub enum Input {
     },
     /// Time passed: send what is due (see [`Engine::next_deadline`]).
     Tick,
+    /// Member `from` or `to` says the API moved `ip` from `from` to `to`.
+    Moved {
+        /// The IP.
+        ip: IpAddr,
+        /// The owner before.
+        from: NodeName,
+        /// The owner now.
+        to: NodeName,
+    },
     /// Hand everything over: shutting down.
     Drain,
     /// `true`: answer nothing yet, although the election may name this node (the mesh is still
@@ -152,6 +169,16 @@ pub enum Action {
     },
     /// Something worth a log line or a counter.
     Notice(Notice),
+    /// The API moved `ip` from `from` to `to`, both alive, one of them this node: tell the
+    /// other one.
+    Moved {
+        /// The IP.
+        ip: IpAddr,
+        /// The owner before.
+        from: NodeName,
+        /// The owner now.
+        to: NodeName,
+    },
     /// The drain is over: leave and exit.
     Drained,
 }
@@ -225,6 +252,14 @@ pub struct AddressView {
     pub links: Option<LinkSet>,
 }
 
+/// A move another member told of.
+#[derive(Debug, Clone)]
+struct Told {
+    from: NodeName,
+    to: NodeName,
+    until: Instant,
+}
+
 /// The drain under way.
 #[derive(Debug, Clone)]
 struct Drain {
@@ -251,6 +286,9 @@ pub struct Engine {
     /// IPs that moved to another live member and are still answered here until the deadline
     /// (`Some`), or whose hand-over just ended (`None`), until they are silenced.
     handing: BTreeMap<IpAddr, Option<Instant>>,
+    /// Moves another member told of, followed until this node's view leaves `from` or the
+    /// deadline.
+    told: BTreeMap<IpAddr, Told>,
     /// IPs this node took over from a member that went down or left, until their first
     /// announcement ([`Notice::TookOver`]) or until this node no longer owns them.
     taken_over: BTreeMap<IpAddr, NodeName>,
@@ -292,6 +330,7 @@ impl Engine {
             facts: AnnounceFacts::default(),
             drain: None,
             handing: BTreeMap::new(),
+            told: BTreeMap::new(),
             hold: start.hold,
             taken_over: BTreeMap::new(),
         };
@@ -334,8 +373,17 @@ impl Engine {
                 }
                 self.all_ips()
             }
-            Input::Snapshot(snapshot) => self.snapshot(snapshot, &mut actions),
-            Input::Served(entries) => self.served(entries, &mut actions),
+            Input::Snapshot(snapshot) => {
+                let touched = self.snapshot(snapshot, &mut actions);
+                self.tell_moves(&touched, &mut actions);
+                touched
+            }
+            Input::Served(entries) => {
+                let touched = self.served(entries, &mut actions);
+                self.tell_moves(&touched, &mut actions);
+                touched
+            }
+            Input::Moved { ip, from, to } => self.moved(now, ip, from, to),
             Input::Net { links, routes } => {
                 let changed = self
                     .placement
@@ -370,6 +418,7 @@ impl Engine {
             self.conflicts.next_deadline(),
             drain,
             self.handing.values().flatten().min().copied(),
+            self.told.values().map(|t| t.until).min(),
         ]
         .into_iter()
         .flatten()
@@ -555,7 +604,15 @@ impl Engine {
         for ip in self.conflicts.due(now) {
             self.announcer.burst(now, ip);
         }
-        let mut expired = Vec::new();
+        let mut expired: Vec<IpAddr> = self
+            .told
+            .iter()
+            .filter(|(_, t)| now >= t.until)
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in &expired {
+            self.told.remove(ip);
+        }
         for (ip, handing) in &mut self.handing {
             if handing.is_some_and(|deadline| now >= deadline) {
                 *handing = None;
@@ -602,7 +659,7 @@ impl Engine {
         if self.hold {
             return None;
         }
-        if self.election.owns(ip) {
+        if self.owns_now(ip) {
             return self.placement.links_of(ip).cloned();
         }
         // Handed over: the links it is answered on while they are still where it belongs.
@@ -611,15 +668,80 @@ impl Engine {
         (handing && self.placement.links_of(ip) == Some(held)).then(|| held.clone())
     }
 
+    /// The owner of `ip` this node follows: its election's, or the one a move it was told of
+    /// names while its election still names the old one.
+    fn owner_now(&self, ip: &IpAddr) -> Option<&str> {
+        let elected = self.election.owner(ip);
+        match self.told.get(ip) {
+            Some(t) if elected == Some(t.from.as_str()) => Some(t.to.as_str()),
+            _ => elected,
+        }
+    }
+
+    fn owns_now(&self, ip: &IpAddr) -> bool {
+        self.owner_now(ip) == Some(self.election.local())
+    }
+
+    /// For the IPs an API input touched: the moves between two live members, one of them this
+    /// node, to tell the other one ([`Action::Moved`]). `views` still holds the owners before.
+    fn tell_moves(&self, ips: &[IpAddr], actions: &mut Vec<Action>) {
+        let local = self.election.local();
+        for ip in ips {
+            let before = self.views.get(ip).and_then(|v| v.owner.as_deref());
+            let after = self.election.owner(ip);
+            if let (Some(from), Some(to)) = (before, after)
+                && from != to
+                && (from == local || to == local)
+                && self.live.contains(from)
+                && self.live.contains(to)
+            {
+                actions.push(Action::Moved {
+                    ip: *ip,
+                    from: from.into(),
+                    to: to.into(),
+                });
+            }
+        }
+    }
+
+    /// Told that `ip` moved from `from` to `to`: followed while this node's election still
+    /// names `from` (see the module docs).
+    fn moved(&mut self, now: Instant, ip: IpAddr, from: NodeName, to: NodeName) -> Vec<IpAddr> {
+        let local = self.election.local();
+        if (from != local && to != local)
+            || !self.live.contains(&from)
+            || !self.live.contains(&to)
+            || self.election.owner(&ip) != Some(from.as_str())
+        {
+            return Vec::new();
+        }
+        self.told.insert(
+            ip,
+            Told {
+                from,
+                to,
+                until: now + MOVE_DEADLINE,
+            },
+        );
+        vec![ip]
+    }
+
     /// Starts or ends `ip`'s hand-over (see the module docs) before its links are settled.
     fn hand_over(&mut self, now: Instant, ip: &IpAddr) {
+        if let Some(t) = self.told.get(ip)
+            && (self.election.owner(ip) != Some(t.from.as_str())
+                || !self.live.contains(&t.to)
+                || !self.live.contains(&t.from))
+        {
+            // This node's own view moved on, or one of the two is gone.
+            self.told.remove(ip);
+        }
         let successor = self
-            .election
-            .owner(ip)
+            .owner_now(ip)
             .filter(|o| *o != self.election.local() && self.live.contains(o));
         if successor.is_none() || self.hold || self.drain.is_some() {
             if self.handing.remove(ip).is_some()
-                && self.election.owns(ip)
+                && self.owns_now(ip)
                 && !self.announcer.own(now, *ip)
             {
                 // Back before the hand-over ended: the neighbours may have the successor's MAC.

@@ -856,8 +856,132 @@ fn an_ip_that_comes_back_during_its_hand_over_is_announced_again() {
     assert!(a.answers(&vip));
 }
 
+fn moves(actions: &[Action]) -> Vec<(IpAddr, String, String)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Moved { ip, from, to } => Some((*ip, from.to_string(), to.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn moved(from: &str, to: &str) -> Input {
+    Input::Moved {
+        ip: ip("192.0.2.1"),
+        from: from.into(),
+        to: to.into(),
+    }
+}
+
+#[test]
+fn a_move_by_the_api_between_two_live_members_is_told_by_both_and_nobody_else() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    let members = [member("a", 50), member("b", 50), member("c", 50)];
+    for node in ["a", "b", "c"] {
+        let mut e = engine(t0, node, Snapshot::new(), &members);
+        e.handle(t0, Input::Served(served_only(&["a"])));
+        let actions = e.handle(t0 + ms(10), Input::Served(served_only(&["b"])));
+        let want = match node {
+            "c" => vec![],
+            _ => vec![(vip, "a".to_string(), "b".to_string())],
+        };
+        assert_eq!(moves(&actions), want, "{node}");
+        // To a member that is not alive, or to nobody: nothing to tell.
+        let gone = e.handle(t0 + ms(20), Input::Served(served_only(&["d"])));
+        assert!(moves(&gone).is_empty(), "{node}: {gone:?}");
+    }
+}
+
+#[test]
+fn the_new_owner_told_of_a_move_answers_before_its_own_view_has_it() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    let members = [member("a", 50), member("b", 50)];
+    let mut b = engine(t0, "b", Snapshot::new(), &members);
+    b.handle(t0, Input::Served(served_only(&["a"])));
+    assert!(!b.answers(&vip));
+    let told = b.handle(t0 + ms(100), moved("a", "b"));
+    assert_eq!(answers(&told), vec![(vip, vec!["eth0".to_string()])]);
+    assert!(announcements(&told).contains(&(vip, "eth0".to_string())));
+    // Its own view catches up: nothing changes, nothing is announced again.
+    let caught_up = b.handle(t0 + ms(300), Input::Served(served_only(&["b"])));
+    assert!(answers(&caught_up).is_empty() && silences(&caught_up).is_empty());
+    assert!(announcements(&caught_up).is_empty(), "{caught_up:?}");
+    b.handle(t0 + ms(100) + MOVE_DEADLINE, Input::Tick);
+    assert!(b.answers(&vip));
+}
+
+#[test]
+fn the_old_owner_told_of_a_move_hands_over_before_its_own_view_has_it() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    let mut a = owner_a(t0);
+    let told = a.handle(t0 + ms(100), moved("a", "b"));
+    assert!(silences(&told).is_empty());
+    let claimed = a.handle(
+        t0 + ms(102),
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    assert_eq!(silences(&claimed), vec![(vip, vec!["eth0".to_string()])]);
+    // The new owner announced before the word came: silent at once.
+    let mut a = owner_a(t0);
+    a.handle(
+        t0 + ms(90),
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    let told = a.handle(t0 + ms(100), moved("a", "b"));
+    assert_eq!(silences(&told), vec![(vip, vec!["eth0".to_string()])]);
+}
+
+#[test]
+fn a_told_move_this_node_does_not_come_to_see_ends_at_its_deadline() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    let members = [member("a", 50), member("b", 50)];
+    let mut b = engine(t0, "b", Snapshot::new(), &members);
+    b.handle(t0, Input::Served(served_only(&["a"])));
+    b.handle(t0 + ms(100), moved("a", "b"));
+    assert!(b.answers(&vip));
+    // Its own view still names a: it hands back to a, which must announce.
+    let expired = b.handle(t0 + ms(100) + MOVE_DEADLINE, Input::Tick);
+    assert!(silences(&expired).is_empty());
+    let claimed = b.handle(
+        t0 + ms(200) + MOVE_DEADLINE,
+        Input::Conflict {
+            ip: vip,
+            mac: OTHER_MAC,
+        },
+    );
+    assert_eq!(silences(&claimed), vec![(vip, vec!["eth0".to_string()])]);
+}
+
+#[test]
+fn a_told_move_is_ignored_when_it_names_a_stranger_a_dead_member_or_an_old_owner() {
+    let t0 = Instant::now();
+    let vip = ip("192.0.2.1");
+    let members = [member("a", 50), member("b", 50), member("c", 50)];
+    let mut c = engine(t0, "c", Snapshot::new(), &members);
+    c.handle(t0, Input::Served(served_only(&["a"])));
+    assert!(c.handle(t0 + ms(10), moved("a", "b")).is_empty());
+    let mut b = engine(t0, "b", Snapshot::new(), &members);
+    b.handle(t0, Input::Served(served_only(&["a"])));
+    // Not the owner b's view names, or a member b does not hold alive.
+    assert!(b.handle(t0 + ms(10), moved("c", "b")).is_empty());
+    assert!(b.handle(t0 + ms(10), moved("a", "d")).is_empty());
+    assert!(!b.answers(&vip));
+}
+
 // The property: any sequence of inputs leaves the engine answering exactly what a fresh engine
-// computes from the final facts, with the same status, once every hand-over is over.
+// computes from the final facts, with the same status, once every move told has lapsed and
+// every hand-over is over.
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -869,6 +993,8 @@ enum Step {
     LinkUp(usize, bool),
     Hold(bool),
     Conflict(u8),
+    /// A move told by a member: from, to, IP.
+    Moved(usize, usize, u8),
     Tick(u64),
 }
 
@@ -884,6 +1010,7 @@ fn step() -> impl Strategy<Value = Step> {
         (0..3usize, any::<bool>()).prop_map(|(i, up)| Step::LinkUp(i, up)),
         any::<bool>().prop_map(Step::Hold),
         (0..12u8).prop_map(Step::Conflict),
+        (0..4usize, 0..4usize, 0..12u8).prop_map(|(f, t, h)| Step::Moved(f, t, h)),
         (0..3000u64).prop_map(Step::Tick),
     ]
 }
@@ -972,6 +1099,11 @@ impl World {
                 ip: IpAddr::from([192, 0, 2, *host]),
                 mac: OTHER_MAC,
             },
+            Step::Moved(from, to, host) => Input::Moved {
+                ip: IpAddr::from([192, 0, 2, *host]),
+                from: NODES[*from].into(),
+                to: NODES[*to].into(),
+            },
             Step::Tick(_) => Input::Tick,
         }
     }
@@ -1010,7 +1142,9 @@ proptest! {
             let input = world.input(&engine, step);
             engine.handle(now, input);
         }
-        // Once every hand-over is over.
+        // Once every move told has lapsed and every hand-over is over.
+        now += MOVE_DEADLINE;
+        engine.handle(now, Input::Tick);
         now += HANDOVER_DEADLINE;
         engine.handle(now, Input::Tick);
         let (fresh, _) = Engine::new(now, start(&world));
