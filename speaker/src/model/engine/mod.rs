@@ -344,7 +344,7 @@ impl Engine {
     /// Feeds one input at `now`; returns the actions to carry out, in order.
     pub fn handle(&mut self, now: Instant, input: Input) -> Vec<Action> {
         let mut actions = Vec::new();
-        let touched = match input {
+        let mut touched = match input {
             Input::Member {
                 node,
                 record,
@@ -406,6 +406,10 @@ impl Engine {
                     .collect()
             }
         };
+        if !self.told.is_empty() {
+            // A member gone, or this node's view moved on: the moves told are looked at again.
+            touched.extend(self.told.keys().copied());
+        }
         self.settle(now, &touched, &mut actions);
         actions
     }
