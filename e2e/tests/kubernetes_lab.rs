@@ -14,6 +14,8 @@
 //!   gets its IP back when it returns, after its preemption delay and not before.
 //! - `nodeSelectors` and the exclude label place the IP; two Services sharing an IP have one
 //!   announcer; a controller restart moves no IP.
+//! - Endpoint moves decided by the API are handed over: the old owner alone answers before,
+//!   the new one alone after (`swimlb-lab handover`).
 //!
 //! Every test needs root (network namespaces): each is `#[ignore = "needs root: ..."]` and runs
 //! with `--include-ignored` (as `sudo ./test.sh` does). The tests take a lock and run one at a
@@ -1147,4 +1149,31 @@ fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_exclud
         .iter()
         .any(|w| log.contains(w));
     eprintln!("{owner} let go of the VIP; its watches met 410 Gone: {relisted}");
+}
+
+/// `swimlb-lab handover` for three moves of a Local-policy Service's endpoint (node1 -> node2 ->
+/// node3 -> node1): each move is measured, that is, before it the old owner alone answered ARP
+/// and every speaker named it, and after it the new owner alone answered for good and every
+/// speaker named it. The dual and dark figures are printed, not asserted (README, "Moves
+/// decided by the API").
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn endpoint_moves_decided_by_the_api_are_handed_over_between_speakers() {
+    let _one = one_lab("kubernetes handover");
+    let options = swimlb_e2e::handover::Options {
+        nodes: 3,
+        trials: 3,
+        busy: 0,
+    };
+    let report = swimlb_e2e::handover::run(program(), &options, &mut |line| eprintln!("{line}"))
+        .expect("the handover run");
+    eprint!("{}", report.table());
+    assert!(
+        report.not_measured.is_empty(),
+        "every move measured: {:?}",
+        report.not_measured
+    );
+    assert_eq!(report.samples.len(), 3);
+    let path: Vec<&str> = report.samples.iter().map(|s| s.to.as_str()).collect();
+    assert_eq!(path, ["node2", "node3", "node1"]);
 }
