@@ -6,7 +6,9 @@
 //! "who has" the IP by ARP every 10 ms. Each speaker sees the change through its own API watch;
 //! what the client saw in between is the trial's sample: how long two MACs answered (dual), how
 //! long none did (dark), and when the new owner alone answered. `--busy N` runs N busy loops on
-//! the machine throughout (the load under which the lab tests saw dual and dark answers). A
+//! the machine throughout (the load under which the lab tests saw dual and dark answers);
+//! `--starve NODE:PERCENT` puts one node's speaker in a cgroup limited to PERCENT of a core,
+//! with a busy loop beside it, so that it sees every change late. A
 //! trial is measured only when, before the patch, the old owner alone answered and every
 //! speaker named it; after it every speaker must name the new owner within 10 s.
 
@@ -20,6 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::chaos::driver::Starved;
 use crate::daemons::{Daemons, SwimlbDaemons};
 use crate::kubelab::{self, APPS, Policy};
 use crate::netns::{self, Lab};
@@ -46,6 +49,9 @@ pub struct Options {
     pub trials: usize,
     /// Busy loops on the machine throughout.
     pub busy: usize,
+    /// One node's speaker starved throughout: the node, and the share of a core (percent) its
+    /// namespace's processes get, with one busy loop among them.
+    pub starve: Option<(usize, u8)>,
 }
 
 /// One move as the client saw it.
@@ -75,6 +81,8 @@ pub struct Report {
     pub nodes: usize,
     /// Busy loops.
     pub busy: usize,
+    /// The node starved, with its share of a core in percent.
+    pub starved: Option<(usize, u8)>,
     /// The client's ARP interval, ms.
     pub arp_interval_ms: f64,
     /// Trials asked for.
@@ -94,8 +102,12 @@ pub struct Report {
 impl Report {
     /// The table the command prints.
     pub fn table(&self) -> String {
+        let starved = self
+            .starved
+            .map(|(node, percent)| format!(", node{node} starved to {percent}% of a core"))
+            .unwrap_or_default();
         let mut s = format!(
-            "handover ({}): {} nodes, {} busy loops, ARP every {} ms: {} of {} moves measured\n",
+            "handover ({}): {} nodes, {} busy loops{starved}, ARP every {} ms: {} of {} moves measured\n",
             self.implementation,
             self.nodes,
             self.busy,
@@ -253,6 +265,13 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         options.busy, options.trials
     ));
     let busy = Busy::start(options.busy)?;
+    let starved = match options.starve {
+        Some((node, percent)) if (1..=lab.nodes.len()).contains(&node) => {
+            Some(Starved::start(&mut lab, 0, node, 1, percent)?)
+        }
+        Some((node, _)) => bail!("--starve node{node}: the lab has {} nodes", lab.nodes.len()),
+        None => None,
+    };
     let mut samples = Vec::new();
     let mut not_measured = Vec::new();
     for trial in 1..=options.trials {
@@ -296,6 +315,9 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         }
     }
     drop(busy);
+    if let Some(starved) = starved {
+        starved.stop(&mut lab);
+    }
     drop(daemons);
     drop(responders);
     lab.teardown();
@@ -307,6 +329,7 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         implementation: "swimlb-kubernetes",
         nodes: options.nodes,
         busy: options.busy,
+        starved: options.starve,
         arp_interval_ms: ARP_INTERVAL.as_secs_f64() * 1e3,
         trials: options.trials,
         not_measured,

@@ -117,9 +117,27 @@ struct HandoverArgs {
     /// Busy loops (`while :; do :; done`) on the machine throughout.
     #[arg(long, default_value_t = 0)]
     busy: usize,
+    /// Starve one node's speaker throughout: `NODE:PERCENT` (`2:10`: node2's namespace gets 10 %
+    /// of a core, with a busy loop in it).
+    #[arg(long, value_parser = parse_starve)]
+    starve: Option<(usize, u8)>,
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+fn parse_starve(s: &str) -> Result<(usize, u8), String> {
+    let (node, percent) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NODE:PERCENT"))?;
+    let node = node.parse().map_err(|e| format!("node {node:?}: {e}"))?;
+    let percent: u8 = percent
+        .parse()
+        .map_err(|e| format!("percent {percent:?}: {e}"))?;
+    if !(1..=100).contains(&percent) {
+        return Err(format!("percent {percent}: 1 to 100"));
+    }
+    Ok((node, percent))
 }
 
 #[derive(Debug, clap::Args)]
@@ -397,6 +415,7 @@ fn run_handover(args: HandoverArgs) -> anyhow::Result<()> {
         nodes: args.nodes,
         trials: args.trials,
         busy: args.busy,
+        starve: args.starve,
     };
     let report =
         swimlb_e2e::handover::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;

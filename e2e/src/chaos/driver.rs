@@ -50,9 +50,36 @@ impl ChaosDaemons {
 
 /// A starved daemon's cgroup and the busy loops beside it.
 #[derive(Debug)]
-struct Starved {
+pub struct Starved {
     cgroup: Option<Cgroup>,
     busy: Vec<usize>,
+}
+
+impl Starved {
+    /// `busy_loops` shell loops in node `node`'s namespace, sharing a cgroup capped at
+    /// `quota_percent` of a core with every process of that namespace (when cgroups can be
+    /// made); `index` names the cgroup among the run's.
+    pub fn start(
+        lab: &mut Lab,
+        index: usize,
+        node: usize,
+        busy_loops: u8,
+        quota_percent: u8,
+    ) -> Result<Starved> {
+        starve(lab, index, node, busy_loops, quota_percent)
+    }
+
+    /// Stops the loops and removes the cgroup.
+    pub fn stop(self, lab: &mut Lab) {
+        for busy in self.busy {
+            let child = lab.child(busy);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(cg) = self.cgroup {
+            cg.remove();
+        }
+    }
 }
 
 /// The cgroup flavour of this machine.
@@ -305,14 +332,7 @@ impl Driver {
             }
             FaultKind::Starve { .. } => {
                 if let Some(starved) = self.starved.remove(&index) {
-                    for busy in starved.busy {
-                        let child = lab.child(busy);
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                    if let Some(cg) = starved.cgroup {
-                        cg.remove();
-                    }
+                    starved.stop(lab);
                 }
                 Ok(())
             }
