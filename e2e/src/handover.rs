@@ -52,6 +52,9 @@ pub struct Options {
     /// One node's speaker starved throughout: the node, and the share of a core (percent) its
     /// namespace's processes get, with one busy loop among them.
     pub starve: Option<(usize, u8)>,
+    /// One node's traffic with the API server dropped around every move: the node, and for
+    /// how long after the patch, so its watch delivers the move late.
+    pub api_lag: Option<(usize, Duration)>,
 }
 
 /// One move as the client saw it.
@@ -83,6 +86,9 @@ pub struct Report {
     pub busy: usize,
     /// The node starved, with its share of a core in percent.
     pub starved: Option<(usize, u8)>,
+    /// The node whose API traffic was dropped around each move, and for how long after the
+    /// patch (ms).
+    pub api_lag: Option<(usize, u64)>,
     /// The client's ARP interval, ms.
     pub arp_interval_ms: f64,
     /// Trials asked for.
@@ -105,7 +111,13 @@ impl Report {
         let starved = self
             .starved
             .map(|(node, percent)| format!(", node{node} starved to {percent}% of a core"))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            + &self
+                .api_lag
+                .map(|(node, ms)| {
+                    format!(", node{node} cut from the API server for {ms} ms at each move")
+                })
+                .unwrap_or_default();
         let mut s = format!(
             "handover ({}): {} nodes, {} busy loops{starved}, ARP every {} ms: {} of {} moves measured\n",
             self.implementation,
@@ -215,6 +227,24 @@ impl Drop for Busy {
     }
 }
 
+/// Drops (`true`) or passes again node `node`'s TCP traffic with the API server, both ways.
+fn cut_api(lab: &Lab, node: usize, cut: bool) -> Result<()> {
+    let netns = &lab.node(node).netns;
+    let _ = lab.run_in(
+        netns,
+        "nft",
+        &["delete", "table", "inet", "swimlb_lab_api_lag"],
+    );
+    if !cut {
+        return Ok(());
+    }
+    let (ip, port) = (kubelab::API_ADDR.ip(), kubelab::API_ADDR.port());
+    let rules = format!(
+        "table inet swimlb_lab_api_lag {{\n  chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n  chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n}}\n"
+    );
+    netns::nft_apply(netns, &rules)
+}
+
 fn move_endpoint(daemons: &SwimlbDaemons, node: &str) -> Result<()> {
     let cluster = daemons.cluster().context("Kubernetes mode")?;
     let slice = json!({"endpoints": [{"addresses": ["203.0.113.30"], "nodeName": node,
@@ -272,6 +302,14 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         Some((node, _)) => bail!("--starve node{node}: the lab has {} nodes", lab.nodes.len()),
         None => None,
     };
+    if let Some((node, _)) = options.api_lag
+        && !(1..=lab.nodes.len()).contains(&node)
+    {
+        bail!(
+            "--api-lag node{node}: the lab has {} nodes",
+            lab.nodes.len()
+        );
+    }
     let mut samples = Vec::new();
     let mut not_measured = Vec::new();
     for trial in 1..=options.trials {
@@ -281,9 +319,18 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         let started = Instant::now();
         let asker = ArpAsker::start(&lab.client_netns, ip, ARP_INTERVAL, requests)?;
         std::thread::sleep(BEFORE);
+        if let Some((node, _)) = options.api_lag {
+            cut_api(&lab, node, true)?;
+        }
         let patch = started.elapsed();
         move_endpoint(&daemons, &names[to])?;
-        std::thread::sleep(AFTER);
+        if let Some((node, lag)) = options.api_lag {
+            std::thread::sleep(lag.min(AFTER));
+            cut_api(&lab, node, false)?;
+            std::thread::sleep(AFTER - lag.min(AFTER));
+        } else {
+            std::thread::sleep(AFTER);
+        }
         let answers = asker.stop();
         let settled = kubelab::wait_for_owner(&lab, &ip.to_string(), SETTLE_LIMIT, |o| {
             o == Some(names[to].as_str())
@@ -330,6 +377,9 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         nodes: options.nodes,
         busy: options.busy,
         starved: options.starve,
+        api_lag: options
+            .api_lag
+            .map(|(node, lag)| (node, lag.as_millis() as u64)),
         arp_interval_ms: ARP_INTERVAL.as_secs_f64() * 1e3,
         trials: options.trials,
         not_measured,

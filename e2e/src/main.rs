@@ -121,9 +121,26 @@ struct HandoverArgs {
     /// of a core, with a busy loop in it).
     #[arg(long, value_parser = parse_starve)]
     starve: Option<(usize, u8)>,
+    /// Cut one node from the API server at every move: `NODE:MS` (`2:1000`: node2's traffic
+    /// with the API server is dropped from just before the patch to 1,000 ms after it), so its
+    /// watch sees the move late.
+    #[arg(long, value_parser = parse_api_lag)]
+    api_lag: Option<(usize, std::time::Duration)>,
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+fn parse_api_lag(s: &str) -> Result<(usize, std::time::Duration), String> {
+    let (node, ms) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NODE:MS"))?;
+    let node = node.parse().map_err(|e| format!("node {node:?}: {e}"))?;
+    let ms: u64 = ms.parse().map_err(|e| format!("ms {ms:?}: {e}"))?;
+    if !(1..=2500).contains(&ms) {
+        return Err(format!("{ms} ms: 1 to 2,500"));
+    }
+    Ok((node, std::time::Duration::from_millis(ms)))
 }
 
 fn parse_starve(s: &str) -> Result<(usize, u8), String> {
@@ -416,6 +433,7 @@ fn run_handover(args: HandoverArgs) -> anyhow::Result<()> {
         trials: args.trials,
         busy: args.busy,
         starve: args.starve,
+        api_lag: args.api_lag,
     };
     let report =
         swimlb_e2e::handover::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;

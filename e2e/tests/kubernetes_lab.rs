@@ -1165,6 +1165,7 @@ fn endpoint_moves_decided_by_the_api_are_handed_over_between_speakers() {
         trials: 3,
         busy: 0,
         starve: None,
+        api_lag: None,
     };
     let report = swimlb_e2e::handover::run(program(), &options, &mut |line| eprintln!("{line}"))
         .expect("the handover run");
