@@ -260,113 +260,148 @@ fn move_endpoint(daemons: &SwimlbDaemons, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// The Kubernetes lab with the Service's one endpoint on node1, node1 owning its IP.
+struct MoveLab {
+    lab: Lab,
+    _responders: Vec<Worker>,
+    daemons: SwimlbDaemons,
+    ip: Ipv4Addr,
+    names: Vec<String>,
+}
+
+impl MoveLab {
+    fn start(program: PathBuf, nodes: usize, progress: &mut dyn FnMut(&str)) -> Result<MoveLab> {
+        let mut lab = Lab::create(nodes)?;
+        let mut responders: Vec<Worker> = Vec::new();
+        for node in &lab.nodes {
+            responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+        }
+        progress("starting the control plane, the controller and the speakers");
+        let mut daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
+        for i in 1..=lab.nodes.len() {
+            daemons.start(&mut lab, i)?;
+        }
+        let ip: Ipv4Addr = netns::vip_v4(1);
+        let api = daemons.cluster().context("Kubernetes mode")?.api();
+        api.create(kubelab::service(
+            SERVICE,
+            &ip.to_string(),
+            Policy::Local,
+            None,
+        ))?;
+        api.create(kubelab::endpoint_slice(SERVICE, 0, &["node1"]))?;
+        kubelab::wait_for_owner(&lab, &ip.to_string(), Duration::from_secs(60), |o| {
+            o == Some("node1")
+        })
+        .map_err(|views| anyhow::anyhow!("node1 never owned {ip}: {views:?}"))?;
+        let names = lab.nodes.iter().map(|n| n.name.clone()).collect();
+        Ok(MoveLab {
+            lab,
+            _responders: responders,
+            daemons,
+            ip,
+            names,
+        })
+    }
+
+    /// Moves the endpoint from node `from` to node `to` (0-based) as the client watches;
+    /// `Ok(Err(why))`: not measured.
+    fn one_move(
+        &self,
+        api_lag: Option<(usize, Duration)>,
+        from: usize,
+        to: usize,
+    ) -> Result<Result<Sample, String>> {
+        let (lab, ip) = (&self.lab, self.ip);
+        let requests = ((BEFORE + AFTER).as_millis() / ARP_INTERVAL.as_millis()) as usize;
+        let started = Instant::now();
+        let asker = ArpAsker::start(&lab.client_netns, ip, ARP_INTERVAL, requests)?;
+        std::thread::sleep(BEFORE);
+        if let Some((node, _)) = api_lag {
+            cut_api(lab, node, true)?;
+        }
+        let patch = started.elapsed();
+        move_endpoint(&self.daemons, &self.names[to])?;
+        let lag = api_lag.map_or(Duration::ZERO, |(_, lag)| lag.min(AFTER));
+        std::thread::sleep(lag);
+        if let Some((node, _)) = api_lag {
+            cut_api(lab, node, false)?;
+        }
+        std::thread::sleep(AFTER - lag);
+        let answers = asker.stop();
+        let name = &self.names[to];
+        if let Err(views) = kubelab::wait_for_owner(lab, &ip.to_string(), SETTLE_LIMIT, |o| {
+            o == Some(name.as_str())
+        }) {
+            return Ok(Err(format!(
+                "the speakers did not name {name} within {SETTLE_LIMIT:?}: {views:?}"
+            )));
+        }
+        let (from_mac, to_mac) = (lab.nodes[from].mac, lab.nodes[to].mac);
+        Ok(sample(&answers, patch, from_mac, to_mac, ARP_INTERVAL).map(
+            |(handover_ms, dual_ms, dark_ms)| Sample {
+                from: self.names[from].clone(),
+                to: name.clone(),
+                handover_ms,
+                dual_ms,
+                dark_ms,
+            },
+        ))
+    }
+}
+
 /// Runs the trials on a fresh Kubernetes lab.
 pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if options.nodes < 2 {
         bail!("--nodes {}: a move needs two nodes", options.nodes);
     }
-    let mut lab = Lab::create(options.nodes)?;
-    let mut responders: Vec<Worker> = Vec::new();
-    for node in &lab.nodes {
-        responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
+    let nodes = 1..=options.nodes;
+    for (flag, node) in [
+        ("--starve", options.starve.map(|s| s.0)),
+        ("--api-lag", options.api_lag.map(|l| l.0)),
+    ] {
+        if let Some(node) = node.filter(|n| !nodes.contains(n)) {
+            bail!("{flag} node{node}: the lab has {} nodes", options.nodes);
+        }
     }
-    progress("starting the control plane, the controller and the speakers");
-    let mut daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
-    for i in 1..=lab.nodes.len() {
-        daemons.start(&mut lab, i)?;
-    }
-    let ip: Ipv4Addr = netns::vip_v4(1);
-    let api = daemons.cluster().context("Kubernetes mode")?.api();
-    api.create(kubelab::service(
-        SERVICE,
-        &ip.to_string(),
-        Policy::Local,
-        None,
-    ))?;
-    api.create(kubelab::endpoint_slice(SERVICE, 0, &["node1"]))?;
-    let names: Vec<String> = lab.nodes.iter().map(|n| n.name.clone()).collect();
-    let mut owner = 0;
-    kubelab::wait_for_owner(&lab, &ip.to_string(), Duration::from_secs(60), |o| {
-        o == Some(names[owner].as_str())
-    })
-    .map_err(|views| anyhow::anyhow!("node1 never owned {ip}: {views:?}"))?;
+    let mut moves = MoveLab::start(program, options.nodes, progress)?;
     progress(&format!(
-        "{ip} owned by node1; {} busy loops; {} moves",
-        options.busy, options.trials
+        "{} owned by node1; {} busy loops; {} moves",
+        moves.ip, options.busy, options.trials
     ));
     let busy = Busy::start(options.busy)?;
     let starved = match options.starve {
-        Some((node, percent)) if (1..=lab.nodes.len()).contains(&node) => {
-            Some(Starved::start(&mut lab, 0, node, 1, percent)?)
-        }
-        Some((node, _)) => bail!("--starve node{node}: the lab has {} nodes", lab.nodes.len()),
+        Some((node, percent)) => Some(Starved::start(&mut moves.lab, 0, node, 1, percent)?),
         None => None,
     };
-    if let Some((node, _)) = options.api_lag
-        && !(1..=lab.nodes.len()).contains(&node)
-    {
-        bail!(
-            "--api-lag node{node}: the lab has {} nodes",
-            lab.nodes.len()
-        );
-    }
     let mut samples = Vec::new();
     let mut not_measured = Vec::new();
     for trial in 1..=options.trials {
-        let to = (owner + 1) % names.len();
-        let (from_mac, to_mac) = (lab.nodes[owner].mac, lab.nodes[to].mac);
-        let requests = ((BEFORE + AFTER).as_millis() / ARP_INTERVAL.as_millis()) as usize;
-        let started = Instant::now();
-        let asker = ArpAsker::start(&lab.client_netns, ip, ARP_INTERVAL, requests)?;
-        std::thread::sleep(BEFORE);
-        if let Some((node, _)) = options.api_lag {
-            cut_api(&lab, node, true)?;
-        }
-        let patch = started.elapsed();
-        move_endpoint(&daemons, &names[to])?;
-        if let Some((node, lag)) = options.api_lag {
-            std::thread::sleep(lag.min(AFTER));
-            cut_api(&lab, node, false)?;
-            std::thread::sleep(AFTER - lag.min(AFTER));
-        } else {
-            std::thread::sleep(AFTER);
-        }
-        let answers = asker.stop();
-        let settled = kubelab::wait_for_owner(&lab, &ip.to_string(), SETTLE_LIMIT, |o| {
-            o == Some(names[to].as_str())
-        });
-        owner = to;
-        if let Err(views) = settled {
-            not_measured.push(format!(
-                "move {trial} to {}: the speakers did not name it within {SETTLE_LIMIT:?}: {views:?}",
-                names[to]
-            ));
-            continue;
-        }
-        match sample(&answers, patch, from_mac, to_mac, ARP_INTERVAL) {
-            Ok((handover_ms, dual_ms, dark_ms)) => {
-                let s = Sample {
-                    from: names[(to + names.len() - 1) % names.len()].clone(),
-                    to: names[to].clone(),
-                    handover_ms,
-                    dual_ms,
-                    dark_ms,
-                };
+        let (from, to) = ((trial - 1) % options.nodes, trial % options.nodes);
+        match moves.one_move(options.api_lag, from, to)? {
+            Ok(s) => {
                 progress(&format!(
                     "move {trial}: {} -> {}: new owner alone after {:.0} ms, dual {:.0} ms, dark {:.0} ms",
                     s.from, s.to, s.handover_ms, s.dual_ms, s.dark_ms
                 ));
                 samples.push(s);
             }
-            Err(why) => not_measured.push(format!("move {trial} to {}: {why}", names[to])),
+            Err(why) => not_measured.push(format!("move {trial} to {}: {why}", moves.names[to])),
         }
     }
     drop(busy);
     if let Some(starved) = starved {
-        starved.stop(&mut lab);
+        starved.stop(&mut moves.lab);
     }
+    let MoveLab {
+        mut lab,
+        _responders,
+        daemons,
+        ..
+    } = moves;
+    // The daemons stop before their namespaces go.
     drop(daemons);
-    drop(responders);
+    drop(_responders);
     lab.teardown();
     let of = |f: fn(&Sample) -> f64| {
         let values: Vec<f64> = samples.iter().map(f).collect();
