@@ -694,16 +694,15 @@ impl Daemon {
     /// datagrams leave at once.
     async fn solicit_peers(&mut self, links: &[(String, u32)], routes: &[Route]) {
         let peers = self.gossip.peer_addresses().await;
-        let own = self.gossip.local_addr().ip();
-        let sources: Vec<IpAddr> = Some(own)
-            .filter(|ip| !ip.is_unspecified())
-            .into_iter()
-            .collect();
+        let own = [self.gossip.local_addr().ip()];
         for (name, index) in links {
             let targets = crate::model::links::on_link(&peers, routes, *index);
+            // Asked from the gossip's address when it is on that link (the peers learn it
+            // too), else as an ARP probe (from 0.0.0.0; no IPv6 solicitation then).
+            let sources = crate::model::links::on_link(&own, routes, *index);
             tracing::info!(interface = %name, peers = targets.len(), "carrier back: asking for the peers' MACs");
             if !targets.is_empty() {
-                self.answering.solicit(name, sources.clone(), targets);
+                self.answering.solicit(name, sources, targets);
             }
         }
     }
