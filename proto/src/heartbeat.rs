@@ -708,7 +708,7 @@ mod tests {
         let mut p = HEARTBEAT;
         p[1] = 2;
         assert_eq!(WatchMessage::parse(&p), Err(Error::UnsupportedVersion(2)));
-        for code in [0, 7, 0xff] {
+        for code in [0, 8, 0xff] {
             let mut p = HEARTBEAT;
             p[2] = code;
             assert_eq!(WatchMessage::parse(&p), Err(Error::WatchMessageType(code)));
