@@ -444,6 +444,12 @@ impl Engine {
         self.answering.contains_key(ip)
     }
 
+    /// Whether this node answers for `ip` only until its new owner announces it (see the
+    /// module docs): it no longer owns it.
+    pub fn handing_over(&self, ip: &IpAddr) -> bool {
+        self.handing.contains_key(ip)
+    }
+
     /// The IPs this node answers for, with their links.
     pub fn answering(&self) -> &BTreeMap<IpAddr, LinkSet> {
         &self.answering

@@ -437,7 +437,7 @@ impl Source {
                     .snapshot()
                     .get(ip)
                     .and_then(|s| s.shared_with.as_deref());
-                let links = engine.answering().get(ip);
+                let links = recorded_links(engine, ip);
                 let unowned = election.owner(ip).is_none();
                 !self
                     .holdings
@@ -758,9 +758,21 @@ fn ip_facts(engine: &Engine, ip: &IpAddr) -> Option<IpFacts> {
     Some(IpFacts {
         service,
         shared_with,
-        links: engine.answering().get(ip).cloned(),
+        links: recorded_links(engine, ip).cloned(),
         unowned: election.owner(ip).is_none(),
     })
+}
+
+/// The links the records name for `ip`: those it is answered on, unless it is handed over
+/// (the new owner's to record, though still answered here until it announces).
+fn recorded_links<'e>(
+    engine: &'e Engine,
+    ip: &IpAddr,
+) -> Option<&'e crate::model::engine::placement::LinkSet> {
+    engine
+        .answering()
+        .get(ip)
+        .filter(|_| !engine.handing_over(ip))
 }
 
 /// `namespace/name` as a key.
