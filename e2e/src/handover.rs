@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::chaos::driver::Starved;
+use crate::chaos::driver::starve;
 use crate::daemons::{Daemons, SwimlbDaemons};
 use crate::kubelab::{self, APPS, Policy};
 use crate::netns::{self, Lab};
@@ -371,7 +371,7 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
     ));
     let busy = Busy::start(options.busy)?;
     let starved = match options.starve {
-        Some((node, percent)) => Some(Starved::start(&mut moves.lab, 0, node, 1, percent)?),
+        Some((node, percent)) => Some(starve(&mut moves.lab, 0, node, 1, percent)?),
         None => None,
     };
     let mut samples = Vec::new();

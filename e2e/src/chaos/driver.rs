@@ -56,19 +56,6 @@ pub struct Starved {
 }
 
 impl Starved {
-    /// `busy_loops` shell loops in node `node`'s namespace, sharing a cgroup capped at
-    /// `quota_percent` of a core with every process of that namespace (when cgroups can be
-    /// made); `index` names the cgroup among the run's.
-    pub fn start(
-        lab: &mut Lab,
-        index: usize,
-        node: usize,
-        busy_loops: u8,
-        quota_percent: u8,
-    ) -> Result<Starved> {
-        starve(lab, index, node, busy_loops, quota_percent)
-    }
-
     /// Stops the loops and removes the cgroup.
     pub fn stop(self, lab: &mut Lab) {
         for busy in self.busy {
@@ -473,8 +460,9 @@ fn undrop_traffic(
 }
 
 /// `busy_loops` shell loops in node `node`'s namespace, sharing a cgroup capped at
-/// `quota_percent` of a core with its daemons (when cgroups can be made).
-fn starve(
+/// `quota_percent` of a core with every process of that namespace (when cgroups can be made);
+/// `index` names the cgroup among the run's.
+pub fn starve(
     lab: &mut Lab,
     index: usize,
     node: usize,
