@@ -287,7 +287,7 @@ impl Source {
             links,
             routes,
             net,
-            hold: start_hold(&settings, &stores),
+            hold: start_hold(&stores),
             board: instruments.board,
             failovers: instruments.failovers,
             responder: instruments.responder,
@@ -406,7 +406,7 @@ impl Source {
         }
         if pods {
             let peers = self.stores.peers(self.settings.bind.port());
-            self.daemon.expect_members(peers.len());
+            self.daemon.expect_members(self.stores.speaker_nodes());
             if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
                 tracing::warn!(error = %e, "gossip seeds not updated");
             }
@@ -712,9 +712,9 @@ fn first_record(
 
 /// The start-up hold, waiting for the speaker Pods that exist: their speakers would lose their
 /// IPs to this one for a moment if it answered before they joined.
-fn start_hold(settings: &Settings, stores: &Stores) -> JoinHold {
+fn start_hold(stores: &Stores) -> JoinHold {
     let mut hold = JoinHold::new(Instant::now(), false);
-    hold.expect(stores.peers(settings.bind.port()).len());
+    hold.expect(stores.speaker_nodes());
     hold
 }
 

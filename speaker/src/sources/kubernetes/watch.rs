@@ -264,6 +264,12 @@ impl Stores {
         peers
     }
 
+    /// How many speakers the start-up hold waits for: the nodes the speaker Pods are bound to
+    /// (see [`speaker_nodes`]).
+    pub fn speaker_nodes(&self) -> usize {
+        speaker_nodes(&self.pods.state())
+    }
+
     /// The `L2Advertisement`s of the speaker's namespace.
     pub fn advertisements(&self) -> Vec<Arc<L2Advertisement>> {
         self.advertisements.state()
@@ -349,7 +355,35 @@ where
     )
 }
 
-/// Trims a cached speaker Pod to its IP (the only field read: [`Stores::peers`]).
+/// The speakers that exist: the distinct nodes the speaker Pods are bound to, a Pod with an IP
+/// but no node counted on its own. A Pod bound to its node but not started yet (no IP: a slow
+/// image pull, a kubelet that has not synced) counts, so that a speaker that starts first
+/// waits for it (within the hold's grace) instead of answering for its IPs alone; a
+/// terminating Pod and its replacement on one node count once.
+pub fn speaker_nodes(pods: &[Arc<Pod>]) -> usize {
+    let mut nodes: BTreeSet<&str> = BTreeSet::new();
+    let mut unbound = 0;
+    for pod in pods {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            Some(node) => {
+                nodes.insert(node);
+            }
+            None if pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.as_ref())
+                .is_some() =>
+            {
+                unbound += 1
+            }
+            None => {}
+        }
+    }
+    nodes.len() + unbound
+}
+
+/// Trims a cached speaker Pod to its IP and its node (the only fields read: [`Stores::peers`],
+/// [`speaker_nodes`]).
 pub fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.annotations = None;
@@ -358,7 +392,14 @@ pub fn trim_pod(pod: &mut Pod) {
     meta.owner_references = None;
     meta.resource_version = None;
     meta.uid = None;
-    pod.spec = None;
+    pod.spec =
+        pod.spec
+            .take()
+            .and_then(|s| s.node_name)
+            .map(|node| k8s_openapi::api::core::v1::PodSpec {
+                node_name: Some(node),
+                ..Default::default()
+            });
     pod.status =
         pod.status
             .take()
@@ -367,4 +408,66 @@ pub fn trim_pod(pod: &mut Pod) {
                 pod_ip: Some(ip),
                 ..Default::default()
             });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+
+    fn pod(node: Option<&str>, ip: Option<&str>) -> Arc<Pod> {
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                node_name: node.map(str::to_string),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: ip.map(str::to_string),
+                host_ip: Some("198.51.100.11".to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        trim_pod(&mut pod);
+        Arc::new(pod)
+    }
+
+    #[test]
+    fn a_pod_bound_to_its_node_counts_before_it_has_an_ip() {
+        let pods = [
+            pod(Some("node1"), Some("198.51.100.11")),
+            pod(Some("node3"), None),
+        ];
+        assert_eq!(speaker_nodes(&pods), 2);
+    }
+
+    #[test]
+    fn a_terminating_pod_and_its_replacement_on_one_node_count_once() {
+        let pods = [
+            pod(Some("node1"), Some("198.51.100.11")),
+            pod(Some("node1"), None),
+            pod(Some("node2"), Some("198.51.100.12")),
+        ];
+        assert_eq!(speaker_nodes(&pods), 2);
+    }
+
+    #[test]
+    fn an_unbound_pod_counts_only_with_an_ip() {
+        let pods = [
+            pod(None, Some("198.51.100.13")),
+            pod(None, None),
+            pod(Some("node1"), Some("198.51.100.11")),
+        ];
+        assert_eq!(speaker_nodes(&pods), 2);
+    }
+
+    #[test]
+    fn trimming_keeps_the_node_and_the_ip_only() {
+        let p = pod(Some("node1"), Some("198.51.100.11"));
+        let spec = p.spec.as_ref().expect("the spec");
+        assert_eq!(spec.node_name.as_deref(), Some("node1"));
+        let status = p.status.as_ref().expect("the status");
+        assert_eq!(status.pod_ip.as_deref(), Some("198.51.100.11"));
+        assert_eq!(status.host_ip, None);
+    }
 }
