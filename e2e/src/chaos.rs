@@ -19,6 +19,7 @@ pub mod driver;
 pub mod invariants;
 mod observe;
 mod process_watch;
+pub mod records;
 pub mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,10 +42,13 @@ use self::invariants::{
 pub use self::observe::owners_named;
 use self::observe::*;
 use self::process_watch::*;
+use self::records::{ApiRead, RecordPoll, ServiceIps};
 use self::schedule::{Fault, FaultKind, Setup, Step, Target};
 use crate::daemons::{Daemons as _, KeepalivedDaemons, SwimlbDaemons};
 use crate::keepalived::Tuning;
+use crate::kubelab;
 use crate::lab;
+use crate::metallb::MetallbDaemons;
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober, Worker};
 use crate::trial;
@@ -258,6 +262,8 @@ pub fn rule(target: Target, setup: Setup, nodes: usize) -> Rule {
                 ip,
                 // The first group has the check and the preferred node.
                 checked: caps.standalone && i == 0,
+                // In Kubernetes the second VIP is the `Local` Service's.
+                local: caps.kubernetes && i == 1,
                 priorities: (1..=nodes)
                     .map(|n| match setup.preferred {
                         Some(p) if p == n && i == 0 && caps.standalone => 110,
@@ -292,7 +298,7 @@ fn swimlb_groups(setup: Setup, dir: &std::path::Path, name: &str) -> String {
     )
 }
 
-fn make_daemons(lab: &Lab, options: &Options, setup: Setup) -> Result<ChaosDaemons> {
+fn make_daemons(lab: &mut Lab, options: &Options, setup: Setup) -> Result<ChaosDaemons> {
     Ok(match options.target {
         Target::Swimlb => {
             let mut d = SwimlbDaemons::new(lab, options.program.clone())?;
@@ -306,7 +312,29 @@ fn make_daemons(lab: &Lab, options: &Options, setup: Setup) -> Result<ChaosDaemo
         Target::KeepalivedFast => {
             ChaosDaemons::Keepalived(KeepalivedDaemons::new(lab, Tuning::Fast))
         }
+        Target::SwimlbKubernetes => {
+            let d = SwimlbDaemons::kubernetes(lab, options.program.clone())?;
+            let cluster = d.cluster().context("the Kubernetes lab's cluster")?;
+            driver::local_service(cluster.api(), lab)?;
+            ChaosDaemons::Kubernetes(d)
+        }
+        Target::Metallb => {
+            let d = MetallbDaemons::start(lab, options.program.clone())?;
+            driver::local_service(d.cluster().api(), lab)?;
+            ChaosDaemons::Metallb(Box::new(d))
+        }
     })
+}
+
+/// The `namespace/name` of each VIP's Service (Kubernetes; empty elsewhere).
+fn vip_services(target: Target) -> Vec<String> {
+    if !target.capabilities().kubernetes {
+        return Vec::new();
+    }
+    [kubelab::SERVICE, driver::LOCAL_SERVICE]
+        .iter()
+        .map(|name| format!("{}/{name}", kubelab::APPS))
+        .collect()
 }
 
 /// What a run will do, fixed before the lab starts: the faults in the order they are due, their
@@ -362,7 +390,7 @@ fn start_converged(
     for node in lab.nodes.clone() {
         responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
-    let mut daemons = make_daemons(&lab, options, setup)?;
+    let mut daemons = make_daemons(&mut lab, options, setup)?;
     for i in 1..=options.nodes {
         daemons.as_dyn().start(&mut lab, i)?;
     }
@@ -379,7 +407,29 @@ fn start_converged(
             trial::CONVERGE_LIMIT
         );
     }
+    // Every other VIP answered too, or its first second counts as dark.
+    for vip in vips(options.target).iter().skip(1) {
+        wait_answered(&lab, *vip)?;
+    }
     Ok((lab, responders, daemons))
+}
+
+/// Waits (at most [`trial::CONVERGE_LIMIT`]) until some node answers ARP for `vip`.
+fn wait_answered(lab: &Lab, vip: Ipv4Addr) -> Result<()> {
+    let deadline = Instant::now() + trial::CONVERGE_LIMIT;
+    loop {
+        let claims =
+            probe::arp_claims(&lab.client_netns, vip, None, 2, Duration::from_millis(200))?;
+        if !claims.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "nobody answered ARP for {vip} within {:?}; no fault taken",
+                trial::CONVERGE_LIMIT
+            );
+        }
+    }
 }
 
 /// The fault loop: the plan's steps on time, the daemons' processes checked every second, and
@@ -433,7 +483,7 @@ impl Drive {
             {
                 let action = **action;
                 next.next();
-                self.step(lab, daemons, &plan.faults, action, t0.elapsed(), progress);
+                self.step(lab, daemons, &plan.faults, action, t0, progress);
                 continue;
             }
             if now >= last_check + Duration::from_secs(1) {
@@ -468,28 +518,38 @@ impl Drive {
         t0.elapsed()
     }
 
-    /// Executes one step at `at` (since the start of the run) and tells `progress`.
+    /// Executes one step and tells `progress`. A step is recorded when it began, except one
+    /// that ends a fault or starts a daemon: that one counts from when it was done (an API
+    /// server is back once it is ready, not when it was asked to start).
     fn step(
         &mut self,
         lab: &mut Lab,
         daemons: &mut ChaosDaemons,
         faults: &[Fault],
         action: schedule::Action,
-        at: Duration,
+        t0: Instant,
         progress: &mut dyn FnMut(&str),
     ) {
         let fault = faults[action.fault];
+        let began = t0.elapsed();
+        let outcome = self
+            .driver
+            .step(lab, daemons, action.fault, &fault, action.step);
+        let at = match action.step {
+            Step::Undo | Step::Roll { up: true, .. } => t0.elapsed(),
+            Step::Apply | Step::Rotate { .. } | Step::Roll { up: false, .. } => began,
+        };
         self.executed.push(Executed {
             at,
             fault: action.fault,
             step: action.step,
         });
-        let outcome = self
-            .driver
-            .step(lab, daemons, action.fault, &fault, action.step);
         if action.step == Step::Undo
             && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
         {
+            self.started[node - 1] = at;
+        }
+        if let Step::Roll { node, up: true } = action.step {
             self.started[node - 1] = at;
         }
         match outcome {
@@ -548,16 +608,29 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
             .unwrap_or_default()
     ));
 
-    let observers = Observers::start(&lab, &vip_list, options.duration, caps.status)?;
+    let records = match &daemons {
+        ChaosDaemons::Kubernetes(d) => d.cluster().map(kubelab::Cluster::records),
+        ChaosDaemons::Metallb(d) => Some(d.records()),
+        _ => None,
+    };
+    let observers = Observers::start(&lab, &vip_list, options.duration, caps.status, records)?;
     let mut drive = Drive::new(options.nodes);
     let ran = drive.run(&mut lab, &mut daemons, &plan, &observers, options, progress);
     drive.finish(&mut lab, &mut daemons, ran);
     let obs = observers.finish(&lab, ran);
     drop(responders);
+    // The daemons first: MetalLB's kubelets stop their containers inside the namespaces.
+    drop(daemons);
     lab.teardown();
 
     let world = World::new(&plan.faults, &drive.executed, options.nodes);
     let mut violations = invariants::evaluate(&plan.rule, &world, &obs, caps.status);
+    violations.extend(records::evaluate(
+        &world,
+        &obs,
+        &vip_services(target),
+        &plan.rule.names,
+    ));
     violations.extend(drive.watch.found.iter().cloned());
     let (leaks, memory) = drive.watch.leaks(&plan.rule.names, ran);
     if caps.status {
@@ -566,7 +639,7 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     violations.sort_by_key(|v| (v.at, v.invariant));
 
     let timeline = timeline(&plan.faults, &drive.executed, &violations, &vip_list);
-    let (per_invariant, excused) = per_invariant(caps.status, &violations);
+    let (per_invariant, excused) = per_invariant(caps, &violations);
     let probes = obs.vips.iter().map(|v| v.probes.len()).sum();
     let lost_probes = obs
         .vips
@@ -631,15 +704,20 @@ fn timeline(
 }
 
 /// Violations and excused ones per invariant; every invariant that applies is listed, at 0 when
-/// it held (without `/status`, only dual, dark and crash apply).
+/// it held (without `/status`, only dual, dark and crash apply; the record invariants only in
+/// Kubernetes).
 fn per_invariant(
-    status: bool,
+    caps: schedule::Capabilities,
     violations: &[Violation],
 ) -> (BTreeMap<&'static str, usize>, BTreeMap<&'static str, usize>) {
     let mut per_invariant: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut excused: BTreeMap<&'static str, usize> = BTreeMap::new();
     for inv in Invariant::ALL {
-        let applies = status || matches!(inv, Invariant::Dual | Invariant::Dark | Invariant::Crash);
+        let applies = match inv {
+            Invariant::Dual | Invariant::Dark | Invariant::Crash => true,
+            Invariant::StaleRecord | Invariant::DoubleAllocation => caps.kubernetes,
+            _ => caps.status,
+        };
         if applies {
             per_invariant.insert(inv.as_str(), 0);
         }
@@ -672,7 +750,7 @@ fn per_kind(faults: &[Fault], executed: &[Executed]) -> BTreeMap<&'static str, u
 fn step_word(step: Step) -> &'static str {
     match step {
         Step::Apply => "start",
-        Step::Rotate { .. } => "step",
+        Step::Rotate { .. } | Step::Roll { .. } => "step",
         Step::Undo => "end",
     }
 }
@@ -689,6 +767,15 @@ fn step_text(fault: &Fault, step: Step) -> String {
             }
         ),
         Step::Rotate { node, .. } => format!("{}: node{node} reloads", fault.kind.describe()),
+        Step::Roll { node, up } => format!(
+            "{}: node{node}'s speaker {}",
+            fault.kind.describe(),
+            if up {
+                "started (its new Pod)"
+            } else {
+                "stopped (SIGTERM, its Pod deleted)"
+            }
+        ),
         _ => fault.kind.describe(),
     }
 }

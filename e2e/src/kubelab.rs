@@ -57,6 +57,10 @@ pub const SERVICE: &str = "web";
 pub const CONTROLLER_PORT: u16 = 7473;
 /// The pool's addresses: 198.51.100.100 to .103.
 pub const POOL: &str = "198.51.100.100/30";
+/// The annotation that lets Services share an IP (the same key on each).
+pub const SHARED_ANNOTATION: &str = "metallb.universe.tf/allow-shared-ip";
+/// The API version of swimlb's `ServiceL2Status` records.
+const RECORDS_API: &str = "swimlb.io/v1beta1";
 /// The speaker Pods' labels (the speakers' default `--speaker-selector`).
 const SPEAKER_LABELS: [(&str, &str); 2] = [
     ("app.kubernetes.io/name", "swimlb"),
@@ -227,6 +231,11 @@ impl Cluster {
         &self.plane
     }
 
+    /// The control plane, to stop and start its parts.
+    pub fn control_plane_mut(&mut self) -> &mut ControlPlane {
+        &mut self.plane
+    }
+
     /// The kubeconfig of the speakers (their ServiceAccount's token).
     pub fn speaker_kubeconfig(&self) -> PathBuf {
         self.dir.join("speaker.kubeconfig")
@@ -299,10 +308,7 @@ impl Cluster {
 
     /// The status records, for another thread (its own client of the API server).
     pub fn records(&self) -> Records {
-        Records {
-            kubeconfig: self.plane.admin_kubeconfig(),
-            netns: self.plane.netns().map(str::to_string),
-        }
+        Records::new(&self.plane, RECORDS_API, NAMESPACE)
     }
 
     /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
@@ -448,9 +454,20 @@ impl BareCluster {
     pub fn records(&self) -> Vec<(String, String)> {
         let records = self
             .api()
-            .list("swimlb.io/v1beta1", "ServiceL2Status", Some(NAMESPACE))
+            .list(RECORDS_API, "ServiceL2Status", Some(NAMESPACE))
             .unwrap_or_default();
         record_pairs(&records)
+    }
+
+    /// The `ServiceL2Status` records of `api_version` in `namespace` (swimlb's or MetalLB's),
+    /// for another thread.
+    pub fn records_of(&self, api_version: &'static str, namespace: &'static str) -> Records {
+        Records::new(&self.plane, api_version, namespace)
+    }
+
+    /// The control plane, to stop and start its parts.
+    pub fn control_plane_mut(&mut self) -> &mut ControlPlane {
+        &mut self.plane
     }
 }
 
@@ -464,7 +481,7 @@ fn ingress(api: &Kube, namespace: &str, service: &str) -> Vec<String> {
 }
 
 /// The IPs of a Service's `status.loadBalancer.ingress`.
-fn ingress_ips(service: &Value) -> Vec<String> {
+pub fn ingress_ips(service: &Value) -> Vec<String> {
     service
         .pointer("/status/loadBalancer/ingress")
         .and_then(Value::as_array)
@@ -508,24 +525,59 @@ impl RecordChange {
     }
 }
 
+/// What [`Records::read`] found.
+#[derive(Debug, Clone)]
+pub struct RecordsRead {
+    /// Every record as (`namespace/service`, node), sorted.
+    pub records: Vec<(String, String)>,
+    /// Every Service of [`APPS`].
+    pub services: Vec<Value>,
+}
+
 /// The `ServiceL2Status` records in the API server, read by a client of their own (another
 /// thread may watch them while the lab goes on).
 #[derive(Debug, Clone)]
 pub struct Records {
     kubeconfig: PathBuf,
     netns: Option<String>,
+    /// The records' API version (swimlb's or MetalLB's `ServiceL2Status`) and namespace.
+    api_version: &'static str,
+    namespace: &'static str,
 }
 
 impl Records {
-    fn client(&self) -> Result<Kube> {
+    fn new(plane: &ControlPlane, api_version: &'static str, namespace: &'static str) -> Records {
+        Records {
+            kubeconfig: plane.admin_kubeconfig(),
+            netns: plane.netns().map(str::to_string),
+            api_version,
+            namespace,
+        }
+    }
+
+    /// A client of its own.
+    pub fn client(&self) -> Result<Kube> {
         Kube::from_kubeconfig_in(&self.kubeconfig, self.netns.as_deref())
+    }
+
+    /// With `kube` (from [`Records::client`]): every record and every Service of [`APPS`];
+    /// `None` when the API server did not answer.
+    pub fn read(&self, kube: &Kube) -> Option<RecordsRead> {
+        let records = kube
+            .list(self.api_version, "ServiceL2Status", Some(self.namespace))
+            .ok()?;
+        let services = kube.list("v1", "Service", Some(APPS)).ok()?;
+        Some(RecordsRead {
+            records: record_pairs(&records),
+            services,
+        })
     }
 
     /// Every record as (`namespace/service`, node), sorted.
     pub fn all(&self) -> Vec<(String, String)> {
         let records = self
             .client()
-            .and_then(|k| k.list("swimlb.io/v1beta1", "ServiceL2Status", Some(NAMESPACE)))
+            .and_then(|k| k.list(self.api_version, "ServiceL2Status", Some(self.namespace)))
             .unwrap_or_default();
         record_pairs(&records)
     }
@@ -605,7 +657,7 @@ pub fn lab_service() -> Value {
 pub fn service(name: &str, ip: &str, policy: Policy, shared: Option<&str>) -> Value {
     let mut annotations = json!({"metallb.universe.tf/loadBalancerIPs": ip});
     if let Some(key) = shared {
-        annotations["metallb.universe.tf/allow-shared-ip"] = json!(key);
+        annotations[SHARED_ANNOTATION] = json!(key);
     }
     let mut spec = json!({"type": "LoadBalancer",
         "ports": [{"name": "probe", "port": probe::PROBE_PORT, "protocol": "UDP"}],

@@ -617,7 +617,13 @@ impl PodRun {
         let volumes = volumes::volumes(&self.pod["spec"], &container, &self.pod_dir)?;
         let filled = if now >= self.next_sync || self.child.is_none() {
             self.next_sync = now + VOLUME_SYNC;
-            self.sync_volumes(&volumes)?
+            match self.sync_volumes(&volumes) {
+                Ok(filled) => filled,
+                // The API server unreachable: the files written before stay, as a kubelet's
+                // mounts do, and a container restarts with them.
+                Err(_) if volumes.iter().all(|v| self.written.contains_key(&v.name)) => true,
+                Err(e) => return Err(e),
+            }
         } else {
             true
         };

@@ -169,7 +169,8 @@ struct ChaosArgs {
     /// Nodes in the lab (3 to 5).
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// Which load balancer: swimlb or keepalived-fast.
+    /// Which load balancer: swimlb, swimlb-kubernetes or metallb (on the real control plane,
+    /// with its faults) or keepalived-fast.
     #[arg(long = "impl", default_value = "swimlb")]
     implementation: String,
     /// Write the report as JSON.
@@ -478,8 +479,10 @@ fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     let target = match implementation {
         Implementation::Swimlb => Target::Swimlb,
         Implementation::KeepalivedFast => Target::KeepalivedFast,
+        Implementation::SwimlbKubernetes => Target::SwimlbKubernetes,
+        Implementation::Metallb => Target::Metallb,
         other => anyhow::bail!(
-            "--impl {}: chaos runs swimlb or keepalived-fast",
+            "--impl {}: chaos runs swimlb, swimlb-kubernetes, metallb or keepalived-fast",
             other.as_str()
         ),
     };

@@ -204,11 +204,71 @@ impl MetallbDaemons {
 
     /// The speaker Pod of `node` and what its worker has seen, once the DaemonSet made it.
     fn speaker(&self, node: &str) -> Option<(String, PodState)> {
+        self.pod("speaker-", Some(node))
+    }
+
+    /// The first Pod whose name starts with `prefix` (on `node`, when given) and what its
+    /// worker has seen.
+    fn pod(&self, prefix: &str, node: Option<&str>) -> Option<(String, PodState)> {
         self.kubelet
             .pods()
             .into_iter()
-            .find(|(name, n, _)| n == node && name.starts_with("speaker-"))
+            .find(|(name, n, _)| node.is_none_or(|node| n == node) && name.starts_with(prefix))
             .map(|(name, _, state)| (name, state))
+    }
+
+    /// Holds the kubelet's restarts of Pod `pod`, sends its container `signal` and waits (at
+    /// most 10 s) for the exit.
+    fn stop_pod(&self, prefix: &str, node: Option<&str>, signal: &str) -> Result<()> {
+        let (pod, state) = self
+            .pod(prefix, node)
+            .with_context(|| format!("no MetalLB Pod {prefix}* on {node:?}"))?;
+        self.kubelet.hold_restarts(&pod, true);
+        let Some(pid) = state.pid else {
+            return Ok(());
+        };
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pod(prefix, node).is_some_and(|(_, s)| s.pid.is_some()) {
+            if Instant::now() > deadline {
+                bail!("MetalLB's {pod} did not exit within 10 s of SIG{signal}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Releases the restarts of Pod `prefix`* (on `node`) and waits until its container runs.
+    fn run_pod(&self, prefix: &str, node: Option<&str>) -> Result<()> {
+        let deadline = Instant::now() + START_LIMIT;
+        loop {
+            if let Some((pod, state)) = self.pod(prefix, node) {
+                if state.pid.is_some() {
+                    return Ok(());
+                }
+                self.kubelet.hold_restarts(&pod, false);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "MetalLB's {prefix}* on {node:?} did not run within {START_LIMIT:?}: {:#?}\n{}",
+                    self.kubelet.pods(),
+                    self.kubelet.logs()
+                );
+            }
+            std::thread::sleep(kubelet::TICK);
+        }
+    }
+
+    /// Stops MetalLB's controller (SIGTERM, its restarts held) and waits for its exit.
+    pub fn stop_controller(&mut self) -> Result<()> {
+        self.stop_pod("controller-", None, "TERM")
+    }
+
+    /// Lets the kubelet start MetalLB's controller again and waits until it runs.
+    pub fn start_controller(&mut self) -> Result<()> {
+        self.run_pod("controller-", None)
     }
 
     /// The kubelets (their Pods, their logs).
@@ -219,6 +279,16 @@ impl MetallbDaemons {
     /// The cluster.
     pub fn cluster(&self) -> &BareCluster {
         &self.cluster
+    }
+
+    /// The cluster, to stop and start its API server.
+    pub fn cluster_mut(&mut self) -> &mut BareCluster {
+        &mut self.cluster
+    }
+
+    /// MetalLB's `ServiceL2Status` records, for another thread.
+    pub fn records(&self) -> kubelab::Records {
+        self.cluster.records_of("metallb.io/v1beta1", NAMESPACE)
     }
 
     /// The directory of the run's files (the Pods' logs under `pods/`).
@@ -244,48 +314,13 @@ impl Daemons for MetallbDaemons {
     /// Waits until the kubelet runs node `index`'s speaker; after [`Daemons::signal`], releases
     /// its restart first.
     fn start(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
-        let node = lab.node(index).name.clone();
-        let deadline = Instant::now() + START_LIMIT;
-        loop {
-            if let Some((pod, state)) = self.speaker(&node) {
-                if state.pid.is_some() {
-                    return Ok(());
-                }
-                self.kubelet.hold_restarts(&pod, false);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "MetalLB's speaker on {node} did not run within {START_LIMIT:?}: {:#?}\n{}",
-                    self.kubelet.pods(),
-                    self.kubelet.logs()
-                );
-            }
-            std::thread::sleep(kubelet::TICK);
-        }
+        self.run_pod("speaker-", Some(&lab.node(index).name))
     }
 
     /// Holds the kubelet's restart of node `index`'s speaker, signals it and waits for its exit
     /// (the kubelet's worker sees it).
     fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
-        let node = lab.node(index).name.clone();
-        let (pod, state) = self
-            .speaker(&node)
-            .with_context(|| format!("no MetalLB speaker on {node}"))?;
-        self.kubelet.hold_restarts(&pod, true);
-        let Some(pid) = state.pid else {
-            return Ok(());
-        };
-        std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid.to_string()])
-            .status()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.speaker(&node).is_some_and(|(_, s)| s.pid.is_some()) {
-            if Instant::now() > deadline {
-                bail!("MetalLB's speaker on {node} did not exit within 10 s of SIG{signal}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(())
+        self.stop_pod("speaker-", Some(&lab.node(index).name), signal)
     }
 
     fn views(&mut self, lab: &Lab) -> Views {

@@ -384,6 +384,16 @@ impl ControlPlane {
         self.stop(Component::ApiServer)
     }
 
+    /// Kills the API server (SIGKILL, reaped): a crash, without the graceful stop's wait for
+    /// its watches (up to 10 s).
+    pub fn kill_apiserver(&mut self) -> Result<()> {
+        if let Some(mut child) = self.children.remove(&Component::ApiServer) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
     /// Starts the API server again and waits until it is ready.
     pub fn start_apiserver(&mut self) -> Result<()> {
         self.spawn(Component::ApiServer)?;

@@ -9,15 +9,19 @@
 //! under the cgroup v1 `cpu` hierarchy or cgroup v2, named after the run so a later run removes
 //! what an interrupted one left ([`cleanup_stale_cgroups`]).
 
-use std::collections::BTreeMap;
+mod kubernetes;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
+pub use self::kubernetes::{LOCAL_SERVICE, local_service};
 use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
 use crate::daemons::{Daemons, KeepalivedDaemons, SwimlbDaemons};
 use crate::lab::GOSSIP_PORT;
+use crate::metallb::MetallbDaemons;
 use crate::netns::{self, Lab};
 
 /// The daemons a chaos run drives: one arm per target.
@@ -27,23 +31,34 @@ pub enum ChaosDaemons {
     Swimlb(SwimlbDaemons),
     /// keepalived instances.
     Keepalived(KeepalivedDaemons),
+    /// swimlb speakers in Kubernetes mode, with the Kubernetes lab's cluster.
+    Kubernetes(SwimlbDaemons),
+    /// MetalLB, its controller and speakers run by the lab's kubelets.
+    Metallb(Box<MetallbDaemons>),
 }
 
 impl ChaosDaemons {
     /// As the lab's common daemon interface.
     pub fn as_dyn(&mut self) -> &mut dyn Daemons {
         match self {
-            ChaosDaemons::Swimlb(d) => d,
+            ChaosDaemons::Swimlb(d) | ChaosDaemons::Kubernetes(d) => d,
             ChaosDaemons::Keepalived(d) => d,
+            ChaosDaemons::Metallb(d) => d.as_mut(),
         }
     }
 
     /// The nftables match of the target's membership traffic.
     fn membership_match(&self) -> String {
         match self {
-            ChaosDaemons::Swimlb(_) => format!("udp dport {GOSSIP_PORT}"),
+            ChaosDaemons::Swimlb(_) | ChaosDaemons::Kubernetes(_) => {
+                format!("udp dport {GOSSIP_PORT}")
+            }
             // VRRP adverts (IP protocol 112).
             ChaosDaemons::Keepalived(_) => "ip protocol 112".to_string(),
+            // memberlist: gossip over UDP, state syncs over TCP.
+            ChaosDaemons::Metallb(_) => {
+                format!("meta l4proto {{ tcp, udp }} th dport {GOSSIP_PORT}")
+            }
         }
     }
 }
@@ -185,6 +200,8 @@ pub struct Driver {
     applied: BTreeMap<usize, Fault>,
     /// The key file's text before the running rotation.
     old_key: Option<String>,
+    /// Nodes whose endpoint of the `Local` Service is not ready (Kubernetes).
+    not_ready: BTreeSet<usize>,
     /// Nodes whose daemon runs, as the faults left them (index 0 is node 1).
     pub running: Vec<bool>,
 }
@@ -197,6 +214,7 @@ impl Driver {
             starved: BTreeMap::new(),
             applied: BTreeMap::new(),
             old_key: None,
+            not_ready: BTreeSet::new(),
             running: vec![true; nodes],
         }
     }
@@ -227,6 +245,7 @@ impl Driver {
                 self.set(lab, daemons, index, fault.kind, false)
             }
             Step::Rotate { phase, node } => self.rotate(lab, daemons, fault.kind, phase, node),
+            Step::Roll { node, up } => self.roll(lab, daemons, node, up),
         }
     }
 
@@ -329,6 +348,13 @@ impl Driver {
             FaultKind::ForeignAnswer { node, vip } => {
                 foreign_address(lab, node, vip, if on { "add" } else { "del" })
             }
+            FaultKind::ApiDown
+            | FaultKind::EtcdCompaction
+            | FaultKind::ControllerRestart
+            | FaultKind::ServiceChurn { .. }
+            | FaultKind::EndpointNotReady { .. }
+            | FaultKind::Exclude { .. }
+            | FaultKind::RollingUpdate => self.set_kubernetes(lab, daemons, kind, on),
         }
     }
 

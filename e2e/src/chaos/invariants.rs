@@ -54,17 +54,23 @@ pub enum Invariant {
     Crash,
     /// Resident memory grew.
     Leak,
+    /// A `ServiceL2Status` names another node than the answering one (Kubernetes).
+    StaleRecord,
+    /// One IP on two Services that do not share it (Kubernetes).
+    DoubleAllocation,
 }
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Invariant; 6] = [
+    pub const ALL: [Invariant; 8] = [
         Invariant::Dual,
         Invariant::Dark,
         Invariant::Disagreement,
         Invariant::Misplaced,
         Invariant::Crash,
         Invariant::Leak,
+        Invariant::StaleRecord,
+        Invariant::DoubleAllocation,
     ];
 
     /// A fixed name.
@@ -76,6 +82,8 @@ impl Invariant {
             Invariant::Misplaced => "misplaced",
             Invariant::Crash => "crash",
             Invariant::Leak => "leak",
+            Invariant::StaleRecord => "stale_record",
+            Invariant::DoubleAllocation => "double_allocation",
         }
     }
 }
@@ -124,7 +132,15 @@ pub struct NodeState {
     pub paused: bool,
     /// Health check passing.
     pub check: bool,
-    /// When its daemon last started (or the node powered on).
+    /// Labelled `exclude-from-external-load-balancers` (Kubernetes).
+    pub excluded: bool,
+    /// Its endpoint of the `Local` Service ready (Kubernetes).
+    pub endpoint: bool,
+    /// Its daemon started while the API server was down: a Kubernetes speaker serves nothing
+    /// before its first list, so it counts from the API server's return.
+    pub needs_api: bool,
+    /// When its daemon last started (or the node powered on, or the API server came back for
+    /// a daemon that waited for it).
     pub started: Duration,
 }
 
@@ -140,12 +156,26 @@ impl NodeState {
 pub struct State {
     /// Index 0 is node 1.
     pub nodes: Vec<NodeState>,
+    /// The API server up (Kubernetes).
+    pub api: bool,
     /// Directed (from, to) pairs whose membership traffic is dropped, with how many faults
     /// drop it.
     pub dropped: BTreeMap<(usize, usize), u32>,
 }
 
 impl State {
+    /// Node index `i`'s daemon stopped, or started at `at` (counting from the API server's
+    /// return when it is down).
+    fn set_running(&mut self, i: usize, running: bool, at: Duration) {
+        let api = self.api;
+        let s = &mut self.nodes[i];
+        s.running = running;
+        if running {
+            s.started = at;
+            s.needs_api = !api;
+        }
+    }
+
     /// Whether the live nodes' gossip graph is disconnected (a pair with traffic dropped either
     /// way is no edge).
     pub fn partitioned(&self) -> bool {
@@ -192,10 +222,14 @@ impl World {
                     running: true,
                     paused: false,
                     check: true,
+                    excluded: false,
+                    endpoint: true,
+                    needs_api: false,
                     started: Duration::ZERO,
                 };
                 nodes
             ],
+            api: true,
             dropped: BTreeMap::new(),
         };
         let mut snapshots = vec![(Duration::ZERO, state.clone())];
@@ -205,29 +239,47 @@ impl World {
             let Some(fault) = faults.get(e.fault) else {
                 continue;
             };
+            let node = |n: usize| n.checked_sub(1).filter(|i| *i < nodes);
             let on = match e.step {
                 Step::Apply => true,
                 Step::Undo => false,
                 Step::Rotate { .. } => continue,
+                Step::Roll { node: n, up } => {
+                    if let Some(i) = node(n) {
+                        state.set_running(i, up, e.at);
+                        snapshots.push((e.at, state.clone()));
+                    }
+                    continue;
+                }
             };
-            let node = |n: usize| n.checked_sub(1).filter(|i| *i < nodes);
             match fault.kind {
                 FaultKind::PowerOff { node: n } => {
                     if let Some(i) = node(n) {
                         state.nodes[i].powered = !on;
                         state.nodes[i].link = !on;
-                        state.nodes[i].running = !on;
-                        if !on {
-                            state.nodes[i].started = e.at;
-                        }
+                        state.set_running(i, !on, e.at);
                     }
                 }
                 FaultKind::Kill { node: n } => {
                     if let Some(i) = node(n) {
-                        state.nodes[i].running = !on;
-                        if !on {
-                            state.nodes[i].started = e.at;
-                        }
+                        state.set_running(i, !on, e.at);
+                    }
+                }
+                FaultKind::ApiDown => {
+                    state.api = !on;
+                    for s in state.nodes.iter_mut().filter(|s| !on && s.needs_api) {
+                        s.needs_api = false;
+                        s.started = e.at;
+                    }
+                }
+                FaultKind::Exclude { node: n } => {
+                    if let Some(i) = node(n) {
+                        state.nodes[i].excluded = on;
+                    }
+                }
+                FaultKind::EndpointNotReady { node: n } => {
+                    if let Some(i) = node(n) {
+                        state.nodes[i].endpoint = !on;
                     }
                 }
                 FaultKind::Pause { node: n } => {
@@ -301,6 +353,8 @@ pub struct VipRule {
     pub ip: Ipv4Addr,
     /// Whether its group has the health check (a failing one makes a node ineligible).
     pub checked: bool,
+    /// A `Local` Service's: only nodes with a ready endpoint are eligible.
+    pub local: bool,
     /// Base priority per node (index 0 is node 1).
     pub priorities: Vec<u8>,
 }
@@ -322,8 +376,19 @@ impl Rule {
     /// Whether node `n` (1-based) can serve VIP `vip` in `state` at `t` (with the start-up
     /// grace).
     fn available(&self, state: &State, n: usize, vip: usize, t: Duration) -> bool {
-        let s = &state.nodes[n - 1];
-        s.live() && (s.check || !self.vips[vip].checked) && t >= s.started + STARTUP_GRACE
+        self.eligible(state, n, vip) && t >= state.nodes[n - 1].started + STARTUP_GRACE
+    }
+
+    /// Whether node `n` (1-based) is a candidate for VIP `vip` in `state`: live, its check
+    /// passing where the group has one, not excluded, with a ready endpoint for a `Local`
+    /// Service, its daemon not waiting for the API server.
+    fn eligible(&self, state: &State, n: usize, vip: usize) -> bool {
+        let (s, rule) = (&state.nodes[n - 1], &self.vips[vip]);
+        s.live()
+            && (s.check || !rule.checked)
+            && !s.excluded
+            && (s.endpoint || !rule.local)
+            && !s.needs_api
     }
 
     /// The node (1-based) the rule names for VIP `vip` in `state`; `None` when no node is a
@@ -331,10 +396,7 @@ impl Rule {
     pub fn expected(&self, state: &State, vip: usize) -> Option<usize> {
         let rule = &self.vips[vip];
         let candidates: Vec<usize> = (1..=self.names.len())
-            .filter(|n| {
-                let s = &state.nodes[n - 1];
-                s.live() && (s.check || !rule.checked)
-            })
+            .filter(|n| self.eligible(state, *n, vip))
             .collect();
         let names: Vec<&str> = candidates
             .iter()
@@ -395,6 +457,8 @@ pub struct Observations {
     pub vips: Vec<VipObservations>,
     /// `/status` rounds, in order.
     pub polls: Vec<Poll>,
+    /// Reads of the API server's records and Services, in order (Kubernetes).
+    pub records: Vec<super::records::RecordPoll>,
     /// Observations are complete up to here.
     pub horizon: Duration,
 }
@@ -557,12 +621,18 @@ fn settled(rule: &Rule, world: &World, obs: &Observations, found: &mut Vec<Viola
             if quiet < SETTLE {
                 continue;
             }
-            // The live speakers that answered, and the owners they name.
+            // The live speakers that answered, and the owners they name (a Kubernetes speaker
+            // started while the API server was down knows no Service yet: it names nobody).
             let named: BTreeMap<usize, Option<String>> = poll
                 .owners
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| state.nodes.get(*i).is_some_and(NodeState::live))
+                .filter(|(i, _)| {
+                    state
+                        .nodes
+                        .get(*i)
+                        .is_some_and(|s| s.live() && !s.needs_api)
+                })
                 .filter_map(|(i, v)| Some((i + 1, v.as_ref()?.get(vip)?.clone())))
                 .collect();
             let distinct: BTreeSet<&Option<String>> = named.values().collect();
@@ -640,6 +710,7 @@ mod tests {
             vips: vec![VipRule {
                 ip: Ipv4Addr::new(198, 51, 100, 100),
                 checked: true,
+                local: false,
                 priorities: vec![100; nodes],
             }],
             names: (1..=nodes).map(|i| format!("node{i}")).collect(),
@@ -736,6 +807,7 @@ mod tests {
         let obs = Observations {
             vips: vec![o],
             polls: vec![],
+            records: Vec::new(),
             horizon: ms(10_000),
         };
         let found = evaluate(&rule(3), &world, &obs, false);
@@ -764,6 +836,7 @@ mod tests {
                 ..Default::default()
             }],
             polls: vec![],
+            records: Vec::new(),
             horizon: ms(10_000),
         };
         assert_eq!(
@@ -802,6 +875,7 @@ mod tests {
                 ..Default::default()
             }],
             polls: vec![],
+            records: Vec::new(),
             horizon: ms(12_000),
         };
         assert_eq!(evaluate(&rule(3), &world, &obs(p), false), []);
@@ -832,6 +906,7 @@ mod tests {
             vips: vec![VipObservations::default()],
             // 3 s: only 1 s after the resume; 4.5 s and 5 s: one violation.
             polls: vec![poll(3000, &split), poll(4500, &split), poll(5000, &split)],
+            records: Vec::new(),
             horizon: ms(6000),
         };
         let found = evaluate(&rule(3), &world, &obs, true);
@@ -850,6 +925,7 @@ mod tests {
                 ..Default::default()
             }],
             polls: vec![poll(1000, &wrong), poll(4000, &right), poll(5000, &wrong)],
+            records: Vec::new(),
             horizon: ms(10_000),
         };
         let found = evaluate(&rule(3), &world, &obs, true);
@@ -864,6 +940,7 @@ mod tests {
                 ..Default::default()
             }],
             polls: vec![poll(8000, &[Some("node3"), Some("node2"), Some("node3")])],
+            records: Vec::new(),
             horizon: ms(10_000),
         };
         assert_eq!(evaluate(&rule(3), &world, &obs, true), []);
@@ -878,6 +955,7 @@ mod tests {
                 ..Default::default()
             }],
             polls: vec![poll(5000, &[Some("node3"); 3])],
+            records: Vec::new(),
             horizon: ms(10_000),
         };
         let found = evaluate(&rule(3), &world, &obs, true);

@@ -1,5 +1,6 @@
 //! The client's observers over a chaos run: a prober and an ARP asker per VIP, a reader of every
-//! node's `/status`, and what they recorded as the checker reads it.
+//! node's `/status`, in Kubernetes a reader of the API server's records and Services, and what
+//! they recorded as the checker reads it.
 
 use super::*;
 
@@ -10,15 +11,38 @@ pub(super) const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// it names for each VIP.
 pub(super) type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
 
-/// Reads every node's `/status` every [`POLL_INTERVAL`] from the client's namespace.
+/// One read of the API server: when it started, and what it found (`None`: no answer).
+pub(super) type RecordRound = (Instant, Option<ApiRead>);
+
+/// Reads something every [`POLL_INTERVAL`] on a thread of its own, recording when each read
+/// started and what it gave, until stopped.
 #[derive(Debug)]
-pub(super) struct StatusReader {
+pub(super) struct Reader<T> {
     stop: Arc<AtomicBool>,
     handle: Option<std::thread::JoinHandle<()>>,
-    log: Arc<Mutex<Vec<StatusRound>>>,
+    log: Arc<Mutex<Vec<(Instant, T)>>>,
+}
+
+/// The `/status` reader.
+pub(super) type StatusReader = Reader<Vec<Option<Vec<Option<String>>>>>;
+/// The API server's reader (records and Services).
+pub(super) type RecordReader = Reader<Option<ApiRead>>;
+
+/// The reading loop of a [`Reader`]: `read` every [`POLL_INTERVAL`] until `stop`.
+fn read_until<T>(stop: &AtomicBool, log: &Mutex<Vec<(Instant, T)>>, mut read: impl FnMut() -> T) {
+    while !stop.load(Ordering::Relaxed) {
+        let at = Instant::now();
+        let value = read();
+        log.lock().expect("reader log").push((at, value));
+        let next = at + POLL_INTERVAL;
+        while Instant::now() < next && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl StatusReader {
+    /// Reads every node's `/status` from the client's namespace, all nodes at once.
     pub(super) fn start(lab: &Lab, vips: Vec<Ipv4Addr>) -> Result<StatusReader> {
         let stop = Arc::new(AtomicBool::new(false));
         let log: Arc<Mutex<Vec<_>>> = Arc::default();
@@ -30,9 +54,8 @@ impl StatusReader {
             "chaos-status",
             || Ok(()),
             move |()| {
-                while !flag.load(Ordering::Relaxed) {
-                    let at = Instant::now();
-                    let owners: Vec<Option<Vec<Option<String>>>> = std::thread::scope(|scope| {
+                read_until(&flag, &polls, || {
+                    std::thread::scope(|scope| {
                         let reads: Vec<_> = addrs
                             .iter()
                             .map(|addr| {
@@ -44,41 +67,88 @@ impl StatusReader {
                             })
                             .collect();
                         reads.into_iter().map(|r| r.join().ok().flatten()).collect()
-                    });
-                    polls.lock().expect("status log").push((at, owners));
-                    let next = at + POLL_INTERVAL;
-                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                }
+                    })
+                })
             },
         )?;
-        Ok(StatusReader {
+        Ok(Reader {
             stop,
             handle: Some(handle),
             log,
         })
     }
+}
 
-    /// Stops reading and returns every round.
-    pub(super) fn finish(mut self) -> Vec<StatusRound> {
+impl RecordReader {
+    /// Reads the status records and the Services of the Kubernetes lab, with a client of its
+    /// own (made again after a failed read).
+    pub(super) fn start(records: kubelab::Records) -> RecordReader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<Vec<_>>> = Arc::default();
+        let (flag, reads) = (stop.clone(), log.clone());
+        let handle = std::thread::spawn(move || {
+            let mut client = None;
+            read_until(&flag, &reads, || {
+                let kube = match client.take() {
+                    Some(kube) => kube,
+                    None => records.client().ok()?,
+                };
+                let read = records.read(&kube)?;
+                client = Some(kube);
+                Some(ApiRead {
+                    records: read.records,
+                    services: read.services.iter().map(service_ips).collect(),
+                })
+            })
+        });
+        Reader {
+            stop,
+            handle: Some(handle),
+            log,
+        }
+    }
+}
+
+/// A Service as the record invariants see it.
+fn service_ips(service: &serde_json::Value) -> ServiceIps {
+    let text = |p: &str| service.pointer(p).and_then(serde_json::Value::as_str);
+    ServiceIps {
+        name: format!(
+            "{}/{}",
+            text("/metadata/namespace").unwrap_or(""),
+            text("/metadata/name").unwrap_or("")
+        ),
+        ips: kubelab::ingress_ips(service),
+        shared: service
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(kubelab::SHARED_ANNOTATION))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string),
+    }
+}
+
+impl<T: Clone> Reader<T> {
+    /// Stops reading and returns every read.
+    pub(super) fn finish(mut self) -> Vec<(Instant, T)> {
         self.halt();
         self.snapshot()
     }
 
+    pub(super) fn snapshot(&self) -> Vec<(Instant, T)> {
+        self.log.lock().expect("reader log").clone()
+    }
+}
+
+impl<T> Reader<T> {
     fn halt(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
     }
-
-    pub(super) fn snapshot(&self) -> Vec<StatusRound> {
-        self.log.lock().expect("status log").clone()
-    }
 }
 
-impl Drop for StatusReader {
+impl<T> Drop for Reader<T> {
     fn drop(&mut self) {
         self.halt();
     }
@@ -110,6 +180,7 @@ pub(super) fn observations(
     probers: &[Prober],
     askers: &[(Instant, Vec<probe::ArpAnswers>)],
     polls: &[StatusRound],
+    reads: &[RecordRound],
     horizon: Duration,
 ) -> Observations {
     let since = |at: Instant| at.saturating_duration_since(t0);
@@ -150,6 +221,13 @@ pub(super) fn observations(
                 owners: owners.clone(),
             })
             .collect(),
+        records: reads
+            .iter()
+            .map(|(at, read)| RecordPoll {
+                at: since(*at),
+                read: read.clone(),
+            })
+            .collect(),
         horizon,
     }
 }
@@ -161,6 +239,7 @@ pub(super) struct Observers {
     probers: Vec<Prober>,
     askers: Vec<(Instant, ArpAsker)>,
     status: Option<StatusReader>,
+    records: Option<RecordReader>,
 }
 
 impl Observers {
@@ -169,6 +248,7 @@ impl Observers {
         vips: &[Ipv4Addr],
         duration: Duration,
         status: bool,
+        records: Option<kubelab::Records>,
     ) -> Result<Observers> {
         let t0 = Instant::now();
         let probers = vips
@@ -202,6 +282,7 @@ impl Observers {
             probers,
             askers,
             status,
+            records: records.map(RecordReader::start),
         })
     }
 
@@ -217,18 +298,24 @@ impl Observers {
             .as_ref()
             .map(StatusReader::snapshot)
             .unwrap_or_default();
-        observations(lab, self.t0, &self.probers, &asked, &polls, horizon)
+        let reads = self
+            .records
+            .as_ref()
+            .map(RecordReader::snapshot)
+            .unwrap_or_default();
+        observations(lab, self.t0, &self.probers, &asked, &polls, &reads, horizon)
     }
 
     /// Stops them; everything they recorded up to `horizon`.
     pub(super) fn finish(self, lab: &Lab, horizon: Duration) -> Observations {
         let polls = self.status.map(StatusReader::finish).unwrap_or_default();
+        let reads = self.records.map(RecordReader::finish).unwrap_or_default();
         let asked: Vec<(Instant, Vec<probe::ArpAnswers>)> = self
             .askers
             .into_iter()
             .map(|(from, a)| (from, a.stop()))
             .collect();
-        let obs = observations(lab, self.t0, &self.probers, &asked, &polls, horizon);
+        let obs = observations(lab, self.t0, &self.probers, &asked, &polls, &reads, horizon);
         for p in self.probers {
             p.stop();
         }

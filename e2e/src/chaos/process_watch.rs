@@ -15,8 +15,8 @@ pub(super) struct ProcessWatch {
     offsets: BTreeMap<PathBuf, u64>,
     /// Pids already reported gone.
     gone: BTreeSet<u32>,
-    /// Nodes whose keepalived was reported gone (until restarted).
-    keepalived_gone: BTreeSet<usize>,
+    /// Nodes whose keepalived or MetalLB speaker was reported gone (until restarted).
+    gone_nodes: BTreeSet<usize>,
     /// Per pid: node, when it started, its baseline and last resident memory (KiB).
     memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
     pub(super) found: Vec<Violation>,
@@ -43,10 +43,17 @@ impl ProcessWatch {
         at: Duration,
         memory: bool,
     ) {
+        if let ChaosDaemons::Kubernetes(d) = daemons {
+            for line in self.new_lines(&d.dir().join("controller.log")) {
+                if line.contains("panicked") {
+                    self.crash(at, format!("the controller's log: {}", line.trim()));
+                }
+            }
+        }
         for n in 1..=lab.nodes.len() {
             let name = lab.node(n).name.clone();
             match daemons {
-                ChaosDaemons::Swimlb(d) => {
+                ChaosDaemons::Swimlb(d) | ChaosDaemons::Kubernetes(d) => {
                     let log = d.log_path(lab, n);
                     for line in self.new_lines(&log) {
                         if line.contains("panicked") {
@@ -83,9 +90,32 @@ impl ProcessWatch {
                         }
                     }
                 }
+                ChaosDaemons::Metallb(d) => {
+                    if let Some(log) = d.speaker_log_path(&name) {
+                        for line in self.new_lines(&log) {
+                            // A Go panic's first line, or a log record at level panic.
+                            if line.starts_with("panic:") || line.contains(r#""level":"panic""#) {
+                                self.crash(
+                                    at,
+                                    format!("{name}'s MetalLB speaker: {}", line.trim()),
+                                );
+                            }
+                        }
+                    }
+                    if !driver.running[n - 1] {
+                        self.gone_nodes.remove(&n);
+                        continue;
+                    }
+                    if at >= started[n - 1] + Duration::from_secs(2)
+                        && d.pid(lab, n).is_none()
+                        && self.gone_nodes.insert(n)
+                    {
+                        self.crash(at, format!("{name}'s MetalLB speaker is not running"));
+                    }
+                }
                 ChaosDaemons::Keepalived(_) => {
                     if !driver.running[n - 1] {
-                        self.keepalived_gone.remove(&n);
+                        self.gone_nodes.remove(&n);
                         continue;
                     }
                     // `ip netns exec` enters the namespace after the spawn: a daemon just
@@ -94,7 +124,7 @@ impl ProcessWatch {
                         continue;
                     }
                     let netns = lab.node(n).netns.clone();
-                    if driver::netns_pids(&netns).is_empty() && self.keepalived_gone.insert(n) {
+                    if driver::netns_pids(&netns).is_empty() && self.gone_nodes.insert(n) {
                         self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
                     }
                 }

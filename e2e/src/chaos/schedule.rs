@@ -12,7 +12,9 @@
 //!   table, its check flag, its configuration file) never overlap, so undoing one never undoes
 //!   another, and every fault's undo is in [`actions`].
 //! - **Only what the target has**: no owner-watch drop, reload, key rotation or check for a
-//!   target without them ([`Target::capabilities`]).
+//!   target without them, no Kubernetes fault outside Kubernetes ([`Target::capabilities`]).
+//! - **No API write while the API server is down**: an outage holds every resource an API
+//!   write holds (a write during one would fail, not fault).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -26,6 +28,10 @@ pub enum Target {
     Swimlb,
     /// keepalived, VRRPv3 with `advert_int 0.1`.
     KeepalivedFast,
+    /// swimlb's speakers in Kubernetes mode, on the real control plane.
+    SwimlbKubernetes,
+    /// MetalLB's layer 2 mode, from its manifest, on the real control plane.
+    Metallb,
 }
 
 /// What a target offers the schedule and the checker.
@@ -37,6 +43,9 @@ pub struct Capabilities {
     pub standalone: bool,
     /// An owner watch on the gossip port + 1.
     pub watch_port: bool,
+    /// Kubernetes faults (API server, etcd, controller, Services, endpoints, labels, rolling
+    /// update) and the record invariants.
+    pub kubernetes: bool,
     /// VIPs served.
     pub vips: usize,
 }
@@ -47,6 +56,8 @@ impl Target {
         match self {
             Target::Swimlb => "swimlb",
             Target::KeepalivedFast => "keepalived-fast",
+            Target::SwimlbKubernetes => "swimlb-kubernetes",
+            Target::Metallb => "metallb",
         }
     }
 
@@ -57,13 +68,29 @@ impl Target {
                 status: true,
                 standalone: true,
                 watch_port: true,
+                kubernetes: false,
                 vips: 2,
             },
             Target::KeepalivedFast => Capabilities {
                 status: false,
                 standalone: false,
                 watch_port: false,
+                kubernetes: false,
                 vips: 1,
+            },
+            Target::SwimlbKubernetes => Capabilities {
+                status: true,
+                standalone: false,
+                watch_port: true,
+                kubernetes: true,
+                vips: 2,
+            },
+            Target::Metallb => Capabilities {
+                status: false,
+                standalone: false,
+                watch_port: false,
+                kubernetes: true,
+                vips: 2,
             },
         }
     }
@@ -161,6 +188,33 @@ pub enum FaultKind {
         /// 1-based node.
         node: usize,
     },
+    /// kube-apiserver killed (SIGKILL), then started again (and ready).
+    ApiDown,
+    /// etcd's history compacted up to its current revision (watches older than it must list
+    /// again); nothing to undo.
+    EtcdCompaction,
+    /// The controller stopped (SIGTERM), then started again.
+    ControllerRestart,
+    /// Two Services created, then deleted: `churn-N` takes an IP from the pool, `clash-N` asks
+    /// for the first VIP without sharing it (it must not get it).
+    ServiceChurn {
+        /// Which churn of the run (the Services' names).
+        number: u32,
+    },
+    /// The node's endpoint of the `Local` Service turns not ready, then ready.
+    EndpointNotReady {
+        /// 1-based node.
+        node: usize,
+    },
+    /// The node labelled `node.kubernetes.io/exclude-from-external-load-balancers`, then
+    /// unlabelled.
+    Exclude {
+        /// 1-based node.
+        node: usize,
+    },
+    /// The speakers' DaemonSet rolled: node by node, the speaker stopped (SIGTERM, its Pod
+    /// deleted) and started again (the new Pod), as `maxUnavailable: 1` does.
+    RollingUpdate,
     /// Not drawn by the schedule: the VIP added to the node's `eth0` by hand, so its kernel
     /// answers ARP for it beside the owner. For tests that the checker can fail.
     ForeignAnswer {
@@ -204,6 +258,13 @@ impl FaultKind {
             FaultKind::BrokenReload { .. } => "broken_reload",
             FaultKind::KeyRotation { .. } => "key_rotation",
             FaultKind::CheckFail { .. } => "check_fail",
+            FaultKind::ApiDown => "api_down",
+            FaultKind::EtcdCompaction => "etcd_compaction",
+            FaultKind::ControllerRestart => "controller_restart",
+            FaultKind::ServiceChurn { .. } => "service_churn",
+            FaultKind::EndpointNotReady { .. } => "endpoint_not_ready",
+            FaultKind::Exclude { .. } => "exclude_label",
+            FaultKind::RollingUpdate => "rolling_update",
             FaultKind::ForeignAnswer { .. } => "foreign_answer",
         }
     }
@@ -221,6 +282,13 @@ impl FaultKind {
             FaultKind::BrokenReload { .. } => (ms(1000), ms(8000)),
             FaultKind::KeyRotation { .. } => (ms(3000), ms(8000)),
             FaultKind::CheckFail { .. } => (ms(1000), ms(10_000)),
+            FaultKind::ApiDown => (ms(2000), ms(15_000)),
+            FaultKind::EtcdCompaction => (ms(100), ms(1000)),
+            FaultKind::ControllerRestart => (ms(1000), ms(8000)),
+            FaultKind::ServiceChurn { .. }
+            | FaultKind::EndpointNotReady { .. }
+            | FaultKind::Exclude { .. } => (ms(1000), ms(12_000)),
+            FaultKind::RollingUpdate => (ms(9000), ms(20_000)),
             FaultKind::ForeignAnswer { .. } => (ms(100), ms(60_000)),
         }
     }
@@ -238,6 +306,17 @@ impl FaultKind {
             FaultKind::KeyRotation { .. } => (1..=nodes).map(Resource::Config).collect(),
             FaultKind::Drop { .. } => Vec::new(),
             FaultKind::ForeignAnswer { node, .. } => vec![Resource::Foreign(node)],
+            // An outage holds whatever an API write holds.
+            FaultKind::ApiDown => [Resource::Services]
+                .into_iter()
+                .chain((1..=nodes).flat_map(|n| [Resource::Endpoint(n), Resource::Label(n)]))
+                .collect(),
+            FaultKind::EtcdCompaction => vec![Resource::Etcd],
+            FaultKind::ControllerRestart => vec![Resource::Controller],
+            FaultKind::ServiceChurn { .. } => vec![Resource::Services],
+            FaultKind::EndpointNotReady { node } => vec![Resource::Endpoint(node)],
+            FaultKind::Exclude { node } => vec![Resource::Label(node)],
+            FaultKind::RollingUpdate => (1..=nodes).map(Resource::Process).collect(),
         }
     }
 
@@ -277,6 +356,19 @@ impl FaultKind {
             FaultKind::ForeignAnswer { node, vip } => {
                 format!("node{node}'s kernel answers for VIP {vip} (address added by hand)")
             }
+            FaultKind::ApiDown => "kube-apiserver killed".to_string(),
+            FaultKind::EtcdCompaction => "etcd compacted".to_string(),
+            FaultKind::ControllerRestart => "the controller stopped".to_string(),
+            FaultKind::ServiceChurn { number } => {
+                format!("Services churn-{number} and clash-{number} (asking for VIP 0) created")
+            }
+            FaultKind::EndpointNotReady { node } => {
+                format!("node{node}'s endpoint of the Local Service not ready")
+            }
+            FaultKind::Exclude { node } => {
+                format!("node{node} labelled exclude-from-external-load-balancers")
+            }
+            FaultKind::RollingUpdate => "the speakers' DaemonSet rolls".to_string(),
         }
     }
 }
@@ -296,6 +388,16 @@ pub enum Resource {
     Config(usize),
     /// The node's hand-added address.
     Foreign(usize),
+    /// The Services the churn creates (and the API server, for an outage).
+    Services,
+    /// The node's endpoint of the `Local` Service.
+    Endpoint(usize),
+    /// The node's labels.
+    Label(usize),
+    /// The controller's process.
+    Controller,
+    /// etcd's history.
+    Etcd,
 }
 
 /// One timed fault.
@@ -379,7 +481,7 @@ pub fn setup(seed: u64, nodes: usize) -> Setup {
 }
 
 /// Draws a fault kind (with weights) allowed by `caps`.
-fn draw_kind(rng: &mut SplitMix64, nodes: usize, caps: Capabilities, rotations: u32) -> FaultKind {
+fn draw_kind(rng: &mut SplitMix64, nodes: usize, caps: Capabilities, drawn: Drawn) -> FaultKind {
     let node = |rng: &mut SplitMix64| 1 + rng.below(nodes);
     let pair = |rng: &mut SplitMix64| {
         let from = 1 + rng.below(nodes);
@@ -393,6 +495,17 @@ fn draw_kind(rng: &mut SplitMix64, nodes: usize, caps: Capabilities, rotations: 
     }
     if caps.standalone {
         table.extend([(1, 8), (1, 9), (2, 10)]);
+    }
+    if caps.kubernetes {
+        table.extend([
+            (2, 11),
+            (1, 12),
+            (1, 13),
+            (2, 14),
+            (2, 15),
+            (2, 16),
+            (1, 17),
+        ]);
     }
     let total: u64 = table.iter().map(|(w, _)| w).sum();
     let mut pick = rng.range(0, total - 1);
@@ -436,10 +549,26 @@ fn draw_kind(rng: &mut SplitMix64, nodes: usize, caps: Capabilities, rotations: 
             broken: [Broken::Syntax, Broken::Invalid, Broken::GarbageKeys][rng.below(3)],
         },
         9 => FaultKind::KeyRotation {
-            number: rotations + 1,
+            number: drawn.rotations + 1,
         },
-        _ => FaultKind::CheckFail { node: node(rng) },
+        10 => FaultKind::CheckFail { node: node(rng) },
+        11 => FaultKind::ApiDown,
+        12 => FaultKind::EtcdCompaction,
+        13 => FaultKind::ControllerRestart,
+        14 => FaultKind::ServiceChurn {
+            number: drawn.churns + 1,
+        },
+        15 => FaultKind::EndpointNotReady { node: node(rng) },
+        16 => FaultKind::Exclude { node: node(rng) },
+        _ => FaultKind::RollingUpdate,
     }
+}
+
+/// How many numbered faults were drawn so far (the next one's number follows).
+#[derive(Debug, Clone, Copy, Default)]
+struct Drawn {
+    rotations: u32,
+    churns: u32,
 }
 
 /// The faults of a run of `duration` with `nodes` nodes (2 or more) on `target`, from `seed`,
@@ -452,7 +581,7 @@ pub fn schedule(seed: u64, duration: Duration, nodes: usize, target: Target) -> 
         return faults;
     }
     let last_end = duration - TAIL;
-    let mut rotations = 0;
+    let mut drawn = Drawn::default();
     let mut episode_start = LEAD_IN;
     // Bounded: each episode moves `episode_start` forward by at least GAP.0.
     while episode_start + Duration::from_millis(1000) < last_end {
@@ -463,7 +592,7 @@ pub fn schedule(seed: u64, duration: Duration, nodes: usize, target: Target) -> 
         for _ in 0..count {
             // A few draws for a kind that fits; a fault that does not is left out.
             for _attempt in 0..8 {
-                let kind = draw_kind(&mut rng, nodes, caps, rotations);
+                let kind = draw_kind(&mut rng, nodes, caps, drawn);
                 let (min, max) = kind.duration_range();
                 let room = episode_end.saturating_sub(episode_start);
                 let offset_ms = rng.range(0, (room.as_millis() as u64 * 7) / 10);
@@ -486,8 +615,10 @@ pub fn schedule(seed: u64, duration: Duration, nodes: usize, target: Target) -> 
                 if clash {
                     continue;
                 }
-                if let FaultKind::KeyRotation { .. } = kind {
-                    rotations += 1;
+                match kind {
+                    FaultKind::KeyRotation { .. } => drawn.rotations += 1,
+                    FaultKind::ServiceChurn { .. } => drawn.churns += 1,
+                    _ => {}
                 }
                 latest_end = latest_end.max(fault.end());
                 faults.push(fault);
@@ -513,6 +644,13 @@ pub enum Step {
         phase: u8,
         /// 1-based node to reload, or 0 for the key file.
         node: usize,
+    },
+    /// A rolling update's step on `node`: its speaker stopped (`up` false) or started again.
+    Roll {
+        /// 1-based node.
+        node: usize,
+        /// Started (true) or stopped (false).
+        up: bool,
     },
     /// Undo the fault.
     Undo,
@@ -557,6 +695,20 @@ pub fn actions(faults: &[Fault], nodes: usize) -> Vec<Action> {
                 }
             }
         }
+        if let FaultKind::RollingUpdate = f.kind {
+            // Node by node: stopped at the start of its slot, started again half a slot later.
+            let slot = f.duration / (nodes as u32 + 1);
+            for node in 1..=nodes {
+                let start = f.at + slot * (node as u32 - 1);
+                for (up, at) in [(false, start), (true, start + slot / 2)] {
+                    all.push(Action {
+                        at,
+                        fault: i,
+                        step: Step::Roll { node, up },
+                    });
+                }
+            }
+        }
         all.push(Action {
             at: f.end(),
             fault: i,
@@ -566,7 +718,7 @@ pub fn actions(faults: &[Fault], nodes: usize) -> Vec<Action> {
     let order = |s: &Step| match s {
         Step::Undo => 0,
         Step::Apply => 1,
-        Step::Rotate { .. } => 2,
+        Step::Rotate { .. } | Step::Roll { .. } => 2,
     };
     all.sort_by_key(|a| (a.at, order(&a.step), a.fault));
     all
@@ -576,7 +728,12 @@ pub fn actions(faults: &[Fault], nodes: usize) -> Vec<Action> {
 mod tests {
     use super::*;
 
-    const TARGETS: [Target; 2] = [Target::Swimlb, Target::KeepalivedFast];
+    const TARGETS: [Target; 4] = [
+        Target::Swimlb,
+        Target::KeepalivedFast,
+        Target::SwimlbKubernetes,
+        Target::Metallb,
+    ];
 
     #[test]
     fn the_same_seed_gives_the_same_schedule_and_another_seed_another() {
@@ -628,7 +785,12 @@ mod tests {
                                 assert!(in_lab(node));
                                 assert!(f.duration <= Duration::from_secs(3));
                             }
-                            FaultKind::KeyRotation { .. } => {}
+                            FaultKind::KeyRotation { .. }
+                            | FaultKind::ApiDown
+                            | FaultKind::EtcdCompaction
+                            | FaultKind::ControllerRestart
+                            | FaultKind::ServiceChurn { .. }
+                            | FaultKind::RollingUpdate => {}
                             other => {
                                 let node = match other {
                                     FaultKind::PowerOff { node }
@@ -636,7 +798,9 @@ mod tests {
                                     | FaultKind::LinkFlap { node }
                                     | FaultKind::Starve { node, .. }
                                     | FaultKind::BrokenReload { node, .. }
-                                    | FaultKind::CheckFail { node } => node,
+                                    | FaultKind::CheckFail { node }
+                                    | FaultKind::EndpointNotReady { node }
+                                    | FaultKind::Exclude { node } => node,
                                     _ => unreachable!("not drawn: {other:?}"),
                                 };
                                 assert!(in_lab(node), "{f:?}");
@@ -697,6 +861,88 @@ mod tests {
             swimlb.len(),
             13,
             "every kind but foreign_answer: {swimlb:?}"
+        );
+        let mut kubernetes = BTreeSet::new();
+        for seed in 0..50 {
+            for f in schedule(seed, Duration::from_secs(300), 3, Target::SwimlbKubernetes) {
+                kubernetes.insert(f.kind.as_str());
+            }
+        }
+        for kind in [
+            "api_down",
+            "etcd_compaction",
+            "controller_restart",
+            "service_churn",
+            "endpoint_not_ready",
+            "exclude_label",
+            "rolling_update",
+            "drop_watch_one_way",
+        ] {
+            assert!(
+                kubernetes.contains(kind),
+                "{kind} never drawn: {kubernetes:?}"
+            );
+            assert!(
+                !swimlb.contains(kind) || kind.starts_with("drop"),
+                "{kind} standalone"
+            );
+        }
+        for never in ["broken_reload", "key_rotation", "check_fail"] {
+            assert!(!kubernetes.contains(never), "{never} in Kubernetes");
+        }
+    }
+
+    #[test]
+    fn no_api_write_overlaps_an_outage_of_the_api_server() {
+        let mut outages = 0;
+        for seed in 0..100 {
+            let faults = schedule(seed, Duration::from_secs(300), 4, Target::SwimlbKubernetes);
+            for a in faults.iter().filter(|f| f.kind == FaultKind::ApiDown) {
+                outages += 1;
+                for b in &faults {
+                    let writes = matches!(
+                        b.kind,
+                        FaultKind::ServiceChurn { .. }
+                            | FaultKind::EndpointNotReady { .. }
+                            | FaultKind::Exclude { .. }
+                            | FaultKind::ApiDown
+                    );
+                    let overlap = a.at < b.end() && b.at < a.end() && a != b;
+                    assert!(!(writes && overlap), "seed {seed}: {a:?} and {b:?}");
+                }
+            }
+        }
+        assert!(outages > 50, "outages drawn: {outages}");
+    }
+
+    #[test]
+    fn a_rolling_update_stops_and_starts_one_node_at_a_time() {
+        let fault = Fault {
+            at: Duration::from_secs(10),
+            duration: Duration::from_secs(12),
+            kind: FaultKind::RollingUpdate,
+        };
+        let steps = actions(&[fault], 3);
+        let rolls: Vec<Step> = steps
+            .iter()
+            .map(|a| a.step)
+            .filter(|s| matches!(s, Step::Roll { .. }))
+            .collect();
+        let expected: Vec<Step> = (1..=3)
+            .flat_map(|node| {
+                [
+                    Step::Roll { node, up: false },
+                    Step::Roll { node, up: true },
+                ]
+            })
+            .collect();
+        assert_eq!(rolls, expected);
+        assert_eq!(steps.first().map(|a| a.step), Some(Step::Apply));
+        assert_eq!(steps.last().map(|a| a.step), Some(Step::Undo));
+        assert!(
+            steps
+                .iter()
+                .all(|a| a.at >= fault.at && a.at <= fault.end())
         );
     }
 
