@@ -15,7 +15,8 @@
 //!   `kube-api-access-*` included (a TokenRequest bound to the Pod, made with the node's
 //!   credential, `ca.crt` from the `kube-root-ca.crt` ConfigMap, the namespace), written by the
 //!   kubelet's atomic writer and synced every [`VOLUME_SYNC`] (a real kubelet takes up to its
-//!   sync period, a minute, plus its cache's time to live).
+//!   sync period, a minute, plus its cache's time to live). With the API server unreachable the
+//!   files written before stay and a container restarts with them, as a kubelet's mounts do.
 //! - **The container** ([`spec`]): `command` + `args` with `$(VAR)` expanded, its environment
 //!   resolved (downward API, Secret and ConfigMap keys) after the kubelet's variables of the
 //!   `kubernetes` Service (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, `KUBERNETES_PORT*`),

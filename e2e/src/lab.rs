@@ -10,5 +10,5 @@ pub mod views;
 
 pub use announcements::{Announcement, AnnouncementWatcher};
 pub use http::{GOSSIP_PORT, HTTP_PORT, http_addrs, http_get, read_each};
-pub use usage::proc_usage;
+pub use usage::{proc_running, proc_usage};
 pub use views::{MetallbView, SpeakerView, Views, VrrpState};

@@ -231,7 +231,11 @@ impl MetallbDaemons {
             .args([&format!("-{signal}"), &pid.to_string()])
             .status()?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.pod(prefix, node).is_some_and(|(_, s)| s.pid.is_some()) {
+        // Gone once its worker saw the exit, or once the process is: a worker whose node's link
+        // is down may hang on the API server, and sees it later.
+        while self.pod(prefix, node).is_some_and(|(_, s)| s.pid.is_some())
+            && crate::lab::proc_running(pid)
+        {
             if Instant::now() > deadline {
                 bail!("MetalLB's {pod} did not exit within 10 s of SIG{signal}");
             }
@@ -245,7 +249,8 @@ impl MetallbDaemons {
         let deadline = Instant::now() + START_LIMIT;
         loop {
             if let Some((pod, state)) = self.pod(prefix, node) {
-                if state.pid.is_some() {
+                // A worker that has not seen the last exit yet still shows the dead pid.
+                if state.pid.is_some_and(crate::lab::proc_running) {
                     return Ok(());
                 }
                 self.kubelet.hold_restarts(&pod, false);

@@ -64,13 +64,7 @@ impl ProcessWatch {
                         continue;
                     }
                     let Some(pid) = d.pid(lab, n) else { continue };
-                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .ok()
-                        .and_then(|s| {
-                            s.rsplit_once(')')
-                                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
-                        });
-                    if matches!(state.as_deref(), None | Some("Z" | "X")) {
+                    if !lab::proc_running(pid) {
                         if self.gone.insert(pid) {
                             self.crash(
                                 at,
