@@ -164,6 +164,80 @@ pub struct State {
 }
 
 impl State {
+    /// Fault `kind` put on (`on`) or taken off at `at`; false when it changes nothing the
+    /// checker models.
+    fn apply(&mut self, kind: FaultKind, on: bool, at: Duration) -> bool {
+        let nodes = self.nodes.len();
+        let node = |n: usize| n.checked_sub(1).filter(|i| *i < nodes);
+        match kind {
+            FaultKind::PowerOff { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].powered = !on;
+                    self.nodes[i].link = !on;
+                    self.set_running(i, !on, at);
+                }
+            }
+            FaultKind::Kill { node: n } => {
+                if let Some(i) = node(n) {
+                    self.set_running(i, !on, at);
+                }
+            }
+            FaultKind::ApiDown => {
+                self.api = !on;
+                for s in self.nodes.iter_mut().filter(|s| !on && s.needs_api) {
+                    s.needs_api = false;
+                    s.started = at;
+                }
+            }
+            FaultKind::Exclude { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].excluded = on;
+                }
+            }
+            FaultKind::EndpointNotReady { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].endpoint = !on;
+                }
+            }
+            FaultKind::Pause { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].paused = on;
+                }
+            }
+            FaultKind::LinkFlap { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].link = !on;
+                }
+            }
+            FaultKind::CheckFail { node: n } => {
+                if let Some(i) = node(n) {
+                    self.nodes[i].check = !on;
+                }
+            }
+            FaultKind::Drop {
+                traffic: Traffic::Membership,
+                from,
+                to,
+                both,
+            } => {
+                let mut pairs = vec![(from, to)];
+                if both {
+                    pairs.push((to, from));
+                }
+                for p in pairs {
+                    let count = self.dropped.entry(p).or_insert(0);
+                    *count = if on {
+                        *count + 1
+                    } else {
+                        count.saturating_sub(1)
+                    };
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
     /// Node index `i`'s daemon stopped, or started at `at` (counting from the API server's
     /// return when it is down).
     fn set_running(&mut self, i: usize, running: bool, at: Duration) {
@@ -252,71 +326,8 @@ impl World {
                     continue;
                 }
             };
-            match fault.kind {
-                FaultKind::PowerOff { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].powered = !on;
-                        state.nodes[i].link = !on;
-                        state.set_running(i, !on, e.at);
-                    }
-                }
-                FaultKind::Kill { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.set_running(i, !on, e.at);
-                    }
-                }
-                FaultKind::ApiDown => {
-                    state.api = !on;
-                    for s in state.nodes.iter_mut().filter(|s| !on && s.needs_api) {
-                        s.needs_api = false;
-                        s.started = e.at;
-                    }
-                }
-                FaultKind::Exclude { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].excluded = on;
-                    }
-                }
-                FaultKind::EndpointNotReady { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].endpoint = !on;
-                    }
-                }
-                FaultKind::Pause { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].paused = on;
-                    }
-                }
-                FaultKind::LinkFlap { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].link = !on;
-                    }
-                }
-                FaultKind::CheckFail { node: n } => {
-                    if let Some(i) = node(n) {
-                        state.nodes[i].check = !on;
-                    }
-                }
-                FaultKind::Drop {
-                    traffic: Traffic::Membership,
-                    from,
-                    to,
-                    both,
-                } => {
-                    let mut pairs = vec![(from, to)];
-                    if both {
-                        pairs.push((to, from));
-                    }
-                    for p in pairs {
-                        let count = state.dropped.entry(p).or_insert(0);
-                        *count = if on {
-                            *count + 1
-                        } else {
-                            count.saturating_sub(1)
-                        };
-                    }
-                }
-                _ => continue,
+            if !state.apply(fault.kind, on, e.at) {
+                continue;
             }
             snapshots.push((e.at, state.clone()));
         }
