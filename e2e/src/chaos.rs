@@ -3,7 +3,14 @@
 //!
 //! - [`schedule`] (pure): the faults of a run, a function of (seed, duration, nodes, target).
 //! - [`invariants`] (pure): dual, dark, disagreement and misplaced over what was recorded.
-//! - [`driver`] (I/O): what each fault does to the lab and how it is undone.
+//! - [`records`] (pure): in Kubernetes, stale records and double allocations.
+//! - [`driver`] (I/O): what each fault does to the lab and how it is undone (the Kubernetes
+//!   faults in `driver/kubernetes.rs`).
+//!
+//! The targets: swimlb standalone and keepalived-fast on the namespace lab; swimlb in
+//! Kubernetes mode and MetalLB on the Kubernetes lab (the real control plane), which also
+//! serves a `Local` Service on the second VIP and is read every 500 ms for its records and
+//! Services.
 //!
 //! [`run`] builds the lab (the daemons of the target on every node, a responder beside each),
 //! waits for it to converge ([`trial::settle`]), then starts the observers: a prober per VIP
