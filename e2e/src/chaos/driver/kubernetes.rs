@@ -32,11 +32,11 @@ impl Driver {
         on: bool,
     ) -> Result<()> {
         if kind == FaultKind::RollingUpdate {
-            // Every speaker the roll stopped runs again (a step missed by an early stop).
-            for node in (1..=lab.nodes.len()).filter(|_| !on) {
-                if !self.running[node - 1] {
-                    self.roll(lab, daemons, node, true)?;
-                }
+            // At its end every speaker the roll stopped runs again (a step missed by an early
+            // stop); its start does nothing (the steps do).
+            let stopped = (1..=lab.nodes.len()).filter(|n| !on && !self.running[n - 1]);
+            for node in stopped.collect::<Vec<_>>() {
+                self.roll(lab, daemons, node, true)?;
             }
             return Ok(());
         }
