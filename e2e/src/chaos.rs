@@ -527,7 +527,9 @@ impl Drive {
 
     /// Executes one step and tells `progress`. A step is recorded when it began, except one
     /// that ends a fault or starts a daemon: that one counts from when it was done (an API
-    /// server is back once it is ready, not when it was asked to start).
+    /// server is back once it is ready, not when it was asked to start). Both times are kept:
+    /// the settled checks wait for the world to be still, and it may change at any moment of
+    /// a step.
     fn step(
         &mut self,
         lab: &mut Lab,
@@ -542,12 +544,15 @@ impl Drive {
         let outcome = self
             .driver
             .step(lab, daemons, action.fault, &fault, action.step);
+        let done = t0.elapsed();
         let at = match action.step {
-            Step::Undo | Step::Roll { up: true, .. } => t0.elapsed(),
+            Step::Undo | Step::Roll { up: true, .. } => done,
             Step::Apply | Step::Rotate { .. } | Step::Roll { up: false, .. } => began,
         };
         self.executed.push(Executed {
             at,
+            began,
+            done,
             fault: action.fault,
             step: action.step,
         });
@@ -580,6 +585,8 @@ impl Drive {
         for index in undone {
             self.executed.push(Executed {
                 at: ran,
+                began: ran,
+                done: ran,
                 fault: index,
                 step: Step::Undo,
             });

@@ -111,8 +111,15 @@ fn as_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// A fault step as the runner executed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Executed {
-    /// When, since the start of the run.
+    /// When it took effect as far as the checker knows, since the start of the run: when it
+    /// began, or for a step that ends a fault or starts a daemon, when it was done.
     pub at: Duration,
+    /// When it began and when it was done. The world may have changed at any moment in
+    /// between (a kube-apiserver serves lists before its `/readyz` says ok, which is when an
+    /// outage's end is recorded).
+    pub began: Duration,
+    /// See `began`.
+    pub done: Duration,
     /// Index of the fault.
     pub fault: usize,
     /// What was done.
@@ -281,7 +288,8 @@ impl State {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct World {
     snapshots: Vec<(Duration, State)>,
-    events: Vec<Duration>,
+    /// Every step's span: from when it began to when it was done ([`Executed`]).
+    events: Vec<(Duration, Duration)>,
 }
 
 impl World {
@@ -309,7 +317,7 @@ impl World {
         let mut snapshots = vec![(Duration::ZERO, state.clone())];
         let mut events = Vec::new();
         for e in executed {
-            events.push(e.at);
+            events.push((e.began.min(e.at), e.done.max(e.at)));
             let Some(fault) = faults.get(e.fault) else {
                 continue;
             };
@@ -350,10 +358,14 @@ impl World {
                 .any(|(_, s)| s.partitioned())
     }
 
-    /// The last fault event at or before `t`.
+    /// The last moment at or before `t` the faults may have changed the world: `t` itself
+    /// while a step is under way.
     pub fn last_event(&self, t: Duration) -> Option<Duration> {
-        let i = self.events.partition_point(|at| *at <= t);
-        i.checked_sub(1).map(|i| self.events[i])
+        self.events
+            .iter()
+            .filter(|(began, _)| *began <= t)
+            .map(|(_, at)| (*at).min(t))
+            .max()
     }
 }
 
@@ -745,11 +757,15 @@ mod tests {
                 [
                     Executed {
                         at: f.at,
+                        began: f.at,
+                        done: f.at,
                         fault: i,
                         step: Step::Apply,
                     },
                     Executed {
                         at: f.end(),
+                        began: f.end(),
+                        done: f.end(),
                         fault: i,
                         step: Step::Undo,
                     },
@@ -955,6 +971,49 @@ mod tests {
             horizon: ms(10_000),
         };
         assert_eq!(evaluate(&rule(3), &world, &obs, true), []);
+    }
+
+    #[test]
+    fn the_speakers_are_not_held_to_the_rule_while_a_step_is_under_way() {
+        // The API server down from 1 s; node3's daemon killed at 2 s and started at 3 s, during
+        // the outage (it waits for the API server); the API server asked to start at 8 s and
+        // ready at 10 s. node3 listed at 9 s, before `/readyz` said ok: the speakers name it
+        // while the rule, which counts the outage until 10 s, does not.
+        let faults = [
+            fault(1000, 7000, FaultKind::ApiDown),
+            fault(2000, 1000, FaultKind::Kill { node: 3 }),
+        ];
+        let mut steps = executed(&faults);
+        let undo = steps
+            .iter_mut()
+            .find(|e| e.fault == 0 && e.step == Step::Undo)
+            .expect("the API server's return");
+        (undo.at, undo.done) = (ms(10_000), ms(10_000));
+        let world = World::new(&faults, &steps, 3);
+        let node3 = [Some("node3"); 3];
+        let obs = |polls| Observations {
+            vips: vec![VipObservations {
+                arp: arp(0, 20_000, &[3]),
+                ..Default::default()
+            }],
+            polls,
+            records: Vec::new(),
+            horizon: ms(20_000),
+        };
+        let early = obs(vec![poll(7000, &node3), poll(9500, &node3)]);
+        let found = evaluate(&rule(3), &world, &early, true);
+        assert_eq!(
+            kinds(&found),
+            [("misplaced", false)],
+            "7 s: node3 serves nothing"
+        );
+        assert_eq!(found[0].at, ms(7000));
+        let world = World::new(&faults, &executed(&faults), 3);
+        let found = evaluate(&rule(3), &world, &obs(vec![poll(11_500, &node3)]), true);
+        assert_eq!(kinds(&found), [], "the API server back at 8 s");
+        let world = World::new(&faults, &steps, 3);
+        let found = evaluate(&rule(3), &world, &obs(vec![poll(9500, &node3)]), true);
+        assert_eq!(kinds(&found), [], "9.5 s: the API server is starting");
     }
 
     #[test]

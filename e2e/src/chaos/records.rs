@@ -272,11 +272,15 @@ mod tests {
         let executed = [
             Executed {
                 at: ms(5000),
+                began: ms(5000),
+                done: ms(5000),
                 fault: 0,
                 step: Step::Apply,
             },
             Executed {
                 at: ms(9000),
+                began: ms(9000),
+                done: ms(9000),
                 fault: 0,
                 step: Step::Undo,
             },
