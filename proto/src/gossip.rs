@@ -9,7 +9,7 @@
 //!
 //!  kind 0 Foca      a foca packet (foca's postcard codec)                    opaque
 //!  kind 1 Meta      a member's metadata record (postcard)                    opaque
-//!  kind 2 MetaPull  nothing                                                 0 bytes
+//!  kind 2 MetaPull  the node whose record is wanted (UTF-8; empty: yours)  opaque
 //!  kind 3 Sync      flags u8 (bit 0: echo), bits u8 (0..=6),
 //!                   2^bits buckets u64 little-endian                 2 + 8 x 2^bits
 //!  kind 4 Inquire   token u32, the suspect (a foca member update)    4 + opaque
@@ -24,7 +24,10 @@
 //!
 //! - `Foca`: SWIM itself. foca owns the packet's format; this module only frames it.
 //! - `Meta` / `MetaPull`: a member's metadata record, pushed to one member, or asked for when a
-//!   member is alive but its record has not arrived. The record's format is the speaker's.
+//!   member is alive but its record has not arrived: of the member itself (empty body, the
+//!   only form before the body named a node: such a pull still reads as "yours") and of
+//!   another member that may hold it (the node's name), in case the path to the member is cut.
+//!   The record's format is the speaker's.
 //! - `Sync`: membership anti-entropy: the sender's [`Digest`] of the members it holds alive;
 //!   the receiver answers with foca updates for the buckets that differ, and with its own
 //!   digest when `echo` is set.
@@ -208,8 +211,13 @@ pub enum GossipMessage<'a> {
     Foca(&'a [u8]),
     /// A member's metadata record.
     Meta(&'a [u8]),
-    /// "Send me your metadata record."
-    MetaPull,
+    /// "Send me the newest metadata record you hold of `node`": empty, the receiver's own
+    /// (as every speaker asks the member itself); a name, a member's record asked of another
+    /// member that may hold it (the member itself may be out of reach).
+    MetaPull {
+        /// The node's name, UTF-8; empty for the receiver.
+        node: &'a [u8],
+    },
     /// The sender's membership digest.
     Sync {
         /// The receiver should answer with its own digest.
@@ -253,7 +261,7 @@ impl<'a> GossipMessage<'a> {
         match self {
             GossipMessage::Foca(_) => Kind::Foca,
             GossipMessage::Meta(_) => Kind::Meta,
-            GossipMessage::MetaPull => Kind::MetaPull,
+            GossipMessage::MetaPull { .. } => Kind::MetaPull,
             GossipMessage::Sync { .. } => Kind::Sync,
             GossipMessage::Inquire { .. } => Kind::Inquire,
             GossipMessage::Ping { .. } => Kind::Ping,
@@ -276,7 +284,9 @@ impl<'a> GossipMessage<'a> {
         let message = match kind {
             Kind::Foca => GossipMessage::Foca(r.rest_opaque()),
             Kind::Meta => GossipMessage::Meta(r.rest_opaque()),
-            Kind::MetaPull => GossipMessage::MetaPull,
+            Kind::MetaPull => GossipMessage::MetaPull {
+                node: r.rest_opaque(),
+            },
             Kind::Sync => r.sync()?,
             Kind::Inquire => GossipMessage::Inquire {
                 token: r.u32()?,
@@ -306,7 +316,7 @@ impl<'a> GossipMessage<'a> {
             GossipMessage::Foca(body) | GossipMessage::Meta(body) | GossipMessage::Watch(body) => {
                 body.len()
             }
-            GossipMessage::MetaPull => 0,
+            GossipMessage::MetaPull { node } => node.len(),
             GossipMessage::Sync { digest, .. } => digest.body_len(),
             GossipMessage::Inquire { suspect, .. } => 4 + suspect.len(),
             GossipMessage::Ping { .. } => 16,
@@ -329,7 +339,7 @@ impl<'a> GossipMessage<'a> {
             GossipMessage::Foca(body) | GossipMessage::Meta(body) | GossipMessage::Watch(body) => {
                 w.bytes(body)
             }
-            GossipMessage::MetaPull => {}
+            GossipMessage::MetaPull { node } => w.bytes(node),
             GossipMessage::Sync { echo, ref digest } => {
                 w.bytes(&[if echo { FLAG_ECHO } else { 0 }, digest.bits]);
                 for bucket in digest.buckets() {
@@ -414,11 +424,18 @@ mod tests {
     }
 
     /// Every golden payload with the message it spells.
-    fn golden_messages() -> [(&'static [u8], GossipMessage<'static>); 10] {
+    fn golden_messages() -> [(&'static [u8], GossipMessage<'static>); 11] {
         [
             (&golden::GOSSIP_FOCA, GossipMessage::Foca(b"foca packet")),
             (&golden::GOSSIP_META, GossipMessage::Meta(b"meta record")),
-            (&golden::GOSSIP_META_PULL, GossipMessage::MetaPull),
+            (
+                &golden::GOSSIP_META_PULL,
+                GossipMessage::MetaPull { node: b"" },
+            ),
+            (
+                &golden::GOSSIP_META_PULL_OF,
+                GossipMessage::MetaPull { node: b"node3" },
+            ),
             (&golden::GOSSIP_SYNC, sync()),
             (
                 &golden::GOSSIP_INQUIRE,
@@ -499,8 +516,7 @@ mod tests {
     #[test]
     fn trailing_bytes_after_a_fixed_layout_body_are_refused() {
         for bytes in [
-            &golden::GOSSIP_META_PULL[..],
-            &golden::GOSSIP_SYNC,
+            &golden::GOSSIP_SYNC[..],
             &golden::GOSSIP_PING,
             &golden::GOSSIP_PONG,
             &golden::GOSSIP_VERDICT_UNREACHABLE,
@@ -516,6 +532,10 @@ mod tests {
         assert_eq!(GossipMessage::parse(&[0]), Ok(GossipMessage::Foca(&[])));
         assert_eq!(GossipMessage::parse(&[1]), Ok(GossipMessage::Meta(&[])));
         assert_eq!(GossipMessage::parse(&[8]), Ok(GossipMessage::Watch(&[])));
+        assert_eq!(
+            GossipMessage::parse(&[2]),
+            Ok(GossipMessage::MetaPull { node: &[] })
+        );
         assert_eq!(
             GossipMessage::parse(&[4, 0, 0, 0, 7]),
             Ok(GossipMessage::Inquire {

@@ -27,7 +27,7 @@ fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn every_gossip_seed_parses_and_emits_back_to_itself() {
     let seeds = seeds("gossip_parse");
-    assert_eq!(seeds.len(), 10, "one seed per golden gossip payload");
+    assert_eq!(seeds.len(), 11, "one seed per golden gossip payload");
     for (name, bytes) in &seeds {
         let message = GossipMessage::parse(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(message.buffer_len(), bytes.len(), "{name}");
@@ -44,6 +44,7 @@ fn the_gossip_seeds_are_the_golden_payloads() {
         &golden::GOSSIP_FOCA[..],
         &golden::GOSSIP_META,
         &golden::GOSSIP_META_PULL,
+        &golden::GOSSIP_META_PULL_OF,
         &golden::GOSSIP_SYNC,
         &golden::GOSSIP_INQUIRE,
         &golden::GOSSIP_PING,

@@ -319,7 +319,7 @@ fn gossip_message(
     match kind {
         0 => GossipMessage::Foca(opaque),
         1 => GossipMessage::Meta(opaque),
-        2 => GossipMessage::MetaPull,
+        2 => GossipMessage::MetaPull { node: opaque },
         3 => GossipMessage::Sync { echo, digest },
         4 => GossipMessage::Inquire {
             token,

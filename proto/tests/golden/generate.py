@@ -46,6 +46,7 @@ GOSSIP = {
   "GOSSIP_FOCA": 'bytes([0]) + b"foca packet"',
   "GOSSIP_META": 'bytes([1]) + b"meta record"',
   "GOSSIP_META_PULL": 'bytes([2])',
+  "GOSSIP_META_PULL_OF": 'bytes([2]) + b"node3"',
   "GOSSIP_SYNC": 'bytes([3, 1, 1]) + struct.pack("<2Q", 0x0102030405060708, 0xf0e0d0c0b0a09080)',
   "GOSSIP_INQUIRE": 'bytes([4]) + struct.pack(">I", 42) + b"suspect"',
   "GOSSIP_PING": 'bytes([5]) + struct.pack(">QQ", 0x0102030405060708, 1700000000000)',

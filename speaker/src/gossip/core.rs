@@ -470,6 +470,8 @@ pub struct Core {
     by_node: FastMap<NodeName, SocketAddr>,
     /// Alive members whose metadata record has not arrived yet.
     missing_meta: BTreeSet<NodeName>,
+    /// Turns through the alive members asked for another member's missing record.
+    pull_turn: usize,
     last_heard: FastMap<SocketAddr, Duration>,
     /// Members down or gone, by name: when their last datagram was heard (see
     /// [`Core::last_heard_before_down`]). Kept until the name comes up again.
@@ -604,6 +606,7 @@ impl Core {
             digest: RunningDigest::default(),
             by_node: FastMap::default(),
             missing_meta: BTreeSet::new(),
+            pull_turn: 0,
             last_heard: FastMap::default(),
             heard_before_down: FastMap::default(),
             heard: 0,
@@ -844,7 +847,7 @@ impl Core {
                 }
                 Err(_) => self.wire.metrics.rejected(RejectReason::Metadata),
             },
-            GossipMessage::MetaPull => self.send_own_record(from),
+            GossipMessage::MetaPull { node } => self.answer_pull(from, node),
             GossipMessage::Sync { echo, digest } => self.answer_digest(from, &digest.into(), echo),
             GossipMessage::Inquire { token, suspect } => {
                 self.answer_inquiry(now, from, token, suspect)

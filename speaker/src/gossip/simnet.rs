@@ -8,7 +8,7 @@
 //! speaker runs. Given the same seed and the same calls it produces the same run (the envelope's
 //! random nonces change the bytes, never their length or the protocol's behaviour).
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -184,6 +184,8 @@ pub struct SimNet {
     watch_relayed: Vec<(Duration, usize, WatchRelayed)>,
     record_changes: bool,
     tapped: Option<Vec<Tapped>>,
+    /// Datagrams from the first node to the second are dropped ([`SimNet::cut`]).
+    cuts: BTreeSet<(usize, usize)>,
 }
 
 impl SimNet {
@@ -200,6 +202,7 @@ impl SimNet {
             watch_relayed: Vec::new(),
             record_changes: true,
             tapped: None,
+            cuts: BTreeSet::new(),
         }
     }
 
@@ -314,11 +317,19 @@ impl SimNet {
         self.links
     }
 
-    /// Heals every partition.
+    /// Heals every partition and every cut.
     pub fn heal(&mut self) {
         for slot in &mut self.slots {
             slot.group = 0;
         }
+        self.cuts.clear();
+    }
+
+    /// Drops every datagram between nodes `a` and `b`, both ways, until [`SimNet::heal`]
+    /// (a firewall rule between two nodes: each still reaches every other node).
+    pub fn cut(&mut self, a: usize, b: usize) {
+        self.cuts.insert((a, b));
+        self.cuts.insert((b, a));
     }
 
     /// What node `i` has sent so far.
@@ -449,7 +460,7 @@ impl SimNet {
             let Some(&to) = self.by_addr.get(&out.to) else {
                 continue;
             };
-            if self.slots[to].group != group {
+            if self.slots[to].group != group || self.cuts.contains(&(i, to)) {
                 continue;
             }
             let span = self.links.delay_max.saturating_sub(self.links.delay_min);

@@ -325,6 +325,30 @@ fn restarted_member_comes_back_under_a_new_identity_with_fresh_metadata() {
 }
 
 #[test]
+fn a_restarted_members_record_reaches_a_member_cut_off_from_it_through_another() {
+    // node1 and node2 cannot reach each other (a firewall rule); node0 reaches both. node2
+    // restarts with a settled record: node1 learns the new identity through node0 and must
+    // get its record the same way.
+    let mut net = cluster(3, 41, Links::default());
+    net.cut(1, 2);
+    net.crash(2);
+    net.run_for(Duration::from_secs(2));
+    let mut restarted = core_with(&net, 2, 2, &[K1], Timing::fast());
+    let mut meta = MemberMeta::new(name(2));
+    meta.settled = true;
+    restarted.set_meta(net.now(), meta).unwrap();
+    net.start(2, restarted);
+    net.run_for(Duration::from_secs(4));
+    for i in 0..3 {
+        let seen = net.core(i).unwrap().live().get(&name(2)).cloned();
+        assert!(
+            seen.as_ref().is_some_and(|m| m.settled),
+            "node {i} holds node2's new record: {seen:?}"
+        );
+    }
+}
+
+#[test]
 fn a_crashed_member_is_remembered_as_last_heard_before_its_crash_until_it_comes_back() {
     let mut net = cluster(3, 31, Links::default());
     assert_eq!(

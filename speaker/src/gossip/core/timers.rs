@@ -117,14 +117,44 @@ impl Core {
                 .retain(|addr, _| members.contains_key(addr) || seeds.contains(addr));
         }
         self.wire.replay.prune(now, self.members.len() + 1);
-        // Ask alive members for records that neither their push nor the gossip brought.
-        let missing: Vec<SocketAddr> = self
+        // Ask alive members for records that neither their push nor the gossip brought: the
+        // member itself, and one other member in turn, in case the path to the member is cut
+        // (a firewall rule between two nodes: the member is alive through the others' probes
+        // and gossip, its own record never arrives).
+        let missing: Vec<(NodeName, SocketAddr)> = self
             .missing_meta
             .iter()
-            .filter_map(|node| self.by_node.get(node).copied())
+            .filter_map(|node| Some((node.clone(), *self.by_node.get(node)?)))
             .collect();
-        for addr in missing {
-            self.seal(addr, &GossipMessage::MetaPull);
+        for (node, addr) in missing {
+            self.seal(addr, &GossipMessage::MetaPull { node: &[] });
+            if let Some(holder) = self.next_other_member(addr) {
+                let node = node.as_bytes();
+                self.seal(holder, &GossipMessage::MetaPull { node });
+            }
         }
+    }
+
+    /// The next alive member other than the one at `skip`, in foca's member order (so a
+    /// seeded run repeats itself), turning with every call.
+    fn next_other_member(&mut self, skip: SocketAddr) -> Option<SocketAddr> {
+        let members = &self.members;
+        let held = |id: &&NodeIdentity| id.addr != skip && members.get(&id.addr) == Some(*id);
+        let count = self
+            .foca
+            .iter_membership_state()
+            .map(|m| m.id())
+            .filter(held)
+            .count();
+        if count == 0 {
+            return None;
+        }
+        self.pull_turn = self.pull_turn.wrapping_add(1);
+        self.foca
+            .iter_membership_state()
+            .map(|m| m.id())
+            .filter(held)
+            .nth(self.pull_turn % count)
+            .map(|id| id.addr)
     }
 }

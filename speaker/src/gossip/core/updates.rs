@@ -156,6 +156,23 @@ impl Core {
         self.wire.seal(to, message);
     }
 
+    /// Answers a pull: our own record when it names nobody or us, else the newest record we
+    /// hold of the node it names (none held: no answer; the puller asks another member next
+    /// time). A name that is not UTF-8 is a counted drop.
+    pub(super) fn answer_pull(&mut self, to: SocketAddr, node: &[u8]) {
+        if node.is_empty() || node == self.own.node.as_bytes() {
+            return self.send_own_record(to);
+        }
+        let Ok(node) = std::str::from_utf8(node) else {
+            self.wire.metrics.rejected(RejectReason::Decode);
+            return;
+        };
+        let record = self.book.lock().get(node).map(MetaRecord::encode);
+        if let Some(Ok(bytes)) = record {
+            self.seal(to, &GossipMessage::Meta(&bytes));
+        }
+    }
+
     /// Sends our metadata record to `to`.
     pub(super) fn send_own_record(&mut self, to: SocketAddr) {
         let record = std::mem::take(&mut self.own_record);

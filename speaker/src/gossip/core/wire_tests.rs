@@ -127,6 +127,47 @@ fn a_pull_is_written_as_the_golden_bytes_and_the_golden_pull_is_answered_with_th
 }
 
 #[test]
+fn a_missing_record_is_pulled_from_another_member_too_which_answers_with_the_record_it_holds() {
+    let mut core = core();
+    let (b, c) = (peer(2), peer(3));
+    let alive = [b.clone(), c.clone()].map(|id| Member::new(id, 0, State::Alive));
+    let mut io = core.wire.at(Duration::ZERO);
+    core.foca
+        .apply_many(alive.into_iter(), true, &mut io)
+        .unwrap();
+    core.settle(Duration::ZERO);
+    core.missing_meta.clear();
+    core.drain_outgoing().for_each(drop);
+    core.missing_meta.insert("node3".into());
+    core.by_node.insert("node3".into(), b.addr);
+    core.housekeeping(Duration::ZERO);
+    assert_eq!(
+        sent(&mut core),
+        [
+            (b.addr, golden::GOSSIP_META_PULL.to_vec()),
+            (c.addr, golden::GOSSIP_META_PULL_OF.to_vec()),
+        ]
+    );
+
+    // Asked for node3's record: the one held goes back; none held, no answer.
+    receive(&mut core, c.addr, &golden::GOSSIP_META_PULL_OF);
+    assert_eq!(sent(&mut core), []);
+    let held = MetaRecord {
+        bump: 9,
+        meta: MemberMeta::new("node3"),
+    };
+    core.book.lock().offer(held.clone());
+    receive(&mut core, c.addr, &golden::GOSSIP_META_PULL_OF);
+    let mut expected = vec![golden::GOSSIP_META[0]];
+    expected.extend(held.encode().unwrap());
+    assert_eq!(sent(&mut core), [(c.addr, expected)]);
+    // A name that is not UTF-8 is a counted drop.
+    receive(&mut core, c.addr, &[golden::GOSSIP_META_PULL[0], 0xff]);
+    assert_eq!(sent(&mut core), []);
+    assert_eq!(core.metrics().rejected_count(RejectReason::Decode), 1);
+}
+
+#[test]
 fn a_digest_is_written_as_the_golden_bytes() {
     let Ok(GossipMessage::Sync { echo, digest }) = GossipMessage::parse(&golden::GOSSIP_SYNC)
     else {
