@@ -184,6 +184,8 @@ impl Core {
                 let (alive, down) = self.alive_and_down();
                 if down >= alive {
                     self.restart_foca(now, id);
+                } else {
+                    self.forget_own_suspicions();
                 }
                 self.unsettle_own();
                 self.offer_own_record();
@@ -200,6 +202,21 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Forgets how long we have suspected members and how often we asked them, after our
+    /// identity was declared down and renewed in place (a false down: we keep the instance).
+    ///
+    /// The cluster held our previous identity down, so it ignored that life's notices and
+    /// asks: a suspect never heard them and never refuted (a member starved of CPU is declared
+    /// down again and again and suspects healthy members all along). Kept, the suspicion would
+    /// run out its asks and expire into a down the whole cluster takes, against a member that
+    /// was never told. The suspects stay suspect in foca; the sweep times them afresh and the
+    /// new identity asks them, so a live suspect refutes.
+    fn forget_own_suspicions(&mut self) {
+        self.suspects.clear();
+        self.suspicions.clear();
+        self.wire.accusations.clear();
     }
 
     /// Replaces foca, after our identity was declared down and renewed while we hold at least
