@@ -165,11 +165,10 @@ impl ControlPlane {
         let programs = Programs::locate()?;
         std::fs::create_dir_all(dir)?;
         let (api_addr, etcd_port, etcd_peer_port) = match &network {
-            Network::Loopback => (
-                SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?)),
-                free_port()?,
-                free_port()?,
-            ),
+            Network::Loopback => {
+                let [api, etcd, peer] = free_ports()?;
+                (SocketAddr::from((Ipv4Addr::LOCALHOST, api)), etcd, peer)
+            }
             Network::Netns { ip, .. } => (SocketAddr::from((*ip, 6443)), 2379, 2380),
         };
         write_files(dir, api_addr, &options.nodes)?;
@@ -622,11 +621,35 @@ fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
+/// Where [`free_ports`] looks: below Linux's ephemeral range (32768-60999 by default), so a
+/// client's outgoing connection cannot take a port between its pick and the server's bind.
+const FREE_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// `N` distinct ports that were free a moment ago on 127.0.0.1, drawn from [`FREE_PORTS`]
+/// (tests start control planes in parallel: a port the kernel hands out for `:0` is one an
+/// outgoing connection of another test may take before etcd binds it).
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    use std::hash::{BuildHasher as _, RandomState};
+    let seed = RandomState::new().hash_one(std::process::id());
+    let span = u64::from(FREE_PORTS.end - FREE_PORTS.start);
+    let mut held = Vec::with_capacity(N);
+    for attempt in 0..(100 * N as u64) {
+        let mixed = seed.wrapping_add(attempt.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let port = FREE_PORTS.start + u16::try_from(mixed % span).unwrap_or(0);
+        if let Ok(listener) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+            held.push(listener);
+            if held.len() == N {
+                break;
+            }
+        }
+    }
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<_>>()?;
+    ports
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("no {N} free ports in {FREE_PORTS:?} on 127.0.0.1"))
 }
 
 /// One request of the API server's audit log.
@@ -932,4 +955,20 @@ fn apiserver_args(
         ));
     }
     api
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_below_the_ephemeral_range_and_bindable() {
+        let ports = free_ports::<3>().unwrap();
+        let distinct: std::collections::BTreeSet<u16> = ports.into_iter().collect();
+        assert_eq!(distinct.len(), 3, "{ports:?}");
+        for port in ports {
+            assert!(FREE_PORTS.contains(&port), "{port}");
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        }
+    }
 }
