@@ -50,6 +50,22 @@ fn core() -> Core {
     core
 }
 
+/// A core that holds `peer(2)` and `peer(3)` alive (their records not asked for), nothing
+/// queued.
+fn core_with_two_peers() -> (Core, NodeIdentity, NodeIdentity) {
+    let mut core = core();
+    let (b, c) = (peer(2), peer(3));
+    let alive = [b.clone(), c.clone()].map(|id| Member::new(id, 0, State::Alive));
+    let mut io = core.wire.at(Duration::ZERO);
+    core.foca
+        .apply_many(alive.into_iter(), true, &mut io)
+        .unwrap();
+    core.settle(Duration::ZERO);
+    core.missing_meta.clear();
+    core.drain_outgoing().for_each(drop);
+    (core, b, c)
+}
+
 /// The payloads the core queued, opened, with their destinations.
 fn sent(core: &mut Core) -> Vec<(SocketAddr, Vec<u8>)> {
     let ring = ring();
@@ -128,16 +144,7 @@ fn a_pull_is_written_as_the_golden_bytes_and_the_golden_pull_is_answered_with_th
 
 #[test]
 fn a_missing_record_is_pulled_from_another_member_too_which_answers_with_the_record_it_holds() {
-    let mut core = core();
-    let (b, c) = (peer(2), peer(3));
-    let alive = [b.clone(), c.clone()].map(|id| Member::new(id, 0, State::Alive));
-    let mut io = core.wire.at(Duration::ZERO);
-    core.foca
-        .apply_many(alive.into_iter(), true, &mut io)
-        .unwrap();
-    core.settle(Duration::ZERO);
-    core.missing_meta.clear();
-    core.drain_outgoing().for_each(drop);
+    let (mut core, b, c) = core_with_two_peers();
     core.missing_meta.insert("node3".into());
     core.by_node.insert("node3".into(), b.addr);
     core.housekeeping(Duration::ZERO);
@@ -181,16 +188,7 @@ fn a_digest_is_written_as_the_golden_bytes() {
 
 #[test]
 fn an_inquiry_is_framed_as_the_golden_bytes_and_one_about_us_is_answered_reachable() {
-    let mut core = core();
-    let (b, c) = (peer(2), peer(3));
-    let alive = [b.clone(), c.clone()].map(|id| Member::new(id, 0, State::Alive));
-    let mut io = core.wire.at(Duration::ZERO);
-    core.foca
-        .apply_many(alive.into_iter(), true, &mut io)
-        .unwrap();
-    core.hold_member(b.clone());
-    core.hold_member(c.clone());
-    core.drain_outgoing().for_each(drop);
+    let (mut core, b, c) = core_with_two_peers();
 
     core.timing.suspicion_inquiries = 1;
     core.send_inquiries(&c, 0, TOKEN);
