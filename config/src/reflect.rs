@@ -3,8 +3,8 @@
 //! event and error to the caller).
 //!
 //! Guarantees: a store holds only trimmed objects; its task ends when the caller's stop future
-//! resolves (or the watch stream ends), and a failed watch is logged and retried with backoff,
-//! never ends the store.
+//! resolves (or the watch stream ends), and a failed watch is logged and retried with
+//! [`RetryBackoff`], never ends the store.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -16,7 +16,10 @@ use futures::channel::mpsc::UnboundedSender;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
+use rand::rngs::StdRng;
+use rand::{RngExt as _, SeedableRng as _};
 use serde::de::DeserializeOwned;
 
 /// How long the API server keeps one watch request open (`timeoutSeconds`) before kube's
@@ -121,7 +124,7 @@ where
 {
     let (reader, writer) = reflector::store();
     let stream = watcher(api, config)
-        .default_backoff()
+        .backoff(RetryBackoff::new())
         .modify(move |o: &mut K| {
             trim_meta(o.meta_mut());
             trim(o);
@@ -145,4 +148,76 @@ where
         }
     });
     reader
+}
+
+/// The first wait before a failed watch is retried.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait: kube's default (30 s) left a speaker blind that long after the API
+/// server came back, answering for IPs the API had moved meanwhile.
+const LAST_RETRY: Duration = Duration::from_secs(5);
+
+/// How every watch of the speaker and the controller retries after a failure: from
+/// [`FIRST_RETRY`], doubling up to [`LAST_RETRY`], each wait shortened by up to half at random so
+/// that a cluster's speakers do not all retry in step after an API server restart; a success
+/// starts over (kube's backoff stream resets it). kube's default grows to 30 s: a node cut off
+/// from the API server for ten seconds then waited up to 25 s more after the cut healed before
+/// it relisted its Nodes, and went on answering for an IP its node had been excluded from.
+#[derive(Debug)]
+pub struct RetryBackoff {
+    next: Duration,
+    rng: StdRng,
+}
+
+impl RetryBackoff {
+    /// A backoff at its first wait, its jitter seeded from the clock and the process.
+    pub fn new() -> RetryBackoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        RetryBackoff {
+            next: FIRST_RETRY,
+            rng: StdRng::seed_from_u64(seed ^ u64::from(std::process::id())),
+        }
+    }
+}
+
+impl Iterator for RetryBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let wait = self.next;
+        self.next = (wait * 2).min(LAST_RETRY);
+        let cut = self.rng.random_range(0..=wait.as_millis() as u64 / 2);
+        Some(wait - Duration::from_millis(cut))
+    }
+}
+
+impl Default for RetryBackoff {
+    fn default() -> RetryBackoff {
+        RetryBackoff::new()
+    }
+}
+
+impl Backoff for RetryBackoff {
+    fn reset(&mut self) {
+        self.next = FIRST_RETRY;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_wait_longer_each_time_up_to_five_seconds_and_start_over_after_a_success() {
+        let mut backoff = RetryBackoff::new();
+        let waits: Vec<Duration> = backoff.by_ref().take(8).collect();
+        let ceilings = [500, 1000, 2000, 4000, 5000, 5000, 5000, 5000];
+        for (wait, ceiling) in waits.iter().zip(ceilings) {
+            let ceiling = Duration::from_millis(ceiling);
+            assert!(*wait <= ceiling && *wait >= ceiling / 2, "{waits:?}");
+        }
+        backoff.reset();
+        assert!(backoff.next().unwrap() <= FIRST_RETRY);
+    }
 }

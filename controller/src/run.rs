@@ -54,7 +54,7 @@ use tokio::sync::watch;
 use crate::allocator::Allocator;
 use crate::http::Health;
 use crate::metrics::{ApiResource, ControllerMetrics};
-use swimlb_config::reflect::{Seen, spawn_store_observed, trim_meta, watch_config};
+use swimlb_config::reflect::{RetryBackoff, Seen, spawn_store_observed, trim_meta, watch_config};
 use swimlb_config::service::trim_service;
 
 use crate::reconcile::{
@@ -339,7 +339,7 @@ fn reflect_namespaces(
     let (reader, writer) = reflector::store();
     let (changed_tx, changed_rx) = futures::channel::mpsc::unbounded();
     let stream = watcher(api, watch_config())
-        .default_backoff()
+        .backoff(RetryBackoff::new())
         .modify(|ns: &mut Namespace| trim_meta(ns.meta_mut()))
         .reflect(writer);
     tokio::spawn(async move {
@@ -507,7 +507,7 @@ async fn lead(
     let (services, service_writer) = reflector::store();
     let (services_ready_tx, services_ready) = watch::channel(false);
     let service_events = watcher(Api::<Service>::all(client.clone()), watch_config())
-        .default_backoff()
+        .backoff(RetryBackoff::new())
         .modify(trim_service)
         .reflect(service_writer)
         // Readiness from the stream itself: a second waiter on the store's `wait_until_ready`

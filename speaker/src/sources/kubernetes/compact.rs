@@ -12,20 +12,17 @@
 //! [`spawn`] keeps a [`CompactStore`] from a watch as kube's reflector does: a re-list is
 //! collected aside and replaces the store at its end, so a reader never sees half a list;
 //! every event is shown to an observer once the store has it; a failed watch is retried with
-//! kube's backoff and the store keeps its objects meanwhile.
+//! [`RetryBackoff`] and the store keeps its objects meanwhile.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
-use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
-use rand::rngs::StdRng;
-use rand::{RngExt as _, SeedableRng as _};
 use smol_str::SmolStr;
+use swimlb_config::reflect::RetryBackoff;
 use swimlb_config::service::ServiceKey;
 use tokio::sync::watch as signal;
 
@@ -427,66 +424,10 @@ where
     store
 }
 
-/// The first wait before a failed watch is retried.
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-/// The longest wait: kube's default (30 s) left a speaker blind that long after the API
-/// server came back, answering for IPs the API had moved meanwhile.
-const LAST_RETRY: Duration = Duration::from_secs(5);
-
-/// How a failed watch is retried: from [`FIRST_RETRY`], doubling up to [`LAST_RETRY`], each
-/// wait shortened by up to half at random so that a cluster's speakers do not all retry in
-/// step after an API server restart.
-#[derive(Debug)]
-struct RetryBackoff {
-    next: Duration,
-    rng: StdRng,
-}
-
-impl RetryBackoff {
-    fn new() -> RetryBackoff {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        RetryBackoff {
-            next: FIRST_RETRY,
-            rng: StdRng::seed_from_u64(seed ^ u64::from(std::process::id())),
-        }
-    }
-}
-
-impl Iterator for RetryBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let wait = self.next;
-        self.next = (wait * 2).min(LAST_RETRY);
-        let cut = self.rng.random_range(0..=wait.as_millis() as u64 / 2);
-        Some(wait - Duration::from_millis(cut))
-    }
-}
-
-impl Backoff for RetryBackoff {
-    fn reset(&mut self) {
-        self.next = FIRST_RETRY;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn retries_wait_longer_each_time_up_to_five_seconds_and_start_over_after_a_success() {
-        let mut backoff = RetryBackoff::new();
-        let waits: Vec<Duration> = backoff.by_ref().take(8).collect();
-        let ceilings = [500, 1000, 2000, 4000, 5000, 5000, 5000, 5000];
-        for (wait, ceiling) in waits.iter().zip(ceilings) {
-            let ceiling = Duration::from_millis(ceiling);
-            assert!(*wait <= ceiling && *wait >= ceiling / 2, "{waits:?}");
-        }
-        backoff.reset();
-        assert!(backoff.next().unwrap() <= FIRST_RETRY);
-    }
     use crate::sources::kubernetes::views::{trim_service, trim_slice};
     use serde_json::json;
 

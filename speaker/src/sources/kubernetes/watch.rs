@@ -6,9 +6,10 @@
 //! Watched: Services, EndpointSlices and Nodes of the cluster; `IPAddressPool`s,
 //! `L2Advertisement`s and the speaker Pods (by label selector) in the speaker's namespace. A
 //! watch that fails is counted (`swimlb_kubernetes_watch_errors_total{resource}`), logged and
-//! retried with kube's backoff; the store keeps its objects meanwhile. Each [`Change`] names
-//! the object it is about, so the loop settles only what that object touches; a re-list
-//! ([`What::Resync`]) replaces a whole store and asks for everything to be looked at again.
+//! retried with [`RetryBackoff`](swimlb_config::reflect::RetryBackoff) (at most 5 s apart); the
+//! store keeps its objects meanwhile. Each [`Change`] names the object it is about, so the loop
+//! settles only what that object touches; a re-list ([`What::Resync`]) replaces a whole store
+//! and asks for everything to be looked at again.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
