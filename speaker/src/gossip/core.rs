@@ -17,8 +17,10 @@
 //!   not death. The local node is always in its own `LiveSet`.
 //! - Timers fire in deadline order (ties in the order they were set).
 //! - The node keeps announcing to its seeds until foca reports `Active`, and again after `Idle`.
-//!   A member that announces to us while we hold it as down is told so (foca's `TurnUndead`), so
-//!   it renews its identity and both sides of a healed partition merge without operator help.
+//!   A member that announces to us, or probes or gossips to us, while we hold it as down is told
+//!   so (foca's `TurnUndead`), so it renews its identity: both sides of a healed partition merge
+//!   without operator help, and a member only this node declared down (its news lost) does not
+//!   stay down here forever while everyone else holds it alive.
 //!   Only a node that holds at least as many members alive as down does so, and a renewed node
 //!   starts a fresh foca that has forgotten its downs, so after a heal the smaller side rejoins
 //!   and the larger side sees no member go down.
@@ -869,16 +871,29 @@ impl Core {
     fn handle_foca_packet(&mut self, now: Duration, body: &[u8]) {
         let mut peek = body;
         if let Ok(header) = self.codec.decode_header(&mut peek)
-            && header.message == Message::Announce
             && self.holds_as_down(&header.src)
         {
+            let announce = header.message == Message::Announce;
             match self.alive_and_down() {
-                (alive, down) if alive >= down => self.send_turn_undead(header.src),
+                // An announce, or anything else a member we hold down sends us (foca drops it
+                // unanswered): a member that still probes and gossips to us holds itself
+                // alive, and if nobody else declared it down (we did, and were declared down
+                // ourselves before our news spread) no gossip will ever tell it. Told, it
+                // renews, and we take it back under its new identity. A "you are down" is not
+                // answered in kind: both ends would renew.
+                (alive, down)
+                    if alive >= down
+                        && (announce
+                            || header.message != Message::TurnUndead
+                                && !self.timing.notify_down_members) =>
+                {
+                    self.send_turn_undead(header.src)
+                }
                 // Alone, with more members down than alive (a dead member counts down on both
                 // sides): this node has no side to keep, so it is the one to start afresh, and
                 // the fresh instance takes the announce. Otherwise two survivors that declared
                 // each other down would wait for each other forever.
-                (1, _) => self.renew_alone(now),
+                (1, _) if announce => self.renew_alone(now),
                 _ => {}
             }
         }
@@ -896,6 +911,23 @@ impl Core {
             }
             Err(_) => self.wire.metrics.rejected(RejectReason::Protocol),
         }
+    }
+
+    /// Declares the member at `addr` down here alone (foca broadcasts nothing), as a node does
+    /// whose news of a down was lost: for the simulation's tests.
+    #[cfg(test)]
+    pub(super) fn hold_down_unheard(&mut self, addr: SocketAddr, now: Duration) {
+        let held: Vec<foca::Member<NodeIdentity>> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.id().addr == addr)
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Down))
+            .collect();
+        let mut io = self.wire.at(now);
+        self.foca
+            .apply_many(held.into_iter(), false, &mut io)
+            .unwrap();
+        self.settle(now);
     }
 
     fn holds_as_down(&self, id: &NodeIdentity) -> bool {
@@ -940,8 +972,8 @@ impl Core {
         self.offer_own_record();
     }
 
-    /// Tells `to` that we hold it as down, as foca's `notify_down_members` would, but only in
-    /// answer to an announce: it then renews its identity and rejoins.
+    /// Tells `to` that we hold it as down, as foca's `notify_down_members` would (but never in
+    /// answer to its own "you are down"): it then renews its identity and rejoins.
     fn send_turn_undead(&mut self, to: NodeIdentity) {
         let header = Header {
             src: self.foca.identity().clone(),

@@ -924,3 +924,34 @@ fn the_two_survivors_of_a_crash_merge_again_after_they_declared_each_other_down(
         );
     }
 }
+
+/// One node alone holds a member down (it declared the member down and was itself declared
+/// down before its news spread, so nobody took it: seen in the Kubernetes chaos lab, where that
+/// node then answered ARP for the member's IP beside it for 35 s). The member keeps probing and
+/// gossiping to that node, is told it is down, and renews: every node holds it alive again, and
+/// no other node ever took it down.
+#[test]
+fn a_member_only_one_node_holds_down_is_told_so_and_every_node_holds_it_alive_again() {
+    for seed in 1..=5 {
+        let mut net = cluster(3, seed, Links::default());
+        net.with_core(1, |core, now| core.hold_down_unheard(SimNet::addr(2), now));
+        assert_eq!(
+            live_len(&net, 1),
+            2,
+            "seed {seed}: node 1 holds node 2 down"
+        );
+        let took = run_until(&mut net, Duration::from_secs(5), |net| {
+            (0..3).all(|i| live_len(net, i) == 3)
+        });
+        assert!(
+            took.is_some(),
+            "seed {seed}: node 1 still holds node 2 down: {:?}",
+            net.core(1).unwrap().live()
+        );
+        assert!(
+            net.core(2).unwrap().rejoins() >= 1,
+            "seed {seed}: node 2 renewed"
+        );
+        assert_eq!(downs_of(&mut net, &name(2)), vec![1], "seed {seed}");
+    }
+}

@@ -63,8 +63,9 @@ pub struct Timing {
     /// After a failed probe, tell the suspect at once (it then refutes before the suspicion
     /// times out) instead of waiting for the gossip to reach it.
     pub notify_suspects: bool,
-    /// foca's `notify_down_members`: answer every datagram from a member held as down with
-    /// "you are down" (without it, only announces are answered so; see `core`).
+    /// foca's `notify_down_members`: foca answers every datagram from a member held as down
+    /// with "you are down" (without it, the core does so itself, except for such a member's own
+    /// "you are down"; see `core`).
     pub notify_down_members: bool,
     /// Period of the extra gossip rounds that spread updates between probes.
     pub gossip_period: Duration,
