@@ -10,7 +10,9 @@
 //!   IP, and the client's probes are answered by it.
 //! - The switch is the operator's commands, run with the pinned kubectl from the client as the
 //!   administrator, and the lab binary's `controller convert-metallb` for the configuration:
-//!   nothing is converted by hand.
+//!   nothing is converted by hand. MetalLB's speakers stop announcing (its `L2Advertisement`s
+//!   deleted, its `ServiceL2Status` records gone) before they stop: a speaker that stops while
+//!   the others announce hands its IPs to them for a moment (memberlist tells them it left).
 //! - swimlb's Pods come from `deploy/swimlb.yaml`, run by the same kubelets; the switch ends when
 //!   every swimlb speaker names, for every IP, the node MetalLB's order names, and each
 //!   Service's `ServiceL2Status` record names it.
@@ -95,8 +97,9 @@ pub struct Report {
     /// Probes over every IP, sent during the switch, and those lost.
     pub probes_sent: usize,
     pub probes_lost: usize,
-    /// From the deletion of MetalLB's speakers to swimlb's speakers and records all naming the
-    /// owners, ms: how long no speaker answered ARP for the IPs.
+    /// From the deletion of MetalLB's `L2Advertisement`s (its speakers withdraw) to swimlb's
+    /// speakers and records all naming the owners, ms: how long no speaker answered ARP for
+    /// the IPs.
     pub speakerless_ms: u64,
     /// The operator's commands, in order.
     pub steps: Vec<Step>,
@@ -481,6 +484,45 @@ fn switch(
         progress,
         || convert(program, &exported),
     )?;
+    let silent_from = Instant::now();
+    // MetalLB's speakers stop announcing first: a speaker that stops while the others still
+    // announce hands its IPs to them for the moment they take to stop too (memberlist tells
+    // them it left), and the clients' neighbour entries follow.
+    steps.run(
+        &format!("kubectl delete -n {ns} l2advertisements.metallb.io --all"),
+        progress,
+        || {
+            kubectl.run(
+                &["delete", "-n", ns, "l2advertisements.metallb.io", "--all"],
+                None,
+            )
+        },
+    )?;
+    steps.run(
+        &format!("kubectl wait --for=delete -n {ns} servicel2statuses.metallb.io --all"),
+        progress,
+        || {
+            let waited = kubectl.run(
+                &[
+                    "wait",
+                    "--for=delete",
+                    "-n",
+                    ns,
+                    "servicel2statuses.metallb.io",
+                    "--all",
+                    "--timeout=60s",
+                ],
+                None,
+            );
+            match waited {
+                // kubectl's way of saying they were all gone before it looked.
+                Err(e) if format!("{e:#}").contains("no matching resources found") => {
+                    Ok(String::new())
+                }
+                other => other,
+            }
+        },
+    )?;
     steps.run(
         &format!(
             "kubectl delete -n {ns} deployment/controller daemonset/speaker --cascade=foreground"
@@ -501,7 +543,6 @@ fn switch(
             )
         },
     )?;
-    let silent_from = Instant::now();
     let install = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
     steps.run(
         "kubectl apply --server-side -f deploy/swimlb.yaml",
