@@ -113,6 +113,17 @@ pub enum Command {
     },
     /// A claim accused this node while it answers: tell every member it is alive.
     Refute,
+    /// This node's accusation of `owner` was refuted while it answers IPs taken from it, which
+    /// it now hands back: repeat the claim to `owner` alone (not to the others, which would
+    /// accuse it again), so that an owner that never heard it (its link was down) refutes it
+    /// and announces its IPs instead of leaving two nodes answering until the hand-over
+    /// deadline.
+    Remind {
+        /// An IP taken over from `owner` (for its log).
+        ip: IpAddr,
+        /// The owner, alive, as the gossip knows it.
+        owner: NodeIdentity,
+    },
     /// What this node was told moved `ip` from `from` to `to`, both alive, one of them this
     /// node: tell the other one, so it follows before its own view does.
     Move {
@@ -368,6 +379,19 @@ impl WatchCore {
                 self.refutes_left = REFUTE_REPEAT;
                 self.next_refute = now;
                 self.tick_refute(now);
+            }
+            Command::Remind { ip, owner } => {
+                self.claim_epoch += 1;
+                let me = self.plan.me.clone();
+                let message = WatchMessage::Claim {
+                    ip,
+                    epoch: self.claim_epoch,
+                    claimant: node_ref(&me),
+                    accused: node_ref(&owner),
+                };
+                if let Some(addr) = watch_addr(owner.addr) {
+                    self.send(addr, &message);
+                }
             }
             Command::Move { ip, from, to } => {
                 self.claim_epoch += 1;

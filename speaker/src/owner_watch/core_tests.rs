@@ -313,6 +313,33 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
 }
 
 #[test]
+fn a_reminder_reaches_the_owner_alone_as_a_claim_and_never_the_gossip() {
+    let mut lab = Lab::new(4);
+    lab.gossip = true;
+    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    lab.command(
+        1,
+        Command::Remind {
+            ip,
+            owner: lab.ids[0].clone(),
+        },
+    );
+    // The owner reads it as a claim in its current incarnation (its daemon refutes it and
+    // announces); the others hear nothing, so none of them accuses the owner again.
+    assert_eq!(
+        lab.events[0],
+        vec![Event::Claimed {
+            claimant: name(1),
+            accused: name(0),
+            incarnation: 10,
+            ip
+        }]
+    );
+    assert!(lab.events[2].is_empty() && lab.events[3].is_empty());
+    assert_eq!(lab.core(1).metrics().sent_of(MessageType::Claim), 1);
+}
+
+#[test]
 fn a_move_told_reaches_the_other_owner_directly_and_through_the_gossip_and_a_third_party_cannot_tell_one()
  {
     let mut lab = Lab::new(4);

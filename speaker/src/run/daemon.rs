@@ -542,6 +542,30 @@ impl Daemon {
             },
         );
         self.perform(actions).await;
+        self.remind(node);
+    }
+
+    /// After `node` is elected again: if this node still answers IPs it now hands back to it,
+    /// tell it ([`Command::Remind`]). The takeover's claim may never have reached it (its link
+    /// was down), and an owner that does not know it lost its IPs does not announce them: both
+    /// would answer until the hand-over deadline.
+    fn remind(&self, node: &str) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        let Some(owner) = self.gossip.directory().borrow().get(node).cloned() else {
+            return;
+        };
+        let election = self.engine.election();
+        let handed = self
+            .engine
+            .answering()
+            .keys()
+            .find(|ip| self.engine.handing_over(ip) && election.owner(ip) == Some(node));
+        if let Some(ip) = handed {
+            tracing::info!(member = %node, %ip, "handing IPs back to a member alive after all: telling it to announce them");
+            watch.send(Command::Remind { ip: *ip, owner });
+        }
     }
 
     /// Tells the watch thread the plan, when it changed: the successors of the IPs this node
