@@ -258,10 +258,11 @@ impl State {
     }
 
     /// Whether the live nodes' gossip graph is disconnected (a pair with traffic dropped either
-    /// way is no edge).
+    /// way is no edge). A node whose daemon waits for the API server is not in the graph: a
+    /// Kubernetes speaker learns its gossip peers from the API, so it joins nobody before then.
     pub fn partitioned(&self) -> bool {
         let live: Vec<usize> = (1..=self.nodes.len())
-            .filter(|n| self.nodes[n - 1].live())
+            .filter(|n| self.nodes[n - 1].live() && !self.nodes[n - 1].needs_api)
             .collect();
         let Some(&first) = live.first() else {
             return false;
@@ -875,6 +876,34 @@ mod tests {
         assert_eq!(
             kinds(&evaluate(&rule(3), &world, &obs, false)),
             [("dual", false)]
+        );
+    }
+
+    #[test]
+    fn a_node_waiting_for_the_api_server_does_not_join_a_cut_mesh() {
+        // node1 <-> node2 dropped from 1 s to 9 s; the API server down from 1 s to 7 s; node3
+        // powered off at 2 s and on at 4 s, in the outage: its speaker waits for the API server
+        // (it learns its gossip peers from it), so the mesh stays cut until 7 s.
+        let faults = [
+            fault(
+                1000,
+                8000,
+                FaultKind::Drop {
+                    traffic: Traffic::Membership,
+                    from: 1,
+                    to: 2,
+                    both: true,
+                },
+            ),
+            fault(1000, 6000, FaultKind::ApiDown),
+            fault(2000, 2000, FaultKind::PowerOff { node: 3 }),
+        ];
+        let world = World::new(&faults, &executed(&faults), 3);
+        assert!(world.at(ms(3000)).partitioned(), "node3 powered off");
+        assert!(world.at(ms(5000)).partitioned(), "node3 waits for the API");
+        assert!(
+            !world.at(ms(8000)).partitioned(),
+            "node3 relays once listed"
         );
     }
 
