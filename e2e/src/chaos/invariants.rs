@@ -35,6 +35,11 @@ pub const DUAL_GAP: Duration = Duration::from_millis(300);
 pub const SETTLE: Duration = Duration::from_secs(2);
 /// A daemon started (or a node powered on) counts as available this long after.
 pub const STARTUP_GRACE: Duration = Duration::from_secs(2);
+/// A daemon that waited for the API server (started during an outage) may name no owner this
+/// long after the server is back: it abstains (answers nothing) until its first lists, which a
+/// restarted API server can make wait seconds (403s while its RBAC caches fill). It is not
+/// counted as disagreeing meanwhile; what the client sees (dual, dark) still counts.
+pub const API_LIST_GRACE: Duration = Duration::from_secs(10);
 /// The client's ARP interval.
 pub const ARP_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -146,6 +151,9 @@ pub struct NodeState {
     /// Its daemon started while the API server was down: a Kubernetes speaker serves nothing
     /// before its first list, so it counts from the API server's return.
     pub needs_api: bool,
+    /// When the API server came back for a daemon that waited for it (see
+    /// [`API_LIST_GRACE`]); cleared when the daemon starts again.
+    pub api_back: Option<Duration>,
     /// When its daemon last started (or the node powered on, or the API server came back for
     /// a daemon that waited for it).
     pub started: Duration,
@@ -193,6 +201,7 @@ impl State {
                 self.api = !on;
                 for s in self.nodes.iter_mut().filter(|s| !on && s.needs_api) {
                     s.needs_api = false;
+                    s.api_back = Some(at);
                     s.started = at;
                 }
             }
@@ -254,6 +263,7 @@ impl State {
         if running {
             s.started = at;
             s.needs_api = !api;
+            s.api_back = None;
         }
     }
 
@@ -308,6 +318,7 @@ impl World {
                     excluded: false,
                     endpoint: true,
                     needs_api: false,
+                    api_back: None,
                     started: Duration::ZERO,
                 };
                 nodes
@@ -646,7 +657,8 @@ fn settled(rule: &Rule, world: &World, obs: &Observations, found: &mut Vec<Viola
                 continue;
             }
             // The live speakers that answered, and the owners they name (a Kubernetes speaker
-            // started while the API server was down knows no Service yet: it names nobody).
+            // started while the API server was down knows no Service yet: it names nobody, and
+            // abstains for API_LIST_GRACE after the server is back).
             let named: BTreeMap<usize, Option<String>> = poll
                 .owners
                 .iter()
@@ -658,6 +670,12 @@ fn settled(rule: &Rule, world: &World, obs: &Observations, found: &mut Vec<Viola
                         .is_some_and(|s| s.live() && !s.needs_api)
                 })
                 .filter_map(|(i, v)| Some((i + 1, v.as_ref()?.get(vip)?.clone())))
+                .filter(|(n, owner)| {
+                    let listing = state.nodes[n - 1]
+                        .api_back
+                        .is_some_and(|back| poll.at < back + API_LIST_GRACE);
+                    owner.is_some() || !listing
+                })
                 .collect();
             let distinct: BTreeSet<&Option<String>> = named.values().collect();
             let mut push = |invariant: Invariant, detail: String| {
@@ -968,6 +986,48 @@ mod tests {
         let found = evaluate(&rule(3), &world, &obs, true);
         assert_eq!(kinds(&found), [("disagreement", false)]);
         assert_eq!(found[0].at, ms(4500));
+    }
+
+    #[test]
+    fn a_speaker_started_in_an_api_outage_abstains_until_it_lists_within_the_grace() {
+        // node1 killed at 1 s and started at 2 s while the API server is down (1 s to 3 s):
+        // from 3 s it may name nobody for API_LIST_GRACE; naming another owner still counts,
+        // and so does naming nobody after the grace.
+        let faults = [
+            fault(1000, 2000, FaultKind::ApiDown),
+            fault(1000, 1000, FaultKind::Kill { node: 1 }),
+        ];
+        let world = World::new(&faults, &executed(&faults), 3);
+        let abstains = [None, Some("node3"), Some("node3")];
+        let split = [Some("node2"), Some("node3"), Some("node3")];
+        let grace_end = 3000 + API_LIST_GRACE.as_millis() as u64;
+        let check = |polls: Vec<Poll>| {
+            let obs = Observations {
+                vips: vec![VipObservations::default()],
+                polls,
+                records: Vec::new(),
+                horizon: ms(grace_end + 5000),
+            };
+            kinds(&evaluate(&rule(3), &world, &obs, true))
+        };
+        assert_eq!(check(vec![poll(5500, &abstains)]), []);
+        assert_eq!(check(vec![poll(5500, &split)]), [("disagreement", false)]);
+        assert_eq!(
+            check(vec![poll(grace_end + 100, &abstains)]),
+            [("disagreement", false)]
+        );
+        // A daemon started with the API server up never had the grace.
+        let world = World::new(&faults[1..], &executed(&faults[1..]), 3);
+        let obs = Observations {
+            vips: vec![VipObservations::default()],
+            polls: vec![poll(5500, &abstains)],
+            records: Vec::new(),
+            horizon: ms(8000),
+        };
+        assert_eq!(
+            kinds(&evaluate(&rule(3), &world, &obs, true)),
+            [("disagreement", false)]
+        );
     }
 
     #[test]
