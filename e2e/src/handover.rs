@@ -180,15 +180,7 @@ pub fn sample(
     }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let handover = ms(after[settled].at.saturating_sub(patch));
-    let twice: Vec<Duration> = after
-        .iter()
-        .filter(|a| a.macs.len() >= 2)
-        .map(|a| a.at)
-        .collect();
-    let dual = match (twice.first(), twice.last()) {
-        (Some(first), Some(last)) => ms(*last - *first + interval),
-        _ => 0.0,
-    };
+    let dual = ms(crate::probe::dual_span(after.iter().copied(), interval).1);
     let mut longest = 0;
     let mut run = 0;
     for a in &after[..settled] {

@@ -441,6 +441,24 @@ pub fn dual_answer_seconds(answers: &[ArpAnswers]) -> usize {
         .len()
 }
 
+/// Requests two or more MACs replied to, and the span from the first to the last of them (one
+/// `interval` added for the last request's own): how long the address had two owners.
+pub fn dual_span<'a>(
+    answers: impl IntoIterator<Item = &'a ArpAnswers>,
+    interval: Duration,
+) -> (usize, Duration) {
+    let twice: Vec<Duration> = answers
+        .into_iter()
+        .filter(|a| a.macs.len() >= 2)
+        .map(|a| a.at)
+        .collect();
+    let span = match (twice.first(), twice.last()) {
+        (Some(first), Some(last)) => *last - *first + interval,
+        _ => Duration::ZERO,
+    };
+    (twice.len(), span)
+}
+
 /// What one fault cost, from the probe records.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FailoverSample {

@@ -846,18 +846,9 @@ fn with_the_owner_watch_port_mute_its_refutation_arrives_through_the_gossip() {
     });
     assert_ne!(refuted, owner, "the owner cannot take over from itself");
     // How long two MACs answered: from the first request two answered to the last.
-    let dual: Vec<Duration> = answers
-        .iter()
-        .filter(|a| a.macs.len() >= 2)
-        .map(|a| a.at)
-        .collect();
-    let dual_span = match (dual.first(), dual.last()) {
-        (Some(first), Some(last)) => *last - *first + Duration::from_millis(10),
-        _ => Duration::ZERO,
-    };
+    let (dual, dual_span) = probe::dual_span(&answers, Duration::from_millis(10));
     eprintln!(
-        "takeover by {refuted} refuted through the gossip; ARP requests every 10 ms answered by two MACs: {} (over {} ms)",
-        dual.len(),
+        "takeover by {refuted} refuted through the gossip; ARP requests every 10 ms answered by two MACs: {dual} (over {} ms)",
         dual_span.as_millis()
     );
     assert!(
@@ -913,18 +904,9 @@ fn an_owner_whose_link_was_down_a_moment_announces_the_vip_its_watcher_hands_bac
         !logs.contains(&format!("member down member={owner}")),
         "{owner} went down\n{logs}"
     );
-    let dual: Vec<Duration> = answers
-        .iter()
-        .filter(|a| a.macs.len() >= 2)
-        .map(|a| a.at)
-        .collect();
-    let dual_span = match (dual.first(), dual.last()) {
-        (Some(first), Some(last)) => *last - *first + Duration::from_millis(10),
-        _ => Duration::ZERO,
-    };
+    let (dual, dual_span) = probe::dual_span(&answers, Duration::from_millis(10));
     eprintln!(
-        "takeover by {refuted:?} refuted; ARP requests every 10 ms answered by two MACs: {} (over {} ms)",
-        dual.len(),
+        "takeover by {refuted:?} refuted; ARP requests every 10 ms answered by two MACs: {dual} (over {} ms)",
         dual_span.as_millis()
     );
     assert!(

@@ -360,18 +360,7 @@ impl WatchCore {
         match command {
             Command::Plan(plan) => self.set_plan(now, plan),
             Command::KeyRing(ring) => self.ring = *ring,
-            Command::Claim { ip, accused } => {
-                self.claim_epoch += 1;
-                let me = self.plan.me.clone();
-                let message = WatchMessage::Claim {
-                    ip,
-                    epoch: self.claim_epoch,
-                    claimant: node_ref(&me),
-                    accused: node_ref(&accused),
-                };
-                self.send_to_all(&message);
-                self.relay(&message);
-            }
+            Command::Claim { ip, accused } => self.claim(ip, &accused, true),
             // Nothing is sent after a pause of its own; an armed refutation would be a timer
             // due for ever.
             Command::Refute if self.paused.is_some() => {}
@@ -380,19 +369,7 @@ impl WatchCore {
                 self.next_refute = now;
                 self.tick_refute(now);
             }
-            Command::Remind { ip, owner } => {
-                self.claim_epoch += 1;
-                let me = self.plan.me.clone();
-                let message = WatchMessage::Claim {
-                    ip,
-                    epoch: self.claim_epoch,
-                    claimant: node_ref(&me),
-                    accused: node_ref(&owner),
-                };
-                if let Some(addr) = watch_addr(owner.addr) {
-                    self.send(addr, &message);
-                }
-            }
+            Command::Remind { ip, owner } => self.claim(ip, &owner, false),
             Command::Move { ip, from, to } => {
                 self.claim_epoch += 1;
                 let message = WatchMessage::Move {
@@ -410,6 +387,25 @@ impl WatchCore {
             }
         }
         self.update_sizes();
+    }
+
+    /// Claims `ip` from `accused`: to every member, on the watch port and through the gossip
+    /// (`everyone`), or on the watch port to `accused` alone (a reminder).
+    fn claim(&mut self, ip: IpAddr, accused: &NodeIdentity, everyone: bool) {
+        self.claim_epoch += 1;
+        let me = self.plan.me.clone();
+        let message = WatchMessage::Claim {
+            ip,
+            epoch: self.claim_epoch,
+            claimant: node_ref(&me),
+            accused: node_ref(accused),
+        };
+        if everyone {
+            self.send_to_all(&message);
+            self.relay(&message);
+        } else if let Some(addr) = watch_addr(accused.addr) {
+            self.send(addr, &message);
+        }
     }
 
     fn set_plan(&mut self, now: Duration, plan: Plan) {
