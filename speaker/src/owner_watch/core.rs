@@ -113,11 +113,11 @@ pub enum Command {
     },
     /// A claim accused this node while it answers: tell every member it is alive.
     Refute,
-    /// This node's accusation of `owner` was refuted while it answers IPs taken from it, which
-    /// it now hands back: repeat the claim to `owner` alone (not to the others, which would
-    /// accuse it again), so that an owner that never heard it (its link was down) refutes it
-    /// and announces its IPs instead of leaving two nodes answering until the hand-over
-    /// deadline.
+    /// This node's accusation of `owner` ended (refuted or lapsed) while it answers IPs taken
+    /// from it, which it now hands back: repeat the claim to `owner` alone (not to the others,
+    /// which would accuse it again), so that an owner that never heard it (its link was down)
+    /// refutes it and announces its IPs instead of leaving two nodes answering until the
+    /// hand-over deadline.
     Remind {
         /// An IP taken over from `owner` (for its log).
         ip: IpAddr,

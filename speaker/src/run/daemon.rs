@@ -23,8 +23,11 @@
 //!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
 //!   refutes every claim against it and re-announces, and it keeps its IPs: the election
 //!   without accusations is the rule every node computes the same way). An accusation also ends
-//!   after [`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL). Which accusations stand is [`Accusations`]' decision; the daemon
-//!   feeds it and carries out its answers.
+//!   after [`ACCUSATION_TTL`](crate::owner_watch::accusations::ACCUSATION_TTL). When an accusation
+//!   ends and this node still answers IPs it now hands back to the member, it repeats its claim
+//!   to that member alone ([`Command::Remind`]): an owner that never heard the claim (its link
+//!   was down) does not know it lost its IPs and would not announce them. Which accusations
+//!   stand is [`Accusations`]' decision; the daemon feeds it and carries out its answers.
 //! - [`FailoverMetrics`] is the failover latency histogram: for every
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
