@@ -19,6 +19,11 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
+# Tests that need the programs start in parallel: one builds, the others wait for it here.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+
 key=$(cat "$0" "$here"/control-plane/go.mod "$here"/control-plane/go.sum \
   "$here"/metallb/go.mod "$here"/metallb/go.sum | sha256sum | cut -c1-16)
 out="$cache/$key"
