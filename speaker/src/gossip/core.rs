@@ -50,8 +50,14 @@
 //!   verdict. Every "unreachable" verdict from a distinct member is one independent
 //!   confirmation; a "reachable" one restarts the suspicion at its longest and tells the suspect
 //!   (so it refutes). A member that only heard of a suspicion through the gossip inquires too
-//!   once it has held it for a while, and declares the member down itself only when at least one
-//!   confirmation came back.
+//!   once it has held it for a while (and tells the suspect), and declares the member down
+//!   itself only when at least one confirmation came back.
+//! - A deaf node ends no suspicion: one that heard no datagram at all for two probe periods
+//!   during a suspicion (its link down, its own cut, a pause) starts the suspicion over when it
+//!   falls due, tells the suspect and asks the members again, for up to the longest suspicion
+//!   from its first start. Without it, in a cluster too small for confirmations (up to four
+//!   members) a node cut off for longer than the shortest suspicion declared the healthy
+//!   members down, and they renewed once it was back.
 
 use std::collections::{BTreeSet, BinaryHeap};
 use std::net::{IpAddr, SocketAddr};
@@ -480,6 +486,10 @@ pub struct Core {
     heard_before_down: FastMap<NodeName, Duration>,
     /// Authentic, fresh datagrams received.
     heard: u64,
+    /// When the last of them arrived, and the first after a silence of this node's (see
+    /// [`Core::deaf_during`]).
+    last_datagram: Duration,
+    heard_again: Duration,
     /// Times this node learnt it was declared down and renewed its identity.
     rejoins: u64,
     phase: Phase,
@@ -519,8 +529,10 @@ pub struct WatchRelayed {
 struct Suspicion {
     id: NodeIdentity,
     incarnation: u16,
-    /// Start; moved to the latest "reachable" verdict.
+    /// Start; moved to the latest "reachable" verdict, and on by a deaf spell of this node's.
     since: Duration,
+    /// The first start (a deaf node starts a suspicion over until this plus the longest).
+    began: Duration,
     /// Members whose probe on our behalf went unanswered (independent confirmations).
     confirmers: Vec<SocketAddr>,
     /// foca's own timer event when this node's probe failed (this node accused the member).
@@ -612,6 +624,8 @@ impl Core {
             last_heard: FastMap::default(),
             heard_before_down: FastMap::default(),
             heard: 0,
+            last_datagram: now,
+            heard_again: now,
             rejoins: 0,
             phase: Phase::Joining,
             join_retry_pending: false,
@@ -827,6 +841,7 @@ impl Core {
         }
         let payload = opened.payload;
         self.heard += 1;
+        self.note_heard(now);
         self.last_heard.insert(from, now);
         self.wire.peer_keys.insert(from, opened.key_id);
         match GossipMessage::parse(payload) {

@@ -563,6 +563,42 @@ fn a_two_node_cluster_heals_without_either_going_down_again() {
     }
 }
 
+/// A member cut off for a moment (a link down for 250 ms: longer than the shortest suspicion)
+/// hears nobody while its own probes fail. With three members no confirmation is wanted, so its
+/// suspicions of the healthy two would end at their shortest while it is deaf; it must not
+/// declare them down. The others may declare it down (they did not hear it); that is its own
+/// renewal, not theirs.
+#[test]
+fn a_member_cut_off_for_a_moment_takes_no_healthy_member_down() {
+    for seed in 0..20 {
+        let mut net = cluster(3, seed, Links::default());
+        net.set_group(2, 1);
+        net.run_for(Duration::from_millis(250));
+        net.set_group(2, 0);
+        net.run_for(Duration::from_secs(3));
+        let healthy_downs: Vec<_> = net
+            .drain_changes()
+            .filter(|(_, _, c)| {
+                matches!(c, LiveChange::Down(node) if *node == name(0) || *node == name(1))
+            })
+            .collect();
+        assert!(
+            healthy_downs.is_empty(),
+            "seed {seed}: the cut-off member took healthy ones down: {healthy_downs:?}"
+        );
+        for i in 0..2 {
+            assert_eq!(
+                net.core(i).unwrap().rejoins(),
+                0,
+                "seed {seed}: node {i} was declared down and renewed"
+            );
+        }
+        for i in 0..3 {
+            assert_eq!(live_len(&net, i), 3, "seed {seed}: node {i} sees everyone");
+        }
+    }
+}
+
 #[test]
 fn a_member_back_from_a_cut_is_unsettled_and_the_others_are_not() {
     let (net, _) = heal_after_cut(4, 3, &[2]);

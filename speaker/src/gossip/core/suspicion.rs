@@ -39,7 +39,7 @@ impl Core {
                 .get(&id.addr)
                 .is_some_and(|s| s.id == *id && s.incarnation == member.incarnation());
             if !timed && now.saturating_sub(since) >= inquire_after {
-                inquire.push((id.clone(), member.incarnation(), since));
+                inquire.push((id.clone(), member.incarnation()));
             }
             if now.saturating_sub(since) >= patience {
                 if asks >= SUSPECT_MAX_ASKS && now.saturating_sub(since) >= SUSPECT_EXPIRE_AFTER {
@@ -74,8 +74,12 @@ impl Core {
                 self.count_outcome(&s);
             }
         }
-        for (id, incarnation, since) in inquire {
-            self.start_suspicion(since, id, incarnation, None);
+        // The suspect may never have heard of it (this node learnt it from the gossip, or
+        // renewed its identity and forgot its timers): it is told, and has a whole suspicion
+        // from now to refute.
+        for (id, incarnation) in inquire {
+            self.send_suspicion_notice(id.clone());
+            self.start_suspicion(now, id, incarnation, None);
         }
         for id in ask {
             self.send_suspicion_notice(id.clone());
@@ -127,6 +131,7 @@ impl Core {
                 id: id.clone(),
                 incarnation,
                 since,
+                began: since,
                 confirmers: Vec::new(),
                 accused,
                 token,
@@ -201,6 +206,21 @@ impl Core {
             }
             return;
         }
+        // Heard nobody during it (a link down, a pause): start over, while another member could
+        // have been heard (of two members neither tells a cut from a crash) and for at most
+        // the longest suspicion from the first start.
+        let (since, began) = (s.since, s.began);
+        if self.deaf_during(since, now)
+            && now < began + self.longest_suspicion()
+            && self
+                .members
+                .keys()
+                .any(|a| *a != addr && *a != self.foca.identity().addr)
+        {
+            self.start_over(now, addr);
+            return;
+        }
+        let s = &self.suspicions[&addr];
         if s.accused.is_none() && s.confirmers.is_empty() && self.wanted_confirmations() > 0 {
             // Heard of through the gossip and confirmed by nobody: not ours to end; the sweep
             // keeps asking the suspect.
@@ -227,6 +247,47 @@ impl Core {
         if let Err(err) = result {
             tracing::debug!(error = %err, "suspicion timeout");
         }
+    }
+
+    /// Notes an authentic datagram at `now`; the first after a silence ends a deaf spell.
+    pub(super) fn note_heard(&mut self, now: Duration) {
+        if now.saturating_sub(self.last_datagram) > self.deaf_after() {
+            self.heard_again = now;
+        }
+        self.last_datagram = now;
+    }
+
+    /// A silence longer than this (two probe periods, in which this node probes a member and
+    /// is probed) is this node's deafness, not the members' deaths.
+    fn deaf_after(&self) -> Duration {
+        self.timing.probe_period.saturating_mul(2)
+    }
+
+    /// Whether this node heard nothing at all for a while since `since`: a deaf spell ended
+    /// after it, or one lasts still (a link down, a cut of its own, a pause).
+    fn deaf_during(&self, since: Duration, now: Duration) -> bool {
+        self.heard_again > since || now.saturating_sub(self.last_datagram) > self.deaf_after()
+    }
+
+    /// The longest suspicion, unstretched: what an unconfirmed one lasts.
+    fn longest_suspicion(&self) -> Duration {
+        self.scaled.0.saturating_mul(self.timing.suspicion_max_mult)
+    }
+
+    /// Starts the suspicion of the member at `addr` over from `now`: this node was deaf during
+    /// it, so the suspect's silence is no evidence and the suspect could not hear that it was
+    /// suspected. It is told again and the members are asked again.
+    fn start_over(&mut self, now: Duration, addr: SocketAddr) {
+        let Some(s) = self.suspicions.get_mut(&addr) else {
+            return;
+        };
+        s.since = now;
+        s.confirmers.clear();
+        let (id, incarnation, token) = (s.id.clone(), s.incarnation, s.token);
+        tracing::info!(suspect = %addr, "heard nobody during a suspicion; starting it over");
+        self.send_suspicion_notice(id.clone());
+        self.send_inquiries(&id, incarnation, token);
+        self.schedule_suspicion(addr);
     }
 
     /// Counts how a suspicion this node timed ended without this node ending it.
