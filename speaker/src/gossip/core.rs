@@ -512,6 +512,9 @@ pub struct Core {
     /// Owner-watch payloads received through the gossip, for the watch (see
     /// [`Core::drain_watch`]).
     watch_inbox: Vec<WatchRelayed>,
+    /// Members held down that talk to us: how often told so since when (see
+    /// [`Core::tell_down`]).
+    told_down: FastMap<SocketAddr, (NodeIdentity, u32, Duration)>,
 }
 
 /// An owner-watch payload that arrived through the gossip: a claim or a refutation, sent this
@@ -637,6 +640,7 @@ impl Core {
             next_token: 0,
             relays: Vec::new(),
             watch_inbox: Vec::new(),
+            told_down: FastMap::default(),
         };
         core.scaled = core.timing.scaled(1);
         core.publish_own_record()?;
@@ -902,7 +906,7 @@ impl Core {
                             || header.message != Message::TurnUndead
                                 && !self.timing.notify_down_members) =>
                 {
-                    self.send_turn_undead(header.src)
+                    self.tell_down(now, header.src)
                 }
                 // Alone, with more members down than alive (a dead member counts down on both
                 // sides): this node has no side to keep, so it is the one to start afresh, and
@@ -985,41 +989,6 @@ impl Core {
         self.restart_foca(now, identity);
         self.unsettle_own();
         self.offer_own_record();
-    }
-
-    /// Tells `to` that we hold it as down, as foca's `notify_down_members` would (but never in
-    /// answer to its own "you are down"): it then renews its identity and rejoins.
-    fn send_turn_undead(&mut self, to: NodeIdentity) {
-        let header = Header {
-            src: self.foca.identity().clone(),
-            src_incarnation: 0,
-            dst: to.clone(),
-            message: Message::TurnUndead,
-        };
-        let mut body = Vec::with_capacity(128);
-        if self.codec.encode_header(&header, &mut body).is_ok() {
-            self.seal(to.addr, &GossipMessage::Foca(&body));
-        }
-    }
-
-    /// Tells a member our probe of it just failed, with a foca gossip message carrying the one
-    /// update "you are suspect". SWIM lets the suspect learn this from the gossip, which in a
-    /// large cluster takes several rounds; told at once, it refutes (raises its incarnation)
-    /// while the suspicion is still spreading, so short suspicion timeouts stay safe under loss.
-    /// (Lifeguard's "buddy system" does the same by piggybacking the suspicion on the
-    /// next ping to the suspect; foca has no such extension.)
-    fn send_suspicion_notice(&mut self, member: NodeIdentity) {
-        let Some(incarnation) = self
-            .foca
-            .iter_membership_state()
-            .find(|m| m.id() == &member)
-            .filter(|m| m.state() != State::Down)
-            .map(|m| m.incarnation())
-        else {
-            return;
-        };
-        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
-        self.send_updates(member, &[update], 1);
     }
 }
 

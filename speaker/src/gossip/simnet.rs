@@ -332,6 +332,12 @@ impl SimNet {
         self.cuts.insert((b, a));
     }
 
+    /// Drops every datagram from node `from` to node `to` (not the other way) until
+    /// [`SimNet::heal`]: a one-way firewall rule.
+    pub fn cut_one_way(&mut self, from: usize, to: usize) {
+        self.cuts.insert((from, to));
+    }
+
     /// What node `i` has sent so far.
     pub fn traffic(&self, i: usize) -> Traffic {
         self.slots.get(i).map(|s| s.traffic).unwrap_or_default()

@@ -966,6 +966,28 @@ fn the_two_survivors_of_a_crash_merge_again_after_they_declared_each_other_down(
 /// node then answered ARP for the member's IP beside it for 35 s). The member keeps probing and
 /// gossiping to that node, is told it is down, and renews: every node holds it alive again, and
 /// no other node ever took it down.
+/// The same while that node's datagrams to the member are dropped (a one-way firewall rule): its
+/// "you are down" never arrives, and without more the member would stay out of its election for
+/// as long as the rule lasts while the others elect it. The others are told of the down, and
+/// one of them tells the member.
+#[test]
+fn a_member_held_down_behind_a_one_way_cut_is_told_through_the_others() {
+    for seed in 1..=5 {
+        let mut net = cluster(3, seed, Links::default());
+        net.cut_one_way(1, 2);
+        net.with_core(1, |core, now| core.hold_down_unheard(SimNet::addr(2), now));
+        let took = run_until(&mut net, Duration::from_secs(2), |net| {
+            net.core(2).unwrap().rejoins() >= 1 && (0..3).all(|i| live_len(net, i) == 3)
+        });
+        assert!(
+            took.is_some(),
+            "seed {seed}: node 2 renewed {} times; node 1 holds {:?}",
+            net.core(2).unwrap().rejoins(),
+            net.core(1).unwrap().live()
+        );
+    }
+}
+
 #[test]
 fn a_member_only_one_node_holds_down_is_told_so_and_every_node_holds_it_alive_again() {
     for seed in 1..=5 {

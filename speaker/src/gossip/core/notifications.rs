@@ -219,6 +219,74 @@ impl Core {
         self.wire.accusations.clear();
     }
 
+    /// Tells `to` that we hold it as down, as foca's `notify_down_members` would (but never in
+    /// answer to its own "you are down"): it then renews its identity and rejoins.
+    pub(super) fn send_turn_undead(&mut self, to: NodeIdentity) {
+        let header = Header {
+            src: self.foca.identity().clone(),
+            src_incarnation: 0,
+            dst: to.clone(),
+            message: Message::TurnUndead,
+        };
+        let mut body = Vec::with_capacity(128);
+        if self.codec.encode_header(&header, &mut body).is_ok() {
+            self.seal(to.addr, &GossipMessage::Foca(&body));
+        }
+    }
+
+    /// Tells a member we hold down, which talks to us, that it is down (it renews). One that
+    /// goes on talking after three tellings over two probe periods never hears us: our path to
+    /// it is cut (a one-way firewall rule) while its path to us is not, and the members that
+    /// hold it alive under the same identity would keep electing it while we do not. So the
+    /// members are told of its down too, and the first it talks to tells it. Repeated at most
+    /// every two probe periods while it lasts.
+    pub(super) fn tell_down(&mut self, now: Duration, member: NodeIdentity) {
+        let told = self
+            .told_down
+            .entry(member.addr)
+            .or_insert_with(|| (member.clone(), 0, now));
+        if told.0 != member {
+            *told = (member.clone(), 0, now);
+        }
+        told.1 += 1;
+        let unheard = told.1 >= 3 && now.saturating_sub(told.2) >= self.timing.probe_period * 2;
+        if unheard {
+            *told = (member.clone(), 0, now);
+        }
+        self.send_turn_undead(member.clone());
+        if unheard {
+            self.spread_down(member);
+        }
+    }
+
+    /// Sends our "`member` is down" to up to three members that are not it.
+    fn spread_down(&mut self, member: NodeIdentity) {
+        let Some(incarnation) = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id() == &member && m.state() == State::Down)
+            .map(|m| m.incarnation())
+        else {
+            return;
+        };
+        let update = foca::Member::new(member.clone(), incarnation, State::Down);
+        let peers: Vec<NodeIdentity> = self
+            .members
+            .values()
+            .filter(|id| id.addr != member.addr)
+            .take(3)
+            .cloned()
+            .collect();
+        tracing::info!(
+            member = %member.addr,
+            told = peers.len(),
+            "a member held down does not hear it is down: telling the others"
+        );
+        for peer in peers {
+            self.send_updates(peer, std::slice::from_ref(&update), 1);
+        }
+    }
+
     /// Replaces foca, after our identity was declared down and renewed while we hold at least
     /// as many members down as alive (we were the ones cut off), with a fresh instance under
     /// `identity` that knows only the members we hold alive.

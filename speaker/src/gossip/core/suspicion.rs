@@ -290,6 +290,26 @@ impl Core {
         self.schedule_suspicion(addr);
     }
 
+    /// Tells a member our probe of it just failed, with a foca gossip message carrying the one
+    /// update "you are suspect". SWIM lets the suspect learn this from the gossip, which in a
+    /// large cluster takes several rounds; told at once, it refutes (raises its incarnation)
+    /// while the suspicion is still spreading, so short suspicion timeouts stay safe under loss.
+    /// (Lifeguard's "buddy system" does the same by piggybacking the suspicion on the
+    /// next ping to the suspect; foca has no such extension.)
+    pub(super) fn send_suspicion_notice(&mut self, member: NodeIdentity) {
+        let Some(incarnation) = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id() == &member)
+            .filter(|m| m.state() != State::Down)
+            .map(|m| m.incarnation())
+        else {
+            return;
+        };
+        let update = foca::Member::new(member.clone(), incarnation, State::Suspect);
+        self.send_updates(member, &[update], 1);
+    }
+
     /// Counts how a suspicion this node timed ended without this node ending it.
     pub(super) fn count_outcome(&self, s: &Suspicion) {
         let refuted = self.foca.iter_membership_state().any(|m| {

@@ -102,6 +102,11 @@ impl Core {
             }
         }
         self.wire.metrics.set_members(alive, suspect, down);
+        let foca = &self.foca;
+        self.told_down.retain(|_, (id, ..)| {
+            foca.iter_membership_state()
+                .any(|m| m.state() == State::Down && m.id() == id)
+        });
         // Keys are remembered for members and seeds only, so the map stays as small as the
         // cluster (pruned once it holds more entries than that; at 1,000 members a sweep every
         // second on every member was a measurable share of the simulation).
