@@ -20,7 +20,9 @@
 //!   A member that announces to us, or probes or gossips to us, while we hold it as down is told
 //!   so (foca's `TurnUndead`), so it renews its identity: both sides of a healed partition merge
 //!   without operator help, and a member only this node declared down (its news lost) does not
-//!   stay down here forever while everyone else holds it alive.
+//!   stay down here forever while everyone else holds it alive. One that goes on talking to us
+//!   without renewing never hears it (our path to it is cut one way): the other members are
+//!   sent its down as well, and the first it talks to tells it.
 //!   Only a node that holds at least as many members alive as down does so, and a renewed node
 //!   starts a fresh foca that has forgotten its downs, so after a heal the smaller side rejoins
 //!   and the larger side sees no member go down.
