@@ -724,17 +724,27 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let back = record_nodes(&api, &names);
         let join_writes = record_writes(&api, mark);
+
+        // Every speaker stops for longer than the suspicion timeout (the whole process, as a
+        // loaded machine stops it): each answers nothing until it hears the cluster again, and
+        // nobody took anything over meanwhile, so no record changes.
+        let mark = api.requests().len();
+        stop_this_process_for(Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let after_pause = record_nodes(&api, &names);
+        let pause_writes = record_writes(&api, mark);
         for node in all {
             stop_speaker(&mut speakers, node).await;
         }
         (
             (formed, moved_away, came_back),
-            (with_c, without_c, back),
-            (idle_writes, leave_writes, join_writes),
+            (with_c, without_c, back, after_pause),
+            (idle_writes, leave_writes, join_writes, pause_writes),
         )
     });
-    let ((formed, moved_away, came_back), (with_c, without_c, back), writes) = report;
-    let (idle_writes, leave_writes, join_writes) = writes;
+    let ((formed, moved_away, came_back), records, writes) = report;
+    let (with_c, without_c, back, after_pause) = records;
+    let (idle_writes, leave_writes, join_writes, pause_writes) = writes;
     assert!(formed, "not every Service got a record: {with_c:?}");
     let on_c = with_c.values().filter(|n| *n == "node-c").count();
     assert!(
@@ -764,4 +774,28 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         2 * on_c,
         "two writes per Service that moved back, none for the others"
     );
+    println!("every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes");
+    assert_eq!(
+        after_pause, with_c,
+        "a pause of every speaker moves nothing"
+    );
+    assert_eq!(
+        pause_writes, 0,
+        "nothing is written after a pause that moved nothing"
+    );
+}
+
+/// Stops this process (every speaker of the test, not the API server) for `pause`: a helper
+/// process sends SIGSTOP, then SIGCONT.
+fn stop_this_process_for(pause: Duration) {
+    let pid = std::process::id();
+    let script = format!(
+        "kill -STOP {pid}; sleep {}; kill -CONT {pid}",
+        pause.as_secs_f64()
+    );
+    let status = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .expect("sh");
+    assert!(status.success(), "stopping the test process: {status}");
 }

@@ -356,7 +356,8 @@ pub struct WriteError {
 #[derive(Debug)]
 pub struct RecordWriter {
     api: Api<ServiceL2Status>,
-    /// What the API holds from this node, as far as it knows ([`fingerprint`] of the status).
+    /// What the API holds from this node, as far as it knows ([`fingerprint`] of the status);
+    /// records given up included, until the watch shows them written over.
     written: HashMap<ServiceKey, u64>,
     /// What is still to do.
     pending: BTreeMap<ServiceKey, Write>,
@@ -412,15 +413,17 @@ impl RecordWriter {
                     self.pending.remove(service);
                 }
             }
-            None => {
+            None if orphaned => {
                 self.written.remove(service);
-                if orphaned {
-                    self.pending.insert(service.clone(), Write::Delete);
-                } else {
-                    // Given up: another node took it (its apply wins); a delete not done yet
-                    // would now remove that node's record.
-                    self.pending.remove(service);
-                }
+                self.pending.insert(service.clone(), Write::Delete);
+            }
+            None => {
+                // Given up: another node takes it (its apply wins); a delete not done yet would
+                // remove that node's record. What this node wrote is kept: the API holds it
+                // until the new owner's write, which the watch shows ([`RecordWriter::observe`]
+                // forgets it then), so a record given up and taken back before anybody wrote
+                // over it (this node was held for a moment after a pause) is not written again.
+                self.pending.remove(service);
             }
         }
     }

@@ -231,19 +231,21 @@ impl Book {
             let Some((_, status)) = self.suspect.remove(&service) else {
                 continue;
             };
-            if writer.observe(&service, status.as_ref()) {
-                let status = self
-                    .mine
-                    .get(&service)
-                    .map(|interfaces| ServiceL2StatusStatus {
-                        node: self.node.clone(),
-                        service_name: service.name.to_string(),
-                        service_namespace: service.namespace.to_string(),
-                        interfaces: interfaces.to_vec(),
-                    });
-                writer.set(&service, status, false);
-                rewritten.push(service);
+            if !writer.observe(&service, status.as_ref()) {
+                continue;
             }
+            // A record this node gave up, written by its new owner: forgotten, nothing to write.
+            let Some(interfaces) = self.mine.get(&service) else {
+                continue;
+            };
+            let status = ServiceL2StatusStatus {
+                node: self.node.clone(),
+                service_name: service.name.to_string(),
+                service_namespace: service.namespace.to_string(),
+                interfaces: interfaces.to_vec(),
+            };
+            writer.set(&service, Some(status), false);
+            rewritten.push(service);
         }
         rewritten
     }
@@ -527,6 +529,42 @@ mod tests {
         book.told(ToWrite::Draining, &mut writer);
         book.seen(t0, b.clone(), Some(status("node2", &b, "eth0")), &writer);
         assert_eq!(book.next_look(), None);
+    }
+
+    #[tokio::test]
+    async fn a_record_given_up_and_taken_back_before_anybody_wrote_over_it_is_not_written_again() {
+        let (mut book, mut writer) = (Book::new("node1"), writer());
+        let (a, b) = (key("a"), key("b"));
+        for service in [&a, &b] {
+            book.told(record(service, "node1", "eth0"), &mut writer);
+            writer.assume_written(service, &status("node1", service, "eth0"));
+        }
+        let given_up = |service: &ServiceKey| ToWrite::Record {
+            service: service.clone(),
+            record: None,
+            orphaned: false,
+        };
+        // Held for a moment after a pause: this node answers nothing, nobody takes over, the
+        // API still holds its records.
+        book.told(given_up(&a), &mut writer);
+        book.told(given_up(&b), &mut writer);
+        assert!(
+            !writer.is_pending(),
+            "a given-up record is its new owner's to write"
+        );
+        book.told(record(&a, "node1", "eth0"), &mut writer);
+        assert!(
+            !writer.is_pending(),
+            "the API holds it still: nothing to write"
+        );
+        // b's new owner wrote its record: the watch shows it, and this node forgets it wrote b
+        // without writing anything; taking b back now writes it.
+        let t0 = Instant::now();
+        book.seen(t0, b.clone(), Some(status("node2", &b, "eth0")), &writer);
+        assert!(book.look_again(t0 + RECORD_SETTLE, &mut writer).is_empty());
+        assert!(!writer.is_pending());
+        book.told(record(&b, "node1", "eth0"), &mut writer);
+        assert!(writer.is_pending(), "b is written again");
     }
 
     #[test]
