@@ -575,10 +575,15 @@ fn record_nodes(api: &TestPlane, services: &[String]) -> BTreeMap<String, String
 
 /// Writes to `servicel2statuses` (the object and its status) among the requests after `from`.
 fn record_writes(api: &TestPlane, from: usize) -> usize {
+    writes_to(api, from, "servicel2statuses")
+}
+
+/// Writes to `resource` (and its subresources) among the requests after `from`.
+fn writes_to(api: &TestPlane, from: usize, resource: &str) -> usize {
     api.requests()
         .iter()
         .skip(from)
-        .filter(|r| r.resource.starts_with("servicel2statuses"))
+        .filter(|r| r.resource.starts_with(resource))
         .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
         .count()
 }
@@ -733,18 +738,24 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         tokio::time::sleep(Duration::from_secs(4)).await;
         let after_pause = record_nodes(&api, &names);
         let pause_writes = record_writes(&api, mark);
+        let pause_events = writes_to(&api, mark, "events");
         for node in all {
             stop_speaker(&mut speakers, node).await;
         }
         (
             (formed, moved_away, came_back),
             (with_c, without_c, back, after_pause),
-            (idle_writes, leave_writes, join_writes, pause_writes),
+            (
+                idle_writes,
+                leave_writes,
+                join_writes,
+                (pause_writes, pause_events),
+            ),
         )
     });
     let ((formed, moved_away, came_back), records, writes) = report;
     let (with_c, without_c, back, after_pause) = records;
-    let (idle_writes, leave_writes, join_writes, pause_writes) = writes;
+    let (idle_writes, leave_writes, join_writes, (pause_writes, pause_events)) = writes;
     assert!(formed, "not every Service got a record: {with_c:?}");
     let on_c = with_c.values().filter(|n| *n == "node-c").count();
     assert!(
@@ -774,7 +785,9 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         2 * on_c,
         "two writes per Service that moved back, none for the others"
     );
-    println!("every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes");
+    println!(
+        "every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes, {pause_events} Event writes"
+    );
     assert_eq!(
         after_pause, with_c,
         "a pause of every speaker moves nothing"
@@ -782,6 +795,10 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
     assert_eq!(
         pause_writes, 0,
         "nothing is written after a pause that moved nothing"
+    );
+    assert_eq!(
+        pause_events, 0,
+        "no nodeAssigned Event: nothing changed hands"
     );
 }
 

@@ -398,24 +398,27 @@ impl RecordWriter {
     /// The record this node should hold for one Service (`None`: none), and whether the
     /// Service is orphaned (announced by nobody, or gone: its record is deleted). A Service
     /// this node stops announcing to another node is left alone: its new owner takes it over.
-    /// One Service at a time: a watch event costs what it changes.
+    /// One Service at a time: a watch event costs what it changes. Returns whether a write of
+    /// the record is pending now.
     pub fn set(
         &mut self,
         service: &ServiceKey,
         desired: Option<ServiceL2StatusStatus>,
         orphaned: bool,
-    ) {
+    ) -> bool {
         match desired {
             Some(status) => {
                 if self.written.get(service) != Some(&fingerprint(&status)) {
                     self.pending.insert(service.clone(), Write::Apply(status));
-                } else {
-                    self.pending.remove(service);
+                    return true;
                 }
+                self.pending.remove(service);
+                false
             }
             None if orphaned => {
                 self.written.remove(service);
                 self.pending.insert(service.clone(), Write::Delete);
+                true
             }
             None => {
                 // Given up: another node takes it (its apply wins); a delete not done yet would
@@ -424,6 +427,7 @@ impl RecordWriter {
                 // forgets it then), so a record given up and taken back before anybody wrote
                 // over it (this node was held for a moment after a pause) is not written again.
                 self.pending.remove(service);
+                false
             }
         }
     }

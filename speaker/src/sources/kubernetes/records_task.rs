@@ -118,18 +118,21 @@ impl Book {
                 record,
                 orphaned,
             } => {
-                match &record {
+                let taken = match &record {
                     Some(r) => {
                         let interfaces = self.shared_list(&r.interfaces);
-                        if self.mine.insert(service.clone(), interfaces).is_none() {
-                            self.assigned_to.push(service.clone());
-                        }
+                        self.mine.insert(service.clone(), interfaces).is_none()
                     }
                     None => {
                         self.mine.remove(&service);
+                        false
                     }
+                };
+                // Taken, and the record changes hands: an Event. A record taken back that the
+                // API still holds from this node (held for a moment after a pause) is no news.
+                if writer.set(&service, record, orphaned) && taken {
+                    self.assigned_to.push(service);
                 }
-                writer.set(&service, record, orphaned);
             }
             ToWrite::Warning {
                 object,
@@ -460,7 +463,7 @@ mod tests {
         assert_eq!(names, ["a", "b", "c"]);
         assert!(round.iter().all(|(_, n)| n.reason == "nodeAssigned"));
         assert!(!book.more_events());
-        // Given up, then taken again: a new Event.
+        // Given up, then taken again before the record was written: a new Event.
         book.told(
             ToWrite::Record {
                 service: key("a"),
@@ -539,6 +542,7 @@ mod tests {
             book.told(record(service, "node1", "eth0"), &mut writer);
             writer.assume_written(service, &status("node1", service, "eth0"));
         }
+        assert_eq!(book.event_round().len(), 2, "taken: one Event each");
         let given_up = |service: &ServiceKey| ToWrite::Record {
             service: service.clone(),
             record: None,
@@ -557,6 +561,7 @@ mod tests {
             !writer.is_pending(),
             "the API holds it still: nothing to write"
         );
+        assert!(book.event_round().is_empty(), "and no Event: nothing moved");
         // b's new owner wrote its record: the watch shows it, and this node forgets it wrote b
         // without writing anything; taking b back now writes it.
         let t0 = Instant::now();
@@ -565,6 +570,7 @@ mod tests {
         assert!(!writer.is_pending());
         book.told(record(&b, "node1", "eth0"), &mut writer);
         assert!(writer.is_pending(), "b is written again");
+        assert_eq!(book.event_round().len(), 1, "b changed hands: an Event");
     }
 
     #[test]
