@@ -31,6 +31,9 @@
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
 //!   (the gossip may have declared this node down meanwhile, and its owners drop its polls as
 //!   a stranger's); the first plan that answers nothing, then one that answers again, ends it.
+//!   A refutation asked for during a pause (or cut short by one) goes out when the pause ends
+//!   in the same incarnation: the node answers again, and the members that took a claim
+//!   against it would otherwise elect without it until the accusation lapses.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -228,6 +231,8 @@ pub struct WatchCore {
     polls: HashMap<u64, PendingPoll>,
     refutes_left: u32,
     next_refute: Duration,
+    /// A refutation is due when the pause ends (asked for during it, or cut short by it).
+    refute_after_pause: bool,
     claim_epoch: u64,
     /// The last heartbeat sequence number sent, to any watcher.
     seq: u64,
@@ -273,6 +278,7 @@ impl WatchCore {
             claim_epoch: 0,
             seq: 0,
             paused: None,
+            refute_after_pause: false,
             rng: StdRng::seed_from_u64(seed),
             metrics,
             outbox: Vec::new(),
@@ -361,12 +367,11 @@ impl WatchCore {
             Command::Plan(plan) => self.set_plan(now, plan),
             Command::KeyRing(ring) => self.ring = *ring,
             Command::Claim { ip, accused } => self.claim(ip, &accused, true),
-            // Nothing is sent after a pause of its own; an armed refutation would be a timer
-            // due for ever.
-            Command::Refute if self.paused.is_some() => {}
+            // Nothing is sent during a pause of its own (an armed refutation would be a timer
+            // due for ever): it goes out when the pause ends.
+            Command::Refute if self.paused.is_some() => self.refute_after_pause = true,
             Command::Refute => {
-                self.refutes_left = REFUTE_REPEAT;
-                self.next_refute = now;
+                self.arm_refute(now);
                 self.tick_refute(now);
             }
             Command::Remind { ip, owner } => self.claim(ip, &owner, false),
@@ -414,6 +419,12 @@ impl WatchCore {
             Some(Pause::Releasing) if plan.answering => None,
             other => other,
         };
+        if self.paused.is_none() && std::mem::take(&mut self.refute_after_pause) {
+            // Renewed meanwhile: the claims were against the old incarnation, which is gone.
+            if plan.me.bump == self.plan.me.bump {
+                self.arm_refute(now);
+            }
+        }
         let sending = self.paused.is_none();
         let dropped: Vec<NodeName> = self
             .schedules
@@ -463,6 +474,7 @@ impl WatchCore {
             // Not scheduled for longer than a watcher waits: the IPs may have moved.
             self.paused = Some(Pause::Held);
             self.schedules.clear();
+            self.refute_after_pause |= self.refutes_left > 0;
             self.refutes_left = 0;
             // Its owners may have dropped it meanwhile, and drop its polls as a stranger's.
             self.watched.clear();
@@ -496,6 +508,12 @@ impl WatchCore {
             };
             self.send(to, &message);
         }
+    }
+
+    /// Refutations from `now` on, [`REFUTE_REPEAT`] of them.
+    fn arm_refute(&mut self, now: Duration) {
+        self.refutes_left = REFUTE_REPEAT;
+        self.next_refute = now;
     }
 
     /// Sends the refutations due: a heartbeat to every member.

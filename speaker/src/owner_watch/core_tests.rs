@@ -559,6 +559,73 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
 }
 
 #[test]
+fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incarnation() {
+    let mut lab = Lab::new(3);
+    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    let alive = |lab: &Lab, i: usize| {
+        lab.events[i]
+            .iter()
+            .filter(|e| matches!(e, Event::Alive { .. }))
+            .count()
+    };
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    // Node 0 is not scheduled for 500 ms; node 1 takes over and claims; node 2 accuses it
+    // (it is not node 0's watcher: no heartbeat of node 0 reaches it).
+    let deadline = lab.core(0).next_deadline().unwrap();
+    lab.cores[0]
+        .as_mut()
+        .unwrap()
+        .tick(deadline + Duration::from_millis(500));
+    lab.deliver(0);
+    assert!(lab.core(0).paused());
+    lab.command(
+        1,
+        Command::Claim {
+            ip,
+            accused: lab.ids[0].clone(),
+        },
+    );
+    let mut plan = lab.plan(2, &[]);
+    plan.accused.insert(name(0), 10);
+    lab.command(2, Command::Plan(plan));
+    // Node 0's daemon refutes while the watch is paused: nothing goes out.
+    lab.command(0, Command::Refute);
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(alive(&lab, 2), 0);
+    // The hold ends (a plan answering nothing, then one answering again): the refutation goes.
+    let mut idle = lab.plan(0, &[1]);
+    idle.answering = false;
+    lab.command(0, Command::Plan(idle));
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    assert!(!lab.core(0).paused());
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(alive(&lab, 2), 3, "three refutations, one interval apart");
+    // A node renewed during the pause refutes nothing: its old incarnation was the accused.
+    // (No watchers from here on: every heartbeat it sends would be a refutation.)
+    let deadline = lab.core(0).next_deadline().unwrap();
+    let now = deadline + Duration::from_millis(500);
+    lab.cores[0].as_mut().unwrap().tick(now);
+    lab.deliver(0);
+    assert!(lab.core(0).paused());
+    lab.command(0, Command::Refute);
+    let mut idle = lab.plan(0, &[]);
+    idle.answering = false;
+    lab.command(0, Command::Plan(idle));
+    let mut renewed = lab.plan(0, &[]);
+    renewed.me.bump += 1;
+    let beats = lab.core(0).metrics().sent_of(MessageType::Heartbeat);
+    lab.command(0, Command::Plan(renewed));
+    assert!(!lab.core(0).paused());
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(
+        lab.core(0).metrics().sent_of(MessageType::Heartbeat),
+        beats,
+        "no refutation from the renewed node"
+    );
+}
+
+#[test]
 fn a_paused_watcher_reports_no_owner_silent_until_the_pause_ends() {
     let mut lab = Lab::new(3);
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
