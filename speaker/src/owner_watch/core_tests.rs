@@ -169,6 +169,15 @@ impl Lab {
         }
     }
 
+    /// Node `i`'s next timer fires 500 ms late, longer than a watcher waits: its watch pauses.
+    fn pause(&mut self, i: usize) {
+        let deadline = self.core(i).next_deadline().unwrap();
+        let late = deadline + Duration::from_millis(500);
+        self.cores[i].as_mut().unwrap().tick(late);
+        self.deliver(i);
+        assert!(self.core(i).paused());
+    }
+
     fn silent_events(&self, i: usize) -> Vec<&Event> {
         self.events[i]
             .iter()
@@ -572,13 +581,7 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
     lab.run_for(Duration::from_secs(1));
     // Node 0 is not scheduled for 500 ms; node 1 takes over and claims; node 2 accuses it
     // (it is not node 0's watcher: no heartbeat of node 0 reaches it).
-    let deadline = lab.core(0).next_deadline().unwrap();
-    lab.cores[0]
-        .as_mut()
-        .unwrap()
-        .tick(deadline + Duration::from_millis(500));
-    lab.deliver(0);
-    assert!(lab.core(0).paused());
+    lab.pause(0);
     lab.command(
         1,
         Command::Claim {
@@ -603,11 +606,7 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
     assert_eq!(alive(&lab, 2), 3, "three refutations, one interval apart");
     // A node renewed during the pause refutes nothing: its old incarnation was the accused.
     // (No watchers from here on: every heartbeat it sends would be a refutation.)
-    let deadline = lab.core(0).next_deadline().unwrap();
-    let now = deadline + Duration::from_millis(500);
-    lab.cores[0].as_mut().unwrap().tick(now);
-    lab.deliver(0);
-    assert!(lab.core(0).paused());
+    lab.pause(0);
     lab.command(0, Command::Refute);
     let mut idle = lab.plan(0, &[]);
     idle.answering = false;
@@ -631,13 +630,7 @@ fn a_paused_watcher_reports_no_owner_silent_until_the_pause_ends() {
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     lab.run_for(Duration::from_secs(1));
     // Node 1 pauses; the owner's heartbeats arm its detector again, then the owner stops.
-    let deadline = lab.core(1).next_deadline().unwrap();
-    lab.cores[1]
-        .as_mut()
-        .unwrap()
-        .tick(deadline + Duration::from_millis(500));
-    lab.deliver(1);
-    assert!(lab.core(1).paused());
+    lab.pause(1);
     lab.run_for(Duration::from_millis(100));
     assert_eq!(lab.core(1).watched().count(), 1);
     lab.cores[0] = None;
