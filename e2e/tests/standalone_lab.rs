@@ -862,12 +862,12 @@ fn with_the_owner_watch_port_mute_its_refutation_arrives_through_the_gossip() {
     run.lab.teardown();
 }
 
-/// The owner's link down for a moment (chaos seed 2 found it at 250 ms): its watcher takes the VIP over and
-/// claims it, but the owner hears neither the claim nor the gratuitous ARPs. With the link back
-/// the watcher hears the owner's heartbeats, the accusation ends refuted and the watcher hands
-/// the VIP back; the owner, which never knew it lost the VIP, answers ARP but announces nothing,
-/// so both answered until the watcher's hand-over deadline (2 s). Now the watcher tells the
-/// owner, which announces: two MACs for much less than that.
+/// The owner's link down for a moment (chaos seed 2 found it at 250 ms): its watcher takes the
+/// VIP over and claims it, but the owner hears neither the claim nor the gratuitous ARPs. With
+/// the link back the watcher hears the owner's heartbeats, the accusation ends refuted and the
+/// watcher hands the VIP back; the owner, which never knew it lost the VIP, answers ARP but
+/// announces nothing, so both answered until the watcher's hand-over deadline (2 s). Now the
+/// watcher tells the owner, which announces: two MACs for much less than that.
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn an_owner_whose_link_was_down_a_moment_announces_the_vip_its_watcher_hands_back() {

@@ -786,7 +786,8 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         "two writes per Service that moved back, none for the others"
     );
     println!(
-        "every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes, {pause_events} Event writes"
+        "every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes, \
+         {pause_events} Event writes"
     );
     assert_eq!(
         after_pause, with_c,
