@@ -516,7 +516,18 @@ pub struct Core {
     watch_inbox: Vec<WatchRelayed>,
     /// Members held down that talk to us: how often told so since when (see
     /// [`Core::tell_down`]).
-    told_down: FastMap<SocketAddr, (NodeIdentity, u32, Duration)>,
+    told_down: FastMap<SocketAddr, ToldDown>,
+}
+
+/// A member held down that talks to us: how often we told it so since when (see
+/// [`Core::tell_down`]).
+struct ToldDown {
+    /// The identity held down (a new one at the same address starts the count over).
+    member: NodeIdentity,
+    /// Tellings since `since`.
+    tellings: u32,
+    /// When the count started.
+    since: Duration,
 }
 
 /// An owner-watch payload that arrived through the gossip: a claim or a refutation, sent this
@@ -538,6 +549,8 @@ struct Suspicion {
     since: Duration,
     /// The first start (a deaf node starts a suspicion over until this plus the longest).
     began: Duration,
+    /// Whether a deaf spell started it over (logged the first time only).
+    started_over: bool,
     /// Members whose probe on our behalf went unanswered (independent confirmations).
     confirmers: Vec<SocketAddr>,
     /// foca's own timer event when this node's probe failed (this node accused the member).

@@ -222,14 +222,7 @@ impl Core {
     /// Tells `to` that we hold it as down, as foca's `notify_down_members` would (but never in
     /// answer to its own "you are down"): it then renews its identity and rejoins.
     pub(super) fn send_turn_undead(&mut self, to: NodeIdentity) {
-        let header = Header {
-            src: self.foca.identity().clone(),
-            src_incarnation: 0,
-            dst: to.clone(),
-            message: Message::TurnUndead,
-        };
-        let mut body = Vec::with_capacity(128);
-        if self.codec.encode_header(&header, &mut body).is_ok() {
+        if let Some(body) = self.foca_header(&to, Message::TurnUndead) {
             self.seal(to.addr, &GossipMessage::Foca(&body));
         }
     }
@@ -241,17 +234,20 @@ impl Core {
     /// members are told of its down too, and the first it talks to tells it. Repeated at most
     /// every two probe periods while it lasts.
     pub(super) fn tell_down(&mut self, now: Duration, member: NodeIdentity) {
-        let told = self
-            .told_down
-            .entry(member.addr)
-            .or_insert_with(|| (member.clone(), 0, now));
-        if told.0 != member {
-            *told = (member.clone(), 0, now);
+        let fresh = || ToldDown {
+            member: member.clone(),
+            tellings: 0,
+            since: now,
+        };
+        let told = self.told_down.entry(member.addr).or_insert_with(fresh);
+        if told.member != member {
+            *told = fresh();
         }
-        told.1 += 1;
-        let unheard = told.1 >= 3 && now.saturating_sub(told.2) >= self.timing.probe_period * 2;
+        told.tellings += 1;
+        let unheard =
+            told.tellings >= 3 && now.saturating_sub(told.since) >= self.timing.probe_period * 2;
         if unheard {
-            *told = (member.clone(), 0, now);
+            *told = fresh();
         }
         self.send_turn_undead(member.clone());
         if unheard {

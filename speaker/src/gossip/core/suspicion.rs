@@ -132,6 +132,7 @@ impl Core {
                 incarnation,
                 since,
                 began: since,
+                started_over: false,
                 confirmers: Vec::new(),
                 accused,
                 token,
@@ -281,10 +282,14 @@ impl Core {
         let Some(s) = self.suspicions.get_mut(&addr) else {
             return;
         };
+        // Logged once per suspicion: a deaf spell starts it over every shortest timeout.
+        if !s.started_over {
+            tracing::info!(suspect = %addr, "heard nobody during a suspicion; starting it over");
+        }
+        s.started_over = true;
         s.since = now;
         s.confirmers.clear();
         let (id, incarnation, token) = (s.id.clone(), s.incarnation, s.token);
-        tracing::info!(suspect = %addr, "heard nobody during a suspicion; starting it over");
         self.send_suspicion_notice(id.clone());
         self.send_inquiries(&id, incarnation, token);
         self.schedule_suspicion(addr);

@@ -103,9 +103,9 @@ impl Core {
         }
         self.wire.metrics.set_members(alive, suspect, down);
         let foca = &self.foca;
-        self.told_down.retain(|_, (id, ..)| {
+        self.told_down.retain(|_, told| {
             foca.iter_membership_state()
-                .any(|m| m.state() == State::Down && m.id() == id)
+                .any(|m| m.state() == State::Down && m.id() == &told.member)
         });
         // Keys are remembered for members and seeds only, so the map stays as small as the
         // cluster (pruned once it holds more entries than that; at 1,000 members a sweep every

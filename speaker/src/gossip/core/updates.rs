@@ -14,16 +14,9 @@ impl Core {
         updates: &[foca::Member<NodeIdentity>],
         max_datagrams: usize,
     ) -> usize {
-        let header = Header {
-            src: self.foca.identity().clone(),
-            src_incarnation: 0,
-            dst: to.clone(),
-            message: Message::Gossip,
-        };
-        let mut head = Vec::with_capacity(128);
-        if self.codec.encode_header(&header, &mut head).is_err() {
+        let Some(head) = self.foca_header(&to, Message::Gossip) else {
             return 0;
-        }
+        };
         let limit = self.timing.max_packet_size;
         let (mut sent, mut datagrams) = (0, 0);
         let mut packed = Vec::with_capacity(limit);
@@ -55,6 +48,24 @@ impl Core {
             sent += usize::from(count);
         }
         sent
+    }
+
+    /// The encoded header of a foca message from this node to `to` (incarnation 0, as foca's
+    /// own messages carry), or `None` when it does not encode.
+    pub(super) fn foca_header(
+        &mut self,
+        to: &NodeIdentity,
+        message: Message<NodeIdentity>,
+    ) -> Option<Vec<u8>> {
+        let header = Header {
+            src: self.foca.identity().clone(),
+            src_incarnation: 0,
+            dst: to.clone(),
+            message,
+        };
+        let mut head = Vec::with_capacity(128);
+        self.codec.encode_header(&header, &mut head).ok()?;
+        Some(head)
     }
 
     /// Seals one foca message: `head`, then `count` and the `packed` updates.
