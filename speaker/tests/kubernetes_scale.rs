@@ -623,6 +623,88 @@ async fn stop_speaker(speakers: &mut Speakers, node: &str) {
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
 
+/// What the membership-change test saw after one phase: whether the records reached the state
+/// the phase waits for, the records (Service -> node) then, and the `ServiceL2Status` writes the
+/// phase made.
+struct Phase {
+    settled: bool,
+    records: BTreeMap<String, String>,
+    writes: usize,
+}
+
+/// The three nodes of the membership-change test and their speakers' addresses.
+const NODES: [(&str, &str); 3] = [
+    ("node-a", "127.0.0.2"),
+    ("node-b", "127.0.0.3"),
+    ("node-c", "127.0.0.4"),
+];
+
+/// Seeds the API server of the membership-change test: the pool, the nodes and their speaker
+/// Pods (with their IPs), and one Service per name with a ready endpoint on a node in turn, each
+/// assigned an IP.
+async fn seed_membership_cluster(api: &TestPlane, names: &[String]) {
+    api.create_namespace(NS).expect("the speaker's namespace");
+    let mut objects = vec![pool(&["198.51.100.128/26"]), advertisement()];
+    for (node, _) in NODES {
+        objects.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+        objects.push(pod(node));
+    }
+    for (i, name) in names.iter().enumerate() {
+        objects.push(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}));
+        objects.push(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{name}-1"), "namespace": "default",
+                "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["203.0.113.10"], "nodeName": NODES[i % 3].0,
+                "conditions": {"ready": true}}]}),
+        );
+    }
+    api.admin().create_all(objects, 16).expect("seeding");
+    let client = api.client().await;
+    let assignments = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                ServiceKey::new("default", n),
+                format!("198.51.100.{}", 130 + i),
+            )
+        })
+        .collect();
+    assign(&client, assignments, 10).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    for (node, ip) in NODES {
+        let status = json!({"status": {"podIP": ip}});
+        pods.patch_status(
+            &format!("speaker-{node}"),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .expect("the Pod's IP");
+    }
+}
+
+/// Waits up to 20 s for `settled`, then 2 s more (nothing more to write once every record is
+/// there), and reads the records and the `ServiceL2Status` writes since `mark`.
+async fn phase(
+    api: &TestPlane,
+    names: &[String],
+    mark: usize,
+    settled: impl FnMut() -> bool,
+) -> Phase {
+    let settled = until(Duration::from_secs(20), settled).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Phase {
+        settled,
+        records: record_nodes(api, names),
+        writes: record_writes(api, mark),
+    }
+}
+
 #[test]
 #[ignore = "needs root: network namespaces and packet sockets"]
 fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
@@ -633,64 +715,16 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         .try_init();
     let lab = Lab::new('w');
     let count = 30;
-    let nodes = [
-        ("node-a", "127.0.0.2"),
-        ("node-b", "127.0.0.3"),
-        ("node-c", "127.0.0.4"),
-    ];
-    let report = lab.run_in_a(move || async move {
+    let (with_c, without_c, back, (after_pause, pause_events)) = lab.run_in_a(move || async move {
         let api = TestPlane::start_async("membership-change").await;
         let names: Vec<String> = (0..count).map(|i| format!("web-{i:02}")).collect();
-        api.create_namespace(NS).expect("the speaker's namespace");
-        let mut objects = vec![pool(&["198.51.100.128/26"]), advertisement()];
-        for (node, _) in nodes {
-            objects.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
-            objects.push(pod(node));
-        }
-        for (i, name) in names.iter().enumerate() {
-            objects.push(json!({"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": name, "namespace": "default"},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}));
-            objects.push(
-                json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": format!("{name}-1"), "namespace": "default",
-                    "labels": {"kubernetes.io/service-name": name}},
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": ["203.0.113.10"], "nodeName": nodes[i % 3].0,
-                    "conditions": {"ready": true}}]}),
-            );
-        }
-        api.admin().create_all(objects, 16).expect("seeding");
-        let client = api.client().await;
-        let assignments = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                (
-                    ServiceKey::new("default", n),
-                    format!("198.51.100.{}", 130 + i),
-                )
-            })
-            .collect();
-        assign(&client, assignments, 10).await;
-        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-        for (node, ip) in nodes {
-            let status = json!({"status": {"podIP": ip}});
-            pods.patch_status(
-                &format!("speaker-{node}"),
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .await
-            .expect("the Pod's IP");
-        }
+        seed_membership_cluster(&api, &names).await;
         let mut speakers = Speakers::new();
-        for (node, ip) in nodes {
+        for (node, ip) in NODES {
             start_speaker(&api, &mut speakers, node, ip).await;
         }
-        let alive = |nodes: &[&str]| {
-            let names = names.clone();
-            let api = &api;
+        let on = |nodes: &[&str]| {
+            let (api, names) = (&api, names.clone());
             let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
             move || {
                 let records = record_nodes(api, &names);
@@ -698,37 +732,22 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
             }
         };
         let all = ["node-a", "node-b", "node-c"];
-        let formed = until(Duration::from_secs(20), alive(&all)).await;
-        // Nothing more to write once every record is there.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let with_c = record_nodes(&api, &names);
+        let mut with_c = phase(&api, &names, api.requests().len(), on(&all)).await;
+        // Nothing is written while nothing changes.
         let mark = api.requests().len();
-        let idle_writes = {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            record_writes(&api, mark)
-        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        with_c.writes = record_writes(&api, mark);
 
         // node-c leaves (SIGTERM: drains, leaves the mesh).
         let mark = api.requests().len();
         stop_speaker(&mut speakers, "node-c").await;
-        let moved_away = until(Duration::from_secs(20), alive(&["node-a", "node-b"])).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let without_c = record_nodes(&api, &names);
-        let leave_writes = record_writes(&api, mark);
+        let without_c = phase(&api, &names, mark, on(&["node-a", "node-b"])).await;
 
         // node-c comes back and takes its Services back (no preempt delay).
         let mark = api.requests().len();
         start_speaker(&api, &mut speakers, "node-c", "127.0.0.4").await;
-        let came_back = until(Duration::from_secs(20), {
-            let api = &api;
-            let names = names.clone();
-            let with_c = with_c.clone();
-            move || record_nodes(api, &names) == with_c
-        })
-        .await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let back = record_nodes(&api, &names);
-        let join_writes = record_writes(&api, mark);
+        let before = with_c.records.clone();
+        let back = phase(&api, &names, mark, || record_nodes(&api, &names) == before).await;
 
         // Every speaker stops for longer than the suspicion timeout (the whole process, as a
         // loaded machine stops it): each answers nothing until it hears the cluster again, and
@@ -736,65 +755,74 @@ fn a_membership_change_writes_only_the_records_of_the_services_that_moved() {
         let mark = api.requests().len();
         stop_this_process_for(Duration::from_millis(300));
         tokio::time::sleep(Duration::from_secs(4)).await;
-        let after_pause = record_nodes(&api, &names);
-        let pause_writes = record_writes(&api, mark);
+        let after_pause = Phase {
+            settled: true,
+            records: record_nodes(&api, &names),
+            writes: record_writes(&api, mark),
+        };
         let pause_events = writes_to(&api, mark, "events");
         for node in all {
             stop_speaker(&mut speakers, node).await;
         }
-        (
-            (formed, moved_away, came_back),
-            (with_c, without_c, back, after_pause),
-            (
-                idle_writes,
-                leave_writes,
-                join_writes,
-                (pause_writes, pause_events),
-            ),
-        )
+        (with_c, without_c, back, (after_pause, pause_events))
     });
-    let ((formed, moved_away, came_back), records, writes) = report;
-    let (with_c, without_c, back, after_pause) = records;
-    let (idle_writes, leave_writes, join_writes, (pause_writes, pause_events)) = writes;
-    assert!(formed, "not every Service got a record: {with_c:?}");
-    let on_c = with_c.values().filter(|n| *n == "node-c").count();
     assert!(
-        on_c > 0 && on_c < with_c.len(),
-        "node-c owns some Services but not all: {with_c:?}"
+        with_c.settled,
+        "not every Service got a record: {:?}",
+        with_c.records
     );
-    assert_eq!(idle_writes, 0, "nothing is written while nothing changes");
-    assert!(moved_away, "node-c's Services did not move: {without_c:?}");
+    let on_c = with_c.records.values().filter(|n| *n == "node-c").count();
+    assert!(
+        on_c > 0 && on_c < with_c.records.len(),
+        "node-c owns some Services but not all: {:?}",
+        with_c.records
+    );
+    assert_eq!(with_c.writes, 0, "nothing is written while nothing changes");
+    assert!(
+        without_c.settled,
+        "node-c's Services did not move: {:?}",
+        without_c.records
+    );
     let moved: usize = with_c
+        .records
         .iter()
-        .filter(|(s, n)| without_c.get(*s) != Some(*n))
+        .filter(|(s, n)| without_c.records.get(*s) != Some(*n))
         .count();
     assert_eq!(moved, on_c, "only node-c's Services moved");
     println!(
-        "node-c left: {moved} of {} Services moved, {leave_writes} ServiceL2Status writes",
-        with_c.len()
+        "node-c left: {moved} of {} Services moved, {} ServiceL2Status writes",
+        with_c.records.len(),
+        without_c.writes
     );
     assert_eq!(
-        leave_writes,
+        without_c.writes,
         2 * moved,
         "two writes (object, status) per Service that moved, none for the others"
     );
-    assert!(came_back, "node-c did not take its Services back: {back:?}");
-    println!("node-c came back: {on_c} Services moved back, {join_writes} ServiceL2Status writes");
+    assert!(
+        back.settled,
+        "node-c did not take its Services back: {:?}",
+        back.records
+    );
+    println!(
+        "node-c came back: {on_c} Services moved back, {} ServiceL2Status writes",
+        back.writes
+    );
     assert_eq!(
-        join_writes,
+        back.writes,
         2 * on_c,
         "two writes per Service that moved back, none for the others"
     );
     println!(
-        "every speaker stopped for 300 ms: {pause_writes} ServiceL2Status writes, \
-         {pause_events} Event writes"
+        "every speaker stopped for 300 ms: {} ServiceL2Status writes, {pause_events} Event writes",
+        after_pause.writes
     );
     assert_eq!(
-        after_pause, with_c,
+        after_pause.records, with_c.records,
         "a pause of every speaker moves nothing"
     );
     assert_eq!(
-        pause_writes, 0,
+        after_pause.writes, 0,
         "nothing is written after a pause that moved nothing"
     );
     assert_eq!(
