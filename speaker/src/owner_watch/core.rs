@@ -26,6 +26,10 @@
 //!   ([`CHECK_ROUNDS`]). An answer vouches for the owner; an owner that answers polls but has
 //!   stopped sending heartbeats is dropped after the second such vouch. At the deadline with no
 //!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation.
+//! - **The claimant's side.** A member this node claimed IPs from is checked again the same
+//!   way (a poll and a relay request) every [`POLL_WAIT`] while the plan accuses it in that
+//!   incarnation; the first answer that it is alive is reported as a refutation would be
+//!   ([`Event::Alive`]), for an owner the claim never reached.
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
@@ -190,9 +194,33 @@ pub enum Event {
 struct PendingPoll {
     /// The owner polled.
     target: NodeName,
-    /// For a relay: whom to answer, with which nonce.
-    answer_to: Option<(SocketAddr, u64)>,
+    /// What the answer is for.
+    purpose: Purpose,
     expires: Duration,
+}
+
+/// What a poll's answer is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// The second check of a watched owner.
+    SecondCheck,
+    /// A relay: answer `requester` with its `nonce`.
+    Relay { requester: SocketAddr, nonce: u64 },
+    /// The recheck of this node's own accusation of that incarnation (see [`Recheck`]).
+    Accusation { incarnation: u64 },
+}
+
+/// A member this node claimed IPs from, checked again while the plan accuses it: every
+/// [`POLL_WAIT`] a poll and a relay request, as in the second check. The claim may never reach
+/// a live owner (both its ports cut from this node, while a third member, too slow to relay
+/// in time, still reaches both), and then both answer until the accusation lapses; an answer
+/// through any path ends it as a refutation would ([`Event::Alive`]).
+#[derive(Debug)]
+struct Recheck {
+    /// The incarnation accused.
+    incarnation: u64,
+    /// When the next round goes out.
+    next: Duration,
 }
 
 /// A watched owner.
@@ -229,6 +257,8 @@ pub struct WatchCore {
     schedules: BTreeMap<NodeName, Schedule>,
     watched: BTreeMap<NodeName, Watched>,
     polls: HashMap<u64, PendingPoll>,
+    /// This node's own accusations, checked again (see [`Recheck`]).
+    rechecks: BTreeMap<NodeName, Recheck>,
     refutes_left: u32,
     next_refute: Duration,
     /// A refutation is due when the pause ends (asked for during it, or cut short by it).
@@ -273,6 +303,7 @@ impl WatchCore {
             schedules: BTreeMap::new(),
             watched: BTreeMap::new(),
             polls: HashMap::new(),
+            rechecks: BTreeMap::new(),
             refutes_left: 0,
             next_refute: Duration::ZERO,
             claim_epoch: 0,
@@ -334,7 +365,7 @@ impl WatchCore {
     }
 
     /// When [`WatchCore::tick`] should be called next: the next heartbeat, round of a second
-    /// check, silence verdict or refutation.
+    /// check, silence verdict, refutation or recheck of an accusation.
     pub fn next_deadline(&self) -> Option<Duration> {
         let beats = self.schedules.values().map(Schedule::next_at);
         let watched = self.watched.values().filter_map(|w| {
@@ -346,7 +377,8 @@ impl WatchCore {
             )
         });
         let refute = (self.refutes_left > 0).then_some(self.next_refute);
-        beats.chain(watched).chain(refute).min()
+        let rechecks = self.rechecks.values().map(|r| r.next);
+        beats.chain(watched).chain(refute).chain(rechecks).min()
     }
 
     /// The gossip's members changed: senders are looked up in `directory` from now on, and an
@@ -366,7 +398,16 @@ impl WatchCore {
         match command {
             Command::Plan(plan) => self.set_plan(now, plan),
             Command::KeyRing(ring) => self.ring = *ring,
-            Command::Claim { ip, accused } => self.claim(ip, &accused, true),
+            Command::Claim { ip, accused } => {
+                self.claim(ip, &accused, true);
+                self.rechecks.insert(
+                    accused.node.to_string(),
+                    Recheck {
+                        incarnation: accused.bump,
+                        next: now + POLL_WAIT,
+                    },
+                );
+            }
             // Nothing is sent during a pause of its own (an armed refutation would be a timer
             // due for ever): it goes out when the pause ends.
             Command::Refute if self.paused.is_some() => self.refute_after_pause = true,
@@ -484,6 +525,7 @@ impl WatchCore {
         self.tick_heartbeats(now);
         self.tick_refute(now);
         self.tick_watched(now, planned);
+        self.tick_rechecks(now);
         self.polls.retain(|_, p| p.expires > now);
         self.update_sizes();
         late
@@ -583,19 +625,41 @@ impl WatchCore {
         }
     }
 
+    /// This node's accusations due for a recheck: one round each, while the plan still accuses
+    /// the member in that incarnation (nothing is sent during a pause).
+    fn tick_rechecks(&mut self, now: Duration) {
+        let accused = &self.plan.accused;
+        self.rechecks
+            .retain(|node, r| r.next > now || accused.get(node) == Some(&r.incarnation));
+        let mut due = Vec::new();
+        for (node, r) in &mut self.rechecks {
+            if r.next <= now {
+                r.next = now + POLL_WAIT;
+                due.push((node.clone(), r.incarnation));
+            }
+        }
+        if self.paused.is_some() {
+            return;
+        }
+        for (node, incarnation) in due {
+            if let Some(id) = self.directory.get(&node) {
+                let target = NodeIdentity {
+                    bump: incarnation,
+                    ..id.clone()
+                };
+                self.poll_through(now, &target, Purpose::Accusation { incarnation });
+            }
+        }
+    }
+
     /// Remembers a poll of `target` sent at `now` until [`POLL_WAIT`] passes; its nonce.
-    fn new_poll(
-        &mut self,
-        now: Duration,
-        target: &str,
-        answer_to: Option<(SocketAddr, u64)>,
-    ) -> u64 {
+    fn new_poll(&mut self, now: Duration, target: &str, purpose: Purpose) -> u64 {
         let nonce = self.rng.random::<u64>();
         self.polls.insert(
             nonce,
             PendingPoll {
                 target: target.to_string(),
-                answer_to,
+                purpose,
                 expires: now + POLL_WAIT,
             },
         );
@@ -604,13 +668,18 @@ impl WatchCore {
 
     /// Polls `owner` directly and through one other member.
     fn second_check(&mut self, now: Duration, owner: &str) {
-        let Some(target) = self.directory.get(owner).cloned() else {
-            return;
-        };
+        if let Some(target) = self.directory.get(owner).cloned() {
+            self.poll_through(now, &target, Purpose::SecondCheck);
+        }
+    }
+
+    /// Polls `target` (as `target.bump`) directly and through one other member, for `purpose`.
+    fn poll_through(&mut self, now: Duration, target: &NodeIdentity, purpose: Purpose) {
         let Some(to) = watch_addr(target.addr) else {
             return;
         };
-        let nonce = self.new_poll(now, owner, None);
+        let owner = target.node.as_str();
+        let nonce = self.new_poll(now, owner, purpose);
         self.send(
             to,
             &WatchMessage::Poll {
@@ -632,12 +701,12 @@ impl WatchCore {
         else {
             return;
         };
-        let nonce = self.new_poll(now, owner, None);
+        let nonce = self.new_poll(now, owner, purpose);
         self.send(
             relay_to,
             &WatchMessage::Relay {
                 nonce,
-                target: node_ref(&target),
+                target: node_ref(target),
             },
         );
     }
@@ -736,7 +805,11 @@ impl WatchCore {
                     self.metrics.dropped(DropReason::Malformed);
                     return;
                 };
-                let ours = self.new_poll(now, target.name, Some((from, nonce)));
+                let purpose = Purpose::Relay {
+                    requester: from,
+                    nonce,
+                };
+                let ours = self.new_poll(now, target.name, purpose);
                 self.send(
                     to,
                     &WatchMessage::Poll {
@@ -782,15 +855,26 @@ impl WatchCore {
             self.metrics.dropped(DropReason::Stale);
             return;
         };
-        if let Some((requester, their_nonce)) = poll.answer_to {
-            if sender == poll.target {
-                let reply = WatchMessage::PollReply {
-                    nonce: their_nonce,
-                    alive,
-                };
-                self.send(requester, &reply);
+        match poll.purpose {
+            Purpose::SecondCheck => {}
+            Purpose::Relay { requester, nonce } => {
+                if sender == poll.target {
+                    self.send(requester, &WatchMessage::PollReply { nonce, alive });
+                }
+                return;
             }
-            return;
+            Purpose::Accusation { incarnation } => {
+                if alive
+                    && self.plan.accused.get(&poll.target) == Some(&incarnation)
+                    && self.rechecks.remove(&poll.target).is_some()
+                {
+                    self.events.push(Event::Alive {
+                        node: poll.target,
+                        incarnation,
+                    });
+                }
+                return;
+            }
         }
         if alive && let Some(w) = self.watched.get_mut(&poll.target) {
             self.metrics.checked(CheckResult::Vouched);

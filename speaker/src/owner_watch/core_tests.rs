@@ -447,6 +447,47 @@ fn with_the_accused_cut_off_on_the_watch_port_its_refutation_reaches_the_claiman
 }
 
 #[test]
+fn a_claimant_cut_off_from_a_live_owner_learns_it_is_alive_through_a_third_member() {
+    // Node 1 claimed node 0's IPs; every datagram between the two is lost both ways (node 0
+    // never hears the claim, and its refutation could not reach node 1 anyway), node 2
+    // reaches both.
+    let alive_at_1 = |owner_lives: bool| {
+        let mut lab = Lab::new(3);
+        lab.cut = Box::new(|from, to, _| (from, to) == (0, 1) || (from, to) == (1, 0));
+        if !owner_lives {
+            lab.cores[0] = None;
+        }
+        let mut plan = lab.plan(1, &[]);
+        plan.accused.insert(name(0), 10);
+        lab.command(1, Command::Plan(plan));
+        let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        let accused = lab.ids[0].clone();
+        lab.command(1, Command::Claim { ip, accused });
+        lab.run_for(Duration::from_millis(350));
+        let alive = lab.events[1]
+            .iter()
+            .filter(|e| matches!(e, Event::Alive { node, incarnation: 10 } if *node == name(0)))
+            .count();
+        let relays = lab.core(1).metrics().sent_of(MessageType::Relay);
+        // The accusation ends: no more rechecks.
+        lab.command(1, Command::Plan(lab.plan(1, &[])));
+        lab.run_for(Duration::from_millis(300));
+        let after = lab.core(1).metrics().sent_of(MessageType::Relay) - relays;
+        (alive, relays, after)
+    };
+    let (alive, relays, after) = alive_at_1(true);
+    assert_eq!(
+        alive, 1,
+        "node 2 vouched for node 0 once: the accusation ends"
+    );
+    assert_eq!((relays, after), (1, 0), "one round, then nothing");
+    let (alive, relays, after) = alive_at_1(false);
+    assert_eq!(alive, 0, "a dead owner is vouched for by nobody");
+    assert_eq!(relays, 3, "a round every 100 ms while the plan accuses it");
+    assert_eq!(after, 0, "nothing once the plan no longer accuses it");
+}
+
+#[test]
 fn through_the_gossip_only_claims_and_refutations_from_members_are_read() {
     let mut lab = Lab::new(2);
     let now = lab.now;
