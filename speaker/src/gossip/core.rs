@@ -516,18 +516,7 @@ pub struct Core {
     watch_inbox: Vec<WatchRelayed>,
     /// Members held down that talk to us: how often told so since when (see
     /// [`Core::tell_down`]).
-    told_down: FastMap<SocketAddr, ToldDown>,
-}
-
-/// A member held down that talks to us: how often we told it so since when (see
-/// [`Core::tell_down`]).
-struct ToldDown {
-    /// The identity held down (a new one at the same address starts the count over).
-    member: NodeIdentity,
-    /// Tellings since `since`.
-    tellings: u32,
-    /// When the count started.
-    since: Duration,
+    told_down: FastMap<SocketAddr, notifications::ToldDown>,
 }
 
 /// An owner-watch payload that arrived through the gossip: a claim or a refutation, sent this

@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// A member held down that talks to us: how often we told it so since when (see
+/// [`Core::tell_down`]).
+pub(super) struct ToldDown {
+    /// The identity held down (a new one at the same address starts the count over).
+    pub(super) member: NodeIdentity,
+    /// Tellings since `since`.
+    pub(super) tellings: u32,
+    /// When the count started.
+    pub(super) since: Duration,
+}
+
 impl Core {
     /// Replaces this node's metadata (everything but `version`, which the core bumps) and
     /// gossips it. Unchanged metadata is a no-op.
