@@ -163,9 +163,9 @@ pub(super) fn watch_member(addr: SocketAddr, n: usize) -> Option<usize> {
 pub(super) enum Hold {
     /// Answering as usual.
     Off,
-    /// The watch paused: the next plan answers nothing.
+    /// The watch paused: the next plan holds the answers.
     Paused,
-    /// The plan that answered nothing went out: the next one answers again.
+    /// The plan that held them went out: the next one no longer does.
     Resuming,
 }
 
@@ -202,7 +202,7 @@ impl Member {
 /// [`Ranking`]), its directory (its gossip core's members), a takeover with a claim to every
 /// member when the watch reports an owner silent that its gossip still holds in that
 /// incarnation and that it succeeds for at least one IP, a refutation when claimed itself, and
-/// after a pause a plan that answers nothing, then one that answers again (the daemon waits
+/// after a pause a plan that holds the answers, then one that no longer does (the daemon waits
 /// until it heard the cluster again; this is a simplification).
 #[derive(Debug)]
 pub struct OwnerWatches {
@@ -275,7 +275,7 @@ impl OwnerWatches {
         let plan = Plan {
             me,
             watchers: Vec::new(),
-            answering: true,
+            held: false,
             accused: BTreeMap::new(),
         };
         let core = WatchCore::new(
@@ -440,7 +440,7 @@ impl OwnerWatches {
         let Some(member) = self.nodes[i].as_mut() else {
             return;
         };
-        let answering = member.hold != Hold::Paused;
+        let held = member.hold == Hold::Paused;
         member.hold = match member.hold {
             Hold::Paused => Hold::Resuming,
             Hold::Resuming | Hold::Off => Hold::Off,
@@ -449,7 +449,7 @@ impl OwnerWatches {
         let plan = Plan {
             me: gossip.identity().clone(),
             watchers: watchers.into_iter().map(node_name).collect(),
-            answering,
+            held,
             accused: BTreeMap::new(),
         };
         member.core.command(now, Command::Plan(plan));

@@ -33,8 +33,8 @@
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
-//!   (the gossip may have declared this node down meanwhile, and its owners drop its polls as
-//!   a stranger's); the first plan that answers nothing, then one that answers again, ends it.
+//!   (the gossip may have declared it down meanwhile: its owners drop its polls as a
+//!   stranger's); a plan that holds its answers ([`Plan::held`]), then one that does not, ends it.
 //!   A refutation asked for during a pause (or cut short by one) goes out when the pause ends
 //!   in the same incarnation: the node answers again, and the members that took a claim
 //!   against it would otherwise elect without it until the accusation lapses.
@@ -97,8 +97,8 @@ pub struct Plan {
     /// Whom to send heartbeats to: the successors of the IPs this node answers for, at most
     /// [`MAX_WATCHERS`].
     pub watchers: Vec<NodeName>,
-    /// Whether this node answers for any IP (ends a pause, see the module docs).
-    pub answering: bool,
+    /// Whether the daemon holds this node's answers (at start, after a pause): ends a pause.
+    pub held: bool,
     /// The members accused here, with the incarnation accused: a heartbeat from one of them in
     /// that incarnation is reported ([`Event::Alive`]).
     pub accused: BTreeMap<NodeName, u64>,
@@ -237,9 +237,9 @@ struct Watched {
 /// Where a pause stands (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pause {
-    /// Waiting for a plan that answers nothing.
+    /// Waiting for a plan that holds the answers.
     Held,
-    /// Waiting for a plan that answers again.
+    /// Waiting for a plan that no longer holds them.
     Releasing,
 }
 
@@ -456,8 +456,8 @@ impl WatchCore {
 
     fn set_plan(&mut self, now: Duration, plan: Plan) {
         self.paused = match self.paused {
-            Some(Pause::Held) if !plan.answering => Some(Pause::Releasing),
-            Some(Pause::Releasing) if plan.answering => None,
+            Some(Pause::Held) if plan.held => Some(Pause::Releasing),
+            Some(Pause::Releasing) if !plan.held => None,
             other => other,
         };
         if self.paused.is_none() && std::mem::take(&mut self.refute_after_pause) {

@@ -81,7 +81,7 @@ impl Lab {
         Plan {
             me: self.ids[i].clone(),
             watchers: watchers.iter().map(|w| name(*w)).collect(),
-            answering: true,
+            held: false,
             accused: BTreeMap::new(),
         }
     }
@@ -176,6 +176,13 @@ impl Lab {
         self.cores[i].as_mut().unwrap().tick(late);
         self.deliver(i);
         assert!(self.core(i).paused());
+    }
+
+    fn alive_events(&self, i: usize) -> usize {
+        self.events[i]
+            .iter()
+            .filter(|e| matches!(e, Event::Alive { .. }))
+            .count()
     }
 
     fn silent_events(&self, i: usize) -> Vec<&Event> {
@@ -308,15 +315,9 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
     lab.command(3, Command::Plan(plan));
     lab.command(0, Command::Refute);
     lab.run_for(Duration::from_millis(100));
-    let alive = |i: usize| {
-        lab.events[i]
-            .iter()
-            .filter(|e| matches!(e, Event::Alive { .. }))
-            .count()
-    };
     // Three refutations, one interval apart.
-    assert_eq!(alive(2), 3);
-    assert_eq!(alive(3), 0);
+    assert_eq!(lab.alive_events(2), 3);
+    assert_eq!(lab.alive_events(3), 0);
     // Refutations carry seq 0: they arm no detector.
     assert_eq!(lab.core(2).watched().count(), 0);
 }
@@ -596,12 +597,12 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
         lab.core(0).metrics().sent_of(MessageType::Heartbeat),
         beats_before_pause
     );
-    // A plan that answers: still paused. One that answers nothing, then one that answers: over.
+    // A plan that does not hold: still paused. One that holds, then one that does not: over.
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     assert!(lab.core(0).paused());
-    let mut idle = lab.plan(0, &[1]);
-    idle.answering = false;
-    lab.command(0, Command::Plan(idle));
+    let mut held = lab.plan(0, &[1]);
+    held.held = true;
+    lab.command(0, Command::Plan(held));
     assert!(lab.core(0).paused());
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     assert!(!lab.core(0).paused());
@@ -612,12 +613,6 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
 fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incarnation() {
     let mut lab = Lab::new(3);
     let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-    let alive = |lab: &Lab, i: usize| {
-        lab.events[i]
-            .iter()
-            .filter(|e| matches!(e, Event::Alive { .. }))
-            .count()
-    };
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     lab.run_for(Duration::from_secs(1));
     // Node 0 is not scheduled for 500 ms; node 1 takes over and claims; node 2 accuses it
@@ -636,22 +631,27 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
     // Node 0's daemon refutes while the watch is paused: nothing goes out.
     lab.command(0, Command::Refute);
     lab.run_for(Duration::from_millis(100));
-    assert_eq!(alive(&lab, 2), 0);
-    // The hold ends (a plan answering nothing, then one answering again): the refutation goes.
-    let mut idle = lab.plan(0, &[1]);
-    idle.answering = false;
-    lab.command(0, Command::Plan(idle));
+    assert_eq!(lab.alive_events(2), 0);
+    // The daemon's hold comes back, then ends (a plan that holds, then one that does not): the
+    // refutation goes.
+    let mut held = lab.plan(0, &[1]);
+    held.held = true;
+    lab.command(0, Command::Plan(held));
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
     assert!(!lab.core(0).paused());
     lab.run_for(Duration::from_millis(100));
-    assert_eq!(alive(&lab, 2), 3, "three refutations, one interval apart");
+    assert_eq!(
+        lab.alive_events(2),
+        3,
+        "three refutations, one interval apart"
+    );
     // A node renewed during the pause refutes nothing: its old incarnation was the accused.
     // (No watchers from here on: every heartbeat it sends would be a refutation.)
     lab.pause(0);
     lab.command(0, Command::Refute);
-    let mut idle = lab.plan(0, &[]);
-    idle.answering = false;
-    lab.command(0, Command::Plan(idle));
+    let mut held = lab.plan(0, &[]);
+    held.held = true;
+    lab.command(0, Command::Plan(held));
     let mut renewed = lab.plan(0, &[]);
     renewed.me.bump += 1;
     let beats = lab.core(0).metrics().sent_of(MessageType::Heartbeat);
@@ -663,6 +663,38 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
         beats,
         "no refutation from the renewed node"
     );
+}
+
+#[test]
+fn a_node_that_owns_nothing_after_a_pause_ends_it_with_the_daemons_hold_and_refutes() {
+    let mut lab = Lab::new(3);
+    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    // Node 0 is not scheduled for 500 ms; node 1 takes its IP over and claims; node 2 accuses
+    // it; node 0's daemon refutes while the watch is paused.
+    lab.pause(0);
+    lab.command(
+        1,
+        Command::Claim {
+            ip,
+            accused: lab.ids[0].clone(),
+        },
+    );
+    let mut plan = lab.plan(2, &[]);
+    plan.accused.insert(name(0), 10);
+    lab.command(2, Command::Plan(plan));
+    lab.command(0, Command::Refute);
+    // Node 1 keeps the IP: node 0 owns nothing from here on. Its hold comes back and ends, and
+    // no plan of it ever answers for anything: the pause ends all the same.
+    let mut held = lab.plan(0, &[]);
+    held.held = true;
+    lab.command(0, Command::Plan(held));
+    assert!(lab.core(0).paused());
+    lab.command(0, Command::Plan(lab.plan(0, &[])));
+    assert!(!lab.core(0).paused());
+    lab.run_for(Duration::from_millis(100));
+    assert_eq!(lab.alive_events(2), 3, "the deferred refutation goes out");
 }
 
 #[test]

@@ -315,7 +315,7 @@ mod tests {
         let plan = Plan {
             me: identity.clone(),
             watchers: watchers.iter().map(|w| w.to_string()).collect(),
-            answering: true,
+            held: false,
             accused: BTreeMap::new(),
         };
         let knobs = Knobs::default();
@@ -372,7 +372,7 @@ mod tests {
         owner.handle.send(Command::Plan(Plan {
             me: owner.identity.clone(),
             watchers: vec!["watcher".into()],
-            answering: true,
+            held: false,
             accused: BTreeMap::new(),
         }));
 

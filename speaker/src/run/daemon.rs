@@ -233,7 +233,7 @@ pub fn start_watch(
     let plan = Plan {
         me: gossip.identity(),
         watchers: Vec::new(),
-        answering: false,
+        held: true,
         accused: BTreeMap::new(),
     };
     let link = gossip.watch_link();
@@ -456,6 +456,10 @@ impl Daemon {
                 if self.hold.rearm_now(Instant::now()) {
                     self.handle(Input::Hold(true)).await;
                 }
+                // The watch's pause ends with a plan that holds, then one that does not: send
+                // it again even when the hold was on already (the plan did not change).
+                self.plan = None;
+                self.refresh_plan();
             }
         }
     }
@@ -585,7 +589,7 @@ impl Daemon {
         let plan = Plan {
             me,
             watchers: self.successors.ranked(MAX_WATCHERS),
-            answering: !self.engine.answering().is_empty(),
+            held: self.hold.holding(),
             accused: self.accusations.incarnations(),
         };
         if self.plan.as_ref() != Some(&plan) {
@@ -700,16 +704,19 @@ impl Daemon {
     }
 
     /// New links and routes: the responders on dead links stop, the engine places again.
-    pub async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) {
+    /// Returns whether a link this node answers on has its carrier back.
+    pub async fn net(&mut self, links: Vec<Link>, routes: Vec<Route>) -> bool {
         let changes = self.answering.set_links(links.clone());
         for name in changes.closed {
             tracing::warn!(interface = %name, "interface gone or down: no longer answering on it");
         }
-        if !changes.carrier_back.is_empty() {
+        let carrier_back = !changes.carrier_back.is_empty();
+        if carrier_back {
             self.solicit_peers(&changes.carrier_back, &routes).await;
         }
         self.handle(Input::Net { links, routes }).await;
         open_placed(&mut self.answering, &self.engine);
+        carrier_back
     }
 
     /// A link this node answers on has its carrier back (a cable, a switch port): asks at once
