@@ -175,6 +175,10 @@ pub(crate) trait Source {
         async {}
     }
 
+    /// A link's carrier came back (after [`Daemon::net`]): connections that outlived it wait
+    /// for the kernel's backed-off retransmissions.
+    fn carrier_back(&mut self) {}
+
     /// The members changed (after the daemon elected again).
     fn members_changed(&mut self) {}
 
@@ -233,7 +237,9 @@ pub(crate) async fn run<S: Source>(
                 source.daemon().handle(Input::Conflict { ip: c.ip, mac: c.mac }).await;
             }
             Some((links, routes)) = shared.net.changed() => {
-                source.daemon().net(links.clone(), routes).await;
+                if source.daemon().net(links.clone(), routes).await {
+                    source.carrier_back();
+                }
                 source.net_changed(&links).await;
             }
             Some(event) = shared.watch.recv() => source.daemon().watch_event(event).await,

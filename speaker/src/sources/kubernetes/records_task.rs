@@ -61,6 +61,8 @@ pub(super) enum ToWrite {
     /// Forget which records this node wrote: it was cut off, and the others may have written
     /// over them meanwhile.
     Forget,
+    /// A link's carrier came back: start the records' watch over at once (see [`run`]).
+    Relist,
 }
 
 /// What the records' watch saw, told back to the loop for the sweep.
@@ -153,6 +155,8 @@ impl Book {
             }
             ToWrite::Sweep(service) => writer.sweep(&service),
             ToWrite::Forget => writer.forget(),
+            // The watch is the task's, not the book's.
+            ToWrite::Relist => {}
         }
     }
 
@@ -313,6 +317,14 @@ pub(super) async fn run(
     loop {
         // Everything told so far, at once.
         while let Some(item) = next.take().or_else(|| told.try_recv().ok()) {
+            if matches!(item, ToWrite::Relist) {
+                // The watch's connection outlived the carrier: the server sends what it missed
+                // on its retransmit timer, backed off for as long as the link was down, and
+                // only then would this node see that another wrote over its records meanwhile
+                // (and look again [`RECORD_SETTLE`] later). A fresh list, on a fresh connection.
+                seen_records = Some(watch_records());
+                rewatch_at = None;
+            }
             book.told(item, &mut writer);
         }
         for e in writer.flush().await {

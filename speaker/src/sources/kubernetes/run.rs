@@ -216,6 +216,11 @@ impl driver::Source for Source {
         self.check_interfaces();
     }
 
+    /// The records' watch starts over (see [`ToWrite::Relist`]).
+    fn carrier_back(&mut self) {
+        let _ = self.to_write.send(ToWrite::Relist);
+    }
+
     fn members_changed(&mut self) {
         self.sweep_due = true;
     }
