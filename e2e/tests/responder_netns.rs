@@ -12,7 +12,9 @@ use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe;
 use swimlb_proto::ethernet::MacAddr;
 use swimlb_speaker::net::packet_socket;
-use swimlb_speaker::net::responder::{Control, Metrics, Owned, Responder};
+use swimlb_speaker::net::responder::{
+    Control, DropLabels, DropReasonLabel, Metrics, Owned, Responder,
+};
 
 fn start_responder(
     netns_name: &str,
@@ -180,5 +182,50 @@ fn a_linux_neighbor_learns_our_mac_only_while_we_own_the_vip() {
         !resolve(&lab, vip).contains(&node_mac),
         "answered after release"
     );
+    responder.stop();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and a packet socket"]
+fn arp_requests_that_waited_in_the_socket_while_the_process_was_stopped_go_unanswered() {
+    netns::require_root(
+        "arp_requests_that_waited_in_the_socket_while_the_process_was_stopped_go_unanswered",
+    );
+    let lab = Lab::create_with_id(1, &format!("{}x12", std::process::id())).unwrap();
+    let node_mac = netns::mac_text(lab.node(1).mac);
+    let vip = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100));
+    let (responder, metrics, _conflicts) = start_responder(&lab.node(1).netns);
+    responder.send(Control::SetOwned(Owned::new([vip])));
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(resolve(&lab, vip).contains(&node_mac), "answering before");
+    let replies = metrics.arp_replies.get();
+
+    // A helper process stops this one (the responder's thread with it), has the client ask for
+    // the VIP three times meanwhile, then lets it go on: the requests wait in the socket. While
+    // stopped, the cluster may have moved the VIP; they are answered by nobody here.
+    let pid = std::process::id();
+    let script = format!(
+        "kill -STOP {pid}; ip netns exec {} arping -c 3 -W 0.05 -w 1 -I eth0 {vip} >/dev/null 2>&1; \
+         kill -CONT {pid}",
+        lab.client_netns
+    );
+    let status = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .expect("sh");
+    assert!(status.success(), "stopping the test process: {status}");
+    std::thread::sleep(Duration::from_millis(200));
+    let paused = metrics
+        .dropped
+        .get_or_create(&DropLabels {
+            reason: DropReasonLabel::paused,
+        })
+        .get();
+    assert_eq!(
+        metrics.arp_replies.get(),
+        replies,
+        "a request queued during the stop was answered after it"
+    );
+    assert!(paused >= 3, "{paused} dropped as paused, 3 asked");
     responder.stop();
 }

@@ -531,11 +531,7 @@ fn run(
     let mut out = [0u8; 128];
     let mut fuse = PauseFuse::new(Instant::now());
     loop {
-        if fuse.turn(Instant::now()) {
-            tracing::warn!(
-                "the responder was not scheduled for over {PAUSE_FUSE:?}: answering nothing until the speaker renews what it owns (at most {QUARANTINE:?})"
-            );
-        }
+        notice_pause(&mut fuse);
         // Commands first: a stop or a new owned set takes effect before the next frame.
         loop {
             match commands.try_recv() {
@@ -578,6 +574,10 @@ fn run(
                 continue;
             }
         };
+        // The thread spends its time in the receive, so a stop most often ends there: the
+        // frames that waited in the socket meanwhile are the cluster's past (a node held down
+        // while stopped answered a queued ARP request for an IP its successor had taken).
+        notice_pause(&mut fuse);
         if fuse.quarantined(Instant::now()) {
             metrics
                 .dropped
@@ -616,6 +616,15 @@ fn run(
                 }
             }
         }
+    }
+}
+
+/// A turn of the fuse now, said in the log when it found a pause.
+fn notice_pause(fuse: &mut PauseFuse) {
+    if fuse.turn(Instant::now()) {
+        tracing::warn!(
+            "the responder was not scheduled for over {PAUSE_FUSE:?}: answering nothing until the speaker renews what it owns (at most {QUARANTINE:?})"
+        );
     }
 }
 
