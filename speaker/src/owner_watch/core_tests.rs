@@ -178,6 +178,24 @@ impl Lab {
         assert!(self.core(i).paused());
     }
 
+    /// Node 0, watched by node 1, is not scheduled for 500 ms; node 1 takes its IP over and
+    /// claims it; node 2 accuses node 0 (it is not node 0's watcher: no heartbeat of node 0
+    /// reaches it); node 0's daemon refutes while the watch is paused.
+    fn claimed_during_a_pause(&mut self) {
+        self.command(0, Command::Plan(self.plan(0, &[1])));
+        self.run_for(Duration::from_secs(1));
+        self.pause(0);
+        let claim = Command::Claim {
+            ip: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            accused: self.ids[0].clone(),
+        };
+        self.command(1, claim);
+        let mut plan = self.plan(2, &[]);
+        plan.accused.insert(name(0), 10);
+        self.command(2, Command::Plan(plan));
+        self.command(0, Command::Refute);
+    }
+
     fn alive_events(&self, i: usize) -> usize {
         self.events[i]
             .iter()
@@ -612,24 +630,8 @@ fn a_late_tick_pauses_the_watch_denies_polls_until_two_plans_end_it() {
 #[test]
 fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incarnation() {
     let mut lab = Lab::new(3);
-    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-    lab.command(0, Command::Plan(lab.plan(0, &[1])));
-    lab.run_for(Duration::from_secs(1));
-    // Node 0 is not scheduled for 500 ms; node 1 takes over and claims; node 2 accuses it
-    // (it is not node 0's watcher: no heartbeat of node 0 reaches it).
-    lab.pause(0);
-    lab.command(
-        1,
-        Command::Claim {
-            ip,
-            accused: lab.ids[0].clone(),
-        },
-    );
-    let mut plan = lab.plan(2, &[]);
-    plan.accused.insert(name(0), 10);
-    lab.command(2, Command::Plan(plan));
-    // Node 0's daemon refutes while the watch is paused: nothing goes out.
-    lab.command(0, Command::Refute);
+    lab.claimed_during_a_pause();
+    // Nothing goes out.
     lab.run_for(Duration::from_millis(100));
     assert_eq!(lab.alive_events(2), 0);
     // The daemon's hold comes back, then ends (a plan that holds, then one that does not): the
@@ -668,23 +670,7 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
 #[test]
 fn a_node_that_owns_nothing_after_a_pause_ends_it_with_the_daemons_hold_and_refutes() {
     let mut lab = Lab::new(3);
-    let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-    lab.command(0, Command::Plan(lab.plan(0, &[1])));
-    lab.run_for(Duration::from_secs(1));
-    // Node 0 is not scheduled for 500 ms; node 1 takes its IP over and claims; node 2 accuses
-    // it; node 0's daemon refutes while the watch is paused.
-    lab.pause(0);
-    lab.command(
-        1,
-        Command::Claim {
-            ip,
-            accused: lab.ids[0].clone(),
-        },
-    );
-    let mut plan = lab.plan(2, &[]);
-    plan.accused.insert(name(0), 10);
-    lab.command(2, Command::Plan(plan));
-    lab.command(0, Command::Refute);
+    lab.claimed_during_a_pause();
     // Node 1 keeps the IP: node 0 owns nothing from here on. Its hold comes back and ends, and
     // no plan of it ever answers for anything: the pause ends all the same.
     let mut held = lab.plan(0, &[]);
