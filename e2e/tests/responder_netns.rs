@@ -205,7 +205,8 @@ fn arp_requests_that_waited_in_the_socket_while_the_process_was_stopped_go_unans
     // stopped, the cluster may have moved the VIP; they are answered by nobody here.
     let pid = std::process::id();
     let script = format!(
-        "kill -STOP {pid}; ip netns exec {} arping -c 3 -W 0.05 -w 1 -I eth0 {vip} >/dev/null 2>&1; \
+        "kill -STOP {pid}; \
+         ip netns exec {} arping -c 3 -W 0.05 -w 1 -I eth0 {vip} >/dev/null 2>&1; \
          kill -CONT {pid}",
         lab.client_netns
     );
