@@ -531,7 +531,7 @@ fn run(
     let mut out = [0u8; 128];
     let mut fuse = PauseFuse::new(Instant::now());
     loop {
-        notice_pause(&mut fuse);
+        notice_pause(&mut fuse, Instant::now());
         // Commands first: a stop or a new owned set takes effect before the next frame.
         loop {
             match commands.try_recv() {
@@ -577,8 +577,9 @@ fn run(
         // The thread spends its time in the receive, so a stop most often ends there: the
         // frames that waited in the socket meanwhile are the cluster's past (a node held down
         // while stopped answered a queued ARP request for an IP its successor had taken).
-        notice_pause(&mut fuse);
-        if fuse.quarantined(Instant::now()) {
+        let now = Instant::now();
+        notice_pause(&mut fuse, now);
+        if fuse.quarantined(now) {
             metrics
                 .dropped
                 .get_or_create(&DropLabels {
@@ -619,9 +620,9 @@ fn run(
     }
 }
 
-/// A turn of the fuse now, said in the log when it found a pause.
-fn notice_pause(fuse: &mut PauseFuse) {
-    if fuse.turn(Instant::now()) {
+/// A turn of the fuse at `now`, said in the log when it found a pause.
+fn notice_pause(fuse: &mut PauseFuse, now: Instant) {
+    if fuse.turn(now) {
         tracing::warn!(
             "the responder was not scheduled for over {PAUSE_FUSE:?}: answering nothing until the speaker renews what it owns (at most {QUARANTINE:?})"
         );
