@@ -12,9 +12,11 @@
 //! that starts more than the suspicion timeout after the deadline it slept for means the process
 //! was not scheduled (SIGSTOP, a starved VM, a frozen cgroup). The peers may have declared the
 //! node down and moved its addresses meanwhile, so the task publishes [`Phase::Paused`] until
-//! it has heard an authentic datagram again and then one suspicion timeout plus a probe period
-//! has passed (the cluster's news, its own down included, has arrived by then); the daemon holds
-//! every answer meanwhile (see `run::hold::JoinHold`).
+//! it has heard an authentic datagram again and then, unless it learnt it was declared down and
+//! rejoined, the longest an unconfirmed suspicion lasts in a cluster of its size plus a probe
+//! period has passed (the cluster's news, its own down included, has arrived by then: 230 ms up
+//! to 4 members in the `fast` timing, where no confirmation is wanted, 980 ms from 5); the daemon
+//! holds every answer meanwhile (see `run::hold::JoinHold`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -338,8 +340,10 @@ struct PauseWatch {
     /// it stands: it was declared down and has rejoined under a renewed identity.
     settle: Duration,
     /// How long after the first datagram heard again the pause ends when no "you are down"
-    /// came: the longest suspicion plus a probe period, by when the cluster would have said so.
+    /// came: the longest suspicion the members run (`Core::unconfirmed_suspicion`, as of the
+    /// last turn) plus a probe period, by when the cluster would have said so.
     long_settle: Duration,
+    probe_period: Duration,
     paused: bool,
     /// `Core::heard` when the pause was noticed.
     heard_before: u64,
@@ -358,6 +362,7 @@ impl PauseWatch {
                 .suspect_to_down_after
                 .saturating_mul(timing.suspicion_max_mult.max(1))
                 + timing.probe_period,
+            probe_period: timing.probe_period,
             paused: false,
             heard_before: 0,
             rejoins_before: 0,
@@ -367,14 +372,22 @@ impl PauseWatch {
     }
 
     /// One turn of the task that had planned to wake at `planned`, with `heard` datagrams
-    /// received and `rejoins` renewals of its identity so far; returns whether the node counts
-    /// as paused.
+    /// received and `rejoins` renewals of its identity so far, while an unconfirmed suspicion
+    /// lasts `suspicion` (`Core::unconfirmed_suspicion`); returns whether the node counts as
+    /// paused.
     ///
     /// A paused node must not answer before it knows whether the cluster declared it down (and
     /// moved its addresses): it waits to hear the cluster, then either for its own renewal (it
     /// was declared down: its record is unsettled now, so it ranks last until it settles) and
     /// `settle`, or, without one, for `long_settle`, by when a "you are down" would have come.
-    fn turn(&mut self, now: Instant, planned: Instant, heard: u64, rejoins: u64) -> bool {
+    fn turn(
+        &mut self,
+        now: Instant,
+        planned: Instant,
+        (heard, rejoins): (u64, u64),
+        suspicion: Duration,
+    ) -> bool {
+        self.long_settle = suspicion + self.probe_period;
         let late = now.saturating_duration_since(planned);
         if late > self.limit {
             if !self.paused {
@@ -478,7 +491,13 @@ async fn run(
         }
         // Only a node in the mesh wakes often enough for a late turn to mean a pause.
         let in_mesh = core.phase() == Phase::Active;
-        let paused = in_mesh && pause.turn(Instant::now(), planned, core.heard(), core.rejoins());
+        let paused = in_mesh
+            && pause.turn(
+                Instant::now(),
+                planned,
+                (core.heard(), core.rejoins()),
+                core.unconfirmed_suspicion(),
+            );
         publish(&mut core, &send, &mut published, paused);
     }
 }
@@ -567,41 +586,96 @@ mod tests {
         let timing = super::super::Timing::fast();
         let limit = timing.suspect_to_down_after;
         let settle = timing.suspect_to_down_after + timing.probe_period;
-        let long = timing.suspect_to_down_after * timing.suspicion_max_mult + timing.probe_period;
+        // A cluster large enough to want confirmations: an unconfirmed suspicion runs longest.
+        let unconfirmed = timing.suspect_to_down_after * timing.suspicion_max_mult;
+        let long = unconfirmed + timing.probe_period;
         assert!(long > settle);
         let mut watch = PauseWatch::new(&timing);
         let t0 = Instant::now();
         assert!(
-            !watch.turn(t0 + limit, t0, 5, 0),
+            !watch.turn(t0 + limit, t0, (5, 0), unconfirmed),
             "late by exactly the limit: not a pause"
         );
         // Declared down meanwhile: free once heard, renewed, and settled.
         let resumed = t0 + ms(2000);
-        assert!(watch.turn(resumed, t0 + ms(20), 5, 0), "two seconds late");
         assert!(
-            watch.turn(resumed + ms(50), resumed + ms(60), 5, 0),
+            watch.turn(resumed, t0 + ms(20), (5, 0), unconfirmed),
+            "two seconds late"
+        );
+        assert!(
+            watch.turn(resumed + ms(50), resumed + ms(60), (5, 0), unconfirmed),
             "nothing heard yet"
         );
         assert_eq!(watch.next_deadline(), None);
         assert!(
-            watch.turn(resumed + ms(60), resumed + ms(70), 6, 0),
+            watch.turn(resumed + ms(60), resumed + ms(70), (6, 0), unconfirmed),
             "heard: settling"
         );
         assert_eq!(watch.next_deadline(), Some(resumed + ms(60) + long));
         assert!(
-            watch.turn(resumed + ms(60) + settle, resumed + ms(60) + settle, 9, 0),
+            watch.turn(
+                resumed + ms(60) + settle,
+                resumed + ms(60) + settle,
+                (9, 0),
+                unconfirmed
+            ),
             "heard and settled, but the cluster has not said whether it declared us down"
         );
         assert!(
-            !watch.turn(resumed + ms(70) + settle, resumed + ms(70) + settle, 9, 1),
+            !watch.turn(
+                resumed + ms(70) + settle,
+                resumed + ms(70) + settle,
+                (9, 1),
+                unconfirmed
+            ),
             "renewed: we know where we stand"
         );
         assert_eq!(watch.next_deadline(), None);
         // Not declared down (a shorter pause): free after the long settle.
         let again = resumed + ms(10_000);
-        assert!(watch.turn(again, resumed + ms(8_000), 9, 1));
-        assert!(watch.turn(again + ms(10), again + ms(10), 10, 1));
-        assert!(watch.turn(again + ms(10) + settle, again + ms(10) + settle, 12, 1));
-        assert!(!watch.turn(again + ms(10) + long, again + ms(10) + long, 14, 1));
+        assert!(watch.turn(again, resumed + ms(8_000), (9, 1), unconfirmed));
+        assert!(watch.turn(again + ms(10), again + ms(10), (10, 1), unconfirmed));
+        assert!(watch.turn(
+            again + ms(10) + settle,
+            again + ms(10) + settle,
+            (12, 1),
+            unconfirmed
+        ));
+        assert!(!watch.turn(
+            again + ms(10) + long,
+            again + ms(10) + long,
+            (14, 1),
+            unconfirmed
+        ));
+    }
+
+    #[test]
+    fn in_a_cluster_too_small_for_confirmations_a_pause_nobody_declared_ends_after_the_short_settle()
+     {
+        let timing = super::super::Timing::fast();
+        // Up to 4 members no confirmation is wanted: a suspicion lasts its shortest.
+        let unconfirmed = timing.suspect_to_down_after;
+        let settle = unconfirmed + timing.probe_period;
+        let mut watch = PauseWatch::new(&timing);
+        let t0 = Instant::now();
+        let resumed = t0 + ms(2000);
+        assert!(watch.turn(resumed, t0 + ms(20), (5, 0), unconfirmed));
+        assert!(watch.turn(resumed + ms(10), resumed + ms(10), (6, 0), unconfirmed));
+        assert_eq!(watch.next_deadline(), Some(resumed + ms(10) + settle));
+        assert!(watch.turn(
+            resumed + ms(9) + settle,
+            resumed + ms(9) + settle,
+            (8, 0),
+            unconfirmed
+        ));
+        assert!(
+            !watch.turn(
+                resumed + ms(10) + settle,
+                resumed + ms(10) + settle,
+                (9, 0),
+                unconfirmed
+            ),
+            "no renewal, but a \"you are down\" would have come by now"
+        );
     }
 }

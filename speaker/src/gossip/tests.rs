@@ -100,6 +100,22 @@ fn crashed_member_is_marked_down_by_every_survivor_within_a_second() {
 }
 
 #[test]
+fn an_unconfirmed_suspicion_lasts_its_shortest_up_to_four_members_and_its_longest_from_five() {
+    // A paused node waits this long (plus a probe period) for a "you are down" before it
+    // answers again: it must be what the members' suspicions of it last.
+    let timing = Timing::fast();
+    let shortest = timing.suspect_to_down_after;
+    let longest = shortest * timing.suspicion_max_mult;
+    for (n, want) in [(3, shortest), (4, shortest), (5, longest)] {
+        let net = cluster(n, 11, Links::default());
+        for i in 0..n {
+            let got = net.core(i).unwrap().unconfirmed_suspicion();
+            assert_eq!(got, want, "node {i} of {n}");
+        }
+    }
+}
+
+#[test]
 fn suspicion_alone_does_not_remove_a_member_under_loss() {
     let links = Links {
         loss: 0.05,

@@ -161,6 +161,17 @@ impl Core {
         s.since + timeout.saturating_mul(stretch)
     }
 
+    /// How long a suspicion nobody confirms lasts, unstretched, in a member that knows the
+    /// members this node knows: the longest where confirmations are wanted, the shortest where
+    /// none are (a small cluster, see [`Core::suspicion_deadline`]). By then plus a probe period
+    /// a node declared down hears so. (A suspicion started over by a member deaf during it runs
+    /// longer, but that member tells the suspect again when it hears again.)
+    pub fn unconfirmed_suspicion(&self) -> Duration {
+        let min = self.scaled.0;
+        let max = min.saturating_mul(self.timing.suspicion_max_mult);
+        suspicion_timeout(0, self.wanted_confirmations(), min, max)
+    }
+
     /// How many independent confirmations shrink a suspicion to its shortest, with the members
     /// this node knows (see [`wanted_confirmations`]).
     pub(super) fn wanted_confirmations(&self) -> u32 {
