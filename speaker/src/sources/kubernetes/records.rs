@@ -30,13 +30,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::time::Duration;
 
 use crate::model::engine::placement::LinkSet;
+use futures::StreamExt as _;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use sha2::{Digest, Sha256};
 use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
 use swimlb_config::service::ServiceKey;
+
+/// How many record writes a flush has in flight at once.
+const FLUSH_CONCURRENCY: usize = 8;
+/// A write that takes this long is logged.
+const SLOW_WRITE: Duration = Duration::from_millis(500);
 
 /// The field manager of the speakers' writes.
 pub const FIELD_MANAGER: &str = "swimlb-speaker";
@@ -477,34 +484,32 @@ impl RecordWriter {
 
     /// Performs the pending writes; those that fail stay pending and are returned.
     pub async fn flush(&mut self) -> Vec<WriteError> {
-        let mut errors = Vec::new();
         let pending = std::mem::take(&mut self.pending);
-        for (service, write) in pending {
-            let name = record_name(&service);
-            let result = match &write {
-                Write::Apply(status) => self.apply(&name, &service, status).await,
-                Write::Delete | Write::Sweep => {
-                    match self.api.delete(&name, &DeleteParams::default()).await {
-                        Ok(_) => {
-                            if write == Write::Sweep {
-                                self.swept += 1;
-                            }
-                            Ok(())
-                        }
-                        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                }
-            };
+        // A few at once: a node that takes over several Services (its peer died) writes their
+        // records in about one write's time instead of one after the other, which a lossy link
+        // (a lost segment waits out a retransmission timeout) stretches into seconds.
+        let this = &*self;
+        let done: Vec<_> = futures::stream::iter(pending)
+            .map(|(service, write)| async move {
+                let result = this.perform(&service, &write).await;
+                (service, write, result)
+            })
+            .buffer_unordered(FLUSH_CONCURRENCY)
+            .collect()
+            .await;
+        let mut errors = Vec::new();
+        for (service, write, result) in done {
             match result {
-                Ok(()) => {
-                    if let Write::Apply(status) = write {
+                Ok(changed) => match write {
+                    Write::Apply(status) => {
                         self.written.insert(service, fingerprint(&status));
                     }
-                }
+                    Write::Sweep if changed => self.swept += 1,
+                    Write::Sweep | Write::Delete => {}
+                },
                 Err(source) => {
                     errors.push(WriteError {
-                        name,
+                        name: record_name(&service),
                         service: service.clone(),
                         source,
                     });
@@ -513,6 +518,34 @@ impl RecordWriter {
             }
         }
         errors
+    }
+
+    /// One write: a record applied, or deleted; returns whether it changed the API's records
+    /// (a record already gone is not deleted, but the write is done).
+    async fn perform(&self, service: &ServiceKey, write: &Write) -> Result<bool, kube::Error> {
+        let name = record_name(service);
+        let started = tokio::time::Instant::now();
+        let result = match write {
+            Write::Apply(status) => self.apply(&name, service, status).await.map(|()| true),
+            Write::Delete | Write::Sweep => {
+                match self.api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let took = started.elapsed();
+        if took >= SLOW_WRITE {
+            // The chaos lab's stale records: the logs must say when a write was late.
+            tracing::info!(
+                %service,
+                took_ms = took.as_millis() as u64,
+                ok = result.is_ok(),
+                "a ServiceL2Status write was slow"
+            );
+        }
+        result
     }
 
     async fn apply(
