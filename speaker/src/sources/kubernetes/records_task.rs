@@ -122,6 +122,13 @@ impl Book {
             } => {
                 let taken = match &record {
                     Some(r) => {
+                        // Another node's record, seen but not settled yet: the Service is this
+                        // node's now, so what the API holds is not what it wrote (at worst a
+                        // write of its own seen half done, written once more). Written at once,
+                        // not a settle time later.
+                        if let Some((_, seen)) = self.suspect.remove(&service) {
+                            writer.observe(&service, seen.as_ref());
+                        }
                         let interfaces = self.shared_list(&r.interfaces);
                         self.mine.insert(service.clone(), interfaces).is_none()
                     }
@@ -583,6 +590,31 @@ mod tests {
         book.told(record(&b, "node1", "eth0"), &mut writer);
         assert!(writer.is_pending(), "b is written again");
         assert_eq!(book.event_round().len(), 1, "b changed hands: an Event");
+    }
+
+    #[tokio::test]
+    async fn a_record_taken_back_while_another_nodes_write_of_it_settles_is_written_at_once() {
+        let (mut book, mut writer) = (Book::new("node1"), writer());
+        let a = key("a");
+        book.told(record(&a, "node1", "eth0"), &mut writer);
+        writer.assume_written(&a, &status("node1", &a, "eth0"));
+        book.event_round();
+        book.told(
+            ToWrite::Record {
+                service: a.clone(),
+                record: None,
+                orphaned: false,
+            },
+            &mut writer,
+        );
+        // Its new owner wrote it; the watch showed it a moment ago (not settled yet), and the
+        // Service comes back to this node (the API moved it back).
+        let t0 = Instant::now();
+        book.seen(t0, a.clone(), Some(status("node2", &a, "eth0")), &writer);
+        book.told(record(&a, "node1", "eth0"), &mut writer);
+        assert!(writer.is_pending(), "written at once");
+        assert_eq!(book.next_look(), None, "nothing left to look at");
+        assert_eq!(book.event_round().len(), 1, "it changed hands: an Event");
     }
 
     #[test]
