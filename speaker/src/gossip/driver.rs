@@ -581,6 +581,11 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// A turn that starts when it was planned, at `at`, with `seen` datagrams and renewals.
+    fn on_time(watch: &mut PauseWatch, at: Instant, seen: (u64, u64), suspicion: Duration) -> bool {
+        watch.turn(at, at, seen, suspicion)
+    }
+
     #[test]
     fn a_late_turn_is_a_pause_until_the_cluster_is_heard_again_and_settles() {
         let timing = super::super::Timing::fast();
@@ -613,36 +618,26 @@ mod tests {
         );
         assert_eq!(watch.next_deadline(), Some(resumed + ms(60) + long));
         assert!(
-            watch.turn(
-                resumed + ms(60) + settle,
-                resumed + ms(60) + settle,
-                (9, 0),
-                unconfirmed
-            ),
+            on_time(&mut watch, resumed + ms(60) + settle, (9, 0), unconfirmed),
             "heard and settled, but the cluster has not said whether it declared us down"
         );
         assert!(
-            !watch.turn(
-                resumed + ms(70) + settle,
-                resumed + ms(70) + settle,
-                (9, 1),
-                unconfirmed
-            ),
+            !on_time(&mut watch, resumed + ms(70) + settle, (9, 1), unconfirmed),
             "renewed: we know where we stand"
         );
         assert_eq!(watch.next_deadline(), None);
         // Not declared down (a shorter pause): free after the long settle.
         let again = resumed + ms(10_000);
         assert!(watch.turn(again, resumed + ms(8_000), (9, 1), unconfirmed));
-        assert!(watch.turn(again + ms(10), again + ms(10), (10, 1), unconfirmed));
-        assert!(watch.turn(
-            again + ms(10) + settle,
+        assert!(on_time(&mut watch, again + ms(10), (10, 1), unconfirmed));
+        assert!(on_time(
+            &mut watch,
             again + ms(10) + settle,
             (12, 1),
             unconfirmed
         ));
-        assert!(!watch.turn(
-            again + ms(10) + long,
+        assert!(!on_time(
+            &mut watch,
             again + ms(10) + long,
             (14, 1),
             unconfirmed
@@ -650,8 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn in_a_cluster_too_small_for_confirmations_a_pause_nobody_declared_ends_after_the_short_settle()
-     {
+    fn in_a_small_cluster_a_pause_nobody_declared_ends_after_the_short_settle() {
         let timing = super::super::Timing::fast();
         // Up to 4 members no confirmation is wanted: a suspicion lasts its shortest.
         let unconfirmed = timing.suspect_to_down_after;
@@ -660,21 +654,16 @@ mod tests {
         let t0 = Instant::now();
         let resumed = t0 + ms(2000);
         assert!(watch.turn(resumed, t0 + ms(20), (5, 0), unconfirmed));
-        assert!(watch.turn(resumed + ms(10), resumed + ms(10), (6, 0), unconfirmed));
+        assert!(on_time(&mut watch, resumed + ms(10), (6, 0), unconfirmed));
         assert_eq!(watch.next_deadline(), Some(resumed + ms(10) + settle));
-        assert!(watch.turn(
-            resumed + ms(9) + settle,
+        assert!(on_time(
+            &mut watch,
             resumed + ms(9) + settle,
             (8, 0),
             unconfirmed
         ));
         assert!(
-            !watch.turn(
-                resumed + ms(10) + settle,
-                resumed + ms(10) + settle,
-                (9, 0),
-                unconfirmed
-            ),
+            !on_time(&mut watch, resumed + ms(10) + settle, (9, 0), unconfirmed),
             "no renewal, but a \"you are down\" would have come by now"
         );
     }
