@@ -463,6 +463,15 @@ mod tests {
         }
     }
 
+    /// The Service is another node's now (not an orphan).
+    fn given_up(service: &ServiceKey) -> ToWrite {
+        ToWrite::Record {
+            service: service.clone(),
+            record: None,
+            orphaned: false,
+        }
+    }
+
     #[tokio::test]
     async fn one_node_assigned_event_per_service_taken_and_the_interface_lists_are_shared() {
         let (mut book, mut writer) = (Book::new("node1"), writer());
@@ -483,14 +492,7 @@ mod tests {
         assert!(round.iter().all(|(_, n)| n.reason == "nodeAssigned"));
         assert!(!book.more_events());
         // Given up, then taken again before the record was written: a new Event.
-        book.told(
-            ToWrite::Record {
-                service: key("a"),
-                record: None,
-                orphaned: false,
-            },
-            &mut writer,
-        );
+        book.told(given_up(&key("a")), &mut writer);
         book.told(record(&key("a"), "node1", "eth1"), &mut writer);
         assert_eq!(book.event_round().len(), 1);
     }
@@ -562,11 +564,6 @@ mod tests {
             writer.assume_written(service, &status("node1", service, "eth0"));
         }
         assert_eq!(book.event_round().len(), 2, "taken: one Event each");
-        let given_up = |service: &ServiceKey| ToWrite::Record {
-            service: service.clone(),
-            record: None,
-            orphaned: false,
-        };
         // Held for a moment after a pause: this node answers nothing, nobody takes over, the
         // API still holds its records.
         book.told(given_up(&a), &mut writer);
@@ -599,14 +596,7 @@ mod tests {
         book.told(record(&a, "node1", "eth0"), &mut writer);
         writer.assume_written(&a, &status("node1", &a, "eth0"));
         book.event_round();
-        book.told(
-            ToWrite::Record {
-                service: a.clone(),
-                record: None,
-                orphaned: false,
-            },
-            &mut writer,
-        );
+        book.told(given_up(&a), &mut writer);
         // Its new owner wrote it; the watch showed it a moment ago (not settled yet), and the
         // Service comes back to this node (the API moved it back).
         let t0 = Instant::now();
