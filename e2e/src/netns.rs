@@ -106,6 +106,7 @@ impl Lab {
         };
         // From here on a failure drops `lab`, which deletes whatever was made.
         lab.build(nodes)?;
+        lab.wait_ready()?;
         Ok(lab)
     }
 
@@ -154,6 +155,49 @@ impl Lab {
                 node.v4,
                 node.v6,
             )?;
+        }
+        Ok(())
+    }
+
+    /// Returns once every link of the lab carries frames: each `eth0` and switch port is up
+    /// with its queue attached (the kernel attaches it after `ip link set up` returns, and
+    /// drops what is sent before), and the client's ARP request for each node is answered by
+    /// that node. A lab handed out earlier loses its first probes, which a test would count
+    /// against whatever it measures.
+    fn wait_ready(&self) -> Result<()> {
+        let mut links = vec![(self.client_netns.clone(), "eth0".to_string())];
+        links.push((self.switch_netns.clone(), "c0".to_string()));
+        for node in &self.nodes {
+            links.push((node.netns.clone(), "eth0".to_string()));
+            links.push((self.switch_netns.clone(), format!("n{}", node.index)));
+        }
+        let deadline = tokio::time::Instant::now() + READY_LIMIT;
+        for (netns, link) in &links {
+            while !link_carries(netns, link)? {
+                if tokio::time::Instant::now() > deadline {
+                    bail!("{link} in {netns} is not up after {READY_LIMIT:?}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        for node in &self.nodes {
+            let asker = crate::probe::ArpAsker::start(
+                &self.client_netns,
+                node.v4,
+                std::time::Duration::from_millis(20),
+                500,
+            )?;
+            let answered = || asker.snapshot().iter().any(|a| a.macs.contains(&node.mac));
+            while !answered() {
+                if tokio::time::Instant::now() > deadline {
+                    bail!(
+                        "{} does not answer the client's ARP after {READY_LIMIT:?}",
+                        node.name
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            asker.stop();
         }
         Ok(())
     }
@@ -471,6 +515,26 @@ pub fn require_root(test: &str) {
         "{test}: needs root (CAP_NET_ADMIN) to make network namespaces; run it as root \
          (sudo ./test.sh runs every root test with --include-ignored)"
     );
+}
+
+/// How long a new lab's links may take to carry frames.
+const READY_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether `link` in `netns` is operationally up with a queue attached (`qdisc noop` drops
+/// every frame).
+fn link_carries(netns: &str, link: &str) -> Result<bool> {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-o", "link", "show", "dev", link])
+        .output()
+        .context("running ip (is iproute2 installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "ip link show {link} in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.contains("state UP") && !text.contains("qdisc noop"))
 }
 
 fn ip(args: &[&str]) -> Result<()> {
