@@ -4,7 +4,9 @@
 //!
 //! Guarantees: a store holds only trimmed objects; its task ends when the caller's stop future
 //! resolves (or the watch stream ends), and a failed watch is logged and retried with
-//! [`RetryBackoff`], never ends the store.
+//! [`RetryBackoff`], never ends the store. A [`Relister`] makes every store it was handed to
+//! start its watch over (a fresh list on a fresh connection) while keeping its objects until
+//! the list ends.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -96,8 +98,53 @@ pub fn spawn_store_with<K: Stored>(
                 let _ = tx.unbounded_send(());
             }
         },
+        Relists::never(),
         stop,
     )
+}
+
+/// Tells stores to start their watches over ([`Relists`]): for a node whose link was down,
+/// whose watch connections outlived the outage. The server sends what they missed on its
+/// retransmit timer, backed off for as long as the link was down (seconds after the link's
+/// return, longer on a lossy link); a fresh list on a fresh connection sees the API as it is
+/// at once.
+#[derive(Debug)]
+pub struct Relister(tokio::sync::watch::Sender<u64>);
+
+/// A store's side of a [`Relister`]: each store holds its own clone.
+#[derive(Debug, Clone)]
+pub struct Relists(Option<tokio::sync::watch::Receiver<u64>>);
+
+/// A relister and the receiver its stores clone.
+pub fn relists() -> (Relister, Relists) {
+    let (tx, rx) = tokio::sync::watch::channel(0);
+    (Relister(tx), Relists(Some(rx)))
+}
+
+impl Relister {
+    /// Every store holding one of its [`Relists`] starts its watch over.
+    pub fn relist(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+impl Relists {
+    /// Never asks for a relist.
+    pub fn never() -> Relists {
+        Relists(None)
+    }
+
+    /// Resolves when a relist is asked for (several asked meanwhile count once); never once
+    /// the [`Relister`] is gone. Cancel-safe.
+    pub async fn asked(&mut self) {
+        if let Some(rx) = self.0.as_mut() {
+            if rx.changed().await.is_ok() {
+                return;
+            }
+            self.0 = None;
+        }
+        std::future::pending().await
+    }
 }
 
 /// What a store's task shows its observer ([`spawn_store_observed`]).
@@ -111,38 +158,49 @@ pub enum Seen<'a, K> {
 
 /// [`spawn_store_with`] that shows `observe` every event once it is in the store, and every
 /// watch error: for a caller that needs to know what changed (not only that something did), or
-/// counts the errors. `observe` runs on the store's task: it must not block.
+/// counts the errors. `observe` runs on the store's task: it must not block. When `relists`
+/// asks, the watch starts over: the store keeps its objects until the new list ends (then
+/// `observe` sees `InitDone`, as at the start).
 pub fn spawn_store_observed<K: Stored, F>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
     mut observe: F,
+    mut relists: Relists,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Store<K>
 where
     F: FnMut(Seen<'_, K>) + Send + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .backoff(RetryBackoff::new())
-        .modify(move |o: &mut K| {
-            trim_meta(o.meta_mut());
-            trim(o);
-        })
-        .reflect(writer);
+    let (reader, mut writer) = reflector::store();
+    let watch = move || Box::pin(watcher(api.clone(), config.clone()).backoff(RetryBackoff::new()));
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
+        let mut stream = watch();
         let mut stop = std::pin::pin!(stop);
         loop {
             tokio::select! {
                 _ = &mut stop => return,
+                () = relists.asked() => {
+                    tracing::debug!("the watch starts over");
+                    stream = watch();
+                }
                 event = stream.next() => match event {
                     None => return,
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "watch failed; retrying");
                         observe(Seen::Error(&e));
                     }
-                    Some(Ok(event)) => observe(Seen::Event(&event)),
+                    Some(Ok(mut event)) => {
+                        if let watcher::Event::Apply(o)
+                        | watcher::Event::Delete(o)
+                        | watcher::Event::InitApply(o) = &mut event
+                        {
+                            trim_meta(o.meta_mut());
+                            trim(o);
+                        }
+                        writer.apply_watcher_event(&event);
+                        observe(Seen::Event(&event));
+                    }
                 },
             }
         }
@@ -219,5 +277,29 @@ mod tests {
         }
         backoff.reset();
         assert!(backoff.next().unwrap() <= FIRST_RETRY);
+    }
+
+    /// Whether `relists` asks for a relist now (within a tick of paused time).
+    async fn asks(relists: &mut Relists) -> bool {
+        tokio::time::timeout(Duration::from_millis(1), relists.asked())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_store_hears_a_relist_once_and_never_after_the_relister_is_gone() {
+        let (relister, mut first) = relists();
+        let mut second = first.clone();
+        assert!(!asks(&mut first).await, "nothing asked yet");
+        relister.relist();
+        relister.relist();
+        assert!(asks(&mut first).await && asks(&mut second).await);
+        assert!(
+            !asks(&mut first).await,
+            "two relists before the store looked count once"
+        );
+        drop(relister);
+        assert!(!asks(&mut second).await && !asks(&mut second).await);
+        assert!(!asks(&mut Relists::never()).await);
     }
 }

@@ -54,7 +54,9 @@ use tokio::sync::watch;
 use crate::allocator::Allocator;
 use crate::http::Health;
 use crate::metrics::{ApiResource, ControllerMetrics};
-use swimlb_config::reflect::{RetryBackoff, Seen, spawn_store_observed, trim_meta, watch_config};
+use swimlb_config::reflect::{
+    Relists, RetryBackoff, Seen, spawn_store_observed, trim_meta, watch_config,
+};
 use swimlb_config::service::trim_service;
 
 use crate::reconcile::{
@@ -491,6 +493,7 @@ async fn lead(
         watch_config(),
         |_| {},
         observe(&config_tx, &metrics, ApiResource::IpAddressPools),
+        Relists::never(),
         stopped(stop.clone()),
     );
     let advertisements = spawn_store_observed(
@@ -498,6 +501,7 @@ async fn lead(
         watch_config(),
         |_| {},
         observe(&config_tx, &metrics, ApiResource::L2Advertisements),
+        Relists::never(),
         stopped(stop.clone()),
     );
     drop(config_tx);

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use smol_str::SmolStr;
-use swimlb_config::reflect::RetryBackoff;
+use swimlb_config::reflect::{Relists, RetryBackoff};
 use swimlb_config::service::ServiceKey;
 use tokio::sync::watch as signal;
 
@@ -373,12 +373,14 @@ pub enum Observed<'a> {
 /// Keeps a compact store of `api`'s objects, each trimmed by `trim` (after
 /// [`trim_meta`](swimlb_config::reflect::trim_meta)), until the watch stream ends; `observe`
 /// hears of every event once it is in the store, and of every error. `observe` runs on the
-/// store's task: it must not block.
+/// store's task: it must not block. When `relists` asks, the watch starts over: the store keeps
+/// its objects until the new list ends.
 pub fn spawn<C, F>(
     api: Api<C::View>,
     config: watcher::Config,
     trim: fn(&mut C::View),
     mut observe: F,
+    mut relists: Relists,
 ) -> CompactStore<C>
 where
     C: Compact,
@@ -388,13 +390,22 @@ where
     let (listed_tx, listed) = signal::channel(false);
     let store = CompactStore { objects, listed };
     let task = store.clone();
-    let stream = watcher(api, config).backoff(RetryBackoff::new());
+    let watch = move || Box::pin(watcher(api.clone(), config.clone()).backoff(RetryBackoff::new()));
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
+        let mut stream = watch();
+        loop {
+            let event = tokio::select! {
+                () = relists.asked() => {
+                    tracing::debug!("the watch starts over");
+                    stream = watch();
+                    continue;
+                }
+                event = stream.next() => event,
+            };
             let mut event = match event {
-                Ok(event) => event,
-                Err(e) => {
+                None => return,
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "watch failed; retrying");
                     observe(Observed::Error(&e));
                     continue;

@@ -9,7 +9,8 @@
 //! retried with [`RetryBackoff`](swimlb_config::reflect::RetryBackoff) (at most 5 s apart); the
 //! store keeps its objects meanwhile. Each [`Change`] names the object it is about, so the loop
 //! settles only what that object touches; a re-list ([`What::Resync`]) replaces a whole store
-//! and asks for everything to be looked at again.
+//! and asks for everything to be looked at again. Every watch starts over when the loop asks
+//! (a link's carrier came back, see [`Relister`](swimlb_config::reflect::Relister)).
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +23,7 @@ use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use swimlb_config::crd::{IPAddressPool, L2Advertisement};
-use swimlb_config::reflect::{Seen, spawn_store_observed};
+use swimlb_config::reflect::{Relists, Seen, spawn_store_observed};
 use swimlb_config::service::ServiceKey;
 use tokio::time::Instant;
 
@@ -75,12 +76,14 @@ pub struct Stores {
 pub struct NeverListed(pub &'static str);
 
 impl Stores {
-    /// Starts every watch. Returns the stores and the stream of their changes.
+    /// Starts every watch, each starting over when `relists` asks. Returns the stores and the
+    /// stream of their changes.
     pub fn spawn(
         client: &Client,
         namespace: &str,
         speaker_selector: &str,
         metrics: &KubeMetrics,
+        relists: &Relists,
     ) -> (Stores, UnboundedReceiver<Change>) {
         let (tx, rx) = unbounded();
         let all = watch_config;
@@ -91,6 +94,7 @@ impl Stores {
                 Resource::Services,
                 &tx,
                 metrics,
+                relists,
             ),
             slices: spawn_compact(
                 Api::all(client.clone()),
@@ -98,6 +102,7 @@ impl Stores {
                 Resource::EndpointSlices,
                 &tx,
                 metrics,
+                relists,
             ),
             nodes: spawn(
                 Api::all(client.clone()),
@@ -106,6 +111,7 @@ impl Stores {
                 Resource::Nodes,
                 &tx,
                 metrics,
+                relists,
             ),
             pools: spawn(
                 Api::namespaced(client.clone(), namespace),
@@ -114,6 +120,7 @@ impl Stores {
                 Resource::IpAddressPools,
                 &tx,
                 metrics,
+                relists,
             ),
             advertisements: spawn(
                 Api::namespaced(client.clone(), namespace),
@@ -122,6 +129,7 @@ impl Stores {
                 Resource::L2Advertisements,
                 &tx,
                 metrics,
+                relists,
             ),
             pods: spawn(
                 Api::namespaced(client.clone(), namespace),
@@ -130,6 +138,7 @@ impl Stores {
                 Resource::Pods,
                 &tx,
                 metrics,
+                relists,
             ),
         };
         (stores, rx)
@@ -284,10 +293,11 @@ fn spawn_compact<C: Compact>(
     resource: Resource,
     tx: &UnboundedSender<Change>,
     metrics: &KubeMetrics,
+    relists: &Relists,
 ) -> CompactStore<C> {
     let tx = tx.clone();
     let metrics = metrics.clone();
-    compact::spawn(api, watch_config(), trim, move |seen| {
+    let observe = move |seen: Observed<'_>| {
         let what = match seen {
             Observed::Error(_) => {
                 metrics.watch_error(resource);
@@ -304,7 +314,8 @@ fn spawn_compact<C: Compact>(
             resource,
             what,
         });
-    })
+    };
+    compact::spawn(api, watch_config(), trim, observe, relists.clone())
 }
 
 /// Starts the store of one resource, its changes sent on `tx` and its errors counted.
@@ -315,6 +326,7 @@ fn spawn<K>(
     resource: Resource,
     tx: &UnboundedSender<Change>,
     metrics: &KubeMetrics,
+    relists: &Relists,
 ) -> Store<K>
 where
     K: kube::Resource
@@ -352,6 +364,7 @@ where
                 what,
             });
         },
+        relists.clone(),
         std::future::pending::<()>(),
     )
 }
@@ -414,7 +427,9 @@ pub fn trim_pod(pod: &mut Pod) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt as _;
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use std::time::Duration;
 
     fn pod(node: Option<&str>, ip: Option<&str>) -> Arc<Pod> {
         let mut pod = Pod {
@@ -431,6 +446,72 @@ mod tests {
         };
         trim_pod(&mut pod);
         Arc::new(pod)
+    }
+
+    /// The resources of [`Stores`], in order.
+    const STORED: [Resource; 6] = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+        Resource::IpAddressPools,
+        Resource::L2Advertisements,
+        Resource::Pods,
+    ];
+
+    /// The resources whose watch lists in full (a [`What::Resync`]) before `limit` passes.
+    async fn resynced(changed: &mut UnboundedReceiver<Change>, limit: Duration) -> Vec<Resource> {
+        let mut listed = BTreeSet::new();
+        let _ = tokio::time::timeout(limit, async {
+            while listed.len() < STORED.len() {
+                match changed.next().await {
+                    Some(Change {
+                        resource,
+                        what: What::Resync,
+                        ..
+                    }) => {
+                        listed.insert(resource);
+                    }
+                    Some(_) => {}
+                    None => return,
+                }
+            }
+        })
+        .await;
+        listed.into_iter().collect()
+    }
+
+    #[tokio::test]
+    async fn every_watch_lists_again_when_asked_and_keeps_its_objects_meanwhile() {
+        let plane = swimlb_control_plane::test_plane::TestPlane::start_async("relist").await;
+        plane
+            .admin()
+            .create(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"}
+            }))
+            .unwrap();
+        let client = plane.client().await;
+        let metrics = KubeMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let (relister, relists) = swimlb_config::reflect::relists();
+        let (stores, mut changed) =
+            Stores::spawn(&client, "swimlb-system", "app=speaker", &metrics, &relists);
+        let every = STORED.to_vec();
+        let limit = Duration::from_secs(15);
+        assert_eq!(
+            resynced(&mut changed, limit).await,
+            every,
+            "the first lists"
+        );
+        relister.relist();
+        // The node is still there while the lists run again.
+        assert_eq!(stores.nodes.state().len(), 1);
+        // A watch resumed after its timeout (20 s) does not list again: only a relist does,
+        // within the limit.
+        assert_eq!(
+            resynced(&mut changed, limit).await,
+            every,
+            "the lists asked for"
+        );
+        assert_eq!(stores.nodes.state().len(), 1, "the node after the relist");
     }
 
     #[test]
