@@ -448,21 +448,21 @@ mod tests {
         Arc::new(pod)
     }
 
-    /// The resources of [`Stores`], in order.
-    const STORED: [Resource; 6] = [
-        Resource::Services,
-        Resource::EndpointSlices,
-        Resource::Nodes,
-        Resource::IpAddressPools,
-        Resource::L2Advertisements,
-        Resource::Pods,
-    ];
+    /// The resources of [`Stores`], in order: every watched one but the records (their own
+    /// task's).
+    fn stored() -> Vec<Resource> {
+        let records = Resource::ServiceL2Statuses;
+        Resource::WATCHED
+            .into_iter()
+            .filter(|r| *r != records)
+            .collect()
+    }
 
     /// The resources whose watch lists in full (a [`What::Resync`]) before `limit` passes.
     async fn resynced(changed: &mut UnboundedReceiver<Change>, limit: Duration) -> Vec<Resource> {
         let mut listed = BTreeSet::new();
         let _ = tokio::time::timeout(limit, async {
-            while listed.len() < STORED.len() {
+            while listed.len() < stored().len() {
                 match changed.next().await {
                     Some(Change {
                         resource,
@@ -494,7 +494,7 @@ mod tests {
         let (relister, relists) = swimlb_config::reflect::relists();
         let (stores, mut changed) =
             Stores::spawn(&client, "swimlb-system", "app=speaker", &metrics, &relists);
-        let every = STORED.to_vec();
+        let every = stored();
         let limit = Duration::from_secs(15);
         assert_eq!(
             resynced(&mut changed, limit).await,
