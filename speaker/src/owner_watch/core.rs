@@ -10,8 +10,8 @@
 //!
 //! Guarantees:
 //! - Nothing a peer sends can panic the core: a datagram that does not open, comes from no
-//!   member's watch address, is replayed, does not parse or is stale is dropped and counted by
-//!   [`DropReason`].
+//!   member's watch address (but a poll), is replayed, does not parse or is stale is dropped
+//!   and counted by [`DropReason`].
 //! - Every datagram is sealed with the gossip key ring under this node's watch stream (sender
 //!   id: a hash of its watch address; epoch: its identity bump at start).
 //! - One heartbeat sequence counter for all watchers, so a watcher dropped and taken back, or
@@ -19,7 +19,8 @@
 //! - **The owner's side.** The daemon's [`Plan`] names the watchers (at most [`MAX_WATCHERS`]).
 //!   Each gets a [`Schedule`]; a watcher dropped gets a last heartbeat promising
 //!   [`FAREWELL_INTERVAL_MS`]. A poll is answered `alive` only for this node's current
-//!   incarnation, and not after a pause.
+//!   incarnation, and not after a pause; it is answered whoever sends it with the key, member
+//!   here or not (a watcher this node declared down still polls it).
 //! - **The watcher's side.** A heartbeat from a member of the directory arms a [`Detector`].
 //!   One interval before the silence deadline with nothing heard, the second check starts: a
 //!   poll to the owner and a relay request to a third member, again half an interval later
@@ -33,8 +34,7 @@
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
-//!   (the gossip may have declared it down meanwhile: its owners drop its polls as a
-//!   stranger's); a plan that holds its answers ([`Plan::held`]), then one that does not, ends it.
+//!   (the gossip may have declared it down meanwhile); a plan that holds its answers ([`Plan::held`]), then one that does not, ends it.
 //!   A refutation asked for during a pause (or cut short by one) goes out when the pause ends
 //!   in the same incarnation: the node answers again, and the members that took a claim
 //!   against it would otherwise elect without it until the accusation lapses.
@@ -517,7 +517,8 @@ impl WatchCore {
             self.schedules.clear();
             self.refute_after_pause |= self.refutes_left > 0;
             self.refutes_left = 0;
-            // Its owners may have dropped it meanwhile, and drop its polls as a stranger's.
+            // Its owners may have moved or dropped it meanwhile: it watches again from their
+            // next heartbeats.
             self.watched.clear();
             self.polls.clear();
             self.events.push(Event::Paused { late });
@@ -717,21 +718,41 @@ impl WatchCore {
             self.metrics.dropped(DropReason::Unauthentic);
             return;
         };
-        let Some(sender) = self.senders.get(&opened.sequence.sender).cloned() else {
+        let sender = self.senders.get(&opened.sequence.sender).cloned();
+        let message = WatchMessage::parse(opened.payload);
+        let stranger_poll = matches!(message, Ok(WatchMessage::Poll { .. }));
+        if sender.is_none() && !stranger_poll {
             self.metrics.dropped(DropReason::UnknownSender);
             return;
-        };
+        }
         if self.guard.admit(opened.sequence, now).is_err() {
             self.metrics.dropped(DropReason::Replay);
             return;
         }
-        let Ok(message) = WatchMessage::parse(opened.payload) else {
+        let Ok(message) = message else {
             self.metrics.dropped(DropReason::Malformed);
             return;
         };
         self.metrics.received(message.message_type());
-        self.handle(now, from, sender, &message);
+        match sender {
+            Some(sender) => self.handle(now, from, sender, &message),
+            // A poll from a node that holds the key but is no member here: a watcher this node
+            // declared down (falsely, or before its renewal reached here) still watches it,
+            // and heartbeats it no more; unanswered, its second check would take over from a
+            // live owner. Whether this node is alive is the one thing a poll asks.
+            None => self.answer_poll(from, &message),
+        }
         self.update_sizes();
+    }
+
+    /// Answers a poll: alive in the incarnation it asks about, and not paused. Whether this
+    /// node answers for anything is the election's business (a watcher it stopped heartbeating
+    /// learns it here).
+    fn answer_poll(&mut self, from: SocketAddr, message: &WatchMessage<'_>) {
+        if let WatchMessage::Poll { nonce, incarnation } = *message {
+            let alive = incarnation == self.plan.me.bump && self.paused.is_none();
+            self.send(from, &WatchMessage::PollReply { nonce, alive });
+        }
     }
 
     /// Handles a watch `payload` that arrived through the gossip from the member at gossip
@@ -791,12 +812,7 @@ impl WatchCore {
                     schedule.acknowledged(now);
                 }
             }
-            WatchMessage::Poll { nonce, incarnation } => {
-                // Alive in that incarnation, and not paused: whether it answers for anything is
-                // the election's business (a watcher it stopped heartbeating learns it here).
-                let alive = incarnation == self.plan.me.bump && self.paused.is_none();
-                self.send(from, &WatchMessage::PollReply { nonce, alive });
-            }
+            WatchMessage::Poll { .. } => self.answer_poll(from, message),
             WatchMessage::PollReply { nonce, alive } => {
                 self.poll_reply(now, &sender, nonce, alive);
             }

@@ -290,6 +290,35 @@ fn lost_heartbeats_are_vouched_for_by_the_second_check_through_the_relay() {
 }
 
 #[test]
+fn a_live_owner_answers_the_polls_of_a_watcher_it_declared_down() {
+    // Node 1 watches node 0. Node 0's gossip declares node 1 down (falsely: their gossip was
+    // cut), so node 0 heartbeats it no more; the relay through node 2 is cut too (chaos seed 3
+    // at 1,253 s), so only node 0's own answer can vouch for it.
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(2));
+    assert_eq!(lab.core(1).watched().collect::<Vec<_>>(), vec!["n0"]);
+    lab.cut = Box::new(|from, to, _| matches!((from, to), (1, 2) | (2, 1)));
+    let without_1: Directory = Arc::new(
+        lab.directory_for(0)
+            .iter()
+            .filter(|(node, _)| **node != name(1))
+            .map(|(node, id)| (node.clone(), id.clone()))
+            .collect(),
+    );
+    lab.cores[0].as_mut().unwrap().set_directory(without_1);
+    lab.run_for(Duration::from_millis(400));
+    assert!(lab.silent_events(1).is_empty(), "{:?}", lab.events[1]);
+    assert!(lab.core(1).metrics().checks(CheckResult::Vouched) >= 1);
+    assert!(lab.core(0).metrics().sent_of(MessageType::PollReply) >= 1);
+    assert_eq!(
+        lab.core(1).watched().count(),
+        0,
+        "answered but no longer heartbeated: not watched any more"
+    );
+}
+
+#[test]
 fn a_dropped_watcher_gets_a_farewell_and_polls_no_one() {
     let mut lab = Lab::new(3);
     lab.command(0, Command::Plan(lab.plan(0, &[1])));
