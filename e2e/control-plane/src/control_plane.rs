@@ -38,6 +38,8 @@ pub const SERVICE_CIDR: &str = "192.0.2.128/25,2001:db8:ffff::/108";
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 129);
 /// How long the API server may take to answer `/readyz` after it starts.
 pub const READY_LIMIT: Duration = Duration::from_secs(90);
+/// What etcd says when asked to compact to a revision its history is compacted to already.
+const ALREADY_COMPACTED: &str = "required revision has been compacted";
 
 /// The folder of the built programs (`etcd`, `kube-apiserver`, `kube-controller-manager`,
 /// `kube-scheduler`, `kubectl`, `metallb-controller`, `metallb-speaker`).
@@ -420,6 +422,8 @@ impl ControlPlane {
     /// Compacts etcd's history up to its current revision, as kube-apiserver's periodic
     /// compaction does (through etcd's JSON gateway, as `etcdctl compaction --physical`): a
     /// watch that resumes from an older resourceVersion then meets 410 Gone. The revision.
+    /// A history already compacted to the current revision (nothing written since the last
+    /// compaction, as while kube-apiserver is down) is no error: there is nothing to compact.
     pub fn compact_etcd(&self) -> Result<u64> {
         // The range of key "\0" is empty; its header carries the store's revision.
         let range = self.etcd_post("/v3/kv/range", &json!({"key": "AA=="}))?;
@@ -427,11 +431,15 @@ impl ControlPlane {
             .as_str()
             .context("etcd's answer has no revision")?
             .parse()?;
-        self.etcd_post(
+        let compacted = self.etcd_post(
             "/v3/kv/compaction",
             &json!({"revision": revision.to_string(), "physical": true}),
-        )?;
-        Ok(revision)
+        );
+        match compacted {
+            Err(err) if err.to_string().contains(ALREADY_COMPACTED) => Ok(revision),
+            Err(err) => Err(err),
+            Ok(_) => Ok(revision),
+        }
     }
 
     /// POSTs `body` to etcd's `path`, from the control plane's namespace; the JSON answer.
