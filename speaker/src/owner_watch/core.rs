@@ -34,7 +34,8 @@
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
-//!   (the gossip may have declared it down meanwhile); a plan that holds its answers ([`Plan::held`]), then one that does not, ends it.
+//!   (the gossip may have declared it down meanwhile); a plan that holds its answers
+//!   ([`Plan::held`]), then one that does not, ends it.
 //!   A refutation asked for during a pause (or cut short by one) goes out when the pause ends
 //!   in the same incarnation: the node answers again, and the members that took a claim
 //!   against it would otherwise elect without it until the accusation lapses.
