@@ -123,10 +123,14 @@ impl Cluster {
 
 /// Claims and refutations travel through the gossip as they do in the daemon: from each watch
 /// core to its gossip core ([`Core::relay_watch`]), and what the gossip cores received to their
-/// watch cores ([`WatchCore::handle_relayed`]).
+/// watch cores ([`WatchCore::handle_relayed`]); so do the members each watch heard alive
+/// ([`Core::heard_on_watch`]).
 fn route_relays(net: &mut SimNet, watch: &mut OwnerWatches) {
     for (i, payload) in watch.take_relays() {
         net.with_core(i, |core, _| core.relay_watch(&payload));
+    }
+    for (i, addr, bump) in watch.take_heard() {
+        net.with_core(i, |core, now| core.heard_on_watch(now, addr, bump));
     }
     let relayed: Vec<_> = net.drain_watch_relayed().collect();
     for (at, i, r) in relayed {

@@ -216,6 +216,8 @@ pub struct OwnerWatches {
     takeovers: Vec<Takeover>,
     /// Claims and refutations the cores queued for the gossip: (member, payload).
     relays: Vec<(usize, Vec<u8>)>,
+    /// Members the cores heard alive, for their gossip: (member, gossip address, bump).
+    heard: Vec<(usize, SocketAddr, u64)>,
     /// The member stalled now, whose takeovers are [`TakeoverKind::Stalled`].
     pub(super) stalled: Option<usize>,
     /// During the partition phase: takeovers of running members are
@@ -245,6 +247,7 @@ impl OwnerWatches {
             seed,
             takeovers: Vec::new(),
             relays: Vec::new(),
+            heard: Vec::new(),
             stalled: None,
             partitioned: false,
         }
@@ -403,6 +406,11 @@ impl OwnerWatches {
         std::mem::take(&mut self.relays)
     }
 
+    /// Takes the members the cores heard alive: (member, gossip address, bump).
+    pub(super) fn take_heard(&mut self) -> Vec<(usize, SocketAddr, u64)> {
+        std::mem::take(&mut self.heard)
+    }
+
     /// A claim or a refutation that reached member `i` through the gossip, from the member at
     /// gossip address `from`, at `at`.
     pub(super) fn relayed(
@@ -466,6 +474,11 @@ impl OwnerWatches {
             let events: Vec<Event> = member.core.drain_events().collect();
             let relays = member.core.drain_relays().map(|payload| (i, payload));
             self.relays.extend(relays);
+            let heard = member
+                .core
+                .drain_heard()
+                .map(|(addr, bump)| (i, addr, bump));
+            self.heard.extend(heard);
             if out.is_empty() && events.is_empty() {
                 return;
             }

@@ -540,6 +540,8 @@ struct Suspicion {
     began: Duration,
     /// Whether a deaf spell started it over (logged the first time only).
     started_over: bool,
+    /// When the owner watch last heard the suspect alive (see [`Core::heard_on_watch`]).
+    heard_on_watch: Option<Duration>,
     /// Members whose probe on our behalf went unanswered (independent confirmations).
     confirmers: Vec<SocketAddr>,
     /// foca's own timer event when this node's probe failed (this node accused the member).
@@ -998,6 +1000,8 @@ impl Core {
 
 mod notifications;
 mod suspicion;
+#[cfg(test)]
+pub(crate) use suspicion::WATCH_EVIDENCE_MAX;
 mod timers;
 mod updates;
 #[cfg(test)]

@@ -59,6 +59,7 @@ enum Command {
 pub struct WatchLink {
     commands: mpsc::Sender<Command>,
     received: mpsc::Receiver<WatchRelayed>,
+    heard: WatchHeard,
 }
 
 impl WatchLink {
@@ -74,6 +75,15 @@ impl WatchLink {
         }
     }
 
+    /// Tells the gossip that the watch heard the member at gossip address `addr`, identity
+    /// `bump`, alive ([`Core::heard_on_watch`]); the gossip task reads it on its next turn.
+    pub fn heard(&self, addr: SocketAddr, bump: u64) {
+        self.heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(addr, (bump, Instant::now()));
+    }
+
     /// The next watch payload received through the gossip; `None` once the gossip stopped.
     pub async fn recv(&mut self) -> Option<WatchRelayed> {
         self.received.recv().await
@@ -84,6 +94,31 @@ impl WatchLink {
 /// [`GossipHandle::last_heard_before_down`]): written by the task before it publishes the
 /// `Down`, so a subscriber that reads it on the change finds the entry.
 type HeardBeforeDown = Arc<Mutex<FastMap<NodeName, Instant>>>;
+
+/// The members the owner watch heard alive since the gossip task last looked, by gossip
+/// address: identity bump and when (see [`WatchLink::heard`]).
+type WatchHeard = Arc<Mutex<FastMap<SocketAddr, (u64, Instant)>>>;
+
+/// What the gossip task is told: the handle's commands, and what the owner watch heard.
+struct Inputs {
+    commands: mpsc::Receiver<Command>,
+    watch_heard: WatchHeard,
+}
+
+impl Inputs {
+    /// Hands `core` what the owner watch heard since the last call.
+    fn hand_watch_heard(&self, core: &mut Core, origin: Instant) {
+        let heard: Vec<_> = self
+            .watch_heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (addr, (bump, at)) in heard {
+            core.heard_on_watch(at.saturating_duration_since(origin), addr, bump);
+        }
+    }
+}
 
 /// The identities of the alive members, this node excluded, by node name (see
 /// [`GossipHandle::directory`]).
@@ -100,6 +135,7 @@ pub struct GossipHandle {
     phase: watch::Receiver<Phase>,
     commands: mpsc::Sender<Command>,
     watch_inbox: Mutex<Option<mpsc::Receiver<WatchRelayed>>>,
+    watch_heard: WatchHeard,
     local_addr: SocketAddr,
     task: JoinHandle<()>,
 }
@@ -158,6 +194,7 @@ impl GossipHandle {
         Some(WatchLink {
             commands: self.commands.clone(),
             received,
+            heard: self.watch_heard.clone(),
         })
     }
 
@@ -261,6 +298,7 @@ pub async fn spawn(
     let members_version = core.members_version();
     let (changes_tx, _) = broadcast::channel(CHANGE_BACKLOG);
     let heard_before_down = HeardBeforeDown::default();
+    let watch_heard = WatchHeard::default();
     let (commands_tx, commands_rx) = mpsc::channel(16);
     let (watch_tx, watch_rx) = mpsc::channel(WATCH_QUEUE);
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
@@ -271,7 +309,10 @@ pub async fn spawn(
         origin,
         socket,
         send_tx,
-        commands_rx,
+        Inputs {
+            commands: commands_rx,
+            watch_heard: watch_heard.clone(),
+        },
         Published {
             origin,
             live: live_tx,
@@ -292,6 +333,7 @@ pub async fn spawn(
         phase: phase_rx,
         commands: commands_tx,
         watch_inbox: Mutex::new(Some(watch_rx)),
+        watch_heard,
         local_addr,
         task,
     })
@@ -432,7 +474,7 @@ async fn run(
     origin: Instant,
     socket: Arc<UdpSocket>,
     send: mpsc::Sender<Outgoing>,
-    mut commands: mpsc::Receiver<Command>,
+    mut inputs: Inputs,
     mut published: Published,
 ) {
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
@@ -454,9 +496,11 @@ async fn run(
                 Err(err) => tracing::debug!(error = %err, "gossip receive"),
             },
             () = tokio::time::sleep_until(deadline) => {
+                // Suspicions end on timers: they see what the watch heard until now.
+                inputs.hand_watch_heard(&mut core, origin);
                 core.handle_due_timers(origin.elapsed());
             }
-            command = commands.recv() => match command {
+            command = inputs.commands.recv() => match command {
                 Some(Command::SetMeta(meta, reply)) => {
                     let _ = reply.send(core.set_meta(origin.elapsed(), meta));
                 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use swimlb_proto::KeyRing;
 
-use super::core::{Core, GossipSettings, Phase};
+use super::core::{Core, GossipSettings, Phase, WATCH_EVIDENCE_MAX};
 use super::identity::NodeIdentity;
 use super::metrics::{GossipMetrics, RejectReason, SuspicionOutcome};
 use super::simnet::{Links, SimNet, Tapped};
@@ -613,6 +613,88 @@ fn a_member_cut_off_for_a_moment_takes_no_healthy_member_down() {
             assert_eq!(live_len(&net, i), 3, "seed {seed}: node {i} sees everyone");
         }
     }
+}
+
+/// Runs `net` for `span` while each `(at, of)` pair's owner watch hears `of` alive every
+/// 20 ms: node `at`'s core is told so ([`Core::heard_on_watch`]), as the daemon's watch tells it.
+fn run_hearing(net: &mut SimNet, span: Duration, heard: &[(usize, usize)]) {
+    let end = net.now() + span;
+    while net.now() < end {
+        for &(at, of) in heard {
+            if let Some(bump) = net.core(of).map(|c| c.identity().bump) {
+                net.with_core(at, |core, now| {
+                    core.heard_on_watch(now, SimNet::addr(of), bump)
+                });
+            }
+        }
+        net.run_for(Duration::from_millis(20));
+    }
+}
+
+fn downs_among(net: &mut SimNet, nodes: &[usize]) -> Vec<(Duration, usize, LiveChange)> {
+    let names: Vec<String> = nodes.iter().map(|i| name(*i)).collect();
+    net.drain_changes()
+        .filter(|(_, _, c)| matches!(c, LiveChange::Down(node) if names.contains(node)))
+        .collect()
+}
+
+#[test]
+fn members_the_owner_watch_hears_are_not_declared_down_through_a_starved_relay() {
+    // Chaos seed 3 at 1,253 s: the gossip between nodes 0 and 1 cut both ways, node 2, their
+    // only other path, starved (everything it does 400 ms late); their owner watch still
+    // passes. Without the watch's word they declare each other down (the control run).
+    let mut control_downs = 0;
+    for seed in 0..10 {
+        for hearing in [false, true] {
+            let mut net = cluster(3, seed, Links::default());
+            net.cut(0, 1);
+            net.set_lag(2, Duration::from_millis(400));
+            let heard: &[(usize, usize)] = if hearing { &[(0, 1), (1, 0)] } else { &[] };
+            run_hearing(&mut net, Duration::from_secs(6), heard);
+            let downs = downs_among(&mut net, &[0, 1]);
+            if hearing {
+                assert!(downs.is_empty(), "seed {seed}: {downs:?}");
+                for i in 0..2 {
+                    assert_eq!(net.core(i).unwrap().rejoins(), 0, "seed {seed}: node {i}");
+                }
+            } else {
+                control_downs += downs.len();
+            }
+        }
+    }
+    assert!(control_downs > 0, "the control run declared nobody down");
+}
+
+#[test]
+fn the_owner_watchs_word_delays_no_crash_and_holds_a_member_at_most_its_bound() {
+    // A crash: the watch falls silent with it, and the crashed member is declared down as fast
+    // as without the watch.
+    let mut net = cluster(3, 4, Links::default());
+    run_hearing(&mut net, Duration::from_secs(1), &[(0, 1), (2, 1)]);
+    net.crash(1);
+    let took = run_until(&mut net, Duration::from_secs(5), |net| {
+        [0, 2]
+            .iter()
+            .all(|&i| !net.core(i).unwrap().live().contains(&name(1)))
+    });
+    assert!(took.expect("declared down") <= Duration::from_secs(1));
+    // A member whose gossip is cut from everyone while its watch still beats (its gossip
+    // wedged): declared down once the watch's word has held it for its bound.
+    let mut net = cluster(3, 5, Links::default());
+    net.set_group(1, 1);
+    let start = net.now();
+    let mut down_at = None;
+    while down_at.is_none() && net.now() - start < Duration::from_secs(20) {
+        run_hearing(&mut net, Duration::from_millis(100), &[(0, 1), (2, 1)]);
+        if !downs_among(&mut net, &[1]).is_empty() {
+            down_at = Some(net.now() - start);
+        }
+    }
+    let down_at = down_at.expect("declared down within 20 s");
+    assert!(
+        down_at >= WATCH_EVIDENCE_MAX,
+        "declared down after {down_at:?}, before the bound"
+    );
 }
 
 #[test]

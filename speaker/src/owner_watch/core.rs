@@ -58,6 +58,9 @@ use crate::model::watch_knobs::Knobs;
 
 /// At most this many watchers per owner (the issue's `K`).
 pub const MAX_WATCHERS: usize = 3;
+/// A member heard alive on the watch is reported to the gossip at most this often
+/// ([`WatchCore::drain_heard`]).
+pub const HEARD_REPORT_EVERY: Duration = Duration::from_millis(50);
 /// How long a relay waits for the target's answer, and a poll's nonce is remembered.
 pub const POLL_WAIT: Duration = Duration::from_millis(100);
 /// Refutations are sent this many times, one interval apart.
@@ -260,6 +263,10 @@ pub struct WatchCore {
     polls: HashMap<u64, PendingPoll>,
     /// This node's own accusations, checked again (see [`Recheck`]).
     rechecks: BTreeMap<NodeName, Recheck>,
+    /// Members heard alive on the watch, for the gossip: gossip address and identity bump.
+    heard: Vec<(SocketAddr, u64)>,
+    /// When each member was last put in `heard`.
+    heard_reported: HashMap<SocketAddr, Duration>,
     refutes_left: u32,
     next_refute: Duration,
     /// A refutation is due when the pause ends (asked for during it, or cut short by it).
@@ -305,6 +312,8 @@ impl WatchCore {
             watched: BTreeMap::new(),
             polls: HashMap::new(),
             rechecks: BTreeMap::new(),
+            heard: Vec::new(),
+            heard_reported: HashMap::new(),
             refutes_left: 0,
             next_refute: Duration::ZERO,
             claim_epoch: 0,
@@ -360,6 +369,14 @@ impl WatchCore {
         self.relays.drain(..)
     }
 
+    /// Takes the members heard alive on the watch since the last call (gossip address and
+    /// identity bump; each at most once per [`HEARD_REPORT_EVERY`]): a fresh heartbeat, or an
+    /// owner's "alive" to a poll, is evidence for the gossip that the member lives, whatever its
+    /// own probes of that member say.
+    pub fn drain_heard(&mut self) -> std::vec::Drain<'_, (SocketAddr, u64)> {
+        self.heard.drain(..)
+    }
+
     /// Takes the events for the daemon, in order.
     pub fn drain_events(&mut self) -> std::vec::Drain<'_, Event> {
         self.events.drain(..)
@@ -390,6 +407,8 @@ impl WatchCore {
             .filter_map(|id| Some((sender_id(watch_addr(id.addr)?), id.node.to_string())))
             .collect();
         self.watched.retain(|node, _| directory.contains_key(node));
+        self.heard_reported
+            .retain(|addr, _| directory.values().any(|id| id.addr == *addr));
         self.directory = directory;
         self.update_sizes();
     }
@@ -933,6 +952,7 @@ impl WatchCore {
             self.metrics.dropped(DropReason::Stale);
             return;
         }
+        let (addr, bump) = (known.addr, known.bump);
         let knobs = self.knobs;
         let w = self
             .watched
@@ -952,8 +972,23 @@ impl WatchCore {
                 if ack {
                     self.send(from, &WatchMessage::Ack { incarnation, seq });
                 }
+                if incarnation == bump {
+                    self.note_alive(now, addr, bump);
+                }
             }
             Heard::StaleIncarnation | Heard::OldSeq => self.metrics.dropped(DropReason::Stale),
+        }
+    }
+
+    /// Notes that the member at gossip address `addr`, identity `bump`, was heard alive.
+    fn note_alive(&mut self, now: Duration, addr: SocketAddr, bump: u64) {
+        let due = self
+            .heard_reported
+            .get(&addr)
+            .is_none_or(|at| now >= *at + HEARD_REPORT_EVERY);
+        if due {
+            self.heard_reported.insert(addr, now);
+            self.heard.push((addr, bump));
         }
     }
 

@@ -290,6 +290,33 @@ fn lost_heartbeats_are_vouched_for_by_the_second_check_through_the_relay() {
 }
 
 #[test]
+fn a_watcher_tells_its_gossip_the_owner_lives_at_most_every_50_ms() {
+    let mut lab = Lab::new(3);
+    lab.command(0, Command::Plan(lab.plan(0, &[1])));
+    lab.run_for(Duration::from_secs(1));
+    lab.cores[1].as_mut().unwrap().drain_heard().for_each(drop);
+    lab.run_for(Duration::from_secs(1));
+    let heard: Vec<_> = lab.cores[1].as_mut().unwrap().drain_heard().collect();
+    assert!(
+        (12..=21).contains(&heard.len()),
+        "{} reports in 1 s",
+        heard.len()
+    );
+    assert!(
+        heard.iter().all(|h| *h == (lab.ids[0].addr, 10)),
+        "{heard:?}"
+    );
+    let owner_heard = lab.cores[0].as_mut().unwrap().drain_heard().count();
+    assert_eq!(owner_heard, 0, "the owner hears no heartbeat");
+    // The owner falls silent: no more reports.
+    lab.cores[0] = None;
+    lab.run_for(Duration::from_millis(200));
+    lab.cores[1].as_mut().unwrap().drain_heard().for_each(drop);
+    lab.run_for(Duration::from_secs(1));
+    assert_eq!(lab.cores[1].as_mut().unwrap().drain_heard().count(), 0);
+}
+
+#[test]
 fn a_live_owner_answers_the_polls_of_a_watcher_it_declared_down() {
     // Node 1 watches node 0. Node 0's gossip declares node 1 down (falsely: their gossip was
     // cut), so node 0 heartbeats it no more; the relay through node 2 is cut too (chaos seed 3

@@ -245,6 +245,11 @@ impl Driver {
                 link.relay(payload);
             }
         }
+        for (addr, bump) in self.core.drain_heard() {
+            if let Some(link) = &self.link {
+                link.heard(addr, bump);
+            }
+        }
         for event in self.core.drain_events() {
             let _ = self.events.send(event);
         }

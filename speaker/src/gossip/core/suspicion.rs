@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A suspect the owner watch hears alive is not declared down by this node for up to this long
+/// from the suspicion's first start: its suspicion starts over instead (see
+/// [`Core::heard_on_watch`]). Bounded, because the watch runs on a thread of its own: a node
+/// whose gossip is wedged while its watch still beats is declared down after it.
+pub(crate) const WATCH_EVIDENCE_MAX: Duration = Duration::from_secs(10);
+
 impl Core {
     /// Settles suspicions this node only heard about, which foca would otherwise hold forever.
     ///
@@ -42,7 +48,16 @@ impl Core {
                 inquire.push((id.clone(), member.incarnation()));
             }
             if now.saturating_sub(since) >= patience {
-                if asks >= SUSPECT_MAX_ASKS && now.saturating_sub(since) >= SUSPECT_EXPIRE_AFTER {
+                let heard = self.suspicions.get(&id.addr).is_some_and(|s| {
+                    s.id == *id
+                        && s.heard_on_watch
+                            .is_some_and(|at| now.saturating_sub(at) < patience)
+                        && now < s.began + WATCH_EVIDENCE_MAX
+                });
+                if asks >= SUSPECT_MAX_ASKS
+                    && now.saturating_sub(since) >= SUSPECT_EXPIRE_AFTER
+                    && !heard
+                {
                     expired.push(foca::Member::new(
                         id.clone(),
                         member.incarnation(),
@@ -133,6 +148,7 @@ impl Core {
                 since,
                 began: since,
                 started_over: false,
+                heard_on_watch: None,
                 confirmers: Vec::new(),
                 accused,
                 token,
@@ -229,10 +245,16 @@ impl Core {
                 .keys()
                 .any(|a| *a != addr && *a != self.foca.identity().addr)
         {
-            self.start_over(now, addr);
+            self.start_over(now, addr, "heard nobody during a suspicion");
             return;
         }
         let s = &self.suspicions[&addr];
+        if s.heard_on_watch.is_some_and(|at| at >= since) && now < began + WATCH_EVIDENCE_MAX {
+            // Heard alive on the owner watch during it: only the gossip's paths to the suspect
+            // fail (its port cut, a relay too starved or lossy to carry the probes).
+            self.start_over(now, addr, "heard on the owner watch during a suspicion");
+            return;
+        }
         if s.accused.is_none() && s.confirmers.is_empty() && self.wanted_confirmations() > 0 {
             // Heard of through the gossip and confirmed by nobody: not ours to end; the sweep
             // keeps asking the suspect.
@@ -258,6 +280,20 @@ impl Core {
         };
         if let Err(err) = result {
             tracing::debug!(error = %err, "suspicion timeout");
+        }
+    }
+
+    /// The owner watch heard the member at `addr`, identity `bump`, alive at `at` (a fresh
+    /// heartbeat on the watch's own port and thread): a suspicion of that identity then starts
+    /// over when it falls due instead of ending, for up to [`WATCH_EVIDENCE_MAX`] from its first
+    /// start, and the sweep does not expire it while it is heard. The gossip alone declared
+    /// such members down where their only path went through a starved or lossy third member
+    /// (README, Open problems). Crashes and pauses send no heartbeats: they are not delayed.
+    pub fn heard_on_watch(&mut self, at: Duration, addr: SocketAddr, bump: u64) {
+        if let Some(s) = self.suspicions.get_mut(&addr)
+            && s.id.bump == bump
+        {
+            s.heard_on_watch = Some(s.heard_on_watch.map_or(at, |t| t.max(at)));
         }
     }
 
@@ -289,13 +325,13 @@ impl Core {
     /// Starts the suspicion of the member at `addr` over from `now`: this node was deaf during
     /// it, so the suspect's silence is no evidence and the suspect could not hear that it was
     /// suspected. It is told again and the members are asked again.
-    fn start_over(&mut self, now: Duration, addr: SocketAddr) {
+    fn start_over(&mut self, now: Duration, addr: SocketAddr, why: &str) {
         let Some(s) = self.suspicions.get_mut(&addr) else {
             return;
         };
         // Logged once per suspicion: a deaf spell starts it over every shortest timeout.
         if !s.started_over {
-            tracing::info!(suspect = %addr, "heard nobody during a suspicion; starting it over");
+            tracing::info!(suspect = %addr, "{why}; starting it over");
         }
         s.started_over = true;
         s.since = now;
