@@ -370,9 +370,9 @@ impl WatchCore {
     }
 
     /// Takes the members heard alive on the watch since the last call (gossip address and
-    /// identity bump; each at most once per [`HEARD_REPORT_EVERY`]): a fresh heartbeat, or an
-    /// owner's "alive" to a poll, is evidence for the gossip that the member lives, whatever its
-    /// own probes of that member say.
+    /// identity bump; each at most once per [`HEARD_REPORT_EVERY`]): a fresh heartbeat of the
+    /// identity the directory holds is evidence for the gossip that the member lives, whatever
+    /// its own probes of that member say.
     pub fn drain_heard(&mut self) -> std::vec::Drain<'_, (SocketAddr, u64)> {
         self.heard.drain(..)
     }
