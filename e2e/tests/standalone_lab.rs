@@ -928,6 +928,62 @@ fn an_owner_whose_link_was_down_a_moment_announces_the_vip_its_watcher_hands_bac
 
 #[test]
 #[ignore = "needs root: network namespaces"]
+fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_the_first_fail_together() {
+    let _one = one_lab("second in line");
+    // The VIP's line is node1, node2, node3; the second VIP's node2, node3, node1.
+    let mut run = Running::start(17, |lab, daemons| {
+        for node in &lab.nodes {
+            daemons.group_extra.insert(
+                node.index,
+                [
+                    "    priority: {node1: 150, node2: 120, default: 100}".to_string(),
+                    "  - name: vip2".to_string(),
+                    format!("    addresses: [{}]", netns::vip_v4(1)),
+                    "    interface: eth0".to_string(),
+                    "    priority: {node2: 150, node3: 120, default: 100}\n".to_string(),
+                ]
+                .join("\n"),
+            );
+        }
+    });
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    assert_eq!(owner, "node1", "the highest priority owns the VIP");
+    // The watches established (their first heartbeats acknowledged) and the second VIP placed.
+    std::thread::sleep(Duration::from_secs(2));
+    let before = run.log_lengths();
+    // node1 crashes while node2's link is down: node2, the VIP's first successor, cannot take
+    // it; node3 finds node2 silent (it succeeds node2's VIP) and node1 silent (it is second in
+    // line for node1's), and takes both over on the watch, before the gossip declares either down.
+    run.daemons
+        .signal(&mut run.lab, 1, "KILL")
+        .expect("killing node1");
+    run.lab.set_link(2, false).expect("node2's link down");
+    let fault = Instant::now();
+    let sample = wait_for_failover(&prober, fault, "node1", Duration::from_secs(10));
+    run.lab.set_link(2, true).expect("node2's link up");
+    let logs = run.logs_since(&before);
+    let sample = sample.unwrap_or_else(|| panic!("no node answered the VIP\n{}", logs.join("\n")));
+    let new_owner = first_new_answerer(&prober, fault, "node1").unwrap();
+    eprintln!(
+        "node1 killed and node2 cut off: {new_owner} answered after {:.0} ms",
+        sample.failover_ms
+    );
+    let node3 = &logs[2];
+    for member in ["node1", "node2"] {
+        assert!(
+            node3.contains(&format!("taking over member={member}")),
+            "node3 did not take over from {member} on the watch\n{}",
+            logs.join("\n")
+        );
+    }
+    assert_eq!(new_owner, "node3", "{}", logs.join("\n"));
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
 fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
     let _one = one_lab("key rotation");
     let mut run = Running::start(9, |_, _| {});

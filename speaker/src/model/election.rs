@@ -491,16 +491,16 @@ impl<'a> BestSoFar<'a> {
 
 /// Elects one IP, scanning the members directly (used for single IPs and small changes).
 fn elect_one(ip: &IpAddr, served: &ServedIp, live: &LiveSet, text: &mut String) -> Outcome {
-    elect_one_without(ip, served, live, text, None)
+    elect_one_without(ip, served, live, text, &[])
 }
 
-/// [`elect_one`] as if `without` (a member's name) were not a candidate.
+/// [`elect_one`] as if the members named in `without` were not candidates.
 fn elect_one_without(
     ip: &IpAddr,
     served: &ServedIp,
     live: &LiveSet,
     text: &mut String,
-    without: Option<&str>,
+    without: &[&str],
 ) -> Outcome {
     ip_text(served.order_ip.as_ref().unwrap_or(ip), text);
     let mut best = BestSoFar::new();
@@ -508,7 +508,7 @@ fn elect_one_without(
         Some(names) if names.len() < live.len() => {
             for name in names {
                 if let Some(meta) = live.get(name)
-                    && without != Some(name.as_str())
+                    && !without.contains(&name.as_str())
                     && let Ok(priority) = standing(meta, ip, served)
                 {
                     best.offer(meta, priority, text);
@@ -517,7 +517,7 @@ fn elect_one_without(
         }
         _ => {
             for meta in live.iter() {
-                if without == Some(meta.node.as_str()) {
+                if without.contains(&meta.node.as_str()) {
                     continue;
                 }
                 if let Ok(priority) = standing(meta, ip, served) {
@@ -682,13 +682,29 @@ impl Election {
     /// the owner is its only candidate. Costs one scan of the candidates (the election keeps no
     /// per-IP candidate lists): the owner watch asks it for the IPs this node owns only.
     pub fn successor(&self, ip: &IpAddr, live: &LiveSet) -> Option<NodeName> {
-        let owner = self.owner(ip)?;
-        let served = self.snapshot.get(ip)?;
+        self.successors(ip, live, 1).pop()
+    }
+
+    /// The next `n` in line for `ip` after its owner, in order: the first owns it once the owner
+    /// is gone, the second once the first is gone too, and so on. Fewer when fewer candidates
+    /// are left; none when nobody owns `ip`. One scan of the candidates per successor.
+    pub fn successors(&self, ip: &IpAddr, live: &LiveSet, n: usize) -> Vec<NodeName> {
+        let (Some(owner), Some(served)) = (self.owner(ip), self.snapshot.get(ip)) else {
+            return Vec::new();
+        };
         let mut text = String::with_capacity(48);
-        match elect_one_without(ip, served, live, &mut text, Some(owner)) {
-            Outcome::Owned(rank) => Some(rank.node),
-            Outcome::NoReadyEndpoints | Outcome::NoCandidates => None,
+        let mut line: Vec<NodeName> = Vec::with_capacity(n);
+        let mut without: Vec<&str> = vec![owner];
+        while line.len() < n {
+            match elect_one_without(ip, served, live, &mut text, &without) {
+                Outcome::Owned(rank) => line.push(rank.node),
+                Outcome::NoReadyEndpoints | Outcome::NoCandidates => break,
+            }
+            without = std::iter::once(owner)
+                .chain(line.iter().map(NodeName::as_str))
+                .collect();
         }
+        line
     }
 
     /// Whether this node owns `ip`.
@@ -1238,7 +1254,7 @@ mod tests {
     }
 
     #[test]
-    fn the_successor_is_who_owns_the_ip_once_its_owner_is_gone() {
+    fn the_successors_are_who_own_the_ip_once_the_owner_and_those_before_are_gone() {
         let names = ["a", "b", "c", "d"];
         let set = live(names.map(|n| member(n, true)));
         let mut snapshot = Snapshot::new();
@@ -1254,10 +1270,17 @@ mod tests {
             without.remove(owner);
             let after = Election::new("a", snapshot.clone(), &without);
             assert_eq!(after.owner(addr), Some(successor.as_str()), "{addr}");
+            let line = election.successors(addr, &set, 5);
+            assert_eq!(line.len(), 3, "every other member, once: {line:?}");
+            assert_eq!(line[0], successor);
+            without.remove(&successor);
+            let after = Election::new("a", snapshot.clone(), &without);
+            assert_eq!(after.owner(addr), Some(line[1].as_str()), "{addr}");
         }
         let alone = live([member("a", true)]);
         let election = Election::new("a", snapshot, &alone);
         assert_eq!(election.successor(&ip("192.0.2.1"), &alone), None);
+        assert!(election.successors(&ip("192.0.2.1"), &alone, 2).is_empty());
     }
 
     #[test]

@@ -84,6 +84,11 @@ pub fn check_round_at(deadline: Duration, interval: Duration, sent: u32) -> Opti
 /// and poll it.
 pub const FAREWELL_INTERVAL_MS: u16 = u16::MAX;
 
+/// An owner found silent this recently (and not heard since) is reported silent again when the
+/// plan changes: a member that was not its successor then may be now (the one before it in line
+/// accused meanwhile). An older silence is not: its second check is too old to act on.
+pub const SILENT_AGAIN_WITHIN: Duration = Duration::from_secs(1);
+
 /// A member's watch address: its gossip address with the port one higher (`None` for port
 /// 65,535).
 pub fn watch_addr(gossip: SocketAddr) -> Option<SocketAddr> {
@@ -236,6 +241,8 @@ struct Watched {
     /// Polls answered with no heartbeat in between.
     vouches_without_beat: u32,
     last_heard: Duration,
+    /// When the detector last found the owner silent.
+    silent_at: Option<Duration>,
 }
 
 /// Where a pause stands (see the module docs).
@@ -522,6 +529,35 @@ impl WatchCore {
             }
         }
         self.plan = plan;
+        self.report_silent_again(now);
+    }
+
+    /// Reports again every watched owner found silent within [`SILENT_AGAIN_WITHIN`] and not
+    /// heard since, in the incarnation the directory holds: with the plan, the daemon's live
+    /// set may have changed, and with it who succeeds the owner (not during a pause).
+    fn report_silent_again(&mut self, now: Duration) {
+        if self.paused.is_some() {
+            return;
+        }
+        for (node, w) in &self.watched {
+            let recent = w
+                .silent_at
+                .is_some_and(|at| now.saturating_sub(at) <= SILENT_AGAIN_WITHIN);
+            if !recent || !w.detector.is_silent() {
+                continue;
+            }
+            let Some(owner) = self
+                .directory
+                .get(node)
+                .filter(|id| id.bump == w.detector.incarnation())
+            else {
+                continue;
+            };
+            self.events.push(Event::Silent {
+                owner: owner.clone(),
+                silent_for: now.saturating_sub(w.last_heard),
+            });
+        }
     }
 
     /// The timer set for [`WatchCore::next_deadline`] fired at `now`: sends the heartbeats and
@@ -613,6 +649,7 @@ impl WatchCore {
             }
             match w.detector.tick(now, planned) {
                 Verdict::Silent { incarnation, .. } => {
+                    w.silent_at = Some(now);
                     silent.push((node.clone(), incarnation, w.last_heard));
                 }
                 Verdict::Late { .. } => w.checks_sent = 0,
@@ -962,6 +999,7 @@ impl WatchCore {
                 checks_sent: 0,
                 vouches_without_beat: 0,
                 last_heard: now,
+                silent_at: None,
             });
         let interval = Duration::from_millis(u64::from(interval_ms));
         match w.detector.heard(now, incarnation, seq, interval) {

@@ -272,6 +272,56 @@ fn a_crashed_owner_is_found_silent_after_a_failed_second_check_within_the_worst_
     assert!(lab.now - crashed > *silent_for);
 }
 
+/// Node 0 watched by nodes 1 and 2 (its first and second successors) crashes: node 2, not yet
+/// its successor, hears it reported silent again with each new plan for a second (the plan a
+/// daemon sends when the one before it in line is accused), and not after, nor once heard.
+#[test]
+fn an_owner_found_silent_is_reported_again_with_each_plan_for_a_second() {
+    let mut lab = Lab::new(4);
+    lab.command(0, Command::Plan(lab.plan(0, &[1, 2])));
+    lab.run_for(Duration::from_secs(2));
+    lab.cores[0] = None;
+    lab.run_for(Duration::from_millis(300));
+    assert_eq!(lab.silent_events(2).len(), 1, "{:?}", lab.events[2]);
+    let mut plan = lab.plan(2, &[]);
+    plan.accused.insert(name(1), 10);
+    lab.command(2, Command::Plan(plan.clone()));
+    let silent = lab.silent_events(2);
+    assert_eq!(
+        silent.len(),
+        2,
+        "reported again with the plan: {:?}",
+        lab.events[2]
+    );
+    let Event::Silent { owner, silent_for } = silent[1] else {
+        unreachable!()
+    };
+    assert_eq!(*owner, lab.ids[0]);
+    assert!(*silent_for >= Duration::from_millis(300), "{silent_for:?}");
+    // The same plan sent again (a member down meanwhile) reports it again too.
+    lab.command(2, Command::Plan(plan.clone()));
+    assert_eq!(lab.silent_events(2).len(), 3);
+    // Older than a second: its second check is too old to act on.
+    lab.run_for(super::core::SILENT_AGAIN_WITHIN);
+    lab.command(2, Command::Plan(plan.clone()));
+    assert_eq!(lab.silent_events(2).len(), 3, "{:?}", lab.events[2]);
+    assert_eq!(lab.core(2).metrics().checks(CheckResult::Silent), 1);
+    // An owner heard since is not silent: node 1, cut off from node 3 and back (its heartbeats
+    // heard again), is not reported to node 3 with the next plan.
+    let cut = std::rc::Rc::new(std::cell::Cell::new(false));
+    let cutting = cut.clone();
+    lab.cut = Box::new(move |from, _, _| from == 1 && cutting.get());
+    lab.command(1, Command::Plan(lab.plan(1, &[3])));
+    lab.run_for(Duration::from_millis(500));
+    cut.set(true);
+    lab.run_for(Duration::from_millis(300));
+    assert_eq!(lab.silent_events(3).len(), 1, "{:?}", lab.events[3]);
+    cut.set(false);
+    lab.run_for(Duration::from_millis(100));
+    lab.command(3, Command::Plan(lab.plan(3, &[])));
+    assert_eq!(lab.silent_events(3).len(), 1, "{:?}", lab.events[3]);
+}
+
 #[test]
 fn lost_heartbeats_are_vouched_for_by_the_second_check_through_the_relay() {
     let mut lab = Lab::new(3);

@@ -454,6 +454,12 @@ impl Detector {
         }
     }
 
+    /// Whether the owner was found silent ([`Verdict::Silent`]) and not heard or vouched for
+    /// since.
+    pub fn is_silent(&self) -> bool {
+        self.accused
+    }
+
     /// When the owner would be declared silent: the caller's next tick. `None` before the first
     /// fresh heartbeat, and after [`Verdict::Silent`] until a heartbeat or a vouch.
     pub fn deadline(&self) -> Option<Duration> {

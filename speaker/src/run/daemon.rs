@@ -15,11 +15,13 @@
 //!   nothing until it has heard the cluster again, so it never answers for an IP the cluster
 //!   moved while it slept.
 //! - The owner watch ([`crate::owner_watch`]): the daemon tells the watch thread its
-//!   [`Plan`] (whom to send heartbeats to: the successors of the IPs it answers for) and acts
-//!   on its events. A silent owner is *accused*: the engine elects without it (as if it were
-//!   down, without touching the gossip: in foca a down member must rejoin under a new identity),
-//!   this node announces what it takes over and claims it to every member, which accuse it too.
-//!   An accusation ends when the gossip declares the member down or it comes back renewed
+//!   [`Plan`] (whom to send heartbeats to: the first [`WATCH_DEPTH`] successors of the IPs it
+//!   answers for) and acts on its events. A silent owner is *accused*: the engine elects
+//!   without it (as if it were down, without touching the gossip: in foca a down member must
+//!   rejoin under a new identity), this node announces what it takes over and claims it to
+//!   every member, which accuse it too. A second successor acts on its own watch once the first
+//!   is accused or down (the watch core reports an owner still silent again when the plan
+//!   changes). An accusation ends when the gossip declares the member down or it comes back renewed
 //!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
 //!   refutes every claim against it and re-announces, and it keeps its IPs: the election
 //!   without accusations is the rule every node computes the same way). An accusation also ends
@@ -312,6 +314,11 @@ impl Daemon {
             }
         }
         self.successors.input(&input);
+        if matches!(input, Input::Member { .. } | Input::Live(_)) {
+            // Who succeeds an owner the watch found silent may have changed (an accusation, a
+            // member down): the plan goes again, and with it the watch reports such owners again.
+            self.plan = None;
+        }
         let actions = self.engine.handle(Instant::now(), input);
         self.perform(actions).await;
     }
@@ -575,8 +582,9 @@ impl Daemon {
         }
     }
 
-    /// Tells the watch thread the plan, when it changed: the successors of the IPs this node
-    /// answers for (the most often successor first, at most [`MAX_WATCHERS`]).
+    /// Tells the watch thread the plan, when it changed: the first [`WATCH_DEPTH`] successors of
+    /// the IPs this node answers for (the most often first successor first, at most
+    /// [`MAX_WATCHERS`]).
     fn refresh_plan(&mut self) {
         let Some(watch) = &self.watch else {
             return;
@@ -818,14 +826,23 @@ impl Daemon {
     }
 }
 
-/// The successor of every IP this node answers for, and how many IPs each successor would
-/// take over: the owner watch's plan sends heartbeats to the most frequent ones. Kept per IP,
-/// so that an event that changes a few IPs (an EndpointSlice) costs a few elections, not one
-/// per answered IP; a change of the live set or of the whole snapshot recomputes everything.
+/// How far down the line of each answered IP the owner watch sends heartbeats: the first
+/// successor takes over when this node goes silent; the second when the first is gone as well
+/// (accused on its own watch, or down). Without the second, a node killed while its first
+/// successor's link was down stayed dark for the gossip's longest suspicion, though the next
+/// member in line had already taken the first successor's IPs over on the watch.
+pub const WATCH_DEPTH: usize = 2;
+
+/// The first [`WATCH_DEPTH`] successors of every IP this node answers for, and how many IPs each
+/// would take over at each depth: the owner watch's plan sends heartbeats to the ranked first
+/// ones. Kept per IP, so that an event that changes a few IPs (an EndpointSlice) costs a few
+/// elections, not one per answered IP; a change of the live set or of the whole snapshot
+/// recomputes everything.
 #[derive(Debug)]
 struct Successors {
-    of: HashMap<IpAddr, NodeName>,
-    counts: HashMap<NodeName, usize>,
+    of: HashMap<IpAddr, Vec<NodeName>>,
+    /// Per member, the IPs it is the first, second, ... successor of.
+    counts: HashMap<NodeName, [usize; WATCH_DEPTH]>,
     /// Everything must be recomputed.
     all: bool,
     /// These IPs must be recomputed.
@@ -891,45 +908,48 @@ impl Successors {
     fn refresh(&mut self, engine: &Engine) {
         let election = engine.election();
         let live = engine.live();
+        let line = |ip: &IpAddr| election.successors(ip, live, WATCH_DEPTH);
         if std::mem::take(&mut self.all) {
             self.dirty.clear();
             self.of.clear();
             self.counts.clear();
             for ip in engine.answering().keys() {
-                self.set(*ip, election.successor(ip, live));
+                self.set(*ip, line(ip));
             }
         } else {
             for ip in std::mem::take(&mut self.dirty) {
                 let next = if engine.answering().contains_key(&ip) {
-                    election.successor(&ip, live)
+                    line(&ip)
                 } else {
-                    None
+                    Vec::new()
                 };
                 self.set(ip, next);
             }
         }
     }
 
-    fn set(&mut self, ip: IpAddr, next: Option<NodeName>) {
-        if let Some(old) = self.of.remove(&ip)
-            && let Some(count) = self.counts.get_mut(&old)
-        {
-            *count -= 1;
-            if *count == 0 {
-                self.counts.remove(&old);
+    fn set(&mut self, ip: IpAddr, next: Vec<NodeName>) {
+        for (depth, old) in self.of.remove(&ip).into_iter().flatten().enumerate() {
+            if let Some(counts) = self.counts.get_mut(&old) {
+                counts[depth] -= 1;
+                if counts.iter().all(|n| *n == 0) {
+                    self.counts.remove(&old);
+                }
             }
         }
-        if let Some(node) = next {
-            *self.counts.entry(node.clone()).or_default() += 1;
-            self.of.insert(ip, node);
+        for (depth, node) in next.iter().enumerate() {
+            self.counts.entry(node.clone()).or_default()[depth] += 1;
+        }
+        if !next.is_empty() {
+            self.of.insert(ip, next);
         }
     }
 
-    /// At most `max` successors, the most frequent first (ties by name).
+    /// At most `max` successors: first those that are the first successor of the most IPs, then
+    /// by the IPs they are the second successor of, and so on (ties by name).
     fn ranked(&self, max: usize) -> Vec<NodeName> {
-        let mut ranked: Vec<(&NodeName, usize)> =
-            self.counts.iter().map(|(node, n)| (node, *n)).collect();
-        ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        let mut ranked: Vec<(&NodeName, &[usize; WATCH_DEPTH])> = self.counts.iter().collect();
+        ranked.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
         ranked
             .into_iter()
             .take(max)
@@ -1082,6 +1102,25 @@ mod tests {
             assert!(kept.is_clean());
         }
         assert!(moved > 50, "the steps moved successors {moved} times");
+    }
+
+    /// The plan's watchers: every first successor before any second one, then by count.
+    #[test]
+    fn first_successors_rank_before_second_ones() {
+        let ip = |i: u8| IpAddr::from([192, 0, 2, i]);
+        let name = |n: &str| n.to_string();
+        let mut line = Successors::default();
+        line.set(ip(1), vec![name("b"), name("c")]);
+        line.set(ip(2), vec![name("d"), name("c")]);
+        line.set(ip(3), vec![name("d"), name("e")]);
+        line.set(ip(4), vec![name("e"), name("c")]);
+        // d first of 2; e first of 1 and second of 1; b first of 1; c second of 3.
+        assert_eq!(line.ranked(3), ["d", "e", "b"]);
+        assert_eq!(line.ranked(5), ["d", "e", "b", "c"]);
+        line.set(ip(2), vec![name("c")]);
+        line.set(ip(3), Vec::new());
+        assert_eq!(line.counts.get("d"), None, "gone once it succeeds nothing");
+        assert_eq!(line.ranked(5), ["c", "b", "e"]);
     }
 
     #[test]
