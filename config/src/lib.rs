@@ -13,6 +13,7 @@
 //! - `service` (feature `kube`): what swimlb reads of a Service (`ServiceView`, `view_of`) and
 //!   its trimming before it is cached.
 //! - `reflect` (feature `kube`): caches of Kubernetes objects (trimmed reflector stores).
+//! - `client` (feature `kube`): the Kubernetes API client both daemons use.
 //! - `api_errors` (feature `kube`): the counters of failed Kubernetes API calls, by resource.
 //! - `cli` (feature `cli`): the exit status of a refused command line, and the parse both
 //!   daemons start with.
@@ -21,6 +22,8 @@
 pub mod api_errors;
 #[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "kube")]
+pub mod client;
 #[cfg(feature = "kube")]
 pub mod crd;
 pub mod duration;

@@ -158,7 +158,7 @@ enum CliError {
 }
 
 async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> {
-    let mut config = match kubeconfig {
+    let config = match kubeconfig {
         Some(path) => {
             let error = |source| CliError::Kubeconfig {
                 path: path.display().to_string(),
@@ -171,8 +171,7 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> 
         }
         None => kube::Config::infer().await.map_err(CliError::Infer)?,
     };
-    config.read_timeout = Some(swimlb_config::reflect::READ_TIMEOUT);
-    kube::Client::try_from(config).map_err(CliError::Client)
+    swimlb_config::client::client(config).map_err(CliError::Client)
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.

@@ -212,12 +212,11 @@ fn kubernetes(
         }
     };
     run_daemon(async {
-        let mut config = kube::Config::infer()
+        let config = kube::Config::infer()
             .await
             .map_err(|e| format!("Kubernetes client: {e}"))?;
-        config.read_timeout = Some(crate::sources::kubernetes::watch::READ_TIMEOUT);
         let client =
-            kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))?;
+            swimlb_config::client::client(config).map_err(|e| format!("Kubernetes client: {e}"))?;
         let shutdown = shutdown_signal().map_err(|e| e.to_string())?;
         crate::sources::kubernetes::run::run(settings, client, shutdown)
             .await

@@ -26,7 +26,9 @@
 //!   poll to the owner and a relay request to a third member, again half an interval later
 //!   ([`CHECK_ROUNDS`]). An answer vouches for the owner; an owner that answers polls but has
 //!   stopped sending heartbeats is dropped after the second such vouch. At the deadline with no
-//!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation.
+//!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation; again with
+//!   each plan for [`SILENT_AGAIN_WITHIN`] while nothing is heard from the owner (the daemon's
+//!   answer may differ: the one before this node in line may have been accused meanwhile).
 //! - **The claimant's side.** A member this node claimed IPs from is checked again the same
 //!   way (a poll and a relay request) every [`POLL_WAIT`] while the plan accuses it in that
 //!   incarnation; the first answer that it is alive is reported as a refutation would be
@@ -98,13 +100,14 @@ pub fn watch_addr(gossip: SocketAddr) -> Option<SocketAddr> {
     Some(addr)
 }
 
-/// What the daemon wants the watch to do, sent whenever it changes.
+/// What the daemon wants the watch to do, sent whenever it changes (and on every membership
+/// change: each plan reports the owners still silent again, see [`SILENT_AGAIN_WITHIN`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// This node's current identity (its bump is the heartbeats' incarnation).
     pub me: NodeIdentity,
-    /// Whom to send heartbeats to: the successors of the IPs this node answers for, at most
-    /// [`MAX_WATCHERS`].
+    /// Whom to send heartbeats to: the first successors of the IPs this node answers for (the
+    /// daemon's `WATCH_DEPTH`), at most [`MAX_WATCHERS`].
     pub watchers: Vec<NodeName>,
     /// Whether the daemon holds this node's answers (at start, after a pause): ends a pause.
     pub held: bool,

@@ -514,6 +514,54 @@ mod tests {
         assert_eq!(stores.nodes.state().len(), 1, "the node after the relist");
     }
 
+    /// A speaker started during an API outage lists everything once the server is back, through
+    /// the daemons' client (`swimlb_config::client`); prints how long after the server said it
+    /// was ready. `SWIMLB_TEST_KUBE_DEFAULT_CLIENT=1` uses kube's default client instead, whose
+    /// retry honours the starting server's `Retry-After: 5` on the custom resources' lists.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stores_started_during_an_api_outage_list_once_the_server_is_back() {
+        let plane = swimlb_control_plane::test_plane::TestPlane::start_async("outage").await;
+        let path = plane.admin_kubeconfig();
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("the kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("a client configuration");
+        let client = if std::env::var_os("SWIMLB_TEST_KUBE_DEFAULT_CLIENT").is_some() {
+            kube::Client::try_from(config).expect("kube's client")
+        } else {
+            swimlb_config::client::client(config).expect("the daemons' client")
+        };
+        let mut plane = tokio::task::spawn_blocking(move || {
+            let mut plane = plane;
+            plane.kill_apiserver().expect("killing the API server");
+            plane
+        })
+        .await
+        .expect("killed");
+        let metrics = KubeMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let (_relister, relists) = swimlb_config::reflect::relists();
+        let (stores, _changed) =
+            Stores::spawn(&client, "swimlb-system", "app=speaker", &metrics, &relists);
+        // Every watch fails its first lists a few times (connection refused).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let plane = tokio::task::spawn_blocking(move || {
+            plane.start_apiserver().expect("starting the API server");
+            plane
+        })
+        .await
+        .expect("started");
+        let ready = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(60), stores.ready())
+            .await
+            .expect("every store listed within a minute of the server's return")
+            .expect("listed");
+        eprintln!(
+            "the stores listed {:.0} ms after the API server was ready",
+            ready.elapsed().as_secs_f64() * 1e3
+        );
+        drop(plane);
+    }
+
     #[test]
     fn a_pod_bound_to_its_node_counts_before_it_has_an_ip() {
         let pods = [
