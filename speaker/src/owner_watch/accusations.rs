@@ -100,6 +100,10 @@ pub enum Silent {
     AlreadyAccused,
     /// This node may not act on it (draining, not held alive, or not its successor).
     NotEligible,
+    /// Heard alive in that incarnation (a refutation) since its last heartbeat here: the silence
+    /// is older news. The watch reports a silent owner again with each plan for a while; without
+    /// this a refuted takeover was taken again at once, in a loop, while the watch port was cut.
+    HeardAlive,
 }
 
 /// What to do about another member's claim.
@@ -203,6 +207,14 @@ impl Accusations {
     ) -> Silent {
         if self.accused.contains_key(owner.node.as_str()) {
             return Silent::AlreadyAccused;
+        }
+        let last_heard = now.saturating_sub(silent_for);
+        if self
+            .refuted
+            .get(owner.node.as_str())
+            .is_some_and(|(incarnation, at)| *incarnation == owner.bump && *at >= last_heard)
+        {
+            return Silent::HeardAlive;
         }
         if !eligible {
             return Silent::NotEligible;
@@ -390,6 +402,27 @@ mod tests {
         assert_eq!(ended.takeover(), Some(TakeoverResult::Refuted));
         assert_eq!(a.get("owner"), None);
         assert_eq!(a.next_lapse(), None);
+    }
+
+    #[test]
+    fn a_silence_older_than_a_refutation_takes_nothing_over_a_newer_one_does() {
+        let mut a = Accusations::default();
+        let owner = id("owner", 10);
+        // Last heartbeat at 9.9 s, silent at 10 s, refuted (through the gossip) at 10.01 s.
+        assert_eq!(a.silent(10 * S, &owner, 100 * MS, true), Silent::TakeOver);
+        assert!(a.alive(10 * S + 10 * MS, "owner", 10).is_some());
+        // Reported again 5 ms later, same last heartbeat: older than the refutation.
+        let again = a.silent(10 * S + 15 * MS, &owner, 115 * MS, true);
+        assert_eq!(again, Silent::HeardAlive);
+        // Another incarnation's refutation says nothing about this one.
+        let renewed = id("owner", 11);
+        assert_eq!(
+            a.silent(10 * S + 20 * MS, &renewed, 120 * MS, true),
+            Silent::TakeOver
+        );
+        // Heartbeats came after the refutation, then stopped: a new silence.
+        assert!(a.alive(10 * S + 30 * MS, "owner", 11).is_some());
+        assert_eq!(a.silent(11 * S, &renewed, 110 * MS, true), Silent::TakeOver);
     }
 
     #[test]

@@ -27,8 +27,9 @@
 //!   ([`CHECK_ROUNDS`]). An answer vouches for the owner; an owner that answers polls but has
 //!   stopped sending heartbeats is dropped after the second such vouch. At the deadline with no
 //!   answer, [`Event::Silent`], unless the gossip no longer holds that incarnation; again with
-//!   each plan for [`SILENT_AGAIN_WITHIN`] while nothing is heard from the owner (the daemon's
-//!   answer may differ: the one before this node in line may have been accused meanwhile).
+//!   each plan for [`SILENT_AGAIN_WITHIN`] while nothing is heard from the owner, not after a
+//!   refutation or a poll's answer (the daemon's answer may differ: the one before this node in
+//!   line may have been accused meanwhile).
 //! - **The claimant's side.** A member this node claimed IPs from is checked again the same
 //!   way (a poll and a relay request) every [`POLL_WAIT`] while the plan accuses it in that
 //!   incarnation; the first answer that it is alive is reported as a refutation would be
@@ -535,6 +536,14 @@ impl WatchCore {
         self.report_silent_again(now);
     }
 
+    /// `node`, accused, was heard alive (a refutation, a poll's answer): a silence found before
+    /// is not reported again.
+    fn heard_alive(&mut self, node: &str) {
+        if let Some(w) = self.watched.get_mut(node) {
+            w.silent_at = None;
+        }
+    }
+
     /// Reports again every watched owner found silent within [`SILENT_AGAIN_WITHIN`] and not
     /// heard since, in the incarnation the directory holds: with the plan, the daemon's live
     /// set may have changed, and with it who succeeds the owner (not during a pause).
@@ -944,6 +953,7 @@ impl WatchCore {
                     && self.plan.accused.get(&poll.target) == Some(&incarnation)
                     && self.rechecks.remove(&poll.target).is_some()
                 {
+                    self.heard_alive(&poll.target);
                     self.events.push(Event::Alive {
                         node: poll.target,
                         incarnation,
@@ -975,6 +985,7 @@ impl WatchCore {
         interval_ms: u16,
     ) {
         if self.plan.accused.get(sender) == Some(&incarnation) {
+            self.heard_alive(sender);
             self.events.push(Event::Alive {
                 node: sender.to_string(),
                 incarnation,
