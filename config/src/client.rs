@@ -7,8 +7,6 @@
 //! `Retry-After: 5` for a second or two, so a speaker started during an API outage listed its
 //! pools 5 s after the server could have answered it, and joined the mesh only then.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -68,7 +66,7 @@ impl CappedRetry {
 }
 
 impl<Res, E> tower::retry::Policy<Request<Body>, Response<Res>, E> for CappedRetry {
-    type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
+    type Future = tokio::time::Sleep;
 
     fn retry(
         &mut self,
@@ -76,7 +74,7 @@ impl<Res, E> tower::retry::Policy<Request<Body>, Response<Res>, E> for CappedRet
         result: &mut Result<Response<Res>, E>,
     ) -> Option<Self::Future> {
         let wait = self.wait_after(result.as_ref().ok()?)?;
-        Some(Box::pin(tokio::time::sleep(wait)))
+        Some(tokio::time::sleep(wait))
     }
 
     fn clone_request(&mut self, request: &Request<Body>) -> Option<Request<Body>> {
