@@ -984,6 +984,57 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_the_first_fail_
 
 #[test]
 #[ignore = "needs root: network namespaces"]
+fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_die_together() {
+    let _one = one_lab("an idle first in line");
+    // The VIP's line is node1, node2, node3: node2 owns nothing, so it sends node3 no heartbeats.
+    let mut run = Running::start(18, |lab, daemons| {
+        for node in &lab.nodes {
+            daemons.group_extra.insert(
+                node.index,
+                "    priority: {node1: 150, node2: 120, default: 100}\n".to_string(),
+            );
+        }
+    });
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    assert_eq!(owner, "node1", "the highest priority owns the VIP");
+    std::thread::sleep(Duration::from_secs(2));
+    let before = run.log_lengths();
+    // node1 and node2 lose power together (one rack): node3, second in line, finds node1
+    // silent, checks node2 on the watch, accuses it when it does not answer, and then succeeds
+    // node1, before the gossip declares either down.
+    for node in [1, 2] {
+        run.daemons
+            .signal(&mut run.lab, node, "KILL")
+            .expect("killing a speaker");
+    }
+    let fault = Instant::now();
+    let sample = wait_for_failover(&prober, fault, "node1", Duration::from_secs(10));
+    let logs = run.logs_since(&before);
+    let sample = sample.unwrap_or_else(|| panic!("no node answered the VIP\n{}", logs.join("\n")));
+    let new_owner = first_new_answerer(&prober, fault, "node1").unwrap();
+    eprintln!(
+        "node1 and node2 killed: {new_owner} answered after {:.0} ms",
+        sample.failover_ms
+    );
+    let node3 = &logs[2];
+    for said in [
+        "not answering: electing without it member=node2",
+        "taking over member=node1",
+    ] {
+        assert!(
+            node3.contains(said),
+            "node3 did not log {said:?}\n{}",
+            logs.join("\n")
+        );
+    }
+    assert_eq!(new_owner, "node3", "{}", logs.join("\n"));
+    drop(prober);
+    run.lab.teardown();
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
 fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
     let _one = one_lab("key rotation");
     let mut run = Running::start(9, |_, _| {});

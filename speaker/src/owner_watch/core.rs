@@ -30,6 +30,14 @@
 //!   each plan for [`SILENT_AGAIN_WITHIN`] while nothing is heard from the owner, not after a
 //!   refutation or a poll's answer (the daemon's answer may differ: the one before this node in
 //!   line may have been accused meanwhile).
+//! - **Those ahead in line.** An owner sends heartbeats to the members that succeed it, not
+//!   to those that succeed them: a watcher that finds an owner silent, but is not the next in
+//!   line, cannot tell whether the members before it are alive when they own nothing (they send
+//!   it nothing). The daemon asks ([`Command::Check`]); the core polls such a member directly
+//!   and through another member, [`CHECK_ROUNDS`] times half an interval apart, and reports it
+//!   [`Event::Silent`] when nothing answered within [`POLL_WAIT`] of the last round (an answer
+//!   ends the check quietly). Without it, an owner and the next in line failing together (a
+//!   rack's power) left the owner's IPs to the gossip's verdict on the second, about a second.
 //! - **The claimant's side.** A member this node claimed IPs from is checked again the same
 //!   way (a poll and a relay request) every [`POLL_WAIT`] while the plan accuses it in that
 //!   incarnation; the first answer that it is alive is reported as a refutation would be
@@ -133,6 +141,12 @@ pub enum Command {
     },
     /// A claim accused this node while it answers: tell every member it is alive.
     Refute,
+    /// `member`, which sends this node no heartbeats, stands before it in line for a silent
+    /// owner's IPs: poll it, and report it [`Event::Silent`] if it does not answer.
+    Check {
+        /// The member, as the gossip knows it.
+        member: NodeIdentity,
+    },
     /// This node's accusation of `owner` ended (refuted or lapsed) while it answers IPs taken
     /// from it, which it now hands back: repeat the claim to `owner` alone (not to the others,
     /// which would accuse it again), so that an owner that never heard it (its link was down)
@@ -159,7 +173,8 @@ pub enum Command {
 /// What the watch tells the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A watched owner sent nothing for a whole window and failed the second check.
+    /// A watched owner sent nothing for a whole window and failed the second check, or a
+    /// member checked on request ([`Command::Check`]) did not answer.
     Silent {
         /// The owner, as the directory knows it.
         owner: NodeIdentity,
@@ -221,6 +236,33 @@ enum Purpose {
     Relay { requester: SocketAddr, nonce: u64 },
     /// The recheck of this node's own accusation of that incarnation (see [`Recheck`]).
     Accusation { incarnation: u64 },
+    /// The check of a member ahead in line, in that incarnation (see [`AheadCheck`]).
+    Ahead { incarnation: u64 },
+}
+
+/// A member checked on the daemon's request ([`Command::Check`]): rounds of a poll and a
+/// relay request half an interval apart, then a verdict [`POLL_WAIT`] after the last.
+#[derive(Debug)]
+struct AheadCheck {
+    /// The incarnation checked.
+    incarnation: u64,
+    /// When the check started.
+    started: Duration,
+    /// Rounds sent (0 to [`CHECK_ROUNDS`]).
+    rounds_sent: u32,
+}
+
+impl AheadCheck {
+    /// When the next round goes out, or the verdict is due once every round has.
+    fn next_at(&self, interval: Duration) -> Duration {
+        let round = self.rounds_sent.min(CHECK_ROUNDS - 1);
+        let last = self.started + interval / 2 * round;
+        if self.rounds_sent < CHECK_ROUNDS {
+            last
+        } else {
+            last + POLL_WAIT
+        }
+    }
 }
 
 /// A member this node claimed IPs from, checked again while the plan accuses it: every
@@ -274,6 +316,8 @@ pub struct WatchCore {
     polls: HashMap<u64, PendingPoll>,
     /// This node's own accusations, checked again (see [`Recheck`]).
     rechecks: BTreeMap<NodeName, Recheck>,
+    /// Members ahead in line, checked on the daemon's request (see [`AheadCheck`]).
+    ahead: BTreeMap<NodeName, AheadCheck>,
     /// Members heard alive on the watch, for the gossip: gossip address and identity bump.
     heard: Vec<(SocketAddr, u64)>,
     /// When each member was last put in `heard`.
@@ -323,6 +367,7 @@ impl WatchCore {
             watched: BTreeMap::new(),
             polls: HashMap::new(),
             rechecks: BTreeMap::new(),
+            ahead: BTreeMap::new(),
             heard: Vec::new(),
             heard_reported: HashMap::new(),
             refutes_left: 0,
@@ -407,7 +452,13 @@ impl WatchCore {
         });
         let refute = (self.refutes_left > 0).then_some(self.next_refute);
         let rechecks = self.rechecks.values().map(|r| r.next);
-        beats.chain(watched).chain(refute).chain(rechecks).min()
+        let ahead = self.ahead.values().map(|c| c.next_at(self.knobs.interval));
+        beats
+            .chain(watched)
+            .chain(refute)
+            .chain(rechecks)
+            .chain(ahead)
+            .min()
     }
 
     /// The gossip's members changed: senders are looked up in `directory` from now on, and an
@@ -418,6 +469,7 @@ impl WatchCore {
             .filter_map(|id| Some((sender_id(watch_addr(id.addr)?), id.node.to_string())))
             .collect();
         self.watched.retain(|node, _| directory.contains_key(node));
+        self.ahead.retain(|node, _| directory.contains_key(node));
         self.heard_reported
             .retain(|addr, _| directory.values().any(|id| id.addr == *addr));
         self.directory = directory;
@@ -447,6 +499,19 @@ impl WatchCore {
                 self.tick_refute(now);
             }
             Command::Remind { ip, owner } => self.claim(ip, &owner, false),
+            // A pause forgets the checks (its own standing is unknown until it hears the
+            // cluster again).
+            Command::Check { .. } if self.paused.is_some() => {}
+            Command::Check { member } => {
+                self.ahead
+                    .entry(member.node.to_string())
+                    .or_insert(AheadCheck {
+                        incarnation: member.bump,
+                        started: now,
+                        rounds_sent: 0,
+                    });
+                self.tick_ahead(now);
+            }
             Command::Move { ip, from, to } => {
                 self.claim_epoch += 1;
                 let message = WatchMessage::Move {
@@ -588,6 +653,7 @@ impl WatchCore {
             // Its owners may have moved or dropped it meanwhile: it watches again from their
             // next heartbeats.
             self.watched.clear();
+            self.ahead.clear();
             self.polls.clear();
             self.events.push(Event::Paused { late });
         }
@@ -595,6 +661,7 @@ impl WatchCore {
         self.tick_refute(now);
         self.tick_watched(now, planned);
         self.tick_rechecks(now);
+        self.tick_ahead(now);
         self.polls.retain(|_, p| p.expires > now);
         self.update_sizes();
         late
@@ -718,6 +785,52 @@ impl WatchCore {
                     ..id.clone()
                 };
                 self.poll_through(now, &target, Purpose::Accusation { incarnation });
+            }
+        }
+    }
+
+    /// Members ahead in line: the rounds due, then the verdicts (a member still in the
+    /// directory in the incarnation checked, not answering, is silent).
+    fn tick_ahead(&mut self, now: Duration) {
+        if self.paused.is_some() {
+            self.ahead.clear();
+            return;
+        }
+        let interval = self.knobs.interval;
+        let mut rounds = Vec::new();
+        let mut silent = Vec::new();
+        self.ahead.retain(|node, c| {
+            while c.rounds_sent < CHECK_ROUNDS && c.next_at(interval) <= now {
+                c.rounds_sent += 1;
+                rounds.push((node.clone(), c.incarnation));
+            }
+            let due = c.rounds_sent == CHECK_ROUNDS && c.next_at(interval) <= now;
+            if due {
+                silent.push((node.clone(), c.incarnation, c.started));
+            }
+            !due
+        });
+        for (node, incarnation) in rounds {
+            if let Some(id) = self
+                .directory
+                .get(&node)
+                .filter(|id| id.bump == incarnation)
+            {
+                let target = id.clone();
+                self.poll_through(now, &target, Purpose::Ahead { incarnation });
+            }
+        }
+        for (node, incarnation, started) in silent {
+            self.metrics.checked(CheckResult::Silent);
+            if let Some(id) = self
+                .directory
+                .get(&node)
+                .filter(|id| id.bump == incarnation)
+            {
+                self.events.push(Event::Silent {
+                    owner: id.clone(),
+                    silent_for: now.saturating_sub(started),
+                });
             }
         }
     }
@@ -958,6 +1071,18 @@ impl WatchCore {
                         node: poll.target,
                         incarnation,
                     });
+                }
+                return;
+            }
+            Purpose::Ahead { incarnation } => {
+                if alive
+                    && self
+                        .ahead
+                        .get(&poll.target)
+                        .is_some_and(|c| c.incarnation == incarnation)
+                {
+                    self.metrics.checked(CheckResult::Vouched);
+                    self.ahead.remove(&poll.target);
                 }
                 return;
             }

@@ -10,7 +10,7 @@ use smol_str::SmolStr;
 use swimlb_proto::heartbeat::{MessageType, NodeRef};
 use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 
-use super::core::{Command, Event, FAREWELL_INTERVAL_MS, Plan, WatchCore, watch_addr};
+use super::core::{Command, Event, FAREWELL_INTERVAL_MS, POLL_WAIT, Plan, WatchCore, watch_addr};
 use super::metrics::{CheckResult, DropReason, WatchMetrics};
 use super::worst_case_detection;
 use crate::gossip::replay::sender_id;
@@ -894,4 +894,45 @@ fn forged_replayed_malformed_stale_and_stranger_datagrams_are_dropped_and_counte
     core.handle_datagram(now + MS, from, &mut sealed(&mut stream, &beat));
     assert_eq!(drops(core, DropReason::Stale), 2);
     assert_eq!(core.drain_events().count(), 0);
+}
+
+#[test]
+fn a_member_checked_on_request_is_silent_only_when_neither_it_nor_a_relay_answers() {
+    let mut lab = Lab::new(3);
+    let check = |lab: &Lab| Command::Check {
+        member: lab.ids[1].clone(),
+    };
+    lab.command(2, check(&lab));
+    lab.run_for(Duration::from_millis(500));
+    assert!(lab.silent_events(2).is_empty(), "a live member answers");
+    // Cut from node 2 both ways: node 0 relays the poll, and its answer vouches.
+    lab.cut = Box::new(|from, to, _| matches!((from, to), (1, 2) | (2, 1)));
+    lab.command(2, check(&lab));
+    lab.run_for(Duration::from_millis(500));
+    assert!(lab.silent_events(2).is_empty(), "the relay vouches");
+    lab.cut = Box::new(|_, _, _| false);
+    lab.cores[1] = None;
+    lab.command(2, check(&lab));
+    // A second request while the check runs changes nothing.
+    lab.run_for(Duration::from_millis(20));
+    lab.command(2, check(&lab));
+    lab.run_for(Duration::from_millis(500));
+    let silent = lab.silent_events(2);
+    assert_eq!(silent.len(), 1, "reported once: {silent:?}");
+    let Event::Silent { owner, silent_for } = silent[0] else {
+        unreachable!()
+    };
+    assert_eq!(owner, &lab.ids[1]);
+    let rounds = Knobs::default().interval;
+    assert!(
+        *silent_for >= POLL_WAIT && *silent_for <= POLL_WAIT + rounds,
+        "the verdict comes a poll's wait after the last round: {silent_for:?}"
+    );
+    // A pause forgets the checks: nothing is reported from a check asked for before it.
+    let mut lab = Lab::new(3);
+    lab.cores[1] = None;
+    lab.command(2, check(&lab));
+    lab.pause(2);
+    lab.run_for(Duration::from_millis(500));
+    assert!(lab.silent_events(2).is_empty(), "{:?}", lab.events[2]);
 }

@@ -47,7 +47,8 @@ impl DropReason {
     }
 }
 
-/// How a second check ended (`swimlb_owner_watch_checks_total{result}`).
+/// How a second check, or the check of a member ahead in line, ended
+/// (`swimlb_owner_watch_checks_total{result}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CheckResult {
     /// A poll was answered `alive`: the owner's window restarts.
@@ -192,7 +193,7 @@ impl WatchMetrics {
         );
         registry.register(
             "swimlb_owner_watch_checks",
-            "Second checks of a silent owner, by result (vouched: it answered; silent: it did not)",
+            "Second checks of a silent owner, and checks of a member ahead in line for its IPs, by result (vouched: it answered; silent: it did not)",
             m.checks.clone(),
         );
         registry.register(

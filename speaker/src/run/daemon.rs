@@ -21,7 +21,9 @@
 //!   rejoin under a new identity), this node announces what it takes over and claims it to
 //!   every member, which accuse it too. A second successor acts on its own watch once the first
 //!   is accused or down (the watch core reports an owner still silent again when the plan
-//!   changes). An accusation ends when the gossip declares the member down or it comes back renewed
+//!   changes); a first successor that owns nothing sends it no heartbeats, so when the owner
+//!   falls silent it checks it on the watch ([`Command::Check`]) and accuses it if it does not
+//!   answer. An accusation ends when the gossip declares the member down or it comes back renewed
 //!   (`confirmed`), or when the member is heard alive in the accused incarnation (`refuted`: it
 //!   refutes every claim against it and re-announces, and it keeps its IPs: the election
 //!   without accusations is the rule every node computes the same way). An accusation also ends
@@ -202,6 +204,9 @@ pub struct Daemon {
     plan: Option<Plan>,
     /// The successors of what this node answers for, kept per IP for the plan.
     successors: Successors,
+    /// Members ahead of this node in line for a silent owner's IPs, checked on the watch
+    /// ([`Command::Check`]), with when they were asked for.
+    ahead_checks: HashMap<NodeName, Instant>,
     /// When this node may answer (start-up, and after a pause).
     hold: JoinHold,
     /// The IPs the last actions took over, with their previous owner.
@@ -285,6 +290,7 @@ impl Daemon {
             origin: Instant::now(),
             plan: None,
             successors: Successors::default(),
+            ahead_checks: HashMap::new(),
             hold: JoinHold::new(Instant::now(), false),
             took_over: Vec::new(),
         };
@@ -394,17 +400,30 @@ impl Daemon {
         match event {
             Event::Silent { owner, silent_for } => {
                 let node = owner.node.to_string();
-                let eligible = !self.engine.draining()
-                    && self.live.borrow().contains(&node)
-                    && self.succeeds(&node);
-                if self.accusations.silent(now, &owner, silent_for, eligible) != Silent::TakeOver {
-                    return;
+                let alive = !self.engine.draining() && self.live.borrow().contains(&node);
+                let asked = self
+                    .ahead_checks
+                    .remove(&node)
+                    .is_some_and(|at| at.elapsed() <= AHEAD_CHECK_FOR);
+                let succeeds = alive && self.succeeds(&node);
+                let eligible = alive && (asked || succeeds);
+                match self.accusations.silent(now, &owner, silent_for, eligible) {
+                    Silent::TakeOver => {}
+                    Silent::NotEligible if alive => return self.check_ahead(&node),
+                    _ => return,
                 }
-                tracing::warn!(
-                    member = %node,
-                    silent_ms = silent_for.as_secs_f64() * 1000.0,
-                    "owner silent on the watch and in the second check: taking over"
-                );
+                if succeeds {
+                    tracing::warn!(
+                        member = %node,
+                        silent_ms = silent_for.as_secs_f64() * 1000.0,
+                        "owner silent on the watch and in the second check: taking over"
+                    );
+                } else {
+                    tracing::warn!(
+                        member = %node,
+                        "ahead in line for a silent owner's IPs and not answering: electing without it"
+                    );
+                }
                 self.elect_without(&node).await;
                 let ip = self
                     .took_over
@@ -515,6 +534,40 @@ impl Daemon {
             .any(|(ip, _)| election.successor(ip, live).as_deref() == Some(me))
     }
 
+    /// `owner` was found silent, but this node does not succeed it: the members before it in
+    /// line for the owner's IPs may have failed with it, and those that own nothing send it no
+    /// heartbeats. Each is checked on the watch; one that does not answer is accused in turn,
+    /// and the owner's silence, reported again with the plan that follows, then finds this
+    /// node its successor.
+    fn check_ahead(&mut self, owner: &str) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        self.ahead_checks
+            .retain(|_, at| at.elapsed() <= AHEAD_CHECK_FOR);
+        let election = self.engine.election();
+        let live = self.engine.live();
+        let me = election.local();
+        let directory = self.gossip.directory().borrow().clone();
+        let owned = election.outcomes().iter();
+        for (ip, _) in owned.filter(|(_, outcome)| outcome.owner() == Some(owner)) {
+            let line = election.successors(ip, live, WATCH_DEPTH);
+            let Some(at) = line.iter().position(|node| node.as_str() == me) else {
+                continue;
+            };
+            for member in &line[..at] {
+                if self.ahead_checks.contains_key(member) {
+                    continue;
+                }
+                if let Some(id) = directory.get(member) {
+                    tracing::info!(%owner, %member, "owner silent, a member ahead in line owns nothing: checking it");
+                    self.ahead_checks.insert(member.clone(), Instant::now());
+                    watch.send(Command::Check { member: id.clone() });
+                }
+            }
+        }
+    }
+
     /// The engine elects without `node`, now accused.
     async fn elect_without(&mut self, node: &str) {
         self.successors.invalidate_all();
@@ -623,12 +676,21 @@ impl Daemon {
                         tracing::info!(member = %node, "member down");
                         (node, false)
                     }
-                    LiveChange::Meta(node) => {
-                        tracing::debug!(member = %node, "member metadata changed");
-                        (node, false)
-                    }
+                    LiveChange::Meta(node) => (node, false),
                 };
                 let record = self.live.borrow().get(&node).cloned();
+                if let Some(meta) = &record {
+                    // What the election reads of the member, to explain a view that differs.
+                    tracing::debug!(
+                        member = %node,
+                        version = meta.version,
+                        settled = meta.settled,
+                        draining = meta.draining,
+                        links = ?meta.announce.links,
+                        unplaced = ?meta.announce.unplaced,
+                        "member record"
+                    );
+                }
                 self.board.member(&node, record.as_ref());
                 self.successors.invalidate_all();
                 let held = self.holds();
@@ -787,7 +849,19 @@ impl Daemon {
                     }
                     facts_changed |= self.local.set_announce(facts);
                 }
-                Action::Status { ip, view } => self.board.address(ip, view.as_ref()),
+                Action::Status { ip, view } => {
+                    match &view {
+                        Some(v) => tracing::debug!(
+                            %ip,
+                            owner = v.owner.as_deref().unwrap_or("-"),
+                            verdict = v.verdict.as_str(),
+                            answering = v.links.is_some(),
+                            "address view"
+                        ),
+                        None => tracing::debug!(%ip, "address no longer served"),
+                    }
+                    self.board.address(ip, view.as_ref());
+                }
                 Action::Notice(notice) => log(&notice),
                 Action::Drained => self.drained = true,
                 Action::Moved { ip, from, to } => self.tell_move(ip, &from, &to),
@@ -832,6 +906,10 @@ impl Daemon {
 /// successor's link was down stayed dark for the gossip's longest suspicion, though the next
 /// member in line had already taken the first successor's IPs over on the watch.
 pub const WATCH_DEPTH: usize = 2;
+
+/// How long a member ahead in line, checked on the watch, may still be accused on that check's
+/// word (the verdict comes within about a poll's wait).
+const AHEAD_CHECK_FOR: Duration = Duration::from_secs(1);
 
 /// The first [`WATCH_DEPTH`] successors of every IP this node answers for, and how many IPs each
 /// would take over at each depth: the owner watch's plan sends heartbeats to the ranked first
