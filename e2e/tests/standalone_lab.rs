@@ -986,12 +986,20 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_the_first_fail_
 #[ignore = "needs root: network namespaces"]
 fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_die_together() {
     let _one = one_lab("an idle first in line");
-    // The VIP's line is node1, node2, node3: node2 owns nothing, so it sends node3 no heartbeats.
+    // The VIP's line is node1, node2, node3, the second VIP's node1, node3, node2: node1 owns
+    // both, node2 owns nothing, so it sends node3 no heartbeats.
     let mut run = Running::start(18, |lab, daemons| {
         for node in &lab.nodes {
             daemons.group_extra.insert(
                 node.index,
-                "    priority: {node1: 150, node2: 120, default: 100}\n".to_string(),
+                [
+                    "    priority: {node1: 150, node2: 120, default: 100}".to_string(),
+                    "  - name: vip2".to_string(),
+                    format!("    addresses: [{}]", netns::vip_v4(1)),
+                    "    interface: eth0".to_string(),
+                    "    priority: {node1: 150, node3: 120, default: 100}\n".to_string(),
+                ]
+                .join("\n"),
             );
         }
     });
@@ -1000,9 +1008,10 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
     assert_eq!(owner, "node1", "the highest priority owns the VIP");
     std::thread::sleep(Duration::from_secs(2));
     let before = run.log_lengths();
-    // node1 and node2 lose power together (one rack): node3, second in line, finds node1
-    // silent, checks node2 on the watch, accuses it when it does not answer, and then succeeds
-    // node1, before the gossip declares either down.
+    // node1 and node2 lose power together (one rack): node3 finds node1 silent and takes the
+    // second VIP over (first in line); for the VIP, second in line, it checks node2 on the
+    // watch, accuses it when it does not answer and takes that one too, before the gossip
+    // declares either down.
     for node in [1, 2] {
         run.daemons
             .signal(&mut run.lab, node, "KILL")
@@ -1019,7 +1028,7 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
     );
     let node3 = &logs[2];
     for said in [
-        "not answering: electing without it member=node2",
+        "checking the member ahead owner=node1 member=node2",
         "taking over member=node1",
     ] {
         assert!(
@@ -1028,6 +1037,15 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
             logs.join("\n")
         );
     }
+    // Accused on the check's word: as the VIP's owner once node1 is accused, or ahead in line.
+    assert!(
+        node3.contains("taking over member=node2")
+            || node3.contains("electing without it member=node2"),
+        "node3 did not accuse node2 on the watch\n{}",
+        logs.join("\n")
+    );
+    let second = format!("now owner ip={}", netns::vip_v4(1));
+    assert!(node3.contains(&second), "{}", logs.join("\n"));
     assert_eq!(new_owner, "node3", "{}", logs.join("\n"));
     drop(prober);
     run.lab.teardown();

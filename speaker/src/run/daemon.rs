@@ -407,10 +407,14 @@ impl Daemon {
                     .is_some_and(|at| at.elapsed() <= AHEAD_CHECK_FOR);
                 let succeeds = alive && self.succeeds(&node);
                 let eligible = alive && (asked || succeeds);
-                match self.accusations.silent(now, &owner, silent_for, eligible) {
-                    Silent::TakeOver => {}
-                    Silent::NotEligible if alive => return self.check_ahead(&node),
-                    _ => return,
+                let verdict = self.accusations.silent(now, &owner, silent_for, eligible);
+                if alive && matches!(verdict, Silent::TakeOver | Silent::NotEligible) {
+                    // Before the accusation moves the owner's IPs: where this node is not next
+                    // in line, those before it may have failed with the owner.
+                    self.check_ahead(&node);
+                }
+                if verdict != Silent::TakeOver {
+                    return;
                 }
                 if succeeds {
                     tracing::warn!(
@@ -421,7 +425,7 @@ impl Daemon {
                 } else {
                     tracing::warn!(
                         member = %node,
-                        "ahead in line for a silent owner's IPs and not answering: electing without it"
+                        "ahead in line for a silent owner and not answering: electing without it"
                     );
                 }
                 self.elect_without(&node).await;
@@ -534,11 +538,11 @@ impl Daemon {
             .any(|(ip, _)| election.successor(ip, live).as_deref() == Some(me))
     }
 
-    /// `owner` was found silent, but this node does not succeed it: the members before it in
-    /// line for the owner's IPs may have failed with it, and those that own nothing send it no
+    /// `owner` was found silent: for its IPs this node is not next in line for, the members
+    /// before it may have failed with the owner, and those that own nothing send it no
     /// heartbeats. Each is checked on the watch; one that does not answer is accused in turn,
-    /// and the owner's silence, reported again with the plan that follows, then finds this
-    /// node its successor.
+    /// and this node then succeeds the owner there (at once if the owner is accused, else when
+    /// the owner's silence is reported again with the plan that follows).
     fn check_ahead(&mut self, owner: &str) {
         let Some(watch) = &self.watch else {
             return;
@@ -560,7 +564,11 @@ impl Daemon {
                     continue;
                 }
                 if let Some(id) = directory.get(member) {
-                    tracing::info!(%owner, %member, "owner silent, a member ahead in line owns nothing: checking it");
+                    tracing::info!(
+                        %owner,
+                        %member,
+                        "owner silent and this node not next in line: checking the member ahead"
+                    );
                     self.ahead_checks.insert(member.clone(), Instant::now());
                     watch.send(Command::Check { member: id.clone() });
                 }
