@@ -80,6 +80,26 @@ impl Running {
     /// A lab (test number `n`) whose speakers run a fast flag check, settled on an owner
     /// (returned), and whose labelled counters all have a series: a datagram that is no envelope
     /// (a rejection) and an ARP request for an address nobody owns (a dropped frame).
+    /// A lab whose group `vip` has the priorities `first` and a second group `vip2` (on the
+    /// second VIP) the priorities `second` (YAML flow maps, as `{node1: 150, default: 100}`).
+    fn start_with_two_vips(n: u32, first: &str, second: &str) -> Running {
+        Running::start(n, |lab, daemons| {
+            for node in &lab.nodes {
+                daemons.group_extra.insert(
+                    node.index,
+                    [
+                        format!("    priority: {first}"),
+                        "  - name: vip2".to_string(),
+                        format!("    addresses: [{}]", netns::vip_v4(1)),
+                        "    interface: eth0".to_string(),
+                        format!("    priority: {second}\n"),
+                    ]
+                    .join("\n"),
+                );
+            }
+        })
+    }
+
     fn start_with_every_series(n: u32) -> (Running, String) {
         let check = FlagCheck {
             interval: Duration::from_millis(200),
@@ -931,21 +951,11 @@ fn an_owner_whose_link_was_down_a_moment_announces_the_vip_its_watcher_hands_bac
 fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_the_first_fail_together() {
     let _one = one_lab("second in line");
     // The VIP's line is node1, node2, node3; the second VIP's node2, node3, node1.
-    let mut run = Running::start(17, |lab, daemons| {
-        for node in &lab.nodes {
-            daemons.group_extra.insert(
-                node.index,
-                [
-                    "    priority: {node1: 150, node2: 120, default: 100}".to_string(),
-                    "  - name: vip2".to_string(),
-                    format!("    addresses: [{}]", netns::vip_v4(1)),
-                    "    interface: eth0".to_string(),
-                    "    priority: {node2: 150, node3: 120, default: 100}\n".to_string(),
-                ]
-                .join("\n"),
-            );
-        }
-    });
+    let mut run = Running::start_with_two_vips(
+        17,
+        "{node1: 150, node2: 120, default: 100}",
+        "{node2: 150, node3: 120, default: 100}",
+    );
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
     assert_eq!(owner, "node1", "the highest priority owns the VIP");
@@ -988,21 +998,11 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
     let _one = one_lab("an idle first in line");
     // The VIP's line is node1, node2, node3, the second VIP's node1, node3, node2: node1 owns
     // both, node2 owns nothing, so it sends node3 no heartbeats.
-    let mut run = Running::start(18, |lab, daemons| {
-        for node in &lab.nodes {
-            daemons.group_extra.insert(
-                node.index,
-                [
-                    "    priority: {node1: 150, node2: 120, default: 100}".to_string(),
-                    "  - name: vip2".to_string(),
-                    format!("    addresses: [{}]", netns::vip_v4(1)),
-                    "    interface: eth0".to_string(),
-                    "    priority: {node1: 150, node3: 120, default: 100}\n".to_string(),
-                ]
-                .join("\n"),
-            );
-        }
-    });
+    let mut run = Running::start_with_two_vips(
+        18,
+        "{node1: 150, node2: 120, default: 100}",
+        "{node1: 150, node3: 120, default: 100}",
+    );
     let vip = IpAddr::V4(netns::vip_v4(0));
     let (prober, owner) = run.probe_until_steady(vip);
     assert_eq!(owner, "node1", "the highest priority owns the VIP");
