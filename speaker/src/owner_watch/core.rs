@@ -253,15 +253,13 @@ struct AheadCheck {
 }
 
 impl AheadCheck {
-    /// When the next round goes out, or the verdict is due once every round has.
+    /// When the next round goes out (the second check's rounds, as if its deadline were one
+    /// interval away), or the verdict is due: a poll's wait after the last round.
     fn next_at(&self, interval: Duration) -> Duration {
-        let round = self.rounds_sent.min(CHECK_ROUNDS - 1);
-        let last = self.started + interval / 2 * round;
-        if self.rounds_sent < CHECK_ROUNDS {
-            last
-        } else {
-            last + POLL_WAIT
-        }
+        let deadline = self.started + interval;
+        check_round_at(deadline, interval, self.rounds_sent).unwrap_or_else(|| {
+            check_round_at(deadline, interval, CHECK_ROUNDS - 1).unwrap_or(deadline) + POLL_WAIT
+        })
     }
 }
 
