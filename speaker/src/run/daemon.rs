@@ -651,14 +651,16 @@ impl Daemon {
             return;
         };
         let me = self.gossip.identity();
-        if self.successors.is_clean() && self.plan.as_ref().is_some_and(|p| p.me == me) {
+        let held = self.hold.holding();
+        let same = |p: &Plan| p.me == me && p.held == held;
+        if self.successors.is_clean() && self.plan.as_ref().is_some_and(same) {
             return;
         }
         self.successors.refresh(&self.engine);
         let plan = Plan {
             me,
             watchers: self.successors.ranked(MAX_WATCHERS),
-            held: self.hold.holding(),
+            held,
             accused: self.accusations.incarnations(),
         };
         if self.plan.as_ref() != Some(&plan) {
