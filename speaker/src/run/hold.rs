@@ -25,6 +25,8 @@ pub struct JoinHold {
     expected: usize,
     /// Active for [`JOIN_SETTLE`] when last looked at.
     settle_passed: bool,
+    /// Put back on after a pause ([`JoinHold::rearm`], [`JoinHold::rearm_now`]), not at start.
+    after_pause: bool,
 }
 
 impl JoinHold {
@@ -36,7 +38,13 @@ impl JoinHold {
             released: alone,
             expected: 0,
             settle_passed: false,
+            after_pause: false,
         }
+    }
+
+    /// Whether this hold was put back on after a pause (see [`JoinHold::rearm`]).
+    pub fn after_pause(&self) -> bool {
+        self.after_pause
     }
 
     /// At start, the hold also waits (within [`JOIN_GRACE`]) until `members` are live: the
@@ -53,12 +61,19 @@ impl JoinHold {
     /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
     /// the node has been `Active` for [`JOIN_SETTLE`], holds every member's record (no
     /// placeholder of version 0) and sees the members it expects, or [`JOIN_GRACE`] after start.
+    /// After a pause, `Joining` counts as `Active`: the gossip's pause is over, and it has no
+    /// member left because it declared them all down itself (their suspicions ran out
+    /// unrefuted), so this node serves alone after the settle, as one that was never paused
+    /// keeps serving when its peers die.
     pub fn release(&mut self, now: Instant, phase: Phase, live: &LiveSet) -> bool {
         if self.released {
             return false;
         }
         match phase {
             Phase::Active => {
+                self.active_since.get_or_insert(now);
+            }
+            Phase::Joining if self.after_pause => {
                 self.active_since.get_or_insert(now);
             }
             Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
@@ -78,7 +93,10 @@ impl JoinHold {
         if phase != Phase::Paused || !self.released {
             return false;
         }
-        *self = JoinHold::new(now, false);
+        *self = JoinHold {
+            after_pause: true,
+            ..JoinHold::new(now, false)
+        };
         true
     }
 
@@ -88,7 +106,10 @@ impl JoinHold {
         if !self.released {
             return false;
         }
-        *self = JoinHold::new(now, false);
+        *self = JoinHold {
+            after_pause: true,
+            ..JoinHold::new(now, false)
+        };
         true
     }
 
@@ -179,12 +200,32 @@ mod tests {
         let t0 = Instant::now();
         let live = LiveSet::new();
         let mut hold = JoinHold::new(t0, true);
+        assert!(!hold.after_pause(), "a start is no pause");
         assert!(!hold.rearm(t0, Phase::Active));
         assert!(hold.rearm(t0 + ms(10), Phase::Paused));
+        assert!(hold.after_pause());
         assert!(hold.holding());
         assert!(!hold.rearm(t0 + ms(20), Phase::Paused), "once per pause");
         assert!(!hold.release(t0 + ms(30), Phase::Paused, &live));
         assert!(!hold.release(t0 + ms(40), Phase::Active, &live));
         assert!(hold.release(t0 + ms(40) + JOIN_SETTLE, Phase::Active, &live));
+        assert!(hold.after_pause(), "the daemon asks once released");
+        // Back from a pause to find every peer gone (declared down by this node's gossip): it
+        // serves after the settle, not the start-up grace.
+        assert!(hold.rearm(t0 + ms(1000), Phase::Paused));
+        assert!(!hold.release(t0 + ms(1100), Phase::Paused, &live));
+        assert!(!hold.release(t0 + ms(1200), Phase::Joining, &live));
+        assert_eq!(hold.next_deadline(), Some(t0 + ms(1200) + JOIN_SETTLE));
+        assert!(hold.release(t0 + ms(1200) + JOIN_SETTLE, Phase::Joining, &live));
+        let mut starting = JoinHold::new(t0, false);
+        assert!(
+            !starting.release(t0 + JOIN_SETTLE * 2, Phase::Joining, &live),
+            "a start waits"
+        );
+        let mut seen = JoinHold::new(t0, true);
+        assert!(seen.rearm_now(t0 + ms(10)));
+        assert!(seen.after_pause(), "a pause the owner watch saw");
+        assert!(!starting.rearm_now(t0 + ms(10)), "held already");
+        assert!(!starting.after_pause());
     }
 }
