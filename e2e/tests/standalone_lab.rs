@@ -1053,6 +1053,82 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
 
 #[test]
 #[ignore = "needs root: network namespaces"]
+fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_meanwhile() {
+    let _one = one_lab("back from a pause");
+    // Chaos seed 3's triple fault: node2 and node3 stopped, node1 (owner of both VIPs) powered
+    // off, node2 continued a moment later while node3 stays stopped. The lines are node1,
+    // node2, node3 and node1, node3, node2.
+    let mut run = Running::start_with_two_vips(
+        19,
+        "{node1: 150, node2: 120, default: 100}",
+        "{node1: 150, node3: 120, default: 100}",
+    );
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let (prober, owner) = run.probe_until_steady(vip);
+    assert_eq!(owner, "node1", "the highest priority owns the VIP");
+    std::thread::sleep(Duration::from_secs(2));
+    let before = run.log_lengths();
+    let pid = |run: &mut Running, node| run.daemons.pid(&mut run.lab, node).expect("a speaker");
+    let (node2, node3) = (pid(&mut run, 2), pid(&mut run, 3));
+    // node2 first, and node3 once node1 declared node2 down: node1 then tells node2 nothing
+    // more, so node2 comes back holding node1 and node3 alive, as in the chaos run.
+    for (pid, name) in [(node2, "node2"), (node3, "node3")] {
+        kill(pid, "STOP");
+        let down = format!("member down member={name}");
+        run.wait_for_log(1, &before, &down, Duration::from_secs(10));
+    }
+    run.daemons
+        .signal(&mut run.lab, 1, "KILL")
+        .expect("killing a speaker");
+    std::thread::sleep(Duration::from_millis(80));
+    kill(node2, "CONT");
+    let resumed = Instant::now();
+    // node2 hears nobody: its gossip starts its suspicions over while it is deaf, up to the
+    // longest; its watch forgot node1 in the pause. It checks the owner on the watch once its
+    // pause hold ends, then node3, ahead of it in the second VIP's line (and in both when the
+    // pause renewed node2's identity), and takes both.
+    let sample = wait_for_failover(&prober, resumed, "node1", Duration::from_secs(10));
+    let second = format!("now owner ip={}", netns::vip_v4(1));
+    run.wait_for_log(2, &before, &second, Duration::from_secs(10));
+    let logs = run.logs_since(&before);
+    kill(node3, "CONT");
+    let sample = sample.unwrap_or_else(|| panic!("no node answered the VIP\n{}", logs.join("\n")));
+    let new_owner = first_new_answerer(&prober, resumed, "node1").unwrap();
+    eprintln!(
+        "node1 killed while node2 and node3 were stopped: {new_owner} answered {:.0} ms after \
+         node2 was continued",
+        sample.failover_ms
+    );
+    assert_eq!(new_owner, "node2", "{}", logs.join("\n"));
+    let said = &logs[1];
+    let check = "checking an owner this node is in line for owner=node1";
+    assert!(said.contains(check), "{}", logs.join("\n"));
+    for member in ["node1", "node3"] {
+        let accused = [
+            format!("taking over member={member}"),
+            format!("electing without it member={member}"),
+        ];
+        assert!(
+            accused.iter().any(|line| said.contains(line.as_str())),
+            "node2 did not accuse {member} on the watch\n{}",
+            logs.join("\n")
+        );
+    }
+    drop(prober);
+    run.lab.teardown();
+}
+
+/// Sends `signal` to the process `pid` (a speaker stopped or continued: it does not exit).
+fn kill(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
 fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member_down() {
     let _one = one_lab("key rotation");
     let mut run = Running::start(9, |_, _| {});

@@ -36,7 +36,7 @@
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
@@ -362,6 +362,9 @@ impl Daemon {
             let members = self.engine.live().len();
             tracing::info!(members, "mesh formed: answering what this node owns");
             self.handle(Input::Hold(false)).await;
+            if self.hold.after_pause() {
+                self.check_owners_after_pause();
+            }
         }
     }
 
@@ -425,7 +428,7 @@ impl Daemon {
                 } else {
                     tracing::warn!(
                         member = %node,
-                        "ahead in line for a silent owner and not answering: electing without it"
+                        "silent in a check this node asked for: electing without it"
                     );
                 }
                 self.elect_without(&node).await;
@@ -544,36 +547,72 @@ impl Daemon {
     /// and this node then succeeds the owner there (at once if the owner is accused, else when
     /// the owner's silence is reported again with the plan that follows).
     fn check_ahead(&mut self, owner: &str) {
-        let Some(watch) = &self.watch else {
-            return;
-        };
-        self.ahead_checks
-            .retain(|_, at| at.elapsed() <= AHEAD_CHECK_FOR);
         let election = self.engine.election();
         let live = self.engine.live();
         let me = election.local();
-        let directory = self.gossip.directory().borrow().clone();
+        let mut ahead = BTreeSet::new();
         let owned = election.outcomes().iter();
         for (ip, _) in owned.filter(|(_, outcome)| outcome.owner() == Some(owner)) {
             let line = election.successors(ip, live, WATCH_DEPTH);
-            let Some(at) = line.iter().position(|node| node.as_str() == me) else {
-                continue;
-            };
-            for member in &line[..at] {
-                if self.ahead_checks.contains_key(member) {
-                    continue;
-                }
-                if let Some(id) = directory.get(member) {
-                    tracing::info!(
-                        %owner,
-                        %member,
-                        "owner silent and this node not next in line: checking the member ahead"
-                    );
-                    self.ahead_checks.insert(member.clone(), Instant::now());
-                    watch.send(Command::Check { member: id.clone() });
-                }
+            if let Some(at) = line.iter().position(|node| node.as_str() == me) {
+                ahead.extend(line[..at].iter().cloned());
             }
         }
+        for member in ahead {
+            if self.ask_check(&member) {
+                tracing::info!(
+                    %owner,
+                    %member,
+                    "owner silent and this node not next in line: checking the member ahead"
+                );
+            }
+        }
+    }
+
+    /// After a pause: the watch forgot the owners it watched (a detector arms again on the next
+    /// heartbeat), and an owner that failed during the pause sends none, so nothing would find
+    /// it silent but the gossip, which waits out its suspicions (up to the longest while this
+    /// node hears nobody). Each owner of an IP this node is in line for is checked on the watch
+    /// instead; one that does not answer is reported silent, and acted on, as if its heartbeats
+    /// had stopped.
+    fn check_owners_after_pause(&mut self) {
+        let election = self.engine.election();
+        let live = self.engine.live();
+        let me = election.local();
+        let mut owners = BTreeSet::new();
+        for (ip, outcome) in election.outcomes().iter() {
+            let Some(owner) = outcome.owner().filter(|owner| *owner != me) else {
+                continue;
+            };
+            let line = election.successors(ip, live, WATCH_DEPTH);
+            if line.iter().any(|node| node.as_str() == me) {
+                owners.insert(owner.to_string());
+            }
+        }
+        for owner in owners {
+            if self.ask_check(&owner) {
+                tracing::info!(%owner, "back from a pause: checking an owner this node is in line for");
+            }
+        }
+    }
+
+    /// Asks the watch to check `member` unless it did within [`AHEAD_CHECK_FOR`]; the silence
+    /// it reports is then this node's to act on. False when not asked.
+    fn ask_check(&mut self, member: &str) -> bool {
+        let Some(watch) = &self.watch else {
+            return false;
+        };
+        self.ahead_checks
+            .retain(|_, at| at.elapsed() <= AHEAD_CHECK_FOR);
+        if self.ahead_checks.contains_key(member) {
+            return false;
+        }
+        let Some(id) = self.gossip.directory().borrow().get(member).cloned() else {
+            return false;
+        };
+        self.ahead_checks.insert(member.to_string(), Instant::now());
+        watch.send(Command::Check { member: id });
+        true
     }
 
     /// The engine elects without `node`, now accused.
