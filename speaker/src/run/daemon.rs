@@ -13,7 +13,8 @@
 //!   comes back after a pause: when the gossip reports [`Phase::Paused`] (the process was not
 //!   scheduled for longer than the suspicion timeout, see `gossip::driver`), the node answers
 //!   nothing until it has heard the cluster again, so it never answers for an IP the cluster
-//!   moved while it slept.
+//!   moved while it slept. When that hold ends, the owners of the IPs this node is in line for
+//!   are checked on the watch (it forgot them in the pause, and a dead one sends nothing).
 //! - The owner watch ([`crate::owner_watch`]): the daemon tells the watch thread its
 //!   [`Plan`] (whom to send heartbeats to: the first [`WATCH_DEPTH`] successors of the IPs it
 //!   answers for) and acts on its events. A silent owner is *accused*: the engine elects
