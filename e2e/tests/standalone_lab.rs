@@ -100,6 +100,18 @@ impl Running {
         })
     }
 
+    /// [`Running::start_with_two_vips`] with node1 first in both lines, settled: node1 answers
+    /// the VIP (asserted), the watches have had 2 s to establish (first heartbeats acknowledged,
+    /// the second VIP placed). Returns the prober of the VIP and the log lengths from then.
+    fn node1_owning_two_vips(n: u32, first: &str, second: &str) -> (Running, Prober, Vec<usize>) {
+        let run = Running::start_with_two_vips(n, first, second);
+        let (prober, owner) = run.probe_until_steady(IpAddr::V4(netns::vip_v4(0)));
+        assert_eq!(owner, "node1", "the highest priority owns the VIP");
+        std::thread::sleep(Duration::from_secs(2));
+        let before = run.log_lengths();
+        (run, prober, before)
+    }
+
     fn start_with_every_series(n: u32) -> (Running, String) {
         let check = FlagCheck {
             interval: Duration::from_millis(200),
@@ -951,17 +963,11 @@ fn an_owner_whose_link_was_down_a_moment_announces_the_vip_its_watcher_hands_bac
 fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_the_first_fail_together() {
     let _one = one_lab("second in line");
     // The VIP's line is node1, node2, node3; the second VIP's node2, node3, node1.
-    let mut run = Running::start_with_two_vips(
+    let (mut run, prober, before) = Running::node1_owning_two_vips(
         17,
         "{node1: 150, node2: 120, default: 100}",
         "{node2: 150, node3: 120, default: 100}",
     );
-    let vip = IpAddr::V4(netns::vip_v4(0));
-    let (prober, owner) = run.probe_until_steady(vip);
-    assert_eq!(owner, "node1", "the highest priority owns the VIP");
-    // The watches established (their first heartbeats acknowledged) and the second VIP placed.
-    std::thread::sleep(Duration::from_secs(2));
-    let before = run.log_lengths();
     // node1 crashes while node2's link is down: node2, the VIP's first successor, cannot take
     // it; node3 finds node2 silent (it succeeds node2's VIP) and node1 silent (it is second in
     // line for node1's), and takes both over on the watch, before the gossip declares either down.
@@ -998,16 +1004,11 @@ fn the_second_in_line_takes_over_on_the_watch_when_the_owner_and_an_idle_first_d
     let _one = one_lab("an idle first in line");
     // The VIP's line is node1, node2, node3, the second VIP's node1, node3, node2: node1 owns
     // both, node2 owns nothing, so it sends node3 no heartbeats.
-    let mut run = Running::start_with_two_vips(
+    let (mut run, prober, before) = Running::node1_owning_two_vips(
         18,
         "{node1: 150, node2: 120, default: 100}",
         "{node1: 150, node3: 120, default: 100}",
     );
-    let vip = IpAddr::V4(netns::vip_v4(0));
-    let (prober, owner) = run.probe_until_steady(vip);
-    assert_eq!(owner, "node1", "the highest priority owns the VIP");
-    std::thread::sleep(Duration::from_secs(2));
-    let before = run.log_lengths();
     // node1 and node2 lose power together (one rack): node3 finds node1 silent and takes the
     // second VIP over (first in line); for the VIP, second in line, it checks node2 on the
     // watch, accuses it when it does not answer and takes that one too, before the gossip
@@ -1058,16 +1059,11 @@ fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_mean
     // Chaos seed 3's triple fault: node2 and node3 stopped, node1 (owner of both VIPs) powered
     // off, node2 continued a moment later while node3 stays stopped. The lines are node1,
     // node2, node3 and node1, node3, node2.
-    let mut run = Running::start_with_two_vips(
+    let (mut run, prober, before) = Running::node1_owning_two_vips(
         19,
         "{node1: 150, node2: 120, default: 100}",
         "{node1: 150, node3: 120, default: 100}",
     );
-    let vip = IpAddr::V4(netns::vip_v4(0));
-    let (prober, owner) = run.probe_until_steady(vip);
-    assert_eq!(owner, "node1", "the highest priority owns the VIP");
-    std::thread::sleep(Duration::from_secs(2));
-    let before = run.log_lengths();
     let pid = |run: &mut Running, node| run.daemons.pid(&mut run.lab, node).expect("a speaker");
     let (node2, node3) = (pid(&mut run, 2), pid(&mut run, 3));
     // node2 first, and node3 once node1 declared node2 down: node1 then tells node2 nothing
