@@ -480,6 +480,8 @@ pub struct VipObservations {
 pub struct Poll {
     /// When the round started, since the start of the run.
     pub at: Duration,
+    /// When its last read returned.
+    pub done: Duration,
     /// Per node (index 0 is node 1): the owner it names for each VIP, or `None` when it did
     /// not answer.
     pub owners: Vec<Option<Vec<Option<String>>>>,
@@ -645,7 +647,9 @@ fn settled(rule: &Rule, world: &World, obs: &Observations, found: &mut Vec<Viola
     // One violation per run of failing polls (per VIP and invariant).
     let mut open: BTreeSet<(usize, Invariant)> = BTreeSet::new();
     for poll in obs.polls.iter().filter(|p| p.at <= obs.horizon) {
-        let quiet = match world.last_event(poll.at) {
+        // Quiet from the last fault event before the round's end to its start: a read that
+        // returned after a fault began (slowed by loss) is no view of the quiet before it.
+        let quiet = match world.last_event(poll.done) {
             Some(e) => poll.at.saturating_sub(e),
             None => poll.at,
         };
@@ -964,6 +968,7 @@ mod tests {
     fn poll(at: u64, owners: &[Option<&str>]) -> Poll {
         Poll {
             at: ms(at),
+            done: ms(at),
             owners: owners
                 .iter()
                 .map(|o| Some(vec![o.map(str::to_string)]))
@@ -986,6 +991,36 @@ mod tests {
         let found = evaluate(&rule(3), &world, &obs, true);
         assert_eq!(kinds(&found), [("disagreement", false)]);
         assert_eq!(found[0].at, ms(4500));
+    }
+
+    #[test]
+    fn a_round_whose_reads_return_after_a_fault_began_is_not_judged() {
+        // Quiet from 2 s; node3 stopped at 4.3 s. A round started at 4.2 s whose slowest read
+        // (a lossy link) returned at 4.45 s mixes views from before and after the stop.
+        let faults = [
+            fault(1000, 1000, FaultKind::Pause { node: 1 }),
+            fault(4300, 1000, FaultKind::Pause { node: 3 }),
+        ];
+        let world = World::new(&faults, &executed(&faults), 3);
+        let split = [Some("node3"), Some("node2"), Some("node3")];
+        let check = |done: u64| {
+            let obs = Observations {
+                vips: vec![VipObservations::default()],
+                polls: vec![Poll {
+                    done: ms(done),
+                    ..poll(4200, &split)
+                }],
+                records: Vec::new(),
+                horizon: ms(6000),
+            };
+            kinds(&evaluate(&rule(3), &world, &obs, true))
+        };
+        assert_eq!(check(4450), []);
+        assert_eq!(
+            check(4250),
+            [("disagreement", false)],
+            "all read before the stop"
+        );
     }
 
     #[test]

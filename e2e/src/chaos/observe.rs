@@ -7,9 +7,13 @@ use super::*;
 /// How often the `/status` reader reads every node.
 pub(super) const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// One round of `/status` reads: when it started, and per node (`None`: no answer) the owner
-/// it names for each VIP.
-pub(super) type StatusRound = (Instant, Vec<Option<Vec<Option<String>>>>);
+/// What one round of `/status` reads gave: per node (`None`: no answer) the owner it names for
+/// each VIP, and when the last read returned (a read slowed by loss may return after a fault
+/// that began during the round).
+pub(super) type StatusRead = (Vec<Option<Vec<Option<String>>>>, Instant);
+
+/// One round of `/status` reads: when it started, and what it gave.
+pub(super) type StatusRound = (Instant, StatusRead);
 
 /// One read of the API server: when it started, and what it found (`None`: no answer).
 pub(super) type RecordRound = (Instant, Option<ApiRead>);
@@ -24,7 +28,7 @@ pub(super) struct Reader<T> {
 }
 
 /// The `/status` reader.
-pub(super) type StatusReader = Reader<Vec<Option<Vec<Option<String>>>>>;
+pub(super) type StatusReader = Reader<StatusRead>;
 /// The API server's reader (records and Services).
 pub(super) type RecordReader = Reader<Option<ApiRead>>;
 
@@ -66,7 +70,8 @@ impl StatusReader {
                                 })
                             })
                             .collect();
-                        reads.into_iter().map(|r| r.join().ok().flatten()).collect()
+                        let owners = reads.into_iter().map(|r| r.join().ok().flatten()).collect();
+                        (owners, Instant::now())
                     })
                 })
             },
@@ -216,8 +221,9 @@ pub(super) fn observations(
         vips,
         polls: polls
             .iter()
-            .map(|(at, owners)| Poll {
+            .map(|(at, (owners, done))| Poll {
                 at: since(*at),
+                done: since(*done),
                 owners: owners.clone(),
             })
             .collect(),
