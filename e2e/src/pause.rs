@@ -228,7 +228,8 @@ fn stale_answers(
     (claims as u64, answers as u64)
 }
 
-fn signal(pid: u32, signal: &str) -> Result<()> {
+/// Sends `signal` to the process `pid` with kill(1) (a stop or continue: it does not wait).
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
     let status = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status()?;

@@ -21,6 +21,7 @@ use std::time::Duration;
 use swimlb_e2e::demo::{AnnouncementWatcher, http_get};
 use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
 use swimlb_e2e::netns::{self, Lab};
+use swimlb_e2e::pause;
 use swimlb_e2e::probe::{self, FailoverSample, PROBE_PORT, Prober, Worker};
 use swimlb_e2e::prometheus_lab::{LAB_NAMESPACE, LabPrometheus};
 use swimlb_proto::ethernet::MacAddr;
@@ -1069,7 +1070,7 @@ fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_mean
     // node2 first, and node3 once node1 declared node2 down: node1 then tells node2 nothing
     // more, so node2 comes back holding node1 and node3 alive, as in the chaos run.
     for (pid, name) in [(node2, "node2"), (node3, "node3")] {
-        kill(pid, "STOP");
+        pause::signal(pid, "STOP").expect("kill(1)");
         let down = format!("member down member={name}");
         run.wait_for_log(1, &before, &down, Duration::from_secs(10));
     }
@@ -1077,7 +1078,7 @@ fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_mean
         .signal(&mut run.lab, 1, "KILL")
         .expect("killing a speaker");
     std::thread::sleep(Duration::from_millis(80));
-    kill(node2, "CONT");
+    pause::signal(node2, "CONT").expect("kill(1)");
     let resumed = Instant::now();
     // node2 hears nobody: its gossip starts its suspicions over while it is deaf, up to the
     // longest; its watch forgot node1 in the pause. It checks the owner on the watch once its
@@ -1087,7 +1088,7 @@ fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_mean
     let second = format!("now owner ip={}", netns::vip_v4(1));
     run.wait_for_log(2, &before, &second, Duration::from_secs(10));
     let logs = run.logs_since(&before);
-    kill(node3, "CONT");
+    pause::signal(node3, "CONT").expect("kill(1)");
     let sample = sample.unwrap_or_else(|| panic!("no node answered the VIP\n{}", logs.join("\n")));
     let new_owner = first_new_answerer(&prober, resumed, "node1").unwrap();
     eprintln!(
@@ -1112,15 +1113,6 @@ fn a_node_back_from_a_pause_takes_over_on_the_watch_from_an_owner_that_died_mean
     }
     drop(prober);
     run.lab.teardown();
-}
-
-/// Sends `signal` to the process `pid` (a speaker stopped or continued: it does not exit).
-fn kill(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 #[test]
