@@ -176,7 +176,12 @@ impl Core {
                     if !fresh {
                         self.missing_meta.insert(new.node.to_string());
                     }
-                    self.apply_record(&new.node);
+                    // The renewal is news even when the record is the same (a speaker restarted
+                    // within a probe period starts its versions again from the same record): an
+                    // accusation of the member's previous identity ends on it.
+                    if !self.apply_record(&new.node) {
+                        self.changes.push(LiveChange::Meta(new.node.to_string()));
+                    }
                 }
             }
             OwnedNotification::Active => self.phase = Phase::Active,
@@ -381,17 +386,18 @@ impl Core {
     }
 
     /// Puts the newest record of `node` into the LiveSet if it was written by the identity we
-    /// hold alive for that node.
-    pub(super) fn apply_record(&mut self, node: &str) {
+    /// hold alive for that node and differs from the one there; returns whether it did (a
+    /// [`LiveChange::Meta`] was queued).
+    pub(super) fn apply_record(&mut self, node: &str) -> bool {
         let Some(id) = self.by_node.get(node).and_then(|a| self.members.get(a)) else {
-            return;
+            return false;
         };
         let book = self.book.lock();
         let Some(record) = book.get(node) else {
-            return;
+            return false;
         };
         if !record.written_by(id) || self.live.get(node) == Some(&record.meta) {
-            return;
+            return false;
         }
         let meta = record.meta.clone();
         drop(book);
@@ -399,5 +405,6 @@ impl Core {
         self.live.upsert(meta);
         self.missing_meta.remove(node);
         self.changes.push(LiveChange::Meta(node.to_string()));
+        true
     }
 }
