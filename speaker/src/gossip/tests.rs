@@ -368,7 +368,8 @@ fn a_member_restarted_at_once_with_the_same_record_is_reported_renewed() {
         let about: Vec<&LiveChange> = changes
             .iter()
             .filter(|(at, c)| {
-                *at == i && matches!(c, LiveChange::Up(n) | LiveChange::Down(n) | LiveChange::Meta(n) if *n == name(2))
+                let (LiveChange::Up(n) | LiveChange::Down(n) | LiveChange::Meta(n)) = c;
+                *at == i && *n == name(2)
             })
             .map(|(_, c)| c)
             .collect();
