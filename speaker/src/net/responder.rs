@@ -983,9 +983,18 @@ mod tests {
     }
 
     /// The I/O loop over `pnet_datalink::dummy`: frames in, replies out, commands obeyed.
-    #[test]
-    fn io_loop_answers_only_while_owning() {
-        use std::time::Duration;
+    type Injected = mpsc::Sender<io::Result<Box<[u8]>>>;
+    type Conflicts = tokio::sync::mpsc::UnboundedReceiver<Conflict>;
+
+    /// A responder on pnet's dummy channel: frames go in through the first handle, what it
+    /// sends comes out of the second. Its reads block until something is injected.
+    fn dummy_responder() -> (
+        Responder,
+        Injected,
+        mpsc::Receiver<Box<[u8]>>,
+        Conflicts,
+        Metrics,
+    ) {
         let iface = pnet_datalink::dummy::dummy_interface(0);
         let mut config = pnet_datalink::dummy::Config::default();
         let inject = config.inject_handle().unwrap();
@@ -995,10 +1004,61 @@ mod tests {
         else {
             panic!("dummy channel");
         };
-        let (conflict_tx, mut conflict_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (conflict_tx, conflict_rx) = tokio::sync::mpsc::unbounded_channel();
         let metrics = Metrics::default();
         let responder =
             Responder::spawn("test", OURS, tx, rx, None, metrics.clone(), conflict_tx).unwrap();
+        (responder, inject, wire, conflict_rx, metrics)
+    }
+
+    #[test]
+    fn io_loop_passes_a_claim_through_the_quarantine_and_holds_back_the_reply() {
+        let (responder, inject, wire, mut conflict_rx, metrics) = dummy_responder();
+        let frame = |f: Vec<u8>| inject.send(Ok(f.into_boxed_slice())).unwrap();
+        responder.send(Control::SetOwned(owned()));
+        responder.send(Control::Announce(IpAddr::V4(VIP)));
+        let _ = inject.send(Err(io::Error::from(io::ErrorKind::TimedOut)));
+        assert!(
+            wire.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "announced"
+        );
+        // The loop blocks in its read with nothing injected: its next turn comes after a gap
+        // longer than the fuse, as after a stop or a starved stretch.
+        std::thread::sleep(PAUSE_FUSE * 3);
+        frame(arp(ArpOperation::Request, BROADCAST, (THEIRS, CLIENT), VIP));
+        frame(arp(ArpOperation::Request, BROADCAST, (THEIRS, VIP), VIP));
+        let mut conflict = None;
+        for _ in 0..200 {
+            if let Ok(c) = conflict_rx.try_recv() {
+                conflict = Some(c);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            conflict,
+            Some(Conflict {
+                ip: IpAddr::V4(VIP),
+                mac: THEIRS
+            }),
+            "the claim reaches the daemon"
+        );
+        let paused = metrics
+            .dropped
+            .get_or_create(&DropLabels {
+                reason: DropReasonLabel::paused,
+            })
+            .get();
+        assert_eq!(paused, 1, "the request waited out the quarantine");
+        assert!(wire.try_recv().is_err(), "no reply in the quarantine");
+        responder.send(Control::Stop);
+        let _ = inject.send(Err(io::Error::from(io::ErrorKind::TimedOut)));
+        responder.stop();
+    }
+
+    #[test]
+    fn io_loop_answers_only_while_owning() {
+        let (responder, inject, wire, mut conflict_rx, metrics) = dummy_responder();
         // The dummy receiver blocks until something is injected: a timeout wakes the loop so it
         // reads the commands sent before it, as the real socket's read timeout does.
         // Once the thread has stopped, nobody is left to wake: a tick then goes nowhere.
