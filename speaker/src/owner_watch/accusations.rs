@@ -100,6 +100,12 @@ pub enum Silent {
     AlreadyAccused,
     /// This node may not act on it (draining, not held alive, or not its successor).
     NotEligible,
+    /// The gossip no longer holds the owner in the incarnation found silent: it came back
+    /// renewed (a restart: the silence is its former life's, and its accusation ended confirmed
+    /// already) or is gone. The watch reports a silence for a while after the fact, so without
+    /// this a speaker killed and started again within a fraction of a second was accused anew
+    /// right after its renewal, and both it and its takers answered until the lapse (5 s).
+    NotCurrent,
     /// Heard alive in that incarnation (a refutation) since its last heartbeat here: the silence
     /// is older news. The watch reports a silent owner again with each plan for a while; without
     /// this a refuted takeover was taken again at once, in a loop, while the watch port was cut.
@@ -197,13 +203,14 @@ impl Accusations {
 
     /// The watch found `owner` silent `silent_for` after its last heartbeat, at `now`.
     /// `eligible`: this node may act on it (not draining, the gossip holds the owner, and this
-    /// node succeeds it for at least one IP).
+    /// node succeeds it for at least one IP); `held`: what the gossip holds (module docs).
     pub fn silent(
         &mut self,
         now: Duration,
         owner: &NodeIdentity,
         silent_for: Duration,
         eligible: bool,
+        held: impl Fn(&str, u64) -> bool,
     ) -> Silent {
         if self.accused.contains_key(owner.node.as_str()) {
             return Silent::AlreadyAccused;
@@ -215,6 +222,9 @@ impl Accusations {
             .is_some_and(|(incarnation, at)| *incarnation == owner.bump && *at >= last_heard)
         {
             return Silent::HeardAlive;
+        }
+        if !held(owner.node.as_str(), owner.bump) {
+            return Silent::NotCurrent;
         }
         if !eligible {
             return Silent::NotEligible;
@@ -364,16 +374,54 @@ mod tests {
         matches!((node, incarnation), ("owner", 10) | ("other", 20))
     }
 
+    /// The gossip holds every member in every incarnation (tests not about renewals).
+    fn any(_: &str, _: u64) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_silence_of_an_incarnation_the_gossip_no_longer_holds_takes_nothing_over() {
+        let mut a = Accusations::default();
+        // The owner, incarnation 9, killed: its silence is accused on the watch.
+        assert_eq!(
+            a.silent(S, &id("owner", 9), 110 * MS, true, |_, _| true),
+            Silent::TakeOver
+        );
+        // Started again at once: the gossip renames it in place (incarnation 10) and the
+        // accusation ends confirmed.
+        let changed = a.member_changed("owner", Change::Meta, held);
+        assert!(matches!(changed, MemberChange::Confirmed(_)), "{changed:?}");
+        // The watch still reports its former life silent: nothing is taken over again.
+        assert_eq!(
+            a.silent(S + MS, &id("owner", 9), 227 * MS, true, held),
+            Silent::NotCurrent
+        );
+        assert_eq!(a.get("owner"), None);
+        // The new life falling silent is a silence like any other.
+        assert_eq!(
+            a.silent(2 * S, &id("owner", 10), 110 * MS, true, held),
+            Silent::TakeOver
+        );
+        // A member the gossip holds no more at all.
+        assert_eq!(
+            a.silent(2 * S, &id("gone", 1), 110 * MS, true, held),
+            Silent::NotCurrent
+        );
+    }
+
     #[test]
     fn an_eligible_silent_owner_is_accused_once_with_its_last_heard() {
         let mut a = Accusations::default();
         let owner = id("owner", 10);
         assert_eq!(
-            a.silent(10 * S, &owner, 100 * MS, false),
+            a.silent(10 * S, &owner, 100 * MS, false, any),
             Silent::NotEligible
         );
         assert_eq!(a.get("owner"), None);
-        assert_eq!(a.silent(10 * S, &owner, 100 * MS, true), Silent::TakeOver);
+        assert_eq!(
+            a.silent(10 * S, &owner, 100 * MS, true, any),
+            Silent::TakeOver
+        );
         assert_eq!(
             a.get("owner"),
             Some(&Accusation {
@@ -383,7 +431,10 @@ mod tests {
                 last_heard: Some(10 * S - 100 * MS),
             })
         );
-        assert_eq!(a.silent(11 * S, &owner, MS, true), Silent::AlreadyAccused);
+        assert_eq!(
+            a.silent(11 * S, &owner, MS, true, any),
+            Silent::AlreadyAccused
+        );
         assert_eq!(
             a.incarnations(),
             BTreeMap::from([("owner".to_string(), 10)])
@@ -394,7 +445,7 @@ mod tests {
     #[test]
     fn a_heartbeat_in_the_accused_incarnation_refutes_and_counts_a_refuted_takeover() {
         let mut a = Accusations::default();
-        a.silent(10 * S, &id("owner", 10), MS, true);
+        a.silent(10 * S, &id("owner", 10), MS, true, any);
         // An older incarnation heard says nothing about the accused one.
         assert_eq!(a.alive(10 * S + MS, "owner", 9), None);
         let ended = a.alive(10 * S + 2 * MS, "owner", 10).unwrap();
@@ -409,20 +460,26 @@ mod tests {
         let mut a = Accusations::default();
         let owner = id("owner", 10);
         // Last heartbeat at 9.9 s, silent at 10 s, refuted (through the gossip) at 10.01 s.
-        assert_eq!(a.silent(10 * S, &owner, 100 * MS, true), Silent::TakeOver);
+        assert_eq!(
+            a.silent(10 * S, &owner, 100 * MS, true, any),
+            Silent::TakeOver
+        );
         assert!(a.alive(10 * S + 10 * MS, "owner", 10).is_some());
         // Reported again 5 ms later, same last heartbeat: older than the refutation.
-        let again = a.silent(10 * S + 15 * MS, &owner, 115 * MS, true);
+        let again = a.silent(10 * S + 15 * MS, &owner, 115 * MS, true, any);
         assert_eq!(again, Silent::HeardAlive);
         // Another incarnation's refutation says nothing about this one.
         let renewed = id("owner", 11);
         assert_eq!(
-            a.silent(10 * S + 20 * MS, &renewed, 120 * MS, true),
+            a.silent(10 * S + 20 * MS, &renewed, 120 * MS, true, any),
             Silent::TakeOver
         );
         // Heartbeats came after the refutation, then stopped: a new silence.
         assert!(a.alive(10 * S + 30 * MS, "owner", 11).is_some());
-        assert_eq!(a.silent(11 * S, &renewed, 110 * MS, true), Silent::TakeOver);
+        assert_eq!(
+            a.silent(11 * S, &renewed, 110 * MS, true, any),
+            Silent::TakeOver
+        );
     }
 
     #[test]
@@ -445,7 +502,7 @@ mod tests {
         );
         // This node's own watch finds it silent too: it is accused already.
         assert_eq!(
-            a.silent(S + 2 * MS, &id("owner", 10), MS, true),
+            a.silent(S + 2 * MS, &id("owner", 10), MS, true, any),
             Silent::AlreadyAccused
         );
         let ended = a.alive(S + 3 * MS, "owner", 10).unwrap();
@@ -474,7 +531,7 @@ mod tests {
     #[test]
     fn an_accusation_lapses_refuted_when_the_gossip_still_holds_the_incarnation() {
         let mut a = Accusations::default();
-        a.silent(S, &id("owner", 10), MS, true);
+        a.silent(S, &id("owner", 10), MS, true, any);
         a.claimed(2 * S, &id("me", 7), "other", 20, held);
         assert_eq!(a.lapse(S + ACCUSATION_TTL - MS, held), vec![]);
         let ended = a.lapse(S + ACCUSATION_TTL, held);
@@ -491,7 +548,7 @@ mod tests {
     #[test]
     fn a_restarted_owner_confirms_the_accusation_of_its_old_incarnation() {
         let mut a = Accusations::default();
-        a.silent(S, &id("owner", 9), MS, true);
+        a.silent(S, &id("owner", 9), MS, true, any);
         // It restarted as incarnation 10: its new heartbeats do not refute incarnation 9.
         assert_eq!(a.alive(S + MS, "owner", 10), None);
         // Its new record arrives (a Meta): the gossip holds it renewed, so confirmed.
@@ -502,7 +559,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Had no record come, the lapse confirms it as well.
-        a.silent(2 * S, &id("owner", 9), MS, true);
+        a.silent(2 * S, &id("owner", 9), MS, true, any);
         let ended = a.lapse(2 * S + ACCUSATION_TTL, held);
         assert_eq!(ended[0].how, Ending::Confirmed);
     }
@@ -514,7 +571,7 @@ mod tests {
             a.member_changed("owner", Change::Down, held),
             MemberChange::NotAccused
         );
-        a.silent(S, &id("owner", 10), MS, true);
+        a.silent(S, &id("owner", 10), MS, true, any);
         assert_eq!(
             a.member_changed("owner", Change::Meta, held),
             MemberChange::StillAccused
@@ -526,7 +583,7 @@ mod tests {
                 ..
             })
         ));
-        a.silent(2 * S, &id("owner", 10), MS, true);
+        a.silent(2 * S, &id("owner", 10), MS, true, any);
         assert!(matches!(
             a.member_changed("owner", Change::Up, held),
             MemberChange::Confirmed(_)

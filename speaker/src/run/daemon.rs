@@ -411,7 +411,10 @@ impl Daemon {
                     .is_some_and(|at| at.elapsed() <= AHEAD_CHECK_FOR);
                 let succeeds = alive && self.succeeds(&node);
                 let eligible = alive && (asked || succeeds);
-                let verdict = self.accusations.silent(now, &owner, silent_for, eligible);
+                let held = self.holds();
+                let verdict = self
+                    .accusations
+                    .silent(now, &owner, silent_for, eligible, held);
                 if alive && matches!(verdict, Silent::TakeOver | Silent::NotEligible) {
                     // Before the accusation moves the owner's IPs: where this node is not next
                     // in line, those before it may have failed with the owner.
