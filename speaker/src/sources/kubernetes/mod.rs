@@ -12,10 +12,12 @@
 //! - [`metrics`]: watch and write errors, event handling time, drops.
 //! - [`views`]: the cached Services and EndpointSlices, only the fields read.
 //! - [`events`]: `nodeAssigned` and the warnings, written without kube's caching `Recorder`.
+//! - [`hedge`]: a slow write sent again beside the first, on another connection.
 
 pub mod cli;
 pub mod compact;
 pub mod events;
+pub mod hedge;
 pub mod metrics;
 pub mod records;
 mod records_task;

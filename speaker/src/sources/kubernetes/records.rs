@@ -30,8 +30,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use super::hedge::{RECORD_HEDGES, hedged};
 use crate::model::engine::placement::LinkSet;
 use futures::StreamExt as _;
 use kube::Api;
@@ -445,9 +447,10 @@ impl RecordWriter {
     /// writer forgets it wrote it and returns true: the caller sets the record again, so a
     /// record never stays stale while its owner lives.
     ///
-    /// A write is two requests (the object, then its status), and the watch shows the object in
-    /// between with the status it had before: the caller calls this only once what it saw
-    /// has stood for a while ([`RecordWriter::differs`] first).
+    /// A write is two requests or three (the first time the object is created between two of
+    /// its status), the watch shows each, and a copy of a slow write ([`super::hedge`]) may
+    /// still land: the caller calls this only once what it saw has stood for a while
+    /// ([`RecordWriter::differs`] first).
     pub fn observe(
         &mut self,
         service: &ServiceKey,
@@ -520,13 +523,19 @@ impl RecordWriter {
         errors
     }
 
-    /// One write: a record applied, or deleted; returns whether it changed the API's records
-    /// (a record already gone is not deleted, but the write is done).
+    /// One write: a record applied (hedged: [`super::hedge`]), or deleted; returns whether it
+    /// changed the API's records (a record already gone is not deleted, but the write is done).
     async fn perform(&self, service: &ServiceKey, write: &Write) -> Result<bool, kube::Error> {
         let name = record_name(service);
         let started = tokio::time::Instant::now();
+        let sent = AtomicU32::new(0);
         let result = match write {
-            Write::Apply(status) => self.apply(&name, service, status).await.map(|()| true),
+            Write::Apply(status) => hedged(&RECORD_HEDGES, || {
+                sent.fetch_add(1, Ordering::Relaxed);
+                self.apply(&name, service, status)
+            })
+            .await
+            .map(|()| true),
             Write::Delete | Write::Sweep => {
                 match self.api.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => Ok(true),
@@ -542,12 +551,17 @@ impl RecordWriter {
                 %service,
                 took_ms = took.as_millis() as u64,
                 ok = result.is_ok(),
+                sent = sent.load(Ordering::Relaxed),
                 "a ServiceL2Status write was slow"
             );
         }
         result
     }
 
+    /// Applies `status` to `service`'s record: the status first, the truth a reader takes
+    /// (under loss every request can wait out retransmissions: one, not two, before the record
+    /// names the new owner), then the object's labels; a record not there yet is created
+    /// first. Two requests, three the first time.
     async fn apply(
         &self,
         name: &str,
@@ -555,6 +569,12 @@ impl RecordWriter {
         status: &ServiceL2StatusStatus,
     ) -> Result<(), kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = serde_json::json!({
+            "apiVersion": "swimlb.io/v1beta1",
+            "kind": "ServiceL2Status",
+            "metadata": { "name": name },
+            "status": status,
+        });
         let object = serde_json::json!({
             "apiVersion": "swimlb.io/v1beta1",
             "kind": "ServiceL2Status",
@@ -568,18 +588,23 @@ impl RecordWriter {
             },
             "spec": {},
         });
+        let status_first = self
+            .api
+            .patch_status(name, &params, &Patch::Apply(&body))
+            .await;
+        let created = match status_first {
+            Ok(_) => false,
+            Err(kube::Error::Api(e)) if e.code == 404 => true,
+            Err(e) => return Err(e),
+        };
         self.api
             .patch(name, &params, &Patch::Apply(&object))
             .await?;
-        let body = serde_json::json!({
-            "apiVersion": "swimlb.io/v1beta1",
-            "kind": "ServiceL2Status",
-            "metadata": { "name": name },
-            "status": status,
-        });
-        self.api
-            .patch_status(name, &params, &Patch::Apply(&body))
-            .await?;
+        if created {
+            self.api
+                .patch_status(name, &params, &Patch::Apply(&body))
+                .await?;
+        }
         Ok(())
     }
 }
@@ -596,13 +621,13 @@ mod tests {
         api
     }
 
-    /// The writes of records so far (objects and their status), from the audit log.
-    fn record_writes(api: &TestPlane) -> usize {
+    /// The writes of records so far (objects and their status), in order, from the audit log.
+    fn record_requests(api: &TestPlane) -> Vec<swimlb_control_plane::control_plane::AuditRecord> {
         api.requests()
-            .iter()
+            .into_iter()
             .filter(|r| r.resource.starts_with("servicel2statuses"))
             .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
-            .count()
+            .collect()
     }
 
     fn svc(name: &str) -> ServiceKey {
@@ -725,12 +750,21 @@ mod tests {
         ];
         expected.sort();
         assert_eq!(records(&api), expected);
-        let writes_before = record_writes(&api);
-        // n1 dies; n2 takes web over. Only web's record is written, once (object + status).
+        let writes_before = record_requests(&api).len();
+        // n1 dies; n2 takes web over. Only web's record is written, once: its status first,
+        // what readers take as the truth, then the object's labels.
         n2.set(&svc("web"), status("n2", "web"), false);
         assert!(n2.flush().await.is_empty());
-        let writes = record_writes(&api) - writes_before;
-        assert_eq!(writes, 2, "one Service moved: its object and its status");
+        let writes: Vec<String> = record_requests(&api)
+            .into_iter()
+            .skip(writes_before)
+            .map(|r| r.resource)
+            .collect();
+        assert_eq!(
+            writes,
+            ["servicel2statuses/status", "servicel2statuses"],
+            "one Service moved: its status, then its object"
+        );
         let mut expected = vec![
             (web.clone(), "n2".to_string(), "n2".to_string()),
             (db.clone(), "n1".to_string(), "n1".to_string()),
