@@ -30,10 +30,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::hedge::{RECORD_HEDGES, hedged};
+use super::hedge::{RECORD_COPIES_IN_FLIGHT, RECORD_HEDGES, hedged};
 use crate::model::engine::placement::LinkSet;
 use futures::StreamExt as _;
 use kube::Api;
@@ -41,6 +42,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use sha2::{Digest, Sha256};
 use swimlb_config::crd::{InterfaceInfo, ServiceL2Status, ServiceL2StatusStatus};
 use swimlb_config::service::ServiceKey;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How many record writes a flush has in flight at once.
 const FLUSH_CONCURRENCY: usize = 8;
@@ -372,6 +374,8 @@ pub struct RecordWriter {
     pending: BTreeMap<ServiceKey, Write>,
     /// Records swept since the last [`RecordWriter::take_swept`].
     swept: u64,
+    /// Leave for copies of slow writes ([`RECORD_COPIES_IN_FLIGHT`]).
+    copies: Arc<Semaphore>,
 }
 
 impl RecordWriter {
@@ -382,6 +386,7 @@ impl RecordWriter {
             written: HashMap::new(),
             pending: BTreeMap::new(),
             swept: 0,
+            copies: Arc::new(Semaphore::new(RECORD_COPIES_IN_FLIGHT)),
         }
     }
 
@@ -530,12 +535,24 @@ impl RecordWriter {
         let started = tokio::time::Instant::now();
         let sent = AtomicU32::new(0);
         let result = match write {
-            Write::Apply(status) => hedged(&RECORD_HEDGES, || {
-                sent.fetch_add(1, Ordering::Relaxed);
-                self.apply(&name, service, status)
-            })
-            .await
-            .map(|()| true),
+            Write::Apply(status) => {
+                // A copy holds its leave until it ends.
+                let attempt = |leave: Option<OwnedSemaphorePermit>| {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    let name = &name;
+                    async move {
+                        let _leave = leave;
+                        self.apply(name, service, status).await
+                    }
+                };
+                let copy = || {
+                    let leave = self.copies.clone().try_acquire_owned().ok()?;
+                    Some(attempt(Some(leave)))
+                };
+                hedged(&RECORD_HEDGES, attempt(None), copy)
+                    .await
+                    .map(|()| true)
+            }
             Write::Delete | Write::Sweep => {
                 match self.api.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => Ok(true),
