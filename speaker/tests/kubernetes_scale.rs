@@ -553,12 +553,17 @@ fn settings(node: &str, ip: &str) -> Settings {
     }
 }
 
-/// The node each record names, by Service name.
-fn record_nodes(api: &TestPlane, services: &[String]) -> BTreeMap<String, String> {
-    let by_name: BTreeMap<String, &String> = services
+/// The Services of `services` (in `default`) by the name of their record.
+fn by_record_name(services: &[String]) -> BTreeMap<String, &String> {
+    services
         .iter()
         .map(|s| (record_name(&ServiceKey::new("default", s)), s))
-        .collect();
+        .collect()
+}
+
+/// The node each record names, by Service name.
+fn record_nodes(api: &TestPlane, services: &[String]) -> BTreeMap<String, String> {
+    let by_name = by_record_name(services);
     api.admin()
         .list("swimlb.io/v1beta1", "ServiceL2Status", Some(NS))
         .unwrap_or_default()
@@ -577,10 +582,7 @@ fn record_nodes(api: &TestPlane, services: &[String]) -> BTreeMap<String, String
 /// resource) among the requests after `from`, by Service; a record of no Service of
 /// `services` is under its own name.
 fn record_writes(api: &TestPlane, services: &[String], from: usize) -> Writes {
-    let by_name: BTreeMap<String, &String> = services
-        .iter()
-        .map(|s| (record_name(&ServiceKey::new("default", s)), s))
-        .collect();
+    let by_name = by_record_name(services);
     let mut writes = Writes::new();
     for r in api.requests().into_iter().skip(from) {
         let write = matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete");
