@@ -1,13 +1,14 @@
-//! The command line's share of configuration, for both daemons: the exit status of a refused
-//! one (sysexits' `EX_CONFIG`, as for an invalid configuration file) and the parse they start
-//! with.
+//! The command line's share of configuration, for both daemons: the exit statuses they end
+//! with (sysexits' numbers) and the parse they start with.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-/// Exit status for an invalid command line or configuration (sysexits `EX_CONFIG`).
-pub const EX_CONFIG: u8 = 64;
-/// sysexits.h: the service is unavailable (a fatal runtime error).
+/// Exit status for an invalid command line or configuration (sysexits' `EX_USAGE`, 64: a
+/// refused configuration file exits with it too, so 64 means "fix what you wrote").
+pub const EX_USAGE: u8 = 64;
+/// Exit status for a daemon that cannot run or stopped on a fatal runtime error (sysexits'
+/// `EX_UNAVAILABLE`).
 pub const EX_UNAVAILABLE: u8 = 69;
 
 /// The two-thread runtime a daemon runs on; when it cannot be built, why is printed under
@@ -24,7 +25,7 @@ pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// Parses the command line `args` (the program name first). On failure clap's message is
-/// printed and the exit status returned: [`EX_CONFIG`] for an error, success for `--help` and
+/// printed and the exit status returned: [`EX_USAGE`] for an error, success for `--help` and
 /// `--version`.
 pub fn parse_args<C: clap::Parser>(
     args: impl IntoIterator<Item = OsString>,
@@ -32,7 +33,7 @@ pub fn parse_args<C: clap::Parser>(
     C::try_parse_from(args).map_err(|e| {
         let _ = e.print();
         if e.use_stderr() {
-            ExitCode::from(EX_CONFIG)
+            ExitCode::from(EX_USAGE)
         } else {
             ExitCode::SUCCESS
         }

@@ -17,7 +17,7 @@ use crate::metrics::ControllerMetrics;
 use crate::run::{Settings, run, signals};
 
 use swimlb_config::cli::parse_args;
-pub use swimlb_config::cli::{EX_CONFIG, EX_UNAVAILABLE};
+pub use swimlb_config::cli::{EX_UNAVAILABLE, EX_USAGE};
 
 /// sysexits.h: the input data was incorrect (`convert-metallb` refused it).
 pub const EX_DATAERR: u8 = 65;

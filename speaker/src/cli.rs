@@ -14,7 +14,7 @@ use swimlb_config::keyfile::new_key_file;
 use swimlb_config::standalone::Standalone;
 
 use swimlb_config::cli::parse_args;
-pub use swimlb_config::cli::{EX_CONFIG, EX_UNAVAILABLE};
+pub use swimlb_config::cli::{EX_UNAVAILABLE, EX_USAGE};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -108,7 +108,7 @@ fn status(addr: &str, watch: bool) -> ExitCode {
         Ok(socket) => socket,
         Err(e) => {
             eprintln!("swimlb-speaker status: {e}");
-            return ExitCode::from(EX_CONFIG);
+            return ExitCode::from(EX_USAGE);
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -134,14 +134,14 @@ fn status(addr: &str, watch: bool) -> ExitCode {
 fn read_config(file: &Path) -> Result<Standalone, ExitCode> {
     let text = std::fs::read_to_string(file).map_err(|e| {
         eprintln!("{}: {e}", file.display());
-        ExitCode::from(EX_CONFIG)
+        ExitCode::from(EX_USAGE)
     })?;
     Standalone::parse(&text).map_err(|errors| {
         for e in &errors.0 {
             eprintln!("{}: {e}", file.display());
         }
         eprintln!("{}: {} error(s)", file.display(), errors.0.len());
-        ExitCode::from(EX_CONFIG)
+        ExitCode::from(EX_USAGE)
     })
 }
 
@@ -164,7 +164,7 @@ fn check_config(file: &Path) -> ExitCode {
                 eprintln!("{}: {p}", file.display());
             }
             eprintln!("{}: {} error(s)", file.display(), problems.len());
-            ExitCode::from(EX_CONFIG)
+            ExitCode::from(EX_USAGE)
         }
     }
 }
@@ -208,7 +208,7 @@ fn kubernetes(
             for e in &errors {
                 eprintln!("swimlb-speaker kubernetes: {e}");
             }
-            return ExitCode::from(EX_CONFIG);
+            return ExitCode::from(EX_USAGE);
         }
     };
     run_daemon(async {
