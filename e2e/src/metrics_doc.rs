@@ -1,12 +1,18 @@
-//! The README's metrics reference (the table under `## Metrics`) and the metric families a
-//! `/metrics` answer holds, so that tests keep the two equal: every family a binary exposes is
-//! documented, with its type and labels, and every documented family is exposed.
+//! The book's metrics reference, [`PAGE`]: its table of metrics (under `## Metrics`) against
+//! the metric families a `/metrics` answer holds, so that tests keep the two equal (every
+//! family a binary exposes is documented, with its type and labels, and every documented family
+//! is exposed), and its table of alerts (under `## Alerts`), which a test keeps equal to
+//! `deploy/prometheus/rules.yaml`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
-/// One row of the README's table.
+/// The metrics reference, from the repository's root.
+pub const PAGE: &str = "docs/src/reference/metrics.md";
+
+/// One row of the page's metrics table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DocRow {
     /// The name as PromQL sees it (`swimlb_member_down_total`).
@@ -29,21 +35,57 @@ impl DocRow {
     }
 }
 
+/// One row of the page's alerts table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertRow {
+    /// The alert's name (`SwimlbMemberDown`).
+    pub name: String,
+    /// Its `severity` label (`critical`, `warning`).
+    pub severity: String,
+    /// The anchor of the row's link into the troubleshooting page (`swimlbmemberdown` for
+    /// `../troubleshooting.md#swimlbmemberdown`), if it has one.
+    pub troubleshooting: Option<String>,
+}
+
+/// The text of [`PAGE`] in the repository this crate was built from.
+pub fn page() -> Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(PAGE);
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The rows of [`PAGE`]'s metrics table.
+pub fn documented_rows() -> Result<Vec<DocRow>> {
+    rows(&page()?)
+}
+
+/// The rows of [`PAGE`]'s alerts table.
+pub fn documented_alerts() -> Result<Vec<AlertRow>> {
+    alert_rows(&page()?)
+}
+
+/// The lines of the section under the heading `## {heading}`, up to the next `## ` heading.
+fn section<'a>(page: &'a str, heading: &str) -> Result<&'a str> {
+    page.split("\n## ")
+        .skip(1)
+        .find(|s| s.lines().next().map(str::trim) == Some(heading))
+        .ok_or_else(|| anyhow::anyhow!("{PAGE} has no `## {heading}` section"))
+}
+
+/// The cells of a markdown table row, trimmed (none for a line that is not a row).
+fn cells(line: &str) -> Vec<&str> {
+    let line = line.trim();
+    if !line.starts_with('|') {
+        return Vec::new();
+    }
+    line.trim_matches('|').split('|').map(str::trim).collect()
+}
+
 /// The rows of the metrics table: the lines under `## Metrics` whose first cell is a
-/// backticked `swimlb_` name, up to the next `## ` heading.
-pub fn readme_rows(readme: &str) -> Result<Vec<DocRow>> {
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Metrics"))
-        .ok_or_else(|| anyhow::anyhow!("the README has no `## Metrics` section"))?;
+/// backticked `swimlb_` name.
+pub fn rows(page: &str) -> Result<Vec<DocRow>> {
     let mut rows = Vec::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line
-            .trim()
-            .trim_matches('|')
-            .split('|')
-            .map(str::trim)
-            .collect();
+    for line in section(page, "Metrics")?.lines() {
+        let cells = cells(line);
         let Some(name) = cells
             .first()
             .and_then(|c| c.strip_prefix("`swimlb_"))
@@ -52,7 +94,7 @@ pub fn readme_rows(readme: &str) -> Result<Vec<DocRow>> {
             continue;
         };
         let [_, kind, labels, from, ..] = cells[..] else {
-            bail!("README metrics row with fewer than 4 cells: {line}");
+            bail!("{PAGE}: a metrics row with fewer than 4 cells: {line}");
         };
         rows.push(DocRow {
             name: format!("swimlb_{name}"),
@@ -67,7 +109,39 @@ pub fn readme_rows(readme: &str) -> Result<Vec<DocRow>> {
         });
     }
     if rows.is_empty() {
-        bail!("the README's `## Metrics` section has no table rows");
+        bail!("{PAGE}: the `## Metrics` section has no table rows");
+    }
+    Ok(rows)
+}
+
+/// The rows of the alerts table: the lines under `## Alerts` whose first cell is a backticked
+/// name, the second its severity.
+pub fn alert_rows(page: &str) -> Result<Vec<AlertRow>> {
+    const LINK: &str = "](../troubleshooting.md#";
+    let mut rows = Vec::new();
+    for line in section(page, "Alerts")?.lines() {
+        let cells = cells(line);
+        let Some(name) = cells
+            .first()
+            .and_then(|c| c.strip_prefix('`'))
+            .and_then(|c| c.strip_suffix('`'))
+        else {
+            continue;
+        };
+        let [_, severity, ..] = cells[..] else {
+            bail!("{PAGE}: an alerts row without a severity: {line}");
+        };
+        let troubleshooting = line
+            .split_once(LINK)
+            .map(|(_, rest)| rest.split(')').next().unwrap_or_default().to_string());
+        rows.push(AlertRow {
+            name: name.to_string(),
+            severity: severity.to_string(),
+            troubleshooting,
+        });
+    }
+    if rows.is_empty() {
+        bail!("{PAGE}: the `## Alerts` section has no table rows");
     }
     Ok(rows)
 }
@@ -116,7 +190,7 @@ fn label_names(line: &str) -> Vec<String> {
 }
 
 /// Whether the families `component` (`standalone`, `kubernetes` or `controller`) exposes are
-/// exactly the README's rows for it ([`DocRow::exposed_by`]), with the same types and, for
+/// exactly the page's rows for it ([`DocRow::exposed_by`]), with the same types and, for
 /// families that have samples, the same labels. `Err` lists every difference.
 pub fn compare(
     rows: &[DocRow],
@@ -132,16 +206,16 @@ pub fn compare(
     for (name, family) in exposed {
         match documented.get(name.as_str()) {
             None => problems.push(format!(
-                "{name} ({}) is exposed by the {component} but not in the README's table",
+                "{name} ({}) is exposed by the {component} but not in the table of {PAGE}",
                 family.kind
             )),
             Some(row) if row.kind != family.kind => problems.push(format!(
-                "{name}: the README says {}, the {component} exposes a {}",
+                "{name}: {PAGE} says {}, the {component} exposes a {}",
                 row.kind, family.kind
             )),
             Some(row) if family.samples > 0 && row.labels != family.labels => {
                 problems.push(format!(
-                    "{name}: the README lists labels {:?}, the {component} exposes {:?}",
+                    "{name}: {PAGE} lists labels {:?}, the {component} exposes {:?}",
                     row.labels, family.labels
                 ))
             }
@@ -151,7 +225,7 @@ pub fn compare(
     for name in documented.keys() {
         if !exposed.contains_key(*name) {
             problems.push(format!(
-                "{name} is in the README's table for the {component} but not exposed"
+                "{name} is in the table of {PAGE} for the {component} but not exposed"
             ));
         }
     }
@@ -165,18 +239,21 @@ pub fn compare(
 mod tests {
     use super::*;
 
-    const README: &str = "# x\n\n## Metrics\n\n| Metric | Type | Labels | From | Meaning |\n| --- | --- | --- | --- | --- |\n\
+    const PAGE_TEXT: &str = "# x\n\n## Metrics\n\n| Metric | Type | Labels | From | Meaning |\n| --- | --- | --- | --- | --- |\n\
         | `swimlb_a_total` | counter | `reason` | speaker | A. |\n\
         | `swimlb_b` | gauge | - | all | B. |\n\
         | `swimlb_c_seconds` | histogram | - | controller | C. |\n\
-        | `swimlb_d` | gauge | - | kubernetes | D. |\n\n## Next\n| `swimlb_z` | gauge | - | all | no |\n";
+        | `swimlb_d` | gauge | - | kubernetes | D. |\n\n## Metrics of a kind\n| `swimlb_y` | gauge | - | all | no |\n\
+        \n## Alerts\n\n| Alert | Severity | What it means | What to do |\n| --- | --- | --- | --- |\n\
+        | `SwimlbA` | critical | `swimlb_a_total` rose. | [Why](../troubleshooting.md#swimlba) |\n\
+        | `SwimlbB` | warning | B. | Nothing. |\n\n## Next\n| `swimlb_z` | gauge | - | all | no |\n";
 
     const TEXT: &str = "# HELP swimlb_a_total A.\n# TYPE swimlb_a_total counter\nswimlb_a_total{reason=\"x,=\\\"}\"} 1\n\
         # HELP swimlb_b B.\n# TYPE swimlb_b gauge\nswimlb_b 1\n";
 
     #[test]
     fn the_table_rows_and_the_exposed_families_are_read_with_types_and_labels() {
-        let rows = readme_rows(README).unwrap();
+        let rows = rows(PAGE_TEXT).unwrap();
         assert_eq!(rows.len(), 4);
         assert_eq!(rows[0].labels, BTreeSet::from(["reason".to_string()]));
         assert!(rows[1].labels.is_empty());
@@ -190,7 +267,7 @@ mod tests {
 
     #[test]
     fn an_undocumented_a_missing_or_a_mistyped_family_is_named() {
-        let rows = readme_rows(README).unwrap();
+        let rows = rows(PAGE_TEXT).unwrap();
         let mut exposed = families(TEXT);
         exposed.insert("swimlb_new".into(), Exposed::default());
         exposed.get_mut("swimlb_b").unwrap().kind = "counter".into();
@@ -198,16 +275,71 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("swimlb_new () is exposed by the controller but not in"),
+            err.contains(&format!(
+                "swimlb_new () is exposed by the controller but not in the table of {PAGE}"
+            )),
             "{err}"
         );
         assert!(err.contains("swimlb_a_total (counter) is exposed"), "{err}");
-        assert!(err.contains("swimlb_b: the README says gauge"), "{err}");
         assert!(
-            err.contains(
-                "swimlb_c_seconds is in the README's table for the controller but not exposed"
-            ),
+            err.contains(&format!("swimlb_b: {PAGE} says gauge")),
             "{err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "swimlb_c_seconds is in the table of {PAGE} for the controller but not exposed"
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_alert_rows_are_read_with_their_severity_and_troubleshooting_anchor() {
+        let alerts = alert_rows(PAGE_TEXT).unwrap();
+        assert_eq!(
+            alerts,
+            [
+                AlertRow {
+                    name: "SwimlbA".into(),
+                    severity: "critical".into(),
+                    troubleshooting: Some("swimlba".into()),
+                },
+                AlertRow {
+                    name: "SwimlbB".into(),
+                    severity: "warning".into(),
+                    troubleshooting: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_page_without_a_section_or_its_rows_is_an_error_that_names_the_page() {
+        let err = rows("# x\n\n## Metrics of a kind\n| `swimlb_y` | gauge | - | all | no |\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, format!("{PAGE} has no `## Metrics` section"));
+        let err = alert_rows("# x\n\n## Alerts\n\nNone yet.\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!("{PAGE}: the `## Alerts` section has no table rows")
+        );
+    }
+
+    #[test]
+    fn the_book_page_holds_both_tables() {
+        let page = page().unwrap();
+        let metrics = rows(&page).unwrap();
+        assert!(
+            metrics.iter().any(|r| r.name == "swimlb_build_info"),
+            "{metrics:?}"
+        );
+        let alerts = alert_rows(&page).unwrap();
+        assert!(
+            alerts.iter().all(|a| a.name.starts_with("Swimlb")),
+            "{alerts:?}"
         );
     }
 }

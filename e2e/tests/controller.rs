@@ -587,9 +587,10 @@ async fn exhaustion_and_bad_requests_produce_warning_events_and_no_address() {
 }
 
 /// Issue 14: `/metrics`, read as curl reads it, passes `promtool check metrics` and exposes
-/// exactly the README's controller metrics (an exhausted pool gives the error counter a series).
+/// exactly the controller metrics of the book's metrics reference (an exhausted pool gives the
+/// error counter a series).
 #[tokio::test]
-async fn metrics_pass_promtool_and_are_the_readmes_table() {
+async fn metrics_pass_promtool_and_are_the_metrics_reference() {
     use swimlb_e2e::metrics_doc;
     let (api, client) = lab().await;
     create_pool(&client, "one", json!({"addresses": ["192.0.2.40/32"]})).await;
@@ -608,11 +609,12 @@ async fn metrics_pass_promtool_and_are_the_readmes_table() {
     if let Err(e) = swimlb_e2e::promtool::check_metrics(&body) {
         panic!("{e}\n{body}");
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
+    let rows = metrics_doc::documented_rows().unwrap_or_else(|e| panic!("{e:#}"));
     if let Err(e) = metrics_doc::compare(&rows, "controller", &metrics_doc::families(&body)) {
-        panic!("the README's table and the controller's /metrics differ:\n{e}\n{body}");
+        panic!(
+            "the metrics reference ({}) and the controller's /metrics differ:\n{e}\n{body}",
+            metrics_doc::PAGE
+        );
     }
     drop(ctl);
 }

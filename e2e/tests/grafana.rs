@@ -1,8 +1,9 @@
 //! The Grafana dashboard `deploy/grafana/swimlb.json` (issue 14), checked without Grafana (no
 //! Grafana server runs on these machines): current schema, the datasource and namespace
 //! variables, every panel on the datasource variable with a unique id and a position, every
-//! query naming only metrics of the README's table and only labels that metric has (or that
-//! Prometheus adds to every target), and the panels the issue asks for. Prometheus evaluates
+//! query naming only metrics of the book's metrics reference (`docs/src/reference/metrics.md`)
+//! and only labels that metric has (or that Prometheus adds to every target), and the panels
+//! the issue asks for. Prometheus evaluates
 //! the queries against a live lab in `standalone_lab.rs`. No root.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,9 +25,8 @@ fn load() -> Value {
 }
 
 fn table() -> BTreeMap<String, DocRow> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
-    metrics_doc::readme_rows(&readme)
-        .expect("the README's metrics table")
+    metrics_doc::documented_rows()
+        .unwrap_or_else(|e| panic!("{e:#}"))
         .into_iter()
         .map(|r| (r.name.clone(), r))
         .collect()
@@ -82,7 +82,8 @@ fn the_schema_is_current_and_the_variables_are_defined() {
     assert_eq!(label.trim(), "namespace");
     assert!(
         table().contains_key(metric.trim()),
-        "{metric} is in the README's table"
+        "{metric} is in the table of {}",
+        metrics_doc::PAGE
     );
     // All must also match series without the label (standalone speakers): `.*` matches "".
     assert_eq!(ns["includeAll"], true, "{ns}");
@@ -162,7 +163,7 @@ fn every_panel_has_a_unique_id_a_position_and_the_datasource_variable() {
 }
 
 #[test]
-fn every_query_names_only_metrics_and_labels_of_the_readmes_table() {
+fn every_query_names_only_metrics_and_labels_of_the_metrics_reference() {
     let d = load();
     let rows = table();
     let is_histogram = |n: &str| rows.get(n).is_some_and(|r| r.kind == "histogram");
@@ -183,7 +184,8 @@ fn every_query_names_only_metrics_and_labels_of_the_readmes_table() {
             let family = dashboard::family_of(series, is_histogram);
             let row = rows.get(&family).unwrap_or_else(|| {
                 panic!(
-                    "{where_}: {series} is not in the README's metrics table (so no binary exposes it): {}",
+                    "{where_}: {series} is not in the table of {} (so no binary exposes it): {}",
+                    metrics_doc::PAGE,
                     q.expr
                 )
             });

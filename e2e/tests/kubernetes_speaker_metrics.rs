@@ -1,7 +1,8 @@
 //! Issue 14: the Kubernetes speaker's `/metrics` (the code `swimlb-speaker kubernetes` runs,
 //! in-process, against the real control plane on the loopback), read as curl reads it, passes `promtool check
-//! metrics` and exposes exactly the README's metrics for the Kubernetes speaker (`speaker`,
-//! `kubernetes` and `all` rows), with their types and labels.
+//! metrics` and exposes exactly the metrics of the book's metrics reference
+//! (`docs/src/reference/metrics.md`) for the Kubernetes speaker (`speaker`, `kubernetes` and
+//! `all` rows), with their types and labels.
 //!
 //! Every labelled family is made to hold a series (an empty family is not exposed at all): a
 //! Service announced on a veth (`swimlb_announced`, `swimlb_owner`), another outside every pool
@@ -130,7 +131,7 @@ async fn metrics_with(listen: SocketAddr, needles: &[&str]) -> String {
 
 #[test]
 #[ignore = "needs root: network namespaces and packet sockets"]
-fn kubernetes_speaker_metrics_pass_promtool_and_are_the_readmes_table() {
+fn kubernetes_speaker_metrics_pass_promtool_and_are_the_metrics_reference() {
     swimlb_e2e::netns::require_root("kubernetes_speaker_metrics");
     let pair = Pair::new();
     let (b, veth_b) = (pair.b.clone(), pair.veth_b.clone());
@@ -146,11 +147,12 @@ fn kubernetes_speaker_metrics_pass_promtool_and_are_the_readmes_table() {
     if let Err(e) = swimlb_e2e::promtool::check_metrics(&body) {
         panic!("{e}\n{body}");
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
+    let rows = metrics_doc::documented_rows().unwrap_or_else(|e| panic!("{e:#}"));
     if let Err(e) = metrics_doc::compare(&rows, "kubernetes", &metrics_doc::families(&body)) {
-        panic!("the README's table and the Kubernetes speaker's /metrics differ:\n{e}\n{body}");
+        panic!(
+            "the metrics reference ({}) and the Kubernetes speaker's /metrics differ:\n{e}\n{body}",
+            metrics_doc::PAGE
+        );
     }
 }
 

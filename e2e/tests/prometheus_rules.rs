@@ -1,7 +1,9 @@
 //! The alerting rules of `deploy/prometheus/` (issue 14): `promtool check rules` accepts them,
 //! `promtool test rules` passes their unit tests, every alert is tested both firing and
-//! silent, and every swimlb metric they query is one the README documents (so a rename breaks
-//! this test, not an alert in production). Also: the promtool helpers fail when promtool
+//! silent, every swimlb metric they query is one the book's metrics reference
+//! (`docs/src/reference/metrics.md`) documents (so a rename breaks this test, not an alert in
+//! production), and that page's table of alerts lists every alert with its severity and a link
+//! to its entry in the troubleshooting page. Also: the promtool helpers fail when promtool
 //! reports a problem. Needs promtool (test.sh installs Debian's `prometheus`), not root.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,9 +83,8 @@ fn every_alert_is_tested_firing_and_silent() {
 
 #[test]
 fn the_rules_query_only_metrics_the_binaries_expose() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
-    let documented: BTreeSet<String> = metrics_doc::readme_rows(&readme)
-        .expect("the README's metrics table")
+    let documented: BTreeSet<String> = metrics_doc::documented_rows()
+        .unwrap_or_else(|e| panic!("{e:#}"))
         .into_iter()
         .map(|r| r.name)
         .collect();
@@ -100,9 +101,62 @@ fn the_rules_query_only_metrics_the_binaries_expose() {
         for metric in used {
             assert!(
                 documented.contains(metric),
-                "{alert} queries {metric}, which the README's table (and so no binary) has"
+                "{alert} queries {metric}, which the table of {} (and so no binary) lacks",
+                metrics_doc::PAGE
             );
         }
+    }
+}
+
+/// The metrics reference's alerts table names exactly the alerts of `rules.yaml`, each with the
+/// severity the rule gives it and a link to the troubleshooting entry named after it (mdBook's
+/// anchor of a heading `### SwimlbName` is `swimlbname`).
+#[test]
+fn the_metrics_reference_lists_every_alert_with_its_severity_and_troubleshooting_entry() {
+    let rules = yaml(&repo().join("deploy/prometheus/rules.yaml"));
+    let severities: BTreeMap<String, String> = rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").iter())
+        .filter_map(|r| {
+            Some((
+                r["alert"].as_str()?.to_string(),
+                r["labels"]["severity"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    assert_eq!(
+        severities.keys().collect::<Vec<_>>(),
+        alerts(&rules).keys().collect::<Vec<_>>(),
+        "every alert has a severity label"
+    );
+    let documented = metrics_doc::documented_alerts().unwrap_or_else(|e| panic!("{e:#}"));
+    let listed: BTreeMap<String, String> = documented
+        .iter()
+        .map(|a| (a.name.clone(), a.severity.clone()))
+        .collect();
+    assert_eq!(
+        listed.len(),
+        documented.len(),
+        "an alert listed twice in {}",
+        metrics_doc::PAGE
+    );
+    assert_eq!(
+        listed,
+        severities,
+        "the alerts of {} (left) and of rules.yaml (right) differ",
+        metrics_doc::PAGE
+    );
+    for alert in &documented {
+        assert_eq!(
+            alert.troubleshooting.as_deref(),
+            Some(alert.name.to_lowercase().as_str()),
+            "{}: its row in {} links to ../troubleshooting.md#{}",
+            alert.name,
+            metrics_doc::PAGE,
+            alert.name.to_lowercase()
+        );
     }
 }
 

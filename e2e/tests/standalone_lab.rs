@@ -1671,21 +1671,19 @@ fn an_owner_whose_announcing_link_goes_down_hands_the_vip_over_and_waits_its_del
 }
 
 /// Issue 14: every node's `/metrics`, read as curl reads it, passes `promtool check metrics`;
-/// together the three expose exactly the README's speaker metrics (every labelled family made
-/// to hold a series: a health check, a datagram that is no envelope, an ARP request for an
-/// address nobody owns); and `swimlb-speaker status`, run from the client, prints the owner
+/// together the three expose exactly the speaker metrics of the book's metrics reference (every
+/// labelled family made to hold a series: a health check, a datagram that is no envelope, an ARP
+/// request for an address nobody owns); and `swimlb-speaker status`, run from the client, prints the owner
 /// every node agrees on.
 #[test]
 #[ignore = "needs root: network namespaces"]
-fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_owner() {
+fn metrics_pass_promtool_and_are_the_metrics_reference_and_status_prints_the_agreed_owner() {
     use swimlb_e2e::metrics_doc::{self, Exposed};
     let _one = one_lab("metrics");
     let (mut run, owner) = Running::start_with_every_series(31);
     let vip = IpAddr::V4(netns::vip_v4(0));
 
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let rows = metrics_doc::readme_rows(&readme).expect("the README's metrics table");
+    let rows = metrics_doc::documented_rows().unwrap_or_else(|e| panic!("{e:#}"));
     let nodes: Vec<SocketAddr> = failover::http_addrs(&run.lab);
     // The counters above reach /metrics at once; the check's first result within its interval.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1706,7 +1704,10 @@ fn metrics_pass_promtool_and_are_the_readmes_table_and_status_prints_the_agreed_
         match metrics_doc::compare(&rows, "standalone", &union) {
             Ok(()) => break (bodies, union),
             Err(e) if Instant::now() > deadline => {
-                panic!("the README's table and the speakers' /metrics differ:\n{e}")
+                panic!(
+                    "the metrics reference ({}) and the speakers' /metrics differ:\n{e}",
+                    metrics_doc::PAGE
+                )
             }
             Err(_) => {}
         }
