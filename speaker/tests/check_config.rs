@@ -76,7 +76,9 @@ fn a_valid_file_prints_detection_times() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("the measured figures are in the README"),
+        stdout.contains(
+            "the measured figures are in the book's Benchmarks page (docs/src/benchmarks.md)"
+        ),
         "{stdout}"
     );
 }

@@ -8,7 +8,7 @@
 //! member when the period ends without an ack), the suspicion timeout, one gossip round to
 //! spread the news; on a failing check, the check's worst case plus one gossip round for the
 //! record. These are not bounds: lost probes and a loaded machine make failovers longer, and the
-//! measured figures are in the README.
+//! measured figures are in the book's Benchmarks page (`docs/src/benchmarks.md`).
 //!
 //! One line describes the owner watch: on or off, its interval and misses, the
 //! longest time until a watcher finds a crashed owner silent
@@ -272,7 +272,7 @@ pub fn report(config: &Standalone, timing: &Timing) -> String {
     }
     let _ = writeln!(
         out,
-        "failover figures are estimates from the timings, not bounds: lost probes and load make them longer; the measured figures are in the README"
+        "failover figures are estimates from the timings, not bounds: lost probes and load make them longer; the measured figures are in the book's Benchmarks page (docs/src/benchmarks.md)"
     );
     out
 }
@@ -354,7 +354,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("the measured figures are in the README"),
+            text.contains(
+                "the measured figures are in the book's Benchmarks page (docs/src/benchmarks.md)"
+            ),
             "{text}"
         );
         assert!(text.contains("WARNING: insecure"), "{text}");
