@@ -4,7 +4,8 @@
 //! the first problem: the YAML becomes a tree, then [`Standalone::from_tree`] walks the whole tree
 //! and either returns the validated model or every error found, each with its path
 //! (`groups[0].checks[1].interval: ...`). Unknown keys are errors, so a typo never silently falls
-//! back to a default.
+//! back to a default. The keys known, with their types, defaults and meanings, are one table,
+//! [`keys::KEYS`], which the reference page is written from.
 //!
 //! The validated model uses parsed types only: socket addresses, IP addresses, [`Duration`]s,
 //! `NonZeroU32`. Defaults follow keepalived where it has one (check interval 1 s, timeout = interval,
@@ -39,6 +40,7 @@ use serde_json::{Map, Value};
 use crate::duration::parse_duration;
 
 mod checks;
+pub mod keys;
 
 /// The default gossip port.
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
@@ -346,13 +348,15 @@ impl Walker {
         });
     }
 
-    /// The value as a mapping whose keys are all in `known`; unknown keys are reported.
+    /// The value as a mapping whose keys are all keys of `section` in [`keys::KEYS`]; unknown
+    /// keys are reported.
     fn object<'v>(
         &mut self,
         path: &str,
         v: &'v Value,
-        known: &[&str],
+        section: &str,
     ) -> Option<&'v Map<String, Value>> {
+        let known = keys::known(section);
         let Some(map) = v.as_object() else {
             self.error(path, format!("expected a mapping, found {}", kind(v)));
             return None;
@@ -472,11 +476,7 @@ impl Walker {
     }
 
     fn standalone(&mut self, tree: &Value) -> Option<Standalone> {
-        const KNOWN: &[&str] = &[
-            "cluster", "node", "bind", "peers", "keyFile", "insecure", "listen", "gossip",
-            "announce", "groups",
-        ];
-        let map = self.object("(file)", tree, KNOWN)?;
+        let map = self.object("(file)", tree, "")?;
         let cluster = match map.get("cluster") {
             Some(v) => self.string("cluster", v).and_then(|c| self.cluster_name(c)),
             None => {
@@ -611,32 +611,8 @@ impl Walker {
     }
 
     fn gossip(&mut self, v: &Value) -> GossipSettings {
-        const KNOWN: &[&str] = &[
-            "profile",
-            "probePeriod",
-            "probeRtt",
-            "suspectToDown",
-            "periodicGossip",
-            "gossipFanout",
-            "indirectProbes",
-            "maxTransmissions",
-            "scaleSuspicion",
-            "scaleTransmissions",
-            "notifySuspects",
-            "notifyDownMembers",
-            "announceDownPeriod",
-            "announceDownFanout",
-            "announcePeriod",
-            "syncPeriod",
-            "joinRetry",
-            "metaRefresh",
-            "maxPacketSize",
-            "ownerWatch",
-            "ownerWatchInterval",
-            "ownerWatchMisses",
-        ];
         let mut g = GossipSettings::default();
-        let Some(map) = self.object("gossip", v, KNOWN) else {
+        let Some(map) = self.object("gossip", v, "gossip") else {
             return g;
         };
         if let Some(v) = map.get("profile") {
@@ -688,9 +664,8 @@ impl Walker {
     }
 
     fn announce(&mut self, v: &Value) -> AnnounceSettings {
-        const KNOWN: &[&str] = &["burst", "secondBurstAfter", "refresh"];
         let mut a = AnnounceSettings::default();
-        let Some(map) = self.object("announce", v, KNOWN) else {
+        let Some(map) = self.object("announce", v, "announce") else {
             return a;
         };
         if let Some(n) = map
@@ -757,16 +732,7 @@ impl Walker {
     }
 
     fn group(&mut self, path: &str, v: &Value) -> Option<Group> {
-        const KNOWN: &[&str] = &[
-            "name",
-            "addresses",
-            "interface",
-            "priority",
-            "preemptDelay",
-            "checks",
-            "notify",
-        ];
-        let map = self.object(path, v, KNOWN)?;
+        let map = self.object(path, v, "groups[]")?;
         let name = self.required_label(path, map);
         let mut addresses = Vec::new();
         match map.get("addresses") {

@@ -9,23 +9,9 @@ use super::{Check, CheckKind, Walker, join, kind};
 
 impl Walker {
     pub(super) fn check(&mut self, path: &str, v: &Value) -> Option<Check> {
-        const KNOWN: &[&str] = &[
-            "name",
-            "http",
-            "https",
-            "tcp",
-            "exec",
-            "insecure",
-            "expectStatus",
-            "interval",
-            "timeout",
-            "rise",
-            "fall",
-            "weight",
-        ];
-        let map = self.object(path, v, KNOWN)?;
+        let map = self.object(path, v, "groups[].checks[]")?;
         let name = self.required_label(path, map);
-        let kinds: Vec<&str> = ["http", "https", "tcp", "exec"]
+        let kinds: Vec<&str> = super::keys::CHECK_KINDS
             .into_iter()
             .filter(|k| map.contains_key(*k))
             .collect();
