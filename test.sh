@@ -71,6 +71,23 @@ else
   echo "test.sh: e2e/k8s/build.sh failed: the Kubernetes tests will fail" >&2
 fi
 
+# mdBook builds the book (docs/) in e2e/tests/book.rs, which checks every link of it; pinned,
+# from crates.io, without its `serve` and `watch` features, into the tools folder (about 3
+# minutes the first time, nothing after).
+mdbook_version=0.5.4
+mdbook_root="$tools_venv/mdbook-$mdbook_version"
+if [ ! -x "$mdbook_root/bin/mdbook" ]; then
+  if mkdir -p "$mdbook_root" 2>/dev/null && [ -w "$mdbook_root" ]; then
+    echo "test.sh: installing mdbook $mdbook_version into $mdbook_root"
+    cargo install -q --locked mdbook --version "$mdbook_version" --no-default-features \
+      --features search --root "$mdbook_root" ||
+      echo "test.sh: installing mdbook failed: e2e/tests/book.rs will fail" >&2
+  else
+    echo "test.sh: cannot write $mdbook_root, so no mdbook: e2e/tests/book.rs will fail" >&2
+  fi
+fi
+[ -x "$mdbook_root/bin/mdbook" ] && export SWIMLB_MDBOOK="$mdbook_root/bin/mdbook"
+
 cargo_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   cargo_args+=("$1")
