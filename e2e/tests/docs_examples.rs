@@ -594,7 +594,10 @@ struct Netns(String);
 impl Netns {
     fn new() -> Self {
         let name = format!("swdoc{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
         let this = Netns(name);
         for args in [
             vec!["netns", "add", &this.0],
@@ -695,4 +698,32 @@ fn the_speaker_runs_with_the_units_two_capabilities_alone() {
         c
     });
     assert!(!link.status.success(), "swimlb0 is left after a clean stop");
+}
+
+#[test]
+fn the_keepalived_example_is_one_keepalived_accepts() {
+    if !on_path("keepalived") {
+        eprintln!("skipped: keepalived is not installed (test.sh installs it as root)");
+        return;
+    }
+    let dir = scratch("keepalived");
+    // The scripts the file names, as the host of the example has them.
+    let conf = read(&examples().join("keepalived/keepalived.conf"))
+        .replace("/etc/keepalived/check_apiserver.sh", "/bin/true")
+        .replace("/etc/keepalived/notify.sh", "/bin/true");
+    let path = dir.join("keepalived.conf");
+    std::fs::write(&path, conf).expect("keepalived.conf copy");
+    let log = dir.join("config-test.log");
+    let mut command = Command::new("keepalived");
+    command
+        .arg(format!("--config-test={}", log.display()))
+        .arg("-f")
+        .arg(&path);
+    let out = run(command);
+    assert!(
+        out.status.success(),
+        "keepalived --config-test: {}{}",
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        text(&out.stderr)
+    );
 }
