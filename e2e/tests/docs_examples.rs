@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Service;
@@ -660,23 +660,20 @@ fn the_speaker_runs_with_the_units_two_capabilities_alone() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = speaker.spawn().expect("speaker");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let owner = loop {
+    // Up to 15 s: 75 looks, 200 ms apart.
+    let mut owner = false;
+    for _ in 0..75 {
         let mut status = netns.exec(env!("CARGO_BIN_EXE_swimlb-lab"));
         status.args(["speaker", "status", "127.0.0.1:7572"]);
-        let out = run(status);
-        let table = text(&out.stdout);
-        if table
+        let table = text(&run(status).stdout);
+        owner = table
             .lines()
-            .any(|l| l.starts_with("192.0.2.100") && l.contains(" owner"))
-        {
-            break true;
-        }
-        if Instant::now() > deadline || child.try_wait().expect("wait").is_some() {
-            break false;
+            .any(|l| l.starts_with("192.0.2.100") && l.contains(" owner"));
+        if owner || child.try_wait().expect("wait").is_some() {
+            break;
         }
         std::thread::sleep(Duration::from_millis(200));
-    };
+    }
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
