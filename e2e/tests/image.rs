@@ -372,7 +372,7 @@ fn the_image_holds_both_binaries_with_their_libraries_and_runs_them() {
             .unwrap_or_else(|| panic!("no container {container} in {kind} {name}"));
         assert_eq!(
             spec["image"],
-            format!("swimlb/swimlb:{VERSION}"),
+            format!("localhost/swimlb/swimlb:{VERSION}"),
             "{kind} {name}: the image the Containerfile's header tags"
         );
         let command = spec["command"][0].as_str().expect("a command");
