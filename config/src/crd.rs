@@ -20,7 +20,10 @@ fn default_true() -> bool {
     true
 }
 
-/// A set of addresses the controller may hand to LoadBalancer Services.
+/// A set of addresses the controller assigns to LoadBalancer Services. The controller checks
+/// every pool as a whole: one that does not validate (a bad entry, an overlap with itself or
+/// another pool) gets the condition `Valid` False with every error, and the last valid pools
+/// stay in force.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "swimlb.io",
@@ -36,15 +39,21 @@ fn default_true() -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressPoolSpec {
     /// The addresses of the pool: CIDRs (`192.0.2.0/24`, `2001:db8::/64`) and inclusive ranges
-    /// (`192.0.2.10-192.0.2.20`), IPv4 and IPv6.
+    /// (`192.0.2.10-192.0.2.20`), IPv4 and IPv6, at least one. A CIDR with host bits set, a
+    /// reversed range, a range whose ends are of two families, and an entry that overlaps
+    /// another entry or another pool are errors.
     pub addresses: Vec<String>,
-    /// Whether Services that name no pool may get addresses from this pool. Default true.
+    /// Whether Services that name neither a pool (annotation `swimlb.io/address-pool`) nor an
+    /// address may get addresses from this pool. Off, the pool serves only Services that ask
+    /// for it or for one of its addresses.
     #[serde(default = "default_true")]
     pub auto_assign: bool,
-    /// Skip addresses ending in `.0` and `.255` (some old equipment drops them).
+    /// Never assign IPv4 addresses ending in `.0` or `.255`, which some old equipment takes for
+    /// network or broadcast addresses and drops.
     #[serde(default, rename = "avoidBuggyIPs")]
     pub avoid_buggy_ips: bool,
-    /// Restrict or prefer this pool for some Services.
+    /// Restrict this pool to some Services, and order it before other pools for them. Without
+    /// it, the pool serves any Service (with `autoAssign`) after the pools that have one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_allocation: Option<ServiceAllocation>,
 }
@@ -76,7 +85,7 @@ pub struct ServiceAllocation {
     /// without a `serviceAllocation`.
     #[serde(default)]
     pub priority: i32,
-    /// The namespaces whose Services may use the pool (empty: any).
+    /// The namespaces whose Services may use the pool, by name (empty: any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
     /// Selectors over namespace labels; a Service's namespace must match one (empty: any).
@@ -97,10 +106,11 @@ pub struct IPAddressPoolStatus {
     /// IPv6 addresses assigned to Services.
     #[serde(default, rename = "assignedIPv6")]
     pub assigned_ipv6: i64,
-    /// IPv4 addresses still free (saturated at `i64::MAX`).
+    /// IPv4 addresses still free (at most 9223372036854775807, the largest the field holds).
     #[serde(default, rename = "availableIPv4")]
     pub available_ipv4: i64,
-    /// IPv6 addresses still free (saturated at `i64::MAX`).
+    /// IPv6 addresses still free (at most 9223372036854775807, the largest the field holds: a
+    /// /64 has more).
     #[serde(default, rename = "availableIPv6")]
     pub available_ipv6: i64,
     /// `Valid`: True while the pool is accepted; False, with every validation error in the
@@ -109,7 +119,10 @@ pub struct IPAddressPoolStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Announces the addresses of some pools with ARP and NDP from some nodes.
+/// Announces the addresses of some pools with ARP (IPv4) and NDP (IPv6) from some nodes, on
+/// some interfaces. An address is announced only when an advertisement selects its pool; one
+/// node at a time answers for it, chosen by the speakers among the nodes the advertisements
+/// allow.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "swimlb.io",
@@ -125,19 +138,27 @@ pub struct IPAddressPoolStatus {
 // in `{}` so it applies, and the derived type, which requires `spec`, reads it.
 #[schemars(extend("default" = {}))]
 pub struct L2AdvertisementSpec {
-    /// Pools announced by name. With no names and no selectors, every pool is announced.
+    /// Pools announced, by name. With no names and no `ipAddressPoolSelectors`, every pool of
+    /// the namespace is announced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_address_pools: Vec<String>,
-    /// Pools announced by label.
+    /// Pools announced, by their labels: a pool matching any selector is (besides those named
+    /// in `ipAddressPools`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_address_pool_selectors: Vec<LabelSelector>,
-    /// Nodes that may announce (empty: all).
+    /// Nodes that may announce, by their labels: a node matching any selector may (empty: every
+    /// Node). Nodes with the condition `NetworkUnavailable` and nodes labelled
+    /// `node.kubernetes.io/exclude-from-external-load-balancers` never announce (the label is
+    /// ignored with the speaker's `--ignore-exclude-lb`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_selectors: Vec<LabelSelector>,
-    /// Interfaces to announce on (empty: all).
+    /// The interfaces the announcing node answers and announces on, by name (empty: the
+    /// interface with the connected route to the address). Of several advertisements for one
+    /// address, the interfaces of all are used; one without `interfaces` means the routed one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<String>,
-    /// Services announced (empty: all of the selected pools').
+    /// Services announced, by their labels: a Service matching any selector is (empty: every
+    /// Service with an address from the selected pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_selectors: Vec<LabelSelector>,
     /// Soft preferences among the nodes this advertisement lets announce: a node's score is the
@@ -159,7 +180,10 @@ pub struct PreferredNodeSelector {
     pub preference: LabelSelector,
 }
 
-/// Which node announces a Service, written by the speakers. The spec is empty.
+/// Which node announces a Service's addresses, and on which interfaces: one object per
+/// announced Service, in the speakers' namespace, written by the announcing speaker (a new
+/// owner takes it over) and deleted when the Service is no longer served. For reading
+/// (`kubectl get servicel2statuses`); the spec is empty.
 #[derive(
     CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema,
 )]
@@ -176,11 +200,12 @@ pub struct PreferredNodeSelector {
 #[serde(rename_all = "camelCase")]
 pub struct ServiceL2StatusSpec {}
 
-/// The node announcing a Service and the interfaces it announces on.
+/// The node announcing a Service and the interfaces it announces on, as its speaker last wrote
+/// them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceL2StatusStatus {
-    /// The announcing node.
+    /// The name of the announcing node.
     #[serde(default)]
     pub node: String,
     /// The Service's name.
