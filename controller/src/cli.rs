@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use prometheus_client::registry::Registry;
 
 use crate::metrics::ControllerMetrics;
@@ -172,6 +172,26 @@ async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, CliError> 
         None => kube::Config::infer().await.map_err(CliError::Infer)?,
     };
     swimlb_config::client::client(config).map_err(CliError::Client)
+}
+
+/// The command line's definition, for `--help` and the reference page.
+pub fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// The command line of `crdgen`: no argument but `--help` and `--version`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "crdgen",
+    version,
+    about = "Print the swimlb CustomResourceDefinitions (what deploy/crds.yaml holds) on standard \
+             output"
+)]
+pub struct Crdgen {}
+
+/// `crdgen`'s command line's definition, for the reference page.
+pub fn crdgen_command() -> clap::Command {
+    Crdgen::command()
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.

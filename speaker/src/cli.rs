@@ -9,7 +9,7 @@ use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use swimlb_config::keyfile::new_key_file;
 use swimlb_config::standalone::Standalone;
 
@@ -78,6 +78,11 @@ enum Command {
         #[arg(long, short)]
         watch: bool,
     },
+}
+
+/// The command line's definition, for `--help` and the reference page.
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// Runs the command line `args` (the program name first) and returns the exit status.

@@ -6,6 +6,11 @@
 use std::io::Write;
 
 fn main() -> std::process::ExitCode {
+    if let Err(status) =
+        swimlb_config::cli::parse_args::<swimlb_controller::cli::Crdgen>(std::env::args_os())
+    {
+        return status;
+    }
     match swimlb_config::crd::all_crds_yaml() {
         Ok(yaml) => {
             let mut out = std::io::stdout().lock();
