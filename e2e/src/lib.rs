@@ -41,6 +41,11 @@
 //!   (uses [`metallb`]'s lab).
 //! - [`chaos`]: `swimlb-lab chaos`, seeded random faults with the invariants checked throughout.
 //!
+//! On top (each imports any module above):
+//! - [`cli`]: `swimlb-lab`'s command line, and what each command runs.
+//! - [`reference`]: the book's reference pages generated from the code (the command lines, the
+//!   standalone file's keys, the CRD schemas), written by `swimlb-docgen`.
+//!
 //! From the control plane crate:
 //! - [`control_plane`]: etcd, kube-apiserver, controller manager, scheduler, with their PKI.
 //! - [`kube_client`]: a blocking `kube::Client` for any object as JSON.
@@ -49,6 +54,7 @@
 pub use swimlb_control_plane::{control_plane, kube_client, kubectl};
 
 pub mod chaos;
+pub mod cli;
 pub mod converge;
 pub mod daemons;
 pub mod dashboard;
@@ -71,6 +77,7 @@ pub mod probe;
 pub mod prometheus_lab;
 pub mod promtool;
 pub mod rbac;
+pub mod reference;
 pub mod scrape;
 pub mod sim;
 pub mod soak;

@@ -540,7 +540,7 @@ pub const KEYS: &[Key] = &[
         default: WhenAbsent::Means("none: a check has exactly one kind"),
         allowed: Allowed::Text("as `http`; `https://` is added when no scheme is given"),
         example: "localhost:9443/readyz",
-        meaning: "An HTTPS GET: `http` for a URL written without its scheme.",
+        meaning: "An HTTPS GET, as `http`; the URL may leave out `https://`.",
     },
     Key {
         path: "groups[].checks[].tcp",
