@@ -97,8 +97,8 @@ done
 
 if [ "$(id -u)" -eq 0 ]; then
   # --all-targets in two steps: the `measure_*` tests (e2e/tests/controller.rs) are #[ignore]d
-  # because they are measurements, not because they need root, and run on demand (README,
-  # "Measured numbers"); the benches' criterion harness takes no --skip.
+  # because they are measurements, not because they need root, and run on demand (the book:
+  # docs/src/development/tests.md); the benches' criterion harness takes no --skip.
   cargo test --workspace --lib --bins --tests --examples --locked "${cargo_args[@]}" \
     -- --include-ignored --skip measure_ "$@"
   cargo test --workspace --benches --locked "${cargo_args[@]}" -- "$@"

@@ -3,7 +3,7 @@
 //!
 //! The leader GETs the Secret; on 404 it creates it with one random key in the key file format
 //! (`swimlb-speaker keygen`); a Secret that exists, or appears meanwhile (409), is never
-//! changed: rotation is the operator's (README, "Deploy"). Failures are retried with backoff in
+//! changed: rotation is the operator's (docs/src/install/upgrade.md). Failures are retried with backoff in
 //! the background and never hold allocation up.
 
 use std::collections::BTreeMap;

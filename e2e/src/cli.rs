@@ -47,7 +47,7 @@ enum Command {
     Soak(SoakArgs),
     /// Seeded random faults, several at a time, with the invariants checked the whole time.
     Chaos(ChaosArgs),
-    /// MetalLB serving Services, replaced by swimlb by the README's "Switching from MetalLB":
+    /// MetalLB serving Services, replaced by swimlb by the book's "Switching from MetalLB":
     /// Service IPs changed, owners moved, probes lost.
     Migrate(MigrateArgs),
     /// Moves decided by the Kubernetes API (an endpoint moved to another node), each measured

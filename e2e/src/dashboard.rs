@@ -200,7 +200,7 @@ pub fn grouping_labels(expr: &str) -> BTreeSet<String> {
     out
 }
 
-/// The README row name a series name belongs to: a histogram's `_bucket`, `_sum` and `_count`
+/// The metrics reference row name a series name belongs to: a histogram's `_bucket`, `_sum` and `_count`
 /// series belong to the histogram (when `is_histogram` says the base is one).
 pub fn family_of(series: &str, is_histogram: impl Fn(&str) -> bool) -> String {
     for suffix in ["_bucket", "_sum", "_count"] {

@@ -10,7 +10,7 @@
 //! - [`rbac`]: what the API server's RBAC made of a user's requests, from its audit log.
 //! - [`dashboard`]: the Grafana dashboard's panels and queries, with variables substituted.
 //! - [`manifests`]: `deploy/swimlb.yaml` and the `PrometheusRule` rendered from their sources.
-//! - [`metrics_doc`]: the README's metrics table against what a `/metrics` exposes.
+//! - [`metrics_doc`]: the book's metrics reference against what a `/metrics` exposes.
 //! - [`sim`]: `swimlb-lab sim`, the deterministic membership simulation (on `simnet`).
 //!
 //! Tools and the network, beside the control plane:
@@ -37,7 +37,7 @@
 //! - [`pause`]: the pause scenarios of `swimlb-lab failover` (uses its options).
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
 //! - [`demo`]: `swimlb-lab demo`, one failover with its timeline (runs the MetalLB lab too).
-//! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the README's commands
+//! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the book's commands
 //!   (uses [`metallb`]'s lab).
 //! - [`chaos`]: `swimlb-lab chaos`, seeded random faults with the invariants checked throughout.
 //!

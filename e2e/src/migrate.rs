@@ -1,5 +1,5 @@
 //! `swimlb-lab migrate`: MetalLB serving Services in the Kubernetes lab is replaced by swimlb
-//! by the README's "Switching from MetalLB", command for command, while the client probes every
+//! by the book's "Switching from MetalLB" (docs/src/switching/metallb.md), command for command, while the client probes every
 //! Service IP; the report counts the IPs that changed, the owners that moved and the probes
 //! lost.
 //!
@@ -76,7 +76,7 @@ pub struct ServiceMove {
 /// One of the operator's commands.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
-    /// The command as the README gives it.
+    /// The command as the book gives it.
     pub command: String,
     /// When it started, since the switch started, and how long it took, ms.
     pub started_ms: u64,
@@ -458,7 +458,7 @@ impl Steps {
     }
 }
 
-/// The README's "Switching from MetalLB", command for command.
+/// The book's "Switching from MetalLB", command for command.
 fn switch(
     lab: &Lab,
     metallb: &MetallbDaemons,

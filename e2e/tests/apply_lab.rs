@@ -19,11 +19,11 @@
 //!    the client's probes are answered by that owner, the `ServiceL2Status` record names it,
 //!    and every Pod is ready without a restart.
 //!
-//! Then the README's checks run (`kubectl get pods` and `servicel2statuses`, with the columns
+//! Then the install page's checks run (docs/src/install/kubernetes.md) (`kubectl get pods` and `servicel2statuses`, with the columns
 //! the API server prints, `swimlb-speaker status` on the owner), and the audit log shows that
 //! every request the speakers and the controllers made under their ServiceAccounts passed the
 //! RBAC kubectl applied (`swimlb_e2e::rbac::audited`). A second test rotates the gossip key by
-//! the README's procedure through the Secret (kubectl patch; the kubelets rewrite the mounted
+//! the upgrade page's procedure through the Secret (kubectl patch; the kubelets rewrite the mounted
 //! file): the owner answers every probe meanwhile and no speaker refuses a datagram.
 //!
 //! The time from the start of `kubectl apply` to the first answered probe is printed, never
@@ -113,7 +113,7 @@ impl Bare {
     }
 }
 
-/// What the operator applies after the install (README, "Deploy"): addresses to announce.
+/// What the operator applies after the install (docs/src/install/kubernetes.md): addresses to announce.
 fn pool_manifest() -> String {
     format!(
         "apiVersion: swimlb.io/v1beta1\nkind: IPAddressPool\nmetadata:\n  name: lab\n  namespace: {NAMESPACE}\nspec:\n  addresses:\n    - {}\n---\napiVersion: swimlb.io/v1beta1\nkind: L2Advertisement\nmetadata:\n  name: lab\n  namespace: {NAMESPACE}\n",
@@ -440,7 +440,7 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     let (ip, owner, t0) = (*ip, owner.clone(), *t0);
     let pods = run.kubelet.pods();
 
-    // The README's checks, with kubectl: the columns the API server prints.
+    // The install page's checks, with kubectl: the columns the API server prints.
     for args in [
         ["-n", NAMESPACE, "get", "pods", "-o", "wide"],
         ["-n", NAMESPACE, "get", "servicel2statuses", "-o", "wide"],
@@ -453,7 +453,7 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
         }
     }
 
-    // `kubectl exec ds/swimlb-speaker -- swimlb-speaker status` (README): the speaker's own
+    // `kubectl exec ds/swimlb-speaker -- swimlb-speaker status` (the install page): the speaker's own
     // command in the owner's namespace, its default address.
     let node = run
         .lab
@@ -567,7 +567,7 @@ fn the_readme_key_rotation_through_the_secret_keeps_the_ip_with_its_owner() {
         .filter(|pod| pod.starts_with("swimlb-speaker-"))
         .collect();
     let start = Instant::now();
-    // README, "Key rotation": the new key second, then first, then the old one dropped; each
+    // docs/src/install/upgrade.md, "Rotating the gossip key": the new key second, then first, then the old one dropped; each
     // step once every speaker logged `gossip keys replaced`.
     for (step, keys) in [
         (1, format!("{old}\n{new}\n")),

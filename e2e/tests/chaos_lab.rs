@@ -240,7 +240,7 @@ fn every_kubernetes_fault_in_turn_leaves_every_invariant_holding() {
 }
 
 /// MetalLB, the peer, under the same faults on the same lab: the run takes every fault and
-/// checks every invariant; its violations are the README's figures, not asserted here.
+/// checks every invariant; its violations are the benchmarks page's figures, not asserted here.
 #[test]
 #[ignore = "needs root: network namespaces, the real control plane and MetalLB's programs (e2e/k8s/build.sh)"]
 fn metallb_takes_every_kubernetes_fault_of_the_chaos_run() {

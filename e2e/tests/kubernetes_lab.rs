@@ -176,7 +176,7 @@ impl Running {
     /// agreed (then whatever answers, for the caller's assertion). The responders follow the
     /// engine's decision, and a move decided by the API (endpoints, selectors, labels) is
     /// seen by each speaker on its own: under load the old owner may answer on, or the new
-    /// one not yet, for a moment (README, Open problems). Longer than 400 ms is reported.
+    /// one not yet, for a moment (docs/src/development/open-problems.md). Longer than 400 ms is reported.
     fn answerers_become(&self, ip: Ipv4Addr, expected: &[String]) -> Vec<String> {
         let since = Instant::now();
         let mut answerers = self.arp_answerers(ip);
@@ -429,7 +429,7 @@ fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_an
 
 /// The owner of a settled lab (MetalLB's, [`Running::settle`] checks) is taken out by `fault`
 /// long enough to be declared down, comes back, and gets the VIP back after its preemption delay
-/// (`preempt`): not before, and then within a few seconds (the figure is printed; the README's
+/// (`preempt`): not before, and then within a few seconds (the figure is printed; the book's
 /// comes from the failover trials).
 fn the_owner_gets_its_ip_back_after(run: &mut Running, fault: Fault, preempt: Duration) {
     let (prober, owner) = run.settle();
@@ -641,8 +641,8 @@ fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_s
         "every speaker's /status gives the reason: {views:?}"
     );
     // The responder may lag `/status` here: in 1 of 5 runs the last owner answered ARP for
-    // about 0.4 s after every `/status` said nobody owns the IP (an open problem, in the
-    // README). Nobody may answer once 2 s have passed.
+    // about 0.4 s after every `/status` said nobody owns the IP (an open problem, in
+    // docs/src/development/open-problems.md). Nobody may answer once 2 s have passed.
     let answerers = run.answerers_become(ip, &[]);
     assert!(
         answerers.is_empty(),
@@ -1154,7 +1154,7 @@ fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_exclud
 /// `swimlb-lab handover` for three moves of a Local-policy Service's endpoint (node1 -> node2 ->
 /// node3 -> node1): each move is measured, that is, before it the old owner alone answered ARP
 /// and every speaker named it, and after it the new owner alone answered for good and every
-/// speaker named it. The dual and dark figures are printed, not asserted (README, "Moves
+/// speaker named it. The dual and dark figures are printed, not asserted (docs/src/development/chaos-history.md, "Moves
 /// decided by the API").
 #[test]
 #[ignore = "needs root: network namespaces"]

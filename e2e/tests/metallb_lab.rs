@@ -7,7 +7,7 @@
 //!   MAC alone answers ARP and the probes) on the node MetalLB's order names; that node's link
 //!   goes down; another node answers the probes and claims the VIP in ARP.
 //! - `the_readmes_switch_from_metallb_keeps_every_ip_and_every_owner`: `swimlb-lab migrate`'s
-//!   run with two Services: MetalLB serving, replaced by swimlb by the README's commands; every
+//!   run with two Services: MetalLB serving, replaced by swimlb by the book's commands; every
 //!   Service keeps its IP and every probe during the switch is answered by the node MetalLB's
 //!   order names (no owner moved).
 //! - `measure_speaker_memory_beside_swimlb` (`#[ignore]`d measurement, run on demand): one node,

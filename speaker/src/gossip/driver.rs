@@ -213,7 +213,7 @@ impl GossipHandle {
         answer.await.map_err(|_| GossipError::Stopped)?
     }
 
-    /// Replaces the key ring. Rotation (README, "Key rotation"): add the new key second
+    /// Replaces the key ring. Rotation (docs/src/install/upgrade.md): add the new key second
     /// everywhere, then put it first everywhere, then drop the old one. A node answers each peer
     /// with the key that peer seals with, so rings `[new, old]` and `[old]` interoperate, and
     /// offers its sealing key to peers on another one (see `Wire::seal`), so once every ring

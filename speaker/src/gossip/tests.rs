@@ -210,7 +210,7 @@ fn keys_rotate_without_a_member_going_down() {
 
 #[test]
 fn the_readmes_three_step_rotation_refuses_no_datagram() {
-    // README, "Key rotation": the new key second everywhere, then first everywhere, then the old
+    // docs/src/install/upgrade.md, "Rotating the gossip key": the new key second everywhere, then first everywhere, then the old
     // one dropped; each step reaches the nodes one after another (a kubelet updates a mounted
     // Secret on each node at its own time). No datagram may be refused (a refusal fires the
     // SwimlbGossipRejected alert), with loss and reordering, whatever the cluster's size.

@@ -4,7 +4,7 @@
 //! [`Profile::Lan`] (memberlist's LAN defaults, seconds, for noisy networks). Every knob is a
 //! public field and may be overridden; [`Timing::validate`] rejects invalid combinations with
 //! every problem listed, before anything runs. The numbers behind the profiles come from
-//! `swimlb-lab sim` (see the README). The owner watch's knobs ([`crate::model::watch_knobs::Knobs`])
+//! `swimlb-lab sim` (docs/src/development/lab.md). The owner watch's knobs ([`crate::model::watch_knobs::Knobs`])
 //! ride along: on in `fast`, off in `lan`.
 
 use std::num::{NonZeroU8, NonZeroUsize};

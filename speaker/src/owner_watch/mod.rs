@@ -1,6 +1,6 @@
 //! The owner watch, sans-IO: when an owner sends its heartbeats ([`Schedule`]), when the next
 //! node in line finds the owner silent ([`Detector`]), the knobs ([`Knobs`]) and the model the
-//! README states ([`worst_case_detection`], [`false_suspicions_per_hour`],
+//! book states ([`worst_case_detection`], [`false_suspicions_per_hour`],
 //! [`packets_per_second_per_pair`]). The protocol around them is [`WatchCore`] ([`core`]), what
 //! the daemon makes of its events is [`accusations`]; [`service`] is the socket thread that
 //! drives the core, the only part here that does I/O.

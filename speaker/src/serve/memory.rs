@@ -6,7 +6,7 @@
 //! tasks, the runtime's workers, the records writer) and then frees the lists it read: on the
 //! lab's measurement (`speaker/tests/kubernetes_scale.rs`) the heap held 55 MB while the process
 //! kept 97 MB of anonymous memory. One arena and a periodic `malloc_trim` bring that to about
-//! the heap's size (README, "Measured numbers"); neither changes what is allocated.
+//! the heap's size (docs/src/benchmarks.md); neither changes what is allocated.
 //!
 //! One arena, not one per runtime worker: each arena keeps its own partly used pages, and the
 //! second one cost 4-5 MiB of resident memory at 10,000 Services (`kubernetes_scale`: 54.9-55.4

@@ -288,7 +288,7 @@ impl Core {
     /// over when it falls due instead of ending, for up to [`WATCH_EVIDENCE_MAX`] from its first
     /// start, and the sweep does not expire it while it is heard. The gossip alone declared
     /// such members down where their only path went through a starved or lossy third member
-    /// (README, Open problems). Crashes and pauses send no heartbeats: they are not delayed.
+    /// (docs/src/development/open-problems.md). Crashes and pauses send no heartbeats: they are not delayed.
     pub fn heard_on_watch(&mut self, at: Duration, addr: SocketAddr, bump: u64) {
         if let Some(s) = self.suspicions.get_mut(&addr)
             && s.id.bump == bump
