@@ -65,10 +65,15 @@ pub fn page() -> anyhow::Result<String> {
          router, with health checks, priorities and weights, like keepalived. This page lists \
          every key of the file, in the order of the file, with its type, its default, the \
          values it accepts and what it does. A key that is not listed here is an error, so a \
-         typo never falls back to a default in silence. `swimlb-speaker check-config FILE` \
+         typo never falls back to a default in silence.\n\n\
+         `swimlb-speaker check-config FILE` \
          prints every error with its path (`groups[0].checks[1].interval: ...`), or each \
-         check's worst-case detection time. SIGHUP reloads the file; the \
-         [command line](cli.md) page lists the speaker's flags.\n\n\
+         check's worst-case detection time. SIGHUP reloads the file: a change of `cluster` or \
+         `bind` refuses the reload as a whole, changes of `node`, `peers`, `gossip` and \
+         `listen` wait for a restart (the reload logs a warning naming each), and everything \
+         else applies at once; a file that does not validate is refused, and the speaker \
+         serves on with what it ran. The [command line](cli.md) page lists the speaker's \
+         flags.\n\n\
          An example that uses most keys:\n\n",
     );
     let _ = writeln!(out, "```yaml\n{}```\n", example);
