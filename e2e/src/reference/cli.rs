@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use swimlb_config::cli::{EX_UNAVAILABLE, EX_USAGE};
 use swimlb_controller::cli::EX_DATAERR;
 
@@ -33,9 +33,31 @@ pub fn page() -> anyhow::Result<String> {
     ] {
         command_section(&mut out, program, &[], 2)?;
     }
+    for (name, _) in SEE_ALSO {
+        ensure!(
+            out.contains(&format!("# `{name}`\n")),
+            "SEE_ALSO names `{name}`, which is no command"
+        );
+    }
     out.push_str(&exit_statuses(&lab)?);
     Ok(out)
 }
+
+/// The pages that say more about a command.
+const SEE_ALSO: &[(&str, &str)] = &[
+    (
+        "swimlb-speaker check-config",
+        "The file's keys are in [the standalone file](standalone.md).",
+    ),
+    (
+        "swimlb-speaker standalone",
+        "The file's keys are in [the standalone file](standalone.md).",
+    ),
+    (
+        "crdgen",
+        "The resources' fields are in [custom resources](crds.md).",
+    ),
+];
 
 /// The section of `command` (under `parents`, at heading `level`), then its subcommands'.
 fn command_section(
@@ -51,6 +73,9 @@ fn command_section(
     let _ = writeln!(out, "{} `{full}`\n", "#".repeat(level.min(4)));
     if let Some(about) = command.get_long_about().or(command.get_about()) {
         let _ = writeln!(out, "{}\n", paragraph(&about.to_string()));
+    }
+    if let Some((_, see)) = SEE_ALSO.iter().find(|(name, _)| *name == full) {
+        let _ = writeln!(out, "{see}\n");
     }
     let subcommands: Vec<&clap::Command> = command
         .get_subcommands()
