@@ -71,6 +71,17 @@ else
   echo "test.sh: e2e/k8s/build.sh failed: the Kubernetes tests will fail" >&2
 fi
 
+# helm, for the chart deploy/helm/swimlb (e2e/tests/helm.rs), built from the Go module pinned in
+# e2e/k8s/helm/ into the same cache: about 2.5 minutes after the control plane's build (which
+# leaves most of its dependencies compiled), nothing the second time.
+if ! command -v go >/dev/null 2>&1; then
+  echo "test.sh: no Go toolchain: the chart's tests (e2e/tests/helm.rs) will fail" >&2
+elif SWIMLB_HELM=$(e2e/k8s/helm/build.sh)/helm; then
+  export SWIMLB_HELM
+else
+  echo "test.sh: e2e/k8s/helm/build.sh failed: the chart's tests (e2e/tests/helm.rs) will fail" >&2
+fi
+
 # mdBook builds the book (docs/) in e2e/tests/book.rs, which checks every link of it; pinned,
 # from crates.io, without its `serve` and `watch` features, into the tools folder (about 3
 # minutes the first time, nothing after).
