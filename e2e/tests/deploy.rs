@@ -1,7 +1,9 @@
 //! The manifests of `deploy/` (issue 14), checked with the tools operators and CI pipelines use:
 //!
-//! - `deploy/swimlb.yaml` is its sources put together, and `prometheusrule.yaml` is
-//!   `rules.yaml` wrapped in a `PrometheusRule` (`SWIMLB_REGENERATE=1` rewrites both);
+//! - `deploy/swimlb.yaml` is its sources put together, `prometheusrule.yaml` is `rules.yaml`
+//!   wrapped in a `PrometheusRule`, and the Helm chart's `crds/crds.yaml` is `deploy/crds.yaml`
+//!   (`SWIMLB_REGENERATE=1` rewrites all three; the chart's templates and the kustomization are
+//!   checked in `e2e/tests/helm.rs`);
 //! - every manifest passes `kubernetes-validate --strict` for the Kubernetes version k8s-openapi
 //!   targets (custom resources are skipped by API group, with the reason);
 //! - `checkov` fails no check, every skip written next to a manifest gives a reason, and every
@@ -49,6 +51,11 @@ const SKIPPED_GROUPS: &[(&str, &str)] = &[
         "monitoring.coreos.com",
         "Prometheus Operator custom resources (PodMonitor, PrometheusRule): not part of Kubernetes",
     ),
+    (
+        "kustomize.config.k8s.io",
+        "kustomize's own file, not an object of the API (e2e/tests/helm.rs checks that \
+         `kubectl kustomize deploy/` builds deploy/swimlb.yaml)",
+    ),
 ];
 
 fn repo() -> PathBuf {
@@ -58,13 +65,19 @@ fn repo() -> PathBuf {
         .expect("the repository")
 }
 
-/// Every `.yaml` file under `dir`, sorted.
+/// Every `.yaml` file under `dir`, sorted, but those of the Helm chart: its templates are YAML
+/// only once rendered, and their rendering is `deploy/swimlb.yaml`, checked here
+/// (`e2e/tests/helm.rs` compares them object by object).
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let chart = repo().join(manifests::CHART);
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let path = entry.expect("a directory entry").path();
+            if path == chart {
+                continue;
+            }
             if path.is_dir() {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "yaml") {
@@ -132,6 +145,27 @@ fn swimlb_yaml_and_the_prometheus_rule_are_generated_from_their_sources() {
     let wrapped = parse(&rule, &repo.join(manifests::PROMETHEUS_RULE));
     assert_eq!(wrapped["spec"], rules);
     assert_eq!(wrapped["kind"], "PrometheusRule");
+}
+
+#[test]
+fn the_charts_crds_are_generated_from_deploy_crds() {
+    let repo = repo();
+    let crds = manifests::chart_crds_from(&repo).unwrap_or_else(|e| panic!("{e:#}"));
+    manifests::check_generated(&repo, manifests::CHART_CRDS, &crds)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    // The same objects, read by a YAML parser.
+    let parsed = |text: &str, origin: &str| -> Vec<Value> {
+        documents(text)
+            .iter()
+            .map(|d| parse(d, Path::new(origin)))
+            .collect()
+    };
+    let source = parsed(
+        &manifests::read(&repo, manifests::CRDS).unwrap(),
+        manifests::CRDS,
+    );
+    assert!(!source.is_empty());
+    assert_eq!(parsed(&crds, manifests::CHART_CRDS), source);
 }
 
 #[test]
