@@ -5,8 +5,10 @@
 //!   `deploy/swimlb.yaml` object for object; another image changes the image and nothing else;
 //!   each value changes what it names and nothing else; its version and appVersion are the
 //!   workspace's; `helm install` onto the real control plane (`swimlb_control_plane`, on the
-//!   loopback) stores every object, `helm list` shows the release, and `helm uninstall`
-//!   removes every object but the CRDs, which helm never deletes;
+//!   loopback) stores every object, `helm list` shows the release, `helm upgrade` changes a
+//!   value, newer CRDs go in with `kubectl apply --server-side --force-conflicts` (and not
+//!   without), `helm uninstall` removes every object but the CRDs and the namespace, which keep
+//!   the users' pools, and a second install takes them back;
 //! - the kustomization `deploy/kustomization.yaml`: `kubectl kustomize deploy/` builds
 //!   `deploy/swimlb.yaml` object for object, and an overlay that renames the image changes the
 //!   image and nothing else.
@@ -591,6 +593,67 @@ fn helm_installs_lists_and_uninstalls_swimlb_on_the_real_api_server() {
         .unwrap_or_else(|e| panic!("{e:#}"))
         .expect("the Deployment");
     assert_eq!(deployment["spec"]["replicas"], 3);
+
+    // The CRDs of a newer release, applied as docs/src/install/helm.md says before `helm
+    // upgrade`: helm owns their fields, so a server-side apply must force the conflicts.
+    let newer = manifests::read(&repo(), manifests::CHART_CRDS)
+        .expect("the chart's CRDs")
+        .replace(
+            "description: Auto-generated",
+            "description: (newer) Auto-generated",
+        );
+    let newer_path = scratch("newer-crds").join("crds.yaml");
+    std::fs::write(&newer_path, &newer).expect("a scratch file");
+    let newer_path = newer_path.to_str().expect("UTF-8");
+    let refused = plane
+        .kubectl()
+        .run(&["apply", "--server-side", "-f", newer_path], None)
+        .expect_err("fields helm manages");
+    assert!(format!("{refused:#}").contains("conflict"), "{refused:#}");
+    plane
+        .kubectl()
+        .run(
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                newer_path,
+            ],
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let crd = plane
+        .admin()
+        .get(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            None,
+            "ipaddresspools.swimlb.io",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .expect("the CRD");
+    assert!(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("(newer)")),
+        "the newer CRD is applied"
+    );
+
+    // Back to the chart's own CRDs, the same way (as an upgrade from this checkout would).
+    plane
+        .kubectl()
+        .run(
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                repo().join(manifests::CHART_CRDS).to_str().expect("UTF-8"),
+            ],
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
 
     // A pool of the user's, which the uninstall must not take away.
     plane
