@@ -226,9 +226,11 @@ fn mdbook() -> PathBuf {
     PathBuf::from("mdbook")
 }
 
-/// Builds the book into a fresh folder and returns it.
-fn build_book() -> PathBuf {
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("book-{}", std::process::id()));
+/// Builds the book into a fresh folder of its own for `test` (tests run in parallel) and returns
+/// it.
+fn build_book(test: &str) -> PathBuf {
+    let out =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("book-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let run = Command::new(mdbook())
         .arg("build")
@@ -328,7 +330,7 @@ fn resolve(
 
 #[test]
 fn the_book_builds_and_every_link_in_it_resolves() {
-    let out = build_book();
+    let out = build_book("links");
     let pages = built_pages(&out);
     assert!(
         pages.contains_key("index.html") && pages.len() > 20,
@@ -361,7 +363,7 @@ fn the_book_builds_and_every_link_in_it_resolves() {
 
 #[test]
 fn the_readmes_links_lead_to_files_of_the_repository_and_anchors_of_the_book() {
-    let out = build_book();
+    let out = build_book("readme");
     let pages = built_pages(&out);
     let text = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
     let mut broken = Vec::new();

@@ -163,20 +163,10 @@ fn install() -> BTreeMap<String, Value> {
     )
 }
 
-/// The one thing the chart renders that deploy/swimlb.yaml has not: `helm uninstall` keeps the
-/// namespace, with the users' pools in it (templates/namespace.yaml says why).
-const KEEP: (&str, &str) = ("helm.sh/resource-policy", "keep");
-
-/// What the chart renders with its default values: the objects of deploy/swimlb.yaml, the
-/// Namespace with [`KEEP`].
+/// What the chart renders with its default values: the objects of deploy/swimlb.yaml, unchanged
+/// (its Namespace carries `helm.sh/resource-policy: keep`, so `helm uninstall` keeps it).
 fn chart_install() -> BTreeMap<String, Value> {
-    let mut objects = install();
-    let namespace = objects
-        .get_mut(&format!("Namespace /{NAMESPACE}"))
-        .expect("the Namespace");
-    assert!(namespace["metadata"]["annotations"].is_null());
-    namespace["metadata"]["annotations"] = json!({KEEP.0: KEEP.1});
-    objects
+    install()
 }
 
 /// `helm template swimlb deploy/helm/swimlb --include-crds` in `namespace` with `args`.
