@@ -9,6 +9,8 @@
 # kubernetes-client is Debian's kubectl; buildah builds the Containerfile from scratch and
 # podman runs it, with runc because crun refuses this VM's hybrid cgroup layout, see
 # e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane).
+# Then it builds the real control plane, MetalLB and helm from pinned Go modules (once, into a
+# cache) and installs mdBook (once), for the Kubernetes, Helm and book tests.
 # Tests that need root are marked #[ignore = "needs root: ..."]: as root
 # this script runs them with --include-ignored; without root they show as ignored, never as
 # passed.
