@@ -734,3 +734,101 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
         );
     }
 }
+
+/// The README's Kubernetes quick start, command for command where no node is needed, on the real
+/// control plane: the install it names, the example files it applies (every
+/// `kubectl apply -f docs/examples/...` line of it), then the controller with its
+/// ServiceAccount's token (the lab has no kubelet to run its Pod) gives the Service the address
+/// the README says `kubectl get service web` shows, and creates the gossip key Secret it says the
+/// controller creates. The speakers' part (who answers) is the apply lab's
+/// (`e2e/tests/apply_lab.rs`, root).
+#[test]
+fn the_readmes_kubernetes_quick_start_gives_the_service_the_address_it_names() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let install = "kubectl apply --server-side -f deploy/swimlb.yaml";
+    assert!(
+        readme.lines().any(|l| l.trim_start().starts_with(install)),
+        "the README no longer installs with `{install}`: change this test with it"
+    );
+    let examples: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("kubectl apply -f "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    assert!(
+        examples.iter().any(|e| e.ends_with("web-service.yaml")),
+        "the README's quick start applies no web Service: {examples:?}"
+    );
+    let expected = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("kubectl get service web"))
+        .and_then(|l| l.split("EXTERNAL-IP").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the README says which EXTERNAL-IP `kubectl get service web` shows");
+
+    let (plane, _) = installed("quick-start");
+    for example in &examples {
+        plane
+            .kubectl()
+            .run(
+                &["apply", "-f", &repo().join(example).to_string_lossy()],
+                None,
+            )
+            .unwrap_or_else(|e| panic!("kubectl apply -f {example}: {e:#}"));
+    }
+    let kubeconfig = plane.path().join("controller.kubeconfig");
+    plane
+        .service_account_kubeconfig("swimlb-system", "swimlb-controller", &kubeconfig)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
+        .arg("controller")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--lease-namespace", "swimlb-system", "--identity", "c-0"])
+        .arg(format!("--listen={listen}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the controller starts");
+    let admin = plane.admin();
+    let ingress = || {
+        admin
+            .get("v1", "Service", Some("default"), "web")
+            .ok()
+            .flatten()
+            .and_then(|s| {
+                s["status"]["loadBalancer"]["ingress"][0]["ip"]
+                    .as_str()
+                    .map(String::from)
+            })
+    };
+    wait_for("the web Service's address", || ingress().is_some());
+    let secret = || {
+        admin
+            .get("v1", "Secret", Some("swimlb-system"), "swimlb-gossip-key")
+            .ok()
+            .flatten()
+    };
+    wait_for("the gossip key Secret", || secret().is_some());
+    let records = plane
+        .kubectl()
+        .run(&["get", "servicel2statuses", "-n", "swimlb-system"], None);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &controller.id().to_string()])
+        .status();
+    let _ = controller.wait();
+    assert_eq!(
+        ingress().as_deref(),
+        Some(expected),
+        "the web Service's address"
+    );
+    assert!(
+        secret().is_some_and(|s| s["data"]["keys"].is_string()),
+        "the gossip key Secret holds no `keys`"
+    );
+    records.unwrap_or_else(|e| panic!("kubectl get servicel2statuses: {e:#}"));
+}
