@@ -724,3 +724,37 @@ fn the_keepalived_example_is_one_keepalived_accepts() {
         text(&out.stderr)
     );
 }
+
+/// The README's standalone quick start: its configuration block passes `check-config`.
+#[test]
+fn the_readmes_standalone_file_passes_check_config() {
+    let readme = read(&repo().join("README.md"));
+    let blocks: Vec<String> = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next().map(str::to_string))
+        .filter(|block| block.contains("cluster:"))
+        .collect();
+    assert_eq!(
+        blocks.len(),
+        1,
+        "the README's quick start has one standalone file"
+    );
+    let dir = scratch("readme");
+    let keys = key_file(&dir);
+    let file = dir.join("readme.yaml");
+    std::fs::write(&file, &blocks[0]).expect("the README's file");
+    let keyed = dir.join("keyed");
+    std::fs::create_dir_all(&keyed).expect("keyed folder");
+    let copy = with_key(&file, &keys, &keyed);
+    let out = run(lab(&[
+        "speaker",
+        "check-config",
+        copy.to_str().expect("utf-8"),
+    ]));
+    assert!(
+        out.status.success(),
+        "check-config refused the README's file:\n{}",
+        text(&out.stderr)
+    );
+}
