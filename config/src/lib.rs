@@ -6,6 +6,7 @@
 //! - [`standalone`]: the standalone speaker's file (`swimlb-speaker check-config FILE`).
 //! - [`keyfile`]: the gossip key file.
 //! - [`duration`]: `900ms`, `1s`, `1m30s`.
+//! - [`events`]: the reasons of the Kubernetes Events both daemons write.
 //! - `crd` (feature `kube`): the `swimlb.io/v1beta1` custom resources.
 //! - `metallb` (feature `kube`): MetalLB's layer-2 objects converted into swimlb's.
 //! - `pools` (feature `kube`): address pools and advertisements, validated.
@@ -27,6 +28,7 @@ pub mod client;
 #[cfg(feature = "kube")]
 pub mod crd;
 pub mod duration;
+pub mod events;
 pub mod keyfile;
 #[cfg(feature = "kube")]
 pub mod metallb;

@@ -30,6 +30,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use swimlb_config::crd::{IPAddressPool, IPAddressPoolStatus};
+use swimlb_config::events::Reason;
 use swimlb_config::pools::Family;
 
 use swimlb_config::service::{ServiceKey, ServiceView, view_of};
@@ -41,7 +42,6 @@ use crate::metrics::{ApiResource, ControllerMetrics};
 pub const FIELD_MANAGER: &str = "swimlb-controller";
 
 /// The reason of the Warning Event on a Service that keeps addresses no pool in force has.
-pub const KEPT_OUTSIDE_POOLS: &str = "AddressOutsidePools";
 
 /// How long to wait before retrying a Service that got no address (a pool may have grown).
 pub const RETRY_UNASSIGNED: Duration = Duration::from_secs(60);
@@ -199,10 +199,10 @@ async fn apply_ingress(
         })
 }
 
-async fn publish(ctx: &Context, svc: &Service, type_: EventType, reason: &str, note: String) {
+async fn publish(ctx: &Context, svc: &Service, type_: EventType, reason: Reason, note: String) {
     let event = Event {
         type_,
-        reason: reason.into(),
+        reason: reason.as_str().into(),
         note: Some(note),
         action: "Allocate".into(),
         secondary: None,
@@ -285,7 +285,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
             apply_ingress(&ctx, &view.key, &ips).await?;
             let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
             let note = format!("Assigned {} from pool {pool}", list.join(", "));
-            publish(&ctx, &svc, EventType::Normal, "IPAllocated", note).await;
+            publish(&ctx, &svc, EventType::Normal, Reason::IpAllocated, note).await;
             Ok(Action::await_change())
         }
         Verdict::Unchanged => Ok(Action::await_change()),
@@ -307,7 +307,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
                  it changes only when the Service asks for other addresses or another pool",
                 list.join(", ")
             );
-            publish(&ctx, &svc, EventType::Warning, KEPT_OUTSIDE_POOLS, note).await;
+            publish(&ctx, &svc, EventType::Warning, Reason::AddressOutsidePools, note).await;
             Ok(Action::await_change())
         }
         Verdict::Error(error) => {
@@ -319,7 +319,7 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
                 &ctx,
                 &svc,
                 EventType::Warning,
-                "AllocationFailed",
+                Reason::AllocationFailed,
                 error.to_string(),
             )
             .await;

@@ -48,6 +48,7 @@ use kube::{Client, Resource, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 use prometheus_client::registry::Registry;
 use swimlb_config::crd::{IPAddressPool, IPAddressPoolStatus, L2Advertisement};
+use swimlb_config::events::Reason;
 use swimlb_config::pools::{ConfigError, Model, ObjectKind, Validated, validate};
 use tokio::sync::watch;
 
@@ -733,7 +734,7 @@ async fn apply_config(
         };
         let event = Event {
             type_: EventType::Warning,
-            reason: "InvalidConfiguration".into(),
+            reason: Reason::InvalidConfiguration.as_str().into(),
             note: Some(messages.join("; ")),
             action: "Validate".into(),
             secondary: None,

@@ -397,3 +397,37 @@ fn the_readmes_links_lead_to_files_of_the_repository_and_anchors_of_the_book() {
         broken.join("\n")
     );
 }
+
+/// The `### ` headings of a page, without their marks.
+fn headings(text: &str) -> Vec<String> {
+    prose(text)
+        .iter()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(|h| h.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn troubleshooting_explains_every_event_reason_and_every_status_verdict() {
+    use swimlb_config::events::Reason;
+    use swimlb_speaker::model::election::VerdictKind;
+    let page = std::fs::read_to_string(book_src().join("troubleshooting.md"))
+        .expect("docs/src/troubleshooting.md");
+    let headings = headings(&page);
+    let explained = |word: &str| {
+        headings
+            .iter()
+            .any(|h| h == word || h.starts_with(&format!("{word} ")))
+    };
+    let missing: Vec<&str> = Reason::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .chain(VerdictKind::ALL.iter().map(|v| v.as_str()))
+        .filter(|word| !explained(word))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/src/troubleshooting.md has no `### <name>` heading for these Event reasons or \
+         status verdicts: {missing:?}"
+    );
+}

@@ -189,6 +189,16 @@ pub enum VerdictKind {
 }
 
 impl VerdictKind {
+    /// Every kind, in the order `/status` documents them.
+    pub const ALL: [VerdictKind; 6] = [
+        VerdictKind::Owner,
+        VerdictKind::NotOwner,
+        VerdictKind::NotSelected,
+        VerdictKind::NoReadyEndpoints,
+        VerdictKind::NoCandidates,
+        VerdictKind::Unknown,
+    ];
+
     /// A fixed label for logs, metrics and `/status`.
     pub fn as_str(self) -> &'static str {
         match self {

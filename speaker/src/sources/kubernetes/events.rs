@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, PostParams};
+pub use swimlb_config::events::Reason;
 
 /// `Normal` or `Warning`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +39,8 @@ impl EventType {
 pub struct Note {
     /// Its type.
     pub type_: EventType,
-    /// The reason (`nodeAssigned`, `InvalidConfiguration`, ...).
-    pub reason: &'static str,
+    /// The reason.
+    pub reason: Reason,
     /// The action (`Announce`, `Validate`).
     pub action: &'static str,
     /// The text.
@@ -93,7 +94,7 @@ impl EventWriter {
                 ..ObjectMeta::default()
             },
             note: Some(note.note.clone()),
-            reason: Some(note.reason.to_string()),
+            reason: Some(note.reason.as_str().to_string()),
             regarding: Some(object.clone()),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
@@ -130,7 +131,7 @@ mod tests {
         };
         let note = Note {
             type_: EventType::Warning,
-            reason: "InvalidConfiguration",
+            reason: Reason::InvalidConfiguration,
             action: "Validate",
             note: "bad".into(),
         };

@@ -23,7 +23,7 @@ use swimlb_config::service::ServiceKey;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::events::{EventType, EventWriter, Note};
+use super::events::{EventType, EventWriter, Note, Reason};
 use super::metrics::{KubeMetrics, Resource};
 use super::records::{NODE_LABEL, RecordWriter, SERVICE_NAME_LABEL, SERVICE_NAMESPACE_LABEL};
 use crate::run::daemon::sleep_until;
@@ -50,7 +50,7 @@ pub(super) enum ToWrite {
     /// A Warning Event on an object.
     Warning {
         object: ObjectReference,
-        reason: &'static str,
+        reason: Reason,
         note: String,
     },
     /// The node drains: it answers until its successors announce, but their records are
@@ -344,7 +344,7 @@ pub(super) async fn run(
                 metrics.write_error(Resource::Events);
                 tracing::warn!(
                     object = object.name.as_deref().unwrap_or_default(),
-                    reason = event.reason,
+                    reason = event.reason.as_str(),
                     error = %e,
                     "cannot publish an event"
                 );
@@ -423,7 +423,7 @@ fn record_node(record: &ServiceL2Status) -> &str {
 fn assigned(node: &str) -> Note {
     Note {
         type_: EventType::Normal,
-        reason: "nodeAssigned",
+        reason: Reason::NodeAssigned,
         action: "Announce",
         note: format!("announcing from node {node:?} with protocol \"layer2\""),
     }
@@ -489,7 +489,7 @@ mod tests {
         let round = book.event_round();
         let names: Vec<_> = round.iter().filter_map(|(o, _)| o.name.clone()).collect();
         assert_eq!(names, ["a", "b", "c"]);
-        assert!(round.iter().all(|(_, n)| n.reason == "nodeAssigned"));
+        assert!(round.iter().all(|(_, n)| n.reason == Reason::NodeAssigned));
         assert!(!book.more_events());
         // Given up, then taken again before the record was written: a new Event.
         book.told(given_up(&key("a")), &mut writer);
@@ -506,14 +506,14 @@ mod tests {
         book.told(
             ToWrite::Warning {
                 object: service_ref(&key("bad")),
-                reason: "InvalidConfiguration",
+                reason: Reason::InvalidConfiguration,
                 note: "no".into(),
             },
             &mut writer,
         );
         let first = book.event_round();
         assert_eq!(first.len(), EVENTS_PER_ROUND);
-        assert_eq!(first[0].1.reason, "InvalidConfiguration");
+        assert_eq!(first[0].1.reason, Reason::InvalidConfiguration);
         assert_eq!(first[0].1.type_, EventType::Warning);
         assert!(book.more_events());
         let second = book.event_round();

@@ -46,6 +46,7 @@ use tokio::time::Instant;
 
 use super::metrics::{DroppedLabels, KubeMetrics, Resource};
 use super::records::{Holdings, IpFacts, Strays};
+use super::events::Reason;
 use super::records_task::{self, SeenRecord, ToWrite};
 use super::snapshot::{self, Changes, DropReason, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
@@ -598,7 +599,7 @@ impl Source {
             };
             let _ = self.to_write.send(ToWrite::Warning {
                 object: ad.object_ref(&()),
-                reason: "InvalidConfiguration",
+                reason: Reason::InvalidConfiguration,
                 note: notes.join("; "),
             });
         }
@@ -635,7 +636,7 @@ impl Source {
             };
             let _ = self.to_write.send(ToWrite::Warning {
                 object: ad.object_ref(&()),
-                reason: "UnknownInterface",
+                reason: Reason::UnknownInterface,
                 note: format!(
                     "interface {interface:?} is not on node {:?}; this node does not announce on it",
                     self.settings.node
