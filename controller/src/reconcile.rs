@@ -307,7 +307,14 @@ pub async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, R
                  it changes only when the Service asks for other addresses or another pool",
                 list.join(", ")
             );
-            publish(&ctx, &svc, EventType::Warning, Reason::AddressOutsidePools, note).await;
+            publish(
+                &ctx,
+                &svc,
+                EventType::Warning,
+                Reason::AddressOutsidePools,
+                note,
+            )
+            .await;
             Ok(Action::await_change())
         }
         Verdict::Error(error) => {

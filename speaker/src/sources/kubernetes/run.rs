@@ -44,9 +44,9 @@ use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::events::Reason;
 use super::metrics::{DroppedLabels, KubeMetrics, Resource};
 use super::records::{Holdings, IpFacts, Strays};
-use super::events::Reason;
 use super::records_task::{self, SeenRecord, ToWrite};
 use super::snapshot::{self, Changes, DropReason, Dropped, Keeper};
 use super::watch::{Change, NeverListed, Stores, What};
