@@ -101,8 +101,30 @@ pub struct Standalone {
     pub gossip: GossipSettings,
     /// Gratuitous ARP / unsolicited NA schedule.
     pub announce: AnnounceSettings,
+    /// Who exec checks and notify hooks run as (keepalived's `script_user`); `None`: root, or
+    /// the speaker's own user when it is not root. A check's own `user` wins over it.
+    pub script_user: Option<ScriptUser>,
     /// VIP groups.
     pub groups: Vec<Group>,
+}
+
+/// Who a program the speaker runs (an exec check, a notify hook) runs as, as written: `user`,
+/// `user:group`, or numeric ids. The speaker resolves the names when it loads the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptUser {
+    /// A user name or a numeric uid.
+    pub user: String,
+    /// A group name or a numeric gid; `None`: the user's primary group.
+    pub group: Option<String>,
+}
+
+impl fmt::Display for ScriptUser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.group {
+            Some(group) => write!(f, "{}:{group}", self.user),
+            None => f.write_str(&self.user),
+        }
+    }
 }
 
 /// Named gossip timing profiles.
@@ -289,6 +311,8 @@ pub enum CheckKind {
     Exec {
         /// Program and arguments.
         argv: Vec<String>,
+        /// Who it runs as: the check's `user`, else the file's `scriptUser`.
+        user: Option<ScriptUser>,
     },
 }
 
@@ -338,6 +362,8 @@ impl Standalone {
 #[derive(Default)]
 struct Walker {
     errors: Vec<ConfigError>,
+    /// The file's `scriptUser`, read before the groups: the default `user` of exec checks.
+    script_user: Option<ScriptUser>,
 }
 
 impl Walker {
@@ -533,6 +559,9 @@ impl Walker {
             .get("announce")
             .map(|v| self.announce(v))
             .unwrap_or_default();
+        self.script_user = map
+            .get("scriptUser")
+            .and_then(|v| self.script_user("scriptUser", v));
         let groups = match map.get("groups") {
             Some(v) => self.groups(v),
             None => {
@@ -553,7 +582,45 @@ impl Walker {
             listen: listen?,
             gossip,
             announce,
+            script_user: self.script_user.clone(),
             groups,
+        })
+    }
+
+    /// `user`, `user:group`, a uid or `uid:gid`: no space, neither part empty.
+    fn script_user(&mut self, path: &str, v: &Value) -> Option<ScriptUser> {
+        let text = match v {
+            Value::Number(n) if n.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)) => {
+                n.to_string()
+            }
+            Value::String(s) => s.clone(),
+            other => {
+                self.error(
+                    path,
+                    format!("expected a user name or uid, found {}", kind(other)),
+                );
+                return None;
+            }
+        };
+        let (user, group) = match text.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (text.as_str(), None),
+        };
+        let plain = |s: &str| {
+            !s.is_empty()
+                && !s.contains(':')
+                && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+        };
+        if !plain(user) || group.is_some_and(|g| !plain(g)) {
+            self.error(
+                path,
+                format!("`{text}` is not `user` or `user:group` (names or numeric ids)"),
+            );
+            return None;
+        }
+        Some(ScriptUser {
+            user: user.to_string(),
+            group: group.map(str::to_string),
         })
     }
 
@@ -570,6 +637,13 @@ impl Walker {
             };
             if let Some(first) = peers.iter().position(|q| *q == p) {
                 self.error(&here, format!("{p} is already listed at peers[{first}]"));
+                continue;
+            }
+            if bind == Some(p) {
+                self.error(
+                    &here,
+                    format!("{p} is this node's own `bind` address: list the other nodes"),
+                );
                 continue;
             }
             let ip = p.ip();
@@ -756,7 +830,9 @@ impl Walker {
         let interface = map
             .get("interface")
             .and_then(|v| self.string(&join(path, "interface"), v));
-        if let Some(ifname) = &interface
+        // The name as written: a space around it is part of the name the kernel would be asked for.
+        let written = map.get("interface").and_then(Value::as_str);
+        if let Some(ifname) = written.filter(|_| interface.is_some())
             && !is_interface_name(ifname)
         {
             self.error(
@@ -1031,7 +1107,8 @@ groups:
         assert_eq!(
             check.kind,
             CheckKind::Exec {
-                argv: vec!["/bin/true".into()]
+                argv: vec!["/bin/true".into()],
+                user: None
             }
         );
     }
@@ -1069,13 +1146,51 @@ groups:
             "groups[0].addresses[0]: `192.0.2.100/24`: a virtual address is one address; write `192.0.2.100` or `192.0.2.100/32`",
             "groups[0].addresses[1]: `not-an-ip` is not an IP address",
             "groups[0].priority.master-0: 300 is out of range 1..=254",
-            "groups[0].checks[0].intervl: unknown field; expected one of: name, http, https, tcp, exec, insecure, expectStatus, interval, timeout, rise, fall, weight",
+            "groups[0].checks[0].intervl: unknown field; expected one of: name, http, https, tcp, exec, user, insecure, expectStatus, interval, timeout, rise, fall, weight",
             "groups[0].checks[0].http: `localhost:9443/readyz` must start with http:// or https://",
             "groups[0].checks[1].interval: `1` has no unit (use ms, s, m or h, for example `1s`)",
             "groups[0].checks[1].rise: 0 is out of range 1..=1000",
             "groups[1].name: `api` is also the name of groups[0]",
         ];
         assert_eq!(errors, expected);
+    }
+
+    #[test]
+    fn a_peer_that_is_bind_and_an_interface_with_a_space_are_named() {
+        let errors = errors_of(
+            "cluster: c\nbind: 192.0.2.10:7946\npeers: [192.0.2.10, 192.0.2.11]\ninsecure: true\ngroups: [{name: a, addresses: [192.0.2.100], interface: 'eth0 '}]",
+        );
+        assert_eq!(
+            errors,
+            [
+                "peers[0]: 192.0.2.10:7946 is this node's own `bind` address: list the other nodes",
+                "groups[0].interface: `eth0 ` is not a Linux interface name (at most 15 bytes, no `/`, `:` or space, not `.` or `..`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_exec_check_runs_as_its_user_else_the_files_script_user() {
+        let c = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\nscriptUser: 'nobody:nogroup'\ngroups: [{name: a, addresses: [192.0.2.100], checks: [{name: x, exec: /bin/true}, {name: second, exec: /bin/true, user: 1000}]}]",
+        )
+        .unwrap();
+        let user = |j: usize| match &c.groups[0].checks[j].kind {
+            CheckKind::Exec { user, .. } => user.as_ref().map(ToString::to_string),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(user(0).as_deref(), Some("nobody:nogroup"));
+        assert_eq!(user(1).as_deref(), Some("1000"));
+        assert_eq!(
+            errors_of(
+                "cluster: c\nbind: 192.0.2.10\ninsecure: true\nscriptUser: 'a b'\ngroups: [{name: a, addresses: [192.0.2.100], checks: [{name: x, tcp: 'h:1', user: root}, {name: second, exec: /bin/true, user: 'root:'}]}]"
+            ),
+            [
+                "scriptUser: `a b` is not `user` or `user:group` (names or numeric ids)",
+                "groups[0].checks[0].user: applies to `exec` checks only",
+                "groups[0].checks[1].user: `root:` is not `user` or `user:group` (names or numeric ids)",
+            ]
+        );
     }
 
     #[test]

@@ -29,6 +29,12 @@ impl Walker {
                 None
             }
         };
+        if map.contains_key("user")
+            && kind.is_some()
+            && !matches!(kind, Some(CheckKind::Exec { .. }))
+        {
+            self.error(&join(path, "user"), "applies to `exec` checks only");
+        }
         if !matches!(kind, Some(CheckKind::Http { .. })) {
             for key in ["insecure", "expectStatus"] {
                 if map.contains_key(key) && kind.is_some() {
@@ -173,7 +179,11 @@ impl Walker {
                     self.error(&here, "empty command");
                     return None;
                 }
-                Some(CheckKind::Exec { argv })
+                let user = match map.get("user") {
+                    Some(v) => Some(self.script_user(&join(path, "user"), v)?),
+                    None => self.script_user.clone(),
+                };
+                Some(CheckKind::Exec { argv, user })
             }
             _ => None,
         }

@@ -163,11 +163,12 @@ pub const KEYS: &[Key] = &[
         default: WhenAbsent::Value("[]"),
         allowed: Allowed::Text(
             "each once, port 7946 when left out; of `bind`'s address family (unless `bind` is \
-             `[::]`); not a multicast, broadcast or unspecified address, not port 0",
+             `[::]`); not a multicast, broadcast or unspecified address, not port 0; not `bind` \
+             itself",
         ),
         example: "[192.0.2.11:7946]",
-        meaning: "The seeds this node announces itself to until it has joined. Listing every \
-                  other node is simplest; the node itself may be listed too.",
+        meaning: "The seeds this node announces itself to until it has joined: list every other \
+                  node.",
     },
     Key {
         path: "keyFile",
@@ -196,6 +197,20 @@ pub const KEYS: &[Key] = &[
         allowed: Allowed::Any,
         example: "127.0.0.1:9100",
         meaning: "The HTTP listener: `/metrics`, `/healthz`, `/readyz` and `/status`.",
+    },
+    Key {
+        path: "scriptUser",
+        ty: "user[:group]",
+        default: WhenAbsent::Means("root (the speaker's own user when it is not root)"),
+        allowed: Allowed::Text("a user name or uid, and a group name or gid, that exist"),
+        example: "nobody:nogroup",
+        meaning: "Who `exec` checks and `notify` programs run as (keepalived's `script_user`), \
+                  with that user's uid and the group's gid (the user's primary group when none \
+                  is given) and no supplementary groups; a check's own `user` wins over it. \
+                  Whoever the user, a program runs with an empty environment but \
+                  `PATH=/usr/sbin:/usr/bin:/sbin:/bin`, and the speaker refuses one any of \
+                  whose path components is writable by a user other than root (see \
+                  `groups[].checks[].exec`).",
     },
     Key {
         path: "gossip",
@@ -515,7 +530,9 @@ pub const KEYS: &[Key] = &[
         example: "/etc/swimlb/notify.sh",
         meaning: "A program run on every state change of the group, with two arguments: the \
                   group's name and `owner`, `backup` or `fault`. No shell is involved; a slow \
-                  program never delays an announcement.",
+                  program never delays an announcement. It runs as `scriptUser`, with the \
+                  environment and under the path rule of `exec` checks; after 30 s it is killed \
+                  with every process it started.",
     },
     // groups[].checks[]
     Key {
@@ -557,7 +574,23 @@ pub const KEYS: &[Key] = &[
         allowed: Allowed::Text("not empty"),
         example: "[/usr/local/bin/check-api, --quick]",
         meaning: "A program and its arguments (a command line is split at spaces; no shell is \
-                  involved); passes on exit status 0.",
+                  involved); passes on exit status 0. A name without a `/` is looked up in \
+                  `/usr/sbin:/usr/bin:/sbin:/bin` when the file is loaded. The file is refused \
+                  when the program, or a directory above it, is owned by a user other than root \
+                  or is writable by its group or by others (a directory with the sticky bit, \
+                  such as `/tmp`, may be), as keepalived's `enable_script_security`; the rule \
+                  is checked again before each run, and a run refused counts as a failure. On \
+                  its timeout the program and every process it started (its process group) are \
+                  killed.",
+    },
+    Key {
+        path: "groups[].checks[].user",
+        ty: "user[:group]",
+        default: WhenAbsent::Means("the file's `scriptUser`"),
+        allowed: Allowed::Text("`exec` checks only; a user and group that exist"),
+        example: "nobody",
+        meaning: "Who this check's program runs as (keepalived's `vrrp_script` `user`), as \
+                  `scriptUser`.",
     },
     Key {
         path: "groups[].checks[].insecure",
@@ -696,6 +729,10 @@ mod tests {
         }
         if key.path == "insecure" {
             map.remove("keyFile");
+        }
+        if key.path == "groups[].checks[].user" {
+            map.retain(|k, _| !CHECK_KINDS.contains(&k.as_str()));
+            map.insert("exec".into(), yaml("/bin/true"));
         }
         tree
     }
