@@ -84,13 +84,23 @@ pub fn parse_key_file(text: &str) -> Result<Vec<[u8; KEY_LEN]>, Vec<KeyFileError
 /// given by mistake) is refused instead of read into memory.
 pub const MAX_KEY_FILE_LEN: u64 = 1 << 20;
 
-/// Reads a key file of at most [`MAX_KEY_FILE_LEN`] bytes.
+/// Reads a key file of at most [`MAX_KEY_FILE_LEN`] bytes that only its owner may read (as ssh
+/// refuses a private key readable by group or others): a mode such as `0644` is refused with the
+/// mode in the error, before a byte is read. A symbolic link is followed (a Kubernetes Secret
+/// volume's files are links); the mode checked is the file's it names.
 pub fn read_key_file(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let file = std::fs::File::open(path)?;
+    let mode = file.metadata()?.permissions().mode() & 0o7777;
+    if let Some(who) = readers_beside_owner(mode) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("mode {mode:04o} lets {who} read the gossip key; chmod 600 it"),
+        ));
+    }
     let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_KEY_FILE_LEN + 1)
-        .read_to_string(&mut text)?;
+    file.take(MAX_KEY_FILE_LEN + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_KEY_FILE_LEN {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -98,6 +108,31 @@ pub fn read_key_file(path: &std::path::Path) -> std::io::Result<String> {
         ));
     }
     Ok(text)
+}
+
+/// Who besides the owner may read a file of `mode`: `None` when nobody may.
+fn readers_beside_owner(mode: u32) -> Option<&'static str> {
+    match (mode & 0o040 != 0, mode & 0o004 != 0) {
+        (false, false) => None,
+        (true, false) => Some("its group"),
+        (false, true) => Some("others"),
+        (true, true) => Some("its group and others"),
+    }
+}
+
+/// Writes a key file readable by its owner only (mode `0600`, also when `path` exists with
+/// another mode): what [`read_key_file`] accepts.
+pub fn write_key_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text.as_bytes())
 }
 
 /// A new random key from the system's randomness (`/dev/urandom`).
@@ -154,12 +189,55 @@ mod tests {
     }
 
     #[test]
-    fn an_endless_key_file_is_refused_after_its_first_mebibyte() {
-        let error = read_key_file(std::path::Path::new("/dev/zero")).unwrap_err();
+    fn a_key_file_too_large_is_refused_after_its_first_mebibyte() {
+        let path =
+            std::env::temp_dir().join(format!("swimlb-keyfile-large-{}", std::process::id()));
+        let line = format!("{}\n", encode_key(&[1; 32]));
+        write_key_file(
+            &path,
+            &line.repeat(MAX_KEY_FILE_LEN as usize / line.len() + 1),
+        )
+        .unwrap();
+        let error = read_key_file(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
         assert_eq!(
             error.to_string(),
             "larger than 1048576 bytes: not a key file"
         );
+        // `/dev/zero` (mode 0666) is refused for its mode before a byte is read.
+        let error = read_key_file(std::path::Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "mode 0666 lets its group and others read the gossip key; chmod 600 it"
+        );
+    }
+
+    #[test]
+    fn a_key_file_readable_by_group_or_others_is_refused_with_its_mode() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = std::env::temp_dir().join(format!("swimlb-keyfile-mode-{}", std::process::id()));
+        write_key_file(&path, &new_key_file().unwrap()).unwrap();
+        assert!(read_key_file(&path).is_ok(), "0600 is read");
+        for (mode, who) in [
+            (0o644, "its group and others"),
+            (0o640, "its group"),
+            (0o604, "others"),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let error = read_key_file(&path).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("mode {mode:04o} lets {who} read the gossip key; chmod 600 it")
+            );
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(read_key_file(&path).is_ok(), "0400 is read");
+        // Writing again over a file of another mode leaves it 0600.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_key_file(&path, &new_key_file().unwrap()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

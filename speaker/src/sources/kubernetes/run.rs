@@ -863,8 +863,10 @@ async fn wait_for_keys(settings: &Settings) -> KeyRing {
 fn read_keys(settings: &Settings) -> Result<KeyRing, String> {
     let keys = match &settings.key_file {
         Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            // The standalone mode's rules: at most 1 MiB, readable by its owner only (the
+            // manifest's Secret volume gives the file mode 0400).
+            let text = swimlb_config::keyfile::read_key_file(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             parse_key_file(&text).map_err(|errors| {
                 errors
                     .iter()
