@@ -4,6 +4,7 @@
 //! error at once, each with where it is.
 //!
 //! - [`standalone`]: the standalone speaker's file (`swimlb-speaker check-config FILE`).
+//! - [`keepalived`]: a keepalived.conf converted into the standalone file.
 //! - [`keyfile`]: the gossip key file.
 //! - [`duration`]: `900ms`, `1s`, `1m30s`.
 //! - [`events`]: the reasons of the Kubernetes Events both daemons write.
@@ -29,6 +30,7 @@ pub mod client;
 pub mod crd;
 pub mod duration;
 pub mod events;
+pub mod keepalived;
 pub mod keyfile;
 #[cfg(feature = "kube")]
 pub mod metallb;
