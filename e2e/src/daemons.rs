@@ -229,9 +229,9 @@ impl SwimlbDaemons {
         let mut key = [0u8; 32];
         use std::io::Read as _;
         std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-        std::fs::write(
-            dir.join("keys"),
-            format!("{}\n", swimlb_config::keyfile::encode_key(&key)),
+        swimlb_config::keyfile::write_key_file(
+            &dir.join("keys"),
+            &format!("{}\n", swimlb_config::keyfile::encode_key(&key)),
         )?;
         Ok(SwimlbDaemons {
             program,

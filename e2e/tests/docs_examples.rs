@@ -88,7 +88,8 @@ fn key_file(dir: &Path) -> PathBuf {
         "one base64 key of 32 bytes and a newline: {line:?}"
     );
     let path = dir.join("keys");
-    std::fs::write(&path, line).expect("key file");
+    // Mode 0600: the speaker refuses a key file others may read.
+    swimlb_config::keyfile::write_key_file(&path, &line).expect("key file");
     path
 }
 

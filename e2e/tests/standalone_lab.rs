@@ -1132,7 +1132,7 @@ fn keys_rotated_by_sighup_one_node_at_a_time_never_move_the_vip_or_take_a_member
         for i in 1..=run.lab.nodes.len() {
             let name = run.lab.node(i).name.clone();
             let key_path = dir.join(format!("keys-{name}"));
-            std::fs::write(&key_path, &keys).unwrap();
+            swimlb_config::keyfile::write_key_file(&key_path, &keys).unwrap();
             let yaml_path = dir.join(format!("{name}.yaml"));
             let yaml: String = std::fs::read_to_string(&yaml_path)
                 .unwrap()

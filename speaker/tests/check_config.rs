@@ -49,10 +49,12 @@ fn an_invalid_file_exits_64_and_lists_every_error() {
 
 #[test]
 fn a_valid_file_prints_detection_times() {
-    let keys = write_temp(
-        "keys",
+    let keys = write_temp("keys", "");
+    swimlb_config::keyfile::write_key_file(
+        &keys,
         &format!("{}\n", swimlb_config::keyfile::encode_key(&[7; 32])),
-    );
+    )
+    .unwrap();
     let path = write_temp(
         "good.yaml",
         &format!(
@@ -130,6 +132,42 @@ fn an_unreadable_key_file_is_an_error() {
 }
 
 #[test]
+fn an_exec_check_in_a_directory_others_may_write_is_an_error_with_the_path_and_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("swimlb-check-config-exec-{}", std::process::id()));
+    let scripts = dir.join("scripts");
+    std::fs::create_dir_all(&scripts).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = scripts.join("check.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.join("speaker.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "cluster: edge-1\nbind: 192.0.2.10:7946\ninsecure: true\ngroups:\n  - name: api\n    addresses: [192.0.2.100]\n    checks:\n      - {{name: lb, tcp: 'localhost:9443'}}\n      - {{name: script, exec: [{}, --quick]}}\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, _, stderr) = check_config(&path);
+    assert_eq!(code, Some(0), "a safe directory passes: {stderr}");
+    std::fs::set_permissions(&scripts, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, _, stderr) = check_config(&path);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "groups[0].checks[1].exec: {}: {} is writable by every user (mode 0777)",
+            script.display(),
+            scripts.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn keygen_prints_a_key_the_key_file_parser_accepts() {
     let out = Command::new(env!("CARGO_BIN_EXE_swimlb-speaker"))
         .arg("keygen")
@@ -144,10 +182,21 @@ fn keygen_prints_a_key_the_key_file_parser_accepts() {
 
 /// One file per mistake in `tests/check_config/`, each naming on its first line
 /// (`# error: ...`) the one error `check-config` must report; `valid.yaml`, which each of them
-/// departs from by one change, passes.
+/// departs from by one change, passes. A checkout gives the key files in `keys/` the mode of
+/// the umask: they are made `0600` first, but `keys/readable`, made `0644`.
 #[test]
 fn every_mistake_in_the_table_is_named_exactly() {
+    use std::os::unix::fs::PermissionsExt as _;
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/check_config");
+    for entry in std::fs::read_dir(dir.join("keys")).unwrap() {
+        let path = entry.unwrap().path();
+        let mode = if path.ends_with("readable") {
+            0o644
+        } else {
+            0o600
+        };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use netns::{Lab, arp_answered, require_root};
-use swimlb_config::keyfile::encode_key;
+use swimlb_config::keyfile::{encode_key, write_key_file};
 use swimlb_config::standalone::Standalone;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -80,7 +80,7 @@ fn a_broken_file_or_garbage_keys_on_reload_are_refused_counted_and_logged_while_
         std::env::temp_dir().join(format!("swimlb-reload-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys");
-    std::fs::write(&keys, format!("{}\n", encode_key(&[9; 32]))).unwrap();
+    write_key_file(&keys, &format!("{}\n", encode_key(&[9; 32]))).unwrap();
     let path = dir.join("speaker.yaml");
     let good = config_text(&keys, &lab.veth_a);
     std::fs::write(&path, &good).unwrap();
@@ -147,7 +147,7 @@ fn a_broken_file_or_garbage_keys_on_reload_are_refused_counted_and_logged_while_
         reload("swimlb_config_reload_failures_total{reason=\"keys\"} 1").await;
         assert!(answered(&b, &vb).await, "garbage keys stopped the VIP");
 
-        std::fs::write(&keys, format!("{}\n", encode_key(&[10; 32]))).unwrap();
+        write_key_file(&keys, &format!("{}\n", encode_key(&[10; 32]))).unwrap();
         reload("swimlb_config_last_reload_successful 1").await;
         assert!(answered(&b, &vb).await, "a good reload stopped the VIP");
 

@@ -426,10 +426,10 @@ impl Driver {
         if phase == 1 {
             let old = std::fs::read_to_string(&keys).context("reading the key file")?;
             let old = old.lines().next().unwrap_or("").to_string();
-            std::fs::write(&keys, format!("{new}\n{old}\n"))?;
+            swimlb_config::keyfile::write_key_file(&keys, &format!("{new}\n{old}\n"))?;
             self.old_key = Some(old);
         } else {
-            std::fs::write(&keys, format!("{new}\n"))?;
+            swimlb_config::keyfile::write_key_file(&keys, &format!("{new}\n"))?;
         }
         Ok(())
     }
@@ -524,7 +524,7 @@ fn broken_reload(d: &SwimlbDaemons, lab: &mut Lab, node: usize, broken: Broken) 
         Broken::Invalid => format!("{good}colour: blue\n"),
         Broken::GarbageKeys => {
             let garbage = d.dir().join(format!("keys-garbage-node{node}"));
-            std::fs::write(&garbage, "this is no base64 key!\n")?;
+            swimlb_config::keyfile::write_key_file(&garbage, "this is no base64 key!\n")?;
             good.lines()
                 .map(|l| match l.starts_with("keyFile:") {
                     true => format!("keyFile: {}\n", garbage.display()),

@@ -28,6 +28,7 @@ use swimlb_config::standalone::{Check, CheckKind, Standalone};
 use tokio::sync::mpsc;
 
 use crate::model::local::CheckKey;
+use crate::sources::scripts::{self, Ran};
 
 /// Consecutive-result hysteresis: `rise` passes to become passing, `fall` failures to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +92,9 @@ pub enum Outcome {
     Exit(i32),
     /// The program could not be started.
     Spawn,
+    /// The program was not started: its path became writable by another user, or its user is
+    /// gone ([`crate::sources::scripts::run`]).
+    Refused,
 }
 
 impl Outcome {
@@ -110,6 +114,7 @@ impl Outcome {
             Outcome::Http => "http",
             Outcome::Exit(_) => "exit",
             Outcome::Spawn => "spawn",
+            Outcome::Refused => "refused",
         }
     }
 }
@@ -209,8 +214,24 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAnyCertificate {
     }
 }
 
-/// Runs `kind` once, bounded by `timeout`.
+/// Runs `kind` once, bounded by `timeout`. An exec check runs as [`scripts::run`] runs programs
+/// (its process group killed on the timeout).
 pub async fn probe(kind: &CheckKind, timeout: Duration, tls: &Tls) -> Outcome {
+    if let CheckKind::Exec { argv, user } = kind {
+        let Some((program, args)) = argv.split_first() else {
+            return Outcome::Spawn;
+        };
+        return match scripts::run(program, args, user.as_ref(), timeout).await {
+            Ran::Exited(status) if status.success() => Outcome::Pass,
+            Ran::Exited(status) => Outcome::Exit(status.code().unwrap_or(-1)),
+            Ran::Timeout => Outcome::Timeout,
+            Ran::Spawn(_) => Outcome::Spawn,
+            Ran::Refused(error) => {
+                tracing::warn!(%program, %error, "exec check not run");
+                Outcome::Refused
+            }
+        };
+    }
     match tokio::time::timeout(timeout, probe_unbounded(kind, tls)).await {
         Ok(outcome) => outcome,
         Err(_) => Outcome::Timeout,
@@ -223,24 +244,8 @@ async fn probe_unbounded(kind: &CheckKind, tls: &Tls) -> Outcome {
             Ok(_) => Outcome::Pass,
             Err(_) => Outcome::Connect,
         },
-        CheckKind::Exec { argv } => {
-            let Some((program, args)) = argv.split_first() else {
-                return Outcome::Spawn;
-            };
-            let child = tokio::process::Command::new(program)
-                .args(args)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .status()
-                .await;
-            match child {
-                Ok(status) if status.success() => Outcome::Pass,
-                Ok(status) => Outcome::Exit(status.code().unwrap_or(-1)),
-                Err(_) => Outcome::Spawn,
-            }
-        }
+        // Run by `probe`, which bounds it itself.
+        CheckKind::Exec { .. } => Outcome::Spawn,
         CheckKind::Http {
             url,
             insecure,
@@ -587,6 +592,7 @@ mod tests {
         let tls = Tls::new();
         let run = |argv: &[&str]| CheckKind::Exec {
             argv: argv.iter().map(|s| s.to_string()).collect(),
+            user: None,
         };
         assert_eq!(
             probe(&run(&["true"]), Duration::from_secs(5), &tls).await,

@@ -59,6 +59,10 @@ pub fn refusals(config: &Standalone) -> (Vec<String>, Option<Timing>) {
             problems.push(e.to_string());
         }
     }
+    // Programs and users as the daemon vets them at start-up and on a reload.
+    if let Err(more) = crate::sources::scripts::vet(config) {
+        problems.extend(more);
+    }
     let (more, timing) = start_refusals(config);
     problems.extend(more);
     (problems, timing)
@@ -284,7 +288,7 @@ fn write_checks(out: &mut String, group: &swimlb_config::standalone::Group) -> O
         let target = match &check.kind {
             CheckKind::Http { url, .. } => url.clone(),
             CheckKind::Tcp { target } => target.clone(),
-            CheckKind::Exec { argv } => argv.join(" "),
+            CheckKind::Exec { argv, .. } => argv.join(" "),
         };
         let effect = match check.weight {
             0 => "failure makes the node ineligible".to_string(),

@@ -5,11 +5,18 @@
 //! an announcement. Calls for one group run one after another, in order, each bounded by a
 //! timeout; a failure is logged and counted, never retried. At exit the speaker lets the queued
 //! calls finish, within a deadline ([`Notifier::finish`]), so the last `fault` is not lost.
+//!
+//! A hook runs as [`scripts::run`] runs programs: as the file's `scriptUser`, with an empty
+//! environment but `PATH`, its path checked again before each call, its process group killed on
+//! the timeout.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use swimlb_config::standalone::ScriptUser;
 use tokio::sync::mpsc;
+
+use crate::sources::scripts::{self, Ran};
 
 /// A group's state as notify hooks see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +51,8 @@ pub enum HookResult {
     Timeout,
     /// Could not be started.
     Spawn,
+    /// Not started: its path became writable by another user, or its user is gone.
+    Refused,
 }
 
 impl HookResult {
@@ -54,33 +63,28 @@ impl HookResult {
             HookResult::Failed(_) => "failed",
             HookResult::Timeout => "timeout",
             HookResult::Spawn => "spawn",
+            HookResult::Refused => "refused",
         }
     }
 }
 
-/// Runs `program group state` once, bounded by `timeout`.
+/// Runs `program group state` once as `user`, bounded by `timeout`.
 pub async fn call(
     program: &std::path::Path,
     group: &str,
     state: GroupState,
+    user: Option<&ScriptUser>,
     timeout: Duration,
 ) -> HookResult {
-    let child = tokio::process::Command::new(program)
-        .arg(group)
-        .arg(state.as_str())
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn();
-    let Ok(mut child) = child else {
-        return HookResult::Spawn;
-    };
-    match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) if status.success() => HookResult::Ok,
-        Ok(Ok(status)) => HookResult::Failed(status.code().unwrap_or(-1)),
-        Ok(Err(_)) => HookResult::Spawn,
-        Err(_) => {
-            let _ = child.kill().await;
-            HookResult::Timeout
+    let program = program.to_string_lossy();
+    match scripts::run(&program, &[group, state.as_str()], user, timeout).await {
+        Ran::Exited(status) if status.success() => HookResult::Ok,
+        Ran::Exited(status) => HookResult::Failed(status.code().unwrap_or(-1)),
+        Ran::Timeout => HookResult::Timeout,
+        Ran::Spawn(_) => HookResult::Spawn,
+        Ran::Refused(error) => {
+            tracing::warn!(%program, %error, "notify hook not run");
+            HookResult::Refused
         }
     }
 }
@@ -93,17 +97,18 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    /// Starts the task for `group`'s `program`; `done` receives each call's result.
+    /// Starts the task for `group`'s `program`, run as `user`; `done` receives each call's result.
     pub fn spawn(
         program: PathBuf,
         group: String,
+        user: Option<ScriptUser>,
         timeout: Duration,
         done: mpsc::UnboundedSender<(String, GroupState, HookResult)>,
     ) -> Notifier {
         let (tx, mut rx) = mpsc::unbounded_channel::<GroupState>();
         let task = tokio::spawn(async move {
             while let Some(state) = rx.recv().await {
-                let result = call(&program, &group, state, timeout).await;
+                let result = call(&program, &group, state, user.as_ref(), timeout).await;
                 if done.send((group.clone(), state, result)).is_err() {
                     return;
                 }
@@ -169,7 +174,7 @@ mod tests {
     async fn hooks_get_group_and_state_in_order() {
         let (dir, path) = script("echo \"$1 $2\" >> \"$(dirname \"$0\")/calls\"");
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let n = Notifier::spawn(path, "api".into(), Duration::from_secs(5), done_tx);
+        let n = Notifier::spawn(path, "api".into(), None, Duration::from_secs(5), done_tx);
         n.notify(GroupState::Backup);
         n.notify(GroupState::Owner);
         n.notify(GroupState::Fault);
@@ -188,7 +193,7 @@ mod tests {
     async fn finish_runs_the_queued_calls_before_it_returns() {
         let (dir, path) = script("echo \"$1 $2\" >> \"$(dirname \"$0\")/calls\"");
         let (done_tx, _done_rx) = mpsc::unbounded_channel();
-        let n = Notifier::spawn(path, "api".into(), Duration::from_secs(5), done_tx);
+        let n = Notifier::spawn(path, "api".into(), None, Duration::from_secs(5), done_tx);
         n.notify(GroupState::Owner);
         n.notify(GroupState::Fault);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -201,17 +206,38 @@ mod tests {
     async fn failing_slow_and_missing_hooks_are_reported() {
         let (_d1, failing) = script("exit 7");
         assert_eq!(
-            call(&failing, "g", GroupState::Owner, Duration::from_secs(5)).await,
+            call(
+                &failing,
+                "g",
+                GroupState::Owner,
+                None,
+                Duration::from_secs(5)
+            )
+            .await,
             HookResult::Failed(7)
         );
         let (_d2, slow) = script("sleep 5");
         assert_eq!(
-            call(&slow, "g", GroupState::Owner, Duration::from_millis(100)).await,
+            call(
+                &slow,
+                "g",
+                GroupState::Owner,
+                None,
+                Duration::from_millis(100)
+            )
+            .await,
             HookResult::Timeout
         );
         let missing = std::path::Path::new("/nonexistent/notify.sh");
         assert_eq!(
-            call(missing, "g", GroupState::Owner, Duration::from_secs(1)).await,
+            call(
+                missing,
+                "g",
+                GroupState::Owner,
+                None,
+                Duration::from_secs(1)
+            )
+            .await,
             HookResult::Spawn
         );
     }

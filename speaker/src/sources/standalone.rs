@@ -36,7 +36,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use swimlb_config::keyfile::{parse_key_file, read_key_file};
-use swimlb_config::standalone::Standalone;
+use swimlb_config::standalone::{ScriptUser, Standalone};
 use swimlb_proto::{KeyId, KeyRing};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -91,6 +91,10 @@ pub enum DaemonError {
     /// Links and routes could not be read.
     #[error("interfaces: {0}")]
     Interfaces(#[from] netlink::Error),
+    /// An exec check's or notify hook's program or user was refused
+    /// ([`crate::sources::scripts::vet`]).
+    #[error("{}", .0.join("; "))]
+    Scripts(Vec<String>),
     /// The HTTP listener could not be bound.
     #[error("listen {addr}: {source}")]
     Listen {
@@ -308,6 +312,8 @@ pub fn prepare_reload(
         )
     })?;
     let next = Standalone::parse(&text).map_err(|e| (ReloadFailure::Invalid, e.to_string()))?;
+    let next = crate::sources::scripts::vet(&next)
+        .map_err(|problems| (ReloadFailure::Invalid, problems.join("\n")))?;
     if next.cluster != running.cluster || next.bind != running.bind {
         return Err((
             ReloadFailure::RestartOnly,
@@ -352,7 +358,7 @@ struct Source {
     holder: Addresses,
     checks: CheckTasks,
     last_outcome: BTreeMap<CheckKey, &'static str>,
-    notifiers: BTreeMap<String, (PathBuf, Notifier)>,
+    notifiers: BTreeMap<String, (Hook, Notifier)>,
     hook_tx: mpsc::UnboundedSender<(String, GroupState, HookResult)>,
     group_states: BTreeMap<String, GroupState>,
     metrics: Metrics,
@@ -431,6 +437,7 @@ impl Source {
         path: PathBuf,
         reload: mpsc::Receiver<()>,
     ) -> Result<(Source, Shared, Inputs), DaemonError> {
+        let config = crate::sources::scripts::vet(&config).map_err(DaemonError::Scripts)?;
         let node = node_name(&config);
         let ring = key_ring(&config)?;
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
@@ -733,35 +740,40 @@ async fn spawn_gossip(
     Ok(gossip::spawn(settings, config.bind, ring, local.meta().clone(), metrics).await?)
 }
 
-/// The notify hooks of `config`. A group whose program did not change keeps its notifier from
-/// `previous`, so its calls stay in order across a reload.
+/// A notify hook as it runs: its program and the user it runs as.
+type Hook = (PathBuf, Option<ScriptUser>);
+
+/// The notify hooks of `config`. A group whose program and user did not change keeps its
+/// notifier from `previous`, so its calls stay in order across a reload.
 fn notifiers(
     config: &Standalone,
-    mut previous: BTreeMap<String, (PathBuf, Notifier)>,
+    mut previous: BTreeMap<String, (Hook, Notifier)>,
     done: &mpsc::UnboundedSender<(String, GroupState, HookResult)>,
-) -> BTreeMap<String, (PathBuf, Notifier)> {
+) -> BTreeMap<String, (Hook, Notifier)> {
     config
         .groups
         .iter()
         .filter_map(|g| {
-            let program = g.notify.clone()?;
+            let hook: Hook = (g.notify.clone()?, config.script_user.clone());
             let notifier = match previous.remove(&g.name) {
-                Some((old, notifier)) if old == program => notifier,
+                Some((old, notifier)) if old == hook => notifier,
                 _ => Notifier::spawn(
-                    program.clone(),
+                    hook.0.clone(),
                     g.name.clone(),
+                    hook.1.clone(),
                     NOTIFY_TIMEOUT,
                     done.clone(),
                 ),
             };
-            Some((g.name.clone(), (program, notifier)))
+            Some((g.name.clone(), (hook, notifier)))
         })
         .collect()
 }
 
-/// Whether a file describes a node with no peers to join (only itself, if anything).
+/// Whether a file describes a node with no peers to join (the file refuses a peer that is
+/// `bind` itself).
 fn alone(config: &Standalone) -> bool {
-    config.peers.iter().all(|p| *p == config.bind)
+    config.peers.is_empty()
 }
 
 /// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
@@ -821,9 +833,9 @@ mod tests {
     fn a_reload_is_refused_with_its_reason_for_every_bad_file_and_key_file() {
         let dir = temp_dir("refused");
         let keys = dir.join("keys");
-        std::fs::write(
+        swimlb_config::keyfile::write_key_file(
             &keys,
-            format!("{}\n", swimlb_config::keyfile::encode_key(&[7; 32])),
+            &format!("{}\n", swimlb_config::keyfile::encode_key(&[7; 32])),
         )
         .unwrap();
         let file = |extra: &str| {
@@ -1017,7 +1029,6 @@ mod tests {
         assert!(ready(Phase::Joining, true), "nobody to join");
         assert!(!ready(Phase::Left, true));
         assert!(alone(&config("")));
-        assert!(alone(&config("peers: [192.0.2.10:7946]\n")), "only itself");
         assert!(!alone(&config("peers: [192.0.2.11:7946]\n")));
     }
 
