@@ -4,7 +4,8 @@
 //!
 //! The run loop publishes a [`Health`] through a [`tokio::sync::watch`] channel; this module only
 //! reads it. [`route`] is the pure part (method, path and health in, response out) and is tested
-//! without a socket.
+//! without a socket; the listener's bounds (head size and time, open connections, connection
+//! lifetime) are [`swimlb_proto::listener`]'s.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,30 +28,25 @@ pub struct Health {
     pub draining: bool,
 }
 
-/// A response: status code, content type, body.
-pub use swimlb_proto::listener::Reply;
+/// A response: status code, content type, body; what a router sees of a request; the
+/// listener's bounds and counters.
+pub use swimlb_proto::listener::{Limits, ListenerMetrics, Reply, Request};
 
 fn text(code: StatusCode, body: &'static str) -> Reply {
     (code, "text/plain", Bytes::from_static(body.as_bytes()))
 }
 
-/// Answers `method path` from `health` and `registry`; `accept` (the request's `Accept` header)
-/// chooses the format of `/metrics`.
-pub fn route(
-    method: &Method,
-    path: &str,
-    accept: Option<&str>,
-    health: Health,
-    registry: &Registry,
-) -> Reply {
-    if method != Method::GET && method != Method::HEAD {
+/// Answers `request` from `health` and `registry`; the `Accept` header chooses the format of
+/// `/metrics`.
+pub fn route(request: &Request<'_>, health: Health, registry: &Registry) -> Reply {
+    if request.method != Method::GET && request.method != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
-    match path {
+    match request.path {
         "/metrics" => {
             let mut out = String::new();
             match prometheus_client::encoding::text::encode(&mut out, registry) {
-                Ok(()) => match Format::negotiate(accept) {
+                Ok(()) => match Format::negotiate(request.accept) {
                     Format::OpenMetrics => (
                         StatusCode::OK,
                         Format::OpenMetrics.content_type(),
@@ -74,28 +70,40 @@ pub fn route(
     }
 }
 
-/// Serves on `listener` until the task is dropped.
+/// Serves on `listener` within `limits` until the task is dropped; `metrics` counts the
+/// connections it closes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    limits: Limits,
+    metrics: ListenerMetrics,
     health: watch::Receiver<Health>,
     registry: Arc<Registry>,
 ) {
-    swimlb_proto::listener::serve(listener, move |method, path, accept| {
+    swimlb_proto::listener::serve(listener, limits, metrics, move |request| {
         let current = *health.borrow();
-        route(method, path, accept, current, &registry)
+        route(request, current, &registry)
     })
     .await;
 }
 
-/// Binds `addr` and serves in a background task; returns the bound address.
+/// Binds `addr` and serves in a background task with the default [`Limits`]; returns the bound
+/// address. `metrics` is [`ControllerMetrics::listener`](crate::metrics::ControllerMetrics).
 pub async fn spawn(
     addr: SocketAddr,
     health: watch::Receiver<Health>,
     registry: Arc<Registry>,
+    metrics: ListenerMetrics,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    Ok((local, tokio::spawn(serve(listener, health, registry))))
+    let task = tokio::spawn(serve(
+        listener,
+        Limits::default(),
+        metrics,
+        health,
+        registry,
+    ));
+    Ok((local, task))
 }
 
 #[cfg(test)]
@@ -105,7 +113,7 @@ mod tests {
     #[test]
     fn readyz_is_ready_for_a_standby_and_a_synced_leader_but_not_while_syncing_or_draining() {
         let r = Registry::default();
-        let get = |h: Health| route(&Method::GET, "/readyz", None, h, &r).0;
+        let get = |h: Health| route(&Request::get("/readyz"), h, &r).0;
         assert_eq!(get(Health::default()), StatusCode::SERVICE_UNAVAILABLE);
         let standby = Health {
             ready: true,
@@ -130,16 +138,30 @@ mod tests {
         let mut r = Registry::default();
         crate::metrics::ControllerMetrics::register(&mut r);
         let openmetrics = Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5");
-        let (code, ct, body) = route(&Method::GET, "/metrics", openmetrics, Health::default(), &r);
+        let (code, ct, body) = route(
+            &Request {
+                accept: openmetrics,
+                ..Request::get("/metrics")
+            },
+            Health::default(),
+            &r,
+        );
         assert_eq!(code, StatusCode::OK);
         assert!(ct.starts_with("application/openmetrics-text"));
         assert!(body.ends_with(b"# EOF\n"));
-        let (code, ct, body) = route(&Method::GET, "/metrics", None, Health::default(), &r);
+        let (code, ct, body) = route(&Request::get("/metrics"), Health::default(), &r);
         assert_eq!((code, ct), (StatusCode::OK, exposition::TEXT_CONTENT_TYPE));
         assert!(!body.ends_with(b"# EOF\n"));
-        let (code, _, _) = route(&Method::GET, "/nope", None, Health::default(), &r);
+        let (code, _, _) = route(&Request::get("/nope"), Health::default(), &r);
         assert_eq!(code, StatusCode::NOT_FOUND);
-        let (code, _, _) = route(&Method::POST, "/healthz", None, Health::default(), &r);
+        let (code, _, _) = route(
+            &Request {
+                method: &Method::POST,
+                ..Request::get("/healthz")
+            },
+            Health::default(),
+            &r,
+        );
         assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
     }
 }

@@ -111,6 +111,8 @@ pub struct ControllerMetrics {
     pub build_info: Family<BuildLabels, Gauge>,
     /// `swimlb_kubernetes_watch_errors_total{resource}` and `..._write_errors_total{resource}`.
     pub api_errors: ApiErrors<ApiResource>,
+    /// `swimlb_http_connections_dropped_total{reason}`: connections the HTTP listener closed.
+    pub listener: swimlb_proto::listener::ListenerMetrics,
 }
 
 fn saturate(n: u128) -> i64 {
@@ -168,6 +170,7 @@ impl ControllerMetrics {
             ],
             "statuses are retried",
         );
+        m.listener = swimlb_proto::listener::ListenerMetrics::register(registry);
         m
     }
 

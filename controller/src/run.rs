@@ -205,12 +205,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let (health_tx, health_rx) = watch::channel(Health::default());
-    let (bound, http_task) = crate::http::spawn(settings.listen, health_rx, Arc::new(registry))
-        .await
-        .map_err(|source| RunError::Listen {
-            addr: settings.listen,
-            source,
-        })?;
+    let (bound, http_task) = crate::http::spawn(
+        settings.listen,
+        health_rx,
+        Arc::new(registry),
+        metrics.listener.clone(),
+    )
+    .await
+    .map_err(|source| RunError::Listen {
+        addr: settings.listen,
+        source,
+    })?;
     tracing::info!(listen = %bound, identity = %settings.identity, "serving /metrics /healthz /readyz");
 
     let lease = lease_manager(&client, &settings).await?;

@@ -2,37 +2,179 @@
 //! `listener` feature): each answer comes from a pure router the caller hands in, so this is the
 //! only HTTP I/O either daemon has.
 //!
+//! It bounds what a client can make a daemon hold ([`Limits`]): a request head must arrive
+//! whole within a few seconds and fit in a small buffer, a connection lives for a bounded time,
+//! and only so many are open at once; a connection over the cap is accepted and closed at once.
+//! Every connection closed for one of these reasons is counted in
+//! `swimlb_http_connections_dropped_total{reason}` ([`ListenerMetrics`]).
+//!
 //! It lives beside [`crate::exposition`], which decides the `/metrics` format those routers
 //! answer in; the feature keeps tokio and hyper out of the wire-format build (fuzzing,
 //! benchmarks).
 
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Response, StatusCode};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 
 /// What a router answers: status, `Content-Type` and body.
 pub type Reply = (StatusCode, &'static str, Bytes);
 
-/// Serves HTTP/1 on `listener` until the task is dropped. `route` gets the method, the path and
-/// the `Accept` header of each request; a `HEAD` request gets its answer without the body.
-pub async fn serve<R>(listener: tokio::net::TcpListener, route: R)
-where
-    R: Fn(&Method, &str, Option<&str>) -> Reply + Clone + Send + Sync + 'static,
+/// What a router sees of a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The query (after `?`), if any.
+    pub query: Option<&'a str>,
+    /// The `Accept` header, if any and readable.
+    pub accept: Option<&'a str>,
+}
+
+impl<'a> Request<'a> {
+    /// A `GET` of `path` with no query and no `Accept` (for tests).
+    pub fn get(path: &'a str) -> Request<'a> {
+        Request {
+            method: &Method::GET,
+            path,
+            query: None,
+            accept: None,
+        }
+    }
+
+    /// Whether the query has the flag `name` (`?name`, `?name=...`, `?a&name`).
+    pub fn has_flag(&self, name: &str) -> bool {
+        self.query.is_some_and(|q| {
+            q.split('&')
+                .any(|pair| pair.split('=').next() == Some(name))
+        })
+    }
+}
+
+/// What one listener allows a client. The requests both daemons serve are a line and a few
+/// headers, and their clients (Prometheus, probes, `swimlb-speaker status`) are quick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request head (the request line and the headers) must arrive whole within this time
+    /// of the connection opening or of the previous answer, so it also closes idle keep-alive
+    /// connections.
+    pub header_read_timeout: Duration,
+    /// The largest request head read (hyper's read buffer; at least 8 KiB). A larger one gets
+    /// `431` and the connection is closed.
+    pub max_head_bytes: usize,
+    /// Connections served at once; one more is accepted and closed at once.
+    pub max_connections: usize,
+    /// The longest a connection is kept, whatever it does (a client that reads an answer
+    /// slowly included).
+    pub connection_lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(5),
+            max_head_bytes: 16 * 1024,
+            max_connections: 64,
+            connection_lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why a connection was closed by the listener rather than by the client.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum DropReason {
+    /// [`Limits::max_connections`] were open: accepted and closed at once.
+    connection_limit,
+    /// No whole request head within [`Limits::header_read_timeout`] (idle keep-alive
+    /// connections included).
+    header_timeout,
+    /// A request head over [`Limits::max_head_bytes`].
+    head_too_large,
+    /// Open for [`Limits::connection_lifetime`].
+    lifetime,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    reason: DropReason,
+}
+
+/// `swimlb_http_connections_dropped_total{reason}`.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerMetrics {
+    dropped: Family<DropLabels, Counter>,
+}
+
+impl ListenerMetrics {
+    /// Registers the counter in `registry`.
+    pub fn register(registry: &mut Registry) -> ListenerMetrics {
+        let metrics = ListenerMetrics::default();
+        registry.register(
+            "swimlb_http_connections_dropped",
+            "HTTP connections the listener closed, by reason",
+            metrics.dropped.clone(),
+        );
+        metrics
+    }
+
+    /// How many connections were closed for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.dropped.get_or_create(&DropLabels { reason }).get()
+    }
+
+    fn count(&self, reason: DropReason) {
+        self.dropped.get_or_create(&DropLabels { reason }).inc();
+    }
+}
+
+/// Serves HTTP/1 on `listener` within `limits` until the task is dropped. `route` answers each
+/// request; a `HEAD` request gets its answer without the body.
+pub async fn serve<R>(
+    listener: tokio::net::TcpListener,
+    limits: Limits,
+    metrics: ListenerMetrics,
+    route: R,
+) where
+    R: Fn(&Request<'_>) -> Reply + Clone + Send + Sync + 'static,
 {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors or a connection reset before it was accepted: the next
+            // accept may work; do not spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            metrics.count(DropReason::connection_limit);
+            drop(stream);
             continue;
         };
         let route = route.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let accept = req
-                    .headers()
-                    .get(hyper::header::ACCEPT)
-                    .and_then(|v| v.to_str().ok());
-                let (code, content_type, body) = route(req.method(), req.uri().path(), accept);
+            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                let request = Request {
+                    method: req.method(),
+                    path: req.uri().path(),
+                    query: req.uri().query(),
+                    accept: req
+                        .headers()
+                        .get(hyper::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok()),
+                };
+                let (code, content_type, body) = route(&request);
                 let body = if req.method() == Method::HEAD {
                     Bytes::new()
                 } else {
@@ -46,9 +188,18 @@ where
                 async move { Ok::<_, Infallible>(response) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_head_bytes.max(8192))
+                .serve_connection(io, service);
+            match tokio::time::timeout(limits.connection_lifetime, connection).await {
+                Err(_) => metrics.count(DropReason::lifetime),
+                Ok(Err(e)) if e.is_timeout() => metrics.count(DropReason::header_timeout),
+                Ok(Err(e)) if e.is_parse_too_large() => metrics.count(DropReason::head_too_large),
+                Ok(_) => {}
+            }
+            drop(permit);
         });
     }
 }

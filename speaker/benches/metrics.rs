@@ -9,12 +9,11 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv6Addr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hyper::Method;
 use prometheus_client::registry::Registry;
 use swimlb_speaker::gossip::GossipMetrics;
 use swimlb_speaker::model::engine::AddressView;
 use swimlb_speaker::model::snapshot::Owner;
-use swimlb_speaker::serve::http::route;
+use swimlb_speaker::serve::http::{Request, route};
 use swimlb_speaker::serve::status::StatusBoard;
 
 const IPS: u32 = 10_000;
@@ -56,14 +55,18 @@ fn render(c: &mut Criterion) {
             Some("application/openmetrics-text; version=1.0.0"),
         ),
     ] {
-        let (_, _, body) = route(&Method::GET, "/metrics", accept, &status, &registry);
+        let request = Request {
+            accept,
+            ..Request::get("/metrics")
+        };
+        let (_, _, body) = route(&request, &status, &registry);
         println!(
             "/metrics ({name}) with {IPS} announced IPs: {} bytes ({:.2} MB)",
             body.len(),
             body.len() as f64 / 1e6
         );
         c.bench_function(&format!("metrics/render 10k announced IPs, {name}"), |b| {
-            b.iter(|| black_box(route(&Method::GET, "/metrics", accept, &status, &registry)))
+            b.iter(|| black_box(route(&request, &status, &registry)))
         });
     }
 }

@@ -58,6 +58,7 @@ fn listener() -> (SocketAddr, tokio::runtime::Runtime) {
             "127.0.0.1:0".parse().unwrap(),
             rx,
             Arc::new(Registry::default()),
+            swimlb_speaker::serve::http::ListenerMetrics::default(),
         )
         .await
         .unwrap()

@@ -4,12 +4,14 @@
 //!
 //! The daemon publishes its state through a [`tokio::sync::watch`] channel; this module only
 //! reads it. [`route`] is the pure part (path and state in, response out) and is tested without
-//! a socket.
+//! a socket. The listener's bounds (head size and time, open connections, connection lifetime)
+//! are [`swimlb_proto::listener`]'s; `/status` is compact JSON (`?pretty` indents it), made
+//! once per change and shared by the requests that ask for it.
 
 use crate::model::election::VerdictKind;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use hyper::{Method, StatusCode};
@@ -112,30 +114,25 @@ pub struct CheckStatus {
     pub last: String,
 }
 
-/// A response: status code, content type, body.
-pub use swimlb_proto::listener::Reply;
+/// A response: status code, content type, body; what a router sees of a request; the
+/// listener's bounds and counters.
+pub use swimlb_proto::listener::{Limits, ListenerMetrics, Reply, Request};
 
-/// Answers `method path` from `status` and `registry`; `accept` (the request's `Accept` header)
-/// chooses the format of `/metrics`.
-pub fn route(
-    method: &Method,
-    path: &str,
-    accept: Option<&str>,
-    status: &Status,
-    registry: &Registry,
-) -> Reply {
-    if method != Method::GET && method != Method::HEAD {
+/// Answers `request` from `status` and `registry`, but `/status` (see [`StatusBody`]); the
+/// `Accept` header chooses the format of `/metrics`.
+pub fn route(request: &Request<'_>, status: &Status, registry: &Registry) -> Reply {
+    if request.method != Method::GET && request.method != Method::HEAD {
         return (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             Bytes::from_static(b"GET only\n"),
         );
     }
-    match path {
+    match request.path {
         "/metrics" => {
             let mut text = String::new();
             match prometheus_client::encoding::text::encode(&mut text, registry) {
-                Ok(()) => match Format::negotiate(accept) {
+                Ok(()) => match Format::negotiate(request.accept) {
                     Format::OpenMetrics => (
                         StatusCode::OK,
                         Format::OpenMetrics.content_type(),
@@ -147,11 +144,7 @@ pub fn route(
                         Bytes::from(exposition::to_text(&text)),
                     ),
                 },
-                Err(_) => (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    Bytes::from_static(b"encoding failed\n"),
-                ),
+                Err(_) => encoding_failed(),
             }
         }
         "/healthz" => (StatusCode::OK, "text/plain", Bytes::from_static(b"ok\n")),
@@ -168,19 +161,89 @@ pub fn route(
             "text/plain",
             Bytes::from_static(b"joining\n"),
         ),
-        "/status" => match serde_json::to_vec_pretty(status) {
-            Ok(body) => (StatusCode::OK, "application/json", Bytes::from(body)),
-            Err(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                Bytes::from_static(b"encoding failed\n"),
-            ),
+        "/status" => match status_json(status, request.has_flag("pretty")) {
+            Ok(body) => (StatusCode::OK, "application/json", body),
+            Err(_) => encoding_failed(),
         },
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",
             Bytes::from_static(b"not found\n"),
         ),
+    }
+}
+
+fn encoding_failed() -> Reply {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "text/plain",
+        Bytes::from_static(b"encoding failed\n"),
+    )
+}
+
+/// `status` as JSON: compact, or indented for `?pretty`.
+fn status_json(status: &Status, pretty: bool) -> serde_json::Result<Bytes> {
+    let body = if pretty {
+        serde_json::to_vec_pretty(status)?
+    } else {
+        serde_json::to_vec(status)?
+    };
+    Ok(Bytes::from(body))
+}
+
+/// The `/status` body, made once per change of the status and shared by every request until
+/// the next: serialized from the channel's value under its read lock (no copy of the status),
+/// so concurrent and repeated requests hold one body between them, not one each.
+#[derive(Debug)]
+struct StatusBody {
+    status: watch::Receiver<Status>,
+    compact: Option<Bytes>,
+    pretty: Option<Bytes>,
+}
+
+impl StatusBody {
+    fn new(status: watch::Receiver<Status>) -> StatusBody {
+        StatusBody {
+            status,
+            compact: None,
+            pretty: None,
+        }
+    }
+
+    /// The answer to `request`: `/status` from the shared body, the rest from [`route`].
+    fn answer(&mut self, request: &Request<'_>, registry: &Registry) -> Reply {
+        let get = request.method == Method::GET || request.method == Method::HEAD;
+        if request.path != "/status" || !get {
+            // Not under the channel's lock: `/metrics` takes it again for the owner gauges.
+            let (ready, draining) = {
+                let status = self.status.borrow();
+                (status.ready, status.draining)
+            };
+            let flags = Status {
+                ready,
+                draining,
+                ..Status::default()
+            };
+            return route(request, &flags, registry);
+        }
+        if self.status.has_changed().unwrap_or(false) {
+            self.status.mark_unchanged();
+            self.compact = None;
+            self.pretty = None;
+        }
+        let pretty = request.has_flag("pretty");
+        let slot = if pretty {
+            &mut self.pretty
+        } else {
+            &mut self.compact
+        };
+        if slot.is_none() {
+            *slot = status_json(&self.status.borrow(), pretty).ok();
+        }
+        match slot {
+            Some(body) => (StatusCode::OK, "application/json", body.clone()),
+            None => encoding_failed(),
+        }
     }
 }
 
@@ -192,28 +255,43 @@ pub(crate) fn metrics_text(registry: &Registry) -> String {
     text
 }
 
-/// Serves on `listener` until the task is dropped.
+/// Serves on `listener` within `limits` until the task is dropped; `metrics` counts the
+/// connections it closes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    limits: Limits,
+    metrics: ListenerMetrics,
     status: watch::Receiver<Status>,
     registry: Arc<Registry>,
 ) {
-    swimlb_proto::listener::serve(listener, move |method, path, accept| {
-        let current = status.borrow().clone();
-        route(method, path, accept, &current, &registry)
+    let body = Arc::new(Mutex::new(StatusBody::new(status)));
+    swimlb_proto::listener::serve(listener, limits, metrics, move |request| {
+        let mut body = body
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        body.answer(request, &registry)
     })
     .await;
 }
 
-/// Binds `addr` and serves in a background task.
+/// Binds `addr` and serves in a background task with the default [`Limits`]; `metrics` is
+/// [`StatusBoard::listener_metrics`](crate::serve::status::StatusBoard::listener_metrics).
 pub async fn spawn(
     addr: SocketAddr,
     status: watch::Receiver<Status>,
     registry: Arc<Registry>,
+    metrics: ListenerMetrics,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    Ok((local, tokio::spawn(serve(listener, status, registry))))
+    let task = tokio::spawn(serve(
+        listener,
+        Limits::default(),
+        metrics,
+        status,
+        registry,
+    ));
+    Ok((local, task))
 }
 
 #[cfg(test)]
@@ -235,13 +313,11 @@ mod tests {
     #[test]
     fn metrics_are_openmetrics_to_prometheus_and_classic_text_to_curl() {
         let status = Status::default();
-        let (code, ct, body) = route(
-            &Method::GET,
-            "/metrics",
-            Some(PROMETHEUS_ACCEPT),
-            &status,
-            &registry(),
-        );
+        let request = Request {
+            accept: Some(PROMETHEUS_ACCEPT),
+            ..Request::get("/metrics")
+        };
+        let (code, ct, body) = route(&request, &status, &registry());
         assert_eq!(code, StatusCode::OK);
         assert!(ct.starts_with("application/openmetrics-text"));
         let text = String::from_utf8(body.to_vec()).unwrap();
@@ -252,7 +328,14 @@ mod tests {
         assert!(text.contains("swimlb_gratuitous_sent_total 1"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         for accept in [None, Some("*/*")] {
-            let (code, ct, body) = route(&Method::GET, "/metrics", accept, &status, &registry());
+            let (code, ct, body) = route(
+                &Request {
+                    accept,
+                    ..Request::get("/metrics")
+                },
+                &status,
+                &registry(),
+            );
             assert_eq!((code, ct), (StatusCode::OK, exposition::TEXT_CONTENT_TYPE));
             let text = String::from_utf8(body.to_vec()).unwrap();
             assert!(
@@ -269,23 +352,17 @@ mod tests {
         let r = registry();
         let mut s = Status::default();
         assert_eq!(
-            route(&Method::GET, "/readyz", None, &s, &r).0,
+            route(&Request::get("/readyz"), &s, &r).0,
             StatusCode::SERVICE_UNAVAILABLE
         );
         s.ready = true;
-        assert_eq!(
-            route(&Method::GET, "/readyz", None, &s, &r).0,
-            StatusCode::OK
-        );
+        assert_eq!(route(&Request::get("/readyz"), &s, &r).0, StatusCode::OK);
         s.draining = true;
         assert_eq!(
-            route(&Method::GET, "/readyz", None, &s, &r).2,
+            route(&Request::get("/readyz"), &s, &r).2,
             Bytes::from_static(b"draining\n")
         );
-        assert_eq!(
-            route(&Method::GET, "/healthz", None, &s, &r).0,
-            StatusCode::OK
-        );
+        assert_eq!(route(&Request::get("/healthz"), &s, &r).0, StatusCode::OK);
     }
 
     #[test]
@@ -306,7 +383,7 @@ mod tests {
             )]),
             ..Status::default()
         };
-        let (code, ct, body) = route(&Method::GET, "/status", None, &s, &registry());
+        let (code, ct, body) = route(&Request::get("/status"), &s, &registry());
         assert_eq!((code, ct), (StatusCode::OK, "application/json"));
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["addresses"][0]["owner"], "node2");
@@ -317,11 +394,19 @@ mod tests {
     fn unknown_paths_and_methods_are_refused() {
         let r = registry();
         assert_eq!(
-            route(&Method::GET, "/nope", None, &Status::default(), &r).0,
+            route(&Request::get("/nope"), &Status::default(), &r).0,
             StatusCode::NOT_FOUND
         );
         assert_eq!(
-            route(&Method::POST, "/status", None, &Status::default(), &r).0,
+            route(
+                &Request {
+                    method: &Method::POST,
+                    ..Request::get("/status")
+                },
+                &Status::default(),
+                &r
+            )
+            .0,
             StatusCode::METHOD_NOT_ALLOWED
         );
     }
@@ -333,9 +418,14 @@ mod tests {
             ready: true,
             ..Status::default()
         });
-        let (addr, task) = spawn("127.0.0.1:0".parse().unwrap(), rx, Arc::new(registry()))
-            .await
-            .unwrap();
+        let (addr, task) = spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            rx,
+            Arc::new(registry()),
+            ListenerMetrics::default(),
+        )
+        .await
+        .unwrap();
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
             .await
@@ -345,5 +435,169 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(text.ends_with("ready\n"), "{text}");
         task.abort();
+    }
+
+    use std::time::Duration;
+    use swimlb_proto::listener::DropReason;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A listener within `limits` on the loopback, with its counters.
+    async fn listening(
+        limits: Limits,
+    ) -> (SocketAddr, ListenerMetrics, tokio::task::JoinHandle<()>) {
+        let (_tx, rx) = watch::channel(Status::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = ListenerMetrics::default();
+        let task = tokio::spawn(serve(
+            listener,
+            limits,
+            metrics.clone(),
+            rx,
+            Arc::new(registry()),
+        ));
+        (addr, metrics, task)
+    }
+
+    /// Reads until the server closes (or resets) the connection, within 5 s.
+    async fn read_until_closed(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection");
+        got
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_the_bound_gets_431_and_is_counted() {
+        let (addr, metrics, task) = listening(Limits::default()).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut head = b"GET /healthz HTTP/1.1\r\nx-pad: ".to_vec();
+        head.resize(head.len() + 2 * Limits::default().max_head_bytes, b'a');
+        let _ = s.write_all(&head).await;
+        let got = read_until_closed(&mut s).await;
+        // The 431 may be lost to the reset of the bytes the server did not read.
+        assert!(
+            got.is_empty() || got.starts_with(b"HTTP/1.1 431"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        assert_eq!(metrics.dropped(DropReason::head_too_large), 1);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_unfinished_request_head_is_closed_after_the_header_timeout_and_counted() {
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (addr, metrics, task) = listening(limits).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        read_until_closed(&mut s).await;
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert_eq!(metrics.dropped(DropReason::header_timeout), 1);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (addr, _, task) = listening(limits).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let got = read_until_closed(&mut s).await;
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(got.ends_with(b"ok\n"), "{}", String::from_utf8_lossy(&got));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connection_over_the_cap_is_closed_at_once_and_counted_and_the_next_is_served() {
+        let limits = Limits {
+            max_connections: 2,
+            header_read_timeout: Duration::from_millis(500),
+            ..Limits::default()
+        };
+        let (addr, metrics, task) = listening(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+            held.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut refused = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let started = tokio::time::Instant::now();
+        assert!(read_until_closed(&mut refused).await.is_empty());
+        assert!(started.elapsed() < Duration::from_millis(400));
+        assert_eq!(metrics.dropped(DropReason::connection_limit), 1);
+        // The held ones time out; then a request is answered again.
+        for mut s in held {
+            read_until_closed(&mut s).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_until_closed(&mut s).await.starts_with(b"HTTP/1.1 200"));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_closed_at_its_lifetime_and_counted() {
+        let limits = Limits {
+            connection_lifetime: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (addr, metrics, task) = listening(limits).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        read_until_closed(&mut s).await;
+        assert_eq!(metrics.dropped(DropReason::lifetime), 1);
+        task.abort();
+    }
+
+    #[test]
+    fn status_is_compact_unless_pretty_and_one_body_is_shared_until_the_status_changes() {
+        let (tx, rx) = watch::channel(Status {
+            node: "node1".into(),
+            ..Status::default()
+        });
+        let mut body = StatusBody::new(rx);
+        let r = registry();
+        let first = body.answer(&Request::get("/status"), &r).2;
+        let second = body.answer(&Request::get("/status"), &r).2;
+        assert!(!first.contains(&b'\n'), "{first:?}");
+        assert_eq!(
+            first.as_ptr(),
+            second.as_ptr(),
+            "one body for both requests"
+        );
+        let pretty = Request {
+            query: Some("pretty"),
+            ..Request::get("/status")
+        };
+        let indented = body.answer(&pretty, &r).2;
+        assert!(indented.contains(&b'\n'), "{indented:?}");
+        tx.send_modify(|s| s.node = "node2".into());
+        let third = body.answer(&Request::get("/status"), &r).2;
+        let v: serde_json::Value = serde_json::from_slice(&third).unwrap();
+        assert_eq!(v["node"], "node2");
+        assert_eq!(body.answer(&Request::get("/healthz"), &r).0, StatusCode::OK);
     }
 }

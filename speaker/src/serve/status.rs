@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::model::engine::AddressView;
 use crate::model::membership::MemberMeta;
-use crate::serve::http::{AddressStatus, MemberStatus, Status};
+use crate::serve::http::{AddressStatus, ListenerMetrics, MemberStatus, Status};
 
 // The label sets are made at scrape time from `/status`'s entries: the IP as an address and
 // the names as `SmolStr`s shared with the engine's views (inline up to 23 bytes, a shared
@@ -67,6 +67,7 @@ struct OwnerLabels {
 #[derive(Debug)]
 pub struct StatusBoard {
     status: watch::Sender<Status>,
+    listener: ListenerMetrics,
 }
 
 /// `swimlb_announced` and `swimlb_owner`, written from `/status` at scrape time.
@@ -114,13 +115,15 @@ impl Collector for OwnerGauges {
 }
 
 impl StatusBoard {
-    /// A board for `node`, registering its gauges in `registry`.
+    /// A board for `node`, registering its gauges and the HTTP listener's counters in
+    /// `registry`.
     pub fn new(node: &str, registry: &mut Registry) -> StatusBoard {
         let board = StatusBoard {
             status: watch::Sender::new(Status {
                 node: node.to_string(),
                 ..Status::default()
             }),
+            listener: ListenerMetrics::register(registry),
         };
         registry.register_collector(Box::new(OwnerGauges {
             node: SmolStr::from(node),
@@ -132,6 +135,12 @@ impl StatusBoard {
     /// A receiver of `/status` (for the HTTP listener).
     pub fn subscribe(&self) -> watch::Receiver<Status> {
         self.status.subscribe()
+    }
+
+    /// The HTTP listener's counters, registered with the board's gauges (for
+    /// [`http::spawn`](crate::serve::http::spawn)).
+    pub fn listener_metrics(&self) -> ListenerMetrics {
+        self.listener.clone()
     }
 
     /// The current status.

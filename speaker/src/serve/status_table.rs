@@ -512,9 +512,14 @@ ingress-long-name   tcp       failing   timeout
             ..Status::default()
         });
         let registry = std::sync::Arc::new(prometheus_client::registry::Registry::default());
-        let (addr, task) = crate::serve::http::spawn("127.0.0.1:0".parse().unwrap(), rx, registry)
-            .await
-            .unwrap();
+        let (addr, task) = crate::serve::http::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            rx,
+            registry,
+            crate::serve::http::ListenerMetrics::default(),
+        )
+        .await
+        .unwrap();
         let view = fetch(addr).await.expect("/status from the listener");
         assert_eq!((view.node.as_str(), view.ready), ("node7", true));
         task.abort();

@@ -465,6 +465,7 @@ impl Source {
         let alone = alone(&config);
         let net_view = net.subscribe();
         let http_status = instruments.board.subscribe();
+        let http_metrics = instruments.board.listener_metrics();
         let parts = Parts {
             local,
             schedule: schedule(&config),
@@ -486,12 +487,17 @@ impl Source {
         let checks = CheckTasks::start(&config, Tls::new(), check_tx);
         let (hook_tx, hook_results) = mpsc::unbounded_channel();
         let notifiers = notifiers(&config, BTreeMap::new(), &hook_tx);
-        let (_, http) = http::spawn(config.listen, http_status, Arc::new(instruments.registry))
-            .await
-            .map_err(|source| DaemonError::Listen {
-                addr: config.listen,
-                source,
-            })?;
+        let (_, http) = http::spawn(
+            config.listen,
+            http_status,
+            Arc::new(instruments.registry),
+            http_metrics,
+        )
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: config.listen,
+            source,
+        })?;
         let inputs = Inputs {
             check_events,
             hook_results,

@@ -264,6 +264,7 @@ impl Source {
             settings.listen,
             instruments.board.subscribe(),
             Arc::new(instruments.registry),
+            instruments.board.listener_metrics(),
         )
         .await
         .map_err(|source| Error::Listen {
