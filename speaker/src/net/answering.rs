@@ -13,12 +13,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use swimlb_proto::ethernet::MacAddr;
-use tokio::sync::mpsc;
 
 use crate::model::engine::Action;
 use crate::model::links::Link;
 use crate::net::packet_socket;
-use crate::net::responder::{self, Conflict, Control, Owned, Responder};
+use crate::net::responder::{self, Control, Owned, Responder};
 
 /// The responder thread reads its commands (a new owned set, an announcement) between frames
 /// and at least this often: its socket's read timeout. At 50 ms a takeover's first gratuitous
@@ -76,7 +75,7 @@ pub struct AnsweringLinks {
     links: Vec<Link>,
     open: BTreeMap<String, AnsweringLink>,
     metrics: responder::Metrics,
-    conflicts: mpsc::UnboundedSender<Conflict>,
+    conflicts: responder::ConflictSender,
 }
 
 impl AnsweringLinks {
@@ -85,7 +84,7 @@ impl AnsweringLinks {
     pub fn new(
         links: Vec<Link>,
         metrics: responder::Metrics,
-        conflicts: mpsc::UnboundedSender<Conflict>,
+        conflicts: responder::ConflictSender,
     ) -> AnsweringLinks {
         AnsweringLinks {
             links,

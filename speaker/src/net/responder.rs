@@ -305,6 +305,46 @@ impl From<&Drop> for DropReasonLabel {
     }
 }
 
+/// Label of the counter of claims not handed to the daemon.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConflictDropLabels {
+    /// Why.
+    pub reason: ConflictDropReason,
+}
+
+/// Why a claim was not handed to the daemon.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ConflictDropReason {
+    /// [`CONFLICT_QUEUE`] claims were already waiting for the daemon.
+    queue_full,
+}
+
+/// How many claims wait for the daemon at most; more are dropped and counted. The daemon's
+/// answer to a claim (a re-announcement) is rate-limited per address, so a flood loses nothing
+/// a queue could have kept.
+pub const CONFLICT_QUEUE: usize = 1024;
+
+/// Where the responders put the claims they see, for the daemon (bounded: [`CONFLICT_QUEUE`]).
+pub type ConflictSender = tokio::sync::mpsc::Sender<Conflict>;
+
+/// Hands `conflict` to the daemon, or counts it dropped when [`CONFLICT_QUEUE`] claims wait
+/// already. Never blocks: the responder thread answers on.
+pub fn report_conflict(conflicts: &ConflictSender, metrics: &Metrics, conflict: Conflict) {
+    use tokio::sync::mpsc::error::TrySendError;
+    match conflicts.try_send(conflict) {
+        Ok(()) | Err(TrySendError::Closed(_)) => {}
+        Err(TrySendError::Full(_)) => {
+            metrics
+                .conflicts_dropped
+                .get_or_create(&ConflictDropLabels {
+                    reason: ConflictDropReason::queue_full,
+                })
+                .inc();
+        }
+    }
+}
+
 /// The responder's counters (DESIGN.md's metric names).
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
@@ -320,6 +360,8 @@ pub struct Metrics {
     pub ndp_adverts: Counter,
     /// Other MACs claiming owned addresses.
     pub conflicts: Counter,
+    /// Claims not handed to the daemon, by reason.
+    pub conflicts_dropped: Family<ConflictDropLabels, Counter>,
     /// Frames not answered, by reason.
     pub dropped: Family<DropLabels, Counter>,
     /// Frames that could not be sent.
@@ -361,6 +403,11 @@ impl Metrics {
             "swimlb_conflicts",
             "Other MACs seen claiming an owned address",
             self.conflicts.clone(),
+        );
+        registry.register(
+            "swimlb_conflicts_dropped",
+            "Claims of an owned address not handed to the daemon, by reason",
+            self.conflicts_dropped.clone(),
         );
         registry.register(
             "swimlb_responder_dropped_frames",
@@ -424,7 +471,7 @@ impl Responder {
         rx: Box<dyn DataLinkReceiver>,
         membership: Option<Membership>,
         metrics: Metrics,
-        conflicts: tokio::sync::mpsc::UnboundedSender<Conflict>,
+        conflicts: ConflictSender,
     ) -> io::Result<Responder> {
         let (control, commands) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -525,7 +572,7 @@ fn run(
     membership: Option<Membership>,
     metrics: &Metrics,
     commands: &mpsc::Receiver<Control>,
-    conflicts: &tokio::sync::mpsc::UnboundedSender<Conflict>,
+    conflicts: &ConflictSender,
 ) {
     let mut owned = Owned::default();
     let mut out = [0u8; 128];
@@ -614,7 +661,7 @@ fn run(
                     .inc();
                 if let Drop::Conflict { ip, mac } = drop {
                     metrics.conflicts.inc();
-                    let _ = conflicts.send(Conflict { ip, mac });
+                    report_conflict(conflicts, metrics, Conflict { ip, mac });
                 }
             }
         }
@@ -984,7 +1031,7 @@ mod tests {
 
     /// The I/O loop over `pnet_datalink::dummy`: frames in, replies out, commands obeyed.
     type Injected = mpsc::Sender<io::Result<Box<[u8]>>>;
-    type Conflicts = tokio::sync::mpsc::UnboundedReceiver<Conflict>;
+    type Conflicts = tokio::sync::mpsc::Receiver<Conflict>;
 
     /// A responder on pnet's dummy channel: frames go in through the first handle, what it
     /// sends comes out of the second. Its reads block until something is injected.
@@ -1004,11 +1051,47 @@ mod tests {
         else {
             panic!("dummy channel");
         };
-        let (conflict_tx, conflict_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (conflict_tx, conflict_rx) = tokio::sync::mpsc::channel(CONFLICT_QUEUE);
         let metrics = Metrics::default();
         let responder =
             Responder::spawn("test", OURS, tx, rx, None, metrics.clone(), conflict_tx).unwrap();
         (responder, inject, wire, conflict_rx, metrics)
+    }
+
+    #[test]
+    fn a_flood_of_claims_fills_the_queue_to_its_bound_and_counts_the_rest_dropped() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CONFLICT_QUEUE);
+        let metrics = Metrics::default();
+        let flood = 10 * CONFLICT_QUEUE;
+        for i in 0..flood {
+            let claim = Conflict {
+                ip: IpAddr::V4(VIP),
+                mac: MacAddr(2, 0, 0, 0, (i >> 8) as u8, i as u8),
+            };
+            report_conflict(&tx, &metrics, claim);
+        }
+        let dropped = metrics
+            .conflicts_dropped
+            .get_or_create(&ConflictDropLabels {
+                reason: ConflictDropReason::queue_full,
+            })
+            .get();
+        assert_eq!(dropped, (flood - CONFLICT_QUEUE) as u64);
+        let mut queued = 0;
+        while rx.try_recv().is_ok() {
+            queued += 1;
+        }
+        assert_eq!(queued, CONFLICT_QUEUE);
+        // Drained, it takes claims again.
+        report_conflict(
+            &tx,
+            &metrics,
+            Conflict {
+                ip: IpAddr::V4(VIP),
+                mac: THEIRS,
+            },
+        );
+        assert_eq!(rx.try_recv().map(|c| c.mac), Ok(THEIRS));
     }
 
     #[test]

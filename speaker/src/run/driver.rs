@@ -104,7 +104,7 @@ pub(crate) async fn assemble(node: &str, gossip: GossipHandle, parts: Parts) -> 
             hold: parts.hold.holding(),
         },
     );
-    let (conflict_tx, conflicts) = mpsc::unbounded_channel();
+    let (conflict_tx, conflicts) = mpsc::channel(responder::CONFLICT_QUEUE);
     let answering = AnsweringLinks::new(parts.links, parts.responder, conflict_tx);
     let shared = Shared {
         changes,
@@ -139,7 +139,7 @@ pub(crate) struct Shared {
     /// This node's gossip identity (renewed on a rejoin).
     pub identity: watch::Receiver<NodeIdentity>,
     /// Another host answering for an IP this node answers for.
-    pub conflicts: mpsc::UnboundedReceiver<Conflict>,
+    pub conflicts: mpsc::Receiver<Conflict>,
     /// Links and routes.
     pub net: NetWatch,
     /// The owner watch's events.
