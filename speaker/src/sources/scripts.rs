@@ -439,7 +439,7 @@ mod tests {
             run(&program, &[] as &[&str], None, Duration::from_secs(3)).await
         });
         // Both sleeps run: the script's child and its grandchild in the background.
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         while processes_with(&marker).len() < 2 {
             assert!(
                 started.elapsed() < Duration::from_secs(3),
@@ -448,7 +448,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(matches!(run.await.unwrap(), Ran::Timeout));
-        let killed = std::time::Instant::now();
+        let killed = tokio::time::Instant::now();
         while !processes_with(&marker).is_empty() {
             assert!(
                 killed.elapsed() < Duration::from_secs(2),
