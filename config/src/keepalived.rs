@@ -156,6 +156,22 @@ pub fn convert(
         file: &file,
     }
     .convert(&model, options);
+    // In the order of the files as read, then of their lines.
+    let mut files_read = vec![file.clone()];
+    for s in &tree {
+        if !files_read.contains(&s.at.file) {
+            files_read.push(s.at.file.clone());
+        }
+    }
+    let rank = |f: &Finding| {
+        let file = files_read
+            .iter()
+            .position(|r| *r == f.file)
+            .unwrap_or(usize::MAX);
+        (file, f.line)
+    };
+    refusals.sort_by_key(rank);
+    warnings.sort_by_key(rank);
     if !refusals.is_empty() {
         return Err(refusals);
     }
@@ -318,6 +334,14 @@ impl Converter<'_> {
             groups,
             ..Output::default()
         };
+        if k.instances.is_empty() {
+            self.refuse(
+                &Place::new(self.file, 0),
+                "vrrp_instance",
+                "none in the file: nothing to convert",
+            );
+            return out;
+        }
         self.mesh(k, options, &mut out);
         self.announce(k, &mut out);
         out
@@ -836,12 +860,16 @@ fn emit(out: &Output, file: &str) -> String {
             let _ = writeln!(y, "    checks:");
             for c in &g.checks {
                 let argv: Vec<String> = c.argv.iter().map(|a| scalar(a)).collect();
-                let _ = writeln!(
-                    y,
-                    "      - name: {}   # vrrp_script {}",
-                    scalar(&c.name),
-                    c.script
-                );
+                if c.name == c.script {
+                    let _ = writeln!(y, "      - name: {}", scalar(&c.name));
+                } else {
+                    let _ = writeln!(
+                        y,
+                        "      - name: {}   # vrrp_script {}",
+                        scalar(&c.name),
+                        c.script
+                    );
+                }
                 let _ = writeln!(y, "        exec: [{}]", argv.join(", "));
                 let _ = writeln!(y, "        interval: {}", format_duration(c.interval));
                 let _ = writeln!(y, "        timeout: {}", format_duration(c.timeout));

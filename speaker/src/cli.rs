@@ -43,6 +43,29 @@ enum Command {
     },
     /// Print a new random gossip key (one line of a key file).
     Keygen,
+    /// Convert this node's keepalived.conf into the standalone file: the file on standard
+    /// output, keywords that have no effect in swimlb as warnings on standard error; keywords
+    /// swimlb would read differently are refused, each with its file and line (exit 65).
+    ConvertKeepalived {
+        /// The keepalived.conf (default: standard input, which cannot `include`).
+        file: Option<PathBuf>,
+        /// The gossip cluster's name, the same on every node (default: `keepalived-` and the
+        /// instances' virtual_router_ids).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// This node's name (default: global_defs' router_id, else the hostname, read when the
+        /// speaker starts).
+        #[arg(long)]
+        node: Option<String>,
+        /// This node's gossip address, port 7946 (default: the instances' unicast_src_ip or
+        /// mcast_src_ip).
+        #[arg(long)]
+        bind: Option<std::net::IpAddr>,
+        /// Another node's gossip address, port 7946; once per node (default: the instances'
+        /// unicast_peer addresses).
+        #[arg(long = "peer", value_name = "PEER")]
+        peers: Vec<std::net::IpAddr>,
+    },
     /// Run the standalone speaker from a file until SIGTERM or SIGINT (then drain); SIGHUP
     /// reloads the file.
     Standalone {
@@ -94,6 +117,21 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Keygen => keygen(),
+        Command::ConvertKeepalived {
+            file,
+            cluster,
+            node,
+            bind,
+            peers,
+        } => convert_keepalived(
+            file.as_deref(),
+            &swimlb_config::keepalived::Options {
+                cluster,
+                node,
+                bind,
+                peers,
+            },
+        ),
         Command::Standalone {
             config,
             log_format,
@@ -170,6 +208,50 @@ fn check_config(file: &Path) -> ExitCode {
             }
             eprintln!("{}: {} error(s)", file.display(), problems.len());
             ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
+/// sysexits.h: the input data was incorrect (`convert-keepalived` refused it).
+pub const EX_DATAERR: u8 = 65;
+
+/// `convert-keepalived`: the file on standard output; warnings, or every refusal, on standard
+/// error.
+fn convert_keepalived(
+    file: Option<&Path>,
+    options: &swimlb_config::keepalived::Options,
+) -> ExitCode {
+    const NAME: &str = "swimlb-speaker convert-keepalived";
+    let text = match file {
+        Some(path) => std::fs::read_to_string(path),
+        None => std::io::read_to_string(std::io::stdin()),
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            let what = file.map_or_else(|| "standard input".into(), |p| p.display().to_string());
+            eprintln!("{NAME}: {what}: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let disk = swimlb_config::keepalived::Disk;
+    match swimlb_config::keepalived::convert(file, &text, &disk, options) {
+        Ok(converted) => {
+            for w in &converted.warnings {
+                eprintln!("warning: {w}");
+            }
+            print!("{}", converted.yaml);
+            ExitCode::SUCCESS
+        }
+        Err(refusals) => {
+            for r in &refusals {
+                eprintln!("{r}");
+            }
+            eprintln!(
+                "{NAME}: {} keyword(s) refused, nothing converted",
+                refusals.len()
+            );
+            ExitCode::from(EX_DATAERR)
         }
     }
 }
