@@ -210,7 +210,8 @@ fn a_file_that_cannot_be_read_exits_64() {
 }
 
 /// The book's worked example: the keepalived.conf of `docs/examples/keepalived/` converts to
-/// its hand-written swimlb.yaml but for what the page says differs: the group's name, the
+/// `converted.yaml` there, which the page shows, and to its hand-written swimlb.yaml but for
+/// what the page says differs: the group's name, the
 /// check (the page asks the API server over HTTP instead of running the script), the notify
 /// program's path (the page's is adapted to swimlb's arguments), `scriptUser` and `listen`.
 #[test]
@@ -226,6 +227,8 @@ fn the_books_example_converts_to_its_hand_written_file_but_for_what_the_page_say
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The page shows the output as it is.
+    golden(&dir.join("converted.yaml"), &text(&out.stdout));
     let converted = Standalone::parse(&text(&out.stdout)).unwrap();
     let written =
         Standalone::parse(&std::fs::read_to_string(dir.join("swimlb.yaml")).unwrap()).unwrap();
