@@ -125,6 +125,15 @@ impl ListenerMetrics {
             "HTTP connections the listener closed, by reason",
             metrics.dropped.clone(),
         );
+        // Every reason from the start, at 0.
+        for reason in [
+            DropReason::connection_limit,
+            DropReason::header_timeout,
+            DropReason::head_too_large,
+            DropReason::lifetime,
+        ] {
+            metrics.dropped.get_or_create(&DropLabels { reason });
+        }
         metrics
     }
 

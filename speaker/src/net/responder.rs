@@ -409,6 +409,10 @@ impl Metrics {
             "Claims of an owned address not handed to the daemon, by reason",
             self.conflicts_dropped.clone(),
         );
+        // The reason from the start, at 0.
+        self.conflicts_dropped.get_or_create(&ConflictDropLabels {
+            reason: ConflictDropReason::queue_full,
+        });
         registry.register(
             "swimlb_responder_dropped_frames",
             "Received frames not answered, by reason",
