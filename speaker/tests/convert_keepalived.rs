@@ -2,7 +2,8 @@
 //! configurations in `tests/convert_keepalived/`: real-world shapes (a two-node API server VIP,
 //! unicast peers, IPv6, a sync group, scripts with positive and negative weights, includes),
 //! the lab's own keepalived configuration in both its tunings (copies of what
-//! `swimlb_e2e::keepalived::config` renders for node-1), and files that must be refused.
+//! `swimlb_e2e::keepalived::config` renders for node-1, which
+//! `e2e/tests/keepalived_convert.rs` holds them to), and files that must be refused.
 //!
 //! Each `NAME.conf` runs from the corpus folder with the arguments of `NAME.args` (one a line,
 //! if the file exists). A `refused_*` file must exit 65 with the refusals of `NAME.stderr`;
