@@ -785,6 +785,8 @@ fn scalar(s: &str) -> String {
         })
         && !s.starts_with(['-', '.'])
         && s.parse::<f64>().is_err()
+        // YAML 1.1 reads `1000:1000` as a base-60 number.
+        && !(s.contains(':') && s.chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | '_')))
         && !matches!(
             s.to_ascii_lowercase().as_str(),
             "true" | "false" | "yes" | "no" | "on" | "off" | "null" | "y" | "n" | "inf" | "nan"

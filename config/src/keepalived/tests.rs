@@ -406,4 +406,31 @@ fn names_are_made_valid_and_scalars_quoted_when_needed() {
     assert_eq!(scalar("51"), "\"51\"");
     assert_eq!(scalar("a b: c"), "\"a b: c\"");
     assert_eq!(scalar("[::1]:7946"), "\"[::1]:7946\"");
+    assert_eq!(scalar("1000:1000"), "\"1000:1000\"");
+}
+
+proptest::proptest! {
+    /// Whatever the text, the scalar written reads back as that text.
+    #[test]
+    fn a_scalar_reads_back_as_its_text(text in "[ -~]{0,24}") {
+        let tree: serde_json::Value = serde_saphyr::from_str(&format!("k: {}", scalar(&text))).unwrap();
+        proptest::prop_assert_eq!(tree["k"].as_str(), Some(text.as_str()));
+    }
+}
+
+#[test]
+fn script_user_and_a_scripts_user_map() {
+    let (s, c) = converted(&instance(
+        "global_defs {\n    script_user keepalived_script\n}\nvrrp_script chk {\n    script /bin/true\n    user nobody nogroup\n}",
+        "    track_script {\n        chk\n    }",
+    ));
+    assert_eq!(
+        s.script_user.map(|u| u.to_string()).as_deref(),
+        Some("keepalived_script")
+    );
+    assert!(
+        matches!(&s.groups[0].checks[0].kind, CheckKind::Exec { user: Some(u), .. } if u.to_string() == "nobody:nogroup"),
+        "{}",
+        c.yaml
+    );
 }
