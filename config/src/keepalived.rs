@@ -785,8 +785,8 @@ fn scalar(s: &str) -> String {
         })
         && !s.starts_with(['-', '.'])
         && s.parse::<f64>().is_err()
-        // YAML 1.1 reads `1000:1000` as a base-60 number.
-        && !(s.contains(':') && s.chars().all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | '_')))
+        && !s.ends_with(':')
+        && !base_sixty(s)
         && !matches!(
             s.to_ascii_lowercase().as_str(),
             "true" | "false" | "yes" | "no" | "on" | "off" | "null" | "y" | "n" | "inf" | "nan"
@@ -796,6 +796,15 @@ fn scalar(s: &str) -> String {
     } else {
         serde_json::to_string(s).unwrap_or_default()
     }
+}
+
+/// Whether YAML 1.1 could read `s` as a base-60 number (`1000:1000`, `1:30.5`).
+fn base_sixty(s: &str) -> bool {
+    let digits = |t: &str| !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '_');
+    s.contains(':')
+        && s.chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, ':' | '.' | '_'))
+        && s.split(':').next().is_some_and(digits)
 }
 
 fn socket(ip: IpAddr) -> String {

@@ -407,14 +407,21 @@ fn names_are_made_valid_and_scalars_quoted_when_needed() {
     assert_eq!(scalar("a b: c"), "\"a b: c\"");
     assert_eq!(scalar("[::1]:7946"), "\"[::1]:7946\"");
     assert_eq!(scalar("1000:1000"), "\"1000:1000\"");
+    assert_eq!(scalar("192.0.2.10:7946"), "192.0.2.10:7946");
+    assert_eq!(scalar("2001:db8::1"), "2001:db8::1");
 }
 
 proptest::proptest! {
-    /// Whatever the text, the scalar written reads back as that text.
+    /// Whatever the text, the scalar written reads back as that text, in a mapping and in a
+    /// flow list.
     #[test]
     fn a_scalar_reads_back_as_its_text(text in "[ -~]{0,24}") {
-        let tree: serde_json::Value = serde_saphyr::from_str(&format!("k: {}", scalar(&text))).unwrap();
+        let written = scalar(&text);
+        let tree: serde_json::Value =
+            serde_saphyr::from_str(&format!("k: {written}\nl: [{written}, x]\nm: {{{written}: 1}}")).unwrap();
         proptest::prop_assert_eq!(tree["k"].as_str(), Some(text.as_str()));
+        proptest::prop_assert_eq!(tree["l"][0].as_str(), Some(text.as_str()));
+        proptest::prop_assert!(tree["m"].get(&text).is_some(), "{}", written);
     }
 }
 
