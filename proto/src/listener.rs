@@ -132,7 +132,7 @@ impl ListenerMetrics {
             DropReason::head_too_large,
             DropReason::lifetime,
         ] {
-            metrics.dropped.get_or_create(&DropLabels { reason });
+            let _ = metrics.dropped.get_or_create(&DropLabels { reason });
         }
         metrics
     }

@@ -410,7 +410,7 @@ impl Metrics {
             self.conflicts_dropped.clone(),
         );
         // The reason from the start, at 0.
-        self.conflicts_dropped.get_or_create(&ConflictDropLabels {
+        let _ = self.conflicts_dropped.get_or_create(&ConflictDropLabels {
             reason: ConflictDropReason::queue_full,
         });
         registry.register(

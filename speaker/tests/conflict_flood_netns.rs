@@ -1,0 +1,206 @@
+//! A flood of forged claims for an owned VIP, against a real kernel: a running standalone
+//! speaker (alone, one VIP on a veth in namespace A) gets ARP replies from namespace B in
+//! which another MAC claims the VIP, at about 100,000 frames/s for 3 s. The speaker's queue of
+//! claims is bounded, so the process's resident memory stays within a bound; it counts the
+//! claims (and those it dropped) in `/metrics`, and keeps answering for the VIP: alone, it
+//! stays the owner. Root only (see `netns/mod.rs`).
+
+mod netns;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use netns::{Lab, arp_answered, require_root};
+use swimlb_config::keyfile::{encode_key, write_key_file};
+use swimlb_config::standalone::Standalone;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
+
+const VIP: [u8; 4] = [198, 51, 100, 10];
+const LISTEN: &str = "198.51.100.1:7572";
+/// The forger's MAC (locally administered).
+const FORGER: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
+/// Frames per second, and for how long.
+const RATE: u64 = 100_000;
+const FLOOD: Duration = Duration::from_secs(3);
+/// What the flood may add to the process's resident memory.
+const BOUND_MIB: u64 = 32;
+
+fn vm_rss_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").expect("reads /proc/self/status");
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// An ARP reply, broadcast, in which `FORGER` says it has the VIP.
+fn forged_claim() -> [u8; 42] {
+    let mut f = [0u8; 42];
+    f[0..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&FORGER);
+    f[12..14].copy_from_slice(&[0x08, 0x06]);
+    f[14..22].copy_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 2]);
+    f[22..28].copy_from_slice(&FORGER);
+    f[28..32].copy_from_slice(&VIP);
+    f[32..38].copy_from_slice(&[0xff; 6]);
+    f[38..42].copy_from_slice(&[198, 51, 100, 1]);
+    f
+}
+
+/// Sends forged claims from namespace B's veth at `RATE` for `FLOOD`, sampling this
+/// process's VmRSS as it goes; returns the frames sent and the peak VmRSS in KiB.
+fn flood_from_b(b: &str, veth_b: &str) -> (u64, u64) {
+    let path = format!("/run/netns/{b}");
+    let veth_b = veth_b.to_string();
+    std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("setns {path}: {e}"));
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == veth_b)
+            .expect("the veth in namespace B");
+        let Ok(pnet_datalink::Channel::Ethernet(mut tx, _rx)) =
+            pnet_datalink::channel(&iface, pnet_datalink::Config::default())
+        else {
+            panic!("a packet socket on {veth_b}");
+        };
+        let frame = forged_claim();
+        let started = Instant::now();
+        let (mut sent, mut peak) = (0u64, 0u64);
+        while started.elapsed() < FLOOD {
+            // Catch up to the rate, then yield a moment.
+            let due = RATE * started.elapsed().as_micros() as u64 / 1_000_000;
+            while sent < due {
+                if let Some(Ok(())) = tx.send_to(&frame, None) {
+                    sent += 1;
+                } else {
+                    break;
+                }
+            }
+            if sent % 10_000 < 200 {
+                peak = peak.max(vm_rss_kib());
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        (sent, peak.max(vm_rss_kib()))
+    })
+    .join()
+    .expect("flood thread")
+}
+
+async fn metrics() -> String {
+    let mut stream = tokio::net::TcpStream::connect(LISTEN)
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response");
+    response
+}
+
+/// The value of the sample line starting with `name` (labels included) in `text`.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether namespace B gets an ARP answer for the VIP (arping blocks: off the runtime thread).
+async fn answered(b: &str, veth_b: &str) -> bool {
+    let (b, vb) = (b.to_string(), veth_b.to_string());
+    tokio::task::spawn_blocking(move || arp_answered(&b, &vb, "198.51.100.10"))
+        .await
+        .expect("arping thread")
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and_the_owner_keeps_it()
+ {
+    require_root();
+    let lab = Lab::new('f');
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("swimlb-flood-lab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    write_key_file(&keys, &format!("{}\n", encode_key(&[9; 32]))).unwrap();
+    let path = dir.join("speaker.yaml");
+    let text = format!(
+        "cluster: flood-lab\nnode: a\nbind: 198.51.100.1:7946\nkeyFile: {}\nlisten: {LISTEN}\ngroups:\n  - name: vip\n    addresses: [198.51.100.10]\n    interface: {}\n",
+        keys.display(),
+        lab.veth_a
+    );
+    std::fs::write(&path, &text).unwrap();
+    let config = Standalone::parse(&text).unwrap();
+    let (b, vb) = (lab.b.clone(), lab.veth_b.clone());
+    lab.run_in_a(move || async move {
+        let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = Box::pin(async move {
+            let _ = stop_rx.await;
+        });
+        let speaker = tokio::spawn(swimlb_speaker::sources::standalone::run(
+            config, path, shutdown, reload_rx,
+        ));
+        // Alone, the speaker answers once its start-up hold (3 s) is over.
+        let mut serving = false;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if answered(&b, &vb).await {
+                serving = true;
+                break;
+            }
+        }
+        assert!(serving, "the VIP was never answered");
+        let before = vm_rss_kib();
+
+        // The flood runs on its own thread; the speaker's runtime goes on meanwhile.
+        let (fb, fvb) = (b.clone(), vb.clone());
+        let (sent, peak) = tokio::task::spawn_blocking(move || flood_from_b(&fb, &fvb))
+            .await
+            .expect("flood");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = metrics().await;
+        let seen = sample(&text, "swimlb_conflicts_total ").unwrap_or(0.0);
+        let dropped = sample(
+            &text,
+            "swimlb_conflicts_dropped_total{reason=\"queue_full\"} ",
+        )
+        .unwrap_or(0.0);
+        let grown_mib = peak.saturating_sub(before) / 1024;
+        eprintln!(
+            "{sent} forged claims in {FLOOD:?}; the speaker saw {seen}, dropped {dropped} with its \
+             queue full; VmRSS {before} KiB before, peak {peak} KiB (+{grown_mib} MiB)"
+        );
+        assert!(sent > RATE, "the flood sent only {sent} frames");
+        assert!(seen > 1000.0, "the speaker saw {seen} claims:\n{text}");
+        assert!(
+            text.contains("swimlb_conflicts_dropped_total{reason=\"queue_full\"}"),
+            "{text}"
+        );
+        assert!(
+            grown_mib < BOUND_MIB,
+            "resident memory grew by {grown_mib} MiB (bound {BOUND_MIB} MiB)"
+        );
+        assert!(
+            answered(&b, &vb).await,
+            "the owner lost the VIP to the flood"
+        );
+
+        let _ = stop_tx.send(());
+        let stopped = tokio::time::timeout(Duration::from_secs(15), speaker).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Ok(())))),
+            "the speaker did not stop cleanly: {stopped:?}"
+        );
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
