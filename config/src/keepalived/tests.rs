@@ -441,3 +441,70 @@ fn script_user_and_a_scripts_user_map() {
         c.yaml
     );
 }
+
+#[test]
+fn each_keyword_swimlb_would_read_differently_is_refused_at_its_line() {
+    let cases = [
+        ("    dont_track_primary", 13, "dont_track_primary"),
+        ("    use_vmac", 13, "use_vmac"),
+        (
+            "    virtual_routes {\n        0.0.0.0/0 via 192.0.2.1\n    }",
+            13,
+            "virtual_routes",
+        ),
+        (
+            "    virtual_rules {\n        from 192.0.2.0/24 table 1\n    }",
+            13,
+            "virtual_rules",
+        ),
+        ("    notify_fault /x.sh", 13, "notify_fault"),
+        ("    notify_stop /x.sh", 13, "notify_stop"),
+        ("    notify \"/x.sh\" root", 13, "notify"),
+        ("    notify x.sh", 13, "notify"),
+        ("    track_file {\n        f\n    }", 13, "track_file"),
+        ("    garp_extra_if 10", 13, "garp_extra_if"),
+        ("    priority 256", 13, "priority"),
+        ("    preempt_delay soon", 13, "preempt_delay"),
+        (
+            "    virtual_ipaddress {\n        192.0.2.5 peer 192.0.2.6\n    }",
+            14,
+            "192.0.2.5",
+        ),
+        (
+            "    virtual_ipaddress {\n        192.0.2.5-9\n    }",
+            14,
+            "192.0.2.5-9",
+        ),
+        (
+            "    unicast_peer {\n        not-an-address\n    }",
+            14,
+            "not-an-address",
+        ),
+    ];
+    for (body, line, keyword) in cases {
+        let errors = run(&instance("", body)).expect_err(keyword);
+        assert_eq!(errors.len(), 1, "{keyword}: {errors:#?}");
+        assert_eq!(
+            (errors[0].line, errors[0].keyword.as_str()),
+            (line, keyword),
+            "{}",
+            errors[0]
+        );
+    }
+    for (before, keyword) in [
+        (
+            "static_ipaddress {\n    192.0.2.9/24 dev eth0\n}",
+            "static_ipaddress",
+        ),
+        (
+            "vrrp_track_process haproxy {\n    process haproxy\n}",
+            "vrrp_track_process",
+        ),
+        ("global_defs {\n    frobnicate\n}", "frobnicate"),
+        ("@main router_id a", "@main"),
+    ] {
+        let errors = run(&instance(before, "")).expect_err(keyword);
+        assert_eq!(errors.len(), 1, "{keyword}: {errors:#?}");
+        assert_eq!(errors[0].keyword, keyword, "{}", errors[0]);
+    }
+}
