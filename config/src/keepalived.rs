@@ -523,7 +523,7 @@ impl Converter<'_> {
             );
         }
         // What the members must agree on.
-        let agree = |c: &mut Self, what: &str, values: Vec<String>| -> bool {
+        let agree = |c: &mut Self, what: &str, values: Vec<String>| {
             let distinct: BTreeSet<&String> = values.iter().collect();
             if distinct.len() > 1 {
                 let pairs: Vec<String> = members
@@ -539,9 +539,7 @@ impl Converter<'_> {
                         pairs.join(", ")
                     ),
                 );
-                return false;
             }
-            true
         };
         let interfaces: Vec<String> = members
             .iter()
