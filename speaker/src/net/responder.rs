@@ -17,9 +17,10 @@
 //! (the filtered socket of [`crate::net::packet_socket`] in production, `pnet_datalink::dummy` in
 //! tests). The daemon controls it through a channel: the owned set, announcements, stop.
 
+use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -316,33 +317,100 @@ pub struct ConflictDropLabels {
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum ConflictDropReason {
+    /// The same claim (address and MAC) already waits for the daemon.
+    already_queued,
     /// [`CONFLICT_QUEUE`] claims were already waiting for the daemon.
     queue_full,
 }
 
-/// How many claims wait for the daemon at most; more are dropped and counted. The daemon's
-/// answer to a claim (a re-announcement) is rate-limited per address, so a flood loses nothing
-/// a queue could have kept.
+/// How many claims wait for the daemon at most; more are dropped and counted. A claim that
+/// already waits is not queued twice, so a flood for one address takes one place, and the
+/// daemon's answer to a claim (a re-announcement) is rate-limited per address anyway.
 pub const CONFLICT_QUEUE: usize = 1024;
 
-/// Where the responders put the claims they see, for the daemon (bounded: [`CONFLICT_QUEUE`]).
-pub type ConflictSender = tokio::sync::mpsc::Sender<Conflict>;
+/// The claims waiting for the daemon, shared by the two ends of the queue.
+type Waiting = Arc<Mutex<HashSet<Conflict>>>;
 
-/// Hands `conflict` to the daemon, or counts it dropped when [`CONFLICT_QUEUE`] claims wait
-/// already. Never blocks: the responder thread answers on.
+/// Where the responders put the claims they see, for the daemon: [`conflict_queue`].
+#[derive(Debug, Clone)]
+pub struct ConflictSender {
+    tx: tokio::sync::mpsc::Sender<Conflict>,
+    waiting: Waiting,
+}
+
+/// The daemon's end of [`conflict_queue`].
+#[derive(Debug)]
+pub struct ConflictReceiver {
+    rx: tokio::sync::mpsc::Receiver<Conflict>,
+    waiting: Waiting,
+}
+
+/// A queue of claims of at most [`CONFLICT_QUEUE`], each claim (address and MAC) in it once.
+pub fn conflict_queue() -> (ConflictSender, ConflictReceiver) {
+    let (tx, rx) = tokio::sync::mpsc::channel(CONFLICT_QUEUE);
+    let waiting = Arc::new(Mutex::new(HashSet::with_capacity(CONFLICT_QUEUE)));
+    (
+        ConflictSender {
+            tx,
+            waiting: Arc::clone(&waiting),
+        },
+        ConflictReceiver { rx, waiting },
+    )
+}
+
+impl ConflictReceiver {
+    /// The next claim; `None` once every sender is gone.
+    pub async fn recv(&mut self) -> Option<Conflict> {
+        let conflict = self.rx.recv().await?;
+        Some(self.taken(conflict))
+    }
+
+    /// The next claim if one waits.
+    pub fn try_recv(&mut self) -> Result<Conflict, tokio::sync::mpsc::error::TryRecvError> {
+        self.rx.try_recv().map(|c| self.taken(c))
+    }
+
+    /// The next claim, blocking the thread (not on a runtime).
+    pub fn blocking_recv(&mut self) -> Option<Conflict> {
+        let conflict = self.rx.blocking_recv()?;
+        Some(self.taken(conflict))
+    }
+
+    fn taken(&self, conflict: Conflict) -> Conflict {
+        lock(&self.waiting).remove(&conflict);
+        conflict
+    }
+}
+
+fn lock(waiting: &Waiting) -> std::sync::MutexGuard<'_, HashSet<Conflict>> {
+    waiting
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Hands `conflict` to the daemon, or counts it dropped when the same claim already waits or
+/// [`CONFLICT_QUEUE`] claims do. Never blocks: the responder thread answers on.
 pub fn report_conflict(conflicts: &ConflictSender, metrics: &Metrics, conflict: Conflict) {
     use tokio::sync::mpsc::error::TrySendError;
-    match conflicts.try_send(conflict) {
-        Ok(()) | Err(TrySendError::Closed(_)) => {}
-        Err(TrySendError::Full(_)) => {
-            metrics
-                .conflicts_dropped
-                .get_or_create(&ConflictDropLabels {
-                    reason: ConflictDropReason::queue_full,
-                })
-                .inc();
+    let mut waiting = lock(&conflicts.waiting);
+    let dropped = if waiting.contains(&conflict) {
+        ConflictDropReason::already_queued
+    } else {
+        match conflicts.tx.try_send(conflict) {
+            Ok(()) => {
+                // Under the lock, so the receiver removes it only after this.
+                waiting.insert(conflict);
+                return;
+            }
+            Err(TrySendError::Closed(_)) => return,
+            Err(TrySendError::Full(_)) => ConflictDropReason::queue_full,
         }
-    }
+    };
+    drop(waiting);
+    metrics
+        .conflicts_dropped
+        .get_or_create(&ConflictDropLabels { reason: dropped })
+        .inc();
 }
 
 /// The responder's counters (DESIGN.md's metric names).
@@ -409,10 +477,15 @@ impl Metrics {
             "Claims of an owned address not handed to the daemon, by reason",
             self.conflicts_dropped.clone(),
         );
-        // The reason from the start, at 0.
-        let _ = self.conflicts_dropped.get_or_create(&ConflictDropLabels {
-            reason: ConflictDropReason::queue_full,
-        });
+        // Every reason from the start, at 0.
+        for reason in [
+            ConflictDropReason::already_queued,
+            ConflictDropReason::queue_full,
+        ] {
+            let _ = self
+                .conflicts_dropped
+                .get_or_create(&ConflictDropLabels { reason });
+        }
         registry.register(
             "swimlb_responder_dropped_frames",
             "Received frames not answered, by reason",
@@ -450,7 +523,7 @@ pub enum Control {
 }
 
 /// A conflict the responder saw, for the daemon to log and answer with a re-announcement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Conflict {
     /// The address.
     pub ip: IpAddr,
@@ -1035,7 +1108,7 @@ mod tests {
 
     /// The I/O loop over `pnet_datalink::dummy`: frames in, replies out, commands obeyed.
     type Injected = mpsc::Sender<io::Result<Box<[u8]>>>;
-    type Conflicts = tokio::sync::mpsc::Receiver<Conflict>;
+    type Conflicts = ConflictReceiver;
 
     /// A responder on pnet's dummy channel: frames go in through the first handle, what it
     /// sends comes out of the second. Its reads block until something is injected.
@@ -1055,47 +1128,73 @@ mod tests {
         else {
             panic!("dummy channel");
         };
-        let (conflict_tx, conflict_rx) = tokio::sync::mpsc::channel(CONFLICT_QUEUE);
+        let (conflict_tx, conflict_rx) = conflict_queue();
         let metrics = Metrics::default();
         let responder =
             Responder::spawn("test", OURS, tx, rx, None, metrics.clone(), conflict_tx).unwrap();
         (responder, inject, wire, conflict_rx, metrics)
     }
 
+    fn dropped(metrics: &Metrics, reason: ConflictDropReason) -> u64 {
+        metrics
+            .conflicts_dropped
+            .get_or_create(&ConflictDropLabels { reason })
+            .get()
+    }
+
+    fn claim(i: usize) -> Conflict {
+        Conflict {
+            ip: IpAddr::V4(Ipv4Addr::from(0xc633_6400_u32 + i as u32)),
+            mac: THEIRS,
+        }
+    }
+
     #[test]
-    fn a_flood_of_claims_fills_the_queue_to_its_bound_and_counts_the_rest_dropped() {
-        let (tx, mut rx) = tokio::sync::mpsc::channel(CONFLICT_QUEUE);
+    fn a_flood_of_one_claim_takes_one_place_in_the_queue_until_the_daemon_takes_it() {
+        let (tx, mut rx) = conflict_queue();
+        let metrics = Metrics::default();
+        for _ in 0..10_000 {
+            report_conflict(&tx, &metrics, claim(0));
+        }
+        assert_eq!(dropped(&metrics, ConflictDropReason::already_queued), 9_999);
+        assert_eq!(dropped(&metrics, ConflictDropReason::queue_full), 0);
+        assert_eq!(rx.try_recv(), Ok(claim(0)));
+        assert!(rx.try_recv().is_err());
+        // Taken, the same claim is queued again; another MAC's claim of the address too.
+        report_conflict(&tx, &metrics, claim(0));
+        let other = Conflict {
+            mac: MacAddr(2, 0, 0, 0, 0, 7),
+            ..claim(0)
+        };
+        report_conflict(&tx, &metrics, other);
+        assert_eq!(rx.try_recv(), Ok(claim(0)));
+        assert_eq!(rx.try_recv(), Ok(other));
+    }
+
+    #[test]
+    fn a_flood_of_distinct_claims_fills_the_queue_to_its_bound_and_counts_the_rest_dropped() {
+        let (tx, mut rx) = conflict_queue();
         let metrics = Metrics::default();
         let flood = 10 * CONFLICT_QUEUE;
         for i in 0..flood {
-            let claim = Conflict {
-                ip: IpAddr::V4(VIP),
-                mac: MacAddr(2, 0, 0, 0, (i >> 8) as u8, i as u8),
-            };
-            report_conflict(&tx, &metrics, claim);
+            report_conflict(&tx, &metrics, claim(i));
         }
-        let dropped = metrics
-            .conflicts_dropped
-            .get_or_create(&ConflictDropLabels {
-                reason: ConflictDropReason::queue_full,
-            })
-            .get();
-        assert_eq!(dropped, (flood - CONFLICT_QUEUE) as u64);
+        assert_eq!(
+            dropped(&metrics, ConflictDropReason::queue_full),
+            (flood - CONFLICT_QUEUE) as u64
+        );
         let mut queued = 0;
         while rx.try_recv().is_ok() {
             queued += 1;
         }
         assert_eq!(queued, CONFLICT_QUEUE);
-        // Drained, it takes claims again.
-        report_conflict(
-            &tx,
-            &metrics,
-            Conflict {
-                ip: IpAddr::V4(VIP),
-                mac: THEIRS,
-            },
+        assert!(
+            lock(&rx.waiting).is_empty(),
+            "every taken claim is forgotten"
         );
-        assert_eq!(rx.try_recv().map(|c| c.mac), Ok(THEIRS));
+        // Drained, it takes claims again.
+        report_conflict(&tx, &metrics, claim(flood));
+        assert_eq!(rx.try_recv(), Ok(claim(flood)));
     }
 
     #[test]

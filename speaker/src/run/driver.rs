@@ -12,7 +12,7 @@ use std::future::Future;
 
 use prometheus_client::registry::Registry;
 use swimlb_proto::KeyRing;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::gossip::{GossipHandle, GossipMetrics, NodeIdentity, Phase};
@@ -24,7 +24,7 @@ use crate::model::membership::LiveChange;
 use crate::model::snapshot::Snapshot;
 use crate::model::watch_knobs::Knobs;
 use crate::net::answering::AnsweringLinks;
-use crate::net::responder::{self, Conflict};
+use crate::net::responder;
 use crate::owner_watch::{WatchEvents, WatchMetrics};
 use crate::run::daemon::{Daemon, FailoverMetrics, NetWatch, sleep_until, start_watch};
 use crate::run::hold::JoinHold;
@@ -104,7 +104,7 @@ pub(crate) async fn assemble(node: &str, gossip: GossipHandle, parts: Parts) -> 
             hold: parts.hold.holding(),
         },
     );
-    let (conflict_tx, conflicts) = mpsc::channel(responder::CONFLICT_QUEUE);
+    let (conflict_tx, conflicts) = responder::conflict_queue();
     let answering = AnsweringLinks::new(parts.links, parts.responder, conflict_tx);
     let shared = Shared {
         changes,
@@ -139,7 +139,7 @@ pub(crate) struct Shared {
     /// This node's gossip identity (renewed on a rejoin).
     pub identity: watch::Receiver<NodeIdentity>,
     /// Another host answering for an IP this node answers for.
-    pub conflicts: mpsc::Receiver<Conflict>,
+    pub conflicts: responder::ConflictReceiver,
     /// Links and routes.
     pub net: NetWatch,
     /// The owner watch's events.
