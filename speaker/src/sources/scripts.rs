@@ -364,6 +364,8 @@ pub async fn run(
         Ok(Err(e)) => Ran::Spawn(e),
         Err(_) => {
             group.kill();
+            // The child itself too, should it have left its group (`setsid`).
+            let _ = child.start_kill();
             let _ = child.wait().await;
             Ran::Timeout
         }
@@ -447,7 +449,9 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(matches!(run.await.unwrap(), Ran::Timeout));
+        // The run ends at its timeout (3 s), not when the sleeps would (30 s).
+        let ran = tokio::time::timeout(Duration::from_secs(10), run).await;
+        assert!(matches!(ran, Ok(Ok(Ran::Timeout))), "{ran:?}");
         let killed = tokio::time::Instant::now();
         while !processes_with(&marker).is_empty() {
             assert!(
