@@ -5,7 +5,8 @@
 //!   name without `/` is looked up in [`SCRIPT_PATH`], never in the speaker's own `PATH`),
 //!   refuses one any of whose path components another user could write ([`unsafe_component`]),
 //!   resolves the users the programs run as, and returns the file with each program's resolved
-//!   path: what was checked is what runs.
+//!   path: what was checked is what runs. The daemon ([`vet_to_run`]) also makes sure it may
+//!   switch to those users.
 //! - [`run`] starts one program, after checking its path again (a directory made writable since
 //!   the load is caught before the next run, not at the next reload): with an empty environment
 //!   but `PATH` ([`SCRIPT_PATH`]), stdin from `/dev/null`, in a process group of its own, as its
@@ -284,6 +285,52 @@ pub fn vet(config: &Standalone) -> Result<Standalone, Vec<String>> {
     }
 }
 
+/// [`vet`], and what only the daemon's own process can tell: that it may switch to the users
+/// the file names (`CAP_SETUID` and `CAP_SETGID`; the systemd unit leaves them out unless a
+/// drop-in adds them). `check-config`, run from a shell, holds other capabilities than the
+/// service, so it checks the file only.
+pub fn vet_to_run(config: &Standalone) -> Result<Standalone, Vec<String>> {
+    let vetted = vet(config)?;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    match first_other_user(&vetted, own_uid()) {
+        Some(path) if !can_switch_users(&status) => Err(vec![format!(
+            "{path}: running a program as another user needs CAP_SETUID and CAP_SETGID, which \
+             this speaker does not hold (systemd: add them to the unit's CapabilityBoundingSet)"
+        )]),
+        _ => Ok(vetted),
+    }
+}
+
+/// Where `config` first names a user other than `own` to run a program as.
+fn first_other_user(config: &Standalone, own: u32) -> Option<String> {
+    let other = |u: &ScriptUser| resolve_user(u).is_ok_and(|r| r.uid != own);
+    let notify = config.groups.iter().any(|g| g.notify.is_some());
+    if notify && config.script_user.as_ref().is_some_and(other) {
+        return Some("scriptUser".into());
+    }
+    config.groups.iter().enumerate().find_map(|(i, g)| {
+        g.checks
+            .iter()
+            .enumerate()
+            .find_map(|(j, c)| match &c.kind {
+                CheckKind::Exec { user: Some(u), .. } if other(u) => {
+                    Some(format!("groups[{i}].checks[{j}].user"))
+                }
+                _ => None,
+            })
+    })
+}
+
+/// Whether `/proc/self/status` (its text) gives the effective capabilities `CAP_SETGID` (6)
+/// and `CAP_SETUID` (7).
+fn can_switch_users(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & 0b1100_0000 == 0b1100_0000)
+}
+
 /// How one run ended.
 #[derive(Debug)]
 pub enum Ran {
@@ -423,6 +470,50 @@ mod tests {
             }
         }
         found
+    }
+
+    #[test]
+    fn switching_users_needs_both_capabilities() {
+        assert!(can_switch_users("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(can_switch_users("CapEff:\t00000000000000c0\n"));
+        assert!(
+            !can_switch_users("CapEff:\t0000000000003000\n"),
+            "NET_ADMIN and NET_RAW only"
+        );
+        assert!(
+            !can_switch_users("CapEff:\t0000000000000080\n"),
+            "SETUID without SETGID"
+        );
+        assert!(!can_switch_users(""));
+    }
+
+    #[test]
+    fn the_daemon_needs_the_capabilities_only_for_a_user_other_than_its_own() {
+        let config = |extra: &str| {
+            Standalone::parse(&format!(
+                "cluster: c\nbind: 192.0.2.10\ninsecure: true\n{extra}groups: [{{name: a, addresses: [192.0.2.100], checks: [{{name: x, exec: 'true'}}, {{name: z, exec: 'true', user: nobody}}]}}]"
+            ))
+            .unwrap()
+        };
+        let plain = Standalone::parse(
+            "cluster: c\nbind: 192.0.2.10\ninsecure: true\ngroups: [{name: a, addresses: [192.0.2.100], checks: [{name: x, exec: 'true'}]}]",
+        )
+        .unwrap();
+        assert_eq!(first_other_user(&plain, 0), None);
+        assert_eq!(
+            first_other_user(&config(""), 0).as_deref(),
+            Some("groups[0].checks[1].user")
+        );
+        let nobody = resolve_user(&ScriptUser {
+            user: "nobody".into(),
+            group: None,
+        })
+        .unwrap();
+        assert_eq!(
+            first_other_user(&config(""), nobody.uid),
+            None,
+            "its own user"
+        );
     }
 
     #[tokio::test]

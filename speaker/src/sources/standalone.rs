@@ -312,7 +312,7 @@ pub fn prepare_reload(
         )
     })?;
     let next = Standalone::parse(&text).map_err(|e| (ReloadFailure::Invalid, e.to_string()))?;
-    let next = crate::sources::scripts::vet(&next)
+    let next = crate::sources::scripts::vet_to_run(&next)
         .map_err(|problems| (ReloadFailure::Invalid, problems.join("\n")))?;
     if next.cluster != running.cluster || next.bind != running.bind {
         return Err((
@@ -437,7 +437,7 @@ impl Source {
         path: PathBuf,
         reload: mpsc::Receiver<()>,
     ) -> Result<(Source, Shared, Inputs), DaemonError> {
-        let config = crate::sources::scripts::vet(&config).map_err(DaemonError::Scripts)?;
+        let config = crate::sources::scripts::vet_to_run(&config).map_err(DaemonError::Scripts)?;
         let node = node_name(&config);
         let ring = key_ring(&config)?;
         let ring_ids: Vec<KeyId> = ring.key_ids().collect();
