@@ -11,6 +11,8 @@ pub enum Reason {
     AllocationFailed,
     /// A Service keeps addresses that no pool in force holds any more (Warning, on the Service).
     AddressOutsidePools,
+    /// A pool outside the configuration namespace is ignored (Warning, on the pool).
+    IgnoredOutsideNamespace,
     /// A pool or an advertisement is invalid (Warning, on the object).
     InvalidConfiguration,
     /// A speaker announces a Service from its node (Normal, on the Service).
@@ -21,9 +23,10 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the order of the troubleshooting page.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::AddressOutsidePools,
         Reason::AllocationFailed,
+        Reason::IgnoredOutsideNamespace,
         Reason::InvalidConfiguration,
         Reason::IpAllocated,
         Reason::NodeAssigned,
@@ -36,6 +39,7 @@ impl Reason {
             Reason::IpAllocated => "IPAllocated",
             Reason::AllocationFailed => "AllocationFailed",
             Reason::AddressOutsidePools => "AddressOutsidePools",
+            Reason::IgnoredOutsideNamespace => "IgnoredOutsideNamespace",
             Reason::InvalidConfiguration => "InvalidConfiguration",
             Reason::NodeAssigned => "nodeAssigned",
             Reason::UnknownInterface => "UnknownInterface",

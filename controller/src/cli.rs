@@ -45,6 +45,11 @@ struct Cli {
     /// Serve only Services with this `spec.loadBalancerClass` (default: Services without one).
     #[arg(long)]
     load_balancer_class: Option<String>,
+    /// The configuration namespace: the controller reads IPAddressPools and L2Advertisements
+    /// only here, as the speakers do (their `--namespace`); a pool in another namespace gets a
+    /// Warning Event (`IgnoredOutsideNamespace`) and is ignored.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "swimlb-system")]
+    namespace: String,
     /// The namespace of the leader-election Lease.
     #[arg(long, default_value = "swimlb-system")]
     lease_namespace: String,
@@ -210,6 +215,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     };
     let settings = Settings {
         load_balancer_class: cli.load_balancer_class.clone(),
+        namespace: cli.namespace.clone(),
         lease_namespace: cli.lease_namespace.clone(),
         lease_name: cli.lease_name.clone(),
         identity: cli.identity.clone().unwrap_or_else(hostname),

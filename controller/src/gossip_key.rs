@@ -1,10 +1,11 @@
 //! The speakers' gossip key Secret: created by the leader when there is none, so one
-//! `kubectl apply` of the manifests is enough (MetalLB's users create theirs by hand: #888).
+//! `kubectl apply` of the manifests is enough (MetalLB's users create theirs by hand).
 //!
-//! The leader GETs the Secret; on 404 it creates it with one random key in the key file format
-//! (`swimlb-speaker keygen`); a Secret that exists, or appears meanwhile (409), is never
-//! changed: rotation is the operator's (docs/src/install/upgrade.md). Failures are retried with backoff in
-//! the background and never hold allocation up.
+//! The leader never reads the Secret: it creates it with one new random key in the key file
+//! format (`swimlb-speaker keygen`), and the API server's AlreadyExists answer (409) means it is
+//! there, left as it was: rotation is the operator's (docs/src/install/upgrade.md). So the
+//! controller needs `create` on Secrets and nothing that reads one. Failures are retried with
+//! backoff in the background and never hold allocation up.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,7 +21,7 @@ pub const DATA_KEY: &str = "keys";
 /// What [`ensure`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// The Secret was there already (left as it was).
+    /// The Secret was there already (the API server answered AlreadyExists; left as it was).
     Exists,
     /// This call created it.
     Created,
@@ -44,7 +45,8 @@ pub enum Error {
     Random(std::io::Error),
 }
 
-/// Makes sure Secret `namespace/name` exists, creating it with a new key when it does not.
+/// Makes sure Secret `namespace/name` exists: creates it with a new key, and takes the API
+/// server's AlreadyExists (409) for "it exists" (never reading it, never changing it).
 pub async fn ensure(client: Client, namespace: &str, name: &str) -> Result<Outcome, Error> {
     let api: Api<Secret> = Api::namespaced(client, namespace);
     let api_error = |source| Error::Api {
@@ -52,9 +54,6 @@ pub async fn ensure(client: Client, namespace: &str, name: &str) -> Result<Outco
         name: name.to_string(),
         source,
     };
-    if api.get_opt(name).await.map_err(api_error)?.is_some() {
-        return Ok(Outcome::Exists);
-    }
     let keys = swimlb_config::keyfile::new_key_file().map_err(Error::Random)?;
     let secret = Secret {
         metadata: ObjectMeta {

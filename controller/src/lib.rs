@@ -7,3 +7,4 @@ pub mod http;
 pub mod metrics;
 pub mod reconcile;
 pub mod run;
+pub mod stray_pools;

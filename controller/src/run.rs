@@ -6,8 +6,9 @@
 //! 1. Serve `/metrics`, `/healthz`, `/readyz`; take part in the election for the Lease
 //!    `--lease-namespace/--lease-name` (kube-lease-manager). A standby only waits: it opens no
 //!    watch and writes nothing.
-//! 2. Once leader: reflectors over Namespaces, IPAddressPools and L2Advertisements, and one
-//!    reflector over Services, trimmed to what the controller reads ([`trim_service`]), that
+//! 2. Once leader: reflectors over Namespaces, the IPAddressPools and L2Advertisements of the
+//!    configuration namespace (`--namespace`, where the speakers read theirs; a pool elsewhere
+//!    is only reported, [`crate::stray_pools`]), and one reflector over Services, trimmed to what the controller reads ([`trim_service`]), that
 //!    feeds the `kube::runtime::Controller` (`Controller::for_stream`) and whose store this loop
 //!    also reads: one cache of the Services, not two. A change of a Namespace's labels
 //!    re-reconciles the Services of that namespace (a pool's `namespaceSelectors` may now admit
@@ -79,6 +80,8 @@ pub const RELEASE_DEADLINE: Duration = Duration::from_secs(5);
 pub struct Settings {
     /// Serve Services of exactly this `loadBalancerClass` (`None`: Services without a class).
     pub load_balancer_class: Option<String>,
+    /// The configuration namespace: the only one whose pools and advertisements are read.
+    pub namespace: String,
     /// The Lease's namespace.
     pub lease_namespace: String,
     /// The Lease's name.
@@ -495,7 +498,7 @@ async fn lead(
         stop.clone(),
     );
     let pools = spawn_store_observed(
-        Api::<IPAddressPool>::all(client.clone()),
+        Api::<IPAddressPool>::namespaced(client.clone(), &settings.namespace),
         watch_config(),
         |_| {},
         observe(&config_tx, &metrics, ApiResource::IpAddressPools),
@@ -503,7 +506,7 @@ async fn lead(
         stopped(stop.clone()),
     );
     let advertisements = spawn_store_observed(
-        Api::<L2Advertisement>::all(client.clone()),
+        Api::<L2Advertisement>::namespaced(client.clone(), &settings.namespace),
         watch_config(),
         |_| {},
         observe(&config_tx, &metrics, ApiResource::L2Advertisements),
@@ -544,7 +547,21 @@ async fn lead(
         .with_config(
             kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
         );
-    let running = run_controller(controller, client, settings, metrics, &caches, &stop);
+    let running = run_controller(
+        controller,
+        client.clone(),
+        settings,
+        metrics,
+        &caches,
+        &stop,
+    );
+    tokio::spawn(crate::stray_pools::report(
+        Api::<crate::stray_pools::PoolMeta>::all(client),
+        settings.namespace.clone(),
+        running.recorder.clone(),
+        running.ctx.metrics.clone(),
+        stopped(stop.clone()),
+    ));
     let mut stopped = stop.clone();
     let ready = caches.ready(&mut stopped).await;
     tracing::debug!(ready, "caches");
