@@ -17,6 +17,9 @@
 //! - the RBAC it applied, asked by SubjectAccessReview (the API server's own authorizer),
 //!   allows the requests the speaker's code makes (listed by hand from speaker/src/kubernetes/)
 //!   and refuses what neither component needs;
+//! - `kubectl auth can-i --list` for each ServiceAccount, on the real API server, is the list
+//!   committed in `deploy/rbac/` (`SWIMLB_REGENERATE=1` rewrites them), so a new grant is a
+//!   visible change;
 //! - the real controller, run with its ServiceAccount's token through a scenario (assign,
 //!   invalid pool, release, SIGTERM), is refused nothing: no 403 in the audit log. The apply lab
 //!   (`e2e/tests/apply_lab.rs`) audits every request of the real speakers there.
@@ -547,9 +550,8 @@ fn the_rbac_of_swimlb_yaml_allows_what_the_code_does_and_no_more() {
         ("patch", "swimlb.io", records, "swimlb-system", record),
         ("patch", "swimlb.io", &status, "swimlb-system", record),
         ("delete", "swimlb.io", records, "swimlb-system", record),
-        // The nodeAssigned Event on a Service, in the Service's namespace, and its series.
+        // The nodeAssigned Event on a Service, in the Service's namespace (never a series).
         ("create", "events.k8s.io", "events", "web", ""),
-        ("patch", "events.k8s.io", "events", "web", "e.1"),
     ] {
         speaker.push(request);
     }
@@ -572,22 +574,66 @@ fn the_rbac_of_swimlb_yaml_allows_what_the_code_does_and_no_more() {
         ),
         ("watch", "swimlb.io", records, "default", ""),
         ("get", "", "secrets", "swimlb-system", "swimlb-memberlist"),
+        ("patch", "events.k8s.io", "events", "web", "e.1"),
     ] {
         assert!(
             !allowed(&plane, "swimlb-speaker", request),
             "the speaker may {request:?}"
         );
     }
-    // The controller: its Lease by name, Services' status, not their spec, no records.
-    let lease = (
-        "get",
-        "coordination.k8s.io",
-        "leases",
-        "swimlb-system",
-        "swimlb-controller",
-    );
-    assert!(allowed(&plane, "swimlb-controller", lease));
+    // The controller (controller/src/run.rs, reconcile.rs, stray_pools.rs, gossip_key.rs): its
+    // Lease by name, Services' status, not their spec, no records; the metadata of the pools of
+    // every namespace (to report those outside swimlb-system), the advertisements and the pools'
+    // status in swimlb-system only; the gossip key created, never read.
     for request in [
+        (
+            "get",
+            "coordination.k8s.io",
+            "leases",
+            "swimlb-system",
+            "swimlb-controller",
+        ),
+        ("list", "swimlb.io", "ipaddresspools", "", ""),
+        ("watch", "swimlb.io", "ipaddresspools", "", ""),
+        ("list", "swimlb.io", "ipaddresspools", "swimlb-system", ""),
+        ("watch", "swimlb.io", "ipaddresspools", "swimlb-system", ""),
+        ("list", "swimlb.io", "l2advertisements", "swimlb-system", ""),
+        (
+            "watch",
+            "swimlb.io",
+            "l2advertisements",
+            "swimlb-system",
+            "",
+        ),
+        (
+            "patch",
+            "swimlb.io",
+            "ipaddresspools/status",
+            "swimlb-system",
+            "lab",
+        ),
+        ("create", "", "secrets", "swimlb-system", ""),
+        // The IgnoredOutsideNamespace Event on a pool elsewhere, and a series (kube's Recorder).
+        ("create", "events.k8s.io", "events", "team-a", ""),
+        ("patch", "events.k8s.io", "events", "team-a", "e.1"),
+    ] {
+        assert!(
+            allowed(&plane, "swimlb-controller", request),
+            "the controller may not {request:?}"
+        );
+    }
+    for request in [
+        ("get", "", "secrets", "swimlb-system", "swimlb-gossip-key"),
+        ("list", "", "secrets", "swimlb-system", ""),
+        ("list", "swimlb.io", "l2advertisements", "", ""),
+        ("watch", "swimlb.io", "l2advertisements", "team-a", ""),
+        (
+            "patch",
+            "swimlb.io",
+            "ipaddresspools/status",
+            "team-a",
+            "lab",
+        ),
         (
             "get",
             "coordination.k8s.io",
@@ -609,6 +655,99 @@ fn the_rbac_of_swimlb_yaml_allows_what_the_code_does_and_no_more() {
         "swimlb-controller",
         ("patch", "", "services/status", "web", "a")
     ));
+}
+
+/// The ServiceAccounts of deploy/swimlb.yaml, each with a committed list of what it may do.
+const ACCOUNTS: [&str; 2] = ["swimlb-controller", "swimlb-speaker"];
+
+/// The namespaces a list is taken in: swimlb's own (its Roles and ClusterRoles) and another
+/// (its ClusterRoles alone).
+const CAN_I_NAMESPACES: [&str; 2] = ["swimlb-system", "default"];
+
+/// The committed list of ServiceAccount `account`.
+fn can_i_path(account: &str) -> String {
+    format!("deploy/rbac/{account}.can-i.txt")
+}
+
+/// `kubectl auth can-i --list` normalised: the header first, then the rules sorted, each with
+/// its whitespace collapsed to one space.
+fn normalise_can_i(out: &str) -> Vec<String> {
+    let mut lines: Vec<String> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let header = if lines.first().is_some_and(|l| l.starts_with("Resources ")) {
+        Some(lines.remove(0))
+    } else {
+        None
+    };
+    lines.sort();
+    header.into_iter().chain(lines).collect()
+}
+
+#[test]
+fn kubectl_auth_can_i_list_of_each_service_account_is_the_committed_one() {
+    let (plane, _) = installed("can-i");
+    let kubectl = plane.kubectl();
+    let regenerate = std::env::var_os(manifests::REGENERATE).is_some();
+    let mut differ = Vec::new();
+    for account in ACCOUNTS {
+        let user = format!("system:serviceaccount:swimlb-system:{account}");
+        let mut text = format!(
+            "# What ServiceAccount swimlb-system/{account} may do once deploy/swimlb.yaml is \
+             applied (its grants and the API server's defaults for every authenticated user),\n\
+             # as the pinned kubectl prints it, sorted and with its whitespace collapsed.\n\
+             # Checked on the real API server by e2e/tests/deploy.rs; a change of the grants \
+             changes this file:\n\
+             # SWIMLB_REGENERATE=1 cargo test -p swimlb-e2e --test deploy -- kubectl_auth_can_i\n"
+        );
+        for namespace in CAN_I_NAMESPACES {
+            let args = ["auth", "can-i", "--list", "--as", &user, "-n", namespace];
+            let out = kubectl.run(&args, None).unwrap_or_else(|e| panic!("{e:#}"));
+            text.push_str(&format!("\n## kubectl {}\n", args.join(" ")));
+            for line in normalise_can_i(&out) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+        }
+        let path = repo().join(can_i_path(account));
+        if regenerate {
+            std::fs::create_dir_all(path.parent().expect("a folder"))
+                .and_then(|()| std::fs::write(&path, &text))
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            continue;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        if committed != text {
+            differ.push(format!(
+                "{}, committed:\n{committed}\n{account} may now:\n{text}",
+                can_i_path(account)
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "the RBAC of deploy/swimlb.yaml grants other than the committed lists (a new grant is a \
+         visible change: review it, then rewrite the lists with \
+         `SWIMLB_REGENERATE=1 cargo test -p swimlb-e2e --test deploy -- kubectl_auth_can_i`):\n\n{}",
+        differ.join("\n\n")
+    );
+}
+
+#[test]
+fn the_can_i_list_is_sorted_under_its_header_with_whitespace_collapsed() {
+    let out = "Resources    Non-Resource URLs   Resource Names   Verbs\n\
+               services     []                  []               [list watch]\n\
+               leases.coordination.k8s.io   []   [swimlb-controller]   [get patch]\n\n";
+    assert_eq!(
+        normalise_can_i(out),
+        [
+            "Resources Non-Resource URLs Resource Names Verbs",
+            "leases.coordination.k8s.io [] [swimlb-controller] [get patch]",
+            "services [] [] [list watch]",
+        ]
+    );
 }
 
 /// Waits until `check` holds, for at most 30 s.
@@ -675,6 +814,21 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
             "spec": {"addresses": ["192.0.2.9-192.0.2.8"]}}),
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
+    // A pool in another namespace: ignored, with a Warning Event on it there.
+    admin
+        .create(
+            json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "elsewhere", "namespace": "default"},
+            "spec": {"addresses": ["198.51.100.0/30"]}}),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_for("the IgnoredOutsideNamespace Event", || {
+        admin
+            .list("events.k8s.io/v1", "Event", Some("default"))
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e["reason"] == "IgnoredOutsideNamespace")
+    });
     wait_for("the InvalidConfiguration Event", || {
         admin
             .list("events.k8s.io/v1", "Event", Some("swimlb-system"))
@@ -726,6 +880,9 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
         ("create", "events.k8s.io", "events"),
         ("create", "coordination.k8s.io", "leases"),
         ("patch", "coordination.k8s.io", "leases"),
+        ("watch", "swimlb.io", "ipaddresspools"),
+        ("watch", "swimlb.io", "l2advertisements"),
+        ("create", "", "secrets"),
     ] {
         let needed = (needed.0.into(), needed.1.into(), needed.2.into());
         assert!(
@@ -733,6 +890,14 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
             "the run never did {needed:?}: {used:#?}"
         );
     }
+    let read_secrets: Vec<_> = requests
+        .iter()
+        .filter(|r| r.resource == "secrets" && r.verb != "create")
+        .collect();
+    assert!(
+        read_secrets.is_empty(),
+        "the controller only creates the gossip key: {read_secrets:#?}"
+    );
 }
 
 /// The README's Kubernetes quick start, command for command where no node is needed, on the real
