@@ -41,8 +41,6 @@ use crate::metrics::{ApiResource, ControllerMetrics};
 /// The server-side apply field manager of every status write.
 pub const FIELD_MANAGER: &str = "swimlb-controller";
 
-/// The reason of the Warning Event on a Service that keeps addresses no pool in force has.
-
 /// How long to wait before retrying a Service that got no address (a pool may have grown).
 pub const RETRY_UNASSIGNED: Duration = Duration::from_secs(60);
 /// How long to wait after a failed API call.
