@@ -4,7 +4,9 @@
 //!
 //! It bounds what a client can make a daemon hold ([`Limits`]): a request head must arrive
 //! whole within a few seconds and fit in a small buffer, a connection lives for a bounded time,
-//! and only so many are open at once; a connection over the cap is accepted and closed at once.
+//! and only so many are open at once, in all and from one client address, so one client cannot
+//! take every slot from the kubelet's probes and Prometheus; a connection over a cap is accepted
+//! and closed at once.
 //! Every connection closed for one of these reasons is counted in
 //! `swimlb_http_connections_dropped_total{reason}` ([`ListenerMetrics`]).
 //!
@@ -12,8 +14,10 @@
 //! answer in; the feature keeps tokio and hyper out of the wire-format build (fuzzing,
 //! benchmarks).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -74,6 +78,9 @@ pub struct Limits {
     pub max_head_bytes: usize,
     /// Connections served at once; one more is accepted and closed at once.
     pub max_connections: usize,
+    /// Connections served at once from one client address; one more from it is accepted and
+    /// closed at once.
+    pub max_per_client: usize,
     /// The longest a connection is kept, whatever it does (a client that reads an answer
     /// slowly included).
     pub connection_lifetime: Duration,
@@ -84,7 +91,8 @@ impl Default for Limits {
         Limits {
             header_read_timeout: Duration::from_secs(5),
             max_head_bytes: 16 * 1024,
-            max_connections: 64,
+            max_connections: 512,
+            max_per_client: 8,
             connection_lifetime: Duration::from_secs(60),
         }
     }
@@ -96,6 +104,8 @@ impl Default for Limits {
 pub enum DropReason {
     /// [`Limits::max_connections`] were open: accepted and closed at once.
     connection_limit,
+    /// [`Limits::max_per_client`] were open from the same address: accepted and closed at once.
+    client_limit,
     /// No whole request head within [`Limits::header_read_timeout`] (idle keep-alive
     /// connections included).
     header_timeout,
@@ -128,6 +138,7 @@ impl ListenerMetrics {
         // Every reason from the start, at 0.
         for reason in [
             DropReason::connection_limit,
+            DropReason::client_limit,
             DropReason::header_timeout,
             DropReason::head_too_large,
             DropReason::lifetime,
@@ -147,6 +158,47 @@ impl ListenerMetrics {
     }
 }
 
+/// The connections open per client address; a [`ClientSlot`] gives its one back when dropped.
+#[derive(Debug, Default)]
+struct PerClient {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One open connection of `client`, counted in [`PerClient`] until dropped.
+#[derive(Debug)]
+struct ClientSlot {
+    clients: Arc<PerClient>,
+    client: IpAddr,
+}
+
+impl PerClient {
+    /// A slot for `client`, unless it has `max` open already.
+    fn take(self: &Arc<Self>, client: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(client).or_default();
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            clients: Arc::clone(self),
+            client,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
+}
+
 /// Serves HTTP/1 on `listener` within `limits` until the task is dropped. `route` answers each
 /// request; a `HEAD` request gets its answer without the body.
 pub async fn serve<R>(
@@ -158,11 +210,17 @@ pub async fn serve<R>(
     R: Fn(&Request<'_>) -> Reply + Clone + Send + Sync + 'static,
 {
     let open = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Arc::new(PerClient::default());
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             // Out of descriptors or a connection reset before it was accepted: the next
             // accept may work; do not spin.
             tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Some(slot) = clients.take(peer.ip(), limits.max_per_client) else {
+            metrics.count(DropReason::client_limit);
+            drop(stream);
             continue;
         };
         let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
@@ -209,6 +267,31 @@ pub async fn serve<R>(
                 Ok(_) => {}
             }
             drop(permit);
+            drop(slot);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_gets_at_most_its_slots_and_gets_them_back_when_they_close() {
+        let clients = Arc::new(PerClient::default());
+        let a: IpAddr = "192.0.2.1".parse().expect("ip");
+        let b: IpAddr = "192.0.2.2".parse().expect("ip");
+        let first = clients.take(a, 2).expect("a first slot");
+        let second = clients.take(a, 2).expect("a second slot");
+        assert!(clients.take(a, 2).is_none(), "a third slot for one client");
+        let other = clients.take(b, 2);
+        assert!(other.is_some(), "another client is not counted with the first");
+        drop(first);
+        assert!(clients.take(a, 2).is_some(), "a closed slot is given back");
+        drop((second, other));
+        assert!(
+            clients.open.lock().expect("lock").get(&b).is_none(),
+            "a client with nothing open is forgotten"
+        );
     }
 }

@@ -64,10 +64,20 @@ fn big_status() -> Status {
 /// `hold` ends. Returns whether the server took every byte.
 async fn slow_client(
     addr: std::net::SocketAddr,
+    client: usize,
     head_bytes: usize,
     mut hold: watch::Receiver<bool>,
 ) -> bool {
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+    // Many clients, not one: each source address of the loopback holds a few connections, so
+    // the listener's cap in all is what they meet, not its cap per client.
+    let source = Ipv4Addr::new(127, 0, 1 + (client / 200) as u8, 1 + (client % 200) as u8);
+    let Ok(socket) = tokio::net::TcpSocket::new_v4() else {
+        return false;
+    };
+    if socket.bind((source, 0).into()).is_err() {
+        return false;
+    }
+    let Ok(mut s) = socket.connect(addr).await else {
         return false;
     };
     let chunk = vec![b'a'; 4 * 1024];
@@ -101,7 +111,7 @@ async fn scrape_status(addr: std::net::SocketAddr) -> Option<usize> {
 async fn hold_slow_clients(addr: std::net::SocketAddr, head_bytes: usize) -> (u64, usize) {
     let (hold_tx, hold) = watch::channel(false);
     let clients: Vec<_> = (0..SLOW_CLIENTS)
-        .map(|_| tokio::spawn(slow_client(addr, head_bytes, hold.clone())))
+        .map(|client| tokio::spawn(slow_client(addr, client, head_bytes, hold.clone())))
         .collect();
     let scraper = tokio::spawn(async move {
         let mut scrapes = 0;

@@ -525,37 +525,65 @@ mod tests {
         task.abort();
     }
 
-    #[tokio::test]
-    async fn a_connection_over_the_cap_is_closed_at_once_and_counted_and_the_next_is_served() {
-        let limits = Limits {
-            max_connections: 2,
-            header_read_timeout: Duration::from_millis(500),
-            ..Limits::default()
-        };
+    /// Opens `held` connections that send half a request head, then one more: that one must be
+    /// closed long before the header timeout (so it was refused, not served), and counted as
+    /// `reason`; once the held ones close, a request is answered again.
+    async fn one_over_the_cap_is_refused(limits: Limits, held: usize, reason: DropReason) {
         let (addr, metrics, task) = listening(limits).await;
-        let mut held = Vec::new();
-        for _ in 0..2 {
+        let mut open = Vec::new();
+        for _ in 0..held {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
-            held.push(s);
+            open.push(s);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut refused = tokio::net::TcpStream::connect(addr).await.unwrap();
         let started = tokio::time::Instant::now();
         assert!(read_until_closed(&mut refused).await.is_empty());
-        assert!(started.elapsed() < Duration::from_millis(400));
-        assert_eq!(metrics.dropped(DropReason::connection_limit), 1);
-        // The held ones time out; then a request is answered again.
-        for mut s in held {
-            read_until_closed(&mut s).await;
+        assert!(
+            started.elapsed() < limits.header_read_timeout / 2,
+            "closed after {:?}: served until the header timeout, not refused",
+            started.elapsed()
+        );
+        assert_eq!(metrics.dropped(reason), 1);
+        drop(open);
+        // The server notices the closed ones; then a request is answered again.
+        let mut answered = Vec::new();
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            answered = read_until_closed(&mut s).await;
+            if !answered.is_empty() {
+                break;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /healthz HTTP/1.1\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        assert!(read_until_closed(&mut s).await.starts_with(b"HTTP/1.1 200"));
+        assert!(answered.starts_with(b"HTTP/1.1 200"));
         task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_connection_over_the_cap_is_closed_at_once_and_counted_and_the_next_is_served() {
+        let limits = Limits {
+            max_connections: 2,
+            max_per_client: 8,
+            header_read_timeout: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        one_over_the_cap_is_refused(limits, 2, DropReason::connection_limit).await;
+    }
+
+    #[tokio::test]
+    async fn a_client_over_its_own_cap_is_closed_at_once_and_counted() {
+        let limits = Limits {
+            max_connections: 8,
+            max_per_client: 2,
+            header_read_timeout: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        one_over_the_cap_is_refused(limits, 2, DropReason::client_limit).await;
     }
 
     #[tokio::test]
