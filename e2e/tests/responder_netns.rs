@@ -21,7 +21,7 @@ fn start_responder(
 ) -> (
     Responder,
     Metrics,
-    tokio::sync::mpsc::UnboundedReceiver<swimlb_speaker::net::responder::Conflict>,
+    swimlb_speaker::net::responder::ConflictReceiver,
 ) {
     let (tx, rx) = std::sync::mpsc::channel();
     let ns = netns_name.to_string();
@@ -43,7 +43,7 @@ fn start_responder(
     });
     let (mac, channel) = rx.recv().unwrap().unwrap();
     let metrics = Metrics::default();
-    let (conflicts_tx, conflicts_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (conflicts_tx, conflicts_rx) = swimlb_speaker::net::responder::conflict_queue();
     let responder = Responder::spawn(
         "eth0",
         mac,
