@@ -8,9 +8,13 @@
 # against the lab; python3-venv holds the PyPI tools that check deploy/,
 # kubernetes-client is Debian's kubectl; buildah builds the Containerfile from scratch and
 # podman runs it, with runc because crun refuses this VM's hybrid cgroup layout, see
-# e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane).
+# e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane;
+# systemd brings systemd-analyze, which verifies the standalone unit; lintian checks the Debian
+# package that cargo-deb builds with dpkg-dev's dpkg-shlibdeps; musl-tools is the C side of the
+# static musl build of the speaker).
 # Then it builds the real control plane, MetalLB and helm from pinned Go modules (once, into a
-# cache) and installs mdBook (once), for the Kubernetes, Helm and book tests.
+# cache) and installs mdBook and cargo-deb (once), for the Kubernetes, Helm, book and package
+# tests.
 # Tests that need root are marked #[ignore = "needs root: ..."]: as root
 # this script runs them with --include-ignored; without root they show as ignored, never as
 # passed.
@@ -33,6 +37,10 @@ command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v lintian >/dev/null 2>&1 || need+=(lintian)
+command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
+command -v musl-gcc >/dev/null 2>&1 || need+=(musl-tools)
 # The PyPI tools below need a python3 that can make a virtual environment.
 tools_venv=/opt/swimlb-tools
 if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
@@ -84,22 +92,33 @@ else
   echo "test.sh: e2e/k8s/helm/build.sh failed: the chart's tests (e2e/tests/helm.rs) will fail" >&2
 fi
 
-# mdBook builds the book (docs/) in e2e/tests/book.rs, which checks every link of it; pinned,
-# from crates.io, without its `serve` and `watch` features, into the tools folder (about 3
-# minutes the first time, nothing after).
-mdbook_version=0.5.4
-mdbook_root="$tools_venv/mdbook-$mdbook_version"
-if [ ! -x "$mdbook_root/bin/mdbook" ]; then
-  if mkdir -p "$mdbook_root" 2>/dev/null && [ -w "$mdbook_root" ]; then
-    echo "test.sh: installing mdbook $mdbook_version into $mdbook_root"
-    cargo install -q --locked mdbook --version "$mdbook_version" --no-default-features \
-      --features search --root "$mdbook_root" ||
-      echo "test.sh: installing mdbook failed: e2e/tests/book.rs will fail" >&2
+# `cargo install` of a pinned crate into the tools folder, once: tools_install NAME VERSION
+# BINARY TEST [cargo install flags...] leaves the folder in $tool_root; TEST names the test
+# that fails without it.
+tools_install() {
+  local name=$1 version=$2 binary=$3 test=$4
+  shift 4
+  tool_root="$tools_venv/$name-$version"
+  [ -x "$tool_root/bin/$binary" ] && return 0
+  if mkdir -p "$tool_root" 2>/dev/null && [ -w "$tool_root" ]; then
+    echo "test.sh: installing $name $version into $tool_root"
+    cargo install -q --locked "$name" --version "$version" --root "$tool_root" "$@" ||
+      echo "test.sh: installing $name failed: $test will fail" >&2
   else
-    echo "test.sh: cannot write $mdbook_root, so no mdbook: e2e/tests/book.rs will fail" >&2
+    echo "test.sh: cannot write $tool_root, so no $name: $test will fail" >&2
   fi
-fi
-[ -x "$mdbook_root/bin/mdbook" ] && export SWIMLB_MDBOOK="$mdbook_root/bin/mdbook"
+}
+
+# mdBook builds the book (docs/) in e2e/tests/book.rs, which checks every link of it; pinned,
+# from crates.io, without its `serve` and `watch` features (about 3 minutes the first time,
+# nothing after).
+tools_install mdbook 0.5.4 mdbook e2e/tests/book.rs --no-default-features --features search
+[ -x "$tool_root/bin/mdbook" ] && export SWIMLB_MDBOOK="$tool_root/bin/mdbook"
+
+# cargo-deb builds the standalone speaker's Debian package in e2e/tests/package.rs (about 1
+# minute the first time, nothing after).
+tools_install cargo-deb 3.8.0 cargo-deb e2e/tests/package.rs
+[ -x "$tool_root/bin/cargo-deb" ] && export SWIMLB_CARGO_DEB="$tool_root/bin/cargo-deb"
 
 cargo_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
