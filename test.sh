@@ -120,6 +120,15 @@ tools_install mdbook 0.5.4 mdbook e2e/tests/book.rs --no-default-features --feat
 tools_install cargo-deb 3.8.0 cargo-deb e2e/tests/package.rs
 [ -x "$tool_root/bin/cargo-deb" ] && export SWIMLB_CARGO_DEB="$tool_root/bin/cargo-deb"
 
+# The static build of the speaker (e2e/tests/package.rs): the standard library of the musl
+# target, from rustup, beside the toolchain (once).
+musl_target=x86_64-unknown-linux-musl
+if ! rustup target list --installed 2>/dev/null | grep -qx "$musl_target"; then
+  echo "test.sh: adding the Rust target $musl_target"
+  rustup target add "$musl_target" >/dev/null ||
+    echo "test.sh: rustup target add $musl_target failed: e2e/tests/package.rs will fail" >&2
+fi
+
 cargo_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   cargo_args+=("$1")

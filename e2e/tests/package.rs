@@ -16,6 +16,9 @@
 //!   package but keeps what the administrator wrote. Nothing reaches the machine itself: the
 //!   namespace's mounts and the overlay's writes go when the test ends, panics included.
 //!
+//! And the static build of the book's page "Standalone": `--target x86_64-unknown-linux-musl`
+//! gives one statically linked binary, which runs.
+//!
 //! `cargo-deb` is found in `$SWIMLB_CARGO_DEB`, else on the `PATH`; `test.sh` installs the
 //! pinned version, and lintian, as root. Without them these tests fail and say so.
 
@@ -68,20 +71,11 @@ fn package() -> &'static Path {
     DEB.get_or_init(build_package)
 }
 
-fn build_package() -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    // The packages of earlier runs (20 MB each).
-    for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-        if entry.file_name().to_string_lossy().starts_with("deb-") {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-    let dir = tmp.join(format!("deb-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("package folder");
-    let mut command = Command::new(cargo_deb());
-    // Without what cargo set for this test (its package, its paths): ring's build script tracks
-    // CARGO_MANIFEST_DIR, and a different value rebuilds half the tree. CARGO stays: cargo-deb
-    // builds with the cargo that runs this test.
+/// `program` (cargo, or cargo-deb, which builds with the cargo that runs this test: `CARGO`) run
+/// from the repository without what cargo set for this test (its package, its paths): ring's
+/// build script tracks CARGO_MANIFEST_DIR, and a different value rebuilds half the tree.
+fn build_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if [
@@ -99,8 +93,22 @@ fn build_package() -> PathBuf {
             command.env_remove(&*key);
         }
     }
+    command.current_dir(repo());
     command
-        .current_dir(repo())
+}
+
+fn build_package() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // The packages of earlier runs (20 MB each).
+    for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("deb-") {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = tmp.join(format!("deb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("package folder");
+    let mut command = build_command(cargo_deb());
+    command
         .args(["-p", "swimlb-speaker", "--locked", "--output"])
         .arg(&dir);
     let shown = format!("{command:?}");
@@ -386,4 +394,51 @@ fn dpkg_installs_it_disabled_with_etc_swimlb_0700_and_purges_it_keeping_the_admi
         "gone",
         "purge removes an empty /etc/swimlb"
     );
+}
+
+/// The static build of the book's page "Standalone": the musl target, whose C parts (ring's) need
+/// `musl-gcc` (Debian's musl-tools) and whose Rust side is rustup's `x86_64-unknown-linux-musl`
+/// target (test.sh adds both).
+const MUSL: &str = "x86_64-unknown-linux-musl";
+
+#[test]
+fn the_musl_build_is_one_static_binary_that_runs() {
+    let out = output(build_command(env!("CARGO")).args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "swimlb-speaker",
+        "--bin",
+        "swimlb-speaker",
+        "--target",
+        MUSL,
+    ]));
+    assert!(
+        out.status.success(),
+        "cargo build --target {MUSL} (test.sh adds the target with rustup and installs musl-tools): \
+         {}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let binary = repo().join(format!("target/{MUSL}/release/swimlb-speaker"));
+    let file = run(Command::new("file").arg(&binary));
+    assert!(
+        file.contains("static-pie linked") || file.contains("statically linked"),
+        "{file}"
+    );
+    // ldd exits 1 on a static binary: its words are the check.
+    let ldd = output(Command::new("ldd").arg(&binary));
+    let said = format!("{}{}", text(&ldd.stdout), text(&ldd.stderr));
+    assert!(
+        said.contains("statically linked") || said.contains("not a dynamic executable"),
+        "ldd: {said}"
+    );
+    assert_eq!(
+        run(Command::new(&binary).arg("--version")).trim(),
+        format!("swimlb-speaker {VERSION}")
+    );
+    // keygen reads the kernel's random source through musl: one base64 key of 32 bytes.
+    let key = run(Command::new(&binary).arg("keygen"));
+    assert_eq!(key.trim_end().len(), 44, "{key:?}");
 }
