@@ -10,8 +10,7 @@
 # podman runs it, with runc because crun refuses this VM's hybrid cgroup layout, see
 # e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane;
 # systemd brings systemd-analyze, which verifies the standalone unit; lintian checks the Debian
-# package that cargo-deb builds with dpkg-dev's dpkg-shlibdeps; musl-tools is the C side of the
-# static musl build of the speaker).
+# package that cargo-deb builds with dpkg-dev's dpkg-shlibdeps).
 # Then it builds the real control plane, MetalLB and helm from pinned Go modules (once, into a
 # cache) and installs mdBook and cargo-deb (once), for the Kubernetes, Helm, book and package
 # tests.
@@ -40,7 +39,6 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v lintian >/dev/null 2>&1 || need+=(lintian)
 command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
-command -v musl-gcc >/dev/null 2>&1 || need+=(musl-tools)
 # The PyPI tools below need a python3 that can make a virtual environment.
 tools_venv=/opt/swimlb-tools
 if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
@@ -120,15 +118,6 @@ tools_install mdbook 0.5.4 mdbook e2e/tests/book.rs --no-default-features --feat
 tools_install cargo-deb 3.8.0 cargo-deb e2e/tests/package.rs
 [ -x "$tool_root/bin/cargo-deb" ] && export SWIMLB_CARGO_DEB="$tool_root/bin/cargo-deb"
 
-# The static build of the speaker (e2e/tests/package.rs): the standard library of the musl
-# target, from rustup, beside the toolchain (once).
-musl_target=x86_64-unknown-linux-musl
-if ! rustup target list --installed 2>/dev/null | grep -qx "$musl_target"; then
-  echo "test.sh: adding the Rust target $musl_target"
-  rustup target add "$musl_target" >/dev/null ||
-    echo "test.sh: rustup target add $musl_target failed: e2e/tests/package.rs will fail" >&2
-fi
-
 cargo_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   cargo_args+=("$1")
@@ -139,9 +128,11 @@ done
 if [ "$(id -u)" -eq 0 ]; then
   # --all-targets in two steps: the `measure_*` tests (e2e/tests/controller.rs) are #[ignore]d
   # because they are measurements, not because they need root, and run on demand (the book:
-  # docs/src/development/tests.md); the benches' criterion harness takes no --skip.
+  # docs/src/development/tests.md), and the `release_*` builds (the static musl binary,
+  # e2e/tests/package.rs) are steps of a release (docs/src/development/release.md); the
+  # benches' criterion harness takes no --skip.
   cargo test --workspace --lib --bins --tests --examples --locked "${cargo_args[@]}" \
-    -- --include-ignored --skip measure_ "$@"
+    -- --include-ignored --skip measure_ --skip release_ "$@"
   cargo test --workspace --benches --locked "${cargo_args[@]}" -- "$@"
 else
   echo "test.sh: not root: the network-namespace tests (speaker/tests/*_netns.rs, e2e/tests/*_lab.rs," >&2

@@ -17,7 +17,9 @@
 //!   namespace's mounts and the overlay's writes go when the test ends, panics included.
 //!
 //! And the static build of the book's page "Standalone": `--target x86_64-unknown-linux-musl`
-//! gives one statically linked binary, which runs.
+//! gives one statically linked binary, which runs. That one (`release_musl_...`) is a release
+//! step, run on demand (docs/src/development/release.md), not by `test.sh`: a build of the whole
+//! tree for a second target costs CI about five minutes.
 //!
 //! `cargo-deb` is found in `$SWIMLB_CARGO_DEB`, else on the `PATH`; `test.sh` installs the
 //! pinned version, and lintian, as root. Without them these tests fail and say so.
@@ -398,11 +400,12 @@ fn dpkg_installs_it_disabled_with_etc_swimlb_0700_and_purges_it_keeping_the_admi
 
 /// The static build of the book's page "Standalone": the musl target, whose C parts (ring's) need
 /// `musl-gcc` (Debian's musl-tools) and whose Rust side is rustup's `x86_64-unknown-linux-musl`
-/// target (test.sh adds both).
+/// target (the release page says how to add both).
 const MUSL: &str = "x86_64-unknown-linux-musl";
 
 #[test]
-fn the_musl_build_is_one_static_binary_that_runs() {
+#[ignore = "a release step, on demand: cargo test -p swimlb-e2e --test package -- --ignored release_"]
+fn release_musl_build_is_one_static_binary_that_runs() {
     let out = output(build_command(env!("CARGO")).args([
         "build",
         "--release",
@@ -416,7 +419,7 @@ fn the_musl_build_is_one_static_binary_that_runs() {
     ]));
     assert!(
         out.status.success(),
-        "cargo build --target {MUSL} (test.sh adds the target with rustup and installs musl-tools): \
+        "cargo build --target {MUSL} (`rustup target add x86_64-unknown-linux-musl` and Debian's musl-tools first): \
          {}\n{}",
         out.status,
         text(&out.stderr)
