@@ -285,7 +285,10 @@ mod tests {
         let second = clients.take(a, 2).expect("a second slot");
         assert!(clients.take(a, 2).is_none(), "a third slot for one client");
         let other = clients.take(b, 2);
-        assert!(other.is_some(), "another client is not counted with the first");
+        assert!(
+            other.is_some(),
+            "another client is not counted with the first"
+        );
         drop(first);
         assert!(clients.take(a, 2).is_some(), "a closed slot is given back");
         drop((second, other));
