@@ -750,6 +750,29 @@ fn the_can_i_list_is_sorted_under_its_header_with_whitespace_collapsed() {
     );
 }
 
+/// The real controller, as deployed: its ServiceAccount's token, so the API server's RBAC
+/// judges every request (the lab has no kubelet to run its Pod).
+fn start_controller(plane: &TestPlane) -> std::process::Child {
+    let kubeconfig = plane.path().join("controller.kubeconfig");
+    plane
+        .service_account_kubeconfig("swimlb-system", "swimlb-controller", &kubeconfig)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    std::process::Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
+        .arg("controller")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--lease-namespace", "swimlb-system", "--identity", "c-0"])
+        .arg(format!("--listen={listen}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the controller starts")
+}
+
 /// Waits until `check` holds, for at most 30 s.
 fn wait_for(what: &str, check: impl Fn() -> bool) {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -777,25 +800,7 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
     ] {
         admin.create(object).unwrap_or_else(|e| panic!("{e:#}"));
     }
-    // As deployed: its ServiceAccount's token, so the API server's RBAC judges every request.
-    let kubeconfig = plane.path().join("controller.kubeconfig");
-    plane
-        .service_account_kubeconfig("swimlb-system", "swimlb-controller", &kubeconfig)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
-        .arg("controller")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--lease-namespace", "swimlb-system", "--identity", "c-0"])
-        .arg(format!("--listen={listen}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the controller starts");
+    let mut controller = start_controller(&plane);
     let get = |api_version: &str, kind: &str, namespace: &str, name: &str| {
         admin
             .get(api_version, kind, Some(namespace), name)
@@ -941,24 +946,7 @@ fn the_readmes_kubernetes_quick_start_gives_the_service_the_address_it_names() {
             )
             .unwrap_or_else(|e| panic!("kubectl apply -f {example}: {e:#}"));
     }
-    let kubeconfig = plane.path().join("controller.kubeconfig");
-    plane
-        .service_account_kubeconfig("swimlb-system", "swimlb-controller", &kubeconfig)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let listen = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let mut controller = std::process::Command::new(env!("CARGO_BIN_EXE_swimlb-lab"))
-        .arg("controller")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--lease-namespace", "swimlb-system", "--identity", "c-0"])
-        .arg(format!("--listen={listen}"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the controller starts");
+    let mut controller = start_controller(&plane);
     let admin = plane.admin();
     let ingress = || {
         admin
