@@ -112,6 +112,15 @@ fn with_key(file: &Path, keys: &Path, dir: &Path) -> PathBuf {
     path
 }
 
+/// `swimlb-speaker check-config FILE`, through the lab binary.
+fn check_config(file: &Path) -> Output {
+    run(lab(&[
+        "speaker",
+        "check-config",
+        file.to_str().expect("utf-8"),
+    ]))
+}
+
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -136,11 +145,7 @@ fn every_standalone_example_passes_check_config() {
     assert!(files.len() >= 3, "{files:?}");
     for file in files {
         let copy = with_key(&file, &keys, &dir);
-        let out = run(lab(&[
-            "speaker",
-            "check-config",
-            copy.to_str().expect("utf-8"),
-        ]));
+        let out = check_config(&copy);
         assert!(
             out.status.success(),
             "{}: check-config refused it:\n{}",
@@ -161,11 +166,7 @@ fn the_standalone_page_shows_what_check_config_prints() {
     let keys = key_file(&dir);
     let page = read(&repo().join("docs/src/install/standalone.md"));
     let copy = with_key(&examples().join("standalone/speaker.yaml"), &keys, &dir);
-    let out = run(lab(&[
-        "speaker",
-        "check-config",
-        copy.to_str().expect("utf-8"),
-    ]));
+    let out = check_config(&copy);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let printed = text(&out.stdout);
     assert!(
@@ -181,11 +182,7 @@ fn the_standalone_page_shows_what_check_config_prints() {
          - {name: api, tcp: \"127.0.0.1:6443\", interval: 1, fall: 2}\n",
     )
     .expect("broken file");
-    let out = run(lab(&[
-        "speaker",
-        "check-config",
-        broken.to_str().expect("utf-8"),
-    ]));
+    let out = check_config(&broken);
     assert_eq!(out.status.code(), Some(64), "an invalid file exits 64");
     let errors =
         text(&out.stderr).replace(broken.to_str().expect("utf-8"), "/etc/swimlb/speaker.yaml");
@@ -749,11 +746,7 @@ fn the_readmes_standalone_file_passes_check_config() {
     let keyed = dir.join("keyed");
     std::fs::create_dir_all(&keyed).expect("keyed folder");
     let copy = with_key(&file, &keys, &keyed);
-    let out = run(lab(&[
-        "speaker",
-        "check-config",
-        copy.to_str().expect("utf-8"),
-    ]));
+    let out = check_config(&copy);
     assert!(
         out.status.success(),
         "check-config refused the README's file:\n{}",

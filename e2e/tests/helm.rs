@@ -506,14 +506,17 @@ fn helm_installs_lists_and_uninstalls_swimlb_on_the_real_api_server() {
     };
 
     // As docs/src/install/helm.md says: the chart makes its namespace.
-    let out = helm_run(&[
-        "install",
-        "swimlb",
-        chart().to_str().expect("UTF-8"),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-    ]);
+    let helm_install = || {
+        helm_run(&[
+            "install",
+            "swimlb",
+            chart().to_str().expect("UTF-8"),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ])
+    };
+    let out = helm_install();
     assert!(out.contains("STATUS: deployed"), "{out}");
 
     let list: Value =
@@ -696,14 +699,7 @@ fn helm_installs_lists_and_uninstalls_swimlb_on_the_real_api_server() {
     assert_eq!(list.trim(), "[]", "no release left");
 
     // The same install again takes the kept namespace back.
-    let out = helm_run(&[
-        "install",
-        "swimlb",
-        chart().to_str().expect("UTF-8"),
-        "--namespace",
-        NAMESPACE,
-        "--create-namespace",
-    ]);
+    let out = helm_install();
     assert!(out.contains("STATUS: deployed"), "{out}");
     for (key, object) in &objects {
         assert!(
