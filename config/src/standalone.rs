@@ -44,8 +44,9 @@ pub mod keys;
 
 /// The default gossip port.
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
-/// The default address of the HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/status`).
-pub const DEFAULT_LISTEN: &str = "0.0.0.0:7572";
+/// The default address of the HTTP listener (`/metrics`, `/healthz`, `/readyz`, `/status`): the
+/// loopback, so nothing off the host reaches it until `listen` names an address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7572";
 /// keepalived's default priority.
 pub const DEFAULT_PRIORITY: u8 = 100;
 /// The most missed intervals `ownerWatchMisses` accepts. The fewest (3) is the speaker's to check,

@@ -22,6 +22,13 @@ pub use swimlb_config::cli::{EX_UNAVAILABLE, EX_USAGE};
 /// sysexits.h: the input data was incorrect (`convert-metallb` refused it).
 pub const EX_DATAERR: u8 = 65;
 
+/// The HTTP port when `--listen` names an address alone.
+pub const HTTP_PORT: u16 = 7473;
+
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    swimlb_proto::listener::parse_listen(text, HTTP_PORT)
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
@@ -62,8 +69,9 @@ struct Cli {
     /// This replica's identity in the Lease and in Events (default: the hostname).
     #[arg(long)]
     identity: Option<String>,
-    /// Where to serve /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:7473")]
+    /// Where to serve /metrics, /healthz and /readyz: address:port, or an address alone (port
+    /// 7473). The manifest gives the Pod's own address (status.podIP).
+    #[arg(long, default_value = "0.0.0.0:7473", value_parser = listen_address)]
     listen: SocketAddr,
     /// The speakers' gossip key Secret (in the lease namespace) the leader creates when it is
     /// missing; an empty name turns this off.

@@ -454,21 +454,36 @@ fn kubectl_apply_of_swimlb_yaml_alone_brings_a_load_balancer_ip_to_service() {
     }
 
     // `kubectl exec ds/swimlb-speaker -- swimlb-speaker status` (the install page): the speaker's own
-    // command in the owner's namespace, its default address.
+    // command in the owner's namespace, with the Pod's SWIMLB_LISTEN (its node's address, where
+    // the speaker listens) as its default address, as `kubectl exec` gives it the Pod's env.
     let node = run
         .lab
         .nodes
         .iter()
         .find(|n| n.name == owner)
         .expect("the owner is a lab node");
-    let status = run
-        .lab
-        .run_in(
-            &node.netns,
-            &program().to_string_lossy(),
-            &["speaker", "status"],
-        )
-        .unwrap_or_else(|e| panic!("swimlb-speaker status on {owner}: {e:#}"));
+    let out = Lab::command_in(&node.netns, &program().to_string_lossy())
+        .args(["speaker", "status"])
+        .env("SWIMLB_LISTEN", node.v4.to_string())
+        .output()
+        .expect("swimlb-speaker status runs");
+    assert!(
+        out.status.success(),
+        "swimlb-speaker status on {owner}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The manifest's listen address is the node's own (status.hostIP), not every address of
+    // the host: its loopback does not answer.
+    let loopback = run.lab.run_in(
+        &node.netns,
+        &program().to_string_lossy(),
+        &["speaker", "status", "127.0.0.1:7572"],
+    );
+    assert!(
+        loopback.is_err_and(|e| format!("{e:#}").contains("cannot reach")),
+        "the speaker answers on its host's loopback"
+    );
     eprintln!("$ swimlb-speaker status   (on {owner})\n{status}");
     assert!(status.contains(&ip.to_string()), "{status}");
 

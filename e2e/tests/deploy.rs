@@ -417,6 +417,24 @@ fn the_manifests_agree_with_the_binaries() {
         assert!(c["resources"]["limits"]["cpu"].is_null(), "no CPU limit");
     }
     assert_eq!(controller_pod["securityContext"]["runAsNonRoot"], true);
+
+    // Listen addresses: each process's own address from the downward API (the node's for the
+    // host-network speaker), given whole to --listen (an IPv6 address takes the default port).
+    for (c, var, field) in [
+        (speaker, "SWIMLB_LISTEN", "status.hostIP"),
+        (controller, "POD_IP", "status.podIP"),
+    ] {
+        let from = c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["name"] == var))
+            .map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]);
+        assert_eq!(from, Some(&Value::from(field)), "{var}");
+        let args = c["args"].as_array().expect("args");
+        assert!(
+            args.contains(&Value::from(format!("--listen=$({var})"))),
+            "--listen=$({var}) in {args:?}"
+        );
+    }
 }
 
 /// A control plane with deploy/swimlb.yaml applied by the pinned kubectl (server-side), and

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -96,6 +96,29 @@ impl Default for Limits {
             connection_lifetime: Duration::from_secs(60),
         }
     }
+}
+
+/// Reads a listen address: `address:port` (`192.0.2.10:7572`, `[2001:db8::1]:7572`), or an
+/// address alone (`192.0.2.10`, `2001:db8::1`, `[2001:db8::1]`), which gets `default_port`. So
+/// a Pod's address from the downward API (`status.hostIP`, `status.podIP`), IPv4 or IPv6, is a
+/// whole listen address as it comes, without gluing a port to an IPv6 address.
+pub fn parse_listen(text: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<IpAddr>()
+        .map(|ip| SocketAddr::new(ip, default_port))
+        .map_err(|_| {
+            format!(
+                "`{text}` is not an address, nor an address with a port (`192.0.2.10`, \
+                 `192.0.2.10:{default_port}`, `2001:db8::1`, `[2001:db8::1]:{default_port}`)"
+            )
+        })
 }
 
 /// Why a connection was closed by the listener rather than by the client.
@@ -275,6 +298,29 @@ pub async fn serve<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listen_address_is_an_address_with_or_without_its_port() {
+        let cases = [
+            ("192.0.2.10", "192.0.2.10:7572"),
+            ("192.0.2.10:9100", "192.0.2.10:9100"),
+            ("2001:db8::1", "[2001:db8::1]:7572"),
+            ("[2001:db8::1]", "[2001:db8::1]:7572"),
+            ("[2001:db8::1]:9100", "[2001:db8::1]:9100"),
+            (" 0.0.0.0 ", "0.0.0.0:7572"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                parse_listen(text, 7572),
+                Ok(want.parse().expect("a socket address")),
+                "{text}"
+            );
+        }
+        for bad in ["", "node-1", "192.0.2.10:", "2001:db8::1:7572:", "[2001:db8::1", "$(HOST_IP)"] {
+            let e = parse_listen(bad, 7572).expect_err(bad);
+            assert!(e.contains("is not an address"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_client_gets_at_most_its_slots_and_gets_them_back_when_they_close() {

@@ -94,8 +94,9 @@ enum Command {
     /// Print a running speaker's /status as tables: every VIP with its owner, interface and
     /// verdict, the members, this node's checks.
     Status {
-        /// The speaker's HTTP listener: host:port, or a host (port 7572).
-        #[arg(default_value = crate::serve::status_table::DEFAULT_ADDR)]
+        /// The speaker's HTTP listener: host:port, or a host (port 7572). In a speaker's Pod,
+        /// SWIMLB_LISTEN (the node's address) is the default.
+        #[arg(env = "SWIMLB_LISTEN", default_value = crate::serve::status_table::DEFAULT_ADDR)]
         addr: String,
         /// Redraw every second until Ctrl-C.
         #[arg(long, short)]

@@ -195,8 +195,10 @@ pub const KEYS: &[Key] = &[
         ty: "address:port",
         default: WhenAbsent::Value(super::DEFAULT_LISTEN),
         allowed: Allowed::Any,
-        example: "127.0.0.1:9100",
-        meaning: "The HTTP listener: `/metrics`, `/healthz`, `/readyz` and `/status`.",
+        example: "192.0.2.10:7572",
+        meaning: "The HTTP listener: `/metrics`, `/healthz`, `/readyz` and `/status`. The \
+                  default, the loopback, answers only on the host itself: give the node's own \
+                  address for Prometheus or `swimlb-speaker status` from elsewhere.",
     },
     Key {
         path: "scriptUser",

@@ -20,6 +20,15 @@ use crate::model::watch_knobs::{Knobs, KnobsError};
 /// The gossip port when `--bind` is not given.
 pub const GOSSIP_PORT: u16 = 7946;
 
+/// The HTTP port when `--listen` names an address alone.
+pub const HTTP_PORT: u16 = 7572;
+
+/// `--listen`'s parser: an address alone gets [`HTTP_PORT`] (the downward API's IPv6 host
+/// address included).
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    swimlb_proto::listener::parse_listen(text, HTTP_PORT)
+}
+
 /// The flags of `swimlb-speaker kubernetes`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -45,8 +54,9 @@ pub struct Args {
     /// Run without a key: gossip is neither secret nor authenticated.
     #[arg(long)]
     pub insecure: bool,
-    /// `/metrics`, `/healthz`, `/readyz`, `/status`.
-    #[arg(long, default_value = "0.0.0.0:7572")]
+    /// `/metrics`, `/healthz`, `/readyz`, `/status`: address:port, or an address alone (port
+    /// 7572). The manifest sets SWIMLB_LISTEN to the node's own address (status.hostIP).
+    #[arg(long, env = "SWIMLB_LISTEN", default_value = "0.0.0.0:7572", value_parser = listen_address)]
     pub listen: SocketAddr,
     /// Serve only Services of this loadBalancerClass (default: those without a class).
     #[arg(long)]
@@ -240,6 +250,20 @@ mod tests {
         assert_eq!(settings.bind, "192.0.2.21:7946".parse().unwrap());
         assert_eq!(settings.namespace, "swimlb-system");
         assert_eq!(settings.preempt_delay, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn the_listen_address_may_be_the_downward_apis_host_ip_alone_ipv6_included() {
+        for (flag, want) in [
+            ("--listen=192.0.2.21", "192.0.2.21:7572"),
+            ("--listen=2001:db8::21", "[2001:db8::21]:7572"),
+            ("--listen=[2001:db8::21]:9100", "[2001:db8::21]:9100"),
+        ] {
+            assert_eq!(args(&[flag]).listen, want.parse().unwrap(), "{flag}");
+        }
+        let e = Wrapper::try_parse_from(["swimlb-speaker", "--listen=$(SWIMLB_LISTEN)"])
+            .expect_err("an unexpanded variable");
+        assert!(e.to_string().contains("is not an address"), "{e}");
     }
 
     #[test]
