@@ -1,6 +1,7 @@
 //! A flood of forged claims for an owned VIP, against a real kernel: a running standalone
-//! speaker (alone, one VIP on a veth in namespace A) gets ARP replies from namespace B in
-//! which another MAC claims the VIP, at about 100,000 frames/s for 3 s. The speaker's queue of
+//! speaker (alone, an IPv4 and an IPv6 VIP on a veth in namespace A) gets ARP replies (one
+//! test) or unsolicited neighbor advertisements with Override set (the other) from namespace
+//! B in which another MAC claims the VIP, at about 100,000 frames/s for 3 s. The speaker's queue of
 //! claims is bounded and holds each claim once, so the process's resident memory stays within
 //! a bound; it counts the claims (and those it dropped as already queued) in `/metrics`, and
 //! keeps answering for the VIP: alone, it stays the owner. Root only (see `netns/mod.rs`).
@@ -10,13 +11,14 @@ mod netns;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netns::{Lab, arp_answered, require_root};
+use netns::{Lab, arp_answered, require_root, run};
 use swimlb_config::keyfile::{encode_key, write_key_file};
 use swimlb_config::standalone::Standalone;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
 const VIP: [u8; 4] = [198, 51, 100, 10];
+const VIP6: &str = "2001:db8:100::10";
 const LISTEN: &str = "198.51.100.1:7572";
 /// The forger's MAC (locally administered).
 const FORGER: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
@@ -48,9 +50,60 @@ fn forged_claim() -> [u8; 42] {
     f
 }
 
-/// Sends forged claims from namespace B's veth at `RATE` for `FLOOD`, sampling this
-/// process's VmRSS as it goes; returns the frames sent and the peak VmRSS in KiB.
-fn flood_from_b(b: &str, veth_b: &str) -> (u64, u64) {
+/// An unsolicited neighbor advertisement (Override set, to all nodes) in which `FORGER` says
+/// it has the IPv6 VIP.
+fn forged_advert() -> Vec<u8> {
+    use swimlb_proto::ethernet::MacAddr;
+    use swimlb_proto::ndp::NdpFrame;
+    let [a, b, c, d, e, f] = FORGER;
+    let frame = NdpFrame::unsolicited_advert(MacAddr(a, b, c, d, e, f), VIP6.parse().unwrap());
+    let mut out = vec![0u8; frame.frame_len()];
+    frame.emit(&mut out).expect("an advertisement");
+    out
+}
+
+/// The two kinds of claim.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    Arp,
+    Ndp,
+}
+
+impl Claim {
+    fn frame(self) -> Vec<u8> {
+        match self {
+            Claim::Arp => forged_claim().to_vec(),
+            Claim::Ndp => forged_advert(),
+        }
+    }
+
+    /// Whether namespace B gets an answer for this family's VIP from A's speaker.
+    async fn answered(self, b: &str, veth_b: &str) -> bool {
+        let (b, vb) = (b.to_string(), veth_b.to_string());
+        tokio::task::spawn_blocking(move || match self {
+            Claim::Arp => arp_answered(&b, &vb, "198.51.100.10"),
+            Claim::Ndp => nd_answered(&b, &vb),
+        })
+        .await
+        .expect("probe thread")
+    }
+}
+
+/// Whether B's kernel resolves the IPv6 VIP to a MAC other than the forger's: its neighbor
+/// solicitation (sent for a ping nobody echoes) is answered by the speaker.
+fn nd_answered(b: &str, veth_b: &str) -> bool {
+    let _ = run(&["ip", "-n", b, "-6", "neigh", "flush", "dev", veth_b]);
+    let _ = run(&[
+        "ip", "netns", "exec", b, "ping", "-6", "-c", "1", "-W", "1", "-I", veth_b, VIP6,
+    ]);
+    let shown = run(&["ip", "-n", b, "-6", "neigh", "show", VIP6, "dev", veth_b]);
+    let text = String::from_utf8_lossy(&shown.stdout).to_lowercase();
+    text.contains("lladdr") && !text.contains("02:00:00:00:00:99") && !text.contains("failed")
+}
+
+/// Sends `frame` from namespace B's veth at `RATE` for `FLOOD`, sampling this process's
+/// VmRSS as it goes; returns the frames sent and the peak VmRSS in KiB.
+fn flood_from_b(b: &str, veth_b: &str, frame: Vec<u8>) -> (u64, u64) {
     let path = format!("/run/netns/{b}");
     let veth_b = veth_b.to_string();
     std::thread::spawn(move || {
@@ -66,7 +119,6 @@ fn flood_from_b(b: &str, veth_b: &str) -> (u64, u64) {
         else {
             panic!("a packet socket on {veth_b}");
         };
-        let frame = forged_claim();
         let started = Instant::now();
         let (mut sent, mut peak) = (0u64, 0u64);
         while started.elapsed() < FLOOD {
@@ -113,28 +165,33 @@ fn sample(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Whether namespace B gets an ARP answer for the VIP (arping blocks: off the runtime thread).
-async fn answered(b: &str, veth_b: &str) -> bool {
-    let (b, vb) = (b.to_string(), veth_b.to_string());
-    tokio::task::spawn_blocking(move || arp_answered(&b, &vb, "198.51.100.10"))
-        .await
-        .expect("arping thread")
-}
-
 #[test]
 #[ignore = "needs root: network namespaces"]
 fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and_the_owner_keeps_it()
  {
+    flood(Claim::Arp, 'f');
+}
+
+#[test]
+#[ignore = "needs root: network namespaces"]
+fn a_flood_of_forged_neighbor_advertisements_for_an_owned_vip_is_bounded_counted_and_lost_on_no_one()
+ {
+    flood(Claim::Ndp, 'n');
+}
+
+/// Runs the speaker in A, floods it with `claim`s from B, and checks memory, counters and the
+/// answer for the VIP. `tag`: the lab's namespaces' tag.
+fn flood(claim: Claim, tag: char) {
     require_root();
-    let lab = Lab::new('f');
+    let lab = Lab::new(tag);
     let dir: PathBuf =
-        std::env::temp_dir().join(format!("swimlb-flood-lab-{}", std::process::id()));
+        std::env::temp_dir().join(format!("swimlb-flood-lab-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let keys = dir.join("keys");
     write_key_file(&keys, &format!("{}\n", encode_key(&[9; 32]))).unwrap();
     let path = dir.join("speaker.yaml");
     let text = format!(
-        "cluster: flood-lab\nnode: a\nbind: 198.51.100.1:7946\nkeyFile: {}\nlisten: {LISTEN}\ngroups:\n  - name: vip\n    addresses: [198.51.100.10]\n    interface: {}\n",
+        "cluster: flood-lab\nnode: a\nbind: 198.51.100.1:7946\nkeyFile: {}\nlisten: {LISTEN}\ngroups:\n  - name: vip\n    addresses: [198.51.100.10, {VIP6}]\n    interface: {}\n",
         keys.display(),
         lab.veth_a
     );
@@ -154,7 +211,7 @@ fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and
         let mut serving = false;
         for _ in 0..20 {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if answered(&b, &vb).await {
+            if claim.answered(&b, &vb).await {
                 serving = true;
                 break;
             }
@@ -164,7 +221,8 @@ fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and
 
         // The flood runs on its own thread; the speaker's runtime goes on meanwhile.
         let (fb, fvb) = (b.clone(), vb.clone());
-        let (sent, peak) = tokio::task::spawn_blocking(move || flood_from_b(&fb, &fvb))
+        let frame = claim.frame();
+        let (sent, peak) = tokio::task::spawn_blocking(move || flood_from_b(&fb, &fvb, frame))
             .await
             .expect("flood");
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -182,7 +240,7 @@ fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and
         .unwrap_or(0.0);
         let grown_mib = peak.saturating_sub(before) / 1024;
         eprintln!(
-            "{sent} forged claims in {FLOOD:?}; the speaker saw {seen}, dropped {coalesced} already \
+            "{claim:?}: {sent} forged claims in {FLOOD:?}; the speaker saw {seen}, dropped {coalesced} already \
              queued and {full} with its queue full; VmRSS {before} KiB before, peak {peak} KiB \
              (+{grown_mib} MiB)"
         );
@@ -197,7 +255,7 @@ fn a_flood_of_forged_claims_for_an_owned_vip_holds_bounded_memory_is_counted_and
             "resident memory grew by {grown_mib} MiB (bound {BOUND_MIB} MiB)"
         );
         assert!(
-            answered(&b, &vb).await,
+            claim.answered(&b, &vb).await,
             "the owner lost the VIP to the flood"
         );
 
