@@ -214,6 +214,8 @@ struct OutGroup {
     preempt_delay: Option<Duration>,
     checks: Vec<OutCheck>,
     notify: Option<String>,
+    /// `vrrp: {vrid, advertInterval}`: the instance's, to run beside it.
+    vrrp: Option<(u8, Duration)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -313,7 +315,8 @@ impl Converter<'_> {
                 done.insert(m.name.as_str());
                 used_scripts.extend(m.tracked.iter().map(|t| t.name.clone()));
             }
-            if let Some(g) = self.group(sync, &members, &scripts) {
+            if let Some(mut g) = self.group(sync, &members, &scripts) {
+                g.vrrp = self.vrrp(sync, &members, k.global.vrrp_version);
                 groups.push(g);
             }
         }
@@ -633,7 +636,55 @@ impl Converter<'_> {
             preempt_delay: delay,
             checks,
             notify: notifies.first().map(|n| n.argv[0].clone()),
+            vrrp: None,
         })
+    }
+
+    /// The group's `vrrp:`, so that it runs beside the keepalived routers it came from: one
+    /// instance's `virtual_router_id` and `advert_int`. A sync group of several instances has
+    /// several VRIDs, which one group cannot speak for (warned: none written).
+    fn vrrp(
+        &mut self,
+        sync: Option<&SyncGroup>,
+        members: &[&Instance],
+        global_version: Option<u8>,
+    ) -> Option<(u8, Duration)> {
+        let [one] = members else {
+            if let Some(s) = sync {
+                self.warnings.push(Finding::new(
+                    &s.at,
+                    "vrrp_sync_group",
+                    "no `vrrp:` written: a group speaks for one VRID and these instances have \
+                     several; stop keepalived on a node before swimlb starts there",
+                ));
+            }
+            return None;
+        };
+        let vrid = one.vrid?;
+        let text = one.advert_int.as_deref().unwrap_or("1");
+        let interval = text
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.01 && *s <= 40.95)
+            .map(|s| Duration::from_millis(((s * 100.0).round() as u64) * 10));
+        let Some(interval) = interval else {
+            self.refuse(
+                &one.at,
+                "advert_int",
+                format!("`{text}`: VRRPv3 carries 0.01 to 40.95 seconds"),
+            );
+            return None;
+        };
+        if one.version.or(global_version).unwrap_or(2) != 3 {
+            self.warnings.push(Finding::new(
+                &one.at,
+                "version",
+                "keepalived speaks VRRPv2 here (its default) and swimlb VRRPv3 only: set \
+                 `vrrp_version 3` in global_defs on every keepalived router of this VRID before \
+                 a speaker starts beside them",
+            ));
+        }
+        Some((vrid, interval))
     }
 
     /// The checks of a group: each tracked script once, with the instance's weight (or the
@@ -864,6 +915,13 @@ fn emit(out: &Output, file: &str) -> String {
         }
         if let Some(d) = g.preempt_delay {
             let _ = writeln!(y, "    preemptDelay: {}", format_duration(d));
+        }
+        if let Some((vrid, interval)) = g.vrrp {
+            let _ = writeln!(
+                y,
+                "    vrrp: {{vrid: {vrid}, advertInterval: {}}}",
+                format_duration(interval)
+            );
         }
         if !g.checks.is_empty() {
             let _ = writeln!(y, "    checks:");

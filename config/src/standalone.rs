@@ -41,6 +41,9 @@ use crate::duration::parse_duration;
 
 mod checks;
 pub mod keys;
+mod vrrp;
+
+pub use vrrp::Vrrp;
 
 /// The default gossip port.
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
@@ -235,6 +238,8 @@ pub struct Group {
     pub checks: Vec<Check>,
     /// Program run on every state change with the group name and the new state.
     pub notify: Option<PathBuf>,
+    /// The VRRPv3 router spoken beside keepalived, if any.
+    pub vrrp: Option<Vrrp>,
 }
 
 /// Base priorities: per node, with a default.
@@ -880,7 +885,12 @@ impl Walker {
                 format!("`{}` must be an absolute path", p.display()),
             );
         }
+        let vrrp = match map.get("vrrp") {
+            Some(v) => Some(self.vrrp(&join(path, "vrrp"), v)?),
+            None => None,
+        };
         Some(Group {
+            vrrp,
             name: name?,
             addresses,
             interface,

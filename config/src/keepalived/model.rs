@@ -33,6 +33,8 @@ pub struct GlobalDefs {
     pub script_user: Option<String>,
     /// `vrrp_garp_master_*`.
     pub garp: Garp,
+    /// `vrrp_version` (keepalived's default is 2).
+    pub vrrp_version: Option<u8>,
 }
 
 /// The gratuitous ARP settings, as given (`None`: not written).
@@ -117,6 +119,8 @@ pub struct Instance {
     pub priority: Option<u8>,
     /// `advert_int`, as written.
     pub advert_int: Option<String>,
+    /// `version` (else `global_defs`' `vrrp_version`, else 2).
+    pub version: Option<u8>,
     /// `virtual_ipaddress` and `virtual_ipaddress_excluded`.
     pub addresses: Vec<Vip>,
     /// `preempt_delay`.
@@ -150,7 +154,6 @@ pub struct SyncGroup {
 
 /// Keywords of the VRRP protocol itself: swimlb does not speak VRRP, so they change nothing.
 const VRRP_ONLY: &[&str] = &[
-    "version",
     "native_ipv6",
     "strict_mode",
     "skip_check_adv_addr",
@@ -178,7 +181,6 @@ const VRRP_ONLY: &[&str] = &[
 const GLOBAL_NO_EFFECT: &[&str] = &[
     "vrrp_skip_check_adv_addr",
     "vrrp_strict",
-    "vrrp_version",
     "vrrp_check_unicast_src",
     "vrrp_iptables",
     "vrrp_ipsets",
@@ -389,6 +391,7 @@ impl Reader {
         let k = s.keyword.as_str();
         match k {
             "router_id" => g.router_id = self.one(s).map(str::to_string),
+            "vrrp_version" => g.vrrp_version = self.integer(s, 2, 3).map(|n| n as u8),
             "vrrp_garp_master_delay"
             | "vrrp_garp_master_repeat"
             | "vrrp_garp_master_refresh"
@@ -411,8 +414,8 @@ impl Reader {
             ),
             _ if GLOBAL_NO_EFFECT.contains(&k) => self.warn(
                 s,
-                "no effect: a setting of VRRP or of keepalived's process; swimlb does not speak \
-                 VRRP",
+                "no effect: a setting of keepalived's VRRP or of its process, which swimlb's \
+                 `vrrp:` does not have",
             ),
             _ => self.unknown(s),
         }
@@ -576,6 +579,7 @@ impl Reader {
                     }
                 }
                 "advert_int" => i.advert_int = self.one(d).map(str::to_string),
+                "version" => i.version = self.integer(d, 2, 3).map(|n| n as u8),
                 "virtual_ipaddress" | "virtual_ipaddress_excluded" => {
                     for line in self.block(d) {
                         if let Some(vip) = self.vip(line) {
@@ -662,7 +666,8 @@ impl Reader {
                 }
                 _ if VRRP_ONLY.contains(&k) => self.warn(
                     d,
-                    "no effect: a setting of the VRRP protocol; swimlb does not speak VRRP",
+                    "no effect: a setting of keepalived's VRRP that swimlb's `vrrp:` does not \
+                     have",
                 ),
                 _ => self.unknown(d),
             }
@@ -864,7 +869,7 @@ impl Reader {
                 "sync_group_tracking_weight" => g.tracking_weight = true,
                 "smtp_alert" => self.warn(d, "no effect: swimlb sends no mail"),
                 "global_tracking" | "notify_priority_changes" => {
-                    self.warn(d, "no effect: swimlb does not speak VRRP")
+                    self.warn(d, "no effect: swimlb reports no priority changes")
                 }
                 "track_interface" | "track_script" | "track_file" | "track_process"
                 | "track_bfd" => self.refuse(

@@ -47,9 +47,50 @@ fn run(text: &str) -> Result<Converted, Vec<Finding>> {
 }
 
 fn converted(text: &str) -> (Standalone, Converted) {
-    let c = run(text).unwrap_or_else(|e| panic!("refused: {e:#?}"));
+    let mut c = run(text).unwrap_or_else(|e| panic!("refused: {e:#?}"));
     let s = Standalone::parse(&c.yaml).unwrap();
+    // The VRRPv2 warning of `instance`'s text (no `version 3`): its own test below.
+    c.warnings.retain(|w| w.keyword != "version");
     (s, c)
+}
+
+#[test]
+fn an_instance_gets_its_vrrp_router_and_v2_is_warned_about() {
+    let text = instance("", "    advert_int 0.1");
+    let c = run(&text).expect("converts");
+    let s = Standalone::parse(&c.yaml).unwrap();
+    let vrrp = s.groups[0].vrrp.expect("vrrp written");
+    assert_eq!(
+        (vrrp.vrid, vrrp.advert_interval),
+        (51, Duration::from_millis(100))
+    );
+    assert!(
+        c.yaml
+            .contains("    vrrp: {vrid: 51, advertInterval: 100ms}\n"),
+        "{}",
+        c.yaml
+    );
+    let v2: Vec<&Finding> = c
+        .warnings
+        .iter()
+        .filter(|w| w.keyword == "version")
+        .collect();
+    assert_eq!(v2.len(), 1, "{:?}", c.warnings);
+    assert!(v2[0].why.contains("vrrp_version 3"));
+    for version in ["global_defs {\n    vrrp_version 3\n}", ""] {
+        let body = if version.is_empty() {
+            "    version 3"
+        } else {
+            ""
+        };
+        let c = run(&instance(version, body)).expect("converts");
+        assert!(
+            c.warnings.iter().all(|w| w.keyword != "version"),
+            "{:?}",
+            c.warnings
+        );
+    }
+    assert!(refusal(&instance("", "    advert_int 50")).contains("advert_int: `50`: VRRPv3"));
 }
 
 /// The one refusal of `text`, as printed.

@@ -657,6 +657,47 @@ pub const KEYS: &[Key] = &[
                   passes. Below 0: added while it fails. 0: while it fails the node may not own \
                   the group (`fault`).",
     },
+    // groups[].vrrp
+    Key {
+        path: "groups[].vrrp",
+        ty: "mapping",
+        default: WhenAbsent::Means("no VRRP: the speakers neither send nor listen for VRRP"),
+        allowed: Allowed::Text("`vrid` given; IPv4, IPv6 or both"),
+        example: "{vrid: 51, advertInterval: 100ms}",
+        meaning: "Speak VRRPv3 (RFC 9568, unauthenticated, as keepalived does) for the group \
+                  on its interface, to run beside keepalived routers of the same VRID: the \
+                  owner advertises the group's addresses, and while a VRRP master that is no \
+                  speaker wins by VRRP's rule (higher priority, then higher address) no \
+                  speaker answers for them. Opt-in: anyone on the segment can send VRRP.",
+    },
+    Key {
+        path: "groups[].vrrp.vrid",
+        ty: "integer",
+        default: WhenAbsent::Required,
+        allowed: Allowed::Integer { min: 1, max: 255 },
+        example: "52",
+        meaning: "The virtual router id: keepalived's `virtual_router_id`.",
+    },
+    Key {
+        path: "groups[].vrrp.advertInterval",
+        ty: DURATION,
+        default: WhenAbsent::Value("1s"),
+        allowed: Allowed::Text("a whole number of centiseconds, `10ms` to `40950ms`"),
+        example: "100ms",
+        meaning: "How often the owner advertises (keepalived's `advert_int`). A VRRP master \
+                  is gone after three intervals without an advertisement plus the skew \
+                  (`(256 - priority) / 256` of one).",
+    },
+    Key {
+        path: "groups[].vrrp.priority",
+        ty: "integer",
+        default: WhenAbsent::Means("the owner's effective priority in the group"),
+        allowed: Allowed::Integer { min: 1, max: 254 },
+        example: "120",
+        meaning: "The priority the owner advertises and is compared with. swimlb's priorities \
+                  and VRRP's are one scale: a keepalived router with a higher priority than \
+                  this wins the group.",
+    },
 ];
 
 #[cfg(test)]
@@ -694,6 +735,9 @@ mod tests {
             let child = map.entry(name.to_string()).or_insert_with(|| {
                 if list {
                     Value::Array(vec![Value::Null])
+                } else if name == "vrrp" {
+                    // A `vrrp` mapping needs its `vrid`.
+                    yaml("{vrid: 1}")
                 } else {
                     Value::Object(serde_json::Map::new())
                 }
@@ -766,7 +810,14 @@ mod tests {
 
     #[test]
     fn a_key_that_is_not_in_the_table_is_refused() {
-        for section in ["", "gossip", "announce", "groups[]", "groups[].checks[]"] {
+        for section in [
+            "",
+            "gossip",
+            "announce",
+            "groups[]",
+            "groups[].checks[]",
+            "groups[].vrrp",
+        ] {
             let mut tree = minimal();
             section_mut(&mut tree, section).insert("undocumented".into(), Value::Bool(true));
             let errors = parse(&tree).expect_err(section);

@@ -51,6 +51,13 @@ const SECTIONS: &[(&str, &str, &str)] = &[
          `tcp` and `exec`; its result changes the node's priority (`weight`) or makes it \
          ineligible for the group.",
     ),
+    (
+        "groups[].vrrp",
+        "`groups[].vrrp`",
+        "VRRPv3 beside keepalived, opt-in per group: see [Switching from \
+         keepalived](../switching/keepalived.md) for the node-by-node switch and \
+         [Security](../security.md) for what unauthenticated VRRP allows.",
+    ),
 ];
 
 /// The page's text.
