@@ -25,3 +25,4 @@ pub mod owner_watch;
 pub mod run;
 pub mod serve;
 pub mod sources;
+pub mod vrrp;

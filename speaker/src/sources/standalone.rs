@@ -22,7 +22,7 @@
 //! its peers stays not ready (`joining`) while it serves, alone, what it elects; one that loses
 //! every member goes back to `joining`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,6 +58,7 @@ use crate::run::driver::{self, Instruments, Parts, Shared};
 use crate::run::hold::JoinHold;
 use crate::serve::http::{self, CheckStatus};
 use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
+use crate::vrrp::task::VrrpHandle;
 use crate::sources::notify::{GroupState, HookResult, Notifier};
 
 /// Time a notify hook may run.
@@ -341,6 +342,8 @@ struct Inputs {
     hook_results: mpsc::UnboundedReceiver<(String, GroupState, HookResult)>,
     /// SIGHUP.
     reload: mpsc::Receiver<()>,
+    /// The addresses a VRRP router outside the mesh holds.
+    vrrp: watch::Receiver<BTreeSet<IpAddr>>,
 }
 
 /// One of the standalone source's own inputs.
@@ -348,6 +351,7 @@ enum Own {
     Check(CheckEvent),
     HookDone((String, GroupState, HookResult)),
     Reload,
+    Yield(BTreeSet<IpAddr>),
 }
 
 /// The standalone mode's state around the shared [`Daemon`].
@@ -366,6 +370,7 @@ struct Source {
     /// The links and routes last dumped (a reload places the new file on them).
     net: watch::Receiver<(Vec<Link>, Vec<Route>)>,
     http: JoinHandle<()>,
+    vrrp: Option<VrrpHandle>,
 }
 
 /// Runs the standalone speaker until `shutdown` resolves (then drains) or a fatal error.
@@ -393,6 +398,7 @@ impl driver::Source for Source {
             Some(event) = inputs.check_events.recv() => Own::Check(event),
             Some(result) = inputs.hook_results.recv() => Own::HookDone(result),
             Some(()) = inputs.reload.recv(), if !draining => Own::Reload,
+            Ok(()) = inputs.vrrp.changed() => Own::Yield(inputs.vrrp.borrow_and_update().clone()),
             else => std::future::pending().await,
         }
     }
@@ -402,6 +408,7 @@ impl driver::Source for Source {
             Own::Check(event) => self.check(event).await,
             Own::HookDone(result) => self.hook_done(result),
             Own::Reload => self.reload().await,
+            Own::Yield(ips) => self.daemon.handle(Input::Yield(ips)).await,
         }
     }
 
@@ -427,6 +434,9 @@ impl driver::Source for Source {
 
     fn after(&mut self) {
         self.update_groups();
+        if let Some(vrrp) = &self.vrrp {
+            vrrp.update(crate::sources::vrrp::plan(&self.config, &self.daemon, &self.net));
+        }
     }
 }
 
@@ -448,6 +458,8 @@ impl Source {
         let mut instruments = Instruments::register(&node);
         let metrics = Metrics::default();
         metrics.register(&mut instruments.registry);
+        let vrrp_metrics = crate::vrrp::task::Metrics::default();
+        vrrp_metrics.register(&mut instruments.registry);
 
         let (net, links, routes) = NetWatch::start().await?;
         let served = snapshot(&config);
@@ -498,10 +510,13 @@ impl Source {
             addr: config.listen,
             source,
         })?;
+        // Every VRRP group's addresses yielded until its router has listened (see crate::vrrp).
+        let (vrrp, yielded) = crate::vrrp::task::spawn(Vec::new(), vrrp_metrics);
         let inputs = Inputs {
             check_events,
             hook_results,
             reload,
+            vrrp: yielded,
         };
         let mut source = Source {
             config,
@@ -517,7 +532,17 @@ impl Source {
             ring_ids,
             net: net_view,
             http,
+            vrrp: Some(vrrp),
         };
+        let first: BTreeSet<IpAddr> = source
+            .config
+            .groups
+            .iter()
+            .filter(|g| g.vrrp.is_some())
+            .flat_map(|g| g.addresses.iter().copied())
+            .collect();
+        source.daemon.handle(Input::Yield(first)).await;
+        driver::Source::after(&mut source);
         let ready = ready(*shared.phase.borrow(), alone);
         source.daemon.board.update(|s| s.ready = ready);
         source.daemon.check_hold().await;
@@ -685,7 +710,10 @@ impl Source {
     }
 
     /// Leave, stop answering, run the queued hooks, take the VIPs off.
-    async fn stop(self) -> Result<(), DaemonError> {
+    async fn stop(mut self) -> Result<(), DaemonError> {
+        if let Some(vrrp) = self.vrrp.take() {
+            vrrp.stop().await;
+        }
         self.daemon.stop().await;
         self.checks.stop();
         self.http.abort();

@@ -132,6 +132,10 @@ pub enum Input {
     /// `true`: answer nothing yet, although the election may name this node (the mesh is still
     /// forming: a node alone elects itself for everything). `false`: answer what it owns.
     Hold(bool),
+    /// The IPs a router outside the mesh holds now (a VRRP master that wins by VRRP's rule, see
+    /// [`crate::vrrp`]): none of them is answered, whoever the election names, until it is no
+    /// longer listed; then its owner answers and announces it at once. Replaces the last set.
+    Yield(BTreeSet<IpAddr>),
 }
 
 /// What the drivers must do, in order.
@@ -283,6 +287,8 @@ pub struct Engine {
     facts: AnnounceFacts,
     drain: Option<Drain>,
     hold: bool,
+    /// IPs held by a router outside the mesh (see [`Input::Yield`]).
+    yielded: BTreeSet<IpAddr>,
     /// IPs that moved to another live member and are still answered here until the deadline
     /// (`Some`), or whose hand-over just ended (`None`), until they are silenced.
     handing: BTreeMap<IpAddr, Option<Instant>>,
@@ -332,6 +338,7 @@ impl Engine {
             handing: BTreeMap::new(),
             told: BTreeMap::new(),
             hold: start.hold,
+            yielded: BTreeSet::new(),
             taken_over: BTreeMap::new(),
         };
         let mut actions = Vec::new();
@@ -396,6 +403,10 @@ impl Engine {
             Input::Drain => {
                 self.start_drain(now, &mut actions);
                 Vec::new()
+            }
+            Input::Yield(ips) => {
+                let old = std::mem::replace(&mut self.yielded, ips);
+                old.symmetric_difference(&self.yielded).copied().collect()
             }
             Input::Hold(hold) => {
                 self.hold = hold;
@@ -666,7 +677,7 @@ impl Engine {
                 false => None,
             };
         }
-        if self.hold {
+        if self.hold || self.yielded.contains(ip) {
             return None;
         }
         if self.owns_now(ip) {
@@ -749,7 +760,7 @@ impl Engine {
         let successor = self
             .owner_now(ip)
             .filter(|o| *o != self.election.local() && self.live.contains(o));
-        if successor.is_none() || self.hold || self.drain.is_some() {
+        if successor.is_none() || self.hold || self.yielded.contains(ip) || self.drain.is_some() {
             if self.handing.remove(ip).is_some()
                 && self.owns_now(ip)
                 && !self.announcer.own(now, *ip)

@@ -1,0 +1,175 @@
+//! VRRPv3 beside keepalived, in the namespace lab: keepalived-fast (VRRPv3, `advert_int 0.1`)
+//! on node1 and standalone speakers with `vrrp: {vrid: 51, advertInterval: 100ms}` on node2
+//! and node3, the client probing the VIP every 10 ms.
+//!
+//! - beside a keepalived master of higher priority (150) the speakers stay silent: every probe
+//!   is answered by node1, and the speakers count the foreign master;
+//! - keepalived stopped (priority 0): a speaker takes the VIP;
+//! - keepalived started again with a lower priority (50): it stays BACKUP (its own notify FIFO
+//!   says so) and never answers, while the speaker owns.
+//!
+//! Root only: `#[ignore = "needs root: ..."]`, run with `--include-ignored` (as `sudo ./test.sh`
+//! does). Every wait is bounded; no duration is asserted beyond the functional bounds named.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use swimlb_e2e::demo::http_get;
+use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
+use swimlb_e2e::lab::VrrpState;
+use swimlb_e2e::migrate::keepalived::{Routers, group_vrrp};
+use swimlb_e2e::netns::{self, Lab};
+use swimlb_e2e::probe::{self, PROBE_PORT, ProbeRecord, Prober};
+use tokio::time::Instant;
+
+/// The IPv4 router's gauge (keepalived-fast speaks IPv4 only here).
+const FOREIGN_V4: &str = "swimlb_vrrp_foreign_master{group=\"vip\",family=\"ipv4\"}";
+
+fn program() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
+}
+
+/// Per node, the sum of `/metrics` samples whose line starts with `prefix`.
+fn metric(lab: &Lab, prefix: &str) -> Vec<Option<f64>> {
+    let nodes: Vec<SocketAddr> = failover::http_addrs(lab);
+    let prefix = prefix.to_string();
+    probe::in_netns(&lab.client_netns, move || {
+        nodes
+            .iter()
+            .map(|addr| {
+                let body = http_get(*addr, "/metrics")?;
+                let values: Vec<f64> = body
+                    .lines()
+                    .filter(|l| l.starts_with(prefix.as_str()))
+                    .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+                    .collect();
+                (!values.is_empty()).then(|| values.iter().sum())
+            })
+            .collect()
+    })
+    .expect("metrics")
+}
+
+/// The nodes that answered the probes sent from `from` on.
+fn answerers(records: &[ProbeRecord], from: Instant) -> Vec<String> {
+    let mut names: Vec<String> = records
+        .iter()
+        .filter(|r| r.sent >= from)
+        .filter_map(|r| r.answer.as_ref().map(|(n, _)| n.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn logs(daemons: &SwimlbDaemons, lab: &Lab) -> String {
+    (2..=3)
+        .map(|i| std::fs::read_to_string(daemons.log_path(lab, i)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, keepalived and the speakers"]
+fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_own() {
+    netns::require_root("vrrp beside keepalived");
+    let mut lab = Lab::create(3).expect("building the lab");
+    let mut responders = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
+    }
+    let mut routers = Routers::default();
+    routers.start(&mut lab, 1, 150).expect("keepalived");
+    routers
+        .wait_state(1, &VrrpState::Master, Duration::from_secs(10))
+        .expect("keepalived alone becomes MASTER");
+    let vip = IpAddr::V4(netns::vip_v4(0));
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::new(vip, PROBE_PORT),
+        Duration::from_millis(10),
+    )
+    .expect("prober");
+    let owner = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(10))
+        .expect("keepalived answers");
+    assert_eq!(owner, "node1");
+
+    let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
+    for i in 2..=3 {
+        daemons.group_extra.insert(i, group_vrrp());
+    }
+    let started = Instant::now();
+    for i in 2..=3 {
+        daemons.start(&mut lab, i).expect("a speaker");
+    }
+    // The speakers join each other, elect an owner and hear keepalived: 4 s of probes.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        answerers(&prober.snapshot(), started),
+        ["node1"],
+        "a speaker answered beside the keepalived master\n{}",
+        logs(&daemons, &lab)
+    );
+    let foreign = metric(&lab, FOREIGN_V4);
+    assert_eq!(
+        (foreign[1], foreign[2]),
+        (Some(1.0), Some(1.0)),
+        "both speakers count the foreign master: {foreign:?}"
+    );
+    let received = metric(&lab, "swimlb_vrrp_adverts_received_total{");
+    assert!(
+        received[1].is_some_and(|n| n >= 10.0),
+        "keepalived's adverts heard: {received:?}"
+    );
+    assert_eq!(
+        routers.state(1),
+        Some(VrrpState::Master),
+        "no speaker advertised: keepalived stays MASTER"
+    );
+
+    // keepalived stops (priority 0, the VIP off eth0): a speaker takes the VIP.
+    routers.stop(&mut lab, 1).expect("stopping keepalived");
+    let stopped = Instant::now();
+    let sample =
+        swimlb_e2e::trial::wait_failover(&prober, stopped, "node1", Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("no speaker took over\n{}", logs(&daemons, &lab)));
+    eprintln!("keepalived stopped -> speaker answering: {sample:?}");
+    let speaker = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(10))
+        .expect("a speaker answers steadily");
+    assert!(speaker == "node2" || speaker == "node3", "{speaker}");
+    let sent = metric(&lab, "swimlb_vrrp_adverts_sent_total{");
+    assert!(
+        sent.iter().flatten().any(|n| *n > 0.0),
+        "the owner advertises: {sent:?}"
+    );
+
+    // keepalived back with a lower priority: it hears the speaker's adverts and stays BACKUP.
+    let back = Instant::now();
+    routers.start(&mut lab, 1, 50).expect("keepalived again");
+    routers
+        .wait_state(1, &VrrpState::Backup, Duration::from_secs(5))
+        .expect("keepalived reports BACKUP");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        routers.state(1),
+        Some(VrrpState::Backup),
+        "it never became MASTER"
+    );
+    assert_eq!(
+        answerers(&prober.snapshot(), back),
+        std::slice::from_ref(&speaker),
+        "only the speaker answered while keepalived was BACKUP"
+    );
+    // The owner's gauge (the other speaker hears the owner itself, a router of the VRID too).
+    let foreign = metric(&lab, FOREIGN_V4);
+    let at = if speaker == "node2" { 1 } else { 2 };
+    assert_eq!(
+        foreign[at],
+        Some(0.0),
+        "a lower keepalived holds nothing: {foreign:?}"
+    );
+    routers.stop(&mut lab, 1).expect("stopping keepalived");
+    drop(prober);
+    drop(responders);
+}
