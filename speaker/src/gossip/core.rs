@@ -875,7 +875,9 @@ impl Core {
                 Err(_) => self.wire.metrics.rejected(RejectReason::Metadata),
             },
             GossipMessage::MetaPull { node } => self.answer_pull(from, node),
-            GossipMessage::Sync { echo, digest } => self.answer_digest(from, &digest.into(), echo),
+            GossipMessage::Sync { echo, digest } => {
+                self.answer_digest(now, from, &digest.into(), echo)
+            }
             GossipMessage::Inquire { token, suspect } => {
                 self.answer_inquiry(now, from, token, suspect)
             }

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// A down is repeated in a digest's answer only for a member unheard this long: one that talks
+/// to us is told directly ([`Core::tell_down`]), and the first probes after a down are its
+/// chance to.
+const DOWN_UNHEARD: Duration = Duration::from_secs(1);
+
 impl Core {
     /// Sends `updates` to `to` as foca gossip messages (foca applies them as it applies the
     /// updates any message piggybacks), packed into at most `max_datagrams` datagrams of at
@@ -121,9 +126,25 @@ impl Core {
         self.seal(to, &GossipMessage::Sync { echo: true, digest });
     }
 
-    /// Answers a member's digest: the members we hold alive in every bucket that differs, and
-    /// our own digest when asked for and different.
-    pub(super) fn answer_digest(&mut self, from: SocketAddr, theirs: &Digest, echo: bool) {
+    /// Answers a member's digest: the members we hold alive in every bucket that differs, the
+    /// identities we hold down there (whose address we hold under no other identity), and our
+    /// own digest when asked for and different.
+    ///
+    /// The downs: a down is final for an identity, and only the member can end it, by renewing
+    /// when it hears of it. A member declared down here while the path between it and this node
+    /// was cut (it was paused, the gossip between the two cut) never hears of it from here; a
+    /// peer that holds it alive (one that restarted after the down's transmissions ran out)
+    /// gossips it alive, which this node ignores. Told the down, the peer holds it down too and
+    /// spreads it to the member, which renews; both then take it back under its new identity.
+    /// Without it, in a chaos run, this node kept electing without a live owner (and answering
+    /// its IP beside it) until the cut healed, while the third member named the owner.
+    pub(super) fn answer_digest(
+        &mut self,
+        now: Duration,
+        from: SocketAddr,
+        theirs: &Digest,
+        echo: bool,
+    ) {
         // Only a member we hold alive can be addressed (foca takes gossip only for its current
         // identity); an unknown sender is learned from the gossip and syncs later.
         let Some(peer) = self.members.get(&from).cloned() else {
@@ -134,18 +155,33 @@ impl Core {
         if mask == 0 {
             return;
         }
+        // Downs only from a node that holds at least as many members alive as down (the
+        // larger side of a healed partition; the smaller side's downs are its own isolation,
+        // see `alive_and_down`), and only of members unheard for [`DOWN_UNHEARD`] that have
+        // not talked to us since (those are told directly, see `tell_down`).
+        let (alive, down) = self.alive_and_down();
+        let push_downs = alive >= down;
+        let told = &self.told_down;
+        let heard = &self.heard_before_down;
+        let unheard = |id: &NodeIdentity| {
+            heard
+                .get(id.node.as_str())
+                .is_some_and(|at| now.saturating_sub(*at) >= DOWN_UNHEARD)
+                && told.get(&id.addr).is_none_or(|t| t.member != *id)
+        };
         let members = &self.members;
         let updates: Vec<foca::Member<NodeIdentity>> = self
             .foca
             .iter_membership_state()
             .filter(|m| {
-                // Alive members only: a suspicion travels with the gossip and its refutation;
-                // repeated here it reached members that had already settled it (measured: 326
-                // false downs in 600 s at 5 % loss with 100 members, none without).
-                m.state() == State::Alive
-                    && m.id() != &peer
-                    && members.get(&m.id().addr) == Some(m.id())
-                    && ours.in_mask(mask, m.id())
+                // No suspicion: it travels with the gossip and its refutation; repeated here it
+                // reached members that had already settled it (measured: 326 false downs in
+                // 600 s at 5 % loss with 100 members, none without).
+                let held = members.get(&m.id().addr);
+                let alive = m.state() == State::Alive && held == Some(m.id());
+                let down =
+                    push_downs && m.state() == State::Down && held.is_none() && unheard(m.id());
+                (alive || down) && m.id() != &peer && ours.in_mask(mask, m.id())
             })
             .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), m.state()))
             .collect();
