@@ -68,6 +68,8 @@ use crate::gossip::{Directory, NodeIdentity, Outgoing};
 use crate::model::membership::NodeName;
 use crate::model::watch_knobs::Knobs;
 
+#[cfg(test)]
+mod model_check;
 mod receive;
 mod ticks;
 
