@@ -90,6 +90,10 @@ struct SoakArgs {
     /// Non-ARP frames per second sent at node1.
     #[arg(long, default_value_t = 0)]
     flood_pps: u64,
+    /// Also report each daemon's threads: CPU, wake-ups per second, read and write syscalls per
+    /// second and (swimlb) datagrams per second.
+    #[arg(long)]
+    threads: bool,
     /// Write the report as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -475,6 +479,7 @@ fn run_soak(args: SoakArgs) -> anyhow::Result<()> {
             loss: args.loss,
             duration: Duration::from_secs(args.duration),
             flood_pps: args.flood_pps,
+            threads: args.threads,
         };
         let make = |lab: &mut crate::netns::Lab| make_daemons(implementation, &program, lab);
         let report = crate::soak::run(&options, &make, &mut |line| println!("{line}"))?;

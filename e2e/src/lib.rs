@@ -78,6 +78,7 @@ pub mod prometheus_lab;
 pub mod promtool;
 pub mod rbac;
 pub mod reference;
+pub mod rest;
 pub mod scrape;
 pub mod sim;
 pub mod soak;

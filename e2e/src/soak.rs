@@ -22,6 +22,7 @@ use crate::flood::{Flood, FloodKind};
 use crate::lab::{self, proc_usage};
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober};
+use crate::rest;
 use crate::scrape::{self, Sample};
 use crate::trial;
 
@@ -47,6 +48,8 @@ pub struct Options {
     pub duration: Duration,
     /// Non-ARP frames per second sent at node 1 (0: none).
     pub flood_pps: u64,
+    /// Also measure each daemon's threads: CPU, wake-ups, syscalls, datagrams ([`rest`]).
+    pub threads: bool,
 }
 
 /// One speaker's cost.
@@ -114,6 +117,21 @@ pub struct Report {
     /// Speakers with no cost figure: no process at the start, or its process gone by the end
     /// (it exited or was restarted during the run).
     pub speakers_unsampled: Vec<String>,
+    /// With `--threads`: each daemon's threads over the run (empty otherwise).
+    pub rest: Vec<NodeRest>,
+}
+
+/// One daemon's threads over the run (`soak --threads`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NodeRest {
+    /// Node name.
+    pub node: String,
+    /// Its processes' threads.
+    #[serde(flatten)]
+    pub rest: rest::ProcessRest,
+    /// A swimlb speaker's datagrams per second, from its `/metrics` (`None` for the others,
+    /// or unread).
+    pub datagrams: Option<rest::Datagrams>,
 }
 
 impl Report {
@@ -148,6 +166,9 @@ impl Report {
                 "  {:<8} rss {:>6.1} MiB  cpu {:>5.2} % of a core\n",
                 c.node, c.rss_mib, c.cpu_percent
             ));
+        }
+        for r in &self.rest {
+            s.push_str(&rest::table(&r.node, &r.rest, r.datagrams));
         }
         for node in &self.speakers_unsampled {
             s.push_str(&format!(
@@ -225,6 +246,38 @@ fn speaker_metrics(lab: &Lab, before: Vec<Option<Vec<Sample>>>) -> Vec<SpeakerMe
         .collect()
 }
 
+/// The `/proc` usage (CPU ticks, resident KiB) of all of `pids` summed; `None` when there is
+/// none or one is gone.
+fn usage_of(pids: &[u32]) -> Option<(u64, u64)> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().try_fold((0, 0), |(cpu, rss), &p| {
+        let (c, r) = proc_usage(p)?;
+        Some((cpu + c, rss + r))
+    })
+}
+
+/// The processes of node `index`'s daemon: swimlb's or MetalLB's speaker, or keepalived's
+/// parent and its VRRP child (from their pid files: the lab spawned only the parent).
+fn daemon_pids(
+    implementation: Implementation,
+    lab: &mut Lab,
+    daemons: &mut dyn Daemons,
+    index: usize,
+) -> Vec<u32> {
+    match implementation {
+        Implementation::Keepalived | Implementation::KeepalivedFast => {
+            let paths = crate::keepalived::Instance::paths(&lab.work_dir(), &lab.node(index).name);
+            [paths.pid, paths.vrrp_pid]
+                .iter()
+                .filter_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+                .collect()
+        }
+        _ => daemons.pid(lab, index).into_iter().collect(),
+    }
+}
+
 /// Each daemon's memory at the end and CPU over `elapsed`, from its `/proc` usage `before` and
 /// `after`; the nodes whose daemon is missing either come back apart.
 fn speaker_costs(
@@ -249,6 +302,14 @@ fn speaker_costs(
         }
     }
     (costs, unsampled)
+}
+
+/// Whether the daemons are swimlb speakers (with `/metrics` to read).
+fn is_swimlb(implementation: Implementation) -> bool {
+    matches!(
+        implementation,
+        Implementation::Swimlb | Implementation::SwimlbKubernetes
+    )
 }
 
 /// Runs the soak with the daemons `make_daemons` starts in the lab.
@@ -278,20 +339,18 @@ pub fn run(
     let nodes: Vec<String> = (1..=options.nodes)
         .map(|i| lab.node(i).name.clone())
         .collect();
-    let pids: Vec<Option<u32>> = (1..=options.nodes)
-        .map(|i| daemons.pid(&mut lab, i))
+    let pids: Vec<Vec<u32>> = (1..=options.nodes)
+        .map(|i| daemon_pids(options.implementation, &mut lab, daemons.as_mut(), i))
         .collect();
-    let swimlb = matches!(
-        options.implementation,
-        Implementation::Swimlb | Implementation::SwimlbKubernetes
-    );
+    let swimlb = is_swimlb(options.implementation);
     // Read before the CPU use is, so that the speakers' answers are not counted in it.
     let metrics_before = if swimlb {
         scrape_nodes(&lab)
     } else {
         Vec::new()
     };
-    let before: Vec<Option<(u64, u64)>> = pids.iter().map(|p| p.and_then(proc_usage)).collect();
+    let before: Vec<Option<(u64, u64)>> = pids.iter().map(|p| usage_of(p)).collect();
+    let threads_before = sample_threads(options.threads, &pids);
     let flooder = if options.flood_pps > 0 {
         Some(Flood::start(
             &lab,
@@ -311,12 +370,16 @@ pub fn run(
     std::thread::sleep(options.duration);
     let elapsed = started.elapsed();
     let arp_answers = asker.stop();
-    let after: Vec<Option<(u64, u64)>> = pids.iter().map(|p| p.and_then(proc_usage)).collect();
-    let (takeovers, timer_lateness_ms, metrics_unread) = if swimlb {
-        watch_figures(&speaker_metrics(&lab, metrics_before))
+    let after: Vec<Option<(u64, u64)>> = pids.iter().map(|p| usage_of(p)).collect();
+    let threads_after = sample_threads(options.threads, &pids);
+    // The others' lists are empty: no takeovers, no lateness, nothing unread.
+    let metrics = if swimlb {
+        speaker_metrics(&lab, metrics_before)
     } else {
-        (Takeovers::default(), None, Vec::new())
+        Vec::new()
     };
+    let (takeovers, timer_lateness_ms, metrics_unread) = watch_figures(&metrics);
+    let rest = node_rest(&nodes, &threads_before, &threads_after, &metrics, elapsed);
     let flood_sent = flooder.map_or(0, Flood::stop);
     let records = prober.stop();
     // The newest probes may still be in flight.
@@ -346,7 +409,42 @@ pub fn run(
         metrics_unread,
         speakers,
         speakers_unsampled,
+        rest,
     })
+}
+
+/// Each daemon's thread counters now, when `wanted` (`soak --threads`).
+fn sample_threads(wanted: bool, pids: &[Vec<u32>]) -> Vec<Option<Vec<rest::ProcessCounters>>> {
+    pids.iter()
+        .map(|p| wanted.then(|| rest::sample_all(p)).flatten())
+        .collect()
+}
+
+/// Each daemon's threads over the run, with a swimlb speaker's datagrams from `metrics` (empty
+/// for the others); nodes sampled at only one end are left out (they are named unsampled).
+fn node_rest(
+    nodes: &[String],
+    before: &[Option<Vec<rest::ProcessCounters>>],
+    after: &[Option<Vec<rest::ProcessCounters>>],
+    metrics: &[SpeakerMetrics],
+    elapsed: Duration,
+) -> Vec<NodeRest> {
+    let mut out = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let (Some(Some(b)), Some(Some(a))) = (before.get(i), after.get(i)) else {
+            continue;
+        };
+        let datagrams = metrics.get(i).and_then(|m| match (&m.before, &m.after) {
+            (Some(b), Some(a)) => Some(rest::Datagrams::from_gained(&scrape::since(b, a), elapsed)),
+            _ => None,
+        });
+        out.push(NodeRest {
+            node: node.clone(),
+            rest: rest::over_run(b, a, elapsed),
+            datagrams,
+        });
+    }
+    out
 }
 
 #[cfg(test)]
