@@ -19,10 +19,12 @@ use crate::model::links::Link;
 use crate::net::packet_socket;
 use crate::net::responder::{self, Control, Owned, Responder};
 
-/// The responder thread reads its commands (a new owned set, an announcement) between frames
-/// and at least this often: its socket's read timeout. At 50 ms a takeover's first gratuitous
-/// ARP waited up to 50 ms for the thread to look (the lab's poweroff p50 was 338-350 ms over
-/// five runs of 20 trials, 314 ms with 5 ms); 5 ms costs each thread 200 idle wake-ups a second.
+/// The packet socket's read timeout. The responder thread no longer waits in it: it polls the
+/// socket and an eventfd each command writes to, so a command is read at once (see
+/// [`responder::IDLE_TURN`]), and reads the socket only once it is readable. When it was the
+/// wait, at 50 ms a takeover's first gratuitous ARP waited up to 50 ms for the thread to look
+/// (the lab's poweroff p50 was 338-350 ms over five runs of 20 trials, 314 ms with 5 ms), and
+/// 5 ms cost each thread 200 idle wake-ups a second.
 pub const COMMAND_LATENCY: Duration = Duration::from_millis(5);
 
 /// Why a link cannot answer.

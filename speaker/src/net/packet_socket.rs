@@ -19,7 +19,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use pnet_datalink::{Channel, Config, DataLinkReceiver, DataLinkSender, NetworkInterface};
@@ -122,6 +122,13 @@ fn filter_program() -> Vec<SockFilter> {
 pub struct Membership {
     fd: OwnedFd,
     ifindex: i32,
+}
+
+impl AsFd for Membership {
+    /// The packet socket itself (a second descriptor of it): the responder polls it.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 impl Membership {
