@@ -37,12 +37,10 @@
 //!   [`Notice::TookOver`], from the last datagram heard from the previous owner to the moment
 //!   this node handed its first announcement of the IP to the responder.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
@@ -53,135 +51,18 @@ use crate::model::local::LocalState;
 use crate::model::membership::{AnnounceFacts, LiveChange, LiveSet, NodeName};
 use crate::model::watch_knobs::Knobs;
 use crate::net::answering::AnsweringLinks;
-use crate::net::netlink::{self, InterfaceWatch};
 use crate::owner_watch::accusations::{
     Accusations, Change, Claimed, Ended, Ending, MemberChange, Silent,
 };
 use crate::owner_watch::service::{MAX_WATCHERS, watch_addr};
 use crate::owner_watch::{Command, Event, Plan, WatchEvents, WatchHandle, WatchMetrics};
 use crate::run::hold::JoinHold;
+pub use crate::run::net_watch::NetWatch;
+use crate::run::successors::Successors;
+pub use crate::run::takeovers::FailoverMetrics;
+pub(crate) use crate::run::takeovers::observe_takeovers;
 use crate::serve::status::StatusBoard;
 use swimlb_proto::KeyRing;
-
-/// `swimlb_failover_seconds`: how long the IPs this node took over were unanswered, as far as
-/// this node can tell. One sample per IP taken over from a member that went down or left (see
-/// [`Notice::TookOver`] for what is not a takeover), from the last datagram this node heard
-/// from that member to the moment it handed its first gratuitous announcement of the IP to the
-/// responder (which sends it at once). Not timed: a previous owner this node never heard from
-/// directly. Cloning shares the series.
-#[derive(Debug, Clone)]
-pub struct FailoverMetrics {
-    seconds: Histogram,
-}
-
-impl Default for FailoverMetrics {
-    fn default() -> FailoverMetrics {
-        FailoverMetrics {
-            // 10 ms .. 10.24 s, doubling.
-            seconds: Histogram::new(exponential_buckets(0.01, 2.0, 11)),
-        }
-    }
-}
-
-impl FailoverMetrics {
-    /// The histogram, registered into `registry`.
-    pub fn register(registry: &mut Registry) -> FailoverMetrics {
-        let metrics = FailoverMetrics::default();
-        registry.register(
-            "swimlb_failover_seconds",
-            "From the last datagram heard from an IP's owner that went down or left to this node's first gratuitous announcement of the IP, one sample per IP taken over",
-            metrics.seconds.clone(),
-        );
-        metrics
-    }
-}
-
-/// Times every [`Notice::TookOver`] among `actions` into `failovers`: from when its previous
-/// owner was last heard from (`last_heard`; `None`: never directly, not timed) to `announced`,
-/// when the actions' announcements were handed to the responders. Returns each takeover with
-/// its duration, for the log.
-pub(crate) fn observe_takeovers<'a>(
-    actions: &'a [Action],
-    announced: Instant,
-    last_heard: impl Fn(&str) -> Option<Instant>,
-    failovers: &FailoverMetrics,
-) -> Vec<(IpAddr, &'a NodeName, Option<Duration>)> {
-    actions
-        .iter()
-        .filter_map(|action| match action {
-            Action::Notice(Notice::TookOver { ip, from }) => {
-                let took = last_heard(from).map(|heard| announced.saturating_duration_since(heard));
-                if let Some(took) = took {
-                    failovers.seconds.observe(took.as_secs_f64());
-                }
-                Some((*ip, from, took))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// The latest links and routes, dumped in the background after every kernel notification.
-#[derive(Debug)]
-pub struct NetWatch {
-    rx: watch::Receiver<(Vec<Link>, Vec<Route>)>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl NetWatch {
-    /// Subscribes, then dumps once (no change between the two is missed).
-    pub async fn start() -> Result<(NetWatch, Vec<Link>, Vec<Route>), netlink::Error> {
-        let mut watch_kernel = InterfaceWatch::subscribe()?;
-        let (links, routes) = netlink::snapshot().await?;
-        let (tx, rx) = watch::channel((links.clone(), routes.clone()));
-        let task = tokio::spawn(async move {
-            loop {
-                if let Err(e) = watch_kernel.changed().await {
-                    tracing::warn!(error = %e, "link and route notifications stopped: subscribing again");
-                    match InterfaceWatch::subscribe() {
-                        Ok(w) => watch_kernel = w,
-                        Err(e) => {
-                            tracing::error!(error = %e, "interface changes are no longer seen");
-                            return;
-                        }
-                    }
-                }
-                match netlink::snapshot().await {
-                    Ok(net) => {
-                        if tx.send(net).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot read links and routes"),
-                }
-            }
-        });
-        Ok((NetWatch { rx, task }, links, routes))
-    }
-
-    /// The links and routes last dumped.
-    pub fn latest(&self) -> (Vec<Link>, Vec<Route>) {
-        self.rx.borrow().clone()
-    }
-
-    /// Another view of the links and routes last dumped (for a reader that does not wait for
-    /// changes).
-    pub fn subscribe(&self) -> watch::Receiver<(Vec<Link>, Vec<Route>)> {
-        self.rx.clone()
-    }
-
-    /// Resolves with the next links and routes.
-    pub async fn changed(&mut self) -> Option<(Vec<Link>, Vec<Route>)> {
-        self.rx.changed().await.ok()?;
-        Some(self.rx.borrow_and_update().clone())
-    }
-}
-
-impl Drop for NetWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// The engine and the drivers of one speaker.
 #[derive(Debug)]
@@ -450,26 +331,7 @@ impl Daemon {
                 accused,
                 incarnation,
                 ip,
-            } => {
-                let me = self.gossip.identity();
-                let held = self.holds();
-                match self
-                    .accusations
-                    .claimed(now, &me, &accused, incarnation, held)
-                {
-                    Claimed::Refute => self.refute(claimant, ip).await,
-                    Claimed::Accuse => {
-                        tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
-                        self.elect_without(&accused).await;
-                    }
-                    verdict @ (Claimed::OldSelf
-                    | Claimed::AlreadyAccused
-                    | Claimed::RefutedRecently
-                    | Claimed::NotCurrent) => {
-                        tracing::debug!(member = %accused, %claimant, verdict = verdict.as_str(), "claim not applied");
-                    }
-                }
-            }
+            } => self.claimed(now, claimant, accused, incarnation, ip).await,
             Event::Moved {
                 sender,
                 ip,
@@ -497,6 +359,36 @@ impl Daemon {
                 // it again even when the hold was on already (the plan did not change).
                 self.plan = None;
                 self.refresh_plan();
+            }
+        }
+    }
+
+    /// Another member's claim that `accused` is silent: refuted when it is this node, applied
+    /// or not as the accusations decide.
+    async fn claimed(
+        &mut self,
+        now: Duration,
+        claimant: NodeName,
+        accused: NodeName,
+        incarnation: u64,
+        ip: IpAddr,
+    ) {
+        let me = self.gossip.identity();
+        let held = self.holds();
+        match self
+            .accusations
+            .claimed(now, &me, &accused, incarnation, held)
+        {
+            Claimed::Refute => self.refute(claimant, ip).await,
+            Claimed::Accuse => {
+                tracing::info!(member = %accused, %claimant, %ip, "a member claims another silent: electing without it");
+                self.elect_without(&accused).await;
+            }
+            verdict @ (Claimed::OldSelf
+            | Claimed::AlreadyAccused
+            | Claimed::RefutedRecently
+            | Claimed::NotCurrent) => {
+                tracing::debug!(member = %accused, %claimant, verdict = verdict.as_str(), "claim not applied");
             }
         }
     }
@@ -964,131 +856,6 @@ pub const WATCH_DEPTH: usize = 2;
 /// word (the verdict comes within about a poll's wait).
 const AHEAD_CHECK_FOR: Duration = Duration::from_secs(1);
 
-/// The first [`WATCH_DEPTH`] successors of every IP this node answers for, and how many IPs each
-/// would take over at each depth: the owner watch's plan sends heartbeats to the ranked first
-/// ones. Kept per IP, so that an event that changes a few IPs (an EndpointSlice) costs a few
-/// elections, not one per answered IP; a change of the live set or of the whole snapshot
-/// recomputes everything.
-#[derive(Debug)]
-struct Successors {
-    of: HashMap<IpAddr, Vec<NodeName>>,
-    /// Per member, the IPs it is the first, second, ... successor of.
-    counts: HashMap<NodeName, [usize; WATCH_DEPTH]>,
-    /// Everything must be recomputed.
-    all: bool,
-    /// These IPs must be recomputed.
-    dirty: HashSet<IpAddr>,
-}
-
-impl Default for Successors {
-    fn default() -> Self {
-        Successors {
-            of: HashMap::new(),
-            counts: HashMap::new(),
-            all: true,
-            dirty: HashSet::new(),
-        }
-    }
-}
-
-impl Successors {
-    fn invalidate_all(&mut self) {
-        self.all = true;
-        self.dirty.clear();
-    }
-
-    fn invalidate(&mut self, ip: IpAddr) {
-        if !self.all {
-            self.dirty.insert(ip);
-        }
-    }
-
-    /// Invalidates what `input` may change: the IPs it names, or everything.
-    fn input(&mut self, input: &Input) {
-        match input {
-            Input::Served(entries) => {
-                for (ip, _) in entries {
-                    self.invalidate(*ip);
-                }
-            }
-            Input::Snapshot(_) | Input::Live(_) | Input::Member { .. } | Input::Net { .. } => {
-                self.invalidate_all()
-            }
-            Input::Moved { ip, .. } => self.invalidate(*ip),
-            Input::Hold(_) | Input::Conflict { .. } | Input::Tick | Input::Drain => {}
-        }
-    }
-
-    /// Invalidates the IPs whose answering or view `actions` changed.
-    fn actions(&mut self, actions: &[Action]) {
-        for action in actions {
-            if let Action::Answer { ip, .. }
-            | Action::Silence { ip, .. }
-            | Action::Status { ip, .. } = action
-            {
-                self.invalidate(*ip);
-            }
-        }
-    }
-
-    fn is_clean(&self) -> bool {
-        !self.all && self.dirty.is_empty()
-    }
-
-    /// Recomputes what was invalidated, from the engine's election and live set.
-    fn refresh(&mut self, engine: &Engine) {
-        let election = engine.election();
-        let live = engine.live();
-        let line = |ip: &IpAddr| election.successors(ip, live, WATCH_DEPTH);
-        if std::mem::take(&mut self.all) {
-            self.dirty.clear();
-            self.of.clear();
-            self.counts.clear();
-            for ip in engine.answering().keys() {
-                self.set(*ip, line(ip));
-            }
-        } else {
-            for ip in std::mem::take(&mut self.dirty) {
-                let next = if engine.answering().contains_key(&ip) {
-                    line(&ip)
-                } else {
-                    Vec::new()
-                };
-                self.set(ip, next);
-            }
-        }
-    }
-
-    fn set(&mut self, ip: IpAddr, next: Vec<NodeName>) {
-        for (depth, old) in self.of.remove(&ip).into_iter().flatten().enumerate() {
-            if let Some(counts) = self.counts.get_mut(&old) {
-                counts[depth] -= 1;
-                if counts.iter().all(|n| *n == 0) {
-                    self.counts.remove(&old);
-                }
-            }
-        }
-        for (depth, node) in next.iter().enumerate() {
-            self.counts.entry(node.clone()).or_default()[depth] += 1;
-        }
-        if !next.is_empty() {
-            self.of.insert(ip, next);
-        }
-    }
-
-    /// At most `max` successors: first those that are the first successor of the most IPs, then
-    /// by the IPs they are the second successor of, and so on (ties by name).
-    fn ranked(&self, max: usize) -> Vec<NodeName> {
-        let mut ranked: Vec<(&NodeName, &[usize; WATCH_DEPTH])> = self.counts.iter().collect();
-        ranked.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
-        ranked
-            .into_iter()
-            .take(max)
-            .map(|(node, _)| node.clone())
-            .collect()
-    }
-}
-
 /// What a gossip change is, for the accusations.
 fn change_kind(joined: bool, alive: bool) -> Change {
     match (joined, alive) {
@@ -1154,105 +921,6 @@ pub async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::membership::MemberMeta;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
-
-    /// The plan's successors kept per IP equal a full recomputation after every input, as the
-    /// daemon invalidates them (Served entries that move IPs between nodes, members down and
-    /// up).
-    #[test]
-    fn successors_kept_per_ip_equal_a_full_recomputation() {
-        use crate::model::engine::tests::{engine, ip, member};
-        use crate::model::snapshot::{Interfaces, NodeFilter, ServedIp, Snapshot};
-        use std::sync::Arc;
-
-        let nodes = ["a", "b", "c", "d", "e"];
-        let members: Vec<MemberMeta> = nodes.iter().map(|n| member(n, 50)).collect();
-        let addr = |i: u32| ip(&format!("192.0.2.{}", i + 1));
-        let entry = |mask: u32| {
-            let mut served = ServedIp::group("api", Interfaces::Default);
-            let only: std::collections::BTreeSet<NodeName> = nodes
-                .iter()
-                .enumerate()
-                .filter(|(k, _)| mask & (1 << k) != 0)
-                .map(|(_, n)| n.to_string())
-                .collect();
-            served.nodes = NodeFilter::Only(Arc::new(only));
-            Arc::new(served)
-        };
-        let mut snapshot = Snapshot::new();
-        for i in 0..40 {
-            snapshot.insert(addr(i), (*entry(0b11111)).clone()).unwrap();
-        }
-        let t0 = Instant::now();
-        let mut engine = engine(t0, "a", snapshot, &members);
-        let mut kept = Successors::default();
-        kept.refresh(&engine);
-        // A small linear congruential generator: the same steps on every run.
-        let mut seed: u32 = 7;
-        let mut next = move || {
-            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-            seed >> 8
-        };
-        let mut moved = 0;
-        for step in 0..300 {
-            let input = match next() % 10 {
-                0 => {
-                    let node = nodes[1 + (next() % 4) as usize];
-                    let down = next() % 2 == 0;
-                    Input::Member {
-                        node: node.to_string(),
-                        record: (!down).then(|| member(node, 50)),
-                        joined: !down,
-                    }
-                }
-                _ => Input::Served(
-                    (0..1 + next() % 3)
-                        .map(|_| {
-                            let i = next() % 40;
-                            let mask = next() % 32;
-                            (addr(i), (mask != 0).then(|| entry(mask)))
-                        })
-                        .collect(),
-                ),
-            };
-            kept.input(&input);
-            let actions = engine.handle(t0 + ms(step), input);
-            kept.actions(&actions);
-            let before = kept.counts.clone();
-            kept.refresh(&engine);
-            moved += usize::from(before != kept.counts);
-            let mut fresh = Successors::default();
-            fresh.refresh(&engine);
-            assert_eq!(kept.counts, fresh.counts, "step {step}");
-            assert_eq!(kept.of, fresh.of, "step {step}");
-            assert_eq!(kept.ranked(MAX_WATCHERS), fresh.ranked(MAX_WATCHERS));
-            assert!(kept.is_clean());
-        }
-        assert!(moved > 50, "the steps moved successors {moved} times");
-    }
-
-    /// The plan's watchers: every first successor before any second one, then by count.
-    #[test]
-    fn first_successors_rank_before_second_ones() {
-        let ip = |i: u8| IpAddr::from([192, 0, 2, i]);
-        let name = |n: &str| n.to_string();
-        let mut line = Successors::default();
-        line.set(ip(1), vec![name("b"), name("c")]);
-        line.set(ip(2), vec![name("d"), name("c")]);
-        line.set(ip(3), vec![name("d"), name("e")]);
-        line.set(ip(4), vec![name("e"), name("c")]);
-        // d first of 2; e first of 1 and second of 1; b first of 1; c second of 3.
-        assert_eq!(line.ranked(3), ["d", "e", "b"]);
-        assert_eq!(line.ranked(5), ["d", "e", "b", "c"]);
-        line.set(ip(2), vec![name("c")]);
-        line.set(ip(3), Vec::new());
-        assert_eq!(line.counts.get("d"), None, "gone once it succeeds nothing");
-        assert_eq!(line.ranked(5), ["c", "b", "e"]);
-    }
 
     #[test]
     fn a_link_back_or_an_ip_placed_again_is_a_regain() {
