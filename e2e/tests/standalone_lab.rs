@@ -120,7 +120,13 @@ impl Running {
             rise: 1,
             fall: 1,
         };
-        let run = Running::start(n, |lab, daemons| check.install(lab, daemons));
+        let run = Running::start(n, |lab, daemons| {
+            check.install(lab, daemons);
+            // VRRP's series: the owner advertises, the others hear it.
+            for extra in daemons.group_extra.values_mut() {
+                extra.push_str(&swimlb_e2e::migrate::keepalived::group_vrrp());
+            }
+        });
         let vip = IpAddr::V4(netns::vip_v4(0));
         let (prober, owner) = run.probe_until_steady(vip);
         drop(prober);

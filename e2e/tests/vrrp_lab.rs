@@ -8,11 +8,15 @@
 //! - keepalived started again with a lower priority (50): it stays BACKUP (its own notify FIFO
 //!   says so) and never answers, while the speaker owns.
 //!
+//! - speakers alone with `vrrp:` answer once their routers have listened, and the owner
+//!   advertises.
+//!
 //! Root only: `#[ignore = "needs root: ..."]`, run with `--include-ignored` (as `sudo ./test.sh`
 //! does). Every wait is bounded; no duration is asserted beyond the functional bounds named.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use swimlb_e2e::demo::http_get;
@@ -25,6 +29,21 @@ use tokio::time::Instant;
 
 /// The IPv4 router's gauge (keepalived-fast speaks IPv4 only here).
 const FOREIGN_V4: &str = "swimlb_vrrp_foreign_master{group=\"vip\",family=\"ipv4\"}";
+
+/// One lab at a time: two labs competing for the machine's cores would make members look
+/// silent.
+static LAB: Mutex<()> = Mutex::new(());
+
+/// The lab to oneself, number `n` (run id `<pid>x<n>`); panics, naming `test`, without root.
+fn one_lab(test: &str, n: u32) -> (MutexGuard<'static, ()>, Lab) {
+    netns::require_root(test);
+    let guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let id = format!("{}x{n}", std::process::id());
+    (
+        guard,
+        Lab::create_with_id(3, &id).expect("building the lab"),
+    )
+}
 
 fn program() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
@@ -73,8 +92,7 @@ fn logs(daemons: &SwimlbDaemons, lab: &Lab) -> String {
 #[test]
 #[ignore = "needs root: network namespaces, keepalived and the speakers"]
 fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_own() {
-    netns::require_root("vrrp beside keepalived");
-    let mut lab = Lab::create(3).expect("building the lab");
+    let (_one, mut lab) = one_lab("vrrp beside keepalived", 1);
     let mut responders = Vec::new();
     for node in lab.nodes.clone() {
         responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
@@ -170,6 +188,59 @@ fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_
         "a lower keepalived holds nothing: {foreign:?}"
     );
     routers.stop(&mut lab, 1).expect("stopping keepalived");
+    drop(prober);
+    drop(responders);
+}
+
+/// Each node's `/status`, for failure messages.
+fn statuses(lab: &Lab) -> String {
+    let nodes: Vec<SocketAddr> = failover::http_addrs(lab);
+    probe::in_netns(&lab.client_netns, move || {
+        nodes
+            .iter()
+            .map(|a| http_get(*a, "/status").unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+    .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root: network namespaces and the speakers"]
+fn speakers_alone_with_vrrp_answer_after_listening_and_the_owner_advertises() {
+    let (_one, mut lab) = one_lab("vrrp without keepalived", 2);
+    let mut responders = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
+    }
+    let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
+    for i in 1..=3 {
+        daemons.group_extra.insert(i, group_vrrp());
+    }
+    for i in 1..=3 {
+        daemons.start(&mut lab, i).expect("a speaker");
+    }
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::new(IpAddr::V4(netns::vip_v4(0)), PROBE_PORT),
+        Duration::from_millis(10),
+    )
+    .expect("prober");
+    let owner = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", statuses(&lab), logs(&daemons, &lab)));
+    let at = owner
+        .trim_start_matches("node")
+        .parse::<usize>()
+        .expect("a node")
+        - 1;
+    let sent = metric(
+        &lab,
+        "swimlb_vrrp_adverts_sent_total{group=\"vip\",family=\"ipv4\"}",
+    );
+    assert!(
+        sent[at].is_some_and(|n| n > 0.0),
+        "{owner} advertises: {sent:?}"
+    );
     drop(prober);
     drop(responders);
 }

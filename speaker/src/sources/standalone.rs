@@ -58,8 +58,8 @@ use crate::run::driver::{self, Instruments, Parts, Shared};
 use crate::run::hold::JoinHold;
 use crate::serve::http::{self, CheckStatus};
 use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
-use crate::vrrp::task::VrrpHandle;
 use crate::sources::notify::{GroupState, HookResult, Notifier};
+use crate::vrrp::task::VrrpHandle;
 
 /// Time a notify hook may run.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -408,7 +408,10 @@ impl driver::Source for Source {
             Own::Check(event) => self.check(event).await,
             Own::HookDone(result) => self.hook_done(result),
             Own::Reload => self.reload().await,
-            Own::Yield(ips) => self.daemon.handle(Input::Yield(ips)).await,
+            Own::Yield(ips) => {
+                tracing::debug!(addresses = ips.len(), "vrrp: addresses yielded");
+                self.daemon.handle(Input::Yield(ips)).await
+            }
         }
     }
 
@@ -435,7 +438,11 @@ impl driver::Source for Source {
     fn after(&mut self) {
         self.update_groups();
         if let Some(vrrp) = &self.vrrp {
-            vrrp.update(crate::sources::vrrp::plan(&self.config, &self.daemon, &self.net));
+            vrrp.update(crate::sources::vrrp::plan(
+                &self.config,
+                &self.daemon,
+                &self.net,
+            ));
         }
     }
 }

@@ -65,6 +65,22 @@ struct DropLabels {
     reason: &'static str,
 }
 
+/// The reasons a VRRP frame is dropped for ([`swimlb_proto::Error::as_str`] of what the
+/// parsers return, and `no_address`).
+pub const DROP_REASONS: [&str; 11] = [
+    "hop_limit",
+    "vrrp_version",
+    "vrrp_type",
+    "vrrp_address_count",
+    "truncated",
+    "bad_checksum",
+    "malformed_ip_header",
+    "bad_ipv4_header_checksum",
+    "ip_protocol",
+    "out_of_range",
+    "no_address",
+];
+
 /// The VRRP metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
@@ -98,6 +114,11 @@ impl Metrics {
              group (keepalived, or on a speaker that does not own the group, its owner)",
             self.foreign.clone(),
         );
+        // Every reason's series exists at 0 from the start (see the standalone source's
+        // reload failures).
+        for reason in DROP_REASONS {
+            let _ = self.dropped.get_or_create(&DropLabels { reason });
+        }
     }
 }
 
@@ -192,6 +213,14 @@ async fn run(
     let first = plan.borrow_and_update().clone();
     task.apply(Instant::now(), first);
     loop {
+        // Settled first: the plan may have arrived before the task ran, and the addresses
+        // yielded while the routers listen must reach the source before anything else.
+        let set = task.settle(Instant::now());
+        yielded.send_if_modified(|old| {
+            let changed = *old != set;
+            *old = set;
+            changed
+        });
         let deadline = task.next_deadline();
         tokio::select! {
             _ = &mut stop => {
@@ -207,12 +236,6 @@ async fn run(
             }
             _ = sleep_until(deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))) => {}
         }
-        let set = task.settle(Instant::now());
-        yielded.send_if_modified(|old| {
-            let changed = *old != set;
-            *old = set;
-            changed
-        });
     }
 }
 
