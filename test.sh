@@ -129,10 +129,12 @@ if [ "$(id -u)" -eq 0 ]; then
   # --all-targets in two steps: the `measure_*` tests (e2e/tests/controller.rs) are #[ignore]d
   # because they are measurements, not because they need root, and run on demand (the book:
   # docs/src/development/tests.md), and the `release_*` builds (the static musl binary,
-  # e2e/tests/package.rs) are steps of a release (docs/src/development/release.md); the
-  # benches' criterion harness takes no --skip.
+  # e2e/tests/package.rs) are steps of a release (docs/src/development/release.md), and the
+  # `known_counterexample_*` tests are the model checker's findings not fixed yet (they fail;
+  # the book: docs/src/development/chaos-history.md); the benches' criterion harness takes no
+  # --skip.
   cargo test --workspace --lib --bins --tests --examples --locked "${cargo_args[@]}" \
-    -- --include-ignored --skip measure_ --skip release_ "$@"
+    -- --include-ignored --skip measure_ --skip release_ --skip known_counterexample_ "$@"
   cargo test --workspace --benches --locked "${cargo_args[@]}" -- "$@"
 else
   echo "test.sh: not root: the network-namespace tests (speaker/tests/*_netns.rs, e2e/tests/*_lab.rs," >&2

@@ -39,10 +39,11 @@
 //!   [`Event::Silent`] when nothing answered within [`POLL_WAIT`] of the last round (an answer
 //!   ends the check quietly). Without it, an owner and the next in line failing together (a
 //!   rack's power) left the owner's IPs to the gossip's verdict on the second, about a second.
-//! - **The claimant's side.** A member this node claimed IPs from is checked again the same
-//!   way (a poll and a relay request) every [`POLL_WAIT`] while the plan accuses it in that
-//!   incarnation; the first answer that it is alive is reported as a refutation would be
-//!   ([`Event::Alive`]), for an owner the claim never reached.
+//! - **The accuser's side.** A member the plan accuses (this node claimed IPs from it, or took
+//!   another's claim) is checked again the same way (a poll and a relay request) every
+//!   [`POLL_WAIT`] while the plan accuses it in that incarnation; the first answer that it is
+//!   alive is reported as a refutation would be ([`Event::Alive`]), for an owner the claim
+//!   never reached or whose refutation does not reach this node.
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
@@ -269,7 +270,8 @@ impl AheadCheck {
     }
 }
 
-/// A member this node claimed IPs from, checked again while the plan accuses it: every
+/// A member this node accuses (it claimed IPs from it, or took another's claim), checked
+/// again while the plan accuses it: every
 /// [`POLL_WAIT`] a poll and a relay request, as in the second check. The claim may never reach
 /// a live owner (both its ports cut from this node, while a third member, too slow to relay
 /// in time, still reaches both), and then both answer until the accusation lapses; an answer
@@ -602,7 +604,30 @@ impl WatchCore {
             }
         }
         self.plan = plan;
+        self.recheck_accused(now);
         self.report_silent_again(now);
+    }
+
+    /// Every member the plan accuses is checked again ([`Recheck`]), not only those this node
+    /// claimed from: a member that accused on another's claim elects without the owner and may
+    /// answer an IP of its own for it, and when the owner's traffic to it is cut its
+    /// refutation never arrives (the model checker: the owner stopped 150 ms while all it
+    /// sends the next in line for one IP was dropped; that member answered beside it until the
+    /// cut ended, 4.1 s, or the accusation lapsed).
+    fn recheck_accused(&mut self, now: Duration) {
+        for (node, incarnation) in &self.plan.accused {
+            if self
+                .rechecks
+                .get(node)
+                .is_none_or(|r| r.incarnation != *incarnation)
+            {
+                let recheck = Recheck {
+                    incarnation: *incarnation,
+                    next: now + POLL_WAIT,
+                };
+                self.rechecks.insert(node.clone(), recheck);
+            }
+        }
     }
 
     /// `node`, accused, was heard alive (a refutation, a poll's answer): a silence found before

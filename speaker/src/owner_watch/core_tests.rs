@@ -451,8 +451,9 @@ fn a_claim_reaches_every_member_and_a_refutation_reports_the_accused_alive() {
     lab.command(3, Command::Plan(plan));
     lab.command(0, Command::Refute);
     lab.run_for(Duration::from_millis(100));
-    // Three refutations, one interval apart.
-    assert_eq!(lab.alive_events(2), 3);
+    // Three refutations, one interval apart, and the answer to node 2's own recheck (every
+    // accuser checks the accused again).
+    assert_eq!(lab.alive_events(2), 4);
     assert_eq!(lab.alive_events(3), 0);
     // Refutations carry seq 0: they arm no detector.
     assert_eq!(lab.core(2).watched().count(), 0);
@@ -762,8 +763,8 @@ fn a_claim_heard_during_a_pause_is_refuted_once_the_pause_ends_in_the_same_incar
     lab.run_for(Duration::from_millis(100));
     assert_eq!(
         lab.alive_events(2),
-        3,
-        "three refutations, one interval apart"
+        4,
+        "three refutations, one interval apart, and the answer to node 2's own recheck"
     );
     // A node renewed during the pause refutes nothing: its old incarnation was the accused.
     // (No watchers from here on: every heartbeat it sends would be a refutation.)
@@ -798,7 +799,11 @@ fn a_node_that_owns_nothing_after_a_pause_ends_it_with_the_daemons_hold_and_refu
     lab.command(0, Command::Plan(lab.plan(0, &[])));
     assert!(!lab.core(0).paused());
     lab.run_for(Duration::from_millis(100));
-    assert_eq!(lab.alive_events(2), 3, "the deferred refutation goes out");
+    assert_eq!(
+        lab.alive_events(2),
+        4,
+        "the deferred refutation goes out (3), and node 2's recheck is answered"
+    );
 }
 
 #[test]

@@ -80,6 +80,7 @@ fn check(n: usize, all: &[Schedule]) -> (Vec<(Schedule, Vec<Violation>)>, usize)
                     for schedule in part {
                         let (violations, _) = run(n, vips, schedule);
                         if !violations.is_empty() {
+                            eprintln!("counterexample: {schedule:?}\n  {violations:?}");
                             found.push((schedule.clone(), violations));
                             if found.len() >= 5 {
                                 break;
@@ -177,7 +178,8 @@ fn model_check_bounded() {
 }
 
 /// The longer run: `SWIMLB_MODEL_DEPTH` faults (default 2) from the whole menu at every offset
-/// of [`OFFSETS`], on `SWIMLB_MODEL_MEMBERS` members (default 3).
+/// of [`OFFSETS`] (or `SWIMLB_MODEL_OFFSETS`, milliseconds, comma-separated), on
+/// `SWIMLB_MODEL_MEMBERS` members (default 3). Each counterexample is printed as it is found.
 #[test]
 #[ignore = "long: the exhaustive check at depth 2 and more (see docs/src/development/tests.md)"]
 fn measure_model_check_exhaustive() {
@@ -189,8 +191,11 @@ fn measure_model_check_exhaustive() {
     };
     let depth = env("SWIMLB_MODEL_DEPTH", 2);
     let n = env("SWIMLB_MODEL_MEMBERS", 3);
+    let offsets: Vec<u64> = std::env::var("SWIMLB_MODEL_OFFSETS").map_or(OFFSETS.to_vec(), |v| {
+        v.split(',').filter_map(|o| o.trim().parse().ok()).collect()
+    });
     let started = Instant::now();
-    let (found, count) = check(n, &schedules(&menu(n), depth, &OFFSETS));
+    let (found, count) = check(n, &schedules(&menu(n), depth, &offsets));
     eprintln!(
         "model check: {n} members, depth {depth}: {count} schedules in {:?}",
         started.elapsed()
@@ -268,6 +273,74 @@ fn the_chaos_moment_leaves_no_two_answers_and_the_rule_after() {
 fn trace_the_moment() {
     let vips = vips(3);
     let (owner, a, b) = roles(&vips);
-    let (violations, _) = run(3, &vips, &moment((owner, b, a), 700, 0));
+    let schedule = match std::env::var("SWIMLB_MODEL_TRACE").as_deref() {
+        Ok("stop") => stop_and_one_way_cut(),
+        _ => moment((owner, b, a), 700, 0),
+    };
+    let (violations, _) = run(3, &vips, &schedule);
     eprintln!("vips {vips:?}, owner {owner}, first in line {a} and {b}: {violations:#?}");
+}
+
+/// Found by the exhaustive run at depth 2: the owner of both VIPs stopped for 150 ms while
+/// everything it sends the next in line for one VIP is dropped for 4.4 s.
+fn stop_and_one_way_cut() -> Schedule {
+    let vips = vips(3);
+    let (owner, a, b) = roles(&vips);
+    let next = if faults::line(3, vips[1]).1 == Some(b) {
+        b
+    } else {
+        a
+    };
+    vec![
+        (
+            Duration::ZERO,
+            Fault::Pause {
+                node: owner,
+                ms: 150,
+            },
+        ),
+        (
+            Duration::ZERO,
+            Fault::Cut {
+                from: owner,
+                to: next,
+                port: None,
+                both: false,
+                ms: 4400,
+            },
+        ),
+    ]
+}
+
+#[test]
+fn an_owner_stopped_a_moment_whose_traffic_to_the_next_in_line_is_cut_is_not_answered_twice() {
+    let (violations, _) = run(3, &vips(3), &stop_and_one_way_cut());
+    assert_eq!(violations, []);
+}
+
+/// Found by the exhaustive run at depth 2, not fixed: everything the owner of both VIPs sends
+/// the next in line for one VIP is dropped, and its watch datagrams to the next in line for the
+/// other too (one way, 4.4 s). Both take over; the second hears the refutation through the
+/// gossip, the first never does: its recheck's relay goes through the second member's watch,
+/// which the owner's answers do not reach either, while the gossip's indirect probes through
+/// that member hold the owner alive. The first member answers beside the owner until the cut
+/// ends or the accusation lapses (4.4 s here).
+#[test]
+#[ignore = "known counterexample: an accused owner only the gossip reaches (through a third member) stays accused until the cut ends or the lapse; test.sh skips known_counterexample_"]
+fn known_counterexample_an_owner_reached_only_through_a_third_members_gossip_is_answered_twice() {
+    let vips = vips(3);
+    let (owner, a, b) = roles(&vips);
+    let cut = |to, port| Fault::Cut {
+        from: owner,
+        to,
+        port,
+        both: false,
+        ms: 4400,
+    };
+    let schedule = vec![
+        (Duration::ZERO, cut(a, None)),
+        (Duration::ZERO, cut(b, Some(Port::Watch))),
+    ];
+    let (violations, _) = run(3, &vips, &schedule);
+    assert_eq!(violations, []);
 }
