@@ -19,6 +19,7 @@
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders, the client's prober and ARP asker; failover time from records.
 //! - [`kubelet`]: the apply lab's kubelets, running the Pods the control plane binds to nodes.
+//! - [`realnode`]: real nodes: containerd, the kubelet and kube-proxy in a node's namespace.
 //!
 //! The lab's shared layer (imports no scenario):
 //! - [`lab`]: the speakers' ports and HTTP reads, the daemons' views, MetalLB's rule, the
@@ -77,6 +78,7 @@ pub mod probe;
 pub mod prometheus_lab;
 pub mod promtool;
 pub mod rbac;
+pub mod realnode;
 pub mod reference;
 pub mod rest;
 pub mod scrape;

@@ -1,0 +1,322 @@
+//! A real node (issue 48): containerd, the kubelet and kube-proxy built from pinned modules by
+//! `e2e/k8s/node/build.sh`, started in a lab node's network namespace against the lab's real
+//! control plane; the project's image built by buildah and imported into the node's
+//! containerd; `deploy/swimlb.yaml` applied with `kubectl apply --server-side`, only the image
+//! reference changed. Root only: `#[ignore = "needs root: ..."]`, run with
+//! `--include-ignored` (as `sudo ./test.sh` does).
+//!
+//! It asserts what only a real node shows: the Node registered and Ready with the kubelet's
+//! version and the runtime's in its `nodeInfo`; the speaker Pod started by containerd and
+//! Ready by the manifest's own readiness probe, run by the kubelet; the gossip key Secret
+//! mounted in the container with the manifest's mode; the controller's Pod, on the Pod network,
+//! reached the API server through kube-proxy's rules for the `kubernetes` Service's ClusterIP
+//! (it made that Secret); and the node's teardown leaves no mount, cgroup or folder behind.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use swimlb_e2e::control_plane::{self, ControlPlane, KUBERNETES_SERVICE_IP, Network};
+use swimlb_e2e::kubectl::Source;
+use swimlb_e2e::netns::{self, Lab};
+use swimlb_e2e::realnode::{self, NodeOptions, NodePrograms, RealNode, cleanup, image};
+use tokio::time::Instant;
+
+/// The version every binary of the workspace carries, and the manifest's image tag.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// How long the Pods may take to turn Ready once the manifest is applied.
+const PODS_LIMIT: Duration = Duration::from_secs(180);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The version `module` is pinned to in `e2e/k8s/node/<dir>/go.mod`.
+fn pinned(dir: &str, module: &str) -> String {
+    let path = repo().join(format!("e2e/k8s/node/{dir}/go.mod"));
+    let text = std::fs::read_to_string(&path).expect("the node's go.mod");
+    text.lines()
+        .map(str::split_whitespace)
+        .find_map(|mut words| {
+            (words.next() == Some(module))
+                .then(|| words.next())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("{module} is not pinned in {}", path.display()))
+        .to_string()
+}
+
+/// `deploy/swimlb.yaml` with the image reference `image` in place of the published one, as the
+/// install page tells a user to change it; panics unless exactly the two workloads changed.
+fn manifest_with_image(image: &str) -> String {
+    let text = std::fs::read_to_string(repo().join("deploy/swimlb.yaml")).expect("the manifest");
+    let published = format!("image: localhost/swimlb/swimlb:{VERSION}");
+    assert_eq!(
+        text.matches(&published).count(),
+        2,
+        "the manifest names the image in the speaker's DaemonSet and the controller's Deployment"
+    );
+    text.replace(&published, &format!("image: {image}"))
+}
+
+/// The Pods of `component` (`speaker`, `controller`) in swimlb-system.
+fn pods_of(plane: &ControlPlane, component: &str) -> Vec<Value> {
+    let pods = plane
+        .admin()
+        .list("v1", "Pod", Some("swimlb-system"))
+        .unwrap_or_default();
+    pods.into_iter()
+        .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .collect()
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Waits until a speaker Pod is Ready on each of `nodes`; panics with every Pod's status and
+/// the end of the first node's kubelet and speaker logs when they are not within
+/// [`PODS_LIMIT`].
+fn wait_speakers_ready(plane: &ControlPlane, nodes: &mut [RealNode]) -> Vec<Value> {
+    let deadline = Instant::now() + PODS_LIMIT;
+    loop {
+        let ready: Vec<Value> = pods_of(plane, "speaker")
+            .into_iter()
+            .filter(pod_ready)
+            .collect();
+        if nodes.iter().all(|n| {
+            ready
+                .iter()
+                .any(|p| p["spec"]["nodeName"] == n.name.as_str())
+        }) {
+            return ready;
+        }
+        for node in nodes.iter_mut() {
+            node.check_running().unwrap_or_else(|e| panic!("{e:#}"));
+        }
+        if Instant::now() > deadline {
+            let pods = plane.admin().list("v1", "Pod", Some("swimlb-system"));
+            panic!(
+                "the speakers' Pods are not Ready within {PODS_LIMIT:?}; the Pods: {pods:#?}\n\
+                 the end of the kubelet's log:\n{}\nthe end of the speaker's log:\n{}",
+                nodes[0].log_tail(realnode::Part::Kubelet, 20),
+                container_log_tail(&nodes[0], "speaker", 30)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The last `n` lines of the logs the kubelet keeps for container `name` on the node.
+fn container_log_tail(node: &RealNode, name: &str, n: usize) -> String {
+    let mut text = String::new();
+    let logs = node.dir().join("pod-logs");
+    for pod in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+        for file in std::fs::read_dir(pod.path().join(name))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            text.push_str(&std::fs::read_to_string(file.path()).unwrap_or_default());
+        }
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The process id of the running container `name` on the node (`crictl inspect`).
+fn container_pid(node: &RealNode, name: &str) -> u32 {
+    let id = image::run(
+        node.crictl()
+            .args(["ps", "--name", name, "--state", "running", "-q"]),
+    )
+    .expect("crictl ps");
+    let id = id.lines().next().expect("a running container").trim();
+    let inspect = image::run(node.crictl().args(["inspect", id])).expect("crictl inspect");
+    let inspect: Value = serde_json::from_str(&inspect).expect("crictl inspect's JSON");
+    inspect["info"]["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .unwrap_or_else(|| panic!("no pid in {inspect}"))
+}
+
+/// The lab's cluster: the control plane in the client's namespace, kube-proxy's account.
+fn start_plane(lab: &Lab) -> ControlPlane {
+    let options = control_plane::Options {
+        nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
+        ..control_plane::Options::default()
+    };
+    let network = Network::Netns {
+        netns: lab.client_netns.clone(),
+        ip: netns::CLIENT_V4,
+    };
+    let plane = ControlPlane::start(&lab.work_dir().join("k8s"), network, &options)
+        .unwrap_or_else(|e| panic!("the control plane: {e:#}"));
+    realnode::prepare_cluster(&plane).expect("kube-proxy's ServiceAccount");
+    plane
+}
+
+/// The pause image and the project's image (tagged `tag`) as OCI archives in `dir`.
+fn build_images(programs: &NodePrograms, dir: &Path, tag: &str) -> (PathBuf, PathBuf) {
+    let profile = image::profile_of_current_exe().expect("the profile");
+    let bin_dir = image::cargo_build(&profile).unwrap_or_else(|e| panic!("{e:#}"));
+    let builder = image::Builder::new(&dir.join("buildah")).expect("buildah's storage");
+    let (pause, project) = (dir.join("pause.tar"), dir.join("swimlb.tar"));
+    builder
+        .pause_image(&programs.path("pause"), &programs.pause_tag(), &pause)
+        .unwrap_or_else(|e| panic!("the pause image: {e:#}"));
+    builder
+        .project_image(&bin_dir, tag, &project)
+        .unwrap_or_else(|e| panic!("the project's image: {e:#}"));
+    (pause, project)
+}
+
+/// Asserts the Node's `nodeInfo` names the pinned kubelet and containerd.
+fn assert_versions(node: &Value) {
+    let info = &node["status"]["nodeInfo"];
+    assert_eq!(
+        info["kubeletVersion"],
+        pinned("kube", "k8s.io/kubernetes"),
+        "{info}"
+    );
+    // containerd reports its version without the module's `v`.
+    let containerd = pinned("runtime", "github.com/containerd/containerd/v2");
+    assert_eq!(
+        info["containerRuntimeVersion"],
+        format!("containerd://{}", containerd.trim_start_matches('v')),
+        "{info}"
+    );
+}
+
+/// Asserts the gossip key Secret (made by the controller's Pod, which reached the API server
+/// through the `kubernetes` Service's ClusterIP) is mounted in the node's speaker container with
+/// the manifest's mode (0400) and holds keys.
+fn assert_key_mounted(plane: &ControlPlane, node: &RealNode) {
+    let secret = plane
+        .admin()
+        .get("v1", "Secret", Some("swimlb-system"), "swimlb-gossip-key")
+        .expect("reading the Secret")
+        .expect("the controller made the gossip key Secret");
+    let pid = container_pid(node, "speaker");
+    let keys = PathBuf::from(format!("/proc/{pid}/root/etc/swimlb/gossip/keys"));
+    let meta = std::fs::metadata(&keys).unwrap_or_else(|e| panic!("{}: {e}", keys.display()));
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o400,
+        "{}",
+        keys.display()
+    );
+    let mounted = std::fs::read_to_string(&keys).expect("the mounted key file");
+    assert!(
+        secret["data"]["keys"].is_string() && !mounted.trim().is_empty(),
+        "the mounted key file holds the Secret's keys"
+    );
+}
+
+/// Tears `node` down and asserts it left no mount, process, cgroup or folder.
+fn assert_torn_down(mut node: RealNode) {
+    let (dir, root) = (node.dir().to_path_buf(), node.cgroup_root().to_string());
+    node.teardown()
+        .unwrap_or_else(|e| panic!("the node's teardown: {e:#}"));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mountinfo.contains(&dir.display().to_string()),
+        "mounts left under {}",
+        dir.display()
+    );
+    assert!(cleanup::cgroup_pids(&root).is_empty());
+    assert!(cleanup::pids_with_argument(&dir.display().to_string()).is_empty());
+    for mount in cleanup::cgroup_mounts() {
+        let left = mount.join(root.trim_start_matches('/'));
+        assert!(!left.exists(), "{} left behind", left.display());
+    }
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+/// Two nodes: a speaker alone in its cluster never turns Ready (its gossip stays `joining`
+/// without a peer to acknowledge it), so the manifest's readiness probe needs a second one.
+#[test]
+#[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
+fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
+    netns::require_root("real_node");
+    for tool in ["buildah", "runc", "nsenter", "nft", "umount"] {
+        assert!(
+            std::process::Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "{tool} is missing: install Debian's buildah, runc, util-linux and nftables \
+             (sudo ./test.sh does)"
+        );
+    }
+    let started = Instant::now();
+    let programs = NodePrograms::locate().unwrap_or_else(|e| panic!("the node programs: {e:#}"));
+    realnode::cleanup_stale();
+    let lab = Lab::create(2).expect("the lab");
+    let plane = start_plane(&lab);
+    let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
+    let (pause, project) = build_images(&programs, &lab.work_dir().join("images"), &tag);
+    eprintln!("images built at {:.1} s", started.elapsed().as_secs_f64());
+
+    // The nodes, Ready with their real versions.
+    let mut nodes: Vec<RealNode> = lab
+        .nodes
+        .iter()
+        .map(|n| {
+            let options = NodeOptions::default();
+            let node = RealNode::start(&plane, n, &programs, &options, &[&pause, &project])
+                .unwrap_or_else(|e| panic!("the real node {}: {e:#}", n.name));
+            node.route_pods_from(&lab.client_netns)
+                .expect("the route to the Pods");
+            node
+        })
+        .collect();
+    for node in &mut nodes {
+        let ready = node.wait_ready(&plane).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_versions(&ready);
+    }
+    eprintln!("nodes Ready at {:.1} s", started.elapsed().as_secs_f64());
+
+    // The manifest, as a user applies it.
+    plane
+        .kubectl()
+        .apply(Source::Text(&manifest_with_image(&tag)))
+        .unwrap_or_else(|e| panic!("kubectl apply --server-side: {e:#}"));
+    let speakers = wait_speakers_ready(&plane, &mut nodes);
+    eprintln!("speakers Ready at {:.1} s", started.elapsed().as_secs_f64());
+    for speaker in &speakers {
+        let status = &speaker["status"]["containerStatuses"][0];
+        assert_eq!(status["image"], tag.as_str(), "{status}");
+        assert!(
+            status["containerID"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("containerd://")),
+            "{status}"
+        );
+    }
+    for node in &nodes {
+        assert_key_mounted(&plane, node);
+        // kube-proxy's rules for a ClusterIP in the node's namespace.
+        let rules = lab
+            .run_in(&node.netns, "nft", &["list", "ruleset"])
+            .expect("nft list ruleset");
+        assert!(
+            rules.contains("table ip kube-proxy")
+                && rules.contains(&KUBERNETES_SERVICE_IP.to_string()),
+            "kube-proxy's nftables rules on {} name the kubernetes Service's \
+             {KUBERNETES_SERVICE_IP}:\n{rules}",
+            node.name
+        );
+    }
+    for node in nodes {
+        assert_torn_down(node);
+    }
+    eprintln!(
+        "real node test done in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
