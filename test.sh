@@ -90,6 +90,18 @@ else
   echo "test.sh: e2e/k8s/helm/build.sh failed: the chart's tests (e2e/tests/helm.rs) will fail" >&2
 fi
 
+# The real nodes' programs (kubelet, kube-proxy, containerd with its runc shim, ctr, crictl, the
+# CNI plugins, pause), built from the Go modules pinned in e2e/k8s/node/ into a cache of their
+# own, for e2e/tests/real_node.rs: about 3 minutes after the control plane's build (which leaves
+# most of Kubernetes compiled), nothing the second time. runc is Debian's (installed above).
+if ! command -v go >/dev/null 2>&1; then
+  echo "test.sh: no Go toolchain: the real node test (e2e/tests/real_node.rs) will fail" >&2
+elif SWIMLB_K8S_NODE_BIN=$(e2e/k8s/node/build.sh); then
+  export SWIMLB_K8S_NODE_BIN
+else
+  echo "test.sh: e2e/k8s/node/build.sh failed: the real node test (e2e/tests/real_node.rs) will fail" >&2
+fi
+
 # `cargo install` of a pinned crate into the tools folder, once: tools_install NAME VERSION
 # BINARY TEST [cargo install flags...] leaves the folder in $tool_root; TEST names the test
 # that fails without it.
