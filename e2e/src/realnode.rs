@@ -403,7 +403,8 @@ impl RealNode {
         image::run(ctr.arg(archive)).map(|_| ())
     }
 
-    fn wait_containerd(&mut self) -> Result<()> {
+    /// Waits until containerd answers the CRI (after a start or a restart), at most 60 s.
+    pub fn wait_containerd(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let out = self.crictl().arg("info").output();
@@ -551,14 +552,21 @@ pub fn node_ready(node: &Value) -> bool {
     })
 }
 
+/// The kernel settings the kubelet changes, as they were before this process started its
+/// first node (read once: a second node starts after the first one's kubelet changed them).
 fn read_sysctls() -> Vec<(&'static str, String)> {
-    KUBELET_SYSCTLS
-        .iter()
-        .filter_map(|k| {
-            let v = std::fs::read_to_string(format!("/proc/sys/{k}")).ok()?;
-            Some((*k, v.trim().to_string()))
+    static BEFORE: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
+    BEFORE
+        .get_or_init(|| {
+            KUBELET_SYSCTLS
+                .iter()
+                .filter_map(|k| {
+                    let v = std::fs::read_to_string(format!("/proc/sys/{k}")).ok()?;
+                    Some((*k, v.trim().to_string()))
+                })
+                .collect()
         })
-        .collect()
+        .clone()
 }
 
 fn restore_sysctls(saved: &[(&'static str, String)]) {

@@ -10,7 +10,11 @@
 //! Ready by the manifest's own readiness probe, run by the kubelet; the gossip key Secret
 //! mounted in the container with the manifest's mode; the controller's Pod, on the Pod network,
 //! reached the API server through kube-proxy's rules for the `kubernetes` Service's ClusterIP
-//! (it made that Secret); and the node's teardown leaves no mount, cgroup or folder behind.
+//! (it made that Secret); and the node's teardown leaves no mount, cgroup, process or folder
+//! behind, and the kernel settings the kubelet changed as they were. A second test restarts
+//! containerd and the kubelet under a running speaker (the same process goes on, no restart
+//! counted) and stops its container through the CRI, then kills its process (the kubelet
+//! restarts it each time).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -237,11 +241,23 @@ fn assert_torn_down(mut node: RealNode) {
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
+/// Two real nodes running `deploy/swimlb.yaml`, their speakers Ready. Fields drop in order:
+/// the nodes first, then the control plane, then the lab's namespaces.
+struct Cluster {
+    nodes: Vec<RealNode>,
+    plane: ControlPlane,
+    lab: Lab,
+    tag: String,
+    /// The speakers' Pods once Ready.
+    speakers: Vec<Value>,
+    /// The Nodes once Ready.
+    ready: Vec<Value>,
+}
+
 /// Two nodes: a speaker alone in its cluster never turns Ready (its gossip stays `joining`
 /// without a peer to acknowledge it), so the manifest's readiness probe needs a second one.
-#[test]
-#[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
-fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
+/// `run` tells the tests of this binary apart (their labs run side by side).
+fn start_cluster(started: Instant, run: u32) -> Cluster {
     netns::require_root("real_node");
     for tool in ["buildah", "runc", "nsenter", "nft", "umount"] {
         assert!(
@@ -253,16 +269,13 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
              (sudo ./test.sh does)"
         );
     }
-    let started = Instant::now();
     let programs = NodePrograms::locate().unwrap_or_else(|e| panic!("the node programs: {e:#}"));
     realnode::cleanup_stale();
-    let lab = Lab::create(2).expect("the lab");
+    let lab = Lab::create_with_id(2, &format!("{}x{run}", std::process::id())).expect("the lab");
     let plane = start_plane(&lab);
     let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
     let (pause, project) = build_images(&programs, &lab.work_dir().join("images"), &tag);
     eprintln!("images built at {:.1} s", started.elapsed().as_secs_f64());
-
-    // The nodes, Ready with their real versions.
     let mut nodes: Vec<RealNode> = lab
         .nodes
         .iter()
@@ -275,12 +288,11 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
             node
         })
         .collect();
-    for node in &mut nodes {
-        let ready = node.wait_ready(&plane).unwrap_or_else(|e| panic!("{e:#}"));
-        assert_versions(&ready);
-    }
+    let ready = nodes
+        .iter_mut()
+        .map(|n| n.wait_ready(&plane).unwrap_or_else(|e| panic!("{e:#}")))
+        .collect();
     eprintln!("nodes Ready at {:.1} s", started.elapsed().as_secs_f64());
-
     // The manifest, as a user applies it.
     plane
         .kubectl()
@@ -288,9 +300,40 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
         .unwrap_or_else(|e| panic!("kubectl apply --server-side: {e:#}"));
     let speakers = wait_speakers_ready(&plane, &mut nodes);
     eprintln!("speakers Ready at {:.1} s", started.elapsed().as_secs_f64());
-    for speaker in &speakers {
+    Cluster {
+        nodes,
+        plane,
+        lab,
+        tag,
+        speakers,
+        ready,
+    }
+}
+
+/// The kernel settings the kubelet writes, now.
+fn kernel_settings() -> Vec<String> {
+    [
+        "vm/overcommit_memory",
+        "kernel/panic",
+        "kernel/panic_on_oops",
+    ]
+    .iter()
+    .map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap_or_default())
+    .collect()
+}
+
+#[test]
+#[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
+fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
+    let started = Instant::now();
+    let before = kernel_settings();
+    let cluster = start_cluster(started, 1);
+    for node in &cluster.ready {
+        assert_versions(node);
+    }
+    for speaker in &cluster.speakers {
         let status = &speaker["status"]["containerStatuses"][0];
-        assert_eq!(status["image"], tag.as_str(), "{status}");
+        assert_eq!(status["image"], cluster.tag.as_str(), "{status}");
         assert!(
             status["containerID"]
                 .as_str()
@@ -298,10 +341,11 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
             "{status}"
         );
     }
-    for node in &nodes {
-        assert_key_mounted(&plane, node);
+    for node in &cluster.nodes {
+        assert_key_mounted(&cluster.plane, node);
         // kube-proxy's rules for a ClusterIP in the node's namespace.
-        let rules = lab
+        let rules = cluster
+            .lab
             .run_in(&node.netns, "nft", &["list", "ruleset"])
             .expect("nft list ruleset");
         assert!(
@@ -312,11 +356,103 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
             node.name
         );
     }
+    let Cluster { nodes, .. } = cluster;
     for node in nodes {
         assert_torn_down(node);
     }
+    assert_eq!(
+        kernel_settings(),
+        before,
+        "the kernel settings the kubelet changed are back"
+    );
     eprintln!(
         "real node test done in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The speaker's Pod on `node`, once it is Ready with at least `restarts` restarts (at most
+/// [`PODS_LIMIT`]).
+fn wait_speaker_restarted(plane: &ControlPlane, node: &mut RealNode, restarts: u64) -> Value {
+    let deadline = Instant::now() + PODS_LIMIT;
+    loop {
+        let pod = pods_of(plane, "speaker")
+            .into_iter()
+            .find(|p| p["spec"]["nodeName"] == node.name.as_str());
+        if let Some(pod) = pod
+            && pod_ready(&pod)
+            && pod["status"]["containerStatuses"][0]["restartCount"]
+                .as_u64()
+                .is_some_and(|n| n >= restarts)
+        {
+            return pod;
+        }
+        node.check_running().unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(
+            Instant::now() < deadline,
+            "the speaker on {} is not Ready after {restarts} restarts within {PODS_LIMIT:?}; \
+             the end of the kubelet's log:\n{}",
+            node.name,
+            node.log_tail(realnode::Part::Kubelet, 20)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn restart_count(pod: &Value) -> u64 {
+    pod["status"]["containerStatuses"][0]["restartCount"]
+        .as_u64()
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
+fn a_real_nodes_speaker_outlives_runtime_and_kubelet_restarts_and_is_restarted_when_killed() {
+    let started = Instant::now();
+    let mut cluster = start_cluster(started, 2);
+    let Cluster { plane, nodes, .. } = &mut cluster;
+    let node = &mut nodes[0];
+    let first = container_pid(node, "speaker");
+    let grace = Duration::from_secs(10);
+
+    // containerd restarted: the shim keeps the container; the kubelet finds it again.
+    node.stop(realnode::Part::Containerd, grace);
+    node.spawn(realnode::Part::Containerd)
+        .expect("containerd again");
+    node.wait_containerd().unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        container_pid(node, "speaker"),
+        first,
+        "the same speaker process"
+    );
+    // The kubelet restarted: it adopts the running container.
+    node.stop(realnode::Part::Kubelet, grace);
+    node.spawn(realnode::Part::Kubelet)
+        .expect("the kubelet again");
+    node.wait_ready(plane).unwrap_or_else(|e| panic!("{e:#}"));
+    let pod = wait_speaker_restarted(plane, node, 0);
+    assert_eq!(restart_count(&pod), 0, "no restart: {pod}");
+    assert_eq!(
+        container_pid(node, "speaker"),
+        first,
+        "the same speaker process"
+    );
+    eprintln!(
+        "restarts outlived at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The container stopped by the runtime, then its process killed: the kubelet restarts it.
+    let id = image::run(node.crictl().args(["ps", "--name", "speaker", "-q"])).expect("crictl ps");
+    image::run(node.crictl().args(["stop", id.trim()])).expect("crictl stop");
+    let pod = wait_speaker_restarted(plane, node, 1);
+    let second = container_pid(node, "speaker");
+    assert_ne!(second, first, "a new speaker process: {pod}");
+    cleanup::kill_pids(&[second]);
+    let pod = wait_speaker_restarted(plane, node, 2);
+    assert_ne!(container_pid(node, "speaker"), second, "{pod}");
+    eprintln!(
+        "speaker restarted twice, fault test done in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
