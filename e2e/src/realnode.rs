@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::control_plane::{self, ControlPlane};
+use crate::kube_client::Kube;
 use crate::netns::Node;
 use config::NodeFiles;
 
@@ -480,6 +481,23 @@ impl RealNode {
             )?;
         }
         Ok(())
+    }
+
+    /// A client of the kubelet's own API (`https://IP:10250`: `/stats/summary`, `/pods`) from
+    /// `netns` (the lab's client), as the administrator: the kubelet trusts the lab's CA for
+    /// clients. Its serving certificate is self-signed (no serving certificate was issued), so
+    /// the client does not verify it.
+    pub fn kubelet_api(&self, plane: &ControlPlane, netns: &str) -> Result<Kube> {
+        let cp = |f: &str| plane.dir().join(f).display().to_string();
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n  - name: kubelet\n    cluster:\n      server: https://{ip}:10250\n      insecure-skip-tls-verify: true\nusers:\n  - name: admin\n    user:\n      client-certificate: {crt}\n      client-key: {key}\ncontexts:\n  - name: kubelet\n    context: {{cluster: kubelet, user: admin}}\ncurrent-context: kubelet\n",
+            ip = self.ip,
+            crt = cp("admin.crt"),
+            key = cp("admin.key"),
+        );
+        let path = self.dir.join("kubelet-api.kubeconfig");
+        std::fs::write(&path, text)?;
+        Kube::from_kubeconfig_in(&path, Some(netns))
     }
 
     /// Adds a route from `netns` (the lab's client, where the API server runs) to this node's

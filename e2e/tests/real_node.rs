@@ -310,6 +310,40 @@ fn start_cluster(started: Instant, run: u32) -> Cluster {
     }
 }
 
+/// The speaker container's memory and CPU on `node` as its kubelet reports them
+/// (`/stats/summary`), once it has a CPU rate (two samples), at most 60 s.
+fn speaker_usage(cluster: &Cluster, node: &RealNode) -> String {
+    let kubelet = node
+        .kubelet_api(&cluster.plane, &cluster.lab.client_netns)
+        .expect("a client of the kubelet");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let summary = kubelet.raw_get("/stats/summary").expect("/stats/summary");
+        let speaker = summary["pods"].as_array().and_then(|pods| {
+            pods.iter()
+                .flat_map(|p| p["containers"].as_array().into_iter().flatten())
+                .find(|c| c["name"] == "speaker")
+        });
+        if let Some(c) = speaker
+            && let Some(cpu) = c["cpu"]["usageNanoCores"].as_u64()
+        {
+            let mib = |v: &Value| v.as_u64().unwrap_or_default() as f64 / 1_048_576.0;
+            return format!(
+                "working set {:.1} MiB, RSS {:.1} MiB, CPU {:.2} % of a core",
+                mib(&c["memory"]["workingSetBytes"]),
+                mib(&c["memory"]["rssBytes"]),
+                cpu as f64 / 1e7
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no CPU figure for the speaker in {}'s /stats/summary: {summary}",
+            node.name
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// The kernel settings the kubelet writes, now.
 fn kernel_settings() -> Vec<String> {
     [
@@ -353,6 +387,13 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
                 && rules.contains(&KUBERNETES_SERVICE_IP.to_string()),
             "kube-proxy's nftables rules on {} name the kubernetes Service's \
              {KUBERNETES_SERVICE_IP}:\n{rules}",
+            node.name
+        );
+    }
+    for node in &cluster.nodes {
+        let usage = speaker_usage(&cluster, node);
+        eprintln!(
+            "{}: the speaker as its kubelet reports it: {usage}",
             node.name
         );
     }
