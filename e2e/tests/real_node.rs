@@ -29,6 +29,9 @@ use tokio::time::Instant;
 
 /// The version every binary of the workspace carries, and the manifest's image tag.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// One lab at a time: two labs of real nodes competing for two cores would be faults of their own.
+static LAB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// How long the Pods may take to turn Ready once the manifest is applied.
 const PODS_LIMIT: Duration = Duration::from_secs(180);
 
@@ -359,6 +362,7 @@ fn kernel_settings() -> Vec<String> {
 #[test]
 #[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
 fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let before = kernel_settings();
     let cluster = start_cluster(started, 1);
@@ -449,6 +453,7 @@ fn restart_count(pod: &Value) -> u64 {
 #[test]
 #[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
 fn a_real_nodes_speaker_outlives_runtime_and_kubelet_restarts_and_is_restarted_when_killed() {
+    let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let mut cluster = start_cluster(started, 2);
     let Cluster { plane, nodes, .. } = &mut cluster;
