@@ -5,8 +5,11 @@
 //! It bounds what a client can make a daemon hold ([`Limits`]): a request head must arrive
 //! whole within a few seconds and fit in a small buffer, a connection lives for a bounded time,
 //! and only so many are open at once, in all and from one client address, so one client cannot
-//! take every slot from the kubelet's probes and Prometheus; a connection over a cap is accepted
-//! and closed at once.
+//! take every slot from the kubelet's probes and Prometheus; a connection over the cap per
+//! client is accepted and closed at once. When every slot is taken, a new connection takes the
+//! slot of the connection that has waited longest for a request head (clients on many
+//! addresses holding every slot with unfinished heads thus lose them one by one to the probes,
+//! which send theirs at once); only when none waits is it closed.
 //! Every connection closed for one of these reasons is counted in
 //! `swimlb_http_connections_dropped_total{reason}` ([`ListenerMetrics`]).
 //!
@@ -14,7 +17,7 @@
 //! answer in; the feature keeps tokio and hyper out of the wire-format build (fuzzing,
 //! benchmarks).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -27,7 +30,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 /// What a router answers: status, `Content-Type` and body.
 pub type Reply = (StatusCode, &'static str, Bytes);
@@ -76,7 +79,8 @@ pub struct Limits {
     /// The largest request head read (hyper's read buffer; at least 8 KiB). A larger one gets
     /// `431` and the connection is closed.
     pub max_head_bytes: usize,
-    /// Connections served at once; one more is accepted and closed at once.
+    /// Connections served at once; one more takes the slot of the one that has waited longest
+    /// for a request head, or is accepted and closed at once when none waits.
     pub max_connections: usize,
     /// Connections served at once from one client address; one more from it is accepted and
     /// closed at once.
@@ -125,8 +129,12 @@ pub fn parse_listen(text: &str, default_port: u16) -> Result<SocketAddr, String>
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
 pub enum DropReason {
-    /// [`Limits::max_connections`] were open: accepted and closed at once.
+    /// [`Limits::max_connections`] were open and none waited for a request head: accepted and
+    /// closed at once.
     connection_limit,
+    /// [`Limits::max_connections`] were open: this one, of those waiting for a request head the
+    /// one that had waited longest, was closed to make room for a new one.
+    evicted,
     /// [`Limits::max_per_client`] were open from the same address: accepted and closed at once.
     client_limit,
     /// No whole request head within [`Limits::header_read_timeout`] (idle keep-alive
@@ -161,6 +169,7 @@ impl ListenerMetrics {
         // Every reason from the start, at 0.
         for reason in [
             DropReason::connection_limit,
+            DropReason::evicted,
             DropReason::client_limit,
             DropReason::header_timeout,
             DropReason::head_too_large,
@@ -178,6 +187,42 @@ impl ListenerMetrics {
 
     fn count(&self, reason: DropReason) {
         self.dropped.get_or_create(&DropLabels { reason }).inc();
+    }
+}
+
+/// The connections waiting for a request head (their first, or the next on a kept-alive
+/// connection), oldest first, each with the signal that closes it.
+#[derive(Debug, Default)]
+struct Waiting {
+    inner: Mutex<(u64, BTreeMap<u64, Arc<Notify>>)>,
+}
+
+impl Waiting {
+    /// Puts `close` last in line; returns its place.
+    fn push(&self, close: &Arc<Notify>) -> u64 {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let place = inner.0;
+        inner.0 += 1;
+        inner.1.insert(place, Arc::clone(close));
+        place
+    }
+
+    /// Takes `place` out of the line (its head arrived, or it closed).
+    fn remove(&self, place: u64) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.1.remove(&place);
+    }
+
+    /// Signals the connection first in line to close; whether there was one.
+    fn close_oldest(&self) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match inner.1.pop_first() {
+            Some((_, close)) => {
+                close.notify_one();
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -234,6 +279,7 @@ pub async fn serve<R>(
 {
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let clients = Arc::new(PerClient::default());
+    let waiting = Arc::new(Waiting::default());
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             // Out of descriptors or a connection reset before it was accepted: the next
@@ -246,53 +292,117 @@ pub async fn serve<R>(
             drop(stream);
             continue;
         };
-        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
-            metrics.count(DropReason::connection_limit);
-            drop(stream);
-            continue;
+        let permit = match Arc::clone(&open).try_acquire_owned() {
+            Ok(permit) => permit,
+            // Every slot is taken: the connection that has waited longest for a head gives
+            // its slot up (it closes at once and frees it); none waits: refused.
+            Err(_) if waiting.close_oldest() => {
+                let freed = Arc::clone(&open).acquire_owned();
+                match tokio::time::timeout(EVICTION_WAIT, freed).await {
+                    Ok(Ok(permit)) => permit,
+                    _ => {
+                        metrics.count(DropReason::connection_limit);
+                        continue;
+                    }
+                }
+            }
+            Err(_) => {
+                metrics.count(DropReason::connection_limit);
+                drop(stream);
+                continue;
+            }
+        };
+        let connection = Connection {
+            limits,
+            metrics: metrics.clone(),
+            waiting: Arc::clone(&waiting),
         };
         let route = route.clone();
-        let metrics = metrics.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                let request = Request {
-                    method: req.method(),
-                    path: req.uri().path(),
-                    query: req.uri().query(),
-                    accept: req
-                        .headers()
-                        .get(hyper::header::ACCEPT)
-                        .and_then(|v| v.to_str().ok()),
-                };
-                let (code, content_type, body) = route(&request);
-                let body = if req.method() == Method::HEAD {
-                    Bytes::new()
-                } else {
-                    body
-                };
-                let response = Response::builder()
-                    .status(code)
-                    .header(hyper::header::CONTENT_TYPE, content_type)
-                    .body(Full::new(body))
-                    .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())));
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(limits.max_head_bytes.max(8192))
-                .serve_connection(io, service);
-            match tokio::time::timeout(limits.connection_lifetime, connection).await {
-                Err(_) => metrics.count(DropReason::lifetime),
-                Ok(Err(e)) if e.is_timeout() => metrics.count(DropReason::header_timeout),
-                Ok(Err(e)) if e.is_parse_too_large() => metrics.count(DropReason::head_too_large),
-                Ok(_) => {}
-            }
+            connection.serve(stream, route).await;
             drop(permit);
             drop(slot);
         });
     }
+}
+
+/// How long a new connection waits for the slot of the connection it closed.
+const EVICTION_WAIT: Duration = Duration::from_millis(100);
+
+/// What one connection's task needs.
+struct Connection {
+    limits: Limits,
+    metrics: ListenerMetrics,
+    waiting: Arc<Waiting>,
+}
+
+impl Connection {
+    /// Serves `stream` until it closes, is closed by a bound, or is closed to make room.
+    async fn serve<R>(self, stream: tokio::net::TcpStream, route: R)
+    where
+        R: Fn(&Request<'_>) -> Reply + Clone + Send + Sync + 'static,
+    {
+        let Connection {
+            limits,
+            metrics,
+            waiting,
+        } = self;
+        let close = Arc::new(Notify::new());
+        let place = Arc::new(Mutex::new(waiting.push(&close)));
+        let (in_line, line, signal) = (Arc::clone(&place), Arc::clone(&waiting), close.clone());
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            // A whole head came: out of the line while it is answered, then back in, last,
+            // for the next one on this connection.
+            let mut at = in_line.lock().unwrap_or_else(|e| e.into_inner());
+            line.remove(*at);
+            let response = respond(&route, &req);
+            *at = line.push(&signal);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(limits.max_head_bytes.max(8192))
+            .serve_connection(io, service);
+        tokio::select! {
+            ended = tokio::time::timeout(limits.connection_lifetime, connection) => match ended {
+                Err(_) => metrics.count(DropReason::lifetime),
+                Ok(Err(e)) if e.is_timeout() => metrics.count(DropReason::header_timeout),
+                Ok(Err(e)) if e.is_parse_too_large() => metrics.count(DropReason::head_too_large),
+                Ok(_) => {}
+            },
+            () = close.notified() => metrics.count(DropReason::evicted),
+        }
+        waiting.remove(*place.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// `route`'s answer to `req`, without the body for a `HEAD`.
+fn respond<R>(route: &R, req: &hyper::Request<Incoming>) -> Response<Full<Bytes>>
+where
+    R: Fn(&Request<'_>) -> Reply,
+{
+    let request = Request {
+        method: req.method(),
+        path: req.uri().path(),
+        query: req.uri().query(),
+        accept: req
+            .headers()
+            .get(hyper::header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    };
+    let (code, content_type, body) = route(&request);
+    let body = if req.method() == Method::HEAD {
+        Bytes::new()
+    } else {
+        body
+    };
+    Response::builder()
+        .status(code)
+        .header(hyper::header::CONTENT_TYPE, content_type)
+        .body(Full::new(body))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
 #[cfg(test)]
@@ -316,7 +426,14 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["", "node-1", "192.0.2.10:", "2001:db8::1:7572:", "[2001:db8::1", "$(HOST_IP)"] {
+        for bad in [
+            "",
+            "node-1",
+            "192.0.2.10:",
+            "2001:db8::1:7572:",
+            "[2001:db8::1",
+            "$(HOST_IP)",
+        ] {
             let e = parse_listen(bad, 7572).expect_err(bad);
             assert!(e.contains("is not an address"), "{bad}: {e}");
         }

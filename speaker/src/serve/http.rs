@@ -565,14 +565,48 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connection_over_the_cap_is_closed_at_once_and_counted_and_the_next_is_served() {
+    async fn with_every_slot_held_by_unfinished_heads_a_new_connection_takes_the_oldest_slot() {
         let limits = Limits {
             max_connections: 2,
             max_per_client: 8,
             header_read_timeout: Duration::from_secs(10),
             ..Limits::default()
         };
-        one_over_the_cap_is_refused(limits, 2, DropReason::connection_limit).await;
+        let (addr, metrics, task) = listening(limits).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+            held.push(s);
+            // One after the other, so the first is the oldest.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A probe: its whole request at once, answered long before the heads' timeout.
+        let mut probe = tokio::net::TcpStream::connect(addr).await.unwrap();
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let answer = read_until_closed(&mut probe).await;
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(started.elapsed() < limits.header_read_timeout / 2);
+        // The oldest unfinished head lost its slot; the younger one still holds its own.
+        let mut oldest = held.remove(0);
+        assert!(read_until_closed(&mut oldest).await.is_empty());
+        let mut byte = [0u8; 1];
+        let younger = tokio::time::timeout(Duration::from_millis(200), held[0].read(&mut byte));
+        assert!(
+            younger.await.is_err(),
+            "the younger connection was closed too"
+        );
+        assert_eq!(metrics.dropped(DropReason::evicted), 1);
+        assert_eq!(metrics.dropped(DropReason::connection_limit), 0);
+        task.abort();
     }
 
     #[tokio::test]
