@@ -215,8 +215,10 @@ struct FailoverArgs {
     #[arg(long)]
     api_down: bool,
     /// A flood from the client during every trial: `arp PPS` (broadcast ARP requests for the
-    /// VIP) or `gossip PPS` (forged datagrams at every gossip port); the report adds each
-    /// daemon's CPU.
+    /// VIP), `gossip PPS` (forged datagrams at every gossip port), `claims PPS` (forged ARP and
+    /// NDP claims for the VIP from another MAC) or `slow-http N` (N slow HTTP connections held at
+    /// each node, a /status scraper beside them; per-node figures printed at the end); the
+    /// report adds each daemon's CPU.
     #[arg(long, num_args = 2, value_names = ["KIND", "PPS"])]
     flood: Option<Vec<String>>,
     /// Write the report as JSON (an object for one implementation, an array for several).
@@ -709,8 +711,13 @@ fn parse_flood(flood: Option<&[String]>) -> anyhow::Result<Option<(crate::flood:
     Ok(match flood {
         None => None,
         Some([kind, pps]) => Some((
-            crate::flood::FloodKind::parse(kind)
-                .with_context(|| format!("--flood {kind}: expected arp or gossip"))?,
+            crate::flood::FloodKind::parse(kind).with_context(|| {
+                let names: Vec<&str> = crate::flood::FloodKind::CHOICES
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect();
+                format!("--flood {kind}: expected one of {}", names.join(", "))
+            })?,
             pps.parse::<u64>()
                 .ok()
                 .filter(|p| *p > 0)

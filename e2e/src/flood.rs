@@ -8,9 +8,15 @@
 //! - [`FloodKind::Gossip`]: forged datagrams at every node's gossip port, in turn: a wrong magic,
 //!   an unknown key id, and the cluster's own key id with a tag that does not verify (the
 //!   costliest: it takes an AES-GCM open to reject). Each is rejected and counted by reason.
+//! - [`FloodKind::Claims`]: forged claims for the VIP, in turn a broadcast ARP reply and an
+//!   unsolicited neighbor advertisement (Override set) for the IPv6 VIP, in which a MAC that
+//!   is no node's says it has the address. Every speaker sees them; the owner's conflict queue
+//!   holds each claim once (`swimlb_conflicts_dropped_total`).
+//! - [`FloodKind::SlowHttp`]: not frames but `N` slow HTTP connections held at each node's
+//!   listener, with a `/status` and `/healthz` scraper beside them ([`slow_http`]).
 //!
 //! The pacing sends in batches of 64 and sleeps at most 1 ms, so the rate holds on a busy core;
-//! `sent` counts what the kernel accepted.
+//! `sent` counts what the kernel accepted (for `slow-http`, the connections opened).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -24,6 +30,8 @@ use tokio::time::Instant;
 use crate::netns::{self, Lab};
 use crate::probe::spawn_in;
 
+pub mod slow_http;
+
 /// What a flood sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FloodKind {
@@ -33,6 +41,10 @@ pub enum FloodKind {
     Arp,
     /// Forged gossip datagrams to every node's gossip port.
     Gossip,
+    /// Forged ARP and NDP claims for the VIP from a MAC that is no node's.
+    Claims,
+    /// Slow HTTP connections at every node's listener (the rate: connections per node).
+    SlowHttp,
 }
 
 impl FloodKind {
@@ -42,14 +54,22 @@ impl FloodKind {
             FloodKind::Frames => "frames",
             FloodKind::Arp => "arp",
             FloodKind::Gossip => "gossip",
+            FloodKind::Claims => "claims",
+            FloodKind::SlowHttp => "slow-http",
         }
     }
 
-    /// `arp` or `gossip` (what `failover --flood` takes).
+    /// The kinds `failover --flood` takes.
+    pub const CHOICES: [FloodKind; 4] = [
+        FloodKind::Arp,
+        FloodKind::Gossip,
+        FloodKind::Claims,
+        FloodKind::SlowHttp,
+    ];
+
+    /// One of [`FloodKind::CHOICES`] by name (what `failover --flood` takes).
     pub fn parse(name: &str) -> Option<FloodKind> {
-        [FloodKind::Arp, FloodKind::Gossip]
-            .into_iter()
-            .find(|k| k.as_str() == name)
+        FloodKind::CHOICES.into_iter().find(|k| k.as_str() == name)
     }
 }
 
@@ -85,6 +105,14 @@ impl Flood {
                 let frame = arp_request(netns::vip_v4(0).octets());
                 frames(&lab.client_netns, vec![frame], pps, flag, count)?
             }
+            FloodKind::Claims => {
+                let claims = vec![
+                    forged_arp_claim(netns::vip_v4(0).octets()),
+                    forged_nd_claim(netns::vip_v6(0)),
+                ];
+                frames(&lab.client_netns, claims, pps, flag, count)?
+            }
+            FloodKind::SlowHttp => slow_http::start(lab, pps, flag, count)?,
             FloodKind::Gossip => {
                 let key = key.context("the gossip flood needs the cluster's key")?;
                 let targets: Vec<SocketAddr> = lab
@@ -220,6 +248,38 @@ fn arp_request(target: [u8; 4]) -> Vec<u8> {
     frame
 }
 
+/// The MAC the forged claims come from (locally administered, no node's).
+const FORGER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
+
+/// A broadcast ARP reply in which [`FORGER_MAC`] says it has `vip`.
+fn forged_arp_claim(vip: [u8; 4]) -> Vec<u8> {
+    let mut frame = vec![0u8; 60];
+    frame[..6].copy_from_slice(&[0xff; 6]);
+    frame[6..12].copy_from_slice(&FORGER_MAC);
+    frame[12..14].copy_from_slice(&[0x08, 0x06]);
+    frame[14..22].copy_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 2]); // Ethernet, IPv4, reply
+    frame[22..28].copy_from_slice(&FORGER_MAC);
+    frame[28..32].copy_from_slice(&vip);
+    frame[32..38].copy_from_slice(&[0xff; 6]);
+    frame[38..42].copy_from_slice(&vip);
+    frame
+}
+
+/// An unsolicited neighbor advertisement (Override set, to all nodes) in which [`FORGER_MAC`]
+/// says it has `vip`.
+fn forged_nd_claim(vip: std::net::Ipv6Addr) -> Vec<u8> {
+    let [a, b, c, d, e, f] = FORGER_MAC;
+    let frame = swimlb_proto::ndp::NdpFrame::unsolicited_advert(
+        swimlb_proto::ethernet::MacAddr(a, b, c, d, e, f),
+        vip,
+    );
+    let mut out = vec![0u8; frame.frame_len()];
+    frame
+        .emit(&mut out)
+        .expect("a buffer of the frame's length");
+    out
+}
+
 /// Three forged datagrams of 100 bytes: a wrong magic, an unknown key id, and `key`'s id with a
 /// tag that does not verify.
 fn forged_datagrams(key: &[u8; KEY_LEN]) -> Vec<Vec<u8>> {
@@ -252,6 +312,34 @@ mod tests {
                 assert!(!arp.is_gratuitous());
             }
             other => panic!("not an ARP request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_claims_are_an_arp_reply_and_an_override_advert_from_the_forger() {
+        match Frame::parse(&forged_arp_claim(netns::vip_v4(0).octets())) {
+            Ok(Frame::Arp { arp, .. }) => {
+                assert_eq!(arp.sender_ip, netns::vip_v4(0));
+                let [a, b, c, d, e, f] = FORGER_MAC;
+                assert_eq!(
+                    arp.sender_mac,
+                    swimlb_proto::ethernet::MacAddr(a, b, c, d, e, f)
+                );
+                assert!(arp.is_gratuitous());
+            }
+            other => panic!("not an ARP claim: {other:?}"),
+        }
+        let nd = swimlb_proto::ndp::NdpFrame::parse(&forged_nd_claim(netns::vip_v6(0)))
+            .expect("a valid advertisement");
+        match nd.ndp.message {
+            swimlb_proto::ndp::NdpMessage::NeighborAdvert { flags, target, .. } => {
+                assert_eq!(target, netns::vip_v6(0));
+                assert!(flags.override_);
+            }
+            other => panic!("not an advertisement: {other:?}"),
+        }
+        for k in FloodKind::CHOICES {
+            assert_eq!(FloodKind::parse(k.as_str()), Some(k));
         }
     }
 
