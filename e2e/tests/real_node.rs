@@ -444,6 +444,22 @@ fn wait_speaker_restarted(plane: &ControlPlane, node: &mut RealNode, restarts: u
     }
 }
 
+/// The `renewTime` of node `name`'s heartbeat Lease.
+fn lease_renewed(plane: &ControlPlane, name: &str) -> String {
+    plane
+        .admin()
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("kube-node-lease"),
+            name,
+        )
+        .ok()
+        .flatten()
+        .map(|l| l["spec"]["renewTime"].to_string())
+        .unwrap_or_default()
+}
+
 fn restart_count(pod: &Value) -> u64 {
     pod["status"]["containerStatuses"][0]["restartCount"]
         .as_u64()
@@ -472,11 +488,29 @@ fn a_real_nodes_speaker_outlives_runtime_and_kubelet_restarts_and_is_restarted_w
         "the same speaker process"
     );
     // The kubelet restarted: it adopts the running container.
+    let ready_since = |pod: &Value| {
+        pod["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .map(|c| c["lastTransitionTime"].to_string())
+            .unwrap_or_default()
+    };
+    let before = ready_since(&wait_speaker_restarted(plane, node, 0));
     node.stop(realnode::Part::Kubelet, grace);
+    let renewed = lease_renewed(plane, &node.name);
     node.spawn(realnode::Part::Kubelet)
         .expect("the kubelet again");
     node.wait_ready(plane).unwrap_or_else(|e| panic!("{e:#}"));
+    // The new kubelet has renewed its Lease: it runs and has synced its Pods since.
+    while lease_renewed(plane, &node.name) == renewed {
+        node.check_running().unwrap_or_else(|e| panic!("{e:#}"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let pod = wait_speaker_restarted(plane, node, 0);
+    eprintln!(
+        "the speaker's Pod through the kubelet's restart: Ready since {before}, now since {}",
+        ready_since(&pod)
+    );
     assert_eq!(restart_count(&pod), 0, "no restart: {pod}");
     assert_eq!(
         container_pid(node, "speaker"),
