@@ -330,9 +330,18 @@ fn shutdown_signal()
 /// exits 69 (as does a runtime that cannot be built).
 fn run_daemon(daemon: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     crate::serve::memory::limit_arenas();
-    let runtime = match swimlb_config::cli::runtime("swimlb-speaker") {
+    // One worker: the owner watch and the responders have threads of their own, and a second
+    // worker mostly woke to find the first had the work already (a wake-up per datagram).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
-        Err(status) => return status,
+        Err(e) => {
+            eprintln!("swimlb-speaker: {e}");
+            return ExitCode::from(EX_UNAVAILABLE);
+        }
     };
     runtime.spawn(crate::serve::memory::trim_every(
         crate::serve::memory::TRIM_PERIOD,

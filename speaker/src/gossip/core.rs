@@ -496,6 +496,10 @@ pub struct Core {
     rejoins: u64,
     phase: Phase,
     join_retry_pending: bool,
+    /// foca's periodic gossip timer, held back while foca has nothing to gossip (it would fire
+    /// every `gossip_period` to send nothing): when it was due, and the timer. It is handed
+    /// to foca as soon as there is something to gossip ([`Core::next_deadline`] says it is due).
+    gossip_parked: Option<(Duration, Timer<NodeIdentity>)>,
     /// The (suspicion, transmissions) foca currently runs with.
     scaled: (Duration, u8),
     /// Seed of foca's random choices (mixed with the bump when foca is recreated).
@@ -638,6 +642,7 @@ impl Core {
             rejoins: 0,
             phase: Phase::Joining,
             join_retry_pending: false,
+            gossip_parked: None,
             scaled: (Duration::ZERO, 0),
             suspects: FastMap::default(),
             sync_rng: StdRng::seed_from_u64(settings.rng_seed ^ 0x5359_4e43),
@@ -792,7 +797,22 @@ impl Core {
 
     /// When [`Core::handle_due_timers`] should be called next.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.wire.timers.heap.peek().map(|s| s.at)
+        let heap = self.wire.timers.heap.peek().map(|s| s.at);
+        // A parked gossip timer is due (in the past) once there is something to gossip.
+        let parked = self
+            .gossip_parked
+            .as_ref()
+            .filter(|_| self.has_gossip())
+            .map(|(at, _)| *at);
+        match (heap, parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether foca has updates or broadcasts to gossip.
+    fn has_gossip(&self) -> bool {
+        self.foca.updates_backlog() > 0 || self.foca.custom_broadcast_backlog() > 0
     }
 
     /// Takes the datagrams queued for sending, in order.

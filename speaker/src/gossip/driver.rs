@@ -480,11 +480,13 @@ async fn run(
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
-    publish(&mut core, &send, &mut published, false);
+    publish(&mut core, &socket, &send, &mut published, false);
     loop {
+        // A deadline already past (a parked gossip timer that has something to send now) is
+        // planned for now: the pause watch must not read the wait for it as a pause.
         let planned = core
             .next_deadline()
-            .map(|at| origin + at)
+            .map(|at| (origin + at).max(Instant::now()))
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         let deadline = pause.next_deadline().map_or(planned, |at| at.min(planned));
         tokio::select! {
@@ -542,12 +544,13 @@ async fn run(
                 (core.heard(), core.rejoins()),
                 core.unconfirmed_suspicion(),
             );
-        publish(&mut core, &send, &mut published, paused);
+        publish(&mut core, &socket, &send, &mut published, paused);
     }
 }
 
 fn publish(
     core: &mut Core,
+    socket: &UdpSocket,
     send: &mpsc::Sender<Outgoing>,
     published: &mut Published,
     paused: bool,
@@ -565,9 +568,17 @@ fn publish(
     for relayed in core.drain_watch() {
         let _ = watch.try_send(relayed);
     }
+    // Straight to the socket: handing each datagram to the send task cost a wake-up of another
+    // task (often of another thread). The task only takes what the socket cannot take at once.
     for out in core.drain_outgoing() {
-        if send.try_send(out).is_err() {
-            tracing::debug!("gossip send queue full; datagram dropped");
+        match socket.try_send_to(&out.bytes, out.to) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if send.try_send(out).is_err() {
+                    tracing::debug!("gossip send queue full; datagram dropped");
+                }
+            }
+            Err(err) => tracing::debug!(to = %out.to, error = %err, "gossip send"),
+            Ok(_) => {}
         }
     }
     // The live set is published before the changes: a subscriber that reads it on a change must

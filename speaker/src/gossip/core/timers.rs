@@ -7,6 +7,13 @@ impl Core {
     /// Runs every timer due at `now`, in deadline order.
     pub fn handle_due_timers(&mut self, now: Duration) {
         let mut late = false;
+        // Due now, not when it was parked: it is not late (a late timer counts against this
+        // node's health).
+        if self.has_gossip()
+            && let Some((_, timer)) = self.gossip_parked.take()
+        {
+            self.wire.timers.push(now, Task::Foca(timer));
+        }
         while let Some((at, task)) = self.wire.timers.pop_due(now) {
             if self.phase == Phase::Left {
                 continue;
@@ -17,6 +24,10 @@ impl Core {
                 self.wire.health(1);
             }
             match task {
+                // Nothing to gossip: foca would only re-arm it. Parked until there is.
+                Task::Foca(timer @ Timer::PeriodicGossip(_)) if !self.has_gossip() => {
+                    self.gossip_parked = Some((at, timer));
+                }
                 Task::Foca(timer) => {
                     let probe = matches!(timer, Timer::ProbeRandomMember(_));
                     let started = std::mem::take(&mut self.wire.probe_started);
