@@ -16,11 +16,14 @@
 //! unmounted, the cgroup subtree removed, the folder deleted, and the kernel settings the kubelet
 //! changes (`vm.overcommit_memory`, `kernel.panic`, `kernel.panic_on_oops`) put back. The
 //! network namespace belongs to the [`crate::netns::Lab`] that made it. [`cleanup_stale`] does
-//! the same for the nodes of a run that died.
+//! the same for the nodes of a run that died. [`RealCluster`] starts every node of a lab.
 
 pub mod cleanup;
+pub mod cluster;
 pub mod config;
 pub mod image;
+
+pub use cluster::{NodeImages, NodeInfo, RealCluster};
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

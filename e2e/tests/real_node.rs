@@ -24,7 +24,9 @@ use serde_json::Value;
 use swimlb_e2e::control_plane::{self, ControlPlane, KUBERNETES_SERVICE_IP, Network};
 use swimlb_e2e::kubectl::Source;
 use swimlb_e2e::netns::{self, Lab};
-use swimlb_e2e::realnode::{self, NodeOptions, NodePrograms, RealNode, cleanup, image};
+use swimlb_e2e::realnode::{
+    self, NodeImages, NodeInfo, NodeOptions, NodePrograms, RealCluster, RealNode, cleanup, image,
+};
 use tokio::time::Instant;
 
 /// The version every binary of the workspace carries, and the manifest's image tag.
@@ -151,7 +153,7 @@ fn container_pid(node: &RealNode, name: &str) -> u32 {
         .unwrap_or_else(|| panic!("no pid in {inspect}"))
 }
 
-/// The lab's cluster: the control plane in the client's namespace, kube-proxy's account.
+/// The lab's control plane, in the client's namespace.
 fn start_plane(lab: &Lab) -> ControlPlane {
     let options = control_plane::Options {
         nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
@@ -161,41 +163,23 @@ fn start_plane(lab: &Lab) -> ControlPlane {
         netns: lab.client_netns.clone(),
         ip: netns::CLIENT_V4,
     };
-    let plane = ControlPlane::start(&lab.work_dir().join("k8s"), network, &options)
-        .unwrap_or_else(|e| panic!("the control plane: {e:#}"));
-    realnode::prepare_cluster(&plane).expect("kube-proxy's ServiceAccount");
-    plane
-}
-
-/// The pause image and the project's image (tagged `tag`) as OCI archives in `dir`.
-fn build_images(programs: &NodePrograms, dir: &Path, tag: &str) -> (PathBuf, PathBuf) {
-    let profile = image::profile_of_current_exe().expect("the profile");
-    let bin_dir = image::cargo_build(&profile).unwrap_or_else(|e| panic!("{e:#}"));
-    let builder = image::Builder::new(&dir.join("buildah")).expect("buildah's storage");
-    let (pause, project) = (dir.join("pause.tar"), dir.join("swimlb.tar"));
-    builder
-        .pause_image(&programs.path("pause"), &programs.pause_tag(), &pause)
-        .unwrap_or_else(|e| panic!("the pause image: {e:#}"));
-    builder
-        .project_image(&bin_dir, tag, &project)
-        .unwrap_or_else(|e| panic!("the project's image: {e:#}"));
-    (pause, project)
+    ControlPlane::start(&lab.work_dir().join("k8s"), network, &options)
+        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
 }
 
 /// Asserts the Node's `nodeInfo` names the pinned kubelet and containerd.
-fn assert_versions(node: &Value) {
-    let info = &node["status"]["nodeInfo"];
+fn assert_versions(info: &NodeInfo) {
     assert_eq!(
-        info["kubeletVersion"],
+        info.kubelet_version,
         pinned("kube", "k8s.io/kubernetes"),
-        "{info}"
+        "{info:?}"
     );
     // containerd reports its version without the module's `v`.
     let containerd = pinned("runtime", "github.com/containerd/containerd/v2");
     assert_eq!(
-        info["containerRuntimeVersion"],
+        info.container_runtime,
         format!("containerd://{}", containerd.trim_start_matches('v')),
-        "{info}"
+        "{info:?}"
     );
 }
 
@@ -277,30 +261,19 @@ fn start_cluster(started: Instant, run: u32) -> Cluster {
     let lab = Lab::create_with_id(2, &format!("{}x{run}", std::process::id())).expect("the lab");
     let plane = start_plane(&lab);
     let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
-    let (pause, project) = build_images(&programs, &lab.work_dir().join("images"), &tag);
+    let profile = image::profile_of_current_exe().expect("the profile");
+    let images = NodeImages::build(&programs, &lab.work_dir().join("images"), &profile, &tag)
+        .unwrap_or_else(|e| panic!("the images: {e:#}"));
     eprintln!("images built at {:.1} s", started.elapsed().as_secs_f64());
-    let mut nodes: Vec<RealNode> = lab
-        .nodes
-        .iter()
-        .map(|n| {
-            let options = NodeOptions::default();
-            let node = RealNode::start(&plane, n, &programs, &options, &[&pause, &project])
-                .unwrap_or_else(|e| panic!("the real node {}: {e:#}", n.name));
-            node.route_pods_from(&lab.client_netns)
-                .expect("the route to the Pods");
-            node
-        })
-        .collect();
-    let ready = nodes
-        .iter_mut()
-        .map(|n| n.wait_ready(&plane).unwrap_or_else(|e| panic!("{e:#}")))
-        .collect();
+    let real = RealCluster::start(&lab, &plane, &programs, &NodeOptions::default(), &images)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("nodes Ready at {:.1} s", started.elapsed().as_secs_f64());
     // The manifest, as a user applies it.
     plane
         .kubectl()
         .apply(Source::Text(&manifest_with_image(&tag)))
         .unwrap_or_else(|e| panic!("kubectl apply --server-side: {e:#}"));
+    let RealCluster { mut nodes, ready } = real;
     let speakers = wait_speakers_ready(&plane, &mut nodes);
     eprintln!("speakers Ready at {:.1} s", started.elapsed().as_secs_f64());
     Cluster {
@@ -366,8 +339,8 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
     let started = Instant::now();
     let before = kernel_settings();
     let cluster = start_cluster(started, 1);
-    for node in &cluster.ready {
-        assert_versions(node);
+    for info in cluster.ready.iter().map(NodeInfo::of) {
+        assert_versions(&info);
     }
     for speaker in &cluster.speakers {
         let status = &speaker["status"]["containerStatuses"][0];

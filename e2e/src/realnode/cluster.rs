@@ -1,0 +1,148 @@
+//! A lab's nodes as real nodes, for whatever the lab runs on them: the images built once
+//! ([`NodeImages`]), every node of a [`Lab`] started against one control plane and Ready
+//! ([`RealCluster`]), and what each Node's `status.nodeInfo` reports ([`NodeInfo`]).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+
+use super::{NodeOptions, NodePrograms, RealNode, image, prepare_cluster};
+use crate::control_plane::ControlPlane;
+use crate::netns::Lab;
+
+/// The OCI archives a real node imports: the pause image first (pinned), then the project's.
+#[derive(Debug, Clone)]
+pub struct NodeImages {
+    /// The pause image's archive.
+    pub pause: PathBuf,
+    /// The project's image's archive.
+    pub project: PathBuf,
+    /// The project's image's reference (what the manifest names instead of the published one).
+    pub tag: String,
+}
+
+impl NodeImages {
+    /// Builds both images into `dir` with buildah: the project's from the binaries of cargo's
+    /// profile `profile` (built first), tagged `tag`.
+    pub fn build(
+        programs: &NodePrograms,
+        dir: &Path,
+        profile: &str,
+        tag: &str,
+    ) -> Result<NodeImages> {
+        let bin_dir = image::cargo_build(profile)?;
+        let builder = image::Builder::new(&dir.join("buildah"))?;
+        let images = NodeImages {
+            pause: dir.join("pause.tar"),
+            project: dir.join("swimlb.tar"),
+            tag: tag.to_string(),
+        };
+        builder
+            .pause_image(
+                &programs.path("pause"),
+                &programs.pause_tag(),
+                &images.pause,
+            )
+            .context("the pause image")?;
+        builder
+            .project_image(&bin_dir, tag, &images.project)
+            .context("the project's image")?;
+        Ok(images)
+    }
+
+    fn archives(&self) -> [&Path; 2] {
+        [&self.pause, &self.project]
+    }
+}
+
+/// What a Node's `status.nodeInfo` says of its kubelet and runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The Node's name.
+    pub node: String,
+    /// `kubeletVersion` (`v1.37.2`).
+    pub kubelet_version: String,
+    /// `containerRuntimeVersion` (`containerd://2.4.2`).
+    pub container_runtime: String,
+}
+
+impl NodeInfo {
+    /// From a Node object.
+    pub fn of(node: &Value) -> NodeInfo {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let info = &node["status"]["nodeInfo"];
+        NodeInfo {
+            node: s(&node["metadata"]["name"]),
+            kubelet_version: s(&info["kubeletVersion"]),
+            container_runtime: s(&info["containerRuntimeVersion"]),
+        }
+    }
+}
+
+/// Every node of a lab as a real node, Ready; dropping it tears them down (before the control
+/// plane and the lab, when it is declared after them).
+#[derive(Debug)]
+pub struct RealCluster {
+    /// The nodes, in the lab's order.
+    pub nodes: Vec<RealNode>,
+    /// Each Node as it was when it turned Ready.
+    pub ready: Vec<Value>,
+}
+
+impl RealCluster {
+    /// Starts a real node in each of `lab`'s node namespaces against `plane` (which runs in
+    /// the lab's client namespace and issued the nodes' kubelet certificates), with `images`
+    /// imported, the client's routes to their Pods, and waits until every Node is Ready.
+    pub fn start(
+        lab: &Lab,
+        plane: &ControlPlane,
+        programs: &NodePrograms,
+        options: &NodeOptions,
+        images: &NodeImages,
+    ) -> Result<RealCluster> {
+        prepare_cluster(plane)?;
+        let mut nodes = Vec::new();
+        for node in &lab.nodes {
+            let real = RealNode::start(plane, node, programs, options, &images.archives())
+                .with_context(|| format!("the real node {}", node.name))?;
+            real.route_pods_from(&lab.client_netns)?;
+            nodes.push(real);
+        }
+        let mut ready = Vec::new();
+        for node in &mut nodes {
+            ready.push(node.wait_ready(plane)?);
+        }
+        Ok(RealCluster { nodes, ready })
+    }
+
+    /// What each Node's `nodeInfo` reported when it turned Ready.
+    pub fn node_infos(&self) -> Vec<NodeInfo> {
+        self.ready.iter().map(NodeInfo::of).collect()
+    }
+
+    /// Checks that every node's programs still run.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.nodes.iter_mut().try_for_each(RealNode::check_running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_info_reads_the_kubelet_and_runtime_versions_of_a_node() {
+        let node = serde_json::json!({"metadata": {"name": "node1"}, "status": {"nodeInfo": {
+            "kubeletVersion": "v1.37.2", "containerRuntimeVersion": "containerd://2.4.2"}}});
+        assert_eq!(
+            NodeInfo::of(&node),
+            NodeInfo {
+                node: "node1".into(),
+                kubelet_version: "v1.37.2".into(),
+                container_runtime: "containerd://2.4.2".into(),
+            }
+        );
+        assert_eq!(NodeInfo::of(&Value::Null).kubelet_version, "");
+    }
+}
