@@ -11,9 +11,9 @@
 # e2e/tests/image.rs; openssl makes the certificates of the real Kubernetes control plane;
 # systemd brings systemd-analyze, which verifies the standalone unit; lintian checks the Debian
 # package that cargo-deb builds with dpkg-dev's dpkg-shlibdeps).
-# Then it builds the real control plane, MetalLB and helm from pinned Go modules (once, into a
-# cache) and installs mdBook and cargo-deb (once), for the Kubernetes, Helm, book and package
-# tests.
+# Then it builds the real control plane, MetalLB, helm and the real nodes' programs from pinned
+# Go modules (once, into a cache) and installs mdBook and cargo-deb (once), for the Kubernetes,
+# Helm, real node, book and package tests.
 # Tests that need root are marked #[ignore = "needs root: ..."]: as root
 # this script runs them with --include-ignored; without root they show as ignored, never as
 # passed.
