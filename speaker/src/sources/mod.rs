@@ -14,3 +14,18 @@ pub mod notify;
 pub mod scripts;
 pub mod standalone;
 pub mod vrrp;
+
+use crate::gossip::Phase;
+
+/// Readiness (`/readyz`, `/status` `ready`), both modes: the node has joined the mesh (gossip
+/// phase `Active`: a member acknowledged it), or it has nobody to join (`alone`: a standalone
+/// file with no peers, a cluster with no other speaker Pod). A node whose peers are all
+/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
+/// the cluster is unconfirmed. Draining is reported on its own.
+pub fn ready(phase: Phase, alone: bool) -> bool {
+    match phase {
+        Phase::Active => true,
+        Phase::Joining => alone,
+        Phase::Left | Phase::Paused => false,
+    }
+}

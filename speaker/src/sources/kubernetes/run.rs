@@ -173,6 +173,7 @@ pub async fn run(
     else {
         return Ok(());
     };
+    source.update_ready();
     driver::run(&mut source, &mut shared, &mut inputs, shutdown).await;
     source.stop().await;
     Ok(())
@@ -184,6 +185,13 @@ impl driver::Source for Source {
 
     fn daemon(&mut self) -> &mut Daemon {
         &mut self.daemon
+    }
+
+    /// Ready once joined, or at once when no other speaker Pod is bound to a node (a one-node
+    /// cluster has nobody to join: before, its speaker stayed `joining` for good and the
+    /// DaemonSet's rollout never ended).
+    fn ready(&self, phase: Phase) -> bool {
+        crate::sources::ready(phase, self.stores.speaker_nodes() <= 1)
     }
 
     async fn next(inputs: &mut Inputs, _draining: bool) -> Own {
@@ -248,6 +256,13 @@ impl driver::Source for Source {
 }
 
 impl Source {
+    /// `/readyz` again: alone or not changes with the speaker Pods, not only with the phase.
+    fn update_ready(&mut self) {
+        let phase = *self.daemon.phase().borrow();
+        let ready = driver::Source::ready(self, phase);
+        self.daemon.board.update(|s| s.ready = ready);
+    }
+
     /// Serves `/healthz` at once, waits for the caches and the key (`None`: stopped meanwhile),
     /// then starts the gossip, the engine and the records task.
     async fn start(
@@ -427,6 +442,7 @@ impl Source {
             if let Err(e) = self.daemon.gossip().set_seeds(peers).await {
                 tracing::warn!(error = %e, "gossip seeds not updated");
             }
+            self.update_ready();
         }
     }
 
