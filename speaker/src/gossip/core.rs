@@ -795,26 +795,6 @@ impl Core {
             .collect()
     }
 
-    /// When [`Core::handle_due_timers`] should be called next.
-    pub fn next_deadline(&self) -> Option<Duration> {
-        let heap = self.wire.timers.heap.peek().map(|s| s.at);
-        // A parked gossip timer is due (in the past) once there is something to gossip.
-        let parked = self
-            .gossip_parked
-            .as_ref()
-            .filter(|_| self.has_gossip())
-            .map(|(at, _)| *at);
-        match (heap, parked) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Whether foca has updates or broadcasts to gossip.
-    fn has_gossip(&self) -> bool {
-        self.foca.updates_backlog() > 0 || self.foca.custom_broadcast_backlog() > 0
-    }
-
     /// Takes the datagrams queued for sending, in order.
     pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
         self.wire.outbox.drain(..)

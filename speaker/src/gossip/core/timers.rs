@@ -4,6 +4,26 @@
 use super::*;
 
 impl Core {
+    /// When [`Core::handle_due_timers`] should be called next.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        let heap = self.wire.timers.heap.peek().map(|s| s.at);
+        // A parked gossip timer is due (in the past) once there is something to gossip.
+        let parked = self
+            .gossip_parked
+            .as_ref()
+            .filter(|_| self.has_gossip())
+            .map(|(at, _)| *at);
+        match (heap, parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether foca has updates or broadcasts to gossip.
+    pub(super) fn has_gossip(&self) -> bool {
+        self.foca.updates_backlog() > 0 || self.foca.custom_broadcast_backlog() > 0
+    }
+
     /// Runs every timer due at `now`, in deadline order.
     pub fn handle_due_timers(&mut self, now: Duration) {
         let mut late = false;
