@@ -16,7 +16,8 @@
 //! its own digest, so the first node can do the same for it. Equal views cost one datagram of
 //! `2 + 8 x 2^bits` bytes per period. A member known to one side only under an older identity is
 //! settled by foca's identity rules (the higher bump wins); a member one side holds down stays
-//! down there.
+//! down there, and that side answers with the down too (see `Core::answer_digest`), so that the
+//! member hears of it through the other side and renews.
 //!
 //! The wire form is [`swimlb_proto::gossip::Digest`], in a `Sync` payload; this module owns the
 //! hashing and the comparison.

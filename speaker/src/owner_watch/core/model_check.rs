@@ -35,7 +35,9 @@ mod faults;
 mod node;
 mod world;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use faults::{Fault, Schedule, Violation, menu, run, vips};
 use world::Port;
@@ -275,6 +277,28 @@ fn trace_the_moment() {
     let (owner, a, b) = roles(&vips);
     let schedule = match std::env::var("SWIMLB_MODEL_TRACE").as_deref() {
         Ok("stop") => stop_and_one_way_cut(),
+        Ok("short") => vec![
+            (
+                Duration::ZERO,
+                Fault::Cut {
+                    from: owner,
+                    to: a,
+                    port: None,
+                    both: false,
+                    ms: 4400,
+                },
+            ),
+            (
+                Duration::from_millis(500),
+                Fault::Cut {
+                    from: owner,
+                    to: b,
+                    port: Some(Port::Gossip),
+                    both: false,
+                    ms: 300,
+                },
+            ),
+        ],
         _ => moment((owner, b, a), 700, 0),
     };
     let (violations, _) = run(3, &vips, &schedule);

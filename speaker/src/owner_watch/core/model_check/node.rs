@@ -67,8 +67,6 @@ pub struct Out {
 /// The daemon of one running member.
 #[derive(Debug)]
 pub struct Node {
-    /// Its index in the world.
-    pub index: usize,
     /// Its identity when the watch was last told.
     pub me: NodeIdentity,
     /// The real watch core.
@@ -132,7 +130,6 @@ impl Node {
         )
         .expect("a watch core");
         let mut node = Node {
-            index,
             me,
             watch,
             accusations: Accusations::default(),

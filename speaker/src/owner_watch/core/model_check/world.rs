@@ -172,8 +172,10 @@ impl World {
         }
     }
 
-    /// Stops member `i` (SIGSTOP) until `until`.
+    /// Stops member `i` (SIGSTOP) until `until`, or longer if it is stopped longer already
+    /// (the first SIGCONT resumes it).
     pub fn pause(&mut self, i: usize, until: Duration) {
+        let until = self.paused[i].map_or(until, |held| held.max(until));
         if self.members[i].is_some() {
             self.paused[i] = Some(until);
             self.net.pause(i, until);
