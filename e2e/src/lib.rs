@@ -18,6 +18,7 @@
 //! - [`promtool`]: `promtool check metrics`, `check rules`, `test rules`.
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders, the client's prober and ARP asker; failover time from records.
+//! - [`rest`]: a daemon's threads over a run, from `/proc`: CPU, wake-ups, syscalls.
 //! - [`kubelet`]: the apply lab's kubelets, running the Pods the control plane binds to nodes.
 //! - [`realnode`]: real nodes: containerd, the kubelet and kube-proxy in a node's namespace.
 //!
