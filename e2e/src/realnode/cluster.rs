@@ -20,6 +20,8 @@ pub struct NodeImages {
     pub project: PathBuf,
     /// The project's image's reference (what the manifest names instead of the published one).
     pub tag: String,
+    /// The backend's archive and reference, once [`NodeImages::with_echo`] built it.
+    pub echo: Option<(PathBuf, String)>,
 }
 
 impl NodeImages {
@@ -37,6 +39,7 @@ impl NodeImages {
             pause: dir.join("pause.tar"),
             project: dir.join("swimlb.tar"),
             tag: tag.to_string(),
+            echo: None,
         };
         builder
             .pause_image(
@@ -51,8 +54,22 @@ impl NodeImages {
         Ok(images)
     }
 
-    fn archives(&self) -> [&Path; 2] {
-        [&self.pause, &self.project]
+    /// Also builds the backend's image (`swimlb-echo`, [`image::Builder::echo_image`]) into
+    /// `dir`, tagged `tag`; every node imports it too.
+    pub fn with_echo(mut self, dir: &Path, tag: &str) -> Result<NodeImages> {
+        let builder = image::Builder::new(&dir.join("buildah-echo"))?;
+        let archive = dir.join("echo.tar");
+        builder
+            .echo_image(tag, &archive)
+            .context("the backend's image")?;
+        self.echo = Some((archive, tag.to_string()));
+        Ok(self)
+    }
+
+    fn archives(&self) -> Vec<&Path> {
+        let mut archives = vec![self.pause.as_path(), self.project.as_path()];
+        archives.extend(self.echo.as_ref().map(|(a, _)| a.as_path()));
+        archives
     }
 }
 

@@ -14,6 +14,8 @@ use serde_json::Value;
 pub const LIBS: &str = "/usr/lib/x86_64-linux-gnu";
 /// The binaries the project's image holds.
 pub const BINARIES: [&str; 2] = ["swimlb-speaker", "swimlb-controller"];
+/// The target the backend (`swimlb-echo`) is compiled for: static, so its image needs no libc.
+pub const ECHO_TARGET: &str = "x86_64-unknown-linux-musl";
 
 /// The repository's root.
 fn repo() -> PathBuf {
@@ -90,6 +92,39 @@ impl Builder {
             r#"["/pause"]"#,
             "--user",
             "65535:65535",
+            container,
+        ]))?;
+        run(self.buildah().args(["commit", "--quiet", container, tag]))?;
+        run(self.buildah().args(["rm", container]))?;
+        self.export(tag, archive)
+    }
+
+    /// The backend image: `e2e/backend/echo.rs` compiled by `rustc` alone for the musl target
+    /// (static, no dependency: a second or two, where a crate of the workspace would compile its
+    /// dependencies for musl first), at `/swimlb-echo`, its entrypoint, run as nobody; tagged
+    /// `tag`, as an OCI archive at `archive`.
+    pub fn echo_image(&self, tag: &str, archive: &Path) -> Result<()> {
+        let program = self.dir.join("swimlb-echo");
+        run(Command::new("rustc")
+            .args(["--edition", "2021", "-O", "--target", ECHO_TARGET, "-o"])
+            .arg(&program)
+            .arg(repo().join("e2e/backend/echo.rs")))
+        .with_context(|| format!("compiling the backend (needs rustup's {ECHO_TARGET} target)"))?;
+        let container = run(self.buildah().args(["from", "scratch"]))?;
+        let container = container.trim();
+        run(self
+            .buildah()
+            .args(["copy", container])
+            .arg(&program)
+            .arg("/swimlb-echo"))?;
+        run(self.buildah().args([
+            "config",
+            "--entrypoint",
+            r#"["/swimlb-echo"]"#,
+            "--user",
+            "65534:65534",
+            "--port",
+            "8080",
             container,
         ]))?;
         run(self.buildah().args(["commit", "--quiet", container, tag]))?;
