@@ -53,6 +53,9 @@ enum Command {
     /// Moves decided by the Kubernetes API (an endpoint moved to another node), each measured
     /// from the client: dual and dark answers, and when the new owner alone answered.
     Handover(HandoverArgs),
+    /// Failover as a client of a LoadBalancer Service sees it, on real nodes (kubelet,
+    /// containerd, kube-proxy): new connections and long-lived ones, Local and Cluster.
+    ServiceFailover(crate::service_failover::Args),
     /// Run the speaker (same arguments as `swimlb-speaker`).
     Speaker,
     /// Run the controller (same arguments as `swimlb-controller`).
@@ -357,6 +360,7 @@ pub fn main_with_args(
             | Command::Chaos(_)
             | Command::Migrate(_)
             | Command::Handover(_)
+            | Command::ServiceFailover(_)
     );
     if needs_root && !crate::netns::is_root() {
         eprintln!(
@@ -372,6 +376,7 @@ pub fn main_with_args(
         Command::Chaos(args) => run_chaos(args),
         Command::Migrate(args) => run_migrate(args),
         Command::Handover(args) => run_handover(args),
+        Command::ServiceFailover(args) => args.run(),
         Command::Speaker | Command::Controller => unreachable!("handled before parsing"),
     };
     match result {

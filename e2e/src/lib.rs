@@ -21,6 +21,7 @@
 //! - [`rest`]: a daemon's threads over a run, from `/proc`: CPU, wake-ups, syscalls.
 //! - [`kubelet`]: the apply lab's kubelets, running the Pods the control plane binds to nodes.
 //! - [`realnode`]: real nodes: containerd, the kubelet and kube-proxy in a node's namespace.
+//! - [`service_failover`]: failover as a client of a LoadBalancer Service sees it, on real nodes.
 //!
 //! The lab's shared layer (imports no scenario):
 //! - [`lab`]: the speakers' ports and HTTP reads, the daemons' views, MetalLB's rule, the
@@ -83,6 +84,7 @@ pub mod realnode;
 pub mod reference;
 pub mod rest;
 pub mod scrape;
+pub mod service_failover;
 pub mod sim;
 pub mod soak;
 pub mod trial;

@@ -1,0 +1,319 @@
+//! `swimlb-lab service-failover`: failover as a client of a LoadBalancer Service sees it, on
+//! real nodes (a real kubelet, containerd and kube-proxy each, see [`crate::realnode`]).
+//!
+//! The cluster ([`cluster::ServiceCluster`]): three nodes running `deploy/swimlb.yaml`, the
+//! backend `swimlb-echo` two replicas per node, a Service with `externalTrafficPolicy: Local`
+//! and one with `Cluster`. Each trial, for one policy: the cluster fully up (every Node Ready,
+//! every speaker Ready, every endpoint ready); the client ([`client::Client`], in the lab's
+//! client namespace, outside the nodes) running against the Service's IP; the owner checked, by
+//! the client's ARP entry, to be the node the election rule names (MetalLB's order, which
+//! swimlb's speakers follow; a figure from another owner would be a bug, so the trial fails
+//! instead); then the owner powered off as the network sees it (its link cut, as `failover
+//! --scenario poweroff` does) for the window; what the client saw ([`report`]); the link back.
+//! Only swimlb runs: MetalLB has no image for the real nodes yet.
+
+pub mod client;
+pub mod cluster;
+pub mod report;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::kubelab::Policy;
+use crate::lab::rule;
+use crate::netns;
+use crate::realnode::NodeInfo;
+use client::Client;
+use cluster::{ServiceCluster, UP_LIMIT, service_of};
+use report::{PolicyReport, TrialReport};
+
+/// The one implementation the real nodes run.
+pub const IMPLEMENTATION: &str = "swimlb-kubernetes";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The policies, each measured `trials` times.
+    pub policies: Vec<Policy>,
+    /// Trials per policy.
+    pub trials: usize,
+    /// How long after the fault the client runs (60 s by default).
+    pub window: Duration,
+    /// Nodes (at least 2: a lone speaker never turns Ready).
+    pub nodes: usize,
+    /// Where the JSON goes.
+    pub json: Option<PathBuf>,
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `service-failover`.
+    pub command: &'static str,
+    /// Nodes.
+    pub nodes: usize,
+    /// Seconds after each fault the client ran.
+    pub window_s: f64,
+    /// Each Node's kubelet and runtime versions, as its `status.nodeInfo` reports them.
+    pub node_info: Vec<NodeInfoJson>,
+    /// Per implementation and policy.
+    pub results: Vec<PolicyReport>,
+}
+
+/// A Node's versions in the JSON.
+#[derive(Debug, Serialize)]
+pub struct NodeInfoJson {
+    /// The Node.
+    pub node: String,
+    /// `kubeletVersion`.
+    pub kubelet_version: String,
+    /// `containerRuntimeVersion`.
+    pub container_runtime: String,
+}
+
+impl From<NodeInfo> for NodeInfoJson {
+    fn from(i: NodeInfo) -> NodeInfoJson {
+        NodeInfoJson {
+            node: i.node,
+            kubelet_version: i.kubelet_version,
+            container_runtime: i.container_runtime,
+        }
+    }
+}
+
+/// The policy's name in the CLI and the JSON.
+pub fn policy_name(policy: Policy) -> &'static str {
+    match policy {
+        Policy::Local => "local",
+        Policy::Cluster => "cluster",
+    }
+}
+
+/// Parses `local` or `cluster`.
+pub fn parse_policy(name: &str) -> Result<Policy> {
+    match name {
+        "local" => Ok(Policy::Local),
+        "cluster" => Ok(Policy::Cluster),
+        other => bail!("unknown policy {other:?}: local or cluster"),
+    }
+}
+
+/// Checks `--impl`: only swimlb runs on the real nodes.
+pub fn check_implementation(name: &str) -> Result<()> {
+    match name {
+        IMPLEMENTATION => Ok(()),
+        "metallb" => bail!("MetalLB has no image for the real nodes yet: only {IMPLEMENTATION}"),
+        other => bail!("unknown implementation {other:?}: {IMPLEMENTATION}"),
+    }
+}
+
+/// Runs every trial; `log` gets a line per step and trial.
+pub fn run(options: &Options, log: &mut dyn FnMut(&str)) -> Result<Report> {
+    if options.nodes < 2 {
+        bail!("service-failover needs at least 2 nodes (a lone speaker never turns Ready)");
+    }
+    netns::require_root("service-failover");
+    let mut cluster = ServiceCluster::start(options.nodes, log)?;
+    let mut results = Vec::new();
+    for &policy in &options.policies {
+        let (name, ip) = service_of(policy);
+        let (mut trials, mut failed) = (Vec::new(), Vec::new());
+        for trial in 1..=options.trials {
+            match run_trial(&mut cluster, policy, trial, options.window) {
+                Ok(t) => {
+                    log(&format!(
+                        "{name} trial {trial}/{}: {} powered off, first new request answered \
+                         after {}, long-lived connections survived: {}/{}",
+                        options.trials,
+                        t.owner,
+                        t.first_success_ms
+                            .map_or("none".into(), |v| format!("{v:.0} ms")),
+                        t.long_lived.iter().filter(|l| l.survived).count(),
+                        t.long_lived.len()
+                    ));
+                    trials.push(t);
+                }
+                Err(e) => {
+                    log(&format!("{name} trial {trial}: failed: {e:#}"));
+                    failed.push(format!("trial {trial}: {e:#}"));
+                }
+            }
+        }
+        results.push(report::summarize(
+            IMPLEMENTATION,
+            policy_name(policy),
+            &ip.to_string(),
+            trials,
+            failed,
+        ));
+    }
+    let report = Report {
+        command: "service-failover",
+        nodes: options.nodes,
+        window_s: options.window.as_secs_f64(),
+        node_info: cluster
+            .real
+            .node_infos()
+            .into_iter()
+            .map(NodeInfoJson::from)
+            .collect(),
+        results,
+    };
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// One trial of `policy`: see the module's documentation.
+fn run_trial(
+    cluster: &mut ServiceCluster,
+    policy: Policy,
+    trial: usize,
+    window: Duration,
+) -> Result<TrialReport> {
+    cluster.wait_up(UP_LIMIT)?;
+    let (_, ip) = service_of(policy);
+    let names: Vec<&str> = cluster.lab.nodes.iter().map(|n| n.name.as_str()).collect();
+    let expected = rule::metallb_owner(&names, IpAddr::V4(ip)).context("no node")?;
+    let client = Client::start(&cluster.lab.client_netns, ip)?;
+    // The client's ARP entry learnt afresh while the client runs.
+    let _ = cluster.lab.run_in(
+        &cluster.lab.client_netns,
+        "ip",
+        &["neigh", "flush", "to", &ip.to_string()],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let owner = arp_owner(cluster, ip);
+    if owner.as_deref() != Some(expected.as_str()) {
+        drop(client.stop());
+        bail!("{ip} is answered by {owner:?}, but the election rule names {expected}");
+    }
+    let index = cluster
+        .lab
+        .nodes
+        .iter()
+        .find(|n| n.name == expected)
+        .map(|n| n.index)
+        .context("the owner's index")?;
+    let fault = Instant::now();
+    cluster.lab.set_link(index, false)?;
+    std::thread::sleep(window);
+    let new_owner = arp_owner(cluster, ip);
+    let record = client.stop();
+    cluster.lab.set_link(index, true)?;
+    if !report::ok_before(&record, fault) {
+        bail!("no request through {ip} succeeded in the second before the fault");
+    }
+    let seconds = window.as_secs().max(1) as usize;
+    Ok(TrialReport {
+        trial,
+        owner: expected,
+        new_owner,
+        first_success_ms: report::first_success_ms(&record.new, fault),
+        new_requests: record.new.iter().filter(|r| r.sent >= fault).count(),
+        failed_share_per_s: report::failed_share_per_s(&record.new, fault, seconds),
+        long_lived: record
+            .long
+            .iter()
+            .map(|l| report::long_lived(l, fault))
+            .collect(),
+    })
+}
+
+/// The node whose MAC the client's neighbour entry for `ip` holds.
+fn arp_owner(cluster: &ServiceCluster, ip: Ipv4Addr) -> Option<String> {
+    let out = cluster
+        .lab
+        .run_in(
+            &cluster.lab.client_netns,
+            "ip",
+            &["neigh", "show", "to", &ip.to_string()],
+        )
+        .ok()?;
+    let mac = out
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)?
+        .to_string();
+    cluster
+        .lab
+        .nodes
+        .iter()
+        .find(|n| netns::mac_text(n.mac).eq_ignore_ascii_case(&mac))
+        .map(|n| n.name.clone())
+}
+
+/// `swimlb-lab service-failover`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The load balancer: swimlb-kubernetes (MetalLB has no image for the real nodes yet).
+    #[arg(long = "impl", value_delimiter = ',', default_value = IMPLEMENTATION)]
+    implementation: Vec<String>,
+    /// The Services' externalTrafficPolicy: local, cluster, or both (`local,cluster`).
+    #[arg(long, value_delimiter = ',', default_value = "local,cluster")]
+    policy: Vec<String>,
+    /// Trials per policy.
+    #[arg(long, default_value_t = 10)]
+    trials: usize,
+    /// Seconds the client runs after each fault.
+    #[arg(long, default_value_t = 60)]
+    window: u64,
+    /// Real nodes in the lab (at least 2).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Write the report as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+impl Args {
+    /// Runs the trials and prints a table per policy.
+    pub fn run(self) -> Result<()> {
+        for name in &self.implementation {
+            check_implementation(name)?;
+        }
+        let options = Options {
+            policies: self
+                .policy
+                .iter()
+                .map(|p| parse_policy(p))
+                .collect::<Result<_>>()?,
+            trials: self.trials,
+            window: Duration::from_secs(self.window),
+            nodes: self.nodes,
+            json: self.json,
+        };
+        let report = run(&options, &mut |line| eprintln!("{line}"))?;
+        println!(
+            "{:<18} {:<8} {:>7} {:>9} {:>9} {:>9} {:>9}  failed share, s 0..5",
+            "impl", "policy", "trials", "p50 ms", "p90 ms", "p99 ms", "max ms"
+        );
+        for r in &report.results {
+            let shares: Vec<String> = r
+                .failed_share_per_s
+                .iter()
+                .take(5)
+                .map(|s| format!("{:.0}%", s * 100.0))
+                .collect();
+            println!(
+                "{:<18} {:<8} {:>7} {:>9.0} {:>9.0} {:>9.0} {:>9.0}  {}",
+                r.implementation,
+                r.policy,
+                r.trials.len(),
+                r.first_success_ms.p50,
+                r.first_success_ms.p90,
+                r.first_success_ms.p99,
+                r.first_success_ms.max,
+                shares.join(" ")
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,263 @@
+//! The cluster `service-failover` measures: a lab of real nodes ([`RealCluster`]) running
+//! `deploy/swimlb.yaml` (only the image changed), an `IPAddressPool` and `L2Advertisement` on
+//! the lab's segment, the backend `swimlb-echo` as a Deployment of two replicas per node (spread
+//! by a topology constraint on the hostname) and a LoadBalancer Service for each
+//! `externalTrafficPolicy`.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::control_plane::{self, ControlPlane, Network};
+use crate::kubectl::Source;
+use crate::kubelab::{APPS, NAMESPACE, POOL, Policy};
+use crate::netns::{self, Lab};
+use crate::realnode::{self, NodeImages, NodeOptions, NodePrograms, RealCluster, image};
+
+/// The backend's name (Deployment, label, container).
+pub const BACKEND: &str = "echo";
+/// Backend replicas per node.
+pub const PER_NODE: usize = 2;
+/// How long the cluster may take to be fully up (at start and after a trial).
+pub const UP_LIMIT: Duration = Duration::from_secs(240);
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The Service of `policy` and its LoadBalancer IP (asked with MetalLB's annotation).
+pub fn service_of(policy: Policy) -> (&'static str, Ipv4Addr) {
+    match policy {
+        Policy::Local => ("echo-local", netns::vip_v4(0)),
+        Policy::Cluster => ("echo-cluster", netns::vip_v4(1)),
+    }
+}
+
+/// The running cluster. Fields drop in order: nodes, control plane, lab.
+#[derive(Debug)]
+pub struct ServiceCluster {
+    /// The real nodes.
+    pub real: RealCluster,
+    /// The control plane (in the client's namespace).
+    pub plane: ControlPlane,
+    /// The lab's namespaces.
+    pub lab: Lab,
+}
+
+impl ServiceCluster {
+    /// Builds the images, starts `nodes` real nodes and everything above, and waits until it
+    /// is fully up ([`ServiceCluster::wait_up`]).
+    pub fn start(nodes: usize, log: &mut dyn FnMut(&str)) -> Result<ServiceCluster> {
+        let started = Instant::now();
+        let programs = NodePrograms::locate()?;
+        realnode::cleanup_stale();
+        let lab = Lab::create(nodes)?;
+        let plane = ControlPlane::start(
+            &lab.work_dir().join("k8s"),
+            Network::Netns {
+                netns: lab.client_netns.clone(),
+                ip: netns::CLIENT_V4,
+            },
+            &control_plane::Options {
+                nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
+                ..control_plane::Options::default()
+            },
+        )?;
+        let tag = format!("localhost/swimlb/swimlb:{VERSION}-service-failover");
+        let dir = lab.work_dir().join("images");
+        let profile = image::profile_of_current_exe()?;
+        let images = NodeImages::build(&programs, &dir, &profile, &tag)?
+            .with_echo(&dir, &format!("localhost/swimlb/echo:{VERSION}"))?;
+        log(&format!(
+            "images built at {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+        let real = RealCluster::start(&lab, &plane, &programs, &NodeOptions::default(), &images)?;
+        route_pods_between(&lab, &real)?;
+        log(&format!(
+            "nodes Ready at {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+        let mut cluster = ServiceCluster { real, plane, lab };
+        cluster
+            .plane
+            .kubectl()
+            .apply(Source::Text(&manifest_with_image(&tag)?))?;
+        cluster.apply_objects(&images)?;
+        cluster.wait_up(UP_LIMIT)?;
+        log(&format!(
+            "cluster up at {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(cluster)
+    }
+
+    /// The pool, the advertisement, the backend and its Services (retried while the CRDs the
+    /// manifest made are not served yet).
+    fn apply_objects(&self, images: &NodeImages) -> Result<()> {
+        let admin = self.plane.admin();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let pool = json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
+            "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {"addresses": [POOL]}});
+        while let Err(e) = admin.apply(pool.clone(), "swimlb-lab") {
+            if Instant::now() > deadline {
+                return Err(e.context("the IPAddressPool"));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        admin.apply(
+            json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
+                "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {}}),
+            "swimlb-lab",
+        )?;
+        let echo = images.echo.as_ref().context("the backend's image")?;
+        admin.apply(
+            backend(&echo.1, PER_NODE * self.lab.nodes.len()),
+            "swimlb-lab",
+        )?;
+        for policy in [Policy::Local, Policy::Cluster] {
+            admin.apply(service(policy), "swimlb-lab")?;
+        }
+        Ok(())
+    }
+
+    /// Why the cluster is not fully up, or `None` when it is: every Node Ready, a speaker Ready
+    /// on each, every backend Pod's endpoint ready in both Services, both IPs assigned.
+    pub fn not_up(&self) -> Result<Option<String>> {
+        let admin = self.plane.admin();
+        let nodes = admin.list("v1", "Node", None)?;
+        let n = self.lab.nodes.len();
+        let ready = nodes.iter().filter(|x| realnode::node_ready(x)).count();
+        if ready < n {
+            return Ok(Some(format!("{ready} of {n} Nodes Ready")));
+        }
+        let pods = admin.list("v1", "Pod", Some(NAMESPACE))?;
+        let speakers = pods
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "speaker")
+            .filter(|p| pod_ready(p))
+            .count();
+        if speakers < n {
+            return Ok(Some(format!("{speakers} of {n} speakers Ready")));
+        }
+        for policy in [Policy::Local, Policy::Cluster] {
+            let (name, ip) = service_of(policy);
+            let svc = admin.get("v1", "Service", Some(APPS), name)?;
+            let assigned = svc
+                .as_ref()
+                .map(|s| s["status"]["loadBalancer"]["ingress"][0]["ip"] == ip.to_string())
+                .unwrap_or(false);
+            if !assigned {
+                return Ok(Some(format!("{name} has no ingress IP {ip} yet")));
+            }
+            let endpoints = ready_endpoints(admin, name)?;
+            if endpoints < PER_NODE * n {
+                return Ok(Some(format!("{name}: {endpoints} ready endpoints")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits until the cluster is fully up, at most `limit`; fails saying what is not.
+    pub fn wait_up(&mut self, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.real.check_running()?;
+            let why = match self.not_up() {
+                Ok(None) => return Ok(()),
+                Ok(Some(why)) => why,
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() > deadline {
+                bail!("the cluster is not up within {limit:?}: {why}");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// The ready endpoints of Service `name`'s EndpointSlices.
+fn ready_endpoints(admin: &crate::kube_client::Kube, name: &str) -> Result<usize> {
+    let slices = admin.list("discovery.k8s.io/v1", "EndpointSlice", Some(APPS))?;
+    Ok(slices
+        .iter()
+        .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == name)
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["conditions"]["ready"] == true)
+        .count())
+}
+
+/// Each node routes the other nodes' Pod subnets through them (the bridge plugin connects only
+/// a node's own Pods), so kube-proxy with `Cluster` reaches a Pod on another node.
+fn route_pods_between(lab: &Lab, real: &RealCluster) -> Result<()> {
+    for node in &real.nodes {
+        for other in real.nodes.iter().filter(|o| o.name != node.name) {
+            lab.run_in(
+                &node.netns,
+                "ip",
+                &[
+                    "route",
+                    "replace",
+                    &other.pod_cidr,
+                    "via",
+                    &other.ip.to_string(),
+                ],
+            )
+            .with_context(|| format!("{}'s route to {}'s Pods", node.name, other.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// `deploy/swimlb.yaml` with `image` in place of the published image reference.
+fn manifest_with_image(image: &str) -> Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    let published = format!("image: localhost/swimlb/swimlb:{VERSION}");
+    if !text.contains(&published) {
+        bail!("{} names no `{published}`", path.display());
+    }
+    Ok(text.replace(&published, &format!("image: {image}")))
+}
+
+/// The backend's Deployment: `replicas` Pods of `image`, at most one more on a node than on
+/// another (so two per node), ready when their port answers.
+fn backend(image: &str, replicas: usize) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": BACKEND, "namespace": APPS},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": BACKEND}},
+            "template": {"metadata": {"labels": {"app": BACKEND}},
+                "spec": {
+                    "topologySpreadConstraints": [{"maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "labelSelector": {"matchLabels": {"app": BACKEND}}}],
+                    "containers": [{"name": BACKEND, "image": image,
+                        "imagePullPolicy": "Never",
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080},
+                            "periodSeconds": 1}}]}}}})
+}
+
+/// The LoadBalancer Service of `policy` in front of the backend, port 80.
+fn service(policy: Policy) -> Value {
+    let (name, ip) = service_of(policy);
+    let policy = match policy {
+        Policy::Local => "Local",
+        Policy::Cluster => "Cluster",
+    };
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": APPS,
+            "annotations": {"metallb.universe.tf/loadBalancerIPs": ip.to_string()}},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
+            "selector": {"app": BACKEND},
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+}

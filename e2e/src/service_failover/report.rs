@@ -1,0 +1,224 @@
+//! What one `service-failover` trial's record says, as the JSON reports it: from the client's
+//! requests ([`super::client::Record`]) and the fault's time.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::client::{Record, Request};
+use crate::trial::{Percentiles, percentiles};
+
+/// One trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrialReport {
+    /// 1-based.
+    pub trial: usize,
+    /// The owner before the fault (the one the election rule names, checked by ARP).
+    pub owner: String,
+    /// The node answering the IP's ARP at the end of the window, if any.
+    pub new_owner: Option<String>,
+    /// Fault to the end of the first successful request on a new connection sent after it;
+    /// `None` when none succeeded in the window.
+    pub first_success_ms: Option<f64>,
+    /// New connections' requests sent after the fault.
+    pub new_requests: usize,
+    /// Of those, the failed share in each second after the fault (0 to 1).
+    pub failed_share_per_s: Vec<f64>,
+    /// What each long-lived connection saw.
+    pub long_lived: Vec<LongLived>,
+}
+
+/// One long-lived connection through a trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct LongLived {
+    /// Its requests answered in the second before the fault.
+    pub ok_before: usize,
+    /// Fault to the end of its first failed request sent after the fault.
+    pub first_failure_ms: Option<f64>,
+    /// Whether the connection open at the fault answered every request after it (it survived).
+    pub survived: bool,
+    /// Fault to the end of the first request answered on a connection opened again.
+    pub reopened_ok_ms: Option<f64>,
+    /// Its requests sent after the fault.
+    pub requests_after: usize,
+    /// Its failed requests after the fault.
+    pub failed: usize,
+}
+
+/// Per policy over the trials.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyReport {
+    /// `swimlb-kubernetes`.
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// `local` or `cluster`.
+    pub policy: String,
+    /// The LoadBalancer IP.
+    pub ip: String,
+    /// Over the trials with a success.
+    pub first_success_ms: Percentiles,
+    /// Mean over the trials of each second's failed share.
+    pub failed_share_per_s: Vec<f64>,
+    /// Every trial.
+    pub trials: Vec<TrialReport>,
+    /// Trials not measured, and why.
+    pub failed_trials: Vec<String>,
+}
+
+fn ms(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
+}
+
+/// Whether a new connection's request succeeded in the second before `fault`.
+pub fn ok_before(record: &Record, fault: Instant) -> bool {
+    record
+        .new
+        .iter()
+        .any(|r| r.ok && r.sent < fault && r.sent + Duration::from_secs(1) >= fault)
+}
+
+/// Fault to the end of the first successful new request sent at or after the fault.
+pub fn first_success_ms(requests: &[Request], fault: Instant) -> Option<f64> {
+    requests
+        .iter()
+        .filter(|r| r.ok && r.sent >= fault)
+        .map(|r| ms(fault, r.done))
+        .min_by(f64::total_cmp)
+}
+
+/// The failed share of the requests sent in each of the `seconds` seconds after the fault (0
+/// for a second without requests).
+pub fn failed_share_per_s(requests: &[Request], fault: Instant, seconds: usize) -> Vec<f64> {
+    let mut sent = vec![0usize; seconds];
+    let mut failed = vec![0usize; seconds];
+    for r in requests.iter().filter(|r| r.sent >= fault) {
+        let s = r.sent.duration_since(fault).as_secs() as usize;
+        if s < seconds {
+            sent[s] += 1;
+            failed[s] += usize::from(!r.ok);
+        }
+    }
+    sent.iter()
+        .zip(&failed)
+        .map(|(&n, &f)| if n == 0 { 0.0 } else { f as f64 / n as f64 })
+        .collect()
+}
+
+/// What a long-lived connection saw.
+pub fn long_lived(requests: &[Request], fault: Instant) -> LongLived {
+    let before = requests
+        .iter()
+        .filter(|r| r.sent < fault && r.sent + Duration::from_secs(1) >= fault && r.ok)
+        .count();
+    let after: Vec<&Request> = requests.iter().filter(|r| r.sent >= fault).collect();
+    let first_failure = after.iter().position(|r| !r.ok);
+    // A failure drops the connection: the next request that succeeds is on a new one.
+    let reopened_ok =
+        first_failure.and_then(|i| after[i..].iter().find(|r| r.ok).map(|r| ms(fault, r.done)));
+    LongLived {
+        ok_before: before,
+        first_failure_ms: first_failure.map(|i| ms(fault, after[i].done)),
+        survived: first_failure.is_none() && !after.is_empty(),
+        reopened_ok_ms: reopened_ok,
+        requests_after: after.len(),
+        failed: after.iter().filter(|r| !r.ok).count(),
+    }
+}
+
+/// The policy's summary over `trials`.
+pub fn summarize(
+    implementation: &str,
+    policy: &str,
+    ip: &str,
+    trials: Vec<TrialReport>,
+    failed_trials: Vec<String>,
+) -> PolicyReport {
+    let firsts: Vec<f64> = trials.iter().filter_map(|t| t.first_success_ms).collect();
+    let seconds = trials
+        .iter()
+        .map(|t| t.failed_share_per_s.len())
+        .max()
+        .unwrap_or(0);
+    let mean = (0..seconds)
+        .map(|s| {
+            let v: Vec<f64> = trials
+                .iter()
+                .filter_map(|t| t.failed_share_per_s.get(s).copied())
+                .collect();
+            v.iter().sum::<f64>() / v.len().max(1) as f64
+        })
+        .collect();
+    PolicyReport {
+        implementation: implementation.into(),
+        policy: policy.into(),
+        ip: ip.into(),
+        first_success_ms: percentiles(&firsts),
+        failed_share_per_s: mean,
+        trials,
+        failed_trials,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(fault: Instant, sent_ms: i64, took_ms: u64, ok: bool) -> Request {
+        let sent = if sent_ms < 0 {
+            fault - Duration::from_millis(sent_ms.unsigned_abs())
+        } else {
+            fault + Duration::from_millis(sent_ms as u64)
+        };
+        Request {
+            sent,
+            done: sent + Duration::from_millis(took_ms),
+            ok,
+            reopened: false,
+        }
+    }
+
+    #[test]
+    fn first_success_counts_only_requests_sent_after_the_fault() {
+        let fault = Instant::now();
+        let rs = [
+            req(fault, -5, 20, true),
+            req(fault, 10, 1000, false),
+            req(fault, 300, 2, true),
+            req(fault, 400, 1, true),
+        ];
+        assert_eq!(first_success_ms(&rs, fault), Some(302.0));
+        assert_eq!(first_success_ms(&rs[..2], fault), None);
+    }
+
+    #[test]
+    fn failed_share_is_per_second_after_the_fault() {
+        let fault = Instant::now();
+        let rs = [
+            req(fault, 0, 1, false),
+            req(fault, 500, 1, true),
+            req(fault, 1500, 1, true),
+            req(fault, 3500, 1, false),
+        ];
+        assert_eq!(failed_share_per_s(&rs, fault, 3), vec![0.5, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_long_lived_connection_that_broke_and_was_opened_again() {
+        let fault = Instant::now();
+        let mut rs = vec![
+            req(fault, -10, 1, true),
+            req(fault, 5, 1000, false),
+            req(fault, 1010, 3, true),
+        ];
+        rs[2].reopened = true;
+        let l = long_lived(&rs, fault);
+        assert_eq!(l.ok_before, 1);
+        assert_eq!(l.first_failure_ms, Some(1005.0));
+        assert!(!l.survived);
+        assert_eq!(l.reopened_ok_ms, Some(1013.0));
+        assert_eq!(l.failed, 1);
+        let kept = long_lived(&[req(fault, 5, 1, true)], fault);
+        assert!(kept.survived && kept.first_failure_ms.is_none());
+    }
+}
