@@ -958,6 +958,10 @@ impl Core {
     }
 
     fn holds_as_down(&self, id: &NodeIdentity) -> bool {
+        // `members` mirrors foca's alive members: no scan of every member per datagram.
+        if self.members.get(&id.addr) == Some(id) {
+            return false;
+        }
         self.foca
             .iter_membership_state()
             .any(|m| m.state() == State::Down && m.id() == id)
