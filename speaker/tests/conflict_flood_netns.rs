@@ -19,7 +19,6 @@ use tokio::time::Instant;
 
 const VIP: [u8; 4] = [198, 51, 100, 10];
 const VIP6: &str = "2001:db8:100::10";
-const LISTEN: &str = "198.51.100.1:7572";
 /// The forger's MAC (locally administered).
 const FORGER: [u8; 6] = [0x02, 0, 0, 0, 0, 0x99];
 /// Frames per second, and for how long.
@@ -70,6 +69,15 @@ enum Claim {
 }
 
 impl Claim {
+    /// The speaker's HTTP listener: on A's address of the claims' family (an IPv6 listen
+    /// address in the file works as an IPv4 one).
+    fn listen(self) -> &'static str {
+        match self {
+            Claim::Arp => "198.51.100.1:7572",
+            Claim::Ndp => "[2001:db8:100::1]:7572",
+        }
+    }
+
     fn frame(self) -> Vec<u8> {
         match self {
             Claim::Arp => forged_claim().to_vec(),
@@ -142,8 +150,8 @@ fn flood_from_b(b: &str, veth_b: &str, frame: Vec<u8>) -> (u64, u64) {
     .expect("flood thread")
 }
 
-async fn metrics() -> String {
-    let mut stream = tokio::net::TcpStream::connect(LISTEN)
+async fn metrics(listen: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(listen)
         .await
         .expect("connect");
     stream
@@ -191,8 +199,9 @@ fn flood(claim: Claim, tag: char) {
     write_key_file(&keys, &format!("{}\n", encode_key(&[9; 32]))).unwrap();
     let path = dir.join("speaker.yaml");
     let text = format!(
-        "cluster: flood-lab\nnode: a\nbind: 198.51.100.1:7946\nkeyFile: {}\nlisten: {LISTEN}\ngroups:\n  - name: vip\n    addresses: [198.51.100.10, {VIP6}]\n    interface: {}\n",
+        "cluster: flood-lab\nnode: a\nbind: 198.51.100.1:7946\nkeyFile: {}\nlisten: \"{}\"\ngroups:\n  - name: vip\n    addresses: [198.51.100.10, {VIP6}]\n    interface: {}\n",
         keys.display(),
+        claim.listen(),
         lab.veth_a
     );
     std::fs::write(&path, &text).unwrap();
@@ -226,7 +235,7 @@ fn flood(claim: Claim, tag: char) {
             .await
             .expect("flood");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let text = metrics().await;
+        let text = metrics(claim.listen()).await;
         let seen = sample(&text, "swimlb_conflicts_total ").unwrap_or(0.0);
         let coalesced = sample(
             &text,
