@@ -104,6 +104,13 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct MigrateArgs {
+    /// What swimlb replaces: `metallb` (the Kubernetes lab) or `keepalived-fast` (three
+    /// keepalived routers, VRRPv3 and `advert_int 0.1`, switched node by node).
+    #[arg(long, default_value = "metallb", value_parser = ["metallb", "keepalived-fast"])]
+    from: String,
+    /// With `--from keepalived-fast`: crashes of the owner at each mixed state.
+    #[arg(long, default_value_t = 5)]
+    trials: usize,
     /// Nodes in the lab.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
@@ -441,6 +448,20 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
 fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
     cleanup_on_interrupt();
     ensure_packages(&[("ip", "iproute2"), ("nft", "nftables")])?;
+    if args.from == "keepalived-fast" {
+        ensure_packages(&[("keepalived", "keepalived")])?;
+        let options = crate::migrate::keepalived::Options {
+            trials: args.trials,
+        };
+        let report = crate::migrate::keepalived::run(speaker_program()?, &options, &mut |line| {
+            println!("{line}")
+        })?;
+        print!("{}", report.table());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+        }
+        return Ok(());
+    }
     let options = crate::migrate::Options {
         nodes: args.nodes,
         services: args.services,

@@ -9,7 +9,8 @@
 //!   says so) and never answers, while the speaker owns.
 //!
 //! - speakers alone with `vrrp:` answer once their routers have listened, and the owner
-//!   advertises.
+//!   advertises;
+//! - `swimlb-lab migrate --from keepalived-fast` runs once and ends with the rule's owner.
 //!
 //! Root only: `#[ignore = "needs root: ..."]`, run with `--include-ignored` (as `sudo ./test.sh`
 //! does). Every wait is bounded; no duration is asserted beyond the functional bounds named.
@@ -243,4 +244,25 @@ fn speakers_alone_with_vrrp_answer_after_listening_and_the_owner_advertises() {
     );
     drop(prober);
     drop(responders);
+}
+
+/// `swimlb-lab migrate --from keepalived-fast` once (one crash per mixed state): the switch
+/// ends with the rule's owner answering and named by every speaker, and each crash of
+/// keepalived's MASTER beside speakers was taken over.
+#[test]
+#[ignore = "needs root: network namespaces, keepalived and the speakers"]
+fn migrate_from_keepalived_fast_ends_with_the_rules_owner() {
+    netns::require_root("migrate --from keepalived-fast");
+    let _guard = LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let options = swimlb_e2e::migrate::keepalived::Options { trials: 1 };
+    let report =
+        swimlb_e2e::migrate::keepalived::run(program(), &options, &mut |l| eprintln!("{l}"))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    eprint!("{}", report.table());
+    assert!(report.final_owner_ok, "{}", report.table());
+    assert_eq!(report.steps.len(), 3);
+    assert_eq!(report.failovers.len(), 2);
+    for f in &report.failovers {
+        assert_eq!(f.failover_ms.len(), 1, "{f:?}");
+    }
 }
