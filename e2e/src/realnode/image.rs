@@ -208,13 +208,17 @@ pub fn cargo_build(profile: &str) -> Result<PathBuf> {
     }
 }
 
-/// The cargo profile folder a test binary runs from (`target/<profile>/deps/NAME-HASH`).
+/// The cargo profile folder this program runs from (`target/<profile>/deps/NAME-HASH` for a
+/// test, `target/<profile>/NAME` for a binary).
 pub fn profile_of_current_exe() -> Result<String> {
     let exe = std::env::current_exe()?;
-    exe.parent()
-        .and_then(Path::parent)
-        .and_then(Path::file_name)
+    // A test runs from target/<profile>/deps, a binary (swimlb-lab) from target/<profile>.
+    let mut dir = exe.parent();
+    if dir.and_then(Path::file_name) == Some(OsStr::new("deps")) {
+        dir = dir.and_then(Path::parent);
+    }
+    dir.and_then(Path::file_name)
         .and_then(OsStr::to_str)
         .map(str::to_string)
-        .context("the test runs from target/<profile>/deps")
+        .context("the program runs from target/<profile> or target/<profile>/deps")
 }
