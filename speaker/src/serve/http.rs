@@ -29,7 +29,7 @@ pub struct Status {
     /// This node.
     pub node: String,
     /// Whether the speaker has joined the mesh (or has no peers to join); see
-    /// `standalone::ready`.
+    /// `sources::ready`.
     pub ready: bool,
     /// Whether the speaker is draining (SIGTERM received).
     pub draining: bool,

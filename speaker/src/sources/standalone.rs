@@ -51,6 +51,7 @@ use crate::run::driver::{self, Instruments, Parts, Shared};
 use crate::run::hold::JoinHold;
 use crate::serve::http::{self, CheckStatus};
 use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
+use crate::sources::ready;
 use crate::sources::notify::{GroupState, HookResult, Notifier};
 use crate::vrrp::task::VrrpHandle;
 
@@ -739,18 +740,6 @@ fn notifiers(
 /// `bind` itself).
 fn alone(config: &Standalone) -> bool {
     config.peers.is_empty()
-}
-
-/// Readiness (`/readyz`, `/status` `ready`): the node has joined the mesh (gossip phase
-/// `Active`: a member acknowledged it), or it has no peers to join. A node whose peers are all
-/// unreachable stays `joining` (not ready) although it serves what it elects, alone: its view of
-/// the cluster is unconfirmed. Draining is reported on its own.
-pub fn ready(phase: Phase, alone: bool) -> bool {
-    match phase {
-        Phase::Active => true,
-        Phase::Joining => alone,
-        Phase::Left | Phase::Paused => false,
-    }
 }
 
 /// Whether the holder link is absent or an ifb link (ours, from a run on a kernel without the

@@ -4,6 +4,7 @@
 use prometheus_client::registry::Registry;
 
 use super::*;
+use crate::sources::ready;
 
 fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("swimlb-reload-{tag}-{}", std::process::id()));
