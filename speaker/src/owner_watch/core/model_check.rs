@@ -67,8 +67,8 @@ fn schedules(faults: &[Fault], depth: usize, offsets: &[u64]) -> Vec<Schedule> {
 }
 
 /// Runs every schedule on `n` members, on every core the machine has; returns the first
-/// counterexamples (at most 5 per thread) and how many schedules ran.
-fn check(n: usize, all: &[Schedule]) -> (Vec<(Schedule, Vec<Violation>)>, usize) {
+/// counterexamples (at most `limit` per thread) and how many schedules ran.
+fn check(n: usize, all: &[Schedule], limit: usize) -> (Vec<(Schedule, Vec<Violation>)>, usize) {
     let vips = vips(n);
     let threads = std::thread::available_parallelism().map_or(1, |p| p.get());
     let chunk = all.len().div_ceil(threads).max(1);
@@ -84,7 +84,7 @@ fn check(n: usize, all: &[Schedule]) -> (Vec<(Schedule, Vec<Violation>)>, usize)
                         if !violations.is_empty() {
                             eprintln!("counterexample: {schedule:?}\n  {violations:?}");
                             found.push((schedule.clone(), violations));
-                            if found.len() >= 5 {
+                            if found.len() >= limit {
                                 break;
                             }
                         }
@@ -152,7 +152,7 @@ fn model_check_bounded() {
     let started = Instant::now();
     let mut ran = 0;
     for n in [3, 4] {
-        let (found, count) = check(n, &schedules(&menu(n), 1, &OFFSETS));
+        let (found, count) = check(n, &schedules(&menu(n), 1, &OFFSETS), 5);
         ran += count;
         assert!(
             found.is_empty(),
@@ -169,7 +169,7 @@ fn model_check_bounded() {
             Fault::Delay { .. } => false,
         })
         .collect();
-    let (found, count) = check(3, &schedules(&small, 2, &[0, 110]));
+    let (found, count) = check(3, &schedules(&small, 2, &[0, 110]), 5);
     ran += count;
     assert!(
         found.is_empty(),
@@ -197,7 +197,7 @@ fn measure_model_check_exhaustive() {
         v.split(',').filter_map(|o| o.trim().parse().ok()).collect()
     });
     let started = Instant::now();
-    let (found, count) = check(n, &schedules(&menu(n), depth, &offsets));
+    let (found, count) = check(n, &schedules(&menu(n), depth, &offsets), usize::MAX);
     eprintln!(
         "model check: {n} members, depth {depth}: {count} schedules in {:?}",
         started.elapsed()
