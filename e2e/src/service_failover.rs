@@ -202,9 +202,13 @@ fn run_trial(
         .find(|n| n.name == expected)
         .map(|n| n.index)
         .context("the owner's index")?;
+    // The fault's time is before the link is cut; only requests sent after `ip link` returned
+    // (the link surely down) count as new ones (one sent while the command ran could still
+    // reach the old owner and look like a failover of a few ms).
     let fault = Instant::now();
     cluster.lab.set_link(index, false)?;
-    std::thread::sleep(window);
+    let down = Instant::now();
+    std::thread::sleep(window.saturating_sub(down - fault));
     let new_owner = arp_owner(cluster, ip);
     let record = client.stop();
     cluster.lab.set_link(index, true)?;
@@ -216,7 +220,7 @@ fn run_trial(
         trial,
         owner: expected,
         new_owner,
-        first_success_ms: report::first_success_ms(&record.new, fault),
+        first_success_ms: report::first_success_ms(&record.new, fault, down),
         new_requests: record.new.iter().filter(|r| r.sent >= fault).count(),
         failed_share_per_s: report::failed_share_per_s(&record.new, fault, seconds),
         long_lived: record

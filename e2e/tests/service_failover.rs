@@ -13,7 +13,7 @@ use swimlb_e2e::service_failover::{self, Options};
 #[test]
 #[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
 fn a_client_of_local_and_cluster_services_is_answered_again_after_the_owner_powers_off() {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let json = std::env::temp_dir().join(format!("service-failover-{}.json", std::process::id()));
     let options = Options {
         policies: vec![Policy::Local, Policy::Cluster],

@@ -18,8 +18,8 @@ pub struct TrialReport {
     pub owner: String,
     /// The node answering the IP's ARP at the end of the window, if any.
     pub new_owner: Option<String>,
-    /// Fault to the end of the first successful request on a new connection sent after it;
-    /// `None` when none succeeded in the window.
+    /// Fault to the end of the first successful request on a new connection sent after the
+    /// link was surely down; `None` when none succeeded in the window.
     pub first_success_ms: Option<f64>,
     /// New connections' requests sent after the fault.
     pub new_requests: usize,
@@ -78,11 +78,12 @@ pub fn ok_before(record: &Record, fault: Instant) -> bool {
         .any(|r| r.ok && r.sent < fault && r.sent + Duration::from_secs(1) >= fault)
 }
 
-/// Fault to the end of the first successful new request sent at or after the fault.
-pub fn first_success_ms(requests: &[Request], fault: Instant) -> Option<f64> {
+/// Fault to the end of the first successful new request sent at or after `down` (when the
+/// fault had surely taken effect: the link-down command returned).
+pub fn first_success_ms(requests: &[Request], fault: Instant, down: Instant) -> Option<f64> {
     requests
         .iter()
-        .filter(|r| r.ok && r.sent >= fault)
+        .filter(|r| r.ok && r.sent >= down)
         .map(|r| ms(fault, r.done))
         .min_by(f64::total_cmp)
 }
@@ -164,6 +165,11 @@ pub fn summarize(
 mod tests {
     use super::*;
 
+    /// Within a microsecond (the times are f64 milliseconds).
+    fn near(got: Option<f64>, want: f64) -> bool {
+        got.is_some_and(|g| (g - want).abs() < 0.001)
+    }
+
     fn req(fault: Instant, sent_ms: i64, took_ms: u64, ok: bool) -> Request {
         let sent = if sent_ms < 0 {
             fault - Duration::from_millis(sent_ms.unsigned_abs())
@@ -187,8 +193,11 @@ mod tests {
             req(fault, 300, 2, true),
             req(fault, 400, 1, true),
         ];
-        assert_eq!(first_success_ms(&rs, fault), Some(302.0));
-        assert_eq!(first_success_ms(&rs[..2], fault), None);
+        assert!(near(first_success_ms(&rs, fault, fault), 302.0));
+        assert_eq!(first_success_ms(&rs[..2], fault, fault), None);
+        // Sent while the fault was being made: not counted.
+        let down = fault + Duration::from_millis(350);
+        assert!(near(first_success_ms(&rs, fault, down), 401.0));
     }
 
     #[test]
@@ -214,9 +223,9 @@ mod tests {
         rs[2].reopened = true;
         let l = long_lived(&rs, fault);
         assert_eq!(l.ok_before, 1);
-        assert_eq!(l.first_failure_ms, Some(1005.0));
+        assert!(near(l.first_failure_ms, 1005.0));
         assert!(!l.survived);
-        assert_eq!(l.reopened_ok_ms, Some(1013.0));
+        assert!(near(l.reopened_ok_ms, 1013.0));
         assert_eq!(l.failed, 1);
         let kept = long_lived(&[req(fault, 5, 1, true)], fault);
         assert!(kept.survived && kept.first_failure_ms.is_none());
