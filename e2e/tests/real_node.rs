@@ -11,10 +11,10 @@
 //! mounted in the container with the manifest's mode; the controller's Pod, on the Pod network,
 //! reached the API server through kube-proxy's rules for the `kubernetes` Service's ClusterIP
 //! (it made that Secret); and the node's teardown leaves no mount, cgroup, process or folder
-//! behind, and the kernel settings the kubelet changed as they were. A second test restarts
-//! containerd and the kubelet under a running speaker (the same process goes on, no restart
-//! counted) and stops its container through the CRI, then kills its process (the kubelet
-//! restarts it each time).
+//! behind, and the kernel settings the kubelet changed as they were. A second test, on one node
+//! (its speaker alone in the cluster, Ready all the same), restarts containerd and the kubelet
+//! under a running speaker (the same process goes on, no restart counted) and stops its
+//! container through the CRI, then kills its process (the kubelet restarts it each time).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -228,7 +228,7 @@ fn assert_torn_down(mut node: RealNode) {
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
-/// Two real nodes running `deploy/swimlb.yaml`, their speakers Ready. Fields drop in order:
+/// Real nodes running `deploy/swimlb.yaml`, their speakers Ready. Fields drop in order:
 /// the nodes first, then the control plane, then the lab's namespaces.
 struct Cluster {
     nodes: Vec<RealNode>,
@@ -241,10 +241,10 @@ struct Cluster {
     ready: Vec<Value>,
 }
 
-/// Two nodes: a speaker alone in its cluster never turns Ready (its gossip stays `joining`
-/// without a peer to acknowledge it), so the manifest's readiness probe needs a second one.
-/// `run` tells the tests of this binary apart (their labs run side by side).
-fn start_cluster(started: Instant, run: u32) -> Cluster {
+/// `nodes` real nodes; with one, its speaker is alone in the cluster (no peer to acknowledge
+/// its gossip) and must turn Ready all the same. `run` tells the tests of this binary apart
+/// (their labs run side by side).
+fn start_cluster(started: Instant, run: u32, nodes: usize) -> Cluster {
     netns::require_root("real_node");
     for tool in ["buildah", "runc", "nsenter", "nft", "umount"] {
         assert!(
@@ -258,7 +258,8 @@ fn start_cluster(started: Instant, run: u32) -> Cluster {
     }
     let programs = NodePrograms::locate().unwrap_or_else(|e| panic!("the node programs: {e:#}"));
     realnode::cleanup_stale();
-    let lab = Lab::create_with_id(2, &format!("{}x{run}", std::process::id())).expect("the lab");
+    let lab =
+        Lab::create_with_id(nodes, &format!("{}x{run}", std::process::id())).expect("the lab");
     let plane = start_plane(&lab);
     let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
     let profile = image::profile_of_current_exe().expect("the profile");
@@ -338,7 +339,7 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let before = kernel_settings();
-    let cluster = start_cluster(started, 1);
+    let cluster = start_cluster(started, 1, 2);
     for info in cluster.ready.iter().map(NodeInfo::of) {
         assert_versions(&info);
     }
@@ -444,7 +445,9 @@ fn restart_count(pod: &Value) -> u64 {
 fn a_real_nodes_speaker_outlives_runtime_and_kubelet_restarts_and_is_restarted_when_killed() {
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
-    let mut cluster = start_cluster(started, 2);
+    // One node: its speaker, alone in the cluster, turns Ready by the manifest's probe, first
+    // and after every restart (a lone Kubernetes speaker used to stay `joining` for good).
+    let mut cluster = start_cluster(started, 2, 1);
     let Cluster { plane, nodes, .. } = &mut cluster;
     let node = &mut nodes[0];
     let first = container_pid(node, "speaker");
