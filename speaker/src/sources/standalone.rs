@@ -51,8 +51,8 @@ use crate::run::driver::{self, Instruments, Parts, Shared};
 use crate::run::hold::JoinHold;
 use crate::serve::http::{self, CheckStatus};
 use crate::sources::checks::{CheckEvent, CheckTasks, Tls};
-use crate::sources::ready;
 use crate::sources::notify::{GroupState, HookResult, Notifier};
+use crate::sources::ready;
 use crate::vrrp::task::VrrpHandle;
 
 mod metrics;
