@@ -380,8 +380,8 @@ fn record_node_of(kube: &Kube, namespace: &str, service: &str) -> Option<String>
 }
 
 /// The control plane in the client's namespace (on [`API_ADDR`]), for [`Cluster`] and
-/// [`BareCluster`].
-fn start_plane(lab: &Lab, dir: &Path) -> Result<ControlPlane> {
+/// [`BareCluster`] and the real nodes' tests.
+pub fn start_plane(lab: &Lab, dir: &Path) -> Result<ControlPlane> {
     let options = control_plane::Options {
         nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
         ..control_plane::Options::default()

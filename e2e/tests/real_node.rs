@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use swimlb_e2e::control_plane::{self, ControlPlane, KUBERNETES_SERVICE_IP, Network};
+use swimlb_e2e::control_plane::{ControlPlane, KUBERNETES_SERVICE_IP};
 use swimlb_e2e::kubectl::Source;
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::realnode::{
@@ -153,20 +153,6 @@ fn container_pid(node: &RealNode, name: &str) -> u32 {
         .unwrap_or_else(|| panic!("no pid in {inspect}"))
 }
 
-/// The lab's control plane, in the client's namespace.
-fn start_plane(lab: &Lab) -> ControlPlane {
-    let options = control_plane::Options {
-        nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
-        ..control_plane::Options::default()
-    };
-    let network = Network::Netns {
-        netns: lab.client_netns.clone(),
-        ip: netns::CLIENT_V4,
-    };
-    ControlPlane::start(&lab.work_dir().join("k8s"), network, &options)
-        .unwrap_or_else(|e| panic!("the control plane: {e:#}"))
-}
-
 /// Asserts the Node's `nodeInfo` names the pinned kubelet and containerd.
 fn assert_versions(info: &NodeInfo) {
     assert_eq!(
@@ -260,7 +246,8 @@ fn start_cluster(started: Instant, run: u32, nodes: usize) -> Cluster {
     realnode::cleanup_stale();
     let lab =
         Lab::create_with_id(nodes, &format!("{}x{run}", std::process::id())).expect("the lab");
-    let plane = start_plane(&lab);
+    let plane =
+        swimlb_e2e::kubelab::start_plane(&lab, &lab.work_dir()).unwrap_or_else(|e| panic!("{e:#}"));
     let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
     let profile = image::profile_of_current_exe().expect("the profile");
     let images = NodeImages::build(&programs, &lab.work_dir().join("images"), &profile, &tag)
