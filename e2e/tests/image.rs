@@ -21,7 +21,6 @@
 //! - `--network none`: `--version` needs no network, and no CNI bridge is set up.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -31,7 +30,7 @@ use swimlb_e2e::netns;
 /// The version every binary of the workspace carries.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The binaries the image holds, at `/usr/local/bin/`.
-const BINARIES: [&str; 2] = ["swimlb-speaker", "swimlb-controller"];
+use swimlb_e2e::realnode::image::{self, BINARIES};
 /// Where the Containerfile's `libs` build context points (its header says so).
 const LIBS: &str = "/usr/lib/x86_64-linux-gnu";
 
@@ -53,75 +52,18 @@ fn run(command: &mut Command) -> Output {
     out
 }
 
-/// Builds [`BINARIES`] with the profile this test was built with; their paths by name.
+/// Builds [`BINARIES`] with the profile this test was built with (the real nodes' builder,
+/// [`image::cargo_build`]); their paths by name.
 fn build_binaries() -> BTreeMap<String, PathBuf> {
-    // target/<profile dir>/deps/image-<hash>
-    let exe = std::env::current_exe().expect("the test's own path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::file_name)
-        .and_then(OsStr::to_str)
-        .expect("the test runs from target/<profile>/deps");
-    let mut cargo = Command::new(env!("CARGO"));
-    // Without what cargo set for this test (its package, its paths): ring's build script
-    // tracks CARGO_MANIFEST_DIR, and a different value rebuilt half the tree, twice per run.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if [
-            "CARGO_MANIFEST_",
-            "CARGO_PKG_",
-            "CARGO_BIN_",
-            "CARGO_CRATE_",
-            "CARGO_PRIMARY_",
-        ]
+    let profile = image::profile_of_current_exe().expect("the profile this test runs from");
+    let dir = image::cargo_build(&profile).unwrap_or_else(|e| panic!("{e:#}"));
+    let built: BTreeMap<String, PathBuf> = BINARIES
         .iter()
-        .any(|p| key.starts_with(p))
-            || key == "CARGO_TARGET_TMPDIR"
-            || key == "CARGO_RUSTC_CURRENT_DIR"
-        {
-            cargo.env_remove(&*key);
-        }
+        .map(|b| (b.to_string(), dir.join(b)))
+        .collect();
+    for (name, path) in &built {
+        assert!(path.is_file(), "cargo built {name} at {}", path.display());
     }
-    cargo
-        .current_dir(repo())
-        .args(["build", "--locked", "--message-format=json"])
-        .args(["-p", "swimlb-speaker", "-p", "swimlb-controller"]);
-    for bin in BINARIES {
-        cargo.args(["--bin", bin]);
-    }
-    match profile_dir {
-        "debug" => {}
-        "release" => {
-            cargo.arg("--release");
-        }
-        other => {
-            cargo.args(["--profile", other]);
-        }
-    }
-    let out = run(&mut cargo);
-    let mut built = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(message) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if message["reason"] == "compiler-artifact"
-            && let Some(name) = message["target"]["name"].as_str()
-            && let Some(path) = message["executable"].as_str()
-            && BINARIES.contains(&name)
-        {
-            built.insert(name.to_string(), PathBuf::from(path));
-        }
-    }
-    assert_eq!(
-        built.keys().map(String::as_str).collect::<Vec<_>>(),
-        {
-            let mut names = BINARIES.to_vec();
-            names.sort_unstable();
-            names
-        },
-        "cargo built both binaries"
-    );
     built
 }
 
