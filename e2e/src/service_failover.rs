@@ -24,13 +24,19 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::kubelab::Policy;
+use crate::kubelab::{self, Policy};
 use crate::lab::rule;
 use crate::netns;
 use crate::realnode::NodeInfo;
 use client::Client;
 use cluster::{ServiceCluster, UP_LIMIT, service_of};
 use report::{PolicyReport, TrialReport};
+
+/// How long the speakers may take to see every member again and agree on the owner before a
+/// trial (a node powered off by the previous trial rejoins the gossip).
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+/// Fresh ARP entries the client may learn before one names the owner the rule names.
+const ARP_TRIES: usize = 5;
 
 /// The one implementation the real nodes run.
 pub const IMPLEMENTATION: &str = "swimlb-kubernetes";
@@ -182,15 +188,33 @@ fn run_trial(
     let (_, ip) = service_of(policy);
     let names: Vec<&str> = cluster.lab.nodes.iter().map(|n| n.name.as_str()).collect();
     let expected = rule::metallb_owner(&names, IpAddr::V4(ip)).context("no node")?;
+    // Fully up includes the mesh: the Kubernetes view above does not see a node whose link was
+    // just restored rejoin the gossip, so every speaker must again see every member and name
+    // the owner the rule names before the fault.
+    if let Err(views) = kubelab::wait_for_owner(&cluster.lab, &ip.to_string(), SETTLE_LIMIT, |o| {
+        o == Some(expected.as_str())
+    }) {
+        bail!(
+            "the speakers do not all see every member and name {expected} for {ip} within \
+             {SETTLE_LIMIT:?}; they say {views:?}"
+        );
+    }
     let client = Client::start(&cluster.lab.client_netns, ip)?;
-    // The client's ARP entry learnt afresh while the client runs.
-    let _ = cluster.lab.run_in(
-        &cluster.lab.client_netns,
-        "ip",
-        &["neigh", "flush", "to", &ip.to_string()],
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    let owner = arp_owner(cluster, ip);
+    // The client's ARP entry learnt afresh while the client runs; the answerers may follow the
+    // speakers' common view a moment late, so a few fresh entries are allowed.
+    let mut owner = None;
+    for _ in 0..ARP_TRIES {
+        let _ = cluster.lab.run_in(
+            &cluster.lab.client_netns,
+            "ip",
+            &["neigh", "flush", "to", &ip.to_string()],
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        owner = arp_owner(cluster, ip);
+        if owner.as_deref() == Some(expected.as_str()) {
+            break;
+        }
+    }
     if owner.as_deref() != Some(expected.as_str()) {
         drop(client.stop());
         bail!("{ip} is answered by {owner:?}, but the election rule names {expected}");
