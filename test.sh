@@ -138,7 +138,7 @@ done
 [ $# -gt 0 ] && shift # the `--`; what is left goes to the test binaries
 
 if [ "$(id -u)" -eq 0 ]; then
-  # --all-targets in two steps: the `measure_*` tests (e2e/tests/controller.rs) are #[ignore]d
+  # --all-targets in two steps: the `measure_*` tests (e2e/tests/controller/) are #[ignore]d
   # because they are measurements, not because they need root, and run on demand (the book:
   # docs/src/development/tests.md), and the `release_*` builds (the static musl binary,
   # e2e/tests/package.rs) are steps of a release (docs/src/development/release.md), and the
