@@ -22,6 +22,7 @@ pub mod cleanup;
 pub mod cluster;
 pub mod config;
 pub mod image;
+pub mod metallb;
 
 pub use cluster::{NodeImages, NodeInfo, RealCluster};
 

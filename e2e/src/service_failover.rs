@@ -9,8 +9,10 @@
 //! the client's ARP entry, to be the node the election rule names (MetalLB's order, which
 //! swimlb's speakers follow; a figure from another owner would be a bug, so the trial fails
 //! instead); then the owner powered off as the network sees it (its link cut, as `failover
-//! --scenario poweroff` does) for the window; what the client saw ([`report`]); the link back.
-//! Only swimlb runs: MetalLB has no image for the real nodes yet.
+//! --scenario poweroff` does) for the window, while the API server is asked every 250 ms
+//! whether the old owner's Node is still Ready and its endpoints still ready; what the client
+//! saw ([`report`]); the link back. Each implementation (swimlb, MetalLB from its own images:
+//! [`crate::realnode::metallb`]) runs on a cluster of its own, one after the other.
 
 pub mod client;
 pub mod cluster;
@@ -27,7 +29,7 @@ use tokio::time::Instant;
 use crate::kubelab::{self, Policy};
 use crate::lab::rule;
 use crate::netns;
-use crate::realnode::NodeInfo;
+use crate::realnode::{NodeInfo, metallb};
 use client::Client;
 use cluster::{ServiceCluster, UP_LIMIT, service_of};
 use report::{PolicyReport, TrialReport};
@@ -38,12 +40,51 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 /// Fresh ARP entries the client may learn before one names the owner the rule names.
 const ARP_TRIES: usize = 5;
 
-/// The one implementation the real nodes run.
-pub const IMPLEMENTATION: &str = "swimlb-kubernetes";
+/// How often the API server is asked about the old owner's Node and endpoints in the window.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// What announces the Services' IPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implementation {
+    /// swimlb from `deploy/swimlb.yaml`.
+    Swimlb,
+    /// MetalLB from its `metallb-native.yaml`.
+    Metallb,
+}
+
+impl Implementation {
+    /// The name in the CLI and the JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Implementation::Swimlb => "swimlb-kubernetes",
+            Implementation::Metallb => "metallb",
+        }
+    }
+
+    /// Parses `swimlb-kubernetes` or `metallb`.
+    pub fn parse(name: &str) -> Result<Implementation> {
+        [Implementation::Swimlb, Implementation::Metallb]
+            .into_iter()
+            .find(|i| i.name() == name)
+            .with_context(|| {
+                format!("unknown implementation {name:?}: swimlb-kubernetes or metallb")
+            })
+    }
+
+    /// The API version and namespace of its `IPAddressPool` and `L2Advertisement`.
+    pub const fn config_api(self) -> (&'static str, &'static str) {
+        match self {
+            Implementation::Swimlb => ("swimlb.io/v1beta1", kubelab::NAMESPACE),
+            Implementation::Metallb => ("metallb.io/v1beta1", crate::metallb::NAMESPACE),
+        }
+    }
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The implementations, one after the other, each on a cluster of its own.
+    pub implementations: Vec<Implementation>,
     /// The policies, each measured `trials` times.
     pub policies: Vec<Policy>,
     /// Trials per policy.
@@ -109,31 +150,52 @@ pub fn parse_policy(name: &str) -> Result<Policy> {
     }
 }
 
-/// Checks `--impl`: only swimlb runs on the real nodes.
-pub fn check_implementation(name: &str) -> Result<()> {
-    match name {
-        IMPLEMENTATION => Ok(()),
-        "metallb" => bail!("MetalLB has no image for the real nodes yet: only {IMPLEMENTATION}"),
-        other => bail!("unknown implementation {other:?}: {IMPLEMENTATION}"),
-    }
-}
-
 /// Runs every trial; `log` gets a line per step and trial.
 pub fn run(options: &Options, log: &mut dyn FnMut(&str)) -> Result<Report> {
     if options.nodes < 2 {
         bail!("service-failover needs at least 2 nodes (a lone speaker never turns Ready)");
     }
     netns::require_root("service-failover");
-    let mut cluster = ServiceCluster::start(options.nodes, log)?;
+    let mut results = Vec::new();
+    let mut node_info = Vec::new();
+    for &implementation in &options.implementations {
+        log(&format!("{}: starting its cluster", implementation.name()));
+        let mut cluster = ServiceCluster::start(options.nodes, implementation, log)?;
+        results.extend(run_policies(&mut cluster, options, log));
+        if node_info.is_empty() {
+            node_info = cluster.real.node_infos();
+        }
+    }
+    let report = Report {
+        command: "service-failover",
+        nodes: options.nodes,
+        window_s: options.window.as_secs_f64(),
+        node_info: node_info.into_iter().map(NodeInfoJson::from).collect(),
+        results,
+    };
+    if let Some(path) = &options.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// Every trial of every policy on one cluster.
+fn run_policies(
+    cluster: &mut ServiceCluster,
+    options: &Options,
+    log: &mut dyn FnMut(&str),
+) -> Vec<PolicyReport> {
+    let implementation = cluster.implementation.name();
     let mut results = Vec::new();
     for &policy in &options.policies {
         let (name, ip) = service_of(policy);
         let (mut trials, mut failed) = (Vec::new(), Vec::new());
         for trial in 1..=options.trials {
-            match run_trial(&mut cluster, policy, trial, options.window) {
+            match run_trial(cluster, policy, trial, options.window) {
                 Ok(t) => {
                     log(&format!(
-                        "{name} trial {trial}/{}: {} powered off, first new request answered \
+                        "{implementation} {name} trial {trial}/{}: {} powered off, first new request answered \
                          after {}, long-lived connections survived: {}/{}",
                         options.trials,
                         t.owner,
@@ -145,36 +207,22 @@ pub fn run(options: &Options, log: &mut dyn FnMut(&str)) -> Result<Report> {
                     trials.push(t);
                 }
                 Err(e) => {
-                    log(&format!("{name} trial {trial}: failed: {e:#}"));
+                    log(&format!(
+                        "{implementation} {name} trial {trial}: failed: {e:#}"
+                    ));
                     failed.push(format!("trial {trial}: {e:#}"));
                 }
             }
         }
         results.push(report::summarize(
-            IMPLEMENTATION,
+            implementation,
             policy_name(policy),
             &ip.to_string(),
             trials,
             failed,
         ));
     }
-    let report = Report {
-        command: "service-failover",
-        nodes: options.nodes,
-        window_s: options.window.as_secs_f64(),
-        node_info: cluster
-            .real
-            .node_infos()
-            .into_iter()
-            .map(NodeInfoJson::from)
-            .collect(),
-        results,
-    };
-    if let Some(path) = &options.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(report)
+    results
 }
 
 /// One trial of `policy`: see the module's documentation.
@@ -188,17 +236,7 @@ fn run_trial(
     let (_, ip) = service_of(policy);
     let names: Vec<&str> = cluster.lab.nodes.iter().map(|n| n.name.as_str()).collect();
     let expected = rule::metallb_owner(&names, IpAddr::V4(ip)).context("no node")?;
-    // Fully up includes the mesh: the Kubernetes view above does not see a node whose link was
-    // just restored rejoin the gossip, so every speaker must again see every member and name
-    // the owner the rule names before the fault.
-    if let Err(views) = kubelab::wait_for_owner(&cluster.lab, &ip.to_string(), SETTLE_LIMIT, |o| {
-        o == Some(expected.as_str())
-    }) {
-        bail!(
-            "the speakers do not all see every member and name {expected} for {ip} within \
-             {SETTLE_LIMIT:?}; they say {views:?}"
-        );
-    }
+    wait_settled(cluster, ip, &expected)?;
     let client = Client::start(&cluster.lab.client_netns, ip)?;
     // The client's ARP entry learnt afresh while the client runs; the answerers may follow the
     // speakers' common view a moment late, so a few fresh entries are allowed.
@@ -232,7 +270,7 @@ fn run_trial(
     let fault = Instant::now();
     cluster.lab.set_link(index, false)?;
     let down = Instant::now();
-    std::thread::sleep(window.saturating_sub(down - fault));
+    let seen = watch_old_owner(cluster, policy, &expected, fault, window);
     let new_owner = arp_owner(cluster, ip);
     let record = client.stop();
     cluster.lab.set_link(index, true)?;
@@ -245,6 +283,9 @@ fn run_trial(
         owner: expected,
         new_owner,
         first_success_ms: report::first_success_ms(&record.new, fault, down),
+        last_failure_ms: report::last_failure_ms(&record.new, fault),
+        node_not_ready_ms: seen.node_not_ready_ms,
+        endpoints_not_ready_ms: seen.endpoints_not_ready_ms,
         new_requests: record.new.iter().filter(|r| r.sent >= fault).count(),
         failed_share_per_s: report::failed_share_per_s(&record.new, fault, seconds),
         long_lived: record
@@ -253,6 +294,83 @@ fn run_trial(
             .map(|l| report::long_lived(l, fault))
             .collect(),
     })
+}
+
+/// Waits until the mesh is whole and names `expected` for `ip`, at most [`SETTLE_LIMIT`]. The
+/// Kubernetes view ([`ServiceCluster::wait_up`]) does not see a node whose link was just
+/// restored rejoin the gossip: swimlb's speakers must each see every member and name the owner
+/// the rule names (their `/status`); MetalLB's must each see every member in memberlist (their
+/// log) and exactly one announce the IP (their `/metrics`), the one MetalLB's order names.
+fn wait_settled(cluster: &ServiceCluster, ip: Ipv4Addr, expected: &str) -> Result<()> {
+    match cluster.implementation {
+        Implementation::Swimlb => {
+            kubelab::wait_for_owner(&cluster.lab, &ip.to_string(), SETTLE_LIMIT, |o| {
+                o == Some(expected)
+            })
+            .map_err(|views| {
+                anyhow::anyhow!(
+                    "the speakers do not all see every member and name {expected} for {ip} \
+                     within {SETTLE_LIMIT:?}; they say {views:?}"
+                )
+            })?;
+        }
+        Implementation::Metallb => {
+            let names: Vec<&str> = cluster.lab.nodes.iter().map(|n| n.name.as_str()).collect();
+            let deadline = Instant::now() + SETTLE_LIMIT;
+            loop {
+                let views = metallb::speaker_view(&cluster.lab, &cluster.real.nodes, ip.into());
+                if metallb::settled_owner(&names, &views).as_deref() == Some(expected) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "MetalLB's speakers do not all see every member with {expected} alone \
+                         announcing {ip} within {SETTLE_LIMIT:?}; they show {views:?}"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// When the API server first showed the old owner down, within a trial's window.
+#[derive(Debug, Default)]
+struct OldOwnerSeen {
+    node_not_ready_ms: Option<f64>,
+    endpoints_not_ready_ms: Option<f64>,
+}
+
+/// Asks the API server every [`WATCH_EVERY`] until `window` after `fault` whether `owner`'s Node
+/// is still Ready and whether any of its endpoints in `policy`'s Service is still ready.
+fn watch_old_owner(
+    cluster: &ServiceCluster,
+    policy: Policy,
+    owner: &str,
+    fault: Instant,
+    window: Duration,
+) -> OldOwnerSeen {
+    let (name, _) = service_of(policy);
+    let admin = cluster.plane.admin();
+    let mut seen = OldOwnerSeen::default();
+    let end = fault + window;
+    while Instant::now() < end {
+        let ms = || fault.elapsed().as_secs_f64() * 1000.0;
+        if seen.node_not_ready_ms.is_none()
+            && let Ok(Some(node)) = admin.get("v1", "Node", None, owner)
+            && !crate::realnode::node_ready(&node)
+        {
+            seen.node_not_ready_ms = Some(ms());
+        }
+        if seen.endpoints_not_ready_ms.is_none()
+            && cluster::ready_endpoints_on(admin, name, Some(owner)).is_ok_and(|n| n == 0)
+        {
+            seen.endpoints_not_ready_ms = Some(ms());
+        }
+        std::thread::sleep(WATCH_EVERY.min(end.saturating_duration_since(Instant::now())));
+    }
+    seen
 }
 
 /// The node whose MAC the client's neighbour entry for `ip` holds.
@@ -281,8 +399,13 @@ fn arp_owner(cluster: &ServiceCluster, ip: Ipv4Addr) -> Option<String> {
 /// `swimlb-lab service-failover`'s arguments.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The load balancer: swimlb-kubernetes (MetalLB has no image for the real nodes yet).
-    #[arg(long = "impl", value_delimiter = ',', default_value = IMPLEMENTATION)]
+    /// The load balancers, one after the other, each on a cluster of its own:
+    /// swimlb-kubernetes, metallb, or both (`swimlb-kubernetes,metallb`).
+    #[arg(
+        long = "impl",
+        value_delimiter = ',',
+        default_value = "swimlb-kubernetes"
+    )]
     implementation: Vec<String>,
     /// The Services' externalTrafficPolicy: local, cluster, or both (`local,cluster`).
     #[arg(long, value_delimiter = ',', default_value = "local,cluster")]
@@ -304,10 +427,12 @@ pub struct Args {
 impl Args {
     /// Runs the trials and prints a table per policy.
     pub fn run(self) -> Result<()> {
-        for name in &self.implementation {
-            check_implementation(name)?;
-        }
         let options = Options {
+            implementations: self
+                .implementation
+                .iter()
+                .map(|i| Implementation::parse(i))
+                .collect::<Result<_>>()?,
             policies: self
                 .policy
                 .iter()

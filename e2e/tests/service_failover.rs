@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use swimlb_e2e::kubelab::Policy;
-use swimlb_e2e::service_failover::{self, Options};
+use swimlb_e2e::service_failover::{self, Implementation, Options};
 
 #[test]
 #[ignore = "needs root: real kubelets, containerd and kube-proxy in network namespaces"]
@@ -16,6 +16,7 @@ fn a_client_of_local_and_cluster_services_is_answered_again_after_the_owner_powe
     let started = tokio::time::Instant::now();
     let json = std::env::temp_dir().join(format!("service-failover-{}.json", std::process::id()));
     let options = Options {
+        implementations: vec![Implementation::Swimlb],
         policies: vec![Policy::Local, Policy::Cluster],
         trials: 1,
         window: Duration::from_secs(10),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 
+use super::metallb::MetallbImages;
 use super::{NodeOptions, NodePrograms, RealNode, image, prepare_cluster};
 use crate::control_plane::ControlPlane;
 use crate::netns::Lab;
@@ -22,6 +23,8 @@ pub struct NodeImages {
     pub tag: String,
     /// The backend's archive and reference, once [`NodeImages::with_echo`] built it.
     pub echo: Option<(PathBuf, String)>,
+    /// MetalLB's images, once [`NodeImages::with_metallb`] built them.
+    pub metallb: Option<MetallbImages>,
 }
 
 impl NodeImages {
@@ -40,6 +43,7 @@ impl NodeImages {
             project: dir.join("swimlb.tar"),
             tag: tag.to_string(),
             echo: None,
+            metallb: None,
         };
         builder
             .pause_image(
@@ -66,9 +70,19 @@ impl NodeImages {
         Ok(self)
     }
 
+    /// Also builds MetalLB's controller and speaker images ([`MetallbImages::build`]) into
+    /// `dir`; every node imports them too.
+    pub fn with_metallb(mut self, dir: &Path) -> Result<NodeImages> {
+        self.metallb = Some(MetallbImages::build(dir)?);
+        Ok(self)
+    }
+
     fn archives(&self) -> Vec<&Path> {
         let mut archives = vec![self.pause.as_path(), self.project.as_path()];
         archives.extend(self.echo.as_ref().map(|(a, _)| a.as_path()));
+        if let Some(m) = &self.metallb {
+            archives.extend(m.archives());
+        }
         archives
     }
 }

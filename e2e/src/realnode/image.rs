@@ -132,6 +132,36 @@ impl Builder {
         self.export(tag, archive)
     }
 
+    /// An image of `files` ((path, name in the image's root)), its entrypoint `/entry`, run as
+    /// `user` when given; tagged `tag`, as an OCI archive at `archive`.
+    pub fn program_image(
+        &self,
+        files: &[(&Path, &str)],
+        entry: &str,
+        user: Option<&str>,
+        tag: &str,
+        archive: &Path,
+    ) -> Result<()> {
+        let container = run(self.buildah().args(["from", "scratch"]))?;
+        let container = container.trim();
+        for (path, name) in files {
+            run(self
+                .buildah()
+                .args(["copy", container])
+                .arg(path)
+                .arg(format!("/{name}")))?;
+        }
+        let mut config = self.buildah();
+        config.args(["config", "--entrypoint", &format!(r#"["/{entry}"]"#)]);
+        if let Some(user) = user {
+            config.args(["--user", user]);
+        }
+        run(config.arg(container))?;
+        run(self.buildah().args(["commit", "--quiet", container, tag]))?;
+        run(self.buildah().args(["rm", container]))?;
+        self.export(tag, archive)
+    }
+
     fn export(&self, tag: &str, archive: &Path) -> Result<()> {
         let _ = std::fs::remove_file(archive);
         run(self

@@ -1,6 +1,7 @@
 //! The cluster `service-failover` measures: a lab of real nodes ([`RealCluster`]) running
-//! `deploy/swimlb.yaml` (only the image changed), an `IPAddressPool` and `L2Advertisement` on
-//! the lab's segment, the backend `swimlb-echo` as a Deployment of two replicas per node (spread
+//! `deploy/swimlb.yaml` (only the image changed) or MetalLB's `metallb-native.yaml` (its images
+//! replaced, its webhook left out: [`realnode::metallb::node_manifest`]), the implementation's
+//! `IPAddressPool` and `L2Advertisement` on the lab's segment, the backend `swimlb-echo` as a Deployment of two replicas per node (spread
 //! by a topology constraint on the hostname) and a LoadBalancer Service for each
 //! `externalTrafficPolicy`.
 
@@ -12,9 +13,10 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::Implementation;
 use crate::control_plane::{self, ControlPlane, Network};
 use crate::kubectl::Source;
-use crate::kubelab::{APPS, NAMESPACE, POOL, Policy};
+use crate::kubelab::{APPS, POOL, Policy};
 use crate::netns::{self, Lab};
 use crate::realnode::{self, NodeImages, NodeOptions, NodePrograms, RealCluster, image};
 
@@ -43,12 +45,18 @@ pub struct ServiceCluster {
     pub plane: ControlPlane,
     /// The lab's namespaces.
     pub lab: Lab,
+    /// What announces the Services' IPs.
+    pub implementation: Implementation,
 }
 
 impl ServiceCluster {
     /// Builds the images, starts `nodes` real nodes and everything above, and waits until it
     /// is fully up ([`ServiceCluster::wait_up`]).
-    pub fn start(nodes: usize, log: &mut dyn FnMut(&str)) -> Result<ServiceCluster> {
+    pub fn start(
+        nodes: usize,
+        implementation: Implementation,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<ServiceCluster> {
         let started = Instant::now();
         let programs = NodePrograms::locate()?;
         realnode::cleanup_stale();
@@ -67,8 +75,11 @@ impl ServiceCluster {
         let tag = format!("localhost/swimlb/swimlb:{VERSION}-service-failover");
         let dir = lab.work_dir().join("images");
         let profile = image::profile_of_current_exe()?;
-        let images = NodeImages::build(&programs, &dir, &profile, &tag)?
+        let mut images = NodeImages::build(&programs, &dir, &profile, &tag)?
             .with_echo(&dir, &format!("localhost/swimlb/echo:{VERSION}"))?;
+        if implementation == Implementation::Metallb {
+            images = images.with_metallb(&dir)?;
+        }
         log(&format!(
             "images built at {:.0} s",
             started.elapsed().as_secs_f64()
@@ -79,11 +90,17 @@ impl ServiceCluster {
             "nodes Ready at {:.0} s",
             started.elapsed().as_secs_f64()
         ));
-        let mut cluster = ServiceCluster { real, plane, lab };
-        cluster
-            .plane
-            .kubectl()
-            .apply(Source::Text(&manifest_with_image(&tag)?))?;
+        let mut cluster = ServiceCluster {
+            real,
+            plane,
+            lab,
+            implementation,
+        };
+        let manifest = match &images.metallb {
+            Some(m) => m.manifest()?,
+            None => manifest_with_image(&tag)?,
+        };
+        cluster.plane.kubectl().apply(Source::Text(&manifest))?;
         cluster.apply_objects(&images)?;
         cluster.wait_up(UP_LIMIT)?;
         log(&format!(
@@ -98,8 +115,9 @@ impl ServiceCluster {
     fn apply_objects(&self, images: &NodeImages) -> Result<()> {
         let admin = self.plane.admin();
         let deadline = Instant::now() + Duration::from_secs(60);
-        let pool = json!({"apiVersion": "swimlb.io/v1beta1", "kind": "IPAddressPool",
-            "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {"addresses": [POOL]}});
+        let (api, namespace) = self.implementation.config_api();
+        let pool = json!({"apiVersion": api, "kind": "IPAddressPool",
+            "metadata": {"name": "lab", "namespace": namespace}, "spec": {"addresses": [POOL]}});
         while let Err(e) = admin.apply(pool.clone(), "swimlb-lab") {
             if Instant::now() > deadline {
                 return Err(e.context("the IPAddressPool"));
@@ -107,8 +125,8 @@ impl ServiceCluster {
             std::thread::sleep(Duration::from_millis(500));
         }
         admin.apply(
-            json!({"apiVersion": "swimlb.io/v1beta1", "kind": "L2Advertisement",
-                "metadata": {"name": "lab", "namespace": NAMESPACE}, "spec": {}}),
+            json!({"apiVersion": api, "kind": "L2Advertisement",
+                "metadata": {"name": "lab", "namespace": namespace}, "spec": {}}),
             "swimlb-lab",
         )?;
         let echo = images.echo.as_ref().context("the backend's image")?;
@@ -132,10 +150,15 @@ impl ServiceCluster {
         if ready < n {
             return Ok(Some(format!("{ready} of {n} Nodes Ready")));
         }
-        let pods = admin.list("v1", "Pod", Some(NAMESPACE))?;
+        let (_, namespace) = self.implementation.config_api();
+        let label = match self.implementation {
+            Implementation::Swimlb => "app.kubernetes.io/component",
+            Implementation::Metallb => "component",
+        };
+        let pods = admin.list("v1", "Pod", Some(namespace))?;
         let speakers = pods
             .iter()
-            .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == "speaker")
+            .filter(|p| p["metadata"]["labels"][label] == "speaker")
             .filter(|p| pod_ready(p))
             .count();
         if speakers < n {
@@ -186,11 +209,21 @@ fn pod_ready(pod: &Value) -> bool {
 
 /// The ready endpoints of Service `name`'s EndpointSlices.
 fn ready_endpoints(admin: &crate::kube_client::Kube, name: &str) -> Result<usize> {
+    ready_endpoints_on(admin, name, None)
+}
+
+/// The ready endpoints of Service `name`'s EndpointSlices (on `node` only, when given).
+pub fn ready_endpoints_on(
+    admin: &crate::kube_client::Kube,
+    name: &str,
+    node: Option<&str>,
+) -> Result<usize> {
     let slices = admin.list("discovery.k8s.io/v1", "EndpointSlice", Some(APPS))?;
     Ok(slices
         .iter()
         .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == name)
         .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| node.is_none_or(|n| e["nodeName"] == n))
         .filter(|e| e["conditions"]["ready"] == true)
         .count())
 }

@@ -21,6 +21,15 @@ pub struct TrialReport {
     /// Fault to the end of the first successful request on a new connection sent after the
     /// link was surely down; `None` when none succeeded in the window.
     pub first_success_ms: Option<f64>,
+    /// Fault to the sending of the last new request that failed (the end of the failures;
+    /// `None` when none failed).
+    pub last_failure_ms: Option<f64>,
+    /// Fault to the first time the API server showed the old owner's Node not Ready (the
+    /// node lifecycle controller's verdict), within the window.
+    pub node_not_ready_ms: Option<f64>,
+    /// Fault to the first time the Service's EndpointSlices showed none of the old owner's
+    /// endpoints ready (what kube-proxy on the other nodes acts on), within the window.
+    pub endpoints_not_ready_ms: Option<f64>,
     /// New connections' requests sent after the fault.
     pub new_requests: usize,
     /// Of those, the failed share in each second after the fault (0 to 1).
@@ -60,6 +69,10 @@ pub struct PolicyReport {
     pub first_success_ms: Percentiles,
     /// Mean over the trials of each second's failed share.
     pub failed_share_per_s: Vec<f64>,
+    /// Over the trials with a failure: [`TrialReport::last_failure_ms`].
+    pub last_failure_ms: Percentiles,
+    /// Over the trials where it happened: [`TrialReport::endpoints_not_ready_ms`].
+    pub endpoints_not_ready_ms: Percentiles,
     /// Every trial.
     pub trials: Vec<TrialReport>,
     /// Trials not measured, and why.
@@ -86,6 +99,15 @@ pub fn first_success_ms(requests: &[Request], fault: Instant, down: Instant) -> 
         .filter(|r| r.ok && r.sent >= down)
         .map(|r| ms(fault, r.done))
         .min_by(f64::total_cmp)
+}
+
+/// Fault to the sending of the last failed request sent after the fault.
+pub fn last_failure_ms(requests: &[Request], fault: Instant) -> Option<f64> {
+    requests
+        .iter()
+        .filter(|r| !r.ok && r.sent >= fault)
+        .map(|r| ms(fault, r.sent))
+        .max_by(f64::total_cmp)
 }
 
 /// The failed share of the requests sent in each of the `seconds` seconds after the fault (0
@@ -135,7 +157,9 @@ pub fn summarize(
     trials: Vec<TrialReport>,
     failed_trials: Vec<String>,
 ) -> PolicyReport {
-    let firsts: Vec<f64> = trials.iter().filter_map(|t| t.first_success_ms).collect();
+    let over = |f: fn(&TrialReport) -> Option<f64>| {
+        percentiles(&trials.iter().filter_map(f).collect::<Vec<f64>>())
+    };
     let seconds = trials
         .iter()
         .map(|t| t.failed_share_per_s.len())
@@ -154,8 +178,10 @@ pub fn summarize(
         implementation: implementation.into(),
         policy: policy.into(),
         ip: ip.into(),
-        first_success_ms: percentiles(&firsts),
+        first_success_ms: over(|t| t.first_success_ms),
         failed_share_per_s: mean,
+        last_failure_ms: over(|t| t.last_failure_ms),
+        endpoints_not_ready_ms: over(|t| t.endpoints_not_ready_ms),
         trials,
         failed_trials,
     }
@@ -210,6 +236,8 @@ mod tests {
             req(fault, 3500, 1, false),
         ];
         assert_eq!(failed_share_per_s(&rs, fault, 3), vec![0.5, 0.0, 0.0]);
+        assert!(near(last_failure_ms(&rs, fault), 3500.0));
+        assert_eq!(last_failure_ms(&rs[1..3], fault), None);
     }
 
     #[test]
