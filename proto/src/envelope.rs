@@ -1,7 +1,7 @@
 //! The sealed gossip envelope, the [`KeyRing`] that seals and opens it, and the [`SealStream`]
 //! that numbers a sender's envelopes.
 //!
-//! Every gossip datagram travels inside an envelope (version 2):
+//! Every gossip and owner-watch datagram travels inside an envelope. Version 2:
 //!
 //! ```text
 //!  0      4   5         9          17         25      29          37               len-16  len
@@ -12,9 +12,31 @@
 //!  "swlb"  2   4 bytes   8 bytes    8 bytes    4 B     8 bytes     payload length   16 B
 //! ```
 //!
-//! The cipher is AES-256-GCM (`ring`). The associated data is the 37-byte header followed by the
-//! cluster name, so a datagram from another cluster, or one whose header was altered, fails to
-//! open even under the right key. All integers are big-endian.
+//! Version 3 is version 2 with the receiver: eight more header bytes after the nonce, the
+//! receiver's id (the id the receiver itself seals under as a sender: the speaker uses a hash of
+//! the receiving socket's address, see [`Addressing`]):
+//!
+//! ```text
+//!  0      4   5         9          17         25                  37         45       len-16  len
+//!  | magic| 3 | key id  | sender   | epoch    | nonce             | receiver | cipher.. | tag  |
+//! ```
+//!
+//! The cipher is AES-256-GCM (`ring`). The associated data is the header (37 bytes in version
+//! 2, 45 in version 3) followed by the cluster name, so a datagram from another cluster, or one
+//! whose header was altered, fails to open even under the right key; in version 3 a datagram
+//! sealed for one receiver fails to open at another ([`KeyRing::open_for`] refuses it as
+//! [`Error::WrongReceiver`] before any cryptography, and altering the receiver field fails
+//! authentication). All integers are big-endian.
+//!
+//! **Versions and the wire-compatibility rule.** Each speaker announces the envelope versions it
+//! speaks ([`Versions`]; the speaker puts them in its gossiped metadata, where a speaker of the
+//! previous release ignores them); a mesh speaks the highest version every live member speaks;
+//! a release keeps opening and sealing the previous version ([`PREVIOUS_VERSION`]), and seals
+//! the previous version to any member whose announcement it has not heard. So a rolling upgrade
+//! never has two halves that cannot open each other's datagrams: the mesh speaks version 2 until
+//! the last speaker of the previous release is gone, then version 3, and version 2 again if
+//! such a speaker joins. The choice per receiver is the caller's ([`Addressing`]); this module
+//! seals what it is told and opens every version it is allowed to ([`KeyRing::open_for`]).
 //!
 //! A key's id is the first four bytes of `SHA-256("swimlb key id" || key)`: it comes from the
 //! key material, not from the key's position in the ring, so two nodes may list the same keys in
@@ -36,12 +58,12 @@
 //! overlap: negligible, without the 2^32-message limit of purely random nonces. The ring's own
 //! anonymous stream ([`KeyRing::seal`], [`KeyRing::seal_with`], for tools and tests) works the
 //! same way under a random sender id and epoch 0. The counter lives in the stream, not in the
-//! ring, so it goes on across a key rotation.
+//! ring, so it goes on across a key rotation, and one stream seals both versions.
 //!
 //! Guarantees: [`KeyRing::open`] checks the length bound before it looks at any other byte, never
 //! panics, never allocates, and distinguishes truncation, wrong magic, unsupported version
-//! (version 1, the envelope without a sequence, included), unknown key and failed
-//! authentication.
+//! (version 1, the envelope without a sequence, included), wrong receiver, unknown key and
+//! failed authentication.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,14 +75,22 @@ use crate::{Error, Result};
 
 /// The four bytes every envelope starts with.
 pub const MAGIC: [u8; 4] = *b"swlb";
-/// The envelope version this build seals and opens.
-pub const VERSION: u8 = 2;
-/// Length of the cleartext header: magic, version, key id, sender, epoch, nonce.
+/// The newest envelope version this build seals and opens: version 2 bound to its receiver.
+pub const VERSION: u8 = 3;
+/// The previous envelope version, which this build still seals and opens (see the module docs).
+pub const PREVIOUS_VERSION: u8 = 2;
+/// Length of the version-2 cleartext header: magic, version, key id, sender, epoch, nonce.
 pub const HEADER_LEN: usize = 4 + 1 + 4 + 8 + 8 + NONCE_LEN;
+/// Length of the receiver id version 3 adds after the version-2 header.
+pub const RECEIVER_LEN: usize = 8;
+/// Length of the version-3 cleartext header.
+pub const HEADER_LEN_V3: usize = HEADER_LEN + RECEIVER_LEN;
 /// Length of the authentication tag.
 pub const TAG_LEN: usize = 16;
-/// Bytes an envelope adds to its payload.
-pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
+/// Bytes a version-2 envelope adds to its payload.
+pub const OVERHEAD_V2: usize = HEADER_LEN + TAG_LEN;
+/// Bytes an envelope adds to its payload, at most (version 3).
+pub const OVERHEAD: usize = HEADER_LEN_V3 + TAG_LEN;
 /// The largest datagram [`KeyRing::open`] examines; larger ones are rejected before any work.
 pub const MAX_DATAGRAM_LEN: usize = 8192;
 /// The largest payload [`KeyRing::seal`] accepts.
@@ -83,6 +113,96 @@ mod field {
     pub const EPOCH: Range<usize> = 17..25;
     pub const NONCE: Range<usize> = 25..37;
     pub const COUNTER: Range<usize> = 29..37;
+    pub const RECEIVER: Range<usize> = 37..45;
+}
+
+/// A set of envelope versions (0 to 31): what a speaker speaks, or announces it speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Versions(u32);
+
+impl Versions {
+    /// No version: nothing announced.
+    pub const NONE: Versions = Versions(0);
+    /// The previous version alone: what a speaker that announced nothing is taken to speak.
+    pub const PREVIOUS: Versions = Versions(1 << PREVIOUS_VERSION);
+    /// What this build speaks: [`PREVIOUS_VERSION`] and [`VERSION`].
+    pub const THIS_BUILD: Versions = Versions(1 << PREVIOUS_VERSION | 1 << VERSION);
+
+    /// This set with `version` added; versions above 31 are ignored.
+    pub const fn with(self, version: u8) -> Versions {
+        if version < 32 {
+            Versions(self.0 | 1 << version)
+        } else {
+            self
+        }
+    }
+
+    /// Whether `version` is in the set.
+    pub const fn contains(self, version: u8) -> bool {
+        version < 32 && self.0 & 1 << version != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The versions in both sets.
+    pub const fn intersection(self, other: Versions) -> Versions {
+        Versions(self.0 & other.0)
+    }
+
+    /// The highest version in the set.
+    pub const fn highest(self) -> Option<u8> {
+        if self.0 == 0 {
+            None
+        } else {
+            Some(31 - self.0.leading_zeros() as u8)
+        }
+    }
+
+    /// The versions, lowest first.
+    pub fn iter(self) -> impl Iterator<Item = u8> {
+        (0..32u8).filter(move |v| self.contains(*v))
+    }
+}
+
+impl FromIterator<u8> for Versions {
+    fn from_iter<I: IntoIterator<Item = u8>>(iter: I) -> Versions {
+        iter.into_iter().fold(Versions::NONE, Versions::with)
+    }
+}
+
+/// How an envelope is sealed: in the previous version, which any holder of the key opens, or in
+/// version 3 for one receiver. The receiver's id is the sender id the receiving socket seals
+/// its own envelopes under (the speaker: a hash of that socket's address, known to whoever
+/// sends to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Addressing {
+    /// Version 2: for a receiver not known to speak version 3.
+    V2,
+    /// Version 3, bound to the receiver with this id.
+    V3 {
+        /// The receiver's id.
+        receiver: u64,
+    },
+}
+
+impl Addressing {
+    /// The envelope version this addressing seals in.
+    pub const fn version(self) -> u8 {
+        match self {
+            Addressing::V2 => PREVIOUS_VERSION,
+            Addressing::V3 { .. } => VERSION,
+        }
+    }
+
+    const fn header_len(self) -> usize {
+        match self {
+            Addressing::V2 => HEADER_LEN,
+            Addressing::V3 { .. } => HEADER_LEN_V3,
+        }
+    }
 }
 
 /// The identifier of a key, derived from its material.
@@ -194,6 +314,10 @@ fn random_salt_and_start() -> Result<([u8; 4], u64)> {
 /// stream (authenticated), and the payload.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Opened<'a> {
+    /// The envelope version it was sealed in.
+    pub version: u8,
+    /// The receiver it was sealed for (version 3 on).
+    pub receiver: Option<u64>,
     /// The key it was sealed with.
     pub key_id: KeyId,
     /// Its sequence.
@@ -320,8 +444,8 @@ impl KeyRing {
     }
 
     /// Seals `payload` with the first key, in the ring's anonymous stream (a random sender id,
-    /// epoch 0), and appends the envelope to `out`. A speaker seals through
-    /// [`KeyRing::seal_in`] instead, so its receivers can reject replays across its restarts.
+    /// epoch 0), as a version-2 envelope, and appends it to `out`. A speaker seals through
+    /// [`KeyRing::seal_to`] instead, so its receivers can reject replays across its restarts.
     ///
     /// Fails with [`Error::TooLarge`] (and leaves `out` unchanged) when `payload` is longer than
     /// [`MAX_PAYLOAD_LEN`].
@@ -330,7 +454,7 @@ impl KeyRing {
             return Err(Error::TooLarge);
         }
         let (sequence, salt) = self.next_anonymous();
-        self.seal_with_key(0, sequence, salt, payload, out)
+        self.seal_with_key(0, Addressing::V2, sequence, salt, payload, out)
     }
 
     /// [`KeyRing::seal`] with the ring's key `id` (for example the key a peer last sealed with,
@@ -344,20 +468,36 @@ impl KeyRing {
             return Err(Error::TooLarge);
         }
         let (sequence, salt) = self.next_anonymous();
-        self.seal_with_key(index, sequence, salt, payload, out)
+        self.seal_with_key(index, Addressing::V2, sequence, salt, payload, out)
     }
 
     /// Seals `payload` as the next envelope of `stream`, with the ring's key `key` (`None`: the
-    /// sealing key), and appends it to `out`.
+    /// sealing key), as a version-2 envelope ([`KeyRing::seal_to`] with [`Addressing::V2`]),
+    /// and appends it to `out`.
+    ///
+    /// Fails as [`KeyRing::seal_to`] does.
+    pub fn seal_in(
+        &self,
+        stream: &mut SealStream,
+        key: Option<KeyId>,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        self.seal_to(stream, key, Addressing::V2, payload, out)
+    }
+
+    /// Seals `payload` as the next envelope of `stream`, with the ring's key `key` (`None`: the
+    /// sealing key), in the version and for the receiver `to` names, and appends it to `out`.
     ///
     /// Fails with [`Error::UnknownKey`] when the ring does not hold `key`, with
     /// [`Error::TooLarge`] when `payload` is longer than [`MAX_PAYLOAD_LEN`], and with
     /// [`Error::OutOfRange`] when the stream's counter is exhausted; `out` and `stream` are then
     /// unchanged.
-    pub fn seal_in(
+    pub fn seal_to(
         &self,
         stream: &mut SealStream,
         key: Option<KeyId>,
+        to: Addressing,
         payload: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
@@ -366,14 +506,15 @@ impl KeyRing {
             return Err(Error::TooLarge);
         }
         let sequence = stream.take()?;
-        self.seal_with_key(index, sequence, stream.salt, payload, out)
+        self.seal_with_key(index, to, sequence, stream.salt, payload, out)
     }
 
     /// Seals with a given sequence and salt. Crate-private: a repeated nonce breaks AES-GCM, so
-    /// only the golden-vector test chooses one.
+    /// only the golden-vector tests choose one.
     #[cfg(test)]
     pub(crate) fn seal_fixed(
         &self,
+        to: Addressing,
         sequence: Sequence,
         salt: [u8; 4],
         payload: &[u8],
@@ -382,7 +523,7 @@ impl KeyRing {
         if payload.len() > MAX_PAYLOAD_LEN {
             return Err(Error::TooLarge);
         }
-        self.seal_with_key(0, sequence, salt, payload, out)
+        self.seal_with_key(0, to, sequence, salt, payload, out)
     }
 
     fn key_index(&self, key: Option<KeyId>) -> Result<usize> {
@@ -399,6 +540,7 @@ impl KeyRing {
     fn seal_with_key(
         &self,
         index: usize,
+        to: Addressing,
         sequence: Sequence,
         salt: [u8; 4],
         payload: &[u8],
@@ -406,24 +548,27 @@ impl KeyRing {
     ) -> Result<()> {
         let key = &self.keys[index];
         let start = out.len();
-        out.reserve(OVERHEAD + payload.len());
+        let header_len = to.header_len();
+        out.reserve(header_len + TAG_LEN + payload.len());
         out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
+        out.push(to.version());
         out.extend_from_slice(&key.id.0);
         out.extend_from_slice(&sequence.sender.to_be_bytes());
         out.extend_from_slice(&sequence.epoch.to_be_bytes());
         out.extend_from_slice(&salt);
         out.extend_from_slice(&sequence.counter.to_be_bytes());
+        if let Addressing::V3 { receiver } = to {
+            out.extend_from_slice(&receiver.to_be_bytes());
+        }
         out.extend_from_slice(payload);
-        let (header, body) = out[start..].split_at_mut(HEADER_LEN);
-        let header: [u8; HEADER_LEN] = (&*header).try_into().expect("header is HEADER_LEN bytes");
+        let (header, body) = out[start..].split_at_mut(header_len);
         let nonce: [u8; NONCE_LEN] = header[field::NONCE].try_into().expect("12 bytes");
-        let aad = self.associated_data(&header);
+        let (aad, aad_len) = self.associated_data(header);
         let tag = key
             .key
             .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&aad[..HEADER_LEN + self.cluster_len]),
+                Aad::from(&aad[..aad_len]),
                 body,
             )
             .map_err(|_| Error::TooLarge)?;
@@ -431,38 +576,76 @@ impl KeyRing {
         Ok(())
     }
 
-    /// Opens `datagram` in place and returns the payload, a sub-slice of `datagram`.
+    /// Opens `datagram` in place and returns the payload, a sub-slice of `datagram`. Opens every
+    /// version this build speaks without checking a version-3 receiver: for tools and tests; a
+    /// speaker opens with [`KeyRing::open_for`].
     ///
     /// On error the bytes of `datagram` may have been overwritten and must not be used.
     /// Checks, in order: length at most [`MAX_DATAGRAM_LEN`] ([`Error::TooLarge`]), at least
-    /// [`OVERHEAD`] ([`Error::Truncated`]), magic, version, key id, authentication.
+    /// [`OVERHEAD_V2`] ([`Error::Truncated`]), magic, version (and the longer version-3 header),
+    /// key id, authentication.
     pub fn open<'a>(&self, datagram: &'a mut [u8]) -> Result<&'a [u8]> {
         self.open_envelope(datagram).map(|opened| opened.payload)
     }
 
-    /// [`KeyRing::open`], returning the key id and the (now authenticated) [`Sequence`] with the
-    /// payload.
+    /// [`KeyRing::open`], returning the version, the receiver, the key id and the (now
+    /// authenticated) [`Sequence`] with the payload.
     pub fn open_envelope<'a>(&self, datagram: &'a mut [u8]) -> Result<Opened<'a>> {
-        let header = Self::check_header(datagram)?;
-        let key_id = KeyId(header[field::KEY_ID].try_into().expect("4 bytes"));
+        self.open_checked(datagram, None, Versions::THIS_BUILD)
+    }
+
+    /// Opens `datagram` in place at the receiver `receiver`, accepting the versions in
+    /// `accepted` (a speaker: [`Versions::THIS_BUILD`]; one that keeps the previous release's
+    /// behaviour: [`Versions::PREVIOUS`]). A version-3 envelope sealed for another receiver is
+    /// refused as [`Error::WrongReceiver`] before its key is looked up; a version-2 one opens
+    /// anywhere (it names no receiver).
+    ///
+    /// Checks, in order: as [`KeyRing::open`], with the receiver between version and key id.
+    pub fn open_for<'a>(
+        &self,
+        datagram: &'a mut [u8],
+        receiver: u64,
+        accepted: Versions,
+    ) -> Result<Opened<'a>> {
+        self.open_checked(datagram, Some(receiver), accepted)
+    }
+
+    fn open_checked<'a>(
+        &self,
+        datagram: &'a mut [u8],
+        me: Option<u64>,
+        accepted: Versions,
+    ) -> Result<Opened<'a>> {
+        let (version, header_len) = Self::check_header(datagram, accepted)?;
+        let receiver = (version == VERSION).then(|| u64_at(datagram, field::RECEIVER));
+        if let (Some(me), Some(receiver)) = (me, receiver)
+            && me != receiver
+        {
+            return Err(Error::WrongReceiver);
+        }
+        let key_id = KeyId(datagram[field::KEY_ID].try_into().expect("4 bytes"));
         let key = self
             .keys
             .iter()
             .find(|k| k.id == key_id)
             .ok_or(Error::UnknownKey(key_id.0))?;
+        let (header, body) = datagram.split_at_mut(header_len);
         let nonce: [u8; NONCE_LEN] = header[field::NONCE].try_into().expect("12 bytes");
-        let aad = self.associated_data(&header);
+        let sequence = sequence_of(header);
+        let (aad, aad_len) = self.associated_data(header);
         let payload = key
             .key
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&aad[..HEADER_LEN + self.cluster_len]),
-                &mut datagram[HEADER_LEN..],
+                Aad::from(&aad[..aad_len]),
+                body,
             )
             .map_err(|_| Error::AuthenticationFailed)?;
         Ok(Opened {
+            version,
+            receiver,
             key_id,
-            sequence: sequence_of(&header),
+            sequence,
             payload,
         })
     }
@@ -470,33 +653,43 @@ impl KeyRing {
     /// Reads the header of `datagram` without opening it: the checks of [`KeyRing::open`] up to,
     /// but not including, key lookup and authentication. Returns the key id.
     pub fn peek_key_id(datagram: &[u8]) -> Result<KeyId> {
-        let header = Self::check_header(datagram)?;
-        Ok(KeyId(header[field::KEY_ID].try_into().expect("4 bytes")))
+        Self::check_header(datagram, Versions::THIS_BUILD)?;
+        Ok(KeyId(datagram[field::KEY_ID].try_into().expect("4 bytes")))
     }
 
-    fn check_header(datagram: &[u8]) -> Result<[u8; HEADER_LEN]> {
+    /// The length, magic and version checks: the version and its header's length.
+    fn check_header(datagram: &[u8], accepted: Versions) -> Result<(u8, usize)> {
         if datagram.len() > MAX_DATAGRAM_LEN {
             return Err(Error::TooLarge);
         }
-        if datagram.len() < OVERHEAD {
+        if datagram.len() < OVERHEAD_V2 {
             return Err(Error::Truncated);
         }
         if datagram[field::MAGIC] != MAGIC {
             return Err(Error::WrongMagic);
         }
-        if datagram[field::VERSION] != VERSION {
-            return Err(Error::UnsupportedVersion(datagram[field::VERSION]));
+        let version = datagram[field::VERSION];
+        let header_len = match version {
+            PREVIOUS_VERSION => HEADER_LEN,
+            VERSION => HEADER_LEN_V3,
+            other => return Err(Error::UnsupportedVersion(other)),
+        };
+        if !accepted.contains(version) {
+            return Err(Error::UnsupportedVersion(version));
         }
-        Ok(datagram[..HEADER_LEN]
-            .try_into()
-            .expect("length checked above"))
+        if datagram.len() < header_len + TAG_LEN {
+            return Err(Error::Truncated);
+        }
+        Ok((version, header_len))
     }
 
-    fn associated_data(&self, header: &[u8; HEADER_LEN]) -> [u8; HEADER_LEN + MAX_CLUSTER_LEN] {
-        let mut aad = [0u8; HEADER_LEN + MAX_CLUSTER_LEN];
-        aad[..HEADER_LEN].copy_from_slice(header);
-        aad[HEADER_LEN..HEADER_LEN + self.cluster_len].copy_from_slice(self.cluster());
-        aad
+    /// The associated data of an envelope whose header is `header`: the header, then the
+    /// cluster name; and its length.
+    fn associated_data(&self, header: &[u8]) -> ([u8; HEADER_LEN_V3 + MAX_CLUSTER_LEN], usize) {
+        let mut aad = [0u8; HEADER_LEN_V3 + MAX_CLUSTER_LEN];
+        aad[..header.len()].copy_from_slice(header);
+        aad[header.len()..header.len() + self.cluster_len].copy_from_slice(self.cluster());
+        (aad, header.len() + self.cluster_len)
     }
 
     /// The next sequence and the salt of the anonymous stream. The counter starts below 2^62,
@@ -512,366 +705,19 @@ impl KeyRing {
     }
 }
 
-fn sequence_of(header: &[u8; HEADER_LEN]) -> Sequence {
-    let u64_at = |range: core::ops::Range<usize>| {
-        u64::from_be_bytes(header[range].try_into().expect("8 bytes"))
-    };
+/// The big-endian integer at `range` (eight bytes) of a header already checked to be long
+/// enough.
+fn u64_at(header: &[u8], range: core::ops::Range<usize>) -> u64 {
+    u64::from_be_bytes(header[range].try_into().expect("8 bytes"))
+}
+
+fn sequence_of(header: &[u8]) -> Sequence {
     Sequence {
-        sender: u64_at(field::SENDER),
-        epoch: u64_at(field::EPOCH),
-        counter: u64_at(field::COUNTER),
+        sender: u64_at(header, field::SENDER),
+        epoch: u64_at(header, field::EPOCH),
+        counter: u64_at(header, field::COUNTER),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const K1: [u8; 32] = [0x11; 32];
-    const K2: [u8; 32] = [0x22; 32];
-
-    fn sealed(ring: &KeyRing, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        ring.seal(payload, &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn seal_then_open_returns_the_payload() {
-        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"hello gossip");
-        assert_eq!(d.len(), OVERHEAD + 12);
-        assert_eq!(&d[..4], b"swlb");
-        assert_eq!(d[4], 2);
-        assert_eq!(ring.open(&mut d).unwrap(), b"hello gossip");
-    }
-
-    #[test]
-    fn a_duplicate_ring_opens_and_seals_alike_under_another_anonymous_stream() {
-        let ring = KeyRing::new("edge-1", &[K1, K2]).unwrap();
-        let twin = ring.duplicate().unwrap();
-        assert_eq!(twin.cluster(), ring.cluster());
-        assert_eq!(
-            twin.key_ids().collect::<Vec<_>>(),
-            ring.key_ids().collect::<Vec<_>>()
-        );
-        let mut d = sealed(&twin, b"watch");
-        assert_eq!(ring.open(&mut d).unwrap(), b"watch");
-        let (a, b) = (sealed(&ring, b"x"), sealed(&twin, b"x"));
-        assert_ne!(
-            open_sequence(&a).sender,
-            open_sequence(&b).sender,
-            "the anonymous streams differ"
-        );
-    }
-
-    fn open_sequence(d: &[u8]) -> Sequence {
-        sequence_of(d[..HEADER_LEN].try_into().unwrap())
-    }
-
-    #[test]
-    fn empty_payload_round_trips() {
-        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"");
-        assert_eq!(ring.open(&mut d).unwrap(), b"");
-    }
-
-    #[test]
-    fn key_id_comes_from_material_not_position() {
-        let a = KeyRing::new("c", &[K1, K2]).unwrap();
-        let b = KeyRing::new("c", &[K2, K1]).unwrap();
-        assert_eq!(
-            a.key_ids().collect::<Vec<_>>()[0],
-            b.key_ids().collect::<Vec<_>>()[1]
-        );
-        // b seals with K2, a still opens it.
-        let mut d = sealed(&b, b"rotating");
-        assert_eq!(a.open(&mut d).unwrap(), b"rotating");
-        // a seals with K1, b opens it too.
-        let mut d = sealed(&a, b"rotating");
-        assert_eq!(b.open(&mut d).unwrap(), b"rotating");
-    }
-
-    #[test]
-    fn seal_with_picks_a_key_of_the_ring_and_refuses_others() {
-        let new_first = KeyRing::new("c", &[K2, K1]).unwrap();
-        let old_only = KeyRing::new("c", &[K1]).unwrap();
-        assert!(new_first.has_key(KeyId::of(&K1)));
-        assert!(!old_only.has_key(KeyId::of(&K2)));
-        let mut d = Vec::new();
-        new_first
-            .seal_with(KeyId::of(&K1), b"to an old peer", &mut d)
-            .unwrap();
-        assert_eq!(KeyRing::peek_key_id(&d), Ok(KeyId::of(&K1)));
-        assert_eq!(old_only.open(&mut d).unwrap(), b"to an old peer");
-        let mut out = vec![9];
-        assert_eq!(
-            old_only.seal_with(KeyId::of(&K2), b"x", &mut out),
-            Err(Error::UnknownKey(KeyId::of(&K2).0))
-        );
-        assert_eq!(
-            old_only.seal_with(KeyId::of(&K1), &[0; MAX_PAYLOAD_LEN + 1], &mut out),
-            Err(Error::TooLarge)
-        );
-        assert_eq!(out, vec![9], "a refused seal leaves the output alone");
-    }
-
-    #[test]
-    fn known_key_id_vector() {
-        // SHA-256("swimlb key id" || 0x11 * 32), first four bytes; computed with
-        // `python3 -c "import hashlib;print(hashlib.sha256(b'swimlb key id'+b'\x11'*32).hexdigest()[:8])"`.
-        assert_eq!(KeyId::of(&K1).to_string(), "4dbf27ca");
-    }
-
-    #[test]
-    fn unknown_key_is_rejected_with_its_id() {
-        let sender = KeyRing::new("c", &[K2]).unwrap();
-        let receiver = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = sealed(&sender, b"x");
-        assert_eq!(
-            receiver.open(&mut d),
-            Err(Error::UnknownKey(KeyId::of(&K2).0))
-        );
-    }
-
-    #[test]
-    fn other_cluster_name_fails_authentication() {
-        let sender = KeyRing::new("edge-1", &[K1]).unwrap();
-        let receiver = KeyRing::new("edge-2", &[K1]).unwrap();
-        let mut d = sealed(&sender, b"x");
-        assert_eq!(receiver.open(&mut d), Err(Error::AuthenticationFailed));
-    }
-
-    #[test]
-    fn flipped_ciphertext_bit_fails_authentication() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"payload");
-        d[HEADER_LEN] ^= 1;
-        assert_eq!(ring.open(&mut d), Err(Error::AuthenticationFailed));
-    }
-
-    #[test]
-    fn flipped_nonce_bit_fails_authentication() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"payload");
-        d[field::NONCE.start] ^= 0x80;
-        assert_eq!(ring.open(&mut d), Err(Error::AuthenticationFailed));
-    }
-
-    #[test]
-    fn flipped_tag_bit_fails_authentication() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"payload");
-        let last = d.len() - 1;
-        d[last] ^= 1;
-        assert_eq!(ring.open(&mut d), Err(Error::AuthenticationFailed));
-    }
-
-    #[test]
-    fn wrong_magic_is_rejected() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = sealed(&ring, b"payload");
-        d[0] = b'S';
-        assert_eq!(ring.open(&mut d), Err(Error::WrongMagic));
-    }
-
-    #[test]
-    fn unsupported_version_is_rejected() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        // Version 1 (the envelope without a sequence) and any later version.
-        for version in [1, 3] {
-            let mut d = sealed(&ring, b"payload");
-            d[4] = version;
-            assert_eq!(ring.open(&mut d), Err(Error::UnsupportedVersion(version)));
-        }
-    }
-
-    #[test]
-    fn datagram_shorter_than_overhead_is_truncated() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let d = sealed(&ring, b"");
-        for len in 0..OVERHEAD {
-            let mut short = d[..len].to_vec();
-            assert_eq!(ring.open(&mut short), Err(Error::Truncated), "length {len}");
-        }
-    }
-
-    #[test]
-    fn oversized_datagram_is_rejected_before_magic() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut d = vec![0u8; MAX_DATAGRAM_LEN + 1];
-        assert_eq!(ring.open(&mut d), Err(Error::TooLarge));
-    }
-
-    #[test]
-    fn oversized_payload_is_refused_and_output_untouched() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut out = vec![7u8];
-        assert_eq!(
-            ring.seal(&vec![0; MAX_PAYLOAD_LEN + 1], &mut out),
-            Err(Error::TooLarge)
-        );
-        assert_eq!(out, vec![7u8]);
-        ring.seal(&vec![0; MAX_PAYLOAD_LEN], &mut out).unwrap();
-        assert_eq!(out.len(), 1 + MAX_DATAGRAM_LEN);
-    }
-
-    #[test]
-    fn nonces_do_not_repeat() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let a = sealed(&ring, b"same");
-        let b = sealed(&ring, b"same");
-        assert_ne!(a[field::NONCE], b[field::NONCE]);
-        assert_ne!(a[HEADER_LEN..], b[HEADER_LEN..]);
-    }
-
-    #[test]
-    fn invalid_rings_are_refused() {
-        assert_eq!(
-            KeyRing::new("c", &[]).unwrap_err(),
-            Error::InvalidKeyRing("no key")
-        );
-        assert_eq!(
-            KeyRing::new("c", &[K1, K1]).unwrap_err(),
-            Error::InvalidKeyRing("duplicate key")
-        );
-        assert!(KeyRing::new("", &[K1]).is_err());
-        assert!(KeyRing::new(&"a".repeat(254), &[K1]).is_err());
-        assert!(KeyRing::new(&"a".repeat(253), &[K1]).is_ok());
-    }
-
-    /// The sequence and salt of `crate::golden::ENVELOPE`.
-    const GOLDEN_SEQUENCE: Sequence = Sequence {
-        sender: 0x2021_2223_2425_2627,
-        epoch: 1_700_000_000_000,
-        counter: 0x0405_0607_0809_0a0b,
-    };
-    const GOLDEN_SALT: [u8; 4] = [0, 1, 2, 3];
-
-    #[test]
-    fn seal_with_a_fixed_sequence_matches_python_cryptography() {
-        // `crate::golden::ENVELOPE` was sealed by Python `cryptography`'s AESGCM (see its doc).
-        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
-        let mut out = Vec::new();
-        ring.seal_fixed(GOLDEN_SEQUENCE, GOLDEN_SALT, b"hello gossip", &mut out)
-            .unwrap();
-        assert_eq!(out, crate::golden::ENVELOPE);
-    }
-
-    #[test]
-    fn envelope_sealed_by_python_cryptography_opens_with_its_sequence() {
-        let ring = KeyRing::new("edge-1", &[K1]).unwrap();
-        let mut d = crate::golden::ENVELOPE;
-        let opened = ring.open_envelope(&mut d).unwrap();
-        assert_eq!(opened.payload, b"hello gossip");
-        assert_eq!(opened.sequence, GOLDEN_SEQUENCE);
-        assert_eq!(opened.key_id, KeyId::of(&K1));
-    }
-
-    #[test]
-    fn a_stream_numbers_its_envelopes_one_by_one_across_key_rings() {
-        let first = KeyRing::new("c", &[K1]).unwrap();
-        let rotated = KeyRing::new("c", &[K2, K1]).unwrap();
-        let mut stream = SealStream::new(7, 1_700_000_000_000).unwrap();
-        let start = stream.peek().counter;
-        assert!(start < COUNTER_START_BOUND);
-        let mut seen = Vec::new();
-        for (ring, key) in [
-            (&first, None),
-            (&rotated, None),
-            (&rotated, Some(KeyId::of(&K1))),
-        ] {
-            let mut d = Vec::new();
-            ring.seal_in(&mut stream, key, b"x", &mut d).unwrap();
-            let opened = rotated.open_envelope(&mut d).unwrap();
-            assert_eq!(
-                (opened.sequence.sender, opened.sequence.epoch),
-                (7, 1_700_000_000_000)
-            );
-            seen.push(opened.sequence.counter);
-        }
-        assert_eq!(seen, vec![start, start + 1, start + 2]);
-    }
-
-    #[test]
-    fn a_refused_seal_leaves_the_stream_and_the_output_alone() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut stream = SealStream::new(1, 1).unwrap();
-        let before = stream.peek();
-        let mut out = vec![5];
-        assert_eq!(
-            ring.seal_in(&mut stream, Some(KeyId::of(&K2)), b"x", &mut out),
-            Err(Error::UnknownKey(KeyId::of(&K2).0))
-        );
-        assert_eq!(
-            ring.seal_in(&mut stream, None, &[0; MAX_PAYLOAD_LEN + 1], &mut out),
-            Err(Error::TooLarge)
-        );
-        stream.next = u64::MAX;
-        assert!(matches!(
-            ring.seal_in(&mut stream, None, b"x", &mut out),
-            Err(Error::OutOfRange(_))
-        ));
-        assert_eq!(stream.peek().counter, u64::MAX);
-        stream.next = before.counter;
-        assert_eq!(stream.peek(), before);
-        assert_eq!(out, vec![5]);
-    }
-
-    #[test]
-    fn streams_of_one_sender_and_epoch_never_share_a_nonce() {
-        // Two streams made for the same sender and epoch (a restart within one millisecond, a
-        // misconfigured bump) still draw their own salts and counter starts.
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let mut a = SealStream::new(1, 1).unwrap();
-        let mut b = SealStream::new(1, 1).unwrap();
-        let (mut da, mut db) = (Vec::new(), Vec::new());
-        ring.seal_in(&mut a, None, b"same", &mut da).unwrap();
-        ring.seal_in(&mut b, None, b"same", &mut db).unwrap();
-        assert_ne!(da[field::NONCE], db[field::NONCE]);
-    }
-
-    #[test]
-    fn altered_sequence_fails_authentication() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        for byte in [
-            field::SENDER.start,
-            field::EPOCH.end - 1,
-            field::COUNTER.end - 1,
-        ] {
-            let mut d = sealed(&ring, b"payload");
-            d[byte] ^= 1;
-            assert_eq!(
-                ring.open(&mut d),
-                Err(Error::AuthenticationFailed),
-                "byte {byte}"
-            );
-        }
-    }
-
-    #[test]
-    fn anonymous_seals_count_up_under_one_random_sender_in_epoch_zero() {
-        let ring = KeyRing::new("c", &[K1, K2]).unwrap();
-        let mut a = sealed(&ring, b"a");
-        let mut b = Vec::new();
-        ring.seal_with(KeyId::of(&K2), b"b", &mut b).unwrap();
-        let a = ring.open_envelope(&mut a).unwrap().sequence;
-        let b = ring.open_envelope(&mut b).unwrap().sequence;
-        assert_eq!((a.sender, a.epoch), (b.sender, 0));
-        assert_eq!(b.counter, a.counter + 1);
-        let other = KeyRing::new("c", &[K1]).unwrap();
-        let mut c = sealed(&other, b"c");
-        assert_ne!(
-            other.open_envelope(&mut c).unwrap().sequence.sender,
-            a.sender
-        );
-    }
-
-    #[test]
-    fn debug_output_has_no_key_material() {
-        let ring = KeyRing::new("c", &[K1]).unwrap();
-        let text = format!("{ring:?}");
-        assert!(text.contains("KeyId"), "{text}");
-        assert!(!text.contains("17, 17"), "{text}");
-    }
-}
+mod tests;

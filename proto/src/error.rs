@@ -29,6 +29,10 @@ pub enum Error {
     /// AES-GCM authentication failed: wrong key, wrong cluster name, or tampered bytes.
     #[error("authentication failed")]
     AuthenticationFailed,
+    /// The envelope (version 3 on) names another receiver than the one opening it: a datagram
+    /// captured on its way to another node, or sent to an address that changed hands.
+    #[error("sealed for another receiver")]
+    WrongReceiver,
     /// A key ring was built without keys, with a duplicate key, or with a bad cluster name.
     #[error("invalid key ring: {0}")]
     InvalidKeyRing(&'static str),
@@ -139,6 +143,7 @@ impl Error {
             Error::UnsupportedVersion(_) => "unsupported_version",
             Error::UnknownKey(_) => "unknown_key",
             Error::AuthenticationFailed => "authentication_failed",
+            Error::WrongReceiver => "wrong_receiver",
             Error::InvalidKeyRing(_) => "invalid_key_ring",
             Error::NoRandomness => "no_randomness",
             Error::ArpHardwareType(_) => "arp_hardware_type",
@@ -191,6 +196,7 @@ mod tests {
             Error::UnsupportedVersion(0),
             Error::UnknownKey([0; 4]),
             Error::AuthenticationFailed,
+            Error::WrongReceiver,
             Error::InvalidKeyRing(""),
             Error::NoRandomness,
             Error::ArpHardwareType(0),

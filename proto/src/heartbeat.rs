@@ -808,7 +808,7 @@ mod tests {
         let mut datagram = Vec::new();
         ring.seal_in(&mut stream, None, &payload, &mut datagram)
             .unwrap();
-        assert_eq!(datagram.len(), crate::envelope::OVERHEAD + HEARTBEAT_LEN);
+        assert_eq!(datagram.len(), crate::envelope::OVERHEAD_V2 + HEARTBEAT_LEN);
         let opened = ring.open_envelope(&mut datagram).unwrap();
         assert_eq!(opened.sequence.sender, 42);
         assert_eq!(

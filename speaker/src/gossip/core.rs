@@ -280,6 +280,8 @@ struct Wire {
     stream: SealStream,
     /// What this node remembers of each sender's stream.
     replay: ReplayGuard,
+    /// Which envelope version each datagram is sealed in (see [`super::wire_rule`]).
+    rule: super::wire_rule::WireRule,
     /// The key each peer last sealed with. Datagrams to a peer are sealed with it while our ring
     /// holds it, else with our sealing key: a node whose ring already seals with a new key keeps
     /// talking to peers whose ring does not have that key yet (rings `[k2, k1]` and `[k1]`
@@ -312,6 +314,7 @@ impl Wire {
             ring,
             stream,
             replay: ReplayGuard::default(),
+            rule: super::wire_rule::WireRule::default(),
             peer_keys: FastMap::default(),
             offered: FastMap::default(),
             metrics,
@@ -389,9 +392,14 @@ impl Wire {
     /// Seals `scratch` with `key` (`None`: the ring's sealing key) and queues it.
     fn seal_one(&mut self, to: SocketAddr, key: Option<KeyId>) {
         let mut bytes = Vec::with_capacity(self.scratch.len() + swimlb_proto::envelope::OVERHEAD);
-        let sealed = self
-            .ring
-            .seal_in(&mut self.stream, key, &self.scratch, &mut bytes);
+        let sealed = self.rule.seal(
+            &self.ring,
+            &mut self.stream,
+            key,
+            to,
+            &self.scratch,
+            &mut bytes,
+        );
         match sealed {
             Ok(()) => {
                 self.metrics.packet(Direction::Out, bytes.len());
@@ -786,6 +794,12 @@ impl Core {
         self.wire.ring = ring;
     }
 
+    /// Seals and opens through `rule` from now on (the driver's, shared with the owner watch;
+    /// a core made by [`Core::new`] has its own, which seals everything in version 2).
+    pub fn set_wire_rule(&mut self, rule: super::wire_rule::WireRule) {
+        self.wire.rule = rule;
+    }
+
     /// foca's view of the members named `node` (identity, incarnation, state), for debugging.
     pub fn debug_member(&self, node: &str) -> Vec<String> {
         self.foca
@@ -832,7 +846,8 @@ impl Core {
             self.wire.metrics.rejected(RejectReason::FromSelf);
             return;
         }
-        let opened = match self.wire.ring.open_envelope(datagram) {
+        let me = self.wire.stream.sender();
+        let opened = match self.wire.rule.open(&self.wire.ring, datagram, me, from) {
             Ok(opened) => opened,
             Err(err) => {
                 self.wire.metrics.rejected(RejectReason::envelope(&err));

@@ -312,6 +312,9 @@ pub struct WatchCore {
     knobs: Knobs,
     ring: KeyRing,
     stream: SealStream,
+    /// Which envelope version each datagram is sealed in (the gossip's, see
+    /// [`crate::gossip::wire_rule`]).
+    wire: crate::gossip::WireRule,
     guard: ReplayGuard,
     directory: Directory,
     /// Sender id of each member's watch address.
@@ -365,6 +368,7 @@ impl WatchCore {
             knobs,
             ring,
             stream,
+            wire: crate::gossip::WireRule::default(),
             guard: ReplayGuard::default(),
             directory: Directory::default(),
             senders: HashMap::new(),
@@ -421,6 +425,14 @@ impl WatchCore {
     /// Takes the datagrams queued for sending, in order.
     pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
         self.outbox.drain(..)
+    }
+
+    /// Seals and opens through `rule` from now on: the gossip's ([`WatchLink::wire_rule`]), so
+    /// both sockets of a node follow one view of the mesh's envelope version.
+    ///
+    /// [`WatchLink::wire_rule`]: crate::gossip::WatchLink::wire_rule
+    pub fn set_wire_rule(&mut self, rule: crate::gossip::WireRule) {
+        self.wire = rule;
     }
 
     /// Takes the payloads queued for the gossip since the last call: every claim and refutation
@@ -698,9 +710,10 @@ impl WatchCore {
             return;
         };
         let mut bytes = Vec::new();
+        let (ring, stream) = (&self.ring, &mut self.stream);
         if self
-            .ring
-            .seal_in(&mut self.stream, None, &payload[..len], &mut bytes)
+            .wire
+            .seal(ring, stream, None, to, &payload[..len], &mut bytes)
             .is_err()
         {
             return;

@@ -78,7 +78,7 @@ impl WatchHandle {
         let local_addr = socket.local_addr()?;
         let seed = plan.me.bump ^ rand::rng().random::<u64>();
         let first = directory.borrow().clone();
-        let core = WatchCore::new(
+        let mut core = WatchCore::new(
             knobs,
             ring,
             local_addr,
@@ -89,6 +89,9 @@ impl WatchHandle {
             Duration::ZERO,
         )
         .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(link) = &link {
+            core.set_wire_rule(link.wire_rule());
+        }
         let (commands_tx, commands_rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         std::thread::Builder::new()
