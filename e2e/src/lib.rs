@@ -43,6 +43,8 @@
 //! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the book's commands
 //!   (uses [`metallb`]'s lab).
 //! - [`chaos`]: `swimlb-lab chaos`, seeded random faults with the invariants checked throughout.
+//! - [`upgrade`]: a rolling upgrade across an envelope version, the speakers of the previous
+//!   wire behaviour beside the current one, under the chaos checker (uses [`chaos`]).
 //!
 //! On top (each imports any module above):
 //! - [`cli`]: `swimlb-lab`'s command line, and what each command runs.
@@ -88,3 +90,4 @@ pub mod service_failover;
 pub mod sim;
 pub mod soak;
 pub mod trial;
+pub mod upgrade;

@@ -33,6 +33,7 @@ use super::core::{Core, GossipError, GossipSettings, Outgoing, Phase, WatchRelay
 use super::identity::NodeIdentity;
 use super::metadata::FastMap;
 use super::metrics::GossipMetrics;
+use super::wire_rule::WireRule;
 use crate::model::membership::{LiveChange, LiveSet, MemberMeta, NodeName};
 
 /// How many changes a slow subscriber may fall behind before it sees `Lagged`.
@@ -60,6 +61,7 @@ pub struct WatchLink {
     commands: mpsc::Sender<Command>,
     received: mpsc::Receiver<WatchRelayed>,
     heard: WatchHeard,
+    rule: WireRule,
 }
 
 impl WatchLink {
@@ -87,6 +89,11 @@ impl WatchLink {
     /// The next watch payload received through the gossip; `None` once the gossip stopped.
     pub async fn recv(&mut self) -> Option<WatchRelayed> {
         self.received.recv().await
+    }
+
+    /// The gossip's wire rule, for the watch to seal and open by (see [`super::wire_rule`]).
+    pub fn wire_rule(&self) -> WireRule {
+        self.rule.clone()
     }
 }
 
@@ -137,6 +144,7 @@ pub struct GossipHandle {
     watch_inbox: Mutex<Option<mpsc::Receiver<WatchRelayed>>>,
     watch_heard: WatchHeard,
     local_addr: SocketAddr,
+    rule: WireRule,
     task: JoinHandle<()>,
 }
 
@@ -195,7 +203,14 @@ impl GossipHandle {
             commands: self.commands.clone(),
             received,
             heard: self.watch_heard.clone(),
+            rule: self.rule.clone(),
         })
+    }
+
+    /// The wire rule this node seals and opens by ([`super::wire_rule`]): the mesh's envelope
+    /// version as this node sees it.
+    pub fn wire_rule(&self) -> &WireRule {
+        &self.rule
     }
 
     /// The address the socket is bound to.
@@ -203,8 +218,10 @@ impl GossipHandle {
         self.local_addr
     }
 
-    /// Replaces this node's metadata and gossips it.
-    pub async fn set_meta(&self, meta: MemberMeta) -> Result<(), GossipError> {
+    /// Replaces this node's metadata and gossips it, with the envelope versions this node
+    /// announces ([`WireRule::announcement`]) whatever `meta` says.
+    pub async fn set_meta(&self, mut meta: MemberMeta) -> Result<(), GossipError> {
+        meta.wire = self.rule.announcement();
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::SetMeta(meta, reply))
@@ -270,13 +287,33 @@ impl GossipHandle {
 
 /// Binds `bind`, starts a core for `settings` and runs it in a new task. `settings.addr` is
 /// the address peers know this node by (usually `bind`; when `bind` has port 0, the bound
-/// address is used instead).
+/// address is used instead). The wire rule is this build's, unless `SWIMLB_ENVELOPE_VERSION`
+/// asks for the previous release's behaviour ([`WireRule::from_env`]; an unknown value is an
+/// error).
 pub async fn spawn(
-    mut settings: GossipSettings,
+    settings: GossipSettings,
     bind: SocketAddr,
     ring: KeyRing,
     meta: MemberMeta,
     metrics: GossipMetrics,
+) -> Result<GossipHandle, GossipError> {
+    let rule = WireRule::from_env().map_err(|err| {
+        tracing::error!(error = %err, "envelope version");
+        GossipError::Envelope(swimlb_proto::Error::OutOfRange(
+            "SWIMLB_ENVELOPE_VERSION accepts 2 or 3",
+        ))
+    })?;
+    spawn_with_rule(settings, bind, ring, meta, metrics, rule).await
+}
+
+/// [`spawn`] with the wire rule `rule` (tests run speakers of both behaviours in one process).
+pub async fn spawn_with_rule(
+    mut settings: GossipSettings,
+    bind: SocketAddr,
+    ring: KeyRing,
+    mut meta: MemberMeta,
+    metrics: GossipMetrics,
+    rule: WireRule,
 ) -> Result<GossipHandle, GossipError> {
     let socket = UdpSocket::bind(bind)
         .await
@@ -289,7 +326,9 @@ pub async fn spawn(
     }
     let origin = Instant::now();
     let pause = PauseWatch::new(&settings.timing);
-    let core = Core::new(settings, ring, meta, metrics, Duration::ZERO)?;
+    meta.wire = rule.announcement();
+    let mut core = Core::new(settings, ring, meta, metrics.clone(), Duration::ZERO)?;
+    core.set_wire_rule(rule.clone());
     let socket = Arc::new(socket);
     let (live_tx, live_rx) = watch::channel(core.live().clone());
     let (identity_tx, identity_rx) = watch::channel(core.identity().clone());
@@ -322,6 +361,7 @@ pub async fn spawn(
             changes: changes_tx.clone(),
             heard_before_down: heard_before_down.clone(),
             watch: watch_tx,
+            rule: (rule.clone(), metrics),
         },
     ));
     Ok(GossipHandle {
@@ -335,6 +375,7 @@ pub async fn spawn(
         watch_inbox: Mutex::new(Some(watch_rx)),
         watch_heard,
         local_addr,
+        rule,
         task,
     })
 }
@@ -361,6 +402,9 @@ struct Published {
     /// Owner-watch payloads received through the gossip. Bounded: without a watch to read
     /// them they are dropped once the queue is full.
     watch: mpsc::Sender<WatchRelayed>,
+    /// The wire rule, updated when the members or their records change, and the metrics its
+    /// version is shown in.
+    rule: (WireRule, GossipMetrics),
 }
 
 /// The directory of `core`'s members now.
@@ -480,6 +524,8 @@ async fn run(
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
+    // The core's deadlines on a timerfd: one wake-up each (see `crate::run::timer`).
+    let mut timer = crate::run::timer::Deadline::new();
     publish(&mut core, &socket, &send, &mut published, false);
     loop {
         // A deadline already past (a parked gossip timer that has something to send now) is
@@ -497,7 +543,7 @@ async fn run(
                 }
                 Err(err) => tracing::debug!(error = %err, "gossip receive"),
             },
-            () = tokio::time::sleep_until(deadline) => {
+            () = timer.sleep_until(deadline) => {
                 // Suspicions end on timers: they see what the watch heard until now.
                 inputs.hand_watch_heard(&mut core, origin);
                 core.handle_due_timers(origin.elapsed());
@@ -564,6 +610,7 @@ fn publish(
         changes,
         heard_before_down,
         watch,
+        rule,
     } = published;
     for relayed in core.drain_watch() {
         let _ = watch.try_send(relayed);
@@ -612,9 +659,15 @@ fn publish(
             }
         }
     }
+    // The mesh's envelope version, before anything else is sent: from the members held alive
+    // and the records that name them.
+    let members_changed = *directory_version != core.members_version();
+    if members_changed || !pending.is_empty() {
+        update_wire_rule(core, rule);
+    }
     // The directory before the changes too: a subscriber that looks a member up on its `Up`
     // finds it.
-    if *directory_version != core.members_version() {
+    if members_changed {
         *directory_version = core.members_version();
         directory_tx.send_replace(directory(core));
     }
@@ -626,6 +679,17 @@ fn publish(
     }
     let now = if paused { Phase::Paused } else { core.phase() };
     phase.send_if_modified(|p| std::mem::replace(p, now) != now);
+}
+
+/// Recomputes `rule` from `core`'s members and their records ([`WireRule::update`]) and
+/// shows the mesh's version in the metrics.
+fn update_wire_rule(core: &Core, (rule, metrics): &(WireRule, GossipMetrics)) {
+    let live = core.live();
+    let version = rule.update(core.member_identities().map(|id| {
+        let announced = live.get(&id.node).map(|meta| meta.wire).unwrap_or_default();
+        (id.addr, id.bump, announced)
+    }));
+    metrics.set_envelope_version(version);
 }
 
 #[cfg(test)]

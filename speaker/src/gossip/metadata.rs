@@ -5,17 +5,34 @@
 //! restart or a renewal) beats any record of an older one, and within one identity a higher
 //! version wins. The order is total, so a stale record can never flip back and forth.
 //! A record is at most [`MAX_META_RECORD_LEN`] bytes; larger or undecodable ones are rejected.
+//!
+//! **Extensions.** After the record's postcard encoding come its extensions, each a type byte,
+//! a length byte and that many bytes of value. A speaker of the previous release decodes the
+//! record with `postcard::from_bytes`, which stops at the record's end and ignores what follows,
+//! and re-disseminates the bytes as they came (foca keeps each broadcast's bytes), so what a
+//! newer speaker adds there never makes it refuse the record. Only a metadata pull answered by
+//! such a speaker re-encodes the record from its book, without the extensions: a newer speaker
+//! then holds the record without them (it takes the member for a previous-release speaker, the
+//! safe side) until the record with them arrives, which replaces it ([`MetaBook::offer`]).
+//! Extension types: [`EXT_ENVELOPE_VERSIONS`]. A newer extension type is skipped; a truncated
+//! extension rejects the record.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
+use swimlb_proto::envelope::Versions;
+
 use super::identity::NodeIdentity;
 use crate::model::membership::{MemberMeta, NodeName};
 
-/// The largest encoded metadata record.
+/// The largest encoded metadata record, extensions included.
 pub const MAX_META_RECORD_LEN: usize = 1024;
+
+/// The extension that announces the envelope versions the member speaks
+/// ([`MemberMeta::wire`]): one byte per version. Absent when the member announces nothing.
+pub const EXT_ENVELOPE_VERSIONS: u8 = 1;
 
 /// What travels: the member's metadata and the bump of the identity that wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,9 +49,16 @@ impl MetaRecord {
         (self.bump, self.meta.version)
     }
 
-    /// Encodes the record; fails when it exceeds [`MAX_META_RECORD_LEN`].
+    /// Encodes the record and its extensions; fails when it exceeds [`MAX_META_RECORD_LEN`].
     pub fn encode(&self) -> Result<Vec<u8>, MetaError> {
-        let bytes = postcard::to_allocvec(self).map_err(|_| MetaError::Encode)?;
+        let mut bytes = postcard::to_allocvec(self).map_err(|_| MetaError::Encode)?;
+        let versions = self.meta.wire;
+        if !versions.is_empty() {
+            let listed: Vec<u8> = versions.iter().collect();
+            bytes.push(EXT_ENVELOPE_VERSIONS);
+            bytes.push(u8::try_from(listed.len()).map_err(|_| MetaError::Encode)?);
+            bytes.extend_from_slice(&listed);
+        }
         if bytes.len() > MAX_META_RECORD_LEN {
             return Err(MetaError::TooLarge {
                 node: self.meta.node.clone(),
@@ -52,7 +76,24 @@ impl MetaRecord {
                 len: bytes.len(),
             });
         }
-        postcard::from_bytes(bytes).map_err(|_| MetaError::Decode)
+        let (mut record, mut rest): (MetaRecord, &[u8]) =
+            postcard::take_from_bytes(bytes).map_err(|_| MetaError::Decode)?;
+        record.meta.wire = Versions::NONE;
+        while let [kind, len, tail @ ..] = rest {
+            let len = usize::from(*len);
+            if tail.len() < len {
+                return Err(MetaError::Decode);
+            }
+            let (value, next) = tail.split_at(len);
+            if *kind == EXT_ENVELOPE_VERSIONS {
+                record.meta.wire = value.iter().copied().collect();
+            }
+            rest = next;
+        }
+        if !rest.is_empty() {
+            return Err(MetaError::Decode);
+        }
+        Ok(record)
     }
 
     /// Whether this record was written by `identity` (same node, same bump).
@@ -94,10 +135,17 @@ pub struct MetaBook {
 }
 
 impl MetaBook {
-    /// Keeps `record` if it is newer than the one held; returns whether it was kept.
+    /// Keeps `record` if it is newer than the one held, or as new and the first to carry the
+    /// member's envelope versions (the held one came through a previous-release speaker's pull
+    /// answer, which drops them); returns whether it was kept.
     pub fn offer(&mut self, record: MetaRecord) -> bool {
+        let completes = |held: &MetaRecord| {
+            held.order() == record.order()
+                && held.meta.wire.is_empty()
+                && !record.meta.wire.is_empty()
+        };
         match self.latest.get(&record.meta.node) {
-            Some(held) if held.order() >= record.order() => false,
+            Some(held) if held.order() >= record.order() && !completes(held) => false,
             _ => {
                 self.changed.push(record.meta.node.clone());
                 self.latest.insert(record.meta.node.clone(), record);
@@ -205,5 +253,50 @@ mod tests {
         big.meta.node = "x".repeat(MAX_META_RECORD_LEN);
         assert!(matches!(big.encode(), Err(MetaError::TooLarge { .. })));
         assert_eq!(MetaRecord::decode(&[0xff; 3]), Err(MetaError::Decode));
+    }
+
+    #[test]
+    fn the_envelope_versions_travel_after_the_record_where_the_previous_release_ignores_them() {
+        let mut rec = record("node-1", 7, 3);
+        let plain = rec.encode().unwrap();
+        rec.meta.wire = Versions::THIS_BUILD;
+        let announced = rec.encode().unwrap();
+        assert_eq!(
+            announced[..plain.len()],
+            plain[..],
+            "the record itself is unchanged"
+        );
+        assert_eq!(announced[plain.len()..], [EXT_ENVELOPE_VERSIONS, 2, 2, 3]);
+        assert_eq!(MetaRecord::decode(&announced), Ok(rec.clone()));
+        // The previous release decodes with `postcard::from_bytes` (its `MetaRecord::decode`):
+        // the same record, the extension unseen.
+        let old: MetaRecord = postcard::from_bytes(&announced).unwrap();
+        assert_eq!(old, record("node-1", 7, 3));
+        // Its record, without extensions: announces nothing.
+        assert_eq!(
+            MetaRecord::decode(&plain).unwrap().meta.wire,
+            Versions::NONE
+        );
+        // A later extension type is skipped; a cut one rejects the record.
+        let mut later = announced.clone();
+        later.extend_from_slice(&[9, 2, 0xaa, 0xbb]);
+        assert_eq!(MetaRecord::decode(&later), Ok(rec));
+        for cut in [1, 2, 3] {
+            let short = &announced[..announced.len() - cut];
+            assert_eq!(MetaRecord::decode(short), Err(MetaError::Decode), "{cut}");
+        }
+    }
+
+    #[test]
+    fn a_record_as_new_completes_one_that_lost_its_versions_and_never_the_reverse() {
+        let mut book = MetaBook::default();
+        let stripped = record("a", 2, 5);
+        let mut full = stripped.clone();
+        full.meta.wire = Versions::THIS_BUILD;
+        assert!(book.offer(stripped.clone()));
+        assert!(book.offer(full.clone()), "the versions complete it");
+        assert!(!book.offer(stripped), "and are not lost again");
+        assert!(!book.offer(full));
+        assert_eq!(book.get("a").unwrap().meta.wire, Versions::THIS_BUILD);
     }
 }

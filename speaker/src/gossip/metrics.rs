@@ -159,6 +159,7 @@ pub struct GossipMetrics {
     sync_updates: Counter,
     health: Gauge,
     suspicions: Family<OutcomeLabels, Counter>,
+    envelope_version: Gauge,
     /// The four traffic series, resolved once: they are counted on every datagram, and a
     /// family lookup (hash and lock) per datagram was a measurable share of the simulation.
     traffic: [(Counter, Counter); 2],
@@ -187,6 +188,7 @@ impl Default for GossipMetrics {
             sync_updates: Counter::default(),
             health: Gauge::default(),
             suspicions: Family::default(),
+            envelope_version: Gauge::default(),
             traffic,
         }
     }
@@ -242,6 +244,12 @@ impl GossipMetrics {
             "Suspicions this node timed, by how they ended (refuted, confirmed, expired)",
             metrics.suspicions.clone(),
         );
+        registry.register(
+            "swimlb_gossip_envelope_version",
+            "The envelope version this node seals to the mesh's members: the highest every live member announced (2 while a member of the previous release is alive)",
+            metrics.envelope_version.clone(),
+        );
+        metrics.envelope_version.set(2);
         // Every outcome has its series from the start, at 0 (a rate over a series that appears
         // at its first increment misses that increment).
         for outcome in [
@@ -252,6 +260,15 @@ impl GossipMetrics {
             drop(metrics.suspicions.get_or_create(&OutcomeLabels { outcome }));
         }
         metrics
+    }
+
+    pub(crate) fn set_envelope_version(&self, version: u8) {
+        self.envelope_version.set(i64::from(version));
+    }
+
+    /// The mesh's envelope version last set (see [`super::wire_rule`]).
+    pub fn envelope_version(&self) -> i64 {
+        self.envelope_version.get()
     }
 
     pub(crate) fn set_health(&self, score: u32) {

@@ -10,6 +10,8 @@
 //! - [`lifeguard`]: local health and the suspicion that shrinks with confirmations.
 //! - [`sync`]: the membership digest peers compare to find members the gossip never brought.
 //! - [`timing`]: the `fast` and `lan` profiles and their validation.
+//! - [`wire_rule`]: which envelope version each datagram is sealed in (the wire-compatibility
+//!   rule across releases) and the receiver it is bound to.
 //! - [`identity`], [`metadata`], [`metrics`]: the identity, the metadata records, the metrics.
 //!
 //! The module's output is a [`LiveSet`](crate::model::membership::LiveSet) (alive members with their
@@ -26,14 +28,20 @@ pub mod replay;
 pub mod simnet;
 pub mod sync;
 pub mod timing;
+pub mod wire_rule;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod udp_tests;
+#[cfg(test)]
+mod wire_udp_tests;
+#[cfg(test)]
+mod wire_watch_tests;
 
 pub use self::core::{Core, GossipError, GossipSettings, Outgoing, Phase, WatchRelayed};
 pub use driver::{Directory, GossipHandle, WatchLink, spawn};
 pub use identity::NodeIdentity;
 pub use metrics::{Direction, GossipMetrics, RejectReason, SuspicionOutcome};
 pub use timing::{Profile, Timing, TimingError};
+pub use wire_rule::WireRule;

@@ -470,7 +470,7 @@ fn garbage_and_own_datagrams_are_dropped_and_counted() {
         core.handle_datagram(now, peer, &mut flipped);
         let mut future = Vec::new();
         ring(&[K1]).seal(&[0, 1, 2], &mut future).unwrap();
-        future[4] = 3;
+        future[4] = 4;
         core.handle_datagram(now, peer, &mut future);
     });
     let metrics = net.core(0).unwrap().metrics().clone();

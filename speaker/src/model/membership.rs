@@ -31,6 +31,11 @@ pub struct MemberMeta {
     /// Where the member can announce: a member that cannot answer for an IP on its node is
     /// not a candidate for it (`Exclusion::CannotAnnounce`).
     pub announce: AnnounceFacts,
+    /// The envelope versions the member announced it speaks (empty: it announced nothing, as
+    /// the previous release does). Not in the record's serde encoding: it travels after it, where
+    /// the previous release does not look (see `gossip::wire_rule`).
+    #[serde(skip)]
+    pub wire: swimlb_proto::envelope::Versions,
 }
 
 /// What a member can announce on, as far as the others need to know to elect without it.
@@ -57,6 +62,7 @@ impl MemberMeta {
             draining: false,
             groups: BTreeMap::new(),
             announce: AnnounceFacts::default(),
+            wire: swimlb_proto::envelope::Versions::NONE,
         }
     }
 }

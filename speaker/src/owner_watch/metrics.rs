@@ -23,16 +23,19 @@ pub enum DropReason {
     Malformed,
     /// An old incarnation or sequence number, or a reply to a poll no longer waited for.
     Stale,
+    /// A version-3 envelope sealed for another receiver (captured on its way elsewhere).
+    WrongReceiver,
 }
 
 impl DropReason {
     /// Every reason, for registering the series at 0.
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::Unauthentic,
         DropReason::UnknownSender,
         DropReason::Replay,
         DropReason::Malformed,
         DropReason::Stale,
+        DropReason::WrongReceiver,
     ];
 
     /// The label value.
@@ -43,6 +46,7 @@ impl DropReason {
             DropReason::Replay => "replay",
             DropReason::Malformed => "malformed",
             DropReason::Stale => "stale",
+            DropReason::WrongReceiver => "wrong_receiver",
         }
     }
 }

@@ -14,9 +14,17 @@ use crate::owner_watch::{Detector, Event, Heard};
 impl WatchCore {
     /// Handles one received datagram from `from` (opened in place, hence `&mut`).
     pub fn handle_datagram(&mut self, now: Duration, from: SocketAddr, datagram: &mut [u8]) {
-        let Ok(opened) = self.ring.open_envelope(datagram) else {
-            self.metrics.dropped(DropReason::Unauthentic);
-            return;
+        let me = self.stream.sender();
+        let opened = match self.wire.open(&self.ring, datagram, me, from) {
+            Ok(opened) => opened,
+            Err(swimlb_proto::Error::WrongReceiver) => {
+                self.metrics.dropped(DropReason::WrongReceiver);
+                return;
+            }
+            Err(_) => {
+                self.metrics.dropped(DropReason::Unauthentic);
+                return;
+            }
         };
         let sender = self.senders.get(&opened.sequence.sender).cloned();
         let message = WatchMessage::parse(opened.payload);
