@@ -14,6 +14,7 @@
 //! saw ([`report`]); the link back. Each implementation (swimlb, MetalLB from its own images:
 //! [`crate::realnode::metallb`]) runs on a cluster of its own, one after the other.
 
+pub mod arp;
 pub mod client;
 pub mod cluster;
 pub mod report;
@@ -31,7 +32,7 @@ use crate::lab::rule;
 use crate::netns;
 use crate::realnode::{NodeInfo, metallb};
 use client::Client;
-use cluster::{ServiceCluster, UP_LIMIT, service_of};
+use cluster::{AtRest, ServiceCluster, UP_LIMIT, service_of};
 use report::{PolicyReport, TrialReport};
 
 /// How long the speakers may take to see every member again and agree on the owner before a
@@ -110,6 +111,8 @@ pub struct Report {
     pub node_info: Vec<NodeInfoJson>,
     /// Per implementation and policy.
     pub results: Vec<PolicyReport>,
+    /// Each implementation's speakers at rest, before its first trial.
+    pub at_rest: Vec<AtRest>,
 }
 
 /// A Node's versions in the JSON.
@@ -158,9 +161,16 @@ pub fn run(options: &Options, log: &mut dyn FnMut(&str)) -> Result<Report> {
     netns::require_root("service-failover");
     let mut results = Vec::new();
     let mut node_info = Vec::new();
+    let mut at_rest = Vec::new();
     for &implementation in &options.implementations {
         log(&format!("{}: starting its cluster", implementation.name()));
         let mut cluster = ServiceCluster::start(options.nodes, implementation, log)?;
+        // At rest: the mesh settled, no trial yet.
+        let (_, ip) = service_of(Policy::Local);
+        let names: Vec<&str> = cluster.lab.nodes.iter().map(|n| n.name.as_str()).collect();
+        let expected = rule::metallb_owner(&names, IpAddr::V4(ip)).context("no node")?;
+        wait_settled(&cluster, ip, &expected)?;
+        at_rest.extend(cluster.speakers_at_rest()?);
         results.extend(run_policies(&mut cluster, options, log));
         if node_info.is_empty() {
             node_info = cluster.real.node_infos();
@@ -172,6 +182,7 @@ pub fn run(options: &Options, log: &mut dyn FnMut(&str)) -> Result<Report> {
         window_s: options.window.as_secs_f64(),
         node_info: node_info.into_iter().map(NodeInfoJson::from).collect(),
         results,
+        at_rest,
     };
     if let Some(path) = &options.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -257,13 +268,14 @@ fn run_trial(
         drop(client.stop());
         bail!("{ip} is answered by {owner:?}, but the election rule names {expected}");
     }
-    let index = cluster
+    let (index, old_mac) = cluster
         .lab
         .nodes
         .iter()
         .find(|n| n.name == expected)
-        .map(|n| n.index)
+        .map(|n| (n.index, n.mac))
         .context("the owner's index")?;
+    let watch = arp::ArpWatch::start(&cluster.lab.client_netns, ip)?;
     // The fault's time is before the link is cut; only requests sent after `ip link` returned
     // (the link surely down) count as new ones (one sent while the command ran could still
     // reach the old owner and look like a failover of a few ms).
@@ -273,6 +285,7 @@ fn run_trial(
     let seen = watch_old_owner(cluster, policy, &expected, fault, window);
     let new_owner = arp_owner(cluster, ip);
     let record = client.stop();
+    let claims = watch.stop();
     cluster.lab.set_link(index, true)?;
     if !report::ok_before(&record, fault) {
         bail!("no request through {ip} succeeded in the second before the fault");
@@ -283,6 +296,8 @@ fn run_trial(
         owner: expected,
         new_owner,
         first_success_ms: report::first_success_ms(&record.new, fault, down),
+        arp_takeover_ms: arp::takeover_ms(&claims, fault, old_mac),
+        arp_new_claimants: arp::new_claimants(&claims, fault, old_mac),
         last_failure_ms: report::last_failure_ms(&record.new, fault),
         node_not_ready_ms: seen.node_not_ready_ms,
         endpoints_not_ready_ms: seen.endpoints_not_ready_ms,
@@ -444,29 +459,42 @@ impl Args {
             json: self.json,
         };
         let report = run(&options, &mut |line| eprintln!("{line}"))?;
-        println!(
-            "{:<18} {:<8} {:>7} {:>9} {:>9} {:>9} {:>9}  failed share, s 0..5",
-            "impl", "policy", "trials", "p50 ms", "p90 ms", "p99 ms", "max ms"
-        );
-        for r in &report.results {
-            let shares: Vec<String> = r
-                .failed_share_per_s
-                .iter()
-                .take(5)
-                .map(|s| format!("{:.0}%", s * 100.0))
-                .collect();
-            println!(
-                "{:<18} {:<8} {:>7} {:>9.0} {:>9.0} {:>9.0} {:>9.0}  {}",
-                r.implementation,
-                r.policy,
-                r.trials.len(),
-                r.first_success_ms.p50,
-                r.first_success_ms.p90,
-                r.first_success_ms.p99,
-                r.first_success_ms.max,
-                shares.join(" ")
-            );
-        }
+        print_report(&report);
         Ok(())
+    }
+}
+
+/// The report as tables: the first answered request and the ARP takeover per implementation
+/// and policy, then each speaker at rest.
+fn print_report(report: &Report) {
+    println!(
+        "{:<18} {:<8} {:>6} {:>22} {:>14} {:>12}  failed share, s 0..5",
+        "impl", "policy", "trials", "first ok p50/p90/p99/max", "ARP p50/p99", "last fail p50"
+    );
+    for r in &report.results {
+        let shares: Vec<String> = r
+            .failed_share_per_s
+            .iter()
+            .take(5)
+            .map(|s| format!("{:.0}%", s * 100.0))
+            .collect();
+        let f = &r.first_success_ms;
+        println!(
+            "{:<18} {:<8} {:>6} {:>22} {:>14} {:>11.1}s  {}",
+            r.implementation,
+            r.policy,
+            r.trials.len(),
+            format!("{:.0}/{:.0}/{:.0}/{:.0}", f.p50, f.p90, f.p99, f.max),
+            format!("{:.0}/{:.0}", r.arp_takeover_ms.p50, r.arp_takeover_ms.p99),
+            r.last_failure_ms.p50 / 1000.0,
+            shares.join(" ")
+        );
+    }
+    println!("speakers at rest, as each node's kubelet reports them (/stats/summary):");
+    for a in &report.at_rest {
+        println!(
+            "{:<18} {:<6} working set {:>6.1} MiB, RSS {:>6.1} MiB, CPU {:>5.2} % of a core",
+            a.implementation, a.node, a.working_set_mib, a.rss_mib, a.cpu_percent
+        );
     }
 }

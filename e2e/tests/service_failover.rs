@@ -36,6 +36,12 @@ fn a_client_of_local_and_cluster_services_is_answered_again_after_the_owner_powe
         );
         let trial = &result.trials[0];
         assert!(
+            trial.arp_takeover_ms.is_some() && trial.arp_new_claimants >= 1,
+            "{}: no other node claimed the IP by ARP after {} powered off: {trial:?}",
+            result.policy,
+            trial.owner
+        );
+        assert!(
             trial.first_success_ms.is_some(),
             "{}: no new request succeeded within the window after {} powered off",
             result.policy,
@@ -61,6 +67,12 @@ fn a_client_of_local_and_cluster_services_is_answered_again_after_the_owner_powe
             trial.new_owner.as_deref().unwrap_or("?")
         );
     }
+    assert_eq!(report.at_rest.len(), 3, "{:?}", report.at_rest);
+    assert!(
+        report.at_rest.iter().all(|a| a.working_set_mib > 0.0),
+        "{:?}",
+        report.at_rest
+    );
     let text = std::fs::read_to_string(&json).expect("the JSON report");
     let _ = std::fs::remove_file(&json);
     let value: Value = serde_json::from_str(&text).expect("JSON");

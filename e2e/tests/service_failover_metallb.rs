@@ -41,6 +41,12 @@ fn metallb_from_its_own_images_answers_a_client_again_after_the_owner_powers_off
         );
         let trial = &result.trials[0];
         assert!(
+            trial.arp_takeover_ms.is_some() && trial.arp_new_claimants >= 1,
+            "{}: no other node claimed the IP by ARP after {} powered off: {trial:?}",
+            result.policy,
+            trial.owner
+        );
+        assert!(
             trial.first_success_ms.is_some(),
             "{}: no new request succeeded within the window after {} powered off",
             result.policy,
@@ -66,6 +72,12 @@ fn metallb_from_its_own_images_answers_a_client_again_after_the_owner_powers_off
             trial.new_owner.as_deref().unwrap_or("?")
         );
     }
+    assert_eq!(report.at_rest.len(), 3, "{:?}", report.at_rest);
+    assert!(
+        report.at_rest.iter().all(|a| a.working_set_mib > 0.0),
+        "{:?}",
+        report.at_rest
+    );
     let text = std::fs::read_to_string(&json).expect("the JSON report");
     let _ = std::fs::remove_file(&json);
     let value: Value = serde_json::from_str(&text).expect("JSON");

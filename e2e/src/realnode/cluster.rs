@@ -29,14 +29,19 @@ pub struct NodeImages {
 
 impl NodeImages {
     /// Builds both images into `dir` with buildah: the project's from the binaries of cargo's
-    /// profile `profile` (built first), tagged `tag`.
+    /// profile `profile` (built first), tagged `tag`; or, when `$SWIMLB_IMAGE_BIN` names a
+    /// folder, from the `swimlb-speaker` and `swimlb-controller` already there (a measurement
+    /// of a committed tree built apart from a working tree that others edit).
     pub fn build(
         programs: &NodePrograms,
         dir: &Path,
         profile: &str,
         tag: &str,
     ) -> Result<NodeImages> {
-        let bin_dir = image::cargo_build(profile)?;
+        let bin_dir = match std::env::var_os("SWIMLB_IMAGE_BIN") {
+            Some(dir) => PathBuf::from(dir),
+            None => image::cargo_build(profile)?,
+        };
         let builder = image::Builder::new(&dir.join("buildah"))?;
         let images = NodeImages {
             pause: dir.join("pause.tar"),

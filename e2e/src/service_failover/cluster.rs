@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -26,6 +27,8 @@ pub const BACKEND: &str = "echo";
 pub const PER_NODE: usize = 2;
 /// How long the cluster may take to be fully up (at start and after a trial).
 pub const UP_LIMIT: Duration = Duration::from_secs(240);
+/// How long a kubelet may take to report a speaker's CPU rate.
+pub const AT_REST_LIMIT: Duration = Duration::from_secs(60);
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The Service of `policy` and its LoadBalancer IP (asked with MetalLB's annotation).
@@ -200,6 +203,74 @@ impl ServiceCluster {
     }
 }
 
+/// A speaker container's memory and CPU as its node's kubelet reports them (`/stats/summary`).
+#[derive(Debug, Clone, Serialize)]
+pub struct AtRest {
+    /// `swimlb-kubernetes` or `metallb`.
+    #[serde(rename = "impl")]
+    pub implementation: &'static str,
+    /// The node.
+    pub node: String,
+    /// The container's working set.
+    pub working_set_mib: f64,
+    /// The container cgroup's RSS (anonymous memory, not the mapped binary).
+    pub rss_mib: f64,
+    /// `usageNanoCores` as a percentage of one core.
+    pub cpu_percent: f64,
+}
+
+impl ServiceCluster {
+    /// Each node's speaker container as its kubelet reports it, once the kubelet has a CPU rate
+    /// for it (two samples), at most [`AT_REST_LIMIT`] per node.
+    pub fn speakers_at_rest(&self) -> Result<Vec<AtRest>> {
+        let (_, namespace) = self.implementation.config_api();
+        let mut out = Vec::new();
+        for node in &self.real.nodes {
+            let kubelet = node.kubelet_api(&self.plane, &self.lab.client_netns)?;
+            let deadline = Instant::now() + AT_REST_LIMIT;
+            loop {
+                let summary = kubelet.raw_get("/stats/summary")?;
+                if let Some(a) = speaker_usage(&summary, namespace) {
+                    out.push(AtRest {
+                        implementation: self.implementation.name(),
+                        node: node.name.clone(),
+                        ..a
+                    });
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "no CPU figure for {}'s speaker in its /stats/summary within {AT_REST_LIMIT:?}",
+                        node.name
+                    );
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The container `speaker` of a Pod in `namespace` in a kubelet's `/stats/summary`, once it has
+/// a CPU rate (the implementation's and node's names left empty).
+fn speaker_usage(summary: &Value, namespace: &str) -> Option<AtRest> {
+    let c = summary["pods"]
+        .as_array()?
+        .iter()
+        .filter(|p| p["podRef"]["namespace"] == namespace)
+        .flat_map(|p| p["containers"].as_array().into_iter().flatten())
+        .find(|c| c["name"] == "speaker")?;
+    let cpu = c["cpu"]["usageNanoCores"].as_u64()?;
+    let mib = |v: &Value| v.as_u64().unwrap_or_default() as f64 / 1_048_576.0;
+    Some(AtRest {
+        implementation: "",
+        node: String::new(),
+        working_set_mib: mib(&c["memory"]["workingSetBytes"]),
+        rss_mib: mib(&c["memory"]["rssBytes"]),
+        cpu_percent: cpu as f64 / 1e7,
+    })
+}
+
 fn pod_ready(pod: &Value) -> bool {
     pod["status"]["conditions"].as_array().is_some_and(|cs| {
         cs.iter()
@@ -293,4 +364,34 @@ fn service(policy: Policy) -> Value {
         "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
             "selector": {"app": BACKEND},
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_speaker_at_rest_is_the_container_of_the_implementations_namespace_with_a_cpu_rate() {
+        let pod = |ns: &str, cpu: Option<u64>| {
+            json!({"podRef": {"namespace": ns}, "containers": [{"name": "speaker",
+                "cpu": {"usageNanoCores": cpu},
+                "memory": {"workingSetBytes": 8_388_608u64, "rssBytes": 4_194_304u64}}]})
+        };
+        let summary =
+            json!({"pods": [pod("other", Some(1)), pod("metallb-system", Some(25_000_000))]});
+        let a = speaker_usage(&summary, "metallb-system").unwrap();
+        assert_eq!(
+            (a.working_set_mib, a.rss_mib, a.cpu_percent),
+            (8.0, 4.0, 2.5)
+        );
+        assert!(
+            speaker_usage(
+                &json!({"pods": [pod("metallb-system", None)]}),
+                "metallb-system"
+            )
+            .is_none()
+        );
+        assert!(speaker_usage(&summary, "swimlb-system").is_none());
+        assert!(speaker_usage(&Value::Null, "swimlb-system").is_none());
+    }
 }

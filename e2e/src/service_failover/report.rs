@@ -21,6 +21,12 @@ pub struct TrialReport {
     /// Fault to the end of the first successful request on a new connection sent after the
     /// link was surely down; `None` when none succeeded in the window.
     pub first_success_ms: Option<f64>,
+    /// Fault to the first ARP frame claiming the IP from another node that the client's
+    /// segment carried ([`super::arp`]): the takeover as `failover --scenario poweroff` sees it.
+    pub arp_takeover_ms: Option<f64>,
+    /// Distinct nodes other than the old owner that claimed the IP after the fault (1: it moved
+    /// once).
+    pub arp_new_claimants: usize,
     /// Fault to the sending of the last new request that failed (the end of the failures;
     /// `None` when none failed).
     pub last_failure_ms: Option<f64>,
@@ -69,6 +75,8 @@ pub struct PolicyReport {
     pub first_success_ms: Percentiles,
     /// Mean over the trials of each second's failed share.
     pub failed_share_per_s: Vec<f64>,
+    /// Over the trials with a takeover: [`TrialReport::arp_takeover_ms`].
+    pub arp_takeover_ms: Percentiles,
     /// Over the trials with a failure: [`TrialReport::last_failure_ms`].
     pub last_failure_ms: Percentiles,
     /// Over the trials where it happened: [`TrialReport::endpoints_not_ready_ms`].
@@ -180,6 +188,7 @@ pub fn summarize(
         ip: ip.into(),
         first_success_ms: over(|t| t.first_success_ms),
         failed_share_per_s: mean,
+        arp_takeover_ms: over(|t| t.arp_takeover_ms),
         last_failure_ms: over(|t| t.last_failure_ms),
         endpoints_not_ready_ms: over(|t| t.endpoints_not_ready_ms),
         trials,
