@@ -58,12 +58,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::SeedableRng;
 use swimlb_proto::heartbeat::{self, NodeRef};
 use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 
 use super::metrics::WatchMetrics;
-use super::{Detector, Schedule};
+use super::{Detector, Grid, Schedule};
 use crate::gossip::replay::{ReplayGuard, sender_id};
 use crate::gossip::{Directory, NodeIdentity, Outgoing};
 use crate::model::membership::NodeName;
@@ -320,6 +320,8 @@ pub struct WatchCore {
     /// Sender id of each member's watch address.
     senders: HashMap<u64, NodeName>,
     plan: Plan,
+    /// The heartbeats' one grid: every watcher's beats are due on its ticks.
+    grid: Grid,
     schedules: BTreeMap<NodeName, Schedule>,
     watched: BTreeMap<NodeName, Watched>,
     polls: HashMap<u64, PendingPoll>,
@@ -364,6 +366,7 @@ impl WatchCore {
         now: Duration,
     ) -> swimlb_proto::Result<WatchCore> {
         let stream = SealStream::new(sender_id(local), plan.me.bump)?;
+        let grid = Grid::new(now, &knobs, seed.rotate_left(32));
         let mut core = WatchCore {
             knobs,
             ring,
@@ -373,6 +376,7 @@ impl WatchCore {
             directory: Directory::default(),
             senders: HashMap::new(),
             plan: plan.clone(),
+            grid,
             schedules: BTreeMap::new(),
             watched: BTreeMap::new(),
             polls: HashMap::new(),
@@ -603,16 +607,15 @@ impl WatchCore {
         if sending {
             for node in &plan.watchers {
                 if !self.schedules.contains_key(node) {
-                    let seed = self.rng.random::<u64>();
                     self.schedules
-                        .insert(node.clone(), Schedule::new(now, &self.knobs, seed));
+                        .insert(node.clone(), Schedule::on(self.grid, now));
                 }
             }
         }
         if plan.me.bump != self.plan.me.bump {
             // A new incarnation: the watchers learn it from the next heartbeat.
             for schedule in self.schedules.values_mut() {
-                *schedule = Schedule::new(now, &self.knobs, self.rng.random::<u64>());
+                *schedule = Schedule::on(self.grid, now);
             }
         }
         self.plan = plan;

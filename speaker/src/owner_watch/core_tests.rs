@@ -941,3 +941,30 @@ fn a_member_checked_on_request_is_silent_only_when_neither_it_nor_a_relay_answer
     lab.run_for(Duration::from_millis(500));
     assert!(lab.silent_events(2).is_empty(), "{:?}", lab.events[2]);
 }
+
+#[test]
+fn an_owner_sends_all_its_watchers_heartbeats_in_one_wake_up_per_interval() {
+    let mut lab = Lab::new(4);
+    lab.command(0, Command::Plan(lab.plan(0, &[1, 2, 3])));
+    lab.run_for(Duration::from_secs(1));
+    let beats_before = lab.core(0).metrics().sent_of(MessageType::Heartbeat);
+    let mut wake_ups = 0u64;
+    let end = lab.now + Duration::from_secs(1);
+    while lab.now < end {
+        lab.now += Duration::from_micros(100);
+        for i in 0..4 {
+            let now = lab.now;
+            let core = lab.cores[i].as_mut().unwrap();
+            if core.next_deadline().is_some_and(|at| at <= now) {
+                core.tick(now);
+                lab.deliver(i);
+                wake_ups += u64::from(i == 0);
+            }
+        }
+    }
+    let beats = lab.core(0).metrics().sent_of(MessageType::Heartbeat) - beats_before;
+    // All three fast, on one grid: three beats in each of about 50 wake-ups a second.
+    assert_eq!(beats, 3 * wake_ups, "{beats} beats in {wake_ups} wake-ups");
+    assert!((49..=51).contains(&wake_ups), "{wake_ups} wake-ups in 1 s");
+    assert!(lab.events.iter().all(Vec::is_empty), "{:?}", lab.events);
+}

@@ -23,10 +23,12 @@
 //! until the next one, and the watcher measures silence at that rate, so a change of rate in
 //! either direction (an acknowledgement lost, a watcher restarted) never looks like silence.
 //!
-//! **No drift.** The k-th beat of a rate is due at `origin + k * interval + jitter_k`, with
-//! `jitter_k` drawn from 0 to 25 % of the interval per beat. A late wake-up sends one beat (its
-//! lateness reported for the histogram) and skips the slots already past; it moves no later
-//! beat. Only a change of rate starts a new grid.
+//! **No drift, one grid.** An owner's beats to all its watchers are due on one [`Grid`]:
+//! tick `k` at `origin + k * interval + jitter_k`, with `jitter_k` drawn from 0 to 25 % of the
+//! interval once per tick, so one wake-up sends every beat due ([`schedule`]). A fast schedule
+//! beats on every tick, a slow one every second's worth of ticks. A late wake-up sends one beat
+//! (its lateness reported for the histogram) and skips the ticks already past; it moves no later
+//! beat.
 //!
 //! **Silence.** The watcher declares the owner silent when nothing fresh arrived for
 //! [`window`]`(interval, M)` = `M * interval` plus a quarter interval of jitter plus a quarter
@@ -42,6 +44,7 @@
 pub mod accusations;
 pub mod core;
 pub mod metrics;
+pub mod schedule;
 pub mod service;
 
 #[cfg(test)]
@@ -49,14 +52,12 @@ mod core_tests;
 
 pub use self::core::{Command, Event, Plan, WatchCore};
 pub use metrics::{CheckResult, DropReason, TakeoverResult, WatchMetrics};
+pub use schedule::{Beat, Grid, Rate, Schedule};
 pub use service::{WatchEvents, WatchHandle};
 
 use crate::model::watch_knobs::{Knobs, MIN_INTERVAL, SLOW_INTERVAL};
 
 use std::time::Duration;
-
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 
 /// Heartbeats of one incarnation a watcher hears before it acknowledges (see the module docs).
 pub const ESTABLISH_BEATS: u32 = 1;
@@ -130,176 +131,6 @@ pub fn packets_per_second_per_pair(knobs: &Knobs) -> f64 {
         return 0.0;
     }
     1.0 / knobs.interval.as_secs_f64() + 1.0 / ACK_PERIOD.as_secs_f64()
-}
-
-/// The rate an owner's [`Schedule`] sends at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rate {
-    /// [`SLOW_INTERVAL`]: not established.
-    Slow,
-    /// The knobs' interval: a watcher acknowledged within [`ACK_LINGER`].
-    Fast,
-}
-
-impl Rate {
-    /// A short, stable, lowercase name for logs and metric labels.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Rate::Slow => "slow",
-            Rate::Fast => "fast",
-        }
-    }
-}
-
-/// One heartbeat to send now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Beat {
-    /// Its sequence number: one more than the previous beat of this schedule.
-    pub seq: u64,
-    /// When it was due.
-    pub scheduled_at: Duration,
-    /// How late the caller woke for it (`now - scheduled_at`), for the lateness histogram.
-    pub lateness: Duration,
-    /// The interval it promises until the next beat (the heartbeat's `interval_ms`).
-    pub interval: Duration,
-}
-
-impl Beat {
-    /// [`Beat::interval`] in whole milliseconds, as the heartbeat carries it (at least 1).
-    pub fn interval_ms(&self) -> u16 {
-        u16::try_from(self.interval.as_millis())
-            .unwrap_or(u16::MAX)
-            .max(1)
-    }
-}
-
-/// When an owner sends its heartbeats to one watcher (see the module docs).
-#[derive(Debug)]
-pub struct Schedule {
-    fast: Duration,
-    rate: Rate,
-    /// Start of the current rate's grid.
-    origin: Duration,
-    /// Grid slot of the next beat.
-    slot: u64,
-    /// When the next beat is due: its slot's time plus its jitter.
-    next_at: Duration,
-    next_seq: u64,
-    last_ack: Option<Duration>,
-    /// Beats of the establishing burst still to send ([`ESTABLISH_BURST`]).
-    burst_left: u32,
-    rng: StdRng,
-}
-
-impl Schedule {
-    /// A slow schedule whose first beat is due at `origin` (plus its jitter). `knobs` should be
-    /// valid; `seed` seeds the jitter.
-    pub fn new(origin: Duration, knobs: &Knobs, seed: u64) -> Schedule {
-        let mut schedule = Schedule {
-            fast: knobs.interval.max(MIN_INTERVAL),
-            rate: Rate::Slow,
-            origin,
-            slot: 0,
-            next_at: origin,
-            next_seq: 1,
-            last_ack: None,
-            burst_left: ESTABLISH_BURST,
-            rng: StdRng::seed_from_u64(seed),
-        };
-        schedule.next_at = schedule.slot_time(0);
-        schedule
-    }
-
-    /// The current rate.
-    pub fn rate(&self) -> Rate {
-        self.rate
-    }
-
-    /// The interval between beats now: the fast one while established or in the establishing
-    /// burst, else the slow one.
-    pub fn interval(&self) -> Duration {
-        match self.rate {
-            Rate::Slow if self.burst_left == 0 => SLOW_INTERVAL,
-            Rate::Slow | Rate::Fast => self.fast,
-        }
-    }
-
-    /// What a beat promises: the current rate's interval (the slow one during the burst too,
-    /// so a watcher never measures silence at a rate the owner has not settled at).
-    fn promise(&self) -> Duration {
-        match self.rate {
-            Rate::Slow => SLOW_INTERVAL,
-            Rate::Fast => self.fast,
-        }
-    }
-
-    /// When the next beat is due: the caller's next wake-up.
-    pub fn next_at(&self) -> Duration {
-        self.next_at
-    }
-
-    /// The beat to send at `now`, if one is due. Skips the slots a late wake-up missed (one beat,
-    /// never a burst); later beats stay on their grid. A fast schedule with no acknowledgement
-    /// for [`ACK_LINGER`] turns slow here: the beat returned already promises the slow interval.
-    pub fn poll(&mut self, now: Duration) -> Option<Beat> {
-        if now < self.next_at {
-            return None;
-        }
-        let scheduled_at = self.next_at;
-        let lingered = self
-            .last_ack
-            .is_none_or(|acked| now.saturating_sub(acked) > ACK_LINGER);
-        if self.rate == Rate::Fast && lingered {
-            // The new grid starts at this beat's slot, so the next one is a slow interval on.
-            self.rate = Rate::Slow;
-            self.origin = scheduled_at;
-            self.slot = 0;
-        }
-        let beat = Beat {
-            seq: self.next_seq,
-            scheduled_at,
-            lateness: now - scheduled_at,
-            interval: self.promise(),
-        };
-        self.next_seq += 1;
-        if self.rate == Rate::Slow && self.burst_left > 0 {
-            self.burst_left -= 1;
-            if self.burst_left == 0 {
-                // The burst is over: the slow grid starts at this beat.
-                self.origin = scheduled_at;
-                self.slot = 0;
-            }
-        }
-        let passed = now.saturating_sub(self.origin).as_nanos() / self.interval().as_nanos();
-        let passed = u64::try_from(passed).unwrap_or(u64::MAX - 1);
-        self.slot = (self.slot + 1).max(passed + 1);
-        self.next_at = self.slot_time(self.slot);
-        Some(beat)
-    }
-
-    /// The watcher acknowledged a heartbeat at `now`: the watch is established. A slow schedule
-    /// goes fast at once, its first fast beat due now (plus its jitter).
-    pub fn acknowledged(&mut self, now: Duration) {
-        self.last_ack = Some(now);
-        self.burst_left = 0;
-        if self.rate == Rate::Slow {
-            self.rate = Rate::Fast;
-            self.origin = now;
-            self.slot = 0;
-            self.next_at = self.slot_time(0);
-        }
-    }
-
-    /// The time of grid slot `slot` of the current rate, with a fresh jitter.
-    fn slot_time(&mut self, slot: u64) -> Duration {
-        let interval = self.interval();
-        let jitter_max = u64::try_from(max_jitter(interval).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = Duration::from_nanos(self.rng.random_range(0..=jitter_max));
-        let offset = interval
-            .checked_mul(u32::try_from(slot).unwrap_or(u32::MAX))
-            .unwrap_or(Duration::MAX);
-        self.origin.saturating_add(offset).saturating_add(jitter)
-    }
 }
 
 /// What a received heartbeat did to a [`Detector`].
@@ -570,119 +401,6 @@ mod tests {
             KnobsError::TooFewMisses(2).to_string(),
             "owner watch misses 2 is fewer than the minimum of 3"
         );
-    }
-
-    #[test]
-    fn a_schedule_sends_slowly_until_a_watcher_acknowledges() {
-        let origin = ms(5_000);
-        let mut s = Schedule::new(origin, &Knobs::default(), 1);
-        assert_eq!(s.rate(), Rate::Slow);
-        let mut beats = Vec::new();
-        let mut now = origin;
-        while now < origin + ms(3_500) {
-            if let Some(beat) = s.poll(now) {
-                beats.push(beat);
-            }
-            now += MS;
-        }
-        // The establishing burst on the fast grid, then one beat a second from its last beat;
-        // every beat promises the slow interval.
-        let burst = ESTABLISH_BURST as usize;
-        assert_eq!(beats.len(), burst + 3, "{beats:?}");
-        let burst_end = beats[burst - 1].scheduled_at;
-        for (k, beat) in beats.iter().enumerate() {
-            let slot = if k < burst {
-                origin + I * k as u32
-            } else {
-                burst_end + SLOW_INTERVAL * (k + 1 - burst) as u32
-            };
-            let jitter = if k < burst { I / 4 } else { ms(250) };
-            assert!(
-                beat.scheduled_at >= slot && beat.scheduled_at <= slot + jitter,
-                "beat {k}: {beat:?}"
-            );
-            assert_eq!(beat.interval, SLOW_INTERVAL);
-            assert_eq!(beat.interval_ms(), 1000);
-            assert_eq!(beat.seq, k as u64 + 1);
-        }
-        s.acknowledged(now);
-        assert_eq!(s.rate(), Rate::Fast);
-        assert!(s.next_at() >= now && s.next_at() <= now + I / 4);
-        let beat = s.poll(now + I / 4).unwrap();
-        assert_eq!(
-            (beat.interval_ms(), beat.seq),
-            (20, ESTABLISH_BURST as u64 + 4)
-        );
-    }
-
-    #[test]
-    fn a_schedule_without_acknowledgements_falls_back_to_slow_and_says_so_first() {
-        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 2);
-        s.acknowledged(Duration::ZERO);
-        let mut now = Duration::ZERO;
-        let mut last_fast = None;
-        let switch = loop {
-            if let Some(beat) = s.poll(now) {
-                if beat.interval == SLOW_INTERVAL {
-                    break beat;
-                }
-                last_fast = Some(beat);
-            }
-            now += MS;
-        };
-        // The switch comes with the first beat after the linger, on the fast grid ...
-        assert!(switch.scheduled_at > ACK_LINGER);
-        assert!(switch.scheduled_at - last_fast.unwrap().scheduled_at <= I + I / 4);
-        // ... and the next beat is a slow interval (plus jitter) after its slot.
-        assert_eq!(s.rate(), Rate::Slow);
-        let gap = s.next_at() - switch.scheduled_at;
-        assert!(
-            gap >= SLOW_INTERVAL && gap <= SLOW_INTERVAL + ms(250),
-            "{gap:?}"
-        );
-    }
-
-    #[test]
-    fn ten_thousand_fast_beats_stay_on_their_grid_with_jitter_within_a_quarter() {
-        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 3);
-        let origin = ms(700);
-        s.acknowledged(origin);
-        let mut rng = StdRng::seed_from_u64(99);
-        let (mut min_jitter, mut max_jitter_seen) = (Duration::MAX, Duration::ZERO);
-        for k in 0..10_000u32 {
-            // Wake up late by up to half an interval, acknowledge every second.
-            let now = s.next_at() + Duration::from_micros(rng.random_range(0..10_000));
-            if k % 50 == 0 {
-                s.acknowledged(now);
-            }
-            let beat = s.poll(now).expect("due");
-            let slot = origin + I * k;
-            assert!(beat.scheduled_at >= slot, "beat {k} early");
-            let jitter = beat.scheduled_at - slot;
-            assert!(jitter <= I / 4, "beat {k}: jitter {jitter:?}");
-            assert_eq!(beat.seq, u64::from(k) + 1);
-            assert_eq!(beat.interval, I);
-            min_jitter = min_jitter.min(jitter);
-            max_jitter_seen = max_jitter_seen.max(jitter);
-        }
-        // The jitter spans its range (it is drawn, not constant).
-        assert!(min_jitter < ms(1) && max_jitter_seen > ms(4));
-    }
-
-    #[test]
-    fn a_late_wake_up_sends_one_beat_and_moves_no_later_beat() {
-        let mut s = Schedule::new(Duration::ZERO, &Knobs::default(), 4);
-        s.acknowledged(Duration::ZERO);
-        let first = s.poll(s.next_at()).unwrap();
-        // Asleep for 3.5 intervals past the second beat's time.
-        let late = s.next_at() + I * 3 + I / 2;
-        let beat = s.poll(late).unwrap();
-        assert_eq!(beat.seq, first.seq + 1);
-        assert_eq!(beat.lateness, late - beat.scheduled_at);
-        assert_eq!(s.poll(late), None, "no burst");
-        // The next beat is in slot 5 of the grid, not 3.5 intervals later than planned.
-        let next = s.next_at();
-        assert!(next >= I * 5 && next <= I * 5 + I / 4, "{next:?}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ use super::metrics::WatchMetrics;
 use crate::gossip::WatchRelayed;
 use crate::gossip::driver::{Directory, WatchLink};
 use crate::model::watch_knobs::Knobs;
+use crate::run::timer::Deadline;
 
 pub use super::core::{
     CHECK_ROUNDS, FAREWELL_INTERVAL_MS, MAX_WATCHERS, check_round_at, watch_addr,
@@ -124,6 +125,7 @@ impl WatchHandle {
                         link,
                         events: events_tx,
                         last_warn: None,
+                        timer: Deadline::new(),
                     };
                     driver.run(commands_rx).await;
                 });
@@ -177,6 +179,8 @@ struct Driver {
     link: Option<WatchLink>,
     events: mpsc::UnboundedSender<Event>,
     last_warn: Option<Duration>,
+    /// The core's next deadline, on a timerfd: one wake-up per heartbeat tick.
+    timer: Deadline,
 }
 
 impl Driver {
@@ -218,7 +222,7 @@ impl Driver {
                     }
                     self.refresh_directory();
                 }
-                () = tokio::time::sleep_until(wake) => {
+                () = self.timer.sleep_until(wake) => {
                     let now = self.now();
                     let late = self.core.tick(now);
                     self.warn_if_late(now, late);
