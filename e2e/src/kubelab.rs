@@ -152,7 +152,11 @@ impl Cluster {
             dir,
             controller: None,
             kubelets,
-            speaker_args: Vec::new(),
+            // For A/B runs: `SWIMLB_LAB_SPEAKER_ARGS='--owner-watch off'` is added to every
+            // speaker's command line.
+            speaker_args: std::env::var("SWIMLB_LAB_SPEAKER_ARGS")
+                .map(|args| args.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
         };
         cluster.seed(&lab.nodes)?;
         for node in &lab.nodes {

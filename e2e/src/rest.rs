@@ -2,9 +2,11 @@
 //! from `/proc` alone, sampled at the start and at the end of a run (`soak --threads`).
 //!
 //! Per thread: the time on a CPU from `/proc/PID/task/TID/schedstat` (nanoseconds, so a thread
-//! at a hundredth of a percent still shows), and its wake-ups, the voluntary and involuntary
-//! context switches of `/proc/PID/task/TID/status` (a thread blocked in a wait that wakes and
-//! blocks again switches out once per wake-up). Per process: `syscr` + `syscw` of
+//! at a hundredth of a percent still shows), its wake-ups, the voluntary context switches of
+//! `/proc/PID/task/TID/status` (a thread blocked in a wait that wakes and blocks again switches
+//! out once per wake-up), and apart from them its involuntary switches (preempted while it ran:
+//! they grow with the machine's load, not with the thread's work; the book's earliest figures
+//! counted the two together as wake-ups). Per process: `syscr` + `syscw` of
 //! `/proc/PID/io`, the read and write calls only, a floor of its syscalls (no `perf` here).
 //! Threads are matched by id between the two samples; one that started or ended in between is
 //! counted from zero or left out.
@@ -21,8 +23,10 @@ pub struct ThreadCounters {
     pub name: String,
     /// Nanoseconds on a CPU.
     pub cpu_ns: u64,
-    /// Voluntary plus involuntary context switches.
+    /// Voluntary context switches: the thread blocked (each a wake-up once it runs again).
     pub switches: u64,
+    /// Involuntary context switches: the thread was preempted.
+    pub preempted: u64,
 }
 
 /// One process's counters at one moment.
@@ -43,8 +47,10 @@ pub struct ThreadRest {
     pub threads: usize,
     /// CPU, percent of one core.
     pub cpu_percent: f64,
-    /// Context switches (wake-ups) per second.
+    /// Voluntary context switches (wake-ups) per second.
     pub wakeups_per_s: f64,
+    /// Involuntary context switches (preemptions) per second.
+    pub preempted_per_s: f64,
 }
 
 /// One daemon's figures over a run: its processes' threads, summed by name.
@@ -54,6 +60,8 @@ pub struct ProcessRest {
     pub threads: Vec<ThreadRest>,
     /// Wake-ups per second, all threads.
     pub wakeups_per_s: f64,
+    /// Preemptions per second, all threads.
+    pub preempted_per_s: f64,
     /// CPU, percent of one core, all threads (schedstat: finer than the ticks of `stat`).
     pub cpu_percent: f64,
     /// Read and write syscalls per second (a floor of all syscalls); `None` when unreadable.
@@ -81,7 +89,8 @@ pub fn parse_thread(comm: &str, schedstat: &str, status: &str) -> Option<ThreadC
     Some(ThreadCounters {
         name: comm.trim().to_string(),
         cpu_ns,
-        switches: voluntary + involuntary,
+        switches: voluntary,
+        preempted: involuntary,
     })
 }
 
@@ -129,18 +138,19 @@ pub fn over_run(
     elapsed: Duration,
 ) -> ProcessRest {
     let secs = elapsed.as_secs_f64().max(1e-9);
-    let mut by_name: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+    let mut by_name: BTreeMap<String, (usize, u64, u64, u64)> = BTreeMap::new();
     let mut syscalls = Some(0u64);
     for (b, a) in before.iter().zip(after) {
         for (tid, t) in &a.threads {
-            let (cpu0, sw0) = b
+            let (cpu0, sw0, pre0) = b
                 .threads
                 .get(tid)
-                .map_or((0, 0), |o| (o.cpu_ns, o.switches));
+                .map_or((0, 0, 0), |o| (o.cpu_ns, o.switches, o.preempted));
             let e = by_name.entry(t.name.clone()).or_default();
             e.0 += 1;
             e.1 += t.cpu_ns.saturating_sub(cpu0);
             e.2 += t.switches.saturating_sub(sw0);
+            e.3 += t.preempted.saturating_sub(pre0);
         }
         syscalls = match (syscalls, b.rw_syscalls, a.rw_syscalls) {
             (Some(s), Some(b), Some(a)) => Some(s + a.saturating_sub(b)),
@@ -149,16 +159,18 @@ pub fn over_run(
     }
     let mut threads: Vec<ThreadRest> = by_name
         .into_iter()
-        .map(|(name, (n, cpu_ns, switches))| ThreadRest {
+        .map(|(name, (n, cpu_ns, switches, preempted))| ThreadRest {
             name,
             threads: n,
             cpu_percent: cpu_ns as f64 / 1e9 / secs * 100.0,
             wakeups_per_s: switches as f64 / secs,
+            preempted_per_s: preempted as f64 / secs,
         })
         .collect();
     threads.sort_by(|x, y| y.cpu_percent.total_cmp(&x.cpu_percent));
     ProcessRest {
         wakeups_per_s: threads.iter().map(|t| t.wakeups_per_s).sum(),
+        preempted_per_s: threads.iter().map(|t| t.preempted_per_s).sum(),
         cpu_percent: threads.iter().map(|t| t.cpu_percent).sum(),
         threads,
         rw_syscalls_per_s: syscalls.map(|s| s as f64 / secs),
@@ -168,9 +180,10 @@ pub fn over_run(
 /// The lines of one daemon's table, indented.
 pub fn table(node: &str, rest: &ProcessRest, datagrams: Option<Datagrams>) -> String {
     let mut s = format!(
-        "  {node:<8} threads: cpu {:>5.2} %  wake-ups {:>6.0}/s  read+write syscalls {}",
+        "  {node:<8} threads: cpu {:>5.2} %  wake-ups {:>6.0}/s (+{:.0} preempted)  read+write syscalls {}",
         rest.cpu_percent,
         rest.wakeups_per_s,
+        rest.preempted_per_s,
         rest.rw_syscalls_per_s
             .map_or_else(|| "-".to_string(), |v| format!("{v:.0}/s")),
     );
@@ -188,8 +201,8 @@ pub fn table(node: &str, rest: &ProcessRest, datagrams: Option<Datagrams>) -> St
             t.name.clone()
         };
         s.push_str(&format!(
-            "    {name:<24} cpu {:>5.2} %  wake-ups {:>6.0}/s\n",
-            t.cpu_percent, t.wakeups_per_s
+            "    {name:<24} cpu {:>5.2} %  wake-ups {:>6.0}/s (+{:.0} preempted)\n",
+            t.cpu_percent, t.wakeups_per_s, t.preempted_per_s
         ));
     }
     s
@@ -240,7 +253,7 @@ mod tests {
         let t = parse_thread("responder-eth0\n", "123456789 2000 1234\n", STATUS).unwrap();
         assert_eq!(t.name, "responder-eth0");
         assert_eq!(t.cpu_ns, 123_456_789);
-        assert_eq!(t.switches, 1234);
+        assert_eq!((t.switches, t.preempted), (1200, 34));
         assert_eq!(parse_thread("x", "", STATUS), None);
         assert_eq!(parse_thread("x", "1 2 3", "Name: x\n"), None);
         let io = "rchar: 10\nwchar: 20\nsyscr: 7\nsyscw: 5\nread_bytes: 0\n";
@@ -249,17 +262,20 @@ mod tests {
     }
 
     fn counters(threads: &[(u32, &str, u64, u64)], rw: Option<u64>) -> ProcessCounters {
+        // Every tenth switch a preemption.
         ProcessCounters {
             threads: threads
                 .iter()
                 .map(|&(tid, name, cpu_ns, switches)| {
                     let name = name.to_string();
+                    let preempted = switches / 10;
                     (
                         tid,
                         ThreadCounters {
                             name,
                             cpu_ns,
                             switches,
+                            preempted,
                         },
                     )
                 })
@@ -288,6 +304,7 @@ mod tests {
         // 20 ms of CPU over 10 s: 0.2 % of a core; 400 switches: 40/s.
         assert!((rest.threads[0].cpu_percent - 0.2).abs() < 1e-9);
         assert!((rest.threads[0].wakeups_per_s - 40.0).abs() < 1e-9);
+        assert!((rest.threads[0].preempted_per_s - 4.0).abs() < 1e-9);
         assert_eq!(rest.threads[1].wakeups_per_s, 0.0);
         assert_eq!(rest.rw_syscalls_per_s, Some(100.0));
         let unreadable = [counters(&[], None)];
