@@ -526,19 +526,12 @@ pub struct Core {
     /// Owner-watch payloads received through the gossip, for the watch (see
     /// [`Core::drain_watch`]).
     watch_inbox: Vec<WatchRelayed>,
+    /// The owner watch's checks of members it accuses, asked of the gossip (see
+    /// [`Core::relay_watch`]), oldest first.
+    watch_checks: std::collections::VecDeque<watch::WatchCheck>,
     /// Members held down that talk to us: how often told so since when (see
     /// [`Core::tell_down`]).
     told_down: FastMap<SocketAddr, notifications::ToldDown>,
-}
-
-/// An owner-watch payload that arrived through the gossip: a claim or a refutation, sent this
-/// way as well as on the watch port (see [`Core::relay_watch`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchRelayed {
-    /// The gossip address of the member that sent it.
-    pub from: SocketAddr,
-    /// The watch payload, unopened by the gossip.
-    pub payload: Vec<u8>,
 }
 
 /// A suspicion this node times (see the module docs).
@@ -659,6 +652,7 @@ impl Core {
             next_token: 0,
             relays: Vec::new(),
             watch_inbox: Vec::new(),
+            watch_checks: std::collections::VecDeque::new(),
             told_down: FastMap::default(),
         };
         core.scaled = core.timing.scaled(1);
@@ -812,23 +806,6 @@ impl Core {
     /// Takes the datagrams queued for sending, in order.
     pub fn drain_outgoing(&mut self) -> std::vec::Drain<'_, Outgoing> {
         self.wire.outbox.drain(..)
-    }
-
-    /// The owner-watch payloads received through the gossip since the last call.
-    pub fn drain_watch(&mut self) -> std::vec::Drain<'_, WatchRelayed> {
-        self.watch_inbox.drain(..)
-    }
-
-    /// Sends an owner-watch `payload` (a claim or a refutation) to every alive member through
-    /// the gossip, beside the watch's own copy on its port: a watch port dropped one way then
-    /// keeps neither from its member.
-    pub fn relay_watch(&mut self, payload: &[u8]) {
-        // In address order: the simulation draws loss and delay per datagram, in send order.
-        let mut members: Vec<SocketAddr> = self.members.keys().copied().collect();
-        members.sort_unstable();
-        for to in members {
-            self.seal(to, &GossipMessage::Watch(payload));
-        }
     }
 
     /// Takes the changes to the [`LiveSet`] since the last call, in order.
@@ -1025,5 +1002,7 @@ mod suspicion;
 pub(crate) use suspicion::WATCH_EVIDENCE_MAX;
 mod timers;
 mod updates;
+mod watch;
+pub use watch::WatchRelayed;
 #[cfg(test)]
 mod wire_tests;

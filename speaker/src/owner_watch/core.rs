@@ -43,7 +43,10 @@
 //!   another's claim) is checked again the same way (a poll and a relay request) every
 //!   [`POLL_WAIT`] while the plan accuses it in that incarnation; the first answer that it is
 //!   alive is reported as a refutation would be ([`Event::Alive`]), for an owner the claim
-//!   never reached or whose refutation does not reach this node.
+//!   never reached or whose refutation does not reach this node. Each round is asked of the
+//!   gossip too (a relay request in [`WatchCore::drain_relays`]): its pings and inquiries reach
+//!   the member in the accused identity on the gossip's port, whose paths may live where every
+//!   watch path is cut; an answer comes back as a refutation through the gossip.
 //! - **Pauses.** A tick later than `M x I` past its deadline means the caller was not scheduled
 //!   for longer than a watcher waits: the core sends no heartbeat, denies every poll, forgets
 //!   the owners it watched and reports none silent from then on, and says [`Event::Paused`]
@@ -57,8 +60,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
 use rand::SeedableRng;
+use rand::rngs::StdRng;
 use swimlb_proto::heartbeat::{self, NodeRef};
 use swimlb_proto::{KeyRing, SealStream, WatchMessage};
 
@@ -344,8 +347,8 @@ pub struct WatchCore {
     rng: StdRng,
     metrics: WatchMetrics,
     outbox: Vec<Outgoing>,
-    /// Claims and refutations to send through the gossip as well (see
-    /// [`WatchCore::drain_relays`]).
+    /// Claims and refutations to send through the gossip as well, and the rechecks' requests
+    /// to the gossip (see [`WatchCore::drain_relays`]).
     relays: Vec<Vec<u8>>,
     events: Vec<Event>,
 }
@@ -442,7 +445,9 @@ impl WatchCore {
     /// Takes the payloads queued for the gossip since the last call: every claim and refutation
     /// goes through the gossip to every member as well as on the watch port, so that the watch
     /// port dropped one way keeps neither from its member. The receiving watch reads them with
-    /// [`WatchCore::handle_relayed`].
+    /// [`WatchCore::handle_relayed`]. A relay request among them is for the gossip itself: the
+    /// recheck of a member this node accuses, which the gossip carries out with its own pings
+    /// ([`crate::gossip::Core::relay_watch`]).
     pub fn drain_relays(&mut self) -> std::vec::Drain<'_, Vec<u8>> {
         self.relays.drain(..)
     }
@@ -723,6 +728,37 @@ impl WatchCore {
         }
         self.metrics.sent(message.message_type());
         self.outbox.push(Outgoing { to, bytes });
+        if let WatchMessage::Poll { nonce, incarnation } = *message {
+            self.check_through_gossip(nonce, incarnation);
+        }
+    }
+
+    /// A recheck's poll of a member this node accuses (nonce `nonce`, `incarnation`) is asked
+    /// of the gossip too, as a relay request it carries out with its own pings and inquiries
+    /// ([`crate::gossip::Core::relay_watch`]); an answer comes back as the member's refutation
+    /// ([`WatchCore::handle_relayed`]). The watch's own paths may all be cut while the gossip's
+    /// are not: the model checker found an owner whose datagrams to its accuser were dropped,
+    /// and its watch datagrams to the third member too, answered beside its accuser until the
+    /// cut ended, while the gossip's probes through that member held it alive.
+    fn check_through_gossip(&mut self, nonce: u64, incarnation: u64) {
+        let Some(poll) = self.polls.get(&nonce) else {
+            return;
+        };
+        if poll.purpose != (Purpose::Accusation { incarnation }) {
+            return;
+        }
+        let Some(id) = self.directory.get(&poll.target) else {
+            return;
+        };
+        let target = NodeIdentity {
+            bump: incarnation,
+            ..id.clone()
+        };
+        let request = WatchMessage::Relay {
+            nonce,
+            target: node_ref(&target),
+        };
+        self.relay(&request);
     }
 
     /// Queues `message` for the gossip ([`WatchCore::drain_relays`]).

@@ -127,7 +127,10 @@ impl Lab {
             let relays: Vec<_> = core.drain_relays().collect();
             let out: Vec<_> = core.drain_outgoing().collect();
             let from_addr = watch_addr(self.ids[from].addr).unwrap();
-            for payload in relays.iter().filter(|_| self.gossip) {
+            // A relay request is for the gossip itself, which sends it to nobody.
+            let request =
+                |p: &Vec<u8>| matches!(WatchMessage::parse(p), Ok(WatchMessage::Relay { .. }));
+            for payload in relays.iter().filter(|p| self.gossip && !request(p)) {
                 for to in (0..self.cores.len()).filter(|to| *to != from) {
                     if let Some(core) = self.cores[to].as_mut() {
                         core.handle_relayed(self.now, self.ids[from].addr, payload);

@@ -496,13 +496,15 @@ impl Core {
         self.wire.timers.push(now + wait, Task::Relay(nonce));
     }
 
-    /// The suspect of an inquiry answered our ping.
+    /// The suspect of an inquiry answered our ping (or a member the owner watch asked about
+    /// answered ours: [`Core::watch_check_answered`]).
     pub(super) fn relay_answered(&mut self, from: SocketAddr, nonce: u64) {
         let Some(at) = self
             .relays
             .iter()
             .position(|r| r.nonce == nonce && r.target == from)
         else {
+            self.watch_check_answered(|c| c.nonce == nonce && c.id.addr == from);
             return;
         };
         let relay = self.relays.swap_remove(at);
@@ -525,6 +527,9 @@ impl Core {
             return;
         }
         let Some((&addr, s)) = self.suspicions.iter_mut().find(|(_, s)| s.token == token) else {
+            if verdict == Verdict::Reachable {
+                self.watch_check_answered(|c| c.token == token && c.id.addr != from);
+            }
             return;
         };
         match verdict {

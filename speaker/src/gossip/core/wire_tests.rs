@@ -281,3 +281,91 @@ fn a_watch_payload_goes_to_every_member_as_the_golden_bytes_and_comes_out_for_th
     );
     assert_eq!(core.drain_watch().count(), 0);
 }
+
+/// `payload` as a peer would emit it.
+fn emitted(message: &GossipMessage<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    message.emit_vec(&mut out);
+    out
+}
+
+/// The owner watch's relay request about `id` (its recheck of an accused member).
+fn relay_request(id: &NodeIdentity) -> Vec<u8> {
+    use swimlb_proto::WatchMessage;
+    use swimlb_proto::heartbeat::NodeRef;
+    let target = NodeRef {
+        name: id.node.as_str(),
+        addr: id.addr,
+        bump: id.bump,
+    };
+    let mut payload = vec![0u8; swimlb_proto::heartbeat::MAX_LEN];
+    let len = WatchMessage::Relay { nonce: 9, target }
+        .emit(&mut payload)
+        .unwrap();
+    payload.truncate(len);
+    payload
+}
+
+/// The refutation the watch is handed for `id`, parsed: (incarnation, seq).
+fn refutations(core: &mut Core) -> Vec<(SocketAddr, u64, u64)> {
+    use swimlb_proto::WatchMessage;
+    core.drain_watch()
+        .map(|r| match WatchMessage::parse(&r.payload) {
+            Ok(WatchMessage::Heartbeat {
+                incarnation, seq, ..
+            }) => (r.from, incarnation, seq),
+            other => panic!("not a refutation: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_watch_relay_request_is_checked_by_the_gossip_and_an_answer_comes_out_as_a_refutation() {
+    let (mut core, b, c) = core_with_two_peers();
+    core.relay_watch(&relay_request(&b));
+    let out = sent(&mut core);
+    // Sent to nobody as a watch payload: a ping to the member, an inquiry to the other.
+    let (mut nonce, mut token) = (None, None);
+    for (to, payload) in &out {
+        match GossipMessage::parse(payload).unwrap() {
+            GossipMessage::Ping { nonce: n, bump } if *to == b.addr && bump == b.bump => {
+                nonce = Some(n);
+            }
+            GossipMessage::Inquire { token: t, .. } if *to == c.addr => token = Some(t),
+            other => panic!("unexpected {other:?} to {to}"),
+        }
+    }
+    let (nonce, token) = (nonce.expect("a ping"), token.expect("an inquiry"));
+    // An "unreachable" verdict, or a pong from another address, says nothing.
+    let unreachable = Verdict::Unreachable;
+    let verdict = |verdict| emitted(&GossipMessage::Verdict { token, verdict });
+    receive(&mut core, c.addr, &verdict(unreachable));
+    receive(&mut core, c.addr, &emitted(&GossipMessage::Pong { nonce }));
+    assert_eq!(refutations(&mut core), []);
+    // The other member reached it: the watch gets its refutation in that identity, once.
+    receive(&mut core, c.addr, &verdict(Verdict::Reachable));
+    assert_eq!(refutations(&mut core), [(b.addr, b.bump, 0)]);
+    receive(&mut core, b.addr, &emitted(&GossipMessage::Pong { nonce }));
+    assert_eq!(refutations(&mut core), []);
+
+    // A new round answered by the member itself.
+    core.relay_watch(&relay_request(&b));
+    let ping =
+        sent(&mut core)
+            .into_iter()
+            .find_map(|(to, p)| match GossipMessage::parse(&p).unwrap() {
+                GossipMessage::Ping { nonce, .. } if to == b.addr => Some(nonce),
+                _ => None,
+            });
+    let pong = emitted(&GossipMessage::Pong {
+        nonce: ping.expect("a ping"),
+    });
+    receive(&mut core, b.addr, &pong);
+    assert_eq!(refutations(&mut core), [(b.addr, b.bump, 0)]);
+
+    // An identity the gossip does not hold alive (renewed since, or unknown): nothing is sent.
+    let old = NodeIdentity { bump: 4, ..b };
+    core.relay_watch(&relay_request(&old));
+    core.relay_watch(&relay_request(&peer(7)));
+    assert_eq!(sent(&mut core), []);
+}
