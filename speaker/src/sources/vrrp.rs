@@ -1,6 +1,7 @@
 //! The standalone source's side of VRRP ([`crate::vrrp`]): the plan handed to the VRRP task
 //! after every input, from the file, the election and this node's record.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use swimlb_config::standalone::Standalone;
@@ -22,6 +23,7 @@ pub(crate) fn plan(
 ) -> Plan {
     let mut plan = Vec::new();
     let mut placement: Option<Placement> = None;
+    let speakers = speakers(daemon);
     for group in &config.groups {
         let Some(vrrp) = group.vrrp else { continue };
         let health = daemon.local.meta().groups.get(&group.name);
@@ -50,6 +52,7 @@ pub(crate) fn plan(
                 }
             };
             let election = daemon.engine.election();
+            let elected = addresses.iter().any(|ip| election.owns(ip));
             let advertise = addresses
                 .iter()
                 .any(|ip| election.owns(ip) && daemon.engine.answers(ip));
@@ -62,8 +65,24 @@ pub(crate) fn plan(
                 addresses,
                 priority: vrrp.priority.unwrap_or(effective),
                 advertise,
+                elected,
+                speakers: speakers.clone(),
             });
         }
     }
     plan
+}
+
+/// The gossip addresses of the other members the election counts alive (an accused member is
+/// not: the engine elects without it), from the gossip's directory.
+fn speakers(daemon: &Daemon) -> BTreeSet<IpAddr> {
+    let directory = daemon.gossip().directory();
+    let directory = directory.borrow();
+    daemon
+        .engine
+        .live()
+        .iter()
+        .filter_map(|m| directory.get(&m.node))
+        .map(|id| id.addr.ip())
+        .collect()
 }

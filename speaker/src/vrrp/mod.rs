@@ -12,7 +12,10 @@
 //!   node by the RFC's rule ([`wins`]: higher priority, then higher primary address) the group's
 //!   addresses of that family are yielded ([`crate::model::engine::Input::Yield`]): whoever the
 //!   election names does not answer, as a VRRP backup would not. When the sender is forgotten
-//!   the owner answers and announces at once, with no election round.
+//!   the owner answers and announces at once, with no election round. [`task::CLAIM`] before a
+//!   silent sender's Master_Down_Interval ends, the speaker the election names advertises
+//!   (still silent), so that a keepalived backup of the same priority, whose timer would fire
+//!   at the same moment, hears it first and stays backup.
 //! - **The owner advertises**: the speaker that answers for the group sends an advertisement
 //!   with its priority (`vrrp.priority`, else its effective priority in the group: one scale
 //!   with keepalived's) every `advertInterval`, so keepalived routers of the VRID with a lower
@@ -22,10 +25,17 @@
 //! - **A starting speaker listens first**: until it has listened for one Master_Down_Interval
 //!   it yields every address of its VRRP groups, as a VRRP router starts as backup.
 //!
-//! A speaker tells nothing apart from the sender's address: another speaker's advertisements are
-//! handled as any router's. That is what VRRP does too: when the speaker owning a group dies
-//! without a priority-0 advertisement, a successor whose priority is lower waits for the dead
-//! owner's Master_Down_Interval, as a keepalived backup would.
+//! - **A fellow speaker's death is the mesh's word**: an advertisement from a member of the
+//!   mesh (its source is the gossip address of a member the election counts alive) is heard as
+//!   any router's, but when that member leaves the election (the owner watch accuses it, or the
+//!   gossip declares it down or gone) its advertisement is forgotten at once
+//!   ([`Router::forget`]): a successor of lower priority takes the group at the owner watch's
+//!   pace instead of waiting out the dead owner's Master_Down_Interval. A member wrongly
+//!   accused is heard again with its next advertisement. keepalived's advertisements (from
+//!   addresses no member gossips from) keep their full VRRP meaning. A speaker is known by its
+//!   gossip address only: when it advertises from another address (the gossip bound to
+//!   another interface than the group's), its death waits for its Master_Down_Interval, as a
+//!   keepalived backup would.
 //!
 //! This module is sans-IO (every call takes `now`); [`task`] owns the sockets.
 
@@ -113,6 +123,12 @@ impl Router {
                 },
             );
         }
+    }
+
+    /// Forgets `src` at once (a fellow speaker the mesh declared dead); returns whether it was
+    /// heard.
+    pub fn forget(&mut self, src: &IpAddr) -> bool {
+        self.masters.remove(src).is_some()
     }
 
     /// Forgets the senders silent for their Master_Down_Interval at `now`, for a listener of

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
 use super::socket::{self, Advert, DropReason, Family, Sender};
-use super::{Router, master_down_interval};
+use super::{Master, Router, master_down_interval};
 
 /// What the task needs to know of one group and family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,13 @@ pub struct RouterPlan {
     pub priority: u8,
     /// This node answers for the group: it advertises.
     pub advertise: bool,
+    /// The election names this node for the group, answering or not (a yield): it claims the
+    /// group before a winning router's Master_Down_Interval ends (see [`CLAIM`]).
+    pub elected: bool,
+    /// The gossip addresses of the other members the election counts alive: an advertisement
+    /// from one of them is a fellow speaker's, forgotten at once when it leaves this set (see
+    /// the module docs of [`crate::vrrp`]).
+    pub speakers: BTreeSet<IpAddr>,
 }
 
 impl RouterPlan {
@@ -166,6 +173,19 @@ impl VrrpHandle {
     }
 }
 
+/// How long before a winning router's Master_Down_Interval ends the speaker the election names
+/// claims the group: it sends its advertisement then, still silent, and answers when the
+/// interval ends. A keepalived backup of the same priority counts the same Master_Down_Interval
+/// from the same last advertisement: without the claim it becomes master at the same moment as
+/// the speaker, and its gratuitous ARPs (five back to back) race the speaker's announcements
+/// for the clients' neighbour entries; the owner's conflict damping ([`crate::model::engine`])
+/// answers the later claims only after its hold-off, a second of dark VIP. Hearing the claim
+/// first, such a backup stays backup. A router that is alive after all ignores a lower claim
+/// and keeps the group with its next advertisement; a backup of a higher priority does not
+/// wait for it (its own interval is shorter) and takes the group by VRRP's rule. At most one
+/// advertisement interval ahead.
+pub const CLAIM: Duration = Duration::from_millis(20);
+
 /// One router's state on the task.
 struct State {
     router: Router,
@@ -173,6 +193,21 @@ struct State {
     listening_until: Instant,
     next_advert: Option<Instant>,
     yielding: bool,
+    /// The last advertisement of the winner this node claimed the group against (one claim
+    /// per silence).
+    claimed: Option<Instant>,
+}
+
+impl State {
+    /// When this node claims the group against `winner` (see [`CLAIM`]), unless it did.
+    fn claim_at(&self, winner: Option<&Master>) -> Option<Instant> {
+        let w = winner.filter(|_| self.plan.elected)?;
+        if self.claimed == Some(w.heard) {
+            return None;
+        }
+        let ahead = CLAIM.min(self.plan.interval());
+        Some(w.down_at(self.plan.priority) - ahead)
+    }
 }
 
 /// The sockets of one interface and family.
@@ -259,6 +294,7 @@ impl Task {
             }
             match self.routers.get_mut(&key) {
                 Some(state) => {
+                    forget_departed(state, &p);
                     if !state.plan.advertise && p.advertise {
                         state.next_advert = Some(now);
                     }
@@ -274,6 +310,7 @@ impl Task {
                             plan: p,
                             listening_until,
                             yielding: true,
+                            claimed: None,
                         },
                     );
                 }
@@ -382,6 +419,16 @@ impl Task {
             let winner = state.router.winner(priority, own);
             let was = state.yielding;
             state.yielding = winner.is_some() || now < state.listening_until;
+            if let Some((_, m)) = winner
+                && state.claim_at(Some(&m)).is_some_and(|at| at <= now)
+            {
+                // The claim: the backups of the VRID hear it before they count the winner
+                // down (see CLAIM).
+                state.claimed = Some(m.heard);
+                let plan = state.plan.clone();
+                self.send(&plan, plan.priority);
+            }
+            let state = self.routers.get_mut(&key).expect("present");
             if state.yielding
                 && !was
                 && let Some((addr, m)) = winner
@@ -421,12 +468,14 @@ impl Task {
 
     fn next_deadline(&self) -> Option<Instant> {
         self.routers
-            .values()
-            .flat_map(|s| {
+            .iter()
+            .flat_map(|(key, s)| {
+                let winner = s.router.winner(s.plan.priority, self.own_address(key));
                 [
                     s.router.next_deadline(s.plan.priority),
                     s.next_advert,
                     (s.listening_until > Instant::now()).then_some(s.listening_until),
+                    s.claim_at(winner.as_ref().map(|(_, m)| m)),
                 ]
             })
             .flatten()
@@ -462,6 +511,16 @@ impl Task {
             if state.plan.advertise && !state.yielding {
                 self.give_up(key, &state.plan);
             }
+        }
+    }
+}
+
+/// Forgets the advertisements of the fellow speakers that left the election since the last
+/// plan: the mesh declared them dead, their Master_Down_Interval is not waited for.
+fn forget_departed(state: &mut State, next: &RouterPlan) {
+    for gone in state.plan.speakers.difference(&next.speakers) {
+        if state.router.forget(gone) {
+            tracing::info!(group = %next.group, family = next.family.as_str(), speaker = %gone, "vrrp: a fellow speaker left the mesh: its advertisements forgotten");
         }
     }
 }

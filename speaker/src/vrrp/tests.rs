@@ -87,6 +87,29 @@ fn a_lower_master_does_not_hold_and_priority_zero_lets_go_at_once() {
 }
 
 #[test]
+fn a_fellow_speaker_forgotten_lets_go_at_once_and_keepalived_holds_on() {
+    let t0 = Instant::now();
+    let me = Some(ip("192.0.2.12"));
+    let (speaker, keepalived) = (ip("192.0.2.13"), ip("192.0.2.10"));
+    let mut r = Router::default();
+    r.heard(t0, speaker, 120, 10);
+    r.heard(t0, keepalived, 50, 10);
+    assert_eq!(r.winner(100, me).map(|(a, _)| a), Some(speaker));
+    // The mesh declared the speaker dead 110 ms on: no Master_Down_Interval to wait.
+    assert!(r.forget(&speaker));
+    assert!(!r.forget(&speaker));
+    assert_eq!(r.winner(100, me), None);
+    assert!(!r.expire(t0 + ms(110), 100));
+    assert_eq!(r.masters().keys().collect::<Vec<_>>(), [&keepalived]);
+    // Wrongly accused: its next advertisement holds this node again.
+    r.heard(t0 + ms(200), speaker, 120, 10);
+    assert_eq!(r.winner(100, me).map(|(a, _)| a), Some(speaker));
+    // A keepalived master that wins is not forgotten by the mesh's word: only by its own.
+    r.heard(t0 + ms(200), keepalived, 150, 10);
+    assert_eq!(r.winner(100, me).map(|(a, _)| a), Some(keepalived));
+}
+
+#[test]
 fn a_yielded_address_is_silent_whoever_owns_it_and_answered_at_once_after() {
     use std::collections::BTreeSet;
 
