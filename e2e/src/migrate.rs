@@ -17,6 +17,7 @@
 //!   every swimlb speaker names, for every IP, the node MetalLB's order names, and each
 //!   Service's `ServiceL2Status` record names it.
 
+pub mod checked;
 pub mod keepalived;
 
 use std::net::{IpAddr, SocketAddr};

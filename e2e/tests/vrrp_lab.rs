@@ -10,6 +10,9 @@
 //!
 //! - speakers alone with `vrrp:` answer once their routers have listened, and the owner
 //!   advertises;
+//! - a speaker owner SIGKILLed beside a keepalived backup (priority 50): its successor, of lower
+//!   priority, forgets its advertisements when the mesh declares it dead (the owner watch's
+//!   pace, not the dead owner's Master_Down_Interval), and keepalived stays BACKUP;
 //! - `swimlb-lab migrate --from keepalived-fast` runs once and ends with the rule's owner.
 //!
 //! Root only: `#[ignore = "needs root: ..."]`, run with `--include-ignored` (as `sudo ./test.sh`
@@ -22,6 +25,7 @@ use std::time::Duration;
 
 use swimlb_e2e::demo::http_get;
 use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
+use swimlb_e2e::keepalived::VRID;
 use swimlb_e2e::lab::VrrpState;
 use swimlb_e2e::migrate::keepalived::{Routers, group_vrrp};
 use swimlb_e2e::netns::{self, Lab};
@@ -246,9 +250,108 @@ fn speakers_alone_with_vrrp_answer_after_listening_and_the_owner_advertises() {
     drop(responders);
 }
 
+/// How many times node `index`'s keepalived entered MASTER, by its log.
+fn masters_entered(lab: &Lab, index: usize) -> usize {
+    let log = lab
+        .work_dir()
+        .join(format!("keepalived-{}.log", lab.node(index).name));
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("Entering MASTER STATE")
+        .count()
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, keepalived and the speakers"]
+fn a_crashed_speaker_owner_is_succeeded_by_the_meshs_word_and_keepalived_stays_backup() {
+    let (_one, mut lab) = one_lab("vrrp between speakers", 3);
+    let mut responders = Vec::new();
+    for node in lab.nodes.clone() {
+        responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
+    }
+    // node3 owns with 120; node2, its successor, has 100: it hears node3's adverts as a
+    // router that wins against it.
+    let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
+    for i in 2..=3 {
+        // Adverts every 200 ms: keepalived (VRRPv3) learns the master's interval, and its
+        // Master_Down_Interval (760 ms at 50) leaves the owner watch (about 110 ms) a margin
+        // a loaded machine does not eat.
+        let extra = format!(
+            "    priority: {{node3: 120}}\n    vrrp: {{vrid: {VRID}, advertInterval: 200ms}}\n"
+        );
+        daemons.group_extra.insert(i, extra);
+        daemons.start(&mut lab, i).expect("a speaker");
+    }
+    let prober = Prober::start(
+        &lab.client_netns,
+        SocketAddr::new(IpAddr::V4(netns::vip_v4(0)), PROBE_PORT),
+        Duration::from_millis(10),
+    )
+    .expect("prober");
+    let owner = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", statuses(&lab), logs(&daemons, &lab)));
+    assert_eq!(owner, "node3", "the higher priority owns");
+    // keepalived beside them with 50: it hears node3 (120) and stays BACKUP.
+    let mut routers = Routers::default();
+    routers.start(&mut lab, 1, 50).expect("keepalived");
+    routers
+        .wait_state(1, &VrrpState::Backup, Duration::from_secs(5))
+        .expect("keepalived reports BACKUP");
+    let entered = masters_entered(&lab, 1);
+
+    let fault = Instant::now();
+    daemons.signal(&mut lab, 3, "KILL").expect("SIGKILL");
+    let sample = swimlb_e2e::trial::wait_failover(&prober, fault, "node3", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("nobody took over\n{}", logs(&daemons, &lab)));
+    eprintln!("speaker owner SIGKILLed -> successor answering: {sample:?}");
+    // The steady window is the last 50 probes: node3's answers leave it first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let successor = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let steady = failover::wait_for_steady_owner(&prober, 50, left)
+            .unwrap_or_else(|e| panic!("{e}\n{}", logs(&daemons, &lab)));
+        if steady != "node3" || Instant::now() > deadline {
+            break steady;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(successor, "node2");
+    // Two seconds of probes while node2 owns: keepalived (50) hears it and stays BACKUP.
+    std::thread::sleep(Duration::from_secs(2));
+    // node3's probe responder answers until the client has node2's MAC: from node2's first
+    // answer on, only node2.
+    let records = prober.snapshot();
+    let took = records
+        .iter()
+        .find(|r| r.sent >= fault && r.answer.as_ref().is_some_and(|(n, _)| n != "node3"))
+        .map(|r| r.sent)
+        .expect("a successor answered");
+    assert_eq!(
+        answerers(&records, took),
+        ["node2"],
+        "only the successor answered after it took over"
+    );
+    assert_eq!(routers.state(1), Some(VrrpState::Backup));
+    assert_eq!(
+        masters_entered(&lab, 1),
+        entered,
+        "keepalived became MASTER while a speaker was alive"
+    );
+    // node2 let node3's advertisements go by the mesh's word, not by their Master_Down_Interval.
+    let log = std::fs::read_to_string(daemons.log_path(&lab, 2)).unwrap_or_default();
+    assert!(
+        log.contains("a fellow speaker left the mesh"),
+        "node2 waited for node3's adverts to time out\n{log}"
+    );
+    routers.stop(&mut lab, 1).expect("stopping keepalived");
+    drop(prober);
+    drop(responders);
+}
+
 /// `swimlb-lab migrate --from keepalived-fast` once (one crash per mixed state): the switch
-/// ends with the rule's owner answering and named by every speaker, and each crash of
-/// keepalived's MASTER beside speakers was taken over.
+/// ends with the rule's owner answering and named by every speaker, each crash of
+/// keepalived's MASTER beside speakers was taken over, and the chaos checker's invariants held
+/// over the whole run.
 #[test]
 #[ignore = "needs root: network namespaces, keepalived and the speakers"]
 fn migrate_from_keepalived_fast_ends_with_the_rules_owner() {
@@ -260,6 +363,12 @@ fn migrate_from_keepalived_fast_ends_with_the_rules_owner() {
             .unwrap_or_else(|e| panic!("{e:#}"));
     eprint!("{}", report.table());
     assert!(report.final_owner_ok, "{}", report.table());
+    assert_eq!(
+        report.violated().count(),
+        0,
+        "the chaos checker's invariants\n{}",
+        report.table()
+    );
     assert_eq!(report.steps.len(), 3);
     assert_eq!(report.failovers.len(), 2);
     for f in &report.failovers {

@@ -14,6 +14,9 @@
 //! - The switch's figures (the crashes left out): probes lost, the longest time two MACs
 //!   answered ARP, the longest run of unanswered probes, and whether node1, the highest
 //!   priority, answers at the end and every speaker names it.
+//! - Over the whole run, the crashes included, the chaos checker's invariants
+//!   ([`super::checked`]): no two answerers and no dark VIP for longer than its limit, and the
+//!   rule's owner (by the converted files' priorities) once each step has settled.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,6 +24,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use tokio::time::Instant;
 
+use super::checked::Timeline;
+use crate::chaos::invariants::Violation;
+use crate::chaos::schedule::FaultKind;
 use crate::keepalived::{self, Instance, StateReader, Tuning, VRID};
 use crate::lab::VrrpState;
 use crate::netns::{self, Lab};
@@ -191,6 +197,16 @@ pub struct Report {
     pub final_owner: Option<String>,
     pub steps: Vec<Switched>,
     pub failovers: Vec<MixedFailover>,
+    /// The chaos checker's violations over the whole run, crashes included (see
+    /// [`super::checked`]); those seen around a partition are marked excused.
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// The violations not excused.
+    pub fn violated(&self) -> impl Iterator<Item = &Violation> {
+        self.violations.iter().filter(|v| !v.excused)
+    }
 }
 
 impl Report {
@@ -219,6 +235,19 @@ impl Report {
             out.push_str(&format!(
                 "  owner crashed beside {} speaker(s): failover p50 {:.0} ms, p99 {:.0} ms, lost {:?}, taken by {:?}\n",
                 f.speakers, f.p50_ms, f.p99_ms, f.lost_probes, f.taken_by
+            ));
+        }
+        out.push_str(&format!(
+            "  the chaos checker's invariants: {} violation(s)\n",
+            self.violated().count()
+        ));
+        for v in &self.violations {
+            out.push_str(&format!(
+                "    {} at {:.2} s{}: {}\n",
+                v.invariant.as_str(),
+                v.at.as_secs_f64(),
+                if v.excused { " (excused)" } else { "" },
+                v.detail
             ));
         }
         out
@@ -277,6 +306,12 @@ struct Switch {
     asker: crate::probe::ArpAsker,
     asker_start: Instant,
     _responders: Vec<crate::probe::Worker>,
+    /// The faults and `/status` reads, for the checker.
+    timeline: Timeline,
+    /// Per node (index 0 is node1), the priority of its router or of its converted file.
+    priorities: Vec<u8>,
+    /// The converted files' `preemptDelay`.
+    preempt_delay: Duration,
 }
 
 impl Switch {
@@ -312,7 +347,13 @@ impl Switch {
             &format!("keyFile: {}", self.keys.display()),
         ) + &format!("listen: {}:{}\n", node.v4, crate::lab::HTTP_PORT);
         let path = dir.join(format!("{}-converted.yaml", node.name));
-        std::fs::write(&path, yaml)?;
+        std::fs::write(&path, &yaml)?;
+        let converted = swimlb_config::standalone::Standalone::parse(&yaml)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        if let Some(group) = converted.groups.first() {
+            self.priorities[index - 1] = group.priority.of(&node.name);
+            self.preempt_delay = group.preempt_delay;
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -333,9 +374,37 @@ impl Switch {
     fn switch_node(&mut self, index: usize) -> Result<(Instant, Instant)> {
         let start = Instant::now();
         self.routers.stop(&mut self.lab, index)?;
+        let kill = FaultKind::Kill { node: index };
+        let stopped = self.timeline.apply(kill, start, Instant::now());
+        let starting = Instant::now();
         self.start_speaker(index)?;
+        self.timeline.undo(stopped, starting, Instant::now());
         std::thread::sleep(SETTLE);
         Ok((start, Instant::now()))
+    }
+
+    /// One round of `/status` reads for the checker: the speakers' views once every node runs
+    /// one (see [`super::checked`]), none before.
+    fn poll(&mut self) {
+        let at = Instant::now();
+        let every = self.speakers.len() == self.lab.nodes.len();
+        let addrs = crate::lab::http_addrs(&self.lab);
+        let vip = [netns::vip_v4(0)];
+        let owners = crate::probe::in_netns(&self.lab.client_netns, move || {
+            addrs
+                .iter()
+                .map(|a| {
+                    let body = crate::lab::http_get(*a, "/status")?;
+                    crate::chaos::owners_named(&body, &vip)?.into_iter().next()
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+        let owners = owners
+            .into_iter()
+            .map(|o| if every { o } else { None })
+            .collect();
+        self.timeline.poll(at, Instant::now(), owners);
     }
 
     fn step(&self, index: usize, (from, to): (Instant, Instant)) -> Switched {
@@ -389,6 +458,8 @@ impl Switch {
             }
             let fault = Instant::now();
             self.lab.set_link(1, false)?;
+            let link = FaultKind::LinkFlap { node: 1 };
+            let down = self.timeline.apply(link, fault, Instant::now());
             let sample =
                 crate::trial::wait_failover(&self.prober, fault, "node1", Duration::from_secs(5))
                     .context("nobody took the VIP over from the crashed keepalived")?;
@@ -399,9 +470,16 @@ impl Switch {
                 .push(self.prober.current_owner().unwrap_or_default());
             // node1 restarts: keepalived stops in its isolated namespace, the link comes back,
             // keepalived starts and preempts with 101.
+            let stopping = Instant::now();
             self.routers.stop(&mut self.lab, 1)?;
+            let kill = FaultKind::Kill { node: 1 };
+            let stopped = self.timeline.apply(kill, stopping, Instant::now());
+            let up = Instant::now();
             self.lab.set_link(1, true)?;
+            self.timeline.undo(down, up, Instant::now());
+            let starting = Instant::now();
             self.routers.start(&mut self.lab, 1, priority_of(1))?;
+            self.timeline.undo(stopped, starting, Instant::now());
             self.routers.wait_state(1, &VrrpState::Master, STAGE)?;
         }
         let p = crate::trial::percentiles(&f.failover_ms);
@@ -491,6 +569,9 @@ pub fn run(
         asker,
         asker_start,
         _responders: responders,
+        timeline: Timeline::new(asker_start),
+        priorities: (1..=3).map(priority_of).collect(),
+        preempt_delay: Duration::ZERO,
     };
     let owner = wait_for_owner(&s.prober, "node1")?;
     if owner != "node1" {
@@ -500,6 +581,7 @@ pub fn run(
     let mut failovers = Vec::new();
     for (index, speakers) in [(3, 1), (2, 2), (1, 3)] {
         windows.push((index, s.switch_node(index)?));
+        s.poll();
         progress(&format!("node{index} switched: {speakers} speaker(s)"));
         if speakers < 3 && options.trials > 0 {
             let f = s.crash_owner(speakers, options.trials)?;
@@ -513,6 +595,14 @@ pub fn run(
     let final_owner = wait_for_owner(&s.prober, "node1").ok();
     let final_owner_ok = final_owner.as_deref() == Some("node1") && s.speakers_agree_on("node1");
     std::thread::sleep(Duration::from_millis(500));
+    s.poll();
+    let violations = s.timeline.evaluate(
+        &s.lab,
+        vip,
+        s.priorities.clone(),
+        s.preempt_delay,
+        (&s.prober.snapshot(), &s.asker.snapshot(), s.asker_start),
+    );
     let steps: Vec<Switched> = windows.iter().map(|(i, w)| s.step(*i, *w)).collect();
     Ok(Report {
         from: "keepalived-fast",
@@ -523,5 +613,6 @@ pub fn run(
         final_owner,
         steps,
         failovers,
+        violations,
     })
 }
