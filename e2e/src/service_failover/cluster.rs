@@ -229,8 +229,13 @@ impl ServiceCluster {
             let kubelet = node.kubelet_api(&self.plane, &self.lab.client_netns)?;
             let deadline = Instant::now() + AT_REST_LIMIT;
             loop {
-                let summary = kubelet.raw_get("/stats/summary")?;
-                if let Some(a) = speaker_usage(&summary, namespace) {
+                // The kubelet answers 500 while a container's file system is being mounted.
+                let summary = kubelet.raw_get("/stats/summary");
+                if let Some(a) = summary
+                    .as_ref()
+                    .ok()
+                    .and_then(|s| speaker_usage(s, namespace))
+                {
                     out.push(AtRest {
                         implementation: self.implementation.name(),
                         node: node.name.clone(),
@@ -240,8 +245,13 @@ impl ServiceCluster {
                 }
                 if Instant::now() > deadline {
                     bail!(
-                        "no CPU figure for {}'s speaker in its /stats/summary within {AT_REST_LIMIT:?}",
-                        node.name
+                        "no CPU figure for {}'s speaker in its /stats/summary within \
+                         {AT_REST_LIMIT:?}; the last answer: {}",
+                        node.name,
+                        match &summary {
+                            Ok(s) => s.to_string(),
+                            Err(e) => format!("{e:#}"),
+                        }
                     );
                 }
                 std::thread::sleep(Duration::from_secs(1));
