@@ -298,6 +298,21 @@ fn a_crashed_speaker_owner_is_succeeded_by_the_meshs_word_and_keepalived_stays_b
         .wait_state(1, &VrrpState::Backup, Duration::from_secs(5))
         .expect("keepalived reports BACKUP");
     let entered = masters_entered(&lab, 1);
+    // node2 watches node3 on the owner watch and hears its heartbeats (before that, the
+    // gossip alone would find the crash).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let watched = metric(&lab, "swimlb_owner_watch_watched");
+        let received = metric(&lab, "swimlb_owner_watch_received");
+        if watched[1].is_some_and(|n| n >= 1.0) && received[1].is_some_and(|n| n > 0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node2 does not watch node3: watched {watched:?}, received {received:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let fault = Instant::now();
     daemons.signal(&mut lab, 3, "KILL").expect("SIGKILL");
