@@ -6,8 +6,9 @@
 //!
 //! **The previous release.** Each speaker runs as this build, with `SWIMLB_ENVELOPE_VERSION=2`
 //! for the starts that stand for the previous release: it then seals and opens version 2 only
-//! and announces nothing, which is exactly what the previous release does on the wire (the
-//! envelope's version-2 path and the metadata record are the same code). Building the previous
+//! and announces nothing, which is what the previous release does on the wire (the envelope's
+//! version-2 path and the metadata record are the same code; only the largest gossip packet is
+//! 8 bytes smaller, the room version 3 needs). Building the previous
 //! release from the git history instead would test the same bytes at the cost of a second full
 //! build of the speaker on every CI run (on a fresh machine, minutes); a later release whose
 //! previous one differs in more than the envelope will need that build (see the upgrade page).
