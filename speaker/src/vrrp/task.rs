@@ -559,3 +559,65 @@ fn spawn_reader(
         tracing::warn!(error = %e, "vrrp: no reading thread");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(elected: bool) -> State {
+        State {
+            router: Router::default(),
+            plan: RouterPlan {
+                group: "vip".into(),
+                family: Family::V4,
+                vrid: 51,
+                interval_centis: 10,
+                ifname: None,
+                addresses: vec!["198.51.100.100".parse().unwrap()],
+                priority: 100,
+                advertise: false,
+                elected,
+                speakers: BTreeSet::new(),
+            },
+            listening_until: Instant::now(),
+            next_advert: None,
+            yielding: true,
+            claimed: None,
+        }
+    }
+
+    #[test]
+    fn the_elected_speaker_claims_once_per_silence_ahead_of_master_down() {
+        let t0 = Instant::now();
+        let keepalived = Master {
+            priority: 101,
+            interval: Duration::from_millis(100),
+            heard: t0,
+        };
+        let down = keepalived.down_at(100);
+        let mut s = state(true);
+        assert_eq!(s.claim_at(Some(&keepalived)), Some(down - CLAIM));
+        assert_eq!(s.claim_at(None), None);
+        // Claimed against this silence: not again, until the winner is heard again.
+        s.claimed = Some(t0);
+        assert_eq!(s.claim_at(Some(&keepalived)), None);
+        let again = Master {
+            heard: t0 + Duration::from_millis(100),
+            ..keepalived
+        };
+        assert_eq!(s.claim_at(Some(&again)), Some(again.down_at(100) - CLAIM));
+        // Only the speaker the election names claims.
+        assert_eq!(state(false).claim_at(Some(&keepalived)), None);
+        // Never more than one interval ahead.
+        let mut fast = state(true);
+        fast.plan.interval_centis = 1;
+        let quick = Master {
+            interval: Duration::from_millis(10),
+            ..keepalived
+        };
+        assert_eq!(
+            fast.claim_at(Some(&quick)),
+            Some(quick.down_at(100) - Duration::from_millis(10))
+        );
+    }
+}
