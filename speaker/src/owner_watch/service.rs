@@ -198,7 +198,7 @@ impl Driver {
                         if self.directory.has_changed().unwrap_or(false) {
                             self.refresh_directory();
                         }
-                        let now = self.now();
+                        let now = self.caught_up();
                         self.core.handle_datagram(now, from, &mut buf[..len]);
                     }
                 }
@@ -206,14 +206,14 @@ impl Driver {
                     if self.directory.has_changed().unwrap_or(false) {
                         self.refresh_directory();
                     }
-                    let now = self.now();
+                    let now = self.caught_up();
                     self.core.handle_relayed(now, relayed.from, &relayed.payload);
                 }
                 command = commands.recv() => {
                     let Some(command) = command else {
                         return;
                     };
-                    let now = self.now();
+                    let now = self.caught_up();
                     self.core.command(now, command);
                 }
                 changed = self.directory.changed() => {
@@ -234,6 +234,19 @@ impl Driver {
 
     fn now(&self) -> Duration {
         self.origin.elapsed()
+    }
+
+    /// The time now, once the timers already due have run: a datagram or a command that waited
+    /// while the thread was not scheduled (a pause) comes after the late tick that notices the
+    /// pause, as it would have had the thread run on time (`select!` picks among ready branches
+    /// at random).
+    fn caught_up(&mut self) -> Duration {
+        let now = self.now();
+        if self.core.next_deadline().is_some_and(|at| at <= now) {
+            let late = self.core.tick(now);
+            self.warn_if_late(now, late);
+        }
+        now
     }
 
     fn refresh_directory(&mut self) {
