@@ -524,8 +524,6 @@ async fn run(
     // One byte more than the envelope allows, so oversized datagrams are seen (and counted) as
     // such instead of silently truncated.
     let mut buf = vec![0u8; MAX_DATAGRAM_LEN + 1];
-    // The core's deadlines on a timerfd: one wake-up each (see `crate::run::timer`).
-    let mut timer = crate::run::timer::Deadline::new();
     publish(&mut core, &socket, &send, &mut published, false);
     loop {
         // A deadline already past (a parked gossip timer that has something to send now) is
@@ -543,7 +541,7 @@ async fn run(
                 }
                 Err(err) => tracing::debug!(error = %err, "gossip receive"),
             },
-            () = timer.sleep_until(deadline) => {
+            () = tokio::time::sleep_until(deadline) => {
                 // Suspicions end on timers: they see what the watch heard until now.
                 inputs.hand_watch_heard(&mut core, origin);
                 core.handle_due_timers(origin.elapsed());

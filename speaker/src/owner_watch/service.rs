@@ -29,7 +29,6 @@ use super::metrics::WatchMetrics;
 use crate::gossip::WatchRelayed;
 use crate::gossip::driver::{Directory, WatchLink};
 use crate::model::watch_knobs::Knobs;
-use crate::run::timer::Deadline;
 
 pub use super::core::{
     CHECK_ROUNDS, FAREWELL_INTERVAL_MS, MAX_WATCHERS, check_round_at, watch_addr,
@@ -125,7 +124,6 @@ impl WatchHandle {
                         link,
                         events: events_tx,
                         last_warn: None,
-                        timer: Deadline::new(),
                     };
                     driver.run(commands_rx).await;
                 });
@@ -179,8 +177,6 @@ struct Driver {
     link: Option<WatchLink>,
     events: mpsc::UnboundedSender<Event>,
     last_warn: Option<Duration>,
-    /// The core's next deadline, on a timerfd: one wake-up per heartbeat tick.
-    timer: Deadline,
 }
 
 impl Driver {
@@ -222,7 +218,7 @@ impl Driver {
                     }
                     self.refresh_directory();
                 }
-                () = self.timer.sleep_until(wake) => {
+                () = tokio::time::sleep_until(wake) => {
                     let now = self.now();
                     let late = self.core.tick(now);
                     self.warn_if_late(now, late);

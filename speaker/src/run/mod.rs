@@ -7,7 +7,6 @@
 //! - [`net_watch`]: the links and routes, dumped after every kernel notification.
 //! - `successors`: whom the owner watch's plan sends heartbeats to.
 //! - [`takeovers`]: the failover latency histogram.
-//! - [`timer`]: a deadline timer on a `timerfd` (one wake-up per deadline).
 
 pub mod daemon;
 pub(crate) mod driver;
@@ -15,4 +14,3 @@ pub mod hold;
 pub mod net_watch;
 pub(crate) mod successors;
 pub mod takeovers;
-pub mod timer;
