@@ -67,6 +67,24 @@ pub fn pod_cidr(index: usize) -> Result<String> {
 
 /// The folder of the node programs: `$SWIMLB_K8S_NODE_BIN` when set (`test.sh` sets it), else
 /// what `e2e/k8s/node/build.sh` prints (it builds once, then finds its cache).
+/// The folder a build script of the lab prints: `$var` when set (`test.sh` sets it), else what
+/// `e2e/<script>` prints (it builds once, then finds its cache).
+pub(crate) fn built_dir(var: &str, script: &str) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(var) {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
 #[derive(Debug, Clone)]
 pub struct NodePrograms {
     dir: PathBuf,
@@ -75,21 +93,7 @@ pub struct NodePrograms {
 impl NodePrograms {
     /// Finds (or builds) the programs; fails naming what is missing.
     pub fn locate() -> Result<NodePrograms> {
-        let dir = match std::env::var_os("SWIMLB_K8S_NODE_BIN") {
-            Some(dir) => PathBuf::from(dir),
-            None => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/node/build.sh");
-                let out = Command::new("bash")
-                    .arg(&script)
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .with_context(|| format!("running {}", script.display()))?;
-                if !out.status.success() {
-                    bail!("{} failed ({})", script.display(), out.status);
-                }
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-        };
+        let dir = built_dir("SWIMLB_K8S_NODE_BIN", "k8s/node/build.sh")?;
         let programs = NodePrograms { dir };
         for p in [
             "kubelet",

@@ -11,7 +11,6 @@
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -30,21 +29,7 @@ const PUBLISHED: [(&str, &str); 2] = [
 /// it), else what `e2e/k8s/metallb-static/build.sh` prints (it builds once, then finds its
 /// cache).
 pub fn locate() -> Result<PathBuf> {
-    let dir = match std::env::var_os("SWIMLB_METALLB_STATIC_BIN") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/metallb-static/build.sh");
-            let out = Command::new("bash")
-                .arg(&script)
-                .stderr(Stdio::inherit())
-                .output()
-                .with_context(|| format!("running {}", script.display()))?;
-            if !out.status.success() {
-                bail!("{} failed ({})", script.display(), out.status);
-            }
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let dir = super::built_dir("SWIMLB_METALLB_STATIC_BIN", "k8s/metallb-static/build.sh")?;
     for f in ["controller", "speaker", "LICENSE", metallb::MANIFEST] {
         if !dir.join(f).is_file() {
             bail!(
