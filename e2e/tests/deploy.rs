@@ -867,6 +867,21 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
         get("swimlb.io/v1beta1", "IPAddressPool", "swimlb-system", "lab")["status"]["assignedIPv4"]
             == 0
     });
+    // The watches are long-running requests the controller opens after its lists; the audit log
+    // has them once their answers start. Wait for them before the SIGTERM, or a quick run ends
+    // before the last one opened.
+    let user = "system:serviceaccount:swimlb-system:swimlb-controller";
+    wait_for("the controller's watches in the audit log", || {
+        let watched: BTreeSet<String> = plane
+            .requests()
+            .into_iter()
+            .filter(|r| r.user == user && r.verb == "watch" && r.code < 400)
+            .map(|r| r.resource)
+            .collect();
+        ["services", "ipaddresspools", "l2advertisements"]
+            .iter()
+            .all(|r| watched.contains(*r))
+    });
     // SIGTERM: drain and release the Lease.
     let pid = controller.id().to_string();
     let killed = std::process::Command::new("kill")
@@ -877,7 +892,6 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
     let exit = controller.wait().expect("the controller exits");
     assert_eq!(exit.code(), Some(0));
 
-    let user = "system:serviceaccount:swimlb-system:swimlb-controller";
     let requests: Vec<_> = plane
         .requests()
         .into_iter()
