@@ -103,14 +103,14 @@ else
 fi
 
 # MetalLB's controller and speaker built static (CGO_ENABLED=0) from the same pinned module, for
-# the images the real nodes run in e2e/tests/service_failover_metallb.rs: about 1.5 minutes after
+# the images the real nodes run in e2e/tests/service_failover.rs: about 1.5 minutes after
 # the control plane's build, into a cache of their own, nothing the second time.
 if ! command -v go >/dev/null 2>&1; then
-  echo "test.sh: no Go toolchain: e2e/tests/service_failover_metallb.rs will fail" >&2
+  echo "test.sh: no Go toolchain: e2e/tests/service_failover.rs will fail" >&2
 elif SWIMLB_METALLB_STATIC_BIN=$(e2e/k8s/metallb-static/build.sh); then
   export SWIMLB_METALLB_STATIC_BIN
 else
-  echo "test.sh: e2e/k8s/metallb-static/build.sh failed: e2e/tests/service_failover_metallb.rs will fail" >&2
+  echo "test.sh: e2e/k8s/metallb-static/build.sh failed: e2e/tests/service_failover.rs will fail" >&2
 fi
 
 # `cargo install` of a pinned crate into the tools folder, once: tools_install NAME VERSION
