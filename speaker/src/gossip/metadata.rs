@@ -14,8 +14,8 @@
 //! such a speaker re-encodes the record from its book, without the extensions: a newer speaker
 //! then holds the record without them (it takes the member for a previous-release speaker, the
 //! safe side) until the record with them arrives, which replaces it ([`MetaBook::offer`]).
-//! Extension types: [`EXT_ENVELOPE_VERSIONS`]. A newer extension type is skipped; a truncated
-//! extension rejects the record.
+//! Extension types: [`EXT_ENVELOPE_VERSIONS`], [`EXT_VRRP_SOURCES`]. A newer extension type is
+//! skipped; a truncated extension rejects the record.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,6 +33,17 @@ pub const MAX_META_RECORD_LEN: usize = 1024;
 /// The extension that announces the envelope versions the member speaks
 /// ([`MemberMeta::wire`]): one byte per version. Absent when the member announces nothing.
 pub const EXT_ENVELOPE_VERSIONS: u8 = 1;
+
+/// The extension that announces the addresses the member sends VRRP advertisements from
+/// ([`MemberMeta::vrrp_sources`]): 16 bytes per address (an IPv4 one IPv4-mapped), at most 15
+/// per extension, repeated when there are more; a trailing part shorter than 16 bytes is
+/// ignored. Absent when the member has none, and left out when the record would not fit
+/// otherwise: without it a fellow speaker's death waits for its Master_Down_Interval, the
+/// previous release's behaviour.
+pub const EXT_VRRP_SOURCES: u8 = 2;
+
+/// The VRRP source addresses per [`EXT_VRRP_SOURCES`] extension.
+const VRRP_SOURCES_PER_EXT: usize = 15;
 
 /// What travels: the member's metadata and the bump of the identity that wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +70,23 @@ impl MetaRecord {
             bytes.push(u8::try_from(listed.len()).map_err(|_| MetaError::Encode)?);
             bytes.extend_from_slice(&listed);
         }
+        let sources: Vec<[u8; 16]> = self
+            .meta
+            .vrrp_sources
+            .iter()
+            .map(|ip| match ip {
+                std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                std::net::IpAddr::V6(v6) => v6.octets(),
+            })
+            .collect();
+        let extra = sources.len() * 16 + sources.len().div_ceil(VRRP_SOURCES_PER_EXT) * 2;
+        if bytes.len() + extra <= MAX_META_RECORD_LEN {
+            for chunk in sources.chunks(VRRP_SOURCES_PER_EXT) {
+                bytes.push(EXT_VRRP_SOURCES);
+                bytes.push(u8::try_from(chunk.len() * 16).map_err(|_| MetaError::Encode)?);
+                bytes.extend(chunk.iter().flatten());
+            }
+        }
         if bytes.len() > MAX_META_RECORD_LEN {
             return Err(MetaError::TooLarge {
                 node: self.meta.node.clone(),
@@ -79,6 +107,7 @@ impl MetaRecord {
         let (mut record, mut rest): (MetaRecord, &[u8]) =
             postcard::take_from_bytes(bytes).map_err(|_| MetaError::Decode)?;
         record.meta.wire = Versions::NONE;
+        record.meta.vrrp_sources.clear();
         while let [kind, len, tail @ ..] = rest {
             let len = usize::from(*len);
             if tail.len() < len {
@@ -87,6 +116,12 @@ impl MetaRecord {
             let (value, next) = tail.split_at(len);
             if *kind == EXT_ENVELOPE_VERSIONS {
                 record.meta.wire = value.iter().copied().collect();
+            } else if *kind == EXT_VRRP_SOURCES {
+                let addrs = value.chunks_exact(16).filter_map(|a| {
+                    let octets: [u8; 16] = a.try_into().ok()?;
+                    Some(std::net::Ipv6Addr::from(octets).to_canonical())
+                });
+                record.meta.vrrp_sources.extend(addrs);
             }
             rest = next;
         }
@@ -136,13 +171,17 @@ pub struct MetaBook {
 
 impl MetaBook {
     /// Keeps `record` if it is newer than the one held, or as new and the first to carry the
-    /// member's envelope versions (the held one came through a previous-release speaker's pull
-    /// answer, which drops them); returns whether it was kept.
+    /// member's envelope versions or VRRP sources (the held one came through a
+    /// previous-release speaker's pull answer, which drops the extensions); returns whether it
+    /// was kept.
     pub fn offer(&mut self, record: MetaRecord) -> bool {
+        // What `b` carries that `a` lacks.
+        let lacks = |a: &MetaRecord, b: &MetaRecord| {
+            (a.meta.wire.is_empty() && !b.meta.wire.is_empty())
+                || (a.meta.vrrp_sources.is_empty() && !b.meta.vrrp_sources.is_empty())
+        };
         let completes = |held: &MetaRecord| {
-            held.order() == record.order()
-                && held.meta.wire.is_empty()
-                && !record.meta.wire.is_empty()
+            held.order() == record.order() && lacks(held, &record) && !lacks(&record, held)
         };
         match self.latest.get(&record.meta.node) {
             Some(held) if held.order() >= record.order() && !completes(held) => false,
@@ -227,6 +266,8 @@ impl foca::BroadcastHandler<NodeIdentity> for MetaBroadcasts {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{IpAddr, Ipv6Addr};
+
     use super::*;
 
     fn record(node: &str, bump: u64, version: u64) -> MetaRecord {
@@ -298,5 +339,59 @@ mod tests {
         assert!(!book.offer(stripped), "and are not lost again");
         assert!(!book.offer(full));
         assert_eq!(book.get("a").unwrap().meta.wire, Versions::THIS_BUILD);
+    }
+
+    #[test]
+    fn the_vrrp_sources_travel_as_an_extension_and_complete_a_stripped_record() {
+        let mut rec = record("node-1", 7, 3);
+        rec.meta.wire = Versions::THIS_BUILD;
+        let plain = rec.encode().unwrap();
+        rec.meta.vrrp_sources =
+            ["fe80::1".parse().unwrap(), "198.51.100.11".parse().unwrap()].into();
+        let announced = rec.encode().unwrap();
+        assert_eq!(announced[..plain.len()], plain[..]);
+        assert_eq!(announced[plain.len()..][..2], [EXT_VRRP_SOURCES, 32]);
+        assert_eq!(announced.len(), plain.len() + 2 + 32);
+        assert_eq!(MetaRecord::decode(&announced), Ok(rec.clone()));
+        // The previous release: the record, the extension unseen.
+        let old: MetaRecord = postcard::from_bytes(&announced).unwrap();
+        assert_eq!(old, record("node-1", 7, 3));
+        // Many sources: several extensions of 15, read back as one set.
+        let link_local = |i: u16| IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, i));
+        let mut many = record("node-2", 1, 1);
+        many.meta.vrrp_sources = (1..=40).map(link_local).collect();
+        let bytes = many.encode().unwrap();
+        assert_eq!(MetaRecord::decode(&bytes), Ok(many.clone()));
+        // Too many for the bound: left out, the record still goes.
+        many.meta.vrrp_sources = (1..=200).map(link_local).collect();
+        let bytes = many.encode().unwrap();
+        assert!(
+            MetaRecord::decode(&bytes)
+                .unwrap()
+                .meta
+                .vrrp_sources
+                .is_empty()
+        );
+        // A part shorter than an address is ignored; a cut extension rejects the record.
+        let mut odd = plain.clone();
+        odd.extend_from_slice(&[EXT_VRRP_SOURCES, 3, 1, 2, 3]);
+        assert!(
+            MetaRecord::decode(&odd)
+                .unwrap()
+                .meta
+                .vrrp_sources
+                .is_empty()
+        );
+        assert_eq!(
+            MetaRecord::decode(&announced[..announced.len() - 1]),
+            Err(MetaError::Decode)
+        );
+        // A record stripped of its extensions (a previous-release pull answer) is completed by
+        // the full one, never the reverse.
+        let mut book = MetaBook::default();
+        assert!(book.offer(record("node-1", 7, 3)));
+        assert!(book.offer(rec.clone()));
+        assert!(!book.offer(record("node-1", 7, 3)));
+        assert_eq!(book.get("node-1"), Some(&rec));
     }
 }

@@ -128,6 +128,17 @@ impl LocalState {
         true
     }
 
+    /// Records the addresses this node sends VRRP advertisements from
+    /// ([`MemberMeta::vrrp_sources`]). Returns whether the record changed.
+    pub fn set_vrrp_sources(&mut self, sources: BTreeSet<std::net::IpAddr>) -> bool {
+        if self.meta.vrrp_sources == sources {
+            return false;
+        }
+        self.meta.vrrp_sources = sources;
+        self.meta.version += 1;
+        true
+    }
+
     /// Marks the node draining (SIGTERM). Returns whether the record changed.
     pub fn drain(&mut self) -> bool {
         if self.meta.draining {

@@ -36,6 +36,12 @@ pub struct MemberMeta {
     /// the previous release does not look (see `gossip::wire_rule`).
     #[serde(skip)]
     pub wire: swimlb_proto::envelope::Versions,
+    /// The addresses the member sends its VRRP advertisements from (standalone groups with
+    /// `vrrp:`; an IPv6 router's is a link-local address no member gossips from), so a fellow
+    /// speaker's advertisement is told from a foreign router's (see `crate::vrrp`). Not in the
+    /// record's serde encoding: an extension after it, as `wire` (see `gossip::metadata`).
+    #[serde(skip)]
+    pub vrrp_sources: BTreeSet<IpAddr>,
 }
 
 /// What a member can announce on, as far as the others need to know to elect without it.
@@ -63,6 +69,7 @@ impl MemberMeta {
             groups: BTreeMap::new(),
             announce: AnnounceFacts::default(),
             wire: swimlb_proto::envelope::Versions::NONE,
+            vrrp_sources: BTreeSet::new(),
         }
     }
 }

@@ -269,6 +269,8 @@ struct Inputs {
     reload: mpsc::Receiver<()>,
     /// The addresses a VRRP router outside the mesh holds.
     vrrp: watch::Receiver<BTreeSet<IpAddr>>,
+    /// The addresses this node sends VRRP advertisements from (gossiped).
+    vrrp_sources: watch::Receiver<BTreeSet<IpAddr>>,
 }
 
 /// One of the standalone source's own inputs.
@@ -277,6 +279,7 @@ enum Own {
     HookDone((String, GroupState, HookResult)),
     Reload,
     Yield(BTreeSet<IpAddr>),
+    VrrpSources(BTreeSet<IpAddr>),
 }
 
 /// The standalone mode's state around the shared [`Daemon`].
@@ -324,6 +327,9 @@ impl driver::Source for Source {
             Some(result) = inputs.hook_results.recv() => Own::HookDone(result),
             Some(()) = inputs.reload.recv(), if !draining => Own::Reload,
             Ok(()) = inputs.vrrp.changed() => Own::Yield(inputs.vrrp.borrow_and_update().clone()),
+            Ok(()) = inputs.vrrp_sources.changed() => {
+                Own::VrrpSources(inputs.vrrp_sources.borrow_and_update().clone())
+            }
             else => std::future::pending().await,
         }
     }
@@ -336,6 +342,11 @@ impl driver::Source for Source {
             Own::Yield(ips) => {
                 tracing::debug!(addresses = ips.len(), "vrrp: addresses yielded");
                 self.daemon.handle(Input::Yield(ips)).await
+            }
+            Own::VrrpSources(sources) => {
+                if self.daemon.local.set_vrrp_sources(sources) {
+                    self.daemon.publish_meta().await;
+                }
             }
         }
     }
@@ -449,6 +460,7 @@ impl Source {
             hook_results,
             reload,
             vrrp: yielded,
+            vrrp_sources: vrrp.sources(),
         };
         let mut source = Source {
             config,

@@ -73,16 +73,17 @@ pub(crate) fn plan(
     plan
 }
 
-/// The gossip addresses of the other members the election counts alive (an accused member is
-/// not: the engine elects without it), from the gossip's directory.
+/// The addresses the members the election counts alive send VRRP advertisements from (an
+/// accused member is not counted: the engine elects without it): each one's gossip address,
+/// from the gossip's directory, and the VRRP sources its record announces (an IPv6 router's
+/// link-local address, an IPv4 router's address when the gossip binds elsewhere).
 fn speakers(daemon: &Daemon) -> BTreeSet<IpAddr> {
     let directory = daemon.gossip().directory();
     let directory = directory.borrow();
-    daemon
-        .engine
-        .live()
-        .iter()
-        .filter_map(|m| directory.get(&m.node))
-        .map(|id| id.addr.ip())
-        .collect()
+    let mut speakers = BTreeSet::new();
+    for m in daemon.engine.live().iter() {
+        speakers.extend(directory.get(&m.node).map(|id| id.addr.ip()));
+        speakers.extend(m.vrrp_sources.iter().copied());
+    }
+    speakers
 }

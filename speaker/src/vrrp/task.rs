@@ -133,6 +133,7 @@ impl Metrics {
 #[derive(Debug)]
 pub struct VrrpHandle {
     plan: watch::Sender<Plan>,
+    sources: watch::Receiver<BTreeSet<IpAddr>>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -144,9 +145,11 @@ pub fn spawn(plan: Plan, metrics: Metrics) -> (VrrpHandle, watch::Receiver<BTree
     let (yield_tx, yield_rx) = watch::channel(first);
     let (plan_tx, plan_rx) = watch::channel(plan);
     let (stop_tx, stop_rx) = oneshot::channel();
-    let task = tokio::spawn(run(plan_rx, yield_tx, stop_rx, metrics));
+    let (sources_tx, sources) = watch::channel(BTreeSet::new());
+    let task = tokio::spawn(run(plan_rx, yield_tx, sources_tx, stop_rx, metrics));
     let handle = VrrpHandle {
         plan: plan_tx,
+        sources,
         stop: Some(stop_tx),
         task,
     };
@@ -161,6 +164,13 @@ impl VrrpHandle {
             *old = plan;
             changed
         });
+    }
+
+    /// The addresses this node sends advertisements from, every interface and family (an IPv6
+    /// router's is the interface's link-local address): the member gossips them, so the other
+    /// speakers tell its advertisements from a foreign router's (see [`crate::vrrp`]).
+    pub fn sources(&self) -> watch::Receiver<BTreeSet<IpAddr>> {
+        self.sources.clone()
     }
 
     /// Sends priority 0 for every group advertised, and stops the task.
@@ -235,6 +245,7 @@ struct Task {
 async fn run(
     mut plan: watch::Receiver<Plan>,
     yielded: watch::Sender<BTreeSet<IpAddr>>,
+    sources: watch::Sender<BTreeSet<IpAddr>>,
     mut stop: oneshot::Receiver<()>,
     metrics: Metrics,
 ) {
@@ -254,6 +265,12 @@ async fn run(
         yielded.send_if_modified(|old| {
             let changed = *old != set;
             *old = set;
+            changed
+        });
+        let from = task.sources();
+        sources.send_if_modified(|old| {
+            let changed = *old != from;
+            *old = from;
             changed
         });
         let deadline = task.next_deadline();
@@ -456,6 +473,14 @@ impl Task {
         yielded
     }
 
+    /// The addresses the open senders send from.
+    fn sources(&self) -> BTreeSet<IpAddr> {
+        self.io
+            .values()
+            .filter_map(|io| io.sender.as_ref().map(Sender::src))
+            .collect()
+    }
+
     fn own_address(&self, key: &Key) -> Option<IpAddr> {
         let state = self.routers.get(key)?;
         let ifname = state.plan.ifname.clone()?;
@@ -618,6 +643,36 @@ mod tests {
         assert_eq!(
             fast.claim_at(Some(&quick)),
             Some(quick.down_at(100) - Duration::from_millis(10))
+        );
+    }
+
+    #[test]
+    fn a_fellow_speakers_link_local_advertisement_goes_with_it_and_a_foreign_ones_stays() {
+        let now = Instant::now();
+        let fellow: IpAddr = "fe80::3".parse().unwrap();
+        let keepalived: IpAddr = "fe80::1".parse().unwrap();
+        let local: IpAddr = "fe80::2".parse().unwrap();
+        let mut s = state(true);
+        s.plan.family = Family::V6;
+        s.plan.addresses = vec!["2001:db8:100::100".parse().unwrap()];
+        // The fellow's record announced its link-local source: it is one of the speakers.
+        s.plan.speakers = [fellow, "198.51.100.13".parse().unwrap()].into();
+        s.router.heard(now, fellow, 120, 20);
+        assert_eq!(s.router.winner(100, Some(local)).map(|w| w.0), Some(fellow));
+        // The mesh declares it dead: its advertisement is forgotten at once.
+        let mut next = s.plan.clone();
+        next.speakers = ["198.51.100.12".parse().unwrap()].into();
+        forget_departed(&mut s, &next);
+        assert_eq!(s.router.winner(100, Some(local)), None);
+        // keepalived's (a source no member announces) keeps its VRRP meaning when the plan
+        // changes.
+        s.plan = next.clone();
+        s.router.heard(now, keepalived, 150, 10);
+        next.speakers.clear();
+        forget_departed(&mut s, &next);
+        assert_eq!(
+            s.router.winner(100, Some(local)).map(|w| w.0),
+            Some(keepalived)
         );
     }
 }
