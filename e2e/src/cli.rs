@@ -323,6 +323,11 @@ struct SimArgs {
     /// IPs each member owns, for the owner watch's successors.
     #[arg(long, default_value_t = 10)]
     ips_per_member: usize,
+    /// Count the gossip's datagrams by kind after the warm-up (probes, acknowledgements,
+    /// indirect probes, periodic gossip, announces, metadata, digests...) and print them under
+    /// the row: each datagram is opened again, so the run is slower.
+    #[arg(long)]
+    kinds: bool,
     /// Exit 1 unless in every run every member saw every member after the warm-up, crashes were
     /// measured, every crash was seen by every survivor within the cap, and no member was
     /// falsely declared down (correctness only, never a time).
@@ -825,6 +830,17 @@ fn write_reports<T: serde::Serialize>(path: &std::path::Path, reports: &[T]) -> 
 
 /// The partition's and the stalls' lines under a run's table row.
 fn print_phases(report: &sim::SimReport) {
+    if !report.gossip_kinds.is_empty() {
+        let kinds: Vec<String> = report
+            .gossip_kinds
+            .iter()
+            .map(|(kind, rate)| format!("{kind} {rate:.1}"))
+            .collect();
+        println!(
+            "        gossip datagrams/s per member by kind: {}",
+            kinds.join(", ")
+        );
+    }
     if let Some(p) = &report.partition {
         println!(
             "        partition: {} of {} members cut off for {:.1} s; healed {} in {:.0} ms; downs after the heal: {} on the larger side, {} on the cut-off side; watch takeovers of running members {}",
@@ -890,6 +906,7 @@ fn run_sim(args: SimArgs) -> anyhow::Result<()> {
                         ips_per_member: args.ips_per_member,
                         ..sim::WatchOptions::default()
                     }),
+                    kinds: args.kinds,
                 };
                 let started = tokio::time::Instant::now();
                 let report = sim::run(&opts)?;

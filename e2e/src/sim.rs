@@ -45,11 +45,13 @@ use swimlb_speaker::owner_watch::core::{MAX_WATCHERS, watch_addr};
 use swimlb_speaker::owner_watch::{Command, Event, Plan, WatchCore, WatchMetrics};
 
 mod cluster;
+mod kinds;
 mod phases;
 mod report;
 mod watch;
 
 pub use cluster::Cluster;
+use kinds::Kinds;
 pub use phases::STALLS;
 use phases::*;
 pub use report::{
@@ -80,6 +82,8 @@ pub struct SimOptions {
     pub pause: Option<Duration>,
     /// The owner watch beside the gossip (`None`: the gossip alone).
     pub watch: Option<WatchOptions>,
+    /// Count the gossip's datagrams by kind after the warm-up (opens each one again: slower).
+    pub kinds: bool,
 }
 
 /// The owner watch in the simulation (see [`OwnerWatches`]).
@@ -151,6 +155,9 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     let warmup = net.now();
     let traffic_start: Vec<_> = (0..n).map(|i| net.traffic(i)).collect();
     let watch_start: u64 = (0..n).map(|i| net.watch().map_or(0, |w| w.sent(i))).sum();
+    if opts.kinds {
+        net.count_kinds()?;
+    }
     let mut crashes = crash_each_in_turn(&mut net, opts, &mut bumps)?;
     // Whatever time is left: steady state.
     while net.now() < end {
@@ -159,6 +166,11 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
     }
 
     let measured = (net.now() - warmup).as_secs_f64().max(1e-9);
+    let gossip_kinds = net
+        .take_kinds()
+        .into_iter()
+        .map(|(kind, count)| (kind.to_string(), count as f64 / n as f64 / measured))
+        .collect();
     // Traffic of the crash phase only: the partition and stall phases come after.
     let (mut packets, mut bytes) = (0u64, 0u64);
     for (i, start) in traffic_start.iter().enumerate() {
@@ -223,6 +235,7 @@ pub fn run(opts: &SimOptions) -> anyhow::Result<SimReport> {
         watch_detect_ms: Quantiles::of(&watch_samples_ms),
         watch_undetected,
         watch_packets_per_member_per_s: watch_packets as f64 / n as f64 / measured,
+        gossip_kinds,
         partition,
         slow,
         pause,
@@ -269,6 +282,7 @@ mod tests {
             slow: None,
             pause: None,
             watch: Some(WatchOptions::default()),
+            kinds: false,
         }
     }
 
@@ -395,6 +409,41 @@ mod tests {
         assert!(!report.watch);
         assert_eq!(report.confirmed_takeovers + report.refuted_takeovers, 0);
         assert_eq!(report.watch_packets_per_member_per_s, 0.0);
+    }
+
+    #[test]
+    fn the_kinds_add_up_to_the_gossip_traffic_and_every_datagram_opens() {
+        let opts = SimOptions {
+            loss_pct: 5.0,
+            kinds: true,
+            ..lossless(8, 12, 5)
+        };
+        let report = run(&opts).unwrap();
+        let kinds = &report.gossip_kinds;
+        for kind in ["ping", "ack", "gossip", "sync"] {
+            assert!(
+                kinds.get(kind).is_some_and(|r| *r > 0.0),
+                "{kind}: {kinds:?}"
+            );
+        }
+        for bad in ["unopened", "undecoded", "foca_undecoded"] {
+            assert!(!kinds.contains_key(bad), "{kinds:?}");
+        }
+        let gossip = report.packets_per_member_per_s - report.watch_packets_per_member_per_s;
+        let sum: f64 = kinds.values().sum();
+        assert!((sum - gossip).abs() < 1e-6 * gossip, "{sum} vs {gossip}");
+        // Counting opens copies of the datagrams: the run itself is the same.
+        let plain = run(&SimOptions {
+            kinds: false,
+            ..opts
+        })
+        .unwrap();
+        assert!(plain.gossip_kinds.is_empty());
+        assert_eq!(plain.detection_ms.p99, report.detection_ms.p99);
+        assert_eq!(
+            plain.packets_per_member_per_s,
+            report.packets_per_member_per_s
+        );
     }
 
     #[test]

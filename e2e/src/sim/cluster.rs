@@ -8,12 +8,39 @@ use super::*;
 pub struct Cluster {
     net: SimNet,
     watch: Option<OwnerWatches>,
+    /// The gossip's datagrams by kind, while counted ([`Cluster::count_kinds`]).
+    kinds: Option<Kinds>,
 }
 
 impl Cluster {
     /// `net`, with `watch` beside it.
     pub fn new(net: SimNet, watch: Option<OwnerWatches>) -> Cluster {
-        Cluster { net, watch }
+        Cluster {
+            net,
+            watch,
+            kinds: None,
+        }
+    }
+
+    /// Starts counting the gossip's datagrams by kind (`sim --kinds`).
+    pub(super) fn count_kinds(&mut self) -> anyhow::Result<()> {
+        self.net.tap(true);
+        self.kinds = Some(Kinds::new()?);
+        Ok(())
+    }
+
+    /// Stops counting them; returns the counts (empty when they were not counted).
+    pub(super) fn take_kinds(&mut self) -> BTreeMap<&'static str, u64> {
+        self.count_tapped();
+        self.net.tap(false);
+        self.kinds.take().map(|k| k.counts).unwrap_or_default()
+    }
+
+    /// Counts what the tap recorded so far.
+    fn count_tapped(&mut self) {
+        if let Some(kinds) = &mut self.kinds {
+            kinds.count(self.net.take_tapped());
+        }
     }
 
     /// The virtual time.
@@ -102,6 +129,7 @@ impl Cluster {
     pub fn run_until(&mut self, until: Duration) {
         let Some(watch) = &mut self.watch else {
             self.net.run_until(until);
+            self.count_tapped();
             return;
         };
         while let Some(at) = watch.next_at().filter(|at| *at <= until) {
@@ -112,6 +140,7 @@ impl Cluster {
         }
         self.net.run_until(until);
         route_relays(&mut self.net, watch);
+        self.count_tapped();
     }
 
     /// Runs both for `span`.

@@ -63,6 +63,14 @@ pub struct SimReport {
     /// Owner watch datagrams (heartbeats, acknowledgements, polls, relays, replies) sent per
     /// member per second after warm-up; `packets_per_member_per_s` includes them.
     pub watch_packets_per_member_per_s: f64,
+    /// With `--kinds`: the gossip's datagrams per member per second after warm-up by what they
+    /// carry (foca's `ping`, `ack`, `ping_req`, `indirect_ping`, `indirect_ack`,
+    /// `forwarded_ack`, `gossip`, `announce`, `feed`, `turn_undead`, `broadcast`; the
+    /// speaker's `meta`, `meta_pull`, `sync`, `inquire`, `inquiry_ping`, `inquiry_pong`,
+    /// `verdict`, `watch_relay`); they add up to the gossip's share of
+    /// `packets_per_member_per_s`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub gossip_kinds: BTreeMap<String, f64>,
     /// The partition phase, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<PartitionReport>,
