@@ -660,6 +660,20 @@ impl Converter<'_> {
             }
             return None;
         };
+        if let Some((_, at)) = one.peers.first() {
+            // keepalived in unicast mode joins no multicast group: it would never hear a
+            // speaker's advertisements (224.0.0.18 / ff02::12), and would become master beside
+            // a speaker owner.
+            self.warnings.push(Finding::new(
+                at,
+                "unicast_peer",
+                "no `vrrp:` written: keepalived with unicast_peer does not hear a speaker's \
+                 multicast advertisements, so it would answer beside a speaker owner; switch all \
+                 at once, or make keepalived multicast (no unicast_peer) before switching node by \
+                 node",
+            ));
+            return None;
+        }
         let vrid = one.vrid?;
         let text = one.advert_int.as_deref().unwrap_or("1");
         let interval = text

@@ -46,18 +46,31 @@ fn run(text: &str) -> Result<Converted, Vec<Finding>> {
     )
 }
 
+/// `text` without `instance`'s `unicast_peer` block, converted with the peer on the command
+/// line: a multicast keepalived.
+fn run_multicast(text: &str) -> Result<Converted, Vec<Finding>> {
+    let options = Options {
+        peers: vec!["192.0.2.11".parse().unwrap()],
+        ..Options::default()
+    };
+    let text = text.replace("    unicast_peer {\n        192.0.2.11\n    }\n", "");
+    convert(Some(Path::new(FILE)), &text, &Memory::default(), &options)
+}
+
 fn converted(text: &str) -> (Standalone, Converted) {
     let mut c = run(text).unwrap_or_else(|e| panic!("refused: {e:#?}"));
     let s = Standalone::parse(&c.yaml).unwrap();
-    // The VRRPv2 warning of `instance`'s text (no `version 3`): its own test below.
-    c.warnings.retain(|w| w.keyword != "version");
+    // The VRRPv2 and unicast warnings of `instance`'s text (no `version 3`, `unicast_peer`):
+    // their own test below.
+    c.warnings
+        .retain(|w| w.keyword != "version" && w.keyword != "unicast_peer");
     (s, c)
 }
 
 #[test]
 fn an_instance_gets_its_vrrp_router_and_v2_is_warned_about() {
     let text = instance("", "    advert_int 0.1");
-    let c = run(&text).expect("converts");
+    let c = run_multicast(&text).expect("converts");
     let s = Standalone::parse(&c.yaml).unwrap();
     let vrrp = s.groups[0].vrrp.expect("vrrp written");
     assert_eq!(
@@ -83,14 +96,30 @@ fn an_instance_gets_its_vrrp_router_and_v2_is_warned_about() {
         } else {
             ""
         };
-        let c = run(&instance(version, body)).expect("converts");
+        let c = run_multicast(&instance(version, body)).expect("converts");
         assert!(
             c.warnings.iter().all(|w| w.keyword != "version"),
             "{:?}",
             c.warnings
         );
     }
-    assert!(refusal(&instance("", "    advert_int 50")).contains("advert_int: `50`: VRRPv3"));
+    let errors = run_multicast(&instance("", "    advert_int 50")).expect_err("refused");
+    assert!(errors[0].to_string().contains("advert_int: `50`: VRRPv3"));
+}
+
+#[test]
+fn a_unicast_instance_gets_no_vrrp_router_and_says_why() {
+    let c = run(&instance("global_defs {\n    vrrp_version 3\n}", "")).expect("converts");
+    let s = Standalone::parse(&c.yaml).unwrap();
+    assert_eq!(s.groups[0].vrrp, None, "{}", c.yaml);
+    let unicast: Vec<&Finding> = c
+        .warnings
+        .iter()
+        .filter(|w| w.keyword == "unicast_peer")
+        .collect();
+    assert_eq!(unicast.len(), 1, "{:?}", c.warnings);
+    assert!(unicast[0].why.contains("no `vrrp:` written"));
+    assert!(unicast[0].to_string().starts_with(&format!("{FILE}:")));
 }
 
 /// The one refusal of `text`, as printed.
