@@ -43,28 +43,89 @@ pub fn group_vrrp() -> String {
     )
 }
 
-/// keepalived-fast on some of the lab's nodes, each with its own priority.
+/// keepalived-fast on some of the lab's nodes, each with its own priority: the lab's IPv4 VIP,
+/// or with [`Routers::ipv6`] its IPv6 VIP ([`config_v6`]).
 #[derive(Debug, Default)]
 pub struct Routers {
     children: BTreeMap<usize, usize>,
     states: BTreeMap<usize, StateReader>,
+    ipv6: bool,
+    unicast: bool,
+}
+
+/// keepalived-fast's configuration for the lab's IPv6 VIP (2001:db8:100::100/64 on `eth0`):
+/// an instance with an IPv6 `virtual_ipaddress` is an IPv6 VRRPv3 router, advertising from the
+/// interface's link-local address to ff02::12, the rest as [`keepalived::config`].
+pub fn config_v6(node_name: &str, priority: u8, notify_fifo: &std::path::Path) -> String {
+    format!(
+        "global_defs {{\n    router_id {node_name}\n    enable_script_security\n    notify_fifo {} root\n}}\n\
+         vrrp_instance lab {{\n    state BACKUP\n    interface eth0\n    version 3\n    \
+         virtual_router_id {VRID}\n    priority {priority}\n    advert_int 0.1\n    \
+         virtual_ipaddress {{\n        {}/{} dev eth0\n    }}\n}}\n",
+        notify_fifo.display(),
+        netns::vip_v6(0),
+        netns::PREFIX_V6,
+    )
 }
 
 impl Routers {
+    /// Routers of the lab's IPv6 VIP instead of its IPv4 one.
+    pub fn ipv6() -> Routers {
+        Routers {
+            ipv6: true,
+            ..Routers::default()
+        }
+    }
+
+    /// IPv4 routers in unicast mode: `unicast_src_ip` the node's address, `unicast_peer` the
+    /// other nodes' (keepalived then joins no multicast group).
+    pub fn unicast() -> Routers {
+        Routers {
+            unicast: true,
+            ..Routers::default()
+        }
+    }
+
+    /// The VIP these routers hold, as `ip addr` writes it.
+    fn vip(&self) -> String {
+        if self.ipv6 {
+            format!("{}/{}", netns::vip_v6(0), netns::PREFIX_V6)
+        } else {
+            format!("{}/{}", netns::vip_v4(0), netns::PREFIX_V4)
+        }
+    }
+
     /// Starts keepalived-fast on node `index` with `priority` (its notify FIFO read from then on).
     pub fn start(&mut self, lab: &mut Lab, index: usize, priority: u8) -> Result<()> {
         let node = lab.node(index).clone();
         let dir = lab.work_dir();
         std::fs::create_dir_all(&dir)?;
         let instance = Instance::paths(&dir, &node.name);
-        let text = keepalived::config(
-            &node.name,
-            netns::vip_v4(0),
-            netns::PREFIX_V4,
-            priority,
-            Tuning::Fast,
-            &instance.fifo,
-        );
+        let mut text = if self.ipv6 {
+            config_v6(&node.name, priority, &instance.fifo)
+        } else {
+            keepalived::config(
+                &node.name,
+                netns::vip_v4(0),
+                netns::PREFIX_V4,
+                priority,
+                Tuning::Fast,
+                &instance.fifo,
+            )
+        };
+        if self.unicast {
+            let peers: String = lab
+                .nodes
+                .iter()
+                .filter(|n| n.name != node.name)
+                .map(|n| format!("        {}\n", n.v4))
+                .collect();
+            let unicast = format!(
+                "    interface eth0\n    unicast_src_ip {}\n    unicast_peer {{\n{peers}    }}\n",
+                node.v4
+            );
+            text = text.replacen("    interface eth0\n", &unicast, 1);
+        }
         std::fs::write(&instance.config, text)
             .with_context(|| format!("writing {}", instance.config.display()))?;
         match self.states.get(&index) {
@@ -90,15 +151,44 @@ impl Routers {
     /// Stops node `index`'s keepalived with SIGTERM (it sends priority 0 and takes the VIP off
     /// `eth0`, as `systemctl stop keepalived` does) and waits for it to exit.
     pub fn stop(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        self.signal(lab, index, "TERM")
+    }
+
+    /// Crashes node `index`'s keepalived with SIGKILL (no priority 0: its backups wait for
+    /// Master_Down_Interval) and takes the VIP it leaves on `eth0` away, as the crashed node's
+    /// kernel would not answer for it. The parent is stopped first, so that it neither restarts
+    /// its VRRP process nor lets it go with a SIGTERM (a clean stop), then both are killed.
+    pub fn kill(&mut self, lab: &mut Lab, index: usize) -> Result<()> {
+        let Some(child) = self.children.get(&index) else {
+            bail!("no keepalived runs on node {index}");
+        };
+        let parent = lab.child(*child).id().to_string();
+        let instance = Instance::paths(&lab.work_dir(), &lab.node(index).name);
+        let vrrp = std::fs::read_to_string(&instance.vrrp_pid)
+            .with_context(|| format!("reading {}", instance.vrrp_pid.display()))?;
+        let kill = |args: &[&str]| std::process::Command::new("kill").args(args).status();
+        kill(&["-STOP", &parent])?;
+        kill(&["-KILL", vrrp.trim()])?;
+        self.signal(lab, index, "KILL")?;
+        // The killed VRRP process may stay a zombie nobody reaps in the lab, which a restarted
+        // keepalived takes for a running one ("daemon is already running"): its pid files go,
+        // as a crashed host's /run does.
+        for pid in [&instance.pid, &instance.vrrp_pid] {
+            let _ = std::fs::remove_file(pid);
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, lab: &mut Lab, index: usize, signal: &str) -> Result<()> {
         let Some(child) = self.children.remove(&index) else {
             bail!("no keepalived runs on node {index}");
         };
         let pid = lab.child(child).id().to_string();
         std::process::Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()?;
         lab.wait_or_kill(child, Duration::from_secs(10))?;
-        let vip = format!("{}/{}", netns::vip_v4(0), netns::PREFIX_V4);
+        let vip = self.vip();
         let netns = lab.node(index).netns.clone();
         // Gone already when keepalived stopped cleanly; a leftover would answer ARP.
         let _ = lab.run_in(&netns, "ip", &["addr", "del", &vip, "dev", "eth0"]);
