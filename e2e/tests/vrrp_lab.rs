@@ -13,6 +13,13 @@
 //! - a speaker owner SIGKILLed beside a keepalived backup (priority 50): its successor, of lower
 //!   priority, forgets its advertisements when the mesh declares it dead (the owner watch's
 //!   pace, not the dead owner's Master_Down_Interval), and keepalived stays BACKUP;
+//! - over IPv6 (`ipv6_*`): keepalived-fast as an IPv6 VRRPv3 router (the lab's IPv6 VIP as its
+//!   `virtual_ipaddress`, advertising from its link-local address) keeps the speakers silent as
+//!   MASTER, hands the VIP to a speaker when stopped and when SIGKILLed, and stays BACKUP
+//!   beside a speaker owner; a crashed speaker owner's IPv6 successor takes over on the mesh's
+//!   word (the speakers' link-local sources are in their gossip records);
+//! - keepalived with `unicast_peer` beside a speaker owner becomes MASTER: it never hears the
+//!   speakers (why `convert-keepalived` writes no `vrrp:` for a unicast instance);
 //! - `swimlb-lab migrate --from keepalived-fast` runs once and ends with the rule's owner.
 //!
 //! Root only: `#[ignore = "needs root: ..."]`, run with `--include-ignored` (as `sudo ./test.sh`

@@ -26,15 +26,17 @@
 //!   it yields every address of its VRRP groups, as a VRRP router starts as backup.
 //!
 //! - **A fellow speaker's death is the mesh's word**: an advertisement from a member of the
-//!   mesh (its source is the gossip address of a member the election counts alive) is heard as
-//!   any router's, but when that member leaves the election (the owner watch accuses it, or the
+//!   mesh (its source is the gossip address of a member the election counts alive, or one of
+//!   the addresses its gossip record announces it sends VRRP advertisements from:
+//!   [`task::VrrpHandle::sources`], an IPv6 router's link-local address) is heard as any
+//!   router's, but when that member leaves the election (the owner watch accuses it, or the
 //!   gossip declares it down or gone) its advertisement is forgotten at once
 //!   ([`Router::forget`]): a successor of lower priority takes the group at the owner watch's
 //!   pace instead of waiting out the dead owner's Master_Down_Interval. A member wrongly
 //!   accused is heard again with its next advertisement. keepalived's advertisements (from
-//!   addresses no member gossips from) keep their full VRRP meaning. A speaker is known by its
-//!   gossip address only: when it advertises from another address (the gossip bound to
-//!   another interface than the group's), its death waits for its Master_Down_Interval, as a
+//!   addresses no member announces) keep their full VRRP meaning. A speaker of an earlier
+//!   release announces no VRRP sources: when it advertises from another address than its
+//!   gossip address (always over IPv6), its death waits for its Master_Down_Interval, as a
 //!   keepalived backup would.
 //!
 //! This module is sans-IO (every call takes `now`); [`task`] owns the sockets.
