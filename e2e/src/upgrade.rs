@@ -19,6 +19,9 @@
 //! this run's directory (the lab's own goes with the lab) and execs the real program, so the
 //! process the lab signals is the speaker.
 
+pub mod kubernetes;
+pub mod watch;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

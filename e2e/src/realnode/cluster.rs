@@ -25,6 +25,8 @@ pub struct NodeImages {
     pub echo: Option<(PathBuf, String)>,
     /// MetalLB's images, once [`NodeImages::with_metallb`] built them.
     pub metallb: Option<MetallbImages>,
+    /// Images built on the project's by [`NodeImages::with_env_layer`]: archive and reference.
+    pub layers: Vec<(PathBuf, String)>,
 }
 
 impl NodeImages {
@@ -49,6 +51,7 @@ impl NodeImages {
             tag: tag.to_string(),
             echo: None,
             metallb: None,
+            layers: Vec::new(),
         };
         builder
             .pause_image(
@@ -82,8 +85,28 @@ impl NodeImages {
         Ok(self)
     }
 
+    /// Also builds the project's image with `env` set on top
+    /// ([`image::Builder::env_layer`]: the same binaries, one configuration changed) into `dir`,
+    /// tagged `tag`; every node imports it too. An upgrade test starts the speakers from it.
+    pub fn with_env_layer(
+        mut self,
+        dir: &Path,
+        tag: &str,
+        env: &[(&str, &str)],
+    ) -> Result<NodeImages> {
+        let n = self.layers.len();
+        let builder = image::Builder::new(&dir.join(format!("buildah-layer-{n}")))?;
+        let archive = dir.join(format!("layer-{n}.tar"));
+        builder
+            .env_layer(&self.project, env, tag, &archive)
+            .with_context(|| format!("the image {tag}"))?;
+        self.layers.push((archive, tag.to_string()));
+        Ok(self)
+    }
+
     fn archives(&self) -> Vec<&Path> {
         let mut archives = vec![self.pause.as_path(), self.project.as_path()];
+        archives.extend(self.layers.iter().map(|(a, _)| a.as_path()));
         archives.extend(self.echo.as_ref().map(|(a, _)| a.as_path()));
         if let Some(m) = &self.metallb {
             archives.extend(m.archives());

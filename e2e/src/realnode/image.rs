@@ -76,6 +76,33 @@ impl Builder {
         self.export(tag, archive)
     }
 
+    /// An image of `base` (an OCI archive holding one image, as [`Builder::project_image`]
+    /// exports it) with `env` set in its configuration and nothing else changed (its layers the
+    /// same, one empty layer on top), tagged `tag`, as an OCI archive at `archive`: the same
+    /// binaries started with other environment variables, a second tag for a rolling update.
+    pub fn env_layer(
+        &self,
+        base: &Path,
+        env: &[(&str, &str)],
+        tag: &str,
+        archive: &Path,
+    ) -> Result<()> {
+        let container = run(self
+            .buildah()
+            .args(["from", "--pull=never", "--quiet"])
+            .arg(format!("oci-archive:{}", base.display())))?;
+        let container = container.trim();
+        let mut config = self.buildah();
+        config.arg("config");
+        for (key, value) in env {
+            config.args(["--env", &format!("{key}={value}")]);
+        }
+        run(config.arg(container))?;
+        run(self.buildah().args(["commit", "--quiet", container, tag]))?;
+        run(self.buildah().args(["rm", container]))?;
+        self.export(tag, archive)
+    }
+
     /// The `pause` image (the program at `/pause`, its entrypoint, run as nobody as upstream's
     /// is), tagged `tag`, as an OCI archive at `archive`.
     pub fn pause_image(&self, pause: &Path, tag: &str, archive: &Path) -> Result<()> {

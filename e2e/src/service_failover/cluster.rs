@@ -60,6 +60,19 @@ impl ServiceCluster {
         implementation: Implementation,
         log: &mut dyn FnMut(&str),
     ) -> Result<ServiceCluster> {
+        ServiceCluster::start_with(nodes, implementation, None, log)
+    }
+
+    /// [`ServiceCluster::start`], the swimlb manifest naming, when `first` is given, an image
+    /// built on the project's with `first.1` set in its environment, tagged `first.0`
+    /// ([`NodeImages::with_env_layer`]; every node holds both), in place of the project's
+    /// ([`project_tag`]): an upgrade rolls from it to the project's.
+    pub fn start_with(
+        nodes: usize,
+        implementation: Implementation,
+        first: Option<(&str, &[(&str, &str)])>,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<ServiceCluster> {
         let started = Instant::now();
         let programs = NodePrograms::locate()?;
         realnode::cleanup_stale();
@@ -75,7 +88,7 @@ impl ServiceCluster {
                 ..control_plane::Options::default()
             },
         )?;
-        let tag = format!("localhost/swimlb/swimlb:{VERSION}-service-failover");
+        let tag = project_tag();
         let dir = lab.work_dir().join("images");
         let profile = image::profile_of_current_exe()?;
         let mut images = NodeImages::build(&programs, &dir, &profile, &tag)?
@@ -83,6 +96,10 @@ impl ServiceCluster {
         if implementation == Implementation::Metallb {
             images = images.with_metallb(&dir)?;
         }
+        if let Some((first, env)) = first {
+            images = images.with_env_layer(&dir, first, env)?;
+        }
+        let speakers = first.map_or(tag.as_str(), |(first, _)| first);
         log(&format!(
             "images built at {:.0} s",
             started.elapsed().as_secs_f64()
@@ -101,7 +118,7 @@ impl ServiceCluster {
         };
         let manifest = match &images.metallb {
             Some(m) => m.manifest()?,
-            None => manifest_with_image(&tag)?,
+            None => manifest_with_image(speakers)?,
         };
         cluster.plane.kubectl().apply(Source::Text(&manifest))?;
         cluster.apply_objects(&images)?;
@@ -329,6 +346,11 @@ fn route_pods_between(lab: &Lab, real: &RealCluster) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The reference of the project's image as the cluster's nodes hold it.
+pub fn project_tag() -> String {
+    format!("localhost/swimlb/swimlb:{VERSION}-service-failover")
 }
 
 /// `deploy/swimlb.yaml` with `image` in place of the published image reference.
