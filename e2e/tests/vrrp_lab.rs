@@ -101,20 +101,31 @@ fn logs(daemons: &SwimlbDaemons, lab: &Lab) -> String {
         .join("\n----\n")
 }
 
-#[test]
-#[ignore = "needs root: network namespaces, keepalived and the speakers"]
-fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_own() {
-    let (_one, mut lab) = one_lab("vrrp beside keepalived", 1);
+/// A keepalived MASTER (priority 150) on node1, and speakers on node2 and node3 with the group's
+/// `vrrp:` beside it.
+struct Beside {
+    _one: MutexGuard<'static, ()>,
+    lab: Lab,
+    responders: Vec<probe::Worker>,
+    routers: Routers,
+    prober: Prober,
+    daemons: SwimlbDaemons,
+}
+
+/// Starts keepalived alone on node1 until it is MASTER and answers the client, then the speakers
+/// on node2 and node3; checks for 4 s that only keepalived answers and that both speakers count
+/// it as the foreign master.
+fn speakers_beside_a_keepalived_master(test: &str, n: u32, v6: bool) -> Beside {
+    let (_one, mut lab) = one_lab(test, n);
     let mut responders = Vec::new();
     for node in lab.nodes.clone() {
         responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
     }
-    let mut routers = Routers::default();
+    let (vip, mut routers) = family(v6);
     routers.start(&mut lab, 1, 150).expect("keepalived");
     routers
         .wait_state(1, &VrrpState::Master, Duration::from_secs(10))
         .expect("keepalived alone becomes MASTER");
-    let vip = IpAddr::V4(netns::vip_v4(0));
     let prober = Prober::start(
         &lab.client_netns,
         SocketAddr::new(vip, PROBE_PORT),
@@ -124,13 +135,10 @@ fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_
     let owner = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(10))
         .expect("keepalived answers");
     assert_eq!(owner, "node1");
-
     let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
-    for i in 2..=3 {
-        daemons.group_extra.insert(i, group_vrrp());
-    }
     let started = Instant::now();
     for i in 2..=3 {
+        daemons.group_extra.insert(i, group_vrrp());
         daemons.start(&mut lab, i).expect("a speaker");
     }
     // The speakers join each other, elect an owner and hear keepalived: 4 s of probes.
@@ -141,12 +149,33 @@ fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_
         "a speaker answered beside the keepalived master\n{}",
         logs(&daemons, &lab)
     );
-    let foreign = metric(&lab, FOREIGN_V4);
+    let foreign = metric(&lab, if v6 { FOREIGN_V6 } else { FOREIGN_V4 });
     assert_eq!(
         (foreign[1], foreign[2]),
         (Some(1.0), Some(1.0)),
         "both speakers count the foreign master: {foreign:?}"
     );
+    Beside {
+        _one,
+        lab,
+        responders,
+        routers,
+        prober,
+        daemons,
+    }
+}
+
+#[test]
+#[ignore = "needs root: network namespaces, keepalived and the speakers"]
+fn speakers_stay_silent_beside_a_keepalived_master_and_keep_it_backup_when_they_own() {
+    let Beside {
+        _one,
+        mut lab,
+        responders,
+        mut routers,
+        prober,
+        daemons,
+    } = speakers_beside_a_keepalived_master("vrrp beside keepalived", 1, false);
     let received = metric(&lab, "swimlb_vrrp_adverts_received_total{");
     assert!(
         received[1].is_some_and(|n| n >= 10.0),
@@ -240,41 +269,14 @@ fn keepalived_log(lab: &Lab, index: usize) -> String {
 #[test]
 #[ignore = "needs root: network namespaces, keepalived and the speakers"]
 fn ipv6_speakers_stay_silent_beside_keepalived_take_over_when_it_stops_or_crashes() {
-    let (_one, mut lab) = one_lab("vrrp beside keepalived over ipv6", 5);
-    let mut responders = Vec::new();
-    for node in lab.nodes.clone() {
-        responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
-    }
-    let mut routers = Routers::ipv6();
-    routers.start(&mut lab, 1, 150).expect("keepalived");
-    routers
-        .wait_state(1, &VrrpState::Master, Duration::from_secs(10))
-        .expect("keepalived alone becomes MASTER");
-    let vip = SocketAddr::new(IpAddr::V6(netns::vip_v6(0)), PROBE_PORT);
-    let prober = Prober::start(&lab.client_netns, vip, Duration::from_millis(10)).expect("prober");
-    let owner = failover::wait_for_steady_owner(&prober, 50, Duration::from_secs(10))
-        .expect("keepalived answers");
-    assert_eq!(owner, "node1");
-    let mut daemons = SwimlbDaemons::new(&lab, program()).expect("speaker files");
-    let started = Instant::now();
-    for i in 2..=3 {
-        daemons.group_extra.insert(i, group_vrrp());
-        daemons.start(&mut lab, i).expect("a speaker");
-    }
-    // The speakers join each other, elect an owner and hear keepalived: 4 s of probes.
-    std::thread::sleep(Duration::from_secs(4));
-    assert_eq!(
-        answerers(&prober.snapshot(), started),
-        ["node1"],
-        "a speaker answered beside the keepalived master\n{}",
-        logs(&daemons, &lab)
-    );
-    let foreign = metric(&lab, FOREIGN_V6);
-    assert_eq!(
-        (foreign[1], foreign[2]),
-        (Some(1.0), Some(1.0)),
-        "{foreign:?}"
-    );
+    let Beside {
+        _one,
+        mut lab,
+        responders,
+        mut routers,
+        prober,
+        daemons,
+    } = speakers_beside_a_keepalived_master("vrrp beside keepalived over ipv6", 5, true);
     assert_eq!(routers.state(1), Some(VrrpState::Master));
 
     // Stopped: priority 0, a speaker takes the VIP at once.
