@@ -29,7 +29,9 @@
 //!
 //! The checker ([`crate::migrate::checked::Timeline::evaluate`]) counts dual, dark,
 //! disagreement and misplaced over the whole run, each speaker's stop and start as its faults
-//! (see [`super::watch`]); a speaker process that ended while its Pod was not being deleted,
+//! (see [`super::watch`]), and dark a second time with the ARP requests as its probes (a client
+//! with a neighbour entry is still served by the old node's kube-proxy while nobody answers ARP;
+//! one without waits); a speaker process that ended while its Pod was not being deleted,
 //! a container restart, or a panic in a speaker's log is a crash.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,7 +45,7 @@ use tokio::time::Instant;
 
 use super::watch::{NAMESPACE, RollWatch};
 use crate::chaos::invariants::{
-    self, ARP_INTERVAL, ArpSample, Observations, Violation, VipObservations,
+    self, ARP_INTERVAL, ArpSample, Invariant, Observations, Violation, VipObservations,
 };
 use crate::kubelab::{self, Policy};
 use crate::lab::rule;
@@ -337,13 +339,38 @@ fn finish(
             answer: r.ok.then(|| (String::new(), r.done)),
         })
         .collect();
-    let violations = watch.timeline.evaluate(
-        lab,
-        ip,
-        vec![100; lab.nodes.len()],
-        Duration::ZERO,
-        (&probes, &arp, arp_from),
+    let rule = || (vec![100; lab.nodes.len()], Duration::ZERO);
+    let (priorities, delay) = rule();
+    let mut violations =
+        watch
+            .timeline
+            .evaluate(lab, ip, priorities, delay, (&probes, &arp, arp_from));
+    // Dark by ARP too: the client's TCP requests go on while nobody answers ARP (its neighbour
+    // entry still names the old node, whose kube-proxy still forwards), a client that resolves
+    // the address then does not. Each ARP request is a probe, answered when any MAC replied.
+    let asked: Vec<ProbeRecord> = arp
+        .iter()
+        .enumerate()
+        .map(|(seq, a)| ProbeRecord {
+            seq: seq as u64,
+            sent: arp_from + a.at,
+            answer: (!a.macs.is_empty()).then(|| (String::new(), arp_from + a.at)),
+        })
+        .collect();
+    let (priorities, delay) = rule();
+    let by_arp = watch
+        .timeline
+        .evaluate(lab, ip, priorities, delay, (&asked, &arp, arp_from));
+    violations.extend(
+        by_arp
+            .into_iter()
+            .filter(|v| v.invariant == Invariant::Dark)
+            .map(|v| Violation {
+                detail: format!("by ARP: {}", v.detail),
+                ..v
+            }),
     );
+    violations.sort_by_key(|v| (v.at, v.invariant));
     let t0 = watch.timeline_start();
     let mut crashes = watch.crashes.clone();
     for (node, pod) in lab.nodes.iter().zip(&watch.pods) {
