@@ -330,61 +330,9 @@ fn finish(
     let (_, ip) = service_of(Policy::Local);
     let mut new = record.new.clone();
     new.sort_by_key(|r| r.sent);
-    let probes: Vec<ProbeRecord> = new
-        .iter()
-        .enumerate()
-        .map(|(seq, r)| ProbeRecord {
-            seq: seq as u64,
-            sent: r.sent,
-            answer: r.ok.then(|| (String::new(), r.done)),
-        })
-        .collect();
-    let rule = || (vec![100; lab.nodes.len()], Duration::ZERO);
-    let (priorities, delay) = rule();
-    let mut violations =
-        watch
-            .timeline
-            .evaluate(lab, ip, priorities, delay, (&probes, &arp, arp_from));
-    // Dark by ARP too: the client's TCP requests go on while nobody answers ARP (its neighbour
-    // entry still names the old node, whose kube-proxy still forwards), a client that resolves
-    // the address then does not. Each ARP request is a probe, answered when any MAC replied.
-    let asked: Vec<ProbeRecord> = arp
-        .iter()
-        .enumerate()
-        .map(|(seq, a)| ProbeRecord {
-            seq: seq as u64,
-            sent: arp_from + a.at,
-            answer: (!a.macs.is_empty()).then(|| (String::new(), arp_from + a.at)),
-        })
-        .collect();
-    let (priorities, delay) = rule();
-    let by_arp = watch
-        .timeline
-        .evaluate(lab, ip, priorities, delay, (&asked, &arp, arp_from));
-    violations.extend(
-        by_arp
-            .into_iter()
-            .filter(|v| v.invariant == Invariant::Dark)
-            .map(|v| Violation {
-                detail: format!("by ARP: {}", v.detail),
-                ..v
-            }),
-    );
-    violations.sort_by_key(|v| (v.at, v.invariant));
+    let violations = checked(&watch, lab, &new, (&arp, arp_from));
     let t0 = watch.timeline_start();
-    let mut crashes = watch.crashes.clone();
-    for (node, pod) in lab.nodes.iter().zip(&watch.pods) {
-        if let Some(pod) = pod
-            && pod.restarts > 0
-        {
-            crashes.push(format!(
-                "{}'s speaker container restarted {} times",
-                node.name, pod.restarts
-            ));
-        }
-    }
-    keep_logs(cluster);
-    crashes.extend(panics_in(&logs_dir(lab)));
+    let crashes = crashes(cluster, &watch);
     let name = |n: usize| lab.nodes[n - 1].name.clone();
     let phases = spans
         .iter()
@@ -444,6 +392,78 @@ fn finish(
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(outcome)
+}
+
+/// The checker's violations over the run: dual, dark, disagreement and misplaced with the
+/// client's requests on new connections (`new`, in the order sent) as probes, then dark again
+/// with each ARP request as a probe, answered when any MAC replied (the requests go on through
+/// the old node's kube-proxy while nobody answers ARP; a client resolving the address waits).
+fn checked(
+    watch: &RollWatch,
+    lab: &Lab,
+    new: &[Request],
+    (arp, arp_from): (&[ArpAnswers], Instant),
+) -> Vec<Violation> {
+    let (_, ip) = service_of(Policy::Local);
+    let probes: Vec<ProbeRecord> = new
+        .iter()
+        .enumerate()
+        .map(|(seq, r)| ProbeRecord {
+            seq: seq as u64,
+            sent: r.sent,
+            answer: r.ok.then(|| (String::new(), r.done)),
+        })
+        .collect();
+    let rule = || (vec![100; lab.nodes.len()], Duration::ZERO);
+    let (priorities, delay) = rule();
+    let mut violations =
+        watch
+            .timeline
+            .evaluate(lab, ip, priorities, delay, (&probes, arp, arp_from));
+    let asked: Vec<ProbeRecord> = arp
+        .iter()
+        .enumerate()
+        .map(|(seq, a)| ProbeRecord {
+            seq: seq as u64,
+            sent: arp_from + a.at,
+            answer: (!a.macs.is_empty()).then(|| (String::new(), arp_from + a.at)),
+        })
+        .collect();
+    let (priorities, delay) = rule();
+    let by_arp = watch
+        .timeline
+        .evaluate(lab, ip, priorities, delay, (&asked, arp, arp_from));
+    violations.extend(
+        by_arp
+            .into_iter()
+            .filter(|v| v.invariant == Invariant::Dark)
+            .map(|v| Violation {
+                detail: format!("by ARP: {}", v.detail),
+                ..v
+            }),
+    );
+    violations.sort_by_key(|v| (v.at, v.invariant));
+    violations
+}
+
+/// The crashes: the observer's (a speaker that ended unasked), the container restarts of the
+/// last Pods, and panics in the speakers' logs (copied once more first).
+fn crashes(cluster: &ServiceCluster, watch: &RollWatch) -> Vec<String> {
+    let lab = &cluster.lab;
+    let mut crashes = watch.crashes.clone();
+    for (node, pod) in lab.nodes.iter().zip(&watch.pods) {
+        if let Some(pod) = pod
+            && pod.restarts > 0
+        {
+            crashes.push(format!(
+                "{}'s speaker container restarted {} times",
+                node.name, pod.restarts
+            ));
+        }
+    }
+    keep_logs(cluster);
+    crashes.extend(panics_in(&logs_dir(lab)));
+    crashes
 }
 
 fn within(t: Instant, s: &Span) -> bool {
