@@ -123,6 +123,16 @@ impl RollWatch {
     /// them): `roots` are the nodes' cgroup subtrees, in the lab's order.
     pub fn start(t0: Instant, roots: Vec<String>, vip: Ipv4Addr) -> anyhow::Result<RollWatch> {
         let found = processes(&roots);
+        RollWatch::with(t0, roots, &found, vip)
+    }
+
+    /// [`RollWatch::start`] with the processes `found` (one per node).
+    fn with(
+        t0: Instant,
+        roots: Vec<String>,
+        found: &[Vec<Process>],
+        vip: Ipv4Addr,
+    ) -> anyhow::Result<RollWatch> {
         let mut speakers = Vec::new();
         let mut started = Vec::new();
         for (i, p) in found.iter().enumerate() {
@@ -164,16 +174,7 @@ impl RollWatch {
         }
         let scanned = Instant::now();
         let found = processes(&self.roots);
-        for (i, procs) in found.iter().enumerate() {
-            // A process is known by its id: its environment may be unreadable as it exits.
-            let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
-            let gone = match self.speakers[i] {
-                Speaker::Down { gone, .. } => Some(gone),
-                _ => None,
-            };
-            let new = procs.iter().find(|p| Some(p.pid) != gone).copied();
-            self.step(i, &pids, new, listed, scanned);
-        }
+        self.scan(&found, listed, scanned);
         let at = Instant::now();
         let vip = self.vip.to_string();
         self.views = read_each(lab, http_addrs(lab), "/status", 1, move |body| {
@@ -198,8 +199,20 @@ impl RollWatch {
         self.rounds += 1;
     }
 
-    /// Node index `i`'s speaker given the processes a scan at `scanned` found, its Pod listed
-    /// at `listed`.
+    /// What a scan at `scanned` found (the processes per node), the Pods listed at `listed`.
+    fn scan(&mut self, found: &[Vec<Process>], listed: Instant, scanned: Instant) {
+        for (i, procs) in found.iter().enumerate() {
+            // A process is known by its id: its environment may be unreadable as it exits.
+            let pids: Vec<u32> = procs.iter().map(|p| p.pid).collect();
+            let gone = match self.speakers[i] {
+                Speaker::Down { gone, .. } => Some(gone),
+                _ => None,
+            };
+            let new = procs.iter().find(|p| Some(p.pid) != gone).copied();
+            self.step(i, &pids, new, listed, scanned);
+        }
+    }
+
     /// Node index `i`'s speaker, given the process ids a scan at `scanned` found there and
     /// the one among them that is not the process that last ended (`new`), its Pod listed at
     /// `listed`.
@@ -453,6 +466,93 @@ fn version_in(environ: &[u8]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    const UID_OLD: &str = "00000000-0000-0000-0000-000000000001";
+    const UID_NEW: &str = "00000000-0000-0000-0000-000000000002";
+
+    fn process(pid: u32, version: u8, uid: &str) -> Process {
+        Process {
+            pid,
+            version,
+            pod: uid_number(uid),
+        }
+    }
+
+    fn pod(uid: &str, deleting: bool) -> PodSeen {
+        PodSeen {
+            uid: uid.into(),
+            uid_number: uid_number(uid),
+            deleting,
+            ..PodSeen::default()
+        }
+    }
+
+    /// One node's rounds: the Pods listed, then the processes found, 100 ms apart.
+    fn rounds(watch: &mut RollWatch, t0: Instant, steps: &[(Vec<PodSeen>, Vec<Process>)]) {
+        for (n, (pods, found)) in steps.iter().enumerate() {
+            let at = t0 + Duration::from_millis(100 * (n as u64 + 1));
+            watch.pods = vec![current(pods).cloned()];
+            watch.all_pods = vec![pods.clone()];
+            watch.scan(
+                std::slice::from_ref(found),
+                at,
+                at + Duration::from_millis(10),
+            );
+        }
+    }
+
+    #[test]
+    fn a_rolled_speaker_is_stopped_once_and_started_once_whatever_lingers() {
+        let t0 = Instant::now();
+        let old = process(10, 2, UID_OLD);
+        let vip = "198.51.100.100".parse().unwrap();
+        let mut watch = RollWatch::with(t0, vec!["/r".into()], &[vec![old]], vip).unwrap();
+        let new = process(20, 3, UID_NEW);
+        // The exiting process's environment is unreadable: it reads as version 3.
+        let exiting = process(10, 3, UID_OLD);
+        rounds(
+            &mut watch,
+            t0,
+            &[
+                (vec![pod(UID_OLD, false)], vec![old]),
+                (vec![pod(UID_OLD, true)], vec![old]),
+                (vec![pod(UID_OLD, true)], vec![exiting]),
+                (vec![pod(UID_OLD, true)], vec![]),
+                (vec![pod(UID_OLD, true)], vec![exiting]),
+                // The old Pod still listed, being deleted, beside its successor.
+                (vec![pod(UID_OLD, true), pod(UID_NEW, false)], vec![new]),
+                (vec![pod(UID_NEW, false)], vec![new]),
+            ],
+        );
+        assert_eq!(watch.stopped, [1]);
+        assert_eq!(watch.started, [vec![2, 3]]);
+        assert!(watch.crashes.is_empty(), "{:?}", watch.crashes);
+        assert!(watch.all_running(3), "{}", watch.states());
+    }
+
+    #[test]
+    fn a_speaker_that_ends_while_its_pod_is_not_being_deleted_is_a_crash() {
+        let t0 = Instant::now();
+        let old = process(10, 3, UID_OLD);
+        let vip = "198.51.100.100".parse().unwrap();
+        let mut watch = RollWatch::with(t0, vec!["/r".into()], &[vec![old]], vip).unwrap();
+        let again = process(11, 3, UID_OLD);
+        rounds(
+            &mut watch,
+            t0,
+            &[
+                (vec![pod(UID_OLD, false)], vec![old]),
+                (vec![pod(UID_OLD, false)], vec![]),
+                (vec![pod(UID_OLD, false)], vec![again]),
+            ],
+        );
+        assert_eq!(watch.stopped, [1]);
+        assert_eq!(watch.crashes.len(), 1, "{:?}", watch.crashes);
+        assert!(watch.all_running(3));
+        // Two processes on a node at the start is no state to watch from.
+        assert!(RollWatch::with(t0, vec!["/r".into()], &[vec![old, again]], vip).is_err());
+    }
 
     #[test]
     fn the_version_comes_from_the_environment_else_this_builds() {
