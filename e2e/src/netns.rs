@@ -374,6 +374,8 @@ impl Lab {
             delete_namespace(&ns);
         }
         if std::env::var_os("SWIMLB_LAB_KEEP").is_some() {
+            // The marker keeps it from the next run's sweep of dead runs' leftovers too.
+            let _ = std::fs::write(self.work_dir().join(KEPT_MARKER), "");
             eprintln!("SWIMLB_LAB_KEEP: kept {}", self.work_dir().display());
         } else {
             let _ = std::fs::remove_dir_all(self.work_dir());
@@ -453,7 +455,8 @@ fn cleanup_runs(doomed: impl Fn(&str) -> bool) -> Result<()> {
                 continue;
             };
             let pid = run_pid(run_id);
-            if !pid.is_empty() && doomed(pid) {
+            let kept = entry.path().join(KEPT_MARKER).exists();
+            if !pid.is_empty() && doomed(pid) && !kept {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -462,6 +465,8 @@ fn cleanup_runs(doomed: impl Fn(&str) -> bool) -> Result<()> {
 }
 
 const WORK_DIR_PREFIX: &str = "swimlb-lab-";
+/// A file in a work directory kept by `SWIMLB_LAB_KEEP`: the sweep of dead runs leaves it.
+const KEPT_MARKER: &str = "KEPT";
 
 fn work_dir_of(run_id: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{WORK_DIR_PREFIX}{run_id}"))
@@ -584,6 +589,20 @@ pub fn mac_text(mac: [u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_of_dead_runs_leaves_a_kept_folder() {
+        // A run id no process has (pids stay below 2^22 on Linux).
+        let (kept, swept) = ("9999991x1", "9999991x2");
+        for id in [kept, swept] {
+            std::fs::create_dir_all(work_dir_of(id)).expect("a work folder");
+        }
+        std::fs::write(work_dir_of(kept).join(KEPT_MARKER), "").expect("the marker");
+        cleanup_runs(|pid| pid == "9999991").expect("the sweep");
+        assert!(work_dir_of(kept).exists());
+        assert!(!work_dir_of(swept).exists());
+        std::fs::remove_dir_all(work_dir_of(kept)).expect("removed");
+    }
 
     #[test]
     fn addresses_stay_in_the_documentation_range() {
