@@ -282,12 +282,7 @@ fn ipv6_speakers_stay_silent_beside_keepalived_take_over_when_it_stops_or_crashe
     // Stopped: priority 0, a speaker takes the VIP at once.
     let stopped = Instant::now();
     routers.stop(&mut lab, 1).expect("stopping keepalived");
-    let sample =
-        swimlb_e2e::trial::wait_failover(&prober, stopped, "node1", Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("no speaker took over\n{}", logs(&daemons, &lab)));
-    eprintln!("ipv6: keepalived stopped -> speaker answering: {sample:?}");
-    let speaker = wait_owner(&prober, Duration::from_secs(10), |n| n != "node1");
-    assert!(speaker == "node2" || speaker == "node3", "{speaker}");
+    taken_by_a_speaker(&prober, stopped, "keepalived stopped", &daemons, &lab);
 
     // Back with 150: it preempts the speaker's lower adverts, and the speakers yield again.
     routers.start(&mut lab, 1, 150).expect("keepalived again");
@@ -299,12 +294,7 @@ fn ipv6_speakers_stay_silent_beside_keepalived_take_over_when_it_stops_or_crashe
     // Crashed: no priority 0, a speaker takes the VIP after Master_Down_Interval.
     let crashed = Instant::now();
     routers.kill(&mut lab, 1).expect("SIGKILL");
-    let sample =
-        swimlb_e2e::trial::wait_failover(&prober, crashed, "node1", Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("no speaker took over\n{}", logs(&daemons, &lab)));
-    eprintln!("ipv6: keepalived SIGKILLed -> speaker answering: {sample:?}");
-    let speaker = wait_owner(&prober, Duration::from_secs(10), |n| n != "node1");
-    assert!(speaker == "node2" || speaker == "node3", "{speaker}");
+    let speaker = taken_by_a_speaker(&prober, crashed, "keepalived SIGKILLed", &daemons, &lab);
 
     // Back with 50: it hears the speaker's adverts and stays BACKUP.
     let entered = masters_entered(&lab, 1);
@@ -328,6 +318,23 @@ fn ipv6_speakers_stay_silent_beside_keepalived_take_over_when_it_stops_or_crashe
     routers.stop(&mut lab, 1).expect("stopping keepalived");
     drop(prober);
     drop(responders);
+}
+
+/// Waits until a speaker answers the IPv6 VIP after keepalived on node1 went (`what`, at `at`);
+/// returns it.
+fn taken_by_a_speaker(
+    prober: &Prober,
+    at: Instant,
+    what: &str,
+    daemons: &SwimlbDaemons,
+    lab: &Lab,
+) -> String {
+    let sample = swimlb_e2e::trial::wait_failover(prober, at, "node1", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no speaker took over\n{}", logs(daemons, lab)));
+    eprintln!("ipv6: {what} -> speaker answering: {sample:?}");
+    let speaker = wait_owner(prober, Duration::from_secs(10), |n| n != "node1");
+    assert!(speaker == "node2" || speaker == "node3", "{speaker}");
+    speaker
 }
 
 /// Why `convert-keepalived` writes no `vrrp:` for a unicast instance: keepalived with

@@ -470,6 +470,21 @@ fn within(t: Instant, s: &Span) -> bool {
     t >= s.began && t <= s.ended
 }
 
+/// One round of the observer: its events logged (and the speakers' logs kept when there are
+/// any), the nodes checked still running.
+fn observe_once(
+    watch: &mut RollWatch,
+    cluster: &mut ServiceCluster,
+    log: &mut dyn FnMut(&str),
+) -> Result<()> {
+    watch.round(&cluster.lab, cluster.plane.admin());
+    if !watch.events.is_empty() {
+        keep_logs(cluster);
+    }
+    watch.events.drain(..).for_each(|e| log(&e));
+    cluster.real.check_running()
+}
+
 /// Rounds of the observer for `time`.
 fn observe_for(
     watch: &mut RollWatch,
@@ -480,12 +495,7 @@ fn observe_for(
     let end = Instant::now() + time;
     while Instant::now() < end {
         let round = Instant::now();
-        watch.round(&cluster.lab, cluster.plane.admin());
-        if !watch.events.is_empty() {
-            keep_logs(cluster);
-        }
-        watch.events.drain(..).for_each(|e| log(&e));
-        cluster.real.check_running()?;
+        observe_once(watch, cluster, log)?;
         std::thread::sleep(ROUND.saturating_sub(round.elapsed()));
     }
     Ok(())
@@ -505,12 +515,7 @@ fn roll(
     let n = cluster.lab.nodes.len();
     loop {
         let round = Instant::now();
-        watch.round(&cluster.lab, cluster.plane.admin());
-        if !watch.events.is_empty() {
-            keep_logs(cluster);
-        }
-        watch.events.drain(..).for_each(|e| log(&e));
-        cluster.real.check_running()?;
+        observe_once(watch, cluster, log)?;
         let pods_done = watch.pods.iter().all(|p| {
             p.as_ref()
                 .is_some_and(|p| p.image == image && p.ready && !p.deleting)
