@@ -387,6 +387,7 @@ fn answerers(records: &[probe::ProbeRecord]) -> Vec<(u64, String, usize)> {
 
 mod moves;
 mod observability;
+mod pause_hold;
 mod records;
 mod selectors;
 mod takeovers;

@@ -48,7 +48,8 @@ impl JoinHold {
     }
 
     /// At start, the hold also waits (within [`JOIN_GRACE`]) until `members` are live: the
-    /// speakers the node knows to exist (Kubernetes mode: its DaemonSet's Pods with an IP).
+    /// speakers the node knows to exist (Kubernetes mode: its DaemonSet's Pods with an IP). A
+    /// hold after a pause does not (see [`JoinHold::release`]).
     pub fn expect(&mut self, members: usize) {
         self.expected = members;
     }
@@ -60,7 +61,8 @@ impl JoinHold {
 
     /// Looks at the facts at `now`; returns true once, when the hold ends. The hold ends when
     /// the node has been `Active` for [`JOIN_SETTLE`], holds every member's record (no
-    /// placeholder of version 0) and sees the members it expects, or [`JOIN_GRACE`] after start.
+    /// placeholder of version 0) and, at start, sees the members it expects, or [`JOIN_GRACE`]
+    /// after start.
     /// After a pause, `Joining` counts as `Active`: the gossip's pause is over, and it has no
     /// member left because it declared them all down itself (their suspicions ran out
     /// unrefuted), so this node serves alone after the settle, as one that was never paused
@@ -79,8 +81,12 @@ impl JoinHold {
             Phase::Joining | Phase::Left | Phase::Paused => self.active_since = None,
         }
         let settle_passed = self.active_since.is_some_and(|t| now >= t + JOIN_SETTLE);
-        let settled =
-            settle_passed && live.iter().all(|m| m.version > 0) && live.len() >= self.expected;
+        // The members expected count at start only: after a pause the node knows the mesh from
+        // its gossip, and a speaker that exists but is not in it (one starting, in its own start
+        // hold, or one that left) can have taken nothing from it, as a node never paused does
+        // not wait for it either.
+        let expected = if self.after_pause { 0 } else { self.expected };
+        let settled = settle_passed && live.iter().all(|m| m.version > 0) && live.len() >= expected;
         // Past the settle time only members are awaited: a membership change looks again.
         self.settle_passed = settle_passed;
         self.released = settled || now >= self.started + JOIN_GRACE;
@@ -227,5 +233,40 @@ mod tests {
         assert!(seen.after_pause(), "a pause the owner watch saw");
         assert!(!starting.rearm_now(t0 + ms(10)), "held already");
         assert!(!starting.after_pause());
+    }
+
+    /// A rolling update on real nodes: the owner's speaker left, its successor paused 120 ms
+    /// and, in its hold, heard of the Pods (the new one on the owner's node counts): it held
+    /// until the new speaker joined, the VIP unanswered 2 s. The Pods count at start only.
+    #[test]
+    fn a_hold_after_a_pause_does_not_wait_for_the_pods_a_start_waits_for() {
+        let t0 = Instant::now();
+        let mut two = LiveSet::new();
+        two.upsert(MemberMeta::new("node1"));
+        two.upsert(MemberMeta::new("node2"));
+        let mut three = two.clone();
+        three.upsert(MemberMeta::new("node3"));
+        let mut hold = JoinHold::new(t0, false);
+        hold.expect(3);
+        assert!(!hold.release(t0 + ms(10), Phase::Active, &three));
+        assert!(hold.release(t0 + ms(300), Phase::Active, &three));
+        assert!(hold.rearm_now(t0 + ms(5000)));
+        hold.expect(3);
+        assert!(!hold.release(t0 + ms(5010), Phase::Active, &two));
+        assert_eq!(hold.next_deadline(), Some(t0 + ms(5010) + JOIN_SETTLE));
+        assert!(
+            hold.release(t0 + ms(5010) + JOIN_SETTLE, Phase::Active, &two),
+            "node3's speaker left: the mesh is node1 and node2"
+        );
+        // Still every member's record: one that joined in the hold is awaited.
+        assert!(hold.rearm_now(t0 + ms(9000)));
+        let mut joined = two.clone();
+        let mut placeholder = MemberMeta::new("node3");
+        placeholder.version = 0;
+        joined.upsert(placeholder);
+        assert!(!hold.release(t0 + ms(9010), Phase::Active, &joined));
+        assert!(!hold.release(t0 + ms(9010) + JOIN_SETTLE, Phase::Active, &joined));
+        joined.upsert(MemberMeta::new("node3"));
+        assert!(hold.release(t0 + ms(9300), Phase::Active, &joined));
     }
 }
