@@ -9,7 +9,8 @@
 //!   `/status` says why.
 //! - API server down, then the owner powered off: the IP still moves; the record is corrected
 //!   once the API server is back, and no stale record remains.
-//! - A rolling restart of every speaker (SIGTERM, start, next) loses no probe.
+//! - A rolling restart of every speaker (SIGTERM, start, next) loses no probe; a successor
+//!   paused while the owner's speaker is replaced answers again before the new one joins.
 //! - An owner taken out (powered off, or its gossip port cut) long enough to be declared down
 //!   gets its IP back when it returns, after its preemption delay and not before.
 //! - `nodeSelectors` and the exclude label place the IP; two Services sharing an IP have one
