@@ -110,6 +110,20 @@ pub struct Violation {
     pub excused: bool,
 }
 
+/// `dual at 12.34 s (excused): ...`: one line of a report.
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} at {:.2} s{}: {}",
+            self.invariant.as_str(),
+            self.at.as_secs_f64(),
+            if self.excused { " (excused)" } else { "" },
+            self.detail
+        )
+    }
+}
+
 fn as_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(d.as_millis() as u64)
 }

@@ -332,13 +332,7 @@ impl Report {
             self.violated().count()
         ));
         for v in &self.violations {
-            out.push_str(&format!(
-                "    {} at {:.2} s{}: {}\n",
-                v.invariant.as_str(),
-                v.at.as_secs_f64(),
-                if v.excused { " (excused)" } else { "" },
-                v.detail
-            ));
+            out.push_str(&format!("    {v}\n"));
         }
         out
     }

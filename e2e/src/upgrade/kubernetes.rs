@@ -196,13 +196,7 @@ impl Outcome {
         ));
         out.push_str(&format!("counted violations: {}\n", self.counted()));
         for v in &self.violations {
-            out.push_str(&format!(
-                "  {} at {:.2} s{}: {}\n",
-                v.invariant.as_str(),
-                v.at.as_secs_f64(),
-                if v.excused { " (excused)" } else { "" },
-                v.detail
-            ));
+            out.push_str(&format!("  {v}\n"));
         }
         for c in &self.crashes {
             out.push_str(&format!("  crash: {c}\n"));
