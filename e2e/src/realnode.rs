@@ -70,19 +70,10 @@ pub fn pod_cidr(index: usize) -> Result<String> {
 /// The folder a build script of the lab prints: `$var` when set (`test.sh` sets it), else what
 /// `e2e/<script>` prints (it builds once, then finds its cache).
 pub(crate) fn built_dir(var: &str, script: &str) -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os(var) {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
-    let out = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({})", script.display(), out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    swimlb_control_plane::control_plane::built_dir(
+        var,
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join(script),
+    )
 }
 
 #[derive(Debug, Clone)]

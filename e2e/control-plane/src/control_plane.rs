@@ -52,25 +52,9 @@ impl Programs {
     /// `$SWIMLB_K8S_BIN` when set (`test.sh` sets it), else what `e2e/k8s/build.sh` prints (it
     /// builds once, then finds its cache).
     pub fn locate() -> Result<Programs> {
-        let dir = match std::env::var_os("SWIMLB_K8S_BIN") {
-            Some(dir) => PathBuf::from(dir),
-            None => {
-                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
-                let out = Command::new("bash")
-                    .arg(&script)
-                    .stderr(Stdio::inherit())
-                    .output()
-                    .with_context(|| format!("running {}", script.display()))?;
-                if !out.status.success() {
-                    bail!(
-                        "{} failed ({}): the Kubernetes lab needs its control plane",
-                        script.display(),
-                        out.status
-                    );
-                }
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
+        let dir = built_dir("SWIMLB_K8S_BIN", &script)
+            .context("the Kubernetes lab needs its control plane")?;
         let programs = Programs { dir };
         for p in [
             "etcd",
@@ -965,6 +949,22 @@ fn apiserver_args(
     api
 }
 
+/// The folder a build script of the lab prints: `$var` when set (`test.sh` sets it), else what
+/// `script` prints (it builds once, then finds its cache).
+pub fn built_dir(var: &str, script: &Path) -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(var) {
+        return Ok(PathBuf::from(dir));
+    }
+    let out = Command::new("bash")
+        .arg(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
 #[cfg(test)]
 mod tests {
     use super::*;
