@@ -616,13 +616,12 @@ fn make_daemons(
         Implementation::Swimlb => Box::new(SwimlbDaemons::new(lab, program.to_path_buf())?),
         Implementation::Keepalived => Box::new(KeepalivedDaemons::new(lab, Tuning::Defaults)),
         Implementation::KeepalivedFast => Box::new(KeepalivedDaemons::new(lab, Tuning::Fast)),
-        Implementation::SwimlbKubernetes => {
-            Box::new(SwimlbDaemons::kubernetes(lab, program.to_path_buf())?)
-        }
-        Implementation::Metallb => Box::new(crate::metallb::MetallbDaemons::start(
-            lab,
-            program.to_path_buf(),
-        )?),
+        // On real nodes: kubelet, containerd and kube-proxy in each node namespace.
+        Implementation::SwimlbKubernetes | Implementation::Metallb => Box::new(
+            crate::realnode::daemons::RealDaemons::start(lab, implementation, &mut |line| {
+                println!("{line}")
+            })?,
+        ),
     })
 }
 

@@ -95,6 +95,16 @@ pub trait Daemons {
     fn expected_owner(&self, _lab: &Lab) -> Option<String> {
         None
     }
+    /// Waits until the cluster under the daemons is fully up (real nodes: every Node Ready,
+    /// every speaker Ready, the Service's endpoints and IP), before a trial converges; fails
+    /// saying what is not.
+    fn wait_up(&mut self, _lab: &Lab) -> Result<()> {
+        Ok(())
+    }
+    /// Each Node's kubelet and runtime versions, on real nodes.
+    fn node_info(&self) -> Vec<crate::realnode::cluster::NodeInfo> {
+        Vec::new()
+    }
 }
 
 /// keepalived on every node.

@@ -118,6 +118,15 @@ pub struct Sample {
     pub status_ms: Option<f64>,
 }
 
+/// Whom a measured trial faulted and who answered first after it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Handover {
+    /// The owner faulted.
+    pub faulted: String,
+    /// The node that answered the first probe after the fault.
+    pub answered: String,
+}
+
 /// The fields a failover report and a pause report begin with.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RunHeader {
@@ -190,6 +199,13 @@ pub struct Report {
     /// Kubernetes lab: the API server's version, as its `/version` reported it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_version: Option<String>,
+    /// Real nodes: each Node's kubelet and runtime versions, as its `status.nodeInfo`
+    /// reported them when it turned Ready.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node_info: Vec<crate::realnode::cluster::NodeInfo>,
+    /// Each measured trial's faulted owner and first answerer, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub handovers: Vec<Handover>,
     /// Every sample.
     pub samples: Vec<Sample>,
 }
@@ -221,6 +237,8 @@ impl Report {
             api_down: options.api_down,
             flood: None,
             server_version: None,
+            node_info: Vec::new(),
+            handovers: Vec::new(),
             samples,
         }
     }
@@ -253,6 +271,13 @@ impl Report {
             }
             + &match &self.server_version {
                 Some(version) => format!(" | kube-apiserver {version}"),
+                None => String::new(),
+            }
+            + &match self.node_info.first() {
+                Some(info) => format!(
+                    " | kubelet {}, {}",
+                    info.kubelet_version, info.container_runtime
+                ),
                 None => String::new(),
             }
             + &match &self.flood {
@@ -346,7 +371,7 @@ enum TrialEnd {
     NotMeasured,
     /// The owner was faulted; `sample` is `None` when no other node answered within 30 s.
     Faulted {
-        sample: Option<Sample>,
+        sample: Option<(Sample, Option<Handover>)>,
         false_failovers: usize,
     },
 }
@@ -390,6 +415,8 @@ fn run_trial(
     daemons: &mut dyn Daemons,
     progress: &mut dyn FnMut(&str),
 ) -> Result<TrialEnd> {
+    // On real nodes: every Node and speaker Ready, the Service's endpoints and IP there.
+    daemons.wait_up(lab)?;
     let target = SocketAddr::from((netns::vip_v4(0), PROBE_PORT));
     let prober = Prober::start(&lab.client_netns, target, options.probe_interval)?;
     let settled = match settle(lab, daemons, &prober, progress)? {
@@ -445,11 +472,18 @@ fn run_trial(
                 "trial {trial}/{}: {owner} faulted, failover {:.1} ms, {} probes lost{status}",
                 options.trials, s.failover_ms, s.lost_probes
             ));
-            Some(Sample {
-                failover_ms: s.failover_ms,
-                lost_probes: s.lost_probes,
-                status_ms,
-            })
+            let handover = new_owner.clone().map(|answered| Handover {
+                faulted: owner.clone(),
+                answered,
+            });
+            Some((
+                Sample {
+                    failover_ms: s.failover_ms,
+                    lost_probes: s.lost_probes,
+                    status_ms,
+                },
+                handover,
+            ))
         }
         None => {
             progress(&format!(
@@ -472,6 +506,29 @@ pub fn run(
     make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report> {
+    run_scenarios(options, &[options.scenario], make_daemons, progress)?
+        .pop()
+        .context("no report")
+}
+
+/// What the trials of one scenario gave.
+#[derive(Default)]
+struct Trials {
+    samples: Vec<Sample>,
+    handovers: Vec<Handover>,
+    failed: usize,
+    false_failovers: usize,
+}
+
+/// The trials of `options` for each of `scenarios` in turn (not the pause scenarios), on one
+/// fresh lab (a cluster of real nodes starts once); a report per scenario, in order. A flood
+/// runs under all of them.
+pub fn run_scenarios(
+    options: &Options,
+    scenarios: &[Scenario],
+    make_daemons: &dyn Fn(&mut Lab) -> Result<Box<dyn Daemons>>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Report>> {
     let (mut lab, responders, mut daemons) = start_lab(options.nodes, options.loss, make_daemons)?;
     let flood = match options.flood {
         Some(flood) => Some(RunningFlood::start(
@@ -482,35 +539,57 @@ pub fn run(
         )?),
         None => None,
     };
-    let mut samples = Vec::new();
-    let mut failed_trials = 0;
-    let mut false_failovers = 0;
-    for trial in 1..=options.trials {
-        match run_trial(trial, options, &mut lab, daemons.as_mut(), progress)? {
-            TrialEnd::NotMeasured => failed_trials += 1,
-            TrialEnd::Faulted {
-                sample,
-                false_failovers: seen,
-            } => {
-                false_failovers += seen;
-                match sample {
-                    Some(sample) => samples.push(sample),
-                    None => failed_trials += 1,
+    let mut runs = Vec::new();
+    for &scenario in scenarios {
+        let options = Options {
+            scenario,
+            ..options.clone()
+        };
+        let mut trials = Trials::default();
+        for trial in 1..=options.trials {
+            match run_trial(trial, &options, &mut lab, daemons.as_mut(), progress)? {
+                TrialEnd::NotMeasured => trials.failed += 1,
+                TrialEnd::Faulted {
+                    sample,
+                    false_failovers: seen,
+                } => {
+                    trials.false_failovers += seen;
+                    match sample {
+                        Some((sample, handover)) => {
+                            trials.samples.push(sample);
+                            trials.handovers.extend(handover);
+                        }
+                        None => trials.failed += 1,
+                    }
                 }
             }
         }
+        runs.push((options, trials));
     }
     let flood = flood.map(|flood| flood.finish(&mut lab, daemons.as_mut(), options.nodes));
     let server_version = daemons.server_version();
+    let node_info = daemons.node_info();
     // The daemons stop before their namespaces go (the Kubernetes labs' kubelets and clients
     // live in them).
     drop(daemons);
     drop(responders);
     lab.teardown();
-    let mut report = Report::new(options, samples, failed_trials, false_failovers);
-    report.flood = flood;
-    report.server_version = server_version;
-    Ok(report)
+    Ok(runs
+        .into_iter()
+        .map(|(options, trials)| {
+            let mut report = Report::new(
+                &options,
+                trials.samples,
+                trials.failed,
+                trials.false_failovers,
+            );
+            report.flood = flood.clone();
+            report.server_version = server_version.clone();
+            report.node_info = node_info.clone();
+            report.handovers = trials.handovers;
+            report
+        })
+        .collect())
 }
 
 #[cfg(test)]

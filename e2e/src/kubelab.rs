@@ -550,7 +550,12 @@ pub struct Records {
 }
 
 impl Records {
-    fn new(plane: &ControlPlane, api_version: &'static str, namespace: &'static str) -> Records {
+    /// The records of `api_version` in `namespace`, read with `plane`'s admin credentials.
+    pub fn new(
+        plane: &ControlPlane,
+        api_version: &'static str,
+        namespace: &'static str,
+    ) -> Records {
         Records {
             kubeconfig: plane.admin_kubeconfig(),
             netns: plane.netns().map(str::to_string),

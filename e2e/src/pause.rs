@@ -101,6 +101,8 @@ pub fn run(
             None => failed_trials += 1,
         }
     }
+    // The daemons stop before their namespaces go (the real nodes live in them).
+    drop(daemons);
     drop(responders);
     lab.teardown();
     let ms: Vec<f64> = samples.iter().filter_map(|s| s.failover_ms).collect();
@@ -124,6 +126,7 @@ fn pause_trial(
     daemons: &mut dyn Daemons,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Option<PauseSample>> {
+    daemons.wait_up(lab)?;
     let vip = netns::vip_v4(0);
     let prober = Prober::start(
         &lab.client_netns,

@@ -21,6 +21,7 @@
 pub mod cleanup;
 pub mod cluster;
 pub mod config;
+pub mod daemons;
 pub mod image;
 pub mod metallb;
 

@@ -320,6 +320,7 @@ pub fn run(
 ) -> Result<Report> {
     let (mut lab, workers, mut daemons) =
         trial::start_lab(options.nodes, options.loss, make_daemons)?;
+    daemons.wait_up(&lab)?;
     let prober = Prober::start(
         &lab.client_netns,
         SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),

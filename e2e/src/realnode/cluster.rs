@@ -116,7 +116,7 @@ impl NodeImages {
 }
 
 /// What a Node's `status.nodeInfo` says of its kubelet and runtime.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NodeInfo {
     /// The Node's name.
     pub node: String,

@@ -4,6 +4,10 @@
 //! `IPAddressPool` and `L2Advertisement` on the lab's segment, the backend `swimlb-echo` as a Deployment of two replicas per node (spread
 //! by a topology constraint on the hostname) and a LoadBalancer Service for each
 //! `externalTrafficPolicy`.
+//!
+//! The part on the lab ([`NodeCluster`]) starts on a lab it does not own too: `failover` and
+//! `soak` make their lab and its probe responders, then start it there with the workload
+//! [`Workload::Probe`] ([`crate::realnode::daemons`]).
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -17,8 +21,9 @@ use tokio::time::Instant;
 use super::Implementation;
 use crate::control_plane::{self, ControlPlane, Network};
 use crate::kubectl::Source;
-use crate::kubelab::{APPS, POOL, Policy};
+use crate::kubelab::{self, APPS, POOL, Policy, SERVICE};
 use crate::netns::{self, Lab};
+use crate::probe::PROBE_PORT;
 use crate::realnode::{self, NodeImages, NodeOptions, NodePrograms, RealCluster, image};
 
 /// The backend's name (Deployment, label, container).
@@ -39,17 +44,56 @@ pub fn service_of(policy: Policy) -> (&'static str, Ipv4Addr) {
     }
 }
 
-/// The running cluster. Fields drop in order: nodes, control plane, lab.
+/// What the cluster serves besides the implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// `service-failover`'s: the backend [`BACKEND`] and a Service for each policy
+    /// ([`service_of`]).
+    Echo,
+    /// `failover`'s: the selector-less Service [`SERVICE`] (UDP [`PROBE_PORT`],
+    /// `externalTrafficPolicy: Local`) on `vip_v4(0)`, with an EndpointSlice the lab writes
+    /// naming each node's own address (where the lab's probe responders answer) with its
+    /// `nodeName`: kube-proxy carries a probe to the node that receives it.
+    Probe,
+}
+
+/// The part of the cluster that lives on a lab it does not own: the control plane (in the
+/// lab's client namespace), the real nodes (in its node namespaces) with the images imported,
+/// the implementation and the workload. Fields drop in order: nodes, control plane; drop it
+/// before the lab.
 #[derive(Debug)]
-pub struct ServiceCluster {
+pub struct NodeCluster {
     /// The real nodes.
     pub real: RealCluster,
     /// The control plane (in the client's namespace).
     pub plane: ControlPlane,
-    /// The lab's namespaces.
-    pub lab: Lab,
     /// What announces the Services' IPs.
     pub implementation: Implementation,
+    /// What it serves.
+    pub workload: Workload,
+}
+
+/// The running cluster with its lab. Fields drop in order: nodes, control plane, lab. It
+/// dereferences to its [`NodeCluster`] (`cluster.real`, `cluster.plane`).
+#[derive(Debug)]
+pub struct ServiceCluster {
+    /// The cluster on the lab.
+    pub on: NodeCluster,
+    /// The lab's namespaces.
+    pub lab: Lab,
+}
+
+impl std::ops::Deref for ServiceCluster {
+    type Target = NodeCluster;
+    fn deref(&self) -> &NodeCluster {
+        &self.on
+    }
+}
+
+impl std::ops::DerefMut for ServiceCluster {
+    fn deref_mut(&mut self) -> &mut NodeCluster {
+        &mut self.on
+    }
 }
 
 impl ServiceCluster {
@@ -73,10 +117,42 @@ impl ServiceCluster {
         first: Option<(&str, &[(&str, &str)])>,
         log: &mut dyn FnMut(&str),
     ) -> Result<ServiceCluster> {
-        let started = Instant::now();
-        let programs = NodePrograms::locate()?;
         realnode::cleanup_stale();
         let lab = Lab::create(nodes)?;
+        let on = NodeCluster::start(&lab, implementation, Workload::Echo, first, log)?;
+        Ok(ServiceCluster { on, lab })
+    }
+
+    /// [`NodeCluster::not_up`] on its lab.
+    pub fn not_up(&self) -> Result<Option<String>> {
+        self.on.not_up(self.lab.nodes.len())
+    }
+
+    /// [`NodeCluster::wait_up`] on its lab.
+    pub fn wait_up(&mut self, limit: Duration) -> Result<()> {
+        self.on.wait_up(self.lab.nodes.len(), limit)
+    }
+
+    /// [`NodeCluster::speakers_at_rest`] on its lab.
+    pub fn speakers_at_rest(&self) -> Result<Vec<AtRest>> {
+        self.on.speakers_at_rest(&self.lab)
+    }
+}
+
+impl NodeCluster {
+    /// Builds the images, starts a real node in each of `lab`'s node namespaces with a control
+    /// plane in its client namespace, applies the implementation's manifest (swimlb's naming
+    /// `first`'s image: [`ServiceCluster::start_with`]), its pool and advertisement and the
+    /// `workload`, and waits until it is fully up ([`NodeCluster::wait_up`]).
+    pub fn start(
+        lab: &Lab,
+        implementation: Implementation,
+        workload: Workload,
+        first: Option<(&str, &[(&str, &str)])>,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<NodeCluster> {
+        let started = Instant::now();
+        let programs = NodePrograms::locate()?;
         let plane = ControlPlane::start(
             &lab.work_dir().join("k8s"),
             Network::Netns {
@@ -91,8 +167,10 @@ impl ServiceCluster {
         let tag = project_tag();
         let dir = lab.work_dir().join("images");
         let profile = image::profile_of_current_exe()?;
-        let mut images = NodeImages::build(&programs, &dir, &profile, &tag)?
-            .with_echo(&dir, &format!("localhost/swimlb/echo:{VERSION}"))?;
+        let mut images = NodeImages::build(&programs, &dir, &profile, &tag)?;
+        if workload == Workload::Echo {
+            images = images.with_echo(&dir, &format!("localhost/swimlb/echo:{VERSION}"))?;
+        }
         if implementation == Implementation::Metallb {
             images = images.with_metallb(&dir)?;
         }
@@ -104,25 +182,25 @@ impl ServiceCluster {
             "images built at {:.0} s",
             started.elapsed().as_secs_f64()
         ));
-        let real = RealCluster::start(&lab, &plane, &programs, &NodeOptions::default(), &images)?;
-        route_pods_between(&lab, &real)?;
+        let real = RealCluster::start(lab, &plane, &programs, &NodeOptions::default(), &images)?;
+        route_pods_between(lab, &real)?;
         log(&format!(
             "nodes Ready at {:.0} s",
             started.elapsed().as_secs_f64()
         ));
-        let mut cluster = ServiceCluster {
+        let mut cluster = NodeCluster {
             real,
             plane,
-            lab,
             implementation,
+            workload,
         };
         let manifest = match &images.metallb {
             Some(m) => m.manifest()?,
             None => manifest_with_image(speakers)?,
         };
         cluster.plane.kubectl().apply(Source::Text(&manifest))?;
-        cluster.apply_objects(&images)?;
-        cluster.wait_up(UP_LIMIT)?;
+        cluster.apply_objects(lab, &images)?;
+        cluster.wait_up(lab.nodes.len(), UP_LIMIT)?;
         log(&format!(
             "cluster up at {:.0} s",
             started.elapsed().as_secs_f64()
@@ -130,9 +208,9 @@ impl ServiceCluster {
         Ok(cluster)
     }
 
-    /// The pool, the advertisement, the backend and its Services (retried while the CRDs the
-    /// manifest made are not served yet).
-    fn apply_objects(&self, images: &NodeImages) -> Result<()> {
+    /// The pool, the advertisement and the workload (retried while the CRDs the manifest made
+    /// are not served yet).
+    fn apply_objects(&self, lab: &Lab, images: &NodeImages) -> Result<()> {
         let admin = self.plane.admin();
         let deadline = Instant::now() + Duration::from_secs(60);
         let (api, namespace) = self.implementation.config_api();
@@ -149,43 +227,72 @@ impl ServiceCluster {
                 "metadata": {"name": "lab", "namespace": namespace}, "spec": {}}),
             "swimlb-lab",
         )?;
-        let echo = images.echo.as_ref().context("the backend's image")?;
-        admin.apply(
-            backend(&echo.1, PER_NODE * self.lab.nodes.len()),
-            "swimlb-lab",
-        )?;
-        for policy in [Policy::Local, Policy::Cluster] {
-            admin.apply(service(policy), "swimlb-lab")?;
+        match self.workload {
+            Workload::Echo => {
+                let echo = images.echo.as_ref().context("the backend's image")?;
+                admin.apply(backend(&echo.1, PER_NODE * lab.nodes.len()), "swimlb-lab")?;
+                for policy in [Policy::Local, Policy::Cluster] {
+                    admin.apply(service(policy), "swimlb-lab")?;
+                }
+            }
+            Workload::Probe => {
+                admin.apply(probe_service(), "swimlb-lab")?;
+                admin.apply(probe_slice(lab), "swimlb-lab")?;
+            }
         }
         Ok(())
     }
 
-    /// Why the cluster is not fully up, or `None` when it is: every Node Ready, a speaker Ready
-    /// on each, every backend Pod's endpoint ready in both Services, both IPs assigned.
-    pub fn not_up(&self) -> Result<Option<String>> {
+    /// The workload's Services: name, IP, ready endpoints wanted.
+    fn services(&self, nodes: usize) -> Vec<(&'static str, Ipv4Addr, usize)> {
+        match self.workload {
+            Workload::Echo => [Policy::Local, Policy::Cluster]
+                .into_iter()
+                .map(|policy| {
+                    let (name, ip) = service_of(policy);
+                    (name, ip, PER_NODE * nodes)
+                })
+                .collect(),
+            Workload::Probe => vec![(SERVICE, netns::vip_v4(0), nodes)],
+        }
+    }
+
+    /// The label of the implementation's speaker Pods (`key`, `speaker`).
+    pub fn speaker_label(&self) -> &'static str {
+        match self.implementation {
+            Implementation::Swimlb => "app.kubernetes.io/component",
+            Implementation::Metallb => "component",
+        }
+    }
+
+    /// The speaker Pods as the API server lists them.
+    pub fn speaker_pods(&self) -> Result<Vec<Value>> {
+        let (_, namespace) = self.implementation.config_api();
+        let label = self.speaker_label();
+        Ok(self
+            .plane
+            .admin()
+            .list("v1", "Pod", Some(namespace))?
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"][label] == "speaker")
+            .collect())
+    }
+
+    /// Why the cluster of `n` nodes is not fully up, or `None` when it is: every Node Ready, a
+    /// speaker Ready on each, every endpoint of the workload's Services ready, their IPs
+    /// assigned.
+    pub fn not_up(&self, n: usize) -> Result<Option<String>> {
         let admin = self.plane.admin();
         let nodes = admin.list("v1", "Node", None)?;
-        let n = self.lab.nodes.len();
         let ready = nodes.iter().filter(|x| realnode::node_ready(x)).count();
         if ready < n {
             return Ok(Some(format!("{ready} of {n} Nodes Ready")));
         }
-        let (_, namespace) = self.implementation.config_api();
-        let label = match self.implementation {
-            Implementation::Swimlb => "app.kubernetes.io/component",
-            Implementation::Metallb => "component",
-        };
-        let pods = admin.list("v1", "Pod", Some(namespace))?;
-        let speakers = pods
-            .iter()
-            .filter(|p| p["metadata"]["labels"][label] == "speaker")
-            .filter(|p| pod_ready(p))
-            .count();
+        let speakers = self.speaker_pods()?.iter().filter(|p| pod_ready(p)).count();
         if speakers < n {
             return Ok(Some(format!("{speakers} of {n} speakers Ready")));
         }
-        for policy in [Policy::Local, Policy::Cluster] {
-            let (name, ip) = service_of(policy);
+        for (name, ip, wanted) in self.services(n) {
             let svc = admin.get("v1", "Service", Some(APPS), name)?;
             let assigned = svc
                 .as_ref()
@@ -195,19 +302,20 @@ impl ServiceCluster {
                 return Ok(Some(format!("{name} has no ingress IP {ip} yet")));
             }
             let endpoints = ready_endpoints(admin, name)?;
-            if endpoints < PER_NODE * n {
+            if endpoints < wanted {
                 return Ok(Some(format!("{name}: {endpoints} ready endpoints")));
             }
         }
         Ok(None)
     }
 
-    /// Waits until the cluster is fully up, at most `limit`; fails saying what is not.
-    pub fn wait_up(&mut self, limit: Duration) -> Result<()> {
+    /// Waits until the cluster of `n` nodes is fully up, at most `limit`; fails saying what
+    /// is not.
+    pub fn wait_up(&mut self, n: usize, limit: Duration) -> Result<()> {
         let deadline = Instant::now() + limit;
         loop {
             self.real.check_running()?;
-            let why = match self.not_up() {
+            let why = match self.not_up(n) {
                 Ok(None) => return Ok(()),
                 Ok(Some(why)) => why,
                 Err(e) => format!("{e:#}"),
@@ -236,14 +344,14 @@ pub struct AtRest {
     pub cpu_percent: f64,
 }
 
-impl ServiceCluster {
+impl NodeCluster {
     /// Each node's speaker container as its kubelet reports it, once the kubelet has a CPU rate
     /// for it (two samples), at most [`AT_REST_LIMIT`] per node.
-    pub fn speakers_at_rest(&self) -> Result<Vec<AtRest>> {
+    pub fn speakers_at_rest(&self, lab: &Lab) -> Result<Vec<AtRest>> {
         let (_, namespace) = self.implementation.config_api();
         let mut out = Vec::new();
         for node in &self.real.nodes {
-            let kubelet = node.kubelet_api(&self.plane, &self.lab.client_netns)?;
+            let kubelet = node.kubelet_api(&self.plane, &lab.client_netns)?;
             let deadline = Instant::now() + AT_REST_LIMIT;
             loop {
                 // The kubelet answers 500 while a container's file system is being mounted.
@@ -298,7 +406,8 @@ fn speaker_usage(summary: &Value, namespace: &str) -> Option<AtRest> {
     })
 }
 
-fn pod_ready(pod: &Value) -> bool {
+/// Whether a Pod's `Ready` condition is true.
+pub fn pod_ready(pod: &Value) -> bool {
     pod["status"]["conditions"].as_array().is_some_and(|cs| {
         cs.iter()
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
@@ -381,6 +490,36 @@ fn backend(image: &str, replicas: usize) -> Value {
                         "ports": [{"name": "http", "containerPort": 8080}],
                         "readinessProbe": {"tcpSocket": {"port": 8080},
                             "periodSeconds": 1}}]}}}})
+}
+
+/// `failover`'s Service ([`Workload::Probe`]): [`kubelab::service`]'s for [`SERVICE`] on
+/// `vip_v4(0)` with `Local`, without a selector (the lab writes its endpoints).
+fn probe_service() -> Value {
+    let mut svc = kubelab::service(SERVICE, &netns::vip_v4(0).to_string(), Policy::Local, None);
+    if let Some(spec) = svc["spec"].as_object_mut() {
+        spec.remove("selector");
+    }
+    svc
+}
+
+/// The EndpointSlice of `failover`'s Service: each node's own address (where the lab's probe
+/// responder listens on [`PROBE_PORT`]), ready, with its `nodeName`.
+fn probe_slice(lab: &Lab) -> Value {
+    let endpoints: Vec<Value> = lab
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({"addresses": [n.v4.to_string()], "nodeName": n.name,
+                "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{SERVICE}-nodes"), "namespace": APPS,
+            "labels": {"kubernetes.io/service-name": SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]})
 }
 
 /// The LoadBalancer Service of `policy` in front of the backend, port 80.
