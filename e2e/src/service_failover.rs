@@ -303,6 +303,7 @@ fn run_trial(
         endpoints_not_ready_ms: seen.endpoints_not_ready_ms,
         new_requests: record.new.iter().filter(|r| r.sent >= fault).count(),
         failed_share_per_s: report::failed_share_per_s(&record.new, fault, seconds),
+        seconds: report::seconds(&record, fault, seconds),
         long_lived: record
             .long
             .iter()

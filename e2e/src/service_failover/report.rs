@@ -1,12 +1,13 @@
 //! What one `service-failover` trial's record says, as the JSON reports it: from the client's
 //! requests ([`super::client::Record`]) and the fault's time.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::client::{Record, Request};
+use super::client::{Outcome, Record, Request};
 use crate::trial::{Percentiles, percentiles};
 
 /// One trial.
@@ -40,6 +41,8 @@ pub struct TrialReport {
     pub new_requests: usize,
     /// Of those, the failed share in each second after the fault (0 to 1).
     pub failed_share_per_s: Vec<f64>,
+    /// Of those, in each second after the fault: how they ended, and on what port ([`Second`]).
+    pub seconds: Vec<Second>,
     /// What each long-lived connection saw.
     pub long_lived: Vec<LongLived>,
 }
@@ -59,6 +62,66 @@ pub struct LongLived {
     pub requests_after: usize,
     /// Its failed requests after the fault.
     pub failed: usize,
+}
+
+/// How long the kernel's connection tracking keeps a connection whose SYN was never answered
+/// (`nf_conntrack_tcp_timeout_syn_sent`'s default): a SYN from the same address and port
+/// within it is the same connection to conntrack, sent where the first one went.
+pub const SYN_SENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What the new connections' requests sent in one second after the fault gave.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Second {
+    /// Requests sent.
+    pub sent: usize,
+    /// The failed ones, by how they ended.
+    pub failed: BTreeMap<Outcome, usize>,
+    /// Sent from a local port whose previous request (new or long-lived, in this client's run)
+    /// had failed less than [`SYN_SENT_TIMEOUT`] before.
+    pub on_port_failed_before: usize,
+    /// Of those, the failed ones.
+    pub failed_on_port_failed_before: usize,
+    /// The answered ones, by the Pod that answered.
+    pub answered_by: BTreeMap<String, usize>,
+}
+
+/// [`Second`] for each of the `seconds` seconds after `fault`, from the client's whole record.
+pub fn seconds(record: &Record, fault: Instant, seconds: usize) -> Vec<Second> {
+    let mut out = vec![Second::default(); seconds];
+    // Every request of the run in the order sent, each with whether it is a new connection's.
+    let mut all: Vec<(&Request, bool)> = record.new.iter().map(|r| (r, true)).collect();
+    all.extend(record.long.iter().flatten().map(|r| (r, false)));
+    all.sort_by_key(|(r, _)| r.sent);
+    let mut last_failed: HashMap<u16, Option<Instant>> = HashMap::new();
+    for (r, new) in all {
+        let before = r.port != 0
+            && last_failed
+                .get(&r.port)
+                .copied()
+                .flatten()
+                .is_some_and(|t| r.sent.saturating_duration_since(t) < SYN_SENT_TIMEOUT);
+        if r.port != 0 {
+            last_failed.insert(r.port, (!r.ok).then_some(r.sent));
+        }
+        if !new || r.sent < fault {
+            continue;
+        }
+        let Some(s) = out.get_mut(r.sent.duration_since(fault).as_secs() as usize) else {
+            continue;
+        };
+        s.sent += 1;
+        if r.ok {
+            let name = r.backend.and_then(|i| record.backends.get(i));
+            *s.answered_by
+                .entry(name.cloned().unwrap_or_default())
+                .or_default() += 1;
+        } else {
+            *s.failed.entry(r.outcome).or_default() += 1;
+        }
+        s.on_port_failed_before += usize::from(before);
+        s.failed_on_port_failed_before += usize::from(before && !r.ok);
+    }
+    out
 }
 
 /// Per policy over the trials.
@@ -215,6 +278,13 @@ mod tests {
             sent,
             done: sent + Duration::from_millis(took_ms),
             ok,
+            outcome: if ok {
+                Outcome::Ok
+            } else {
+                Outcome::ConnectTimeout
+            },
+            port: 0,
+            backend: ok.then_some(0),
             reopened: false,
         }
     }
@@ -266,5 +336,54 @@ mod tests {
         assert_eq!(l.failed, 1);
         let kept = long_lived(&[req(fault, 5, 1, true)], fault);
         assert!(kept.survived && kept.first_failure_ms.is_none());
+    }
+
+    #[test]
+    fn a_second_counts_outcomes_backends_and_ports_that_failed_before() {
+        let fault = Instant::now();
+        let on = |sent_ms, ok, port| Request {
+            port,
+            ..req(fault, sent_ms, 1, ok)
+        };
+        let mut long = on(-100_000, false, 7);
+        long.outcome = Outcome::Reset;
+        let record = Record {
+            new: vec![
+                // Port 5 failed before the fault, and again after it.
+                on(-2000, false, 5),
+                on(100, false, 5),
+                // Port 6 failed, then answered: the answer clears it.
+                on(200, false, 6),
+                on(1200, true, 6),
+                on(1300, true, 6),
+                // Port 7's failure (a long-lived one's) is older than conntrack keeps it.
+                on(30_000, true, 7),
+                // Port 0: unknown, never counted as reused.
+                on(400, false, 0),
+                on(500, false, 0),
+            ],
+            long: vec![vec![long]],
+            backends: vec!["echo-a".into()],
+        };
+        let s = seconds(&record, fault, 2);
+        assert_eq!(s[0].sent, 4);
+        assert_eq!(s[0].failed.get(&Outcome::ConnectTimeout), Some(&4));
+        assert_eq!(
+            (
+                s[0].on_port_failed_before,
+                s[0].failed_on_port_failed_before
+            ),
+            (1, 1)
+        );
+        assert_eq!(s[1].sent, 2);
+        assert!(s[1].failed.is_empty());
+        assert_eq!(s[1].answered_by.get("echo-a"), Some(&2));
+        assert_eq!(
+            (
+                s[1].on_port_failed_before,
+                s[1].failed_on_port_failed_before
+            ),
+            (1, 0)
+        );
     }
 }
