@@ -96,6 +96,15 @@ impl Timeline {
         self.polls.push(poll);
     }
 
+    /// The faults as executed so far, replayed over `nodes` nodes, and the `/status` rounds:
+    /// what [`Timeline::evaluate`] judges, for a caller that builds its own rule.
+    pub fn replay(&self, nodes: usize) -> (World, Vec<Poll>) {
+        (
+            World::new(&self.faults, &self.executed, nodes),
+            self.polls.clone(),
+        )
+    }
+
     /// The checker's verdict over what the client saw: `probes` and `arp` (sent from
     /// `arp_from` on) for the VIP `vip`, with `priorities` per node and the groups'
     /// `preempt_delay`.

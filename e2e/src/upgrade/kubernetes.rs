@@ -32,7 +32,9 @@
 //! (see [`super::watch`]), and dark a second time with the ARP requests as its probes (a client
 //! with a neighbour entry is still served by the old node's kube-proxy while nobody answers ARP;
 //! one without waits); a speaker process that ended while its Pod was not being deleted,
-//! a container restart, or a panic in a speaker's log is a crash.
+//! a container restart, or a panic in a speaker's log is a crash. A speaker one of whose threads
+//! waited for a CPU as long as a watcher waits is a starvation the checker knows of (see
+//! [`super::watch`]); the report lists them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -43,7 +45,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::watch::{NAMESPACE, RollWatch};
+use super::watch::{NAMESPACE, RollWatch, Starved};
 use crate::chaos::invariants::{
     self, ARP_INTERVAL, ArpSample, Invariant, Observations, Violation, VipObservations,
 };
@@ -150,6 +152,8 @@ pub struct Outcome {
     pub violations: Vec<Violation>,
     /// Crashes: speakers that ended unasked, container restarts, panics in the logs.
     pub crashes: Vec<String>,
+    /// The speakers' starvations the observer measured (faults the checker knows of).
+    pub starvations: Vec<Starved>,
 }
 
 impl Outcome {
@@ -194,6 +198,19 @@ impl Outcome {
             "started: {:?}\nmesh versions: {:?}\n",
             self.started, self.mesh_versions
         ));
+        let starved: f64 = self.starvations.iter().map(|s| s.to_s - s.from_s).sum();
+        out.push_str(&format!(
+            "starvations (a speaker thread waiting for a CPU {} ms or more over two rounds): \
+             {}, {starved:.1} s summed over the speakers\n",
+            super::watch::STARVED.as_millis(),
+            self.starvations.len()
+        ));
+        for s in &self.starvations {
+            out.push_str(&format!(
+                "  node{} {:.2}-{:.2} s, {:.0} ms\n",
+                s.node, s.from_s, s.to_s, s.longest_wait_ms
+            ));
+        }
         out.push_str(&format!("counted violations: {}\n", self.counted()));
         for v in &self.violations {
             out.push_str(&format!("  {v}\n"));
@@ -380,6 +397,7 @@ fn finish(
         mesh_versions: by_name(&watch.mesh_versions),
         violations,
         crashes,
+        starvations: watch.starvations.clone(),
     };
     if let Some(path) = &options.json {
         std::fs::write(path, serde_json::to_string_pretty(&outcome)?)

@@ -12,11 +12,25 @@
 //! to the first with one (the checker counts a daemon as started when that step is done, so
 //! the new speaker gets its start-up grace from a moment after it really started). A process
 //! that ends while its Pod is not being deleted is a crash.
+//!
+//! **Starvation.** A machine that runs other work beside the lab can leave a speaker without a
+//! CPU for longer than a watcher waits (`M x I`, 100 ms by default): the others take it for
+//! dead, take its addresses over and hand them back once it refutes, and for a moment the
+//! speakers name different owners. That is the lab's fault, not the speakers'; the observer
+//! measures it from outside. Each round reads every speaker thread's time spent runnable but
+//! waiting for a CPU (`/proc/PID/task/TID/schedstat`, its second field) and, when one thread
+//! waited [`STARVED`] or more over the last two rounds, puts a `Starve` fault on its node
+//! between the reads, which the checker then knows as it knows the chaos lab's own
+//! starvation: nothing is judged settled until [`crate::chaos::invariants::SETTLE`] after it,
+//! while dark and dual are judged as before.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::Ipv4Addr;
+use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::Value;
+use swimlb_speaker::model::watch_knobs::{DEFAULT_INTERVAL, DEFAULT_MISSES};
 use tokio::time::Instant;
 
 use crate::chaos::schedule::FaultKind;
@@ -33,6 +47,27 @@ const PROGRAM: &str = "swimlb-speaker";
 const ENV: &str = "SWIMLB_ENVELOPE_VERSION";
 /// `/metrics` is read every this many rounds.
 pub const METRICS_EVERY: usize = 5;
+/// A speaker thread that waited this long for a CPU over the last two rounds was starved:
+/// what a watcher waits by default (`M x I`), after which the others take the speaker for
+/// dead. A round takes at least 100 ms (`M x I`), so a stall that long falls whole within two.
+pub const STARVED: Duration =
+    Duration::from_millis(DEFAULT_INTERVAL.as_millis() as u64 * DEFAULT_MISSES as u64);
+
+/// Per thread (process id, thread id), its time waiting for a CPU, in nanoseconds.
+pub type Waits = BTreeMap<(u32, u32), u64>;
+
+/// A stretch of rounds in which a node's speaker was starved (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Starved {
+    /// 1-based node.
+    pub node: usize,
+    /// From the read before the first starved round, since the observer started.
+    pub from_s: f64,
+    /// To the read that ended the last.
+    pub to_s: f64,
+    /// The longest wait one thread had over two rounds, in milliseconds.
+    pub longest_wait_ms: f64,
+}
 
 /// A speaker process as `/proc` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +150,10 @@ pub struct RollWatch {
     pub versions: Vec<Option<u8>>,
     /// What changed since the caller last took them (a line each), with `t0`.
     pub events: Vec<String>,
+    /// The starvations measured, in order (a stretch of starved rounds each).
+    pub starvations: Vec<Starved>,
+    /// Per node, the last two rounds' waits and when they were read, the older first.
+    waits: Vec<VecDeque<(Instant, Waits)>>,
     t0: Instant,
 }
 
@@ -161,6 +200,8 @@ impl RollWatch {
             views: vec![None; n],
             versions: vec![None; n],
             events: Vec::new(),
+            starvations: Vec::new(),
+            waits: vec![VecDeque::new(); n],
             t0,
         })
     }
@@ -174,6 +215,11 @@ impl RollWatch {
         }
         let scanned = Instant::now();
         let found = processes(&self.roots);
+        let waits = found
+            .iter()
+            .map(|procs| procs.iter().flat_map(|p| thread_waits(p.pid)).collect())
+            .collect();
+        self.starved(waits, Instant::now());
         self.scan(&found, listed, scanned);
         let at = Instant::now();
         let vip = self.vip.to_string();
@@ -274,6 +320,68 @@ impl RollWatch {
             && let Some(process) = new.filter(|p| p.pid != gone)
         {
             self.speakers[i] = self.started_again(i, fault, scanned, process, (listed, scanned));
+        }
+    }
+
+    /// The speaker threads' waits for a CPU per node, read at `at`: a node one of whose
+    /// threads waited [`STARVED`] or more since the read two rounds ago (or the one before
+    /// this, the first time) gets a `Starve` fault between the two reads (no busy loops, no
+    /// quota: the machine's own load).
+    fn starved(&mut self, waits: Vec<Waits>, at: Instant) {
+        for (i, now) in waits.into_iter().enumerate() {
+            let node = i + 1;
+            if let Some((before, then)) = self.waits[i].front().cloned() {
+                let longest = now
+                    .iter()
+                    .filter_map(|(thread, w)| Some(w.saturating_sub(*then.get(thread)?)))
+                    .max()
+                    .map_or(Duration::ZERO, Duration::from_nanos);
+                if longest >= STARVED {
+                    let kind = FaultKind::Starve {
+                        node,
+                        busy_loops: 0,
+                        quota_percent: 0,
+                    };
+                    let fault = self.timeline.apply(kind, before, at);
+                    self.timeline.undo(fault, at, at);
+                    self.starved_between(node, before, at, longest);
+                }
+            }
+            self.waits[i].push_back((at, now));
+            if self.waits[i].len() > 2 {
+                self.waits[i].pop_front();
+            }
+        }
+    }
+
+    /// Puts down node `node`'s starvation from `before` to `at` (a thread waited `longest`):
+    /// the stretch that ended at or after `before` grows, else a new one begins (and is told).
+    fn starved_between(&mut self, node: usize, before: Instant, at: Instant, longest: Duration) {
+        let since = |t: Instant| t.saturating_duration_since(self.t0).as_secs_f64();
+        let (from_s, to_s, wait_ms) = (since(before), since(at), longest.as_secs_f64() * 1e3);
+        let open = self
+            .starvations
+            .iter_mut()
+            .rev()
+            .find(|s| s.node == node)
+            .filter(|s| s.to_s >= from_s);
+        match open {
+            Some(s) => {
+                s.to_s = to_s;
+                s.longest_wait_ms = s.longest_wait_ms.max(wait_ms);
+            }
+            None => {
+                self.events.push(format!(
+                    "node{node}'s speaker starved: a thread waited {wait_ms:.0} ms for a CPU \
+                     between {from_s:.2} s and {to_s:.2} s"
+                ));
+                self.starvations.push(Starved {
+                    node,
+                    from_s,
+                    to_s,
+                    longest_wait_ms: wait_ms,
+                });
+            }
         }
     }
 
@@ -452,6 +560,30 @@ pub fn processes(roots: &[String]) -> Vec<Vec<Process>> {
     found
 }
 
+/// Each thread of process `pid` and its time spent waiting for a CPU
+/// (`/proc/PID/task/TID/schedstat`: time on the CPU, time waiting, timeslices; nanoseconds).
+fn thread_waits(pid: u32) -> Waits {
+    let mut waits = Waits::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return waits;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        if let Some(wait) = schedstat_wait(&text) {
+            waits.insert((pid, tid), wait);
+        }
+    }
+    waits
+}
+
+/// The time waiting for a CPU in a `schedstat` text (its second field).
+fn schedstat_wait(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The envelope version a process environment (`KEY=VALUE\0...`) asks for: 3 (this build's)
 /// unless `SWIMLB_ENVELOPE_VERSION` says otherwise.
 fn version_in(environ: &[u8]) -> u8 {
@@ -552,6 +684,124 @@ mod tests {
         assert!(watch.all_running(3));
         // Two processes on a node at the start is no state to watch from.
         assert!(RollWatch::with(t0, vec!["/r".into()], &[vec![old, again]], vip).is_err());
+    }
+
+    /// One thread per node (pid 10 + node index, tid the same) that has waited `ms` for a CPU.
+    fn waited(ms: [u64; 3]) -> Vec<Waits> {
+        (0..3)
+            .map(|i| Waits::from([((10 + i, 10 + i), ms[i as usize] * 1_000_000)]))
+            .collect()
+    }
+
+    fn at(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_thread_that_waited_for_a_cpu_a_watchers_wait_over_two_rounds_is_a_starvation() {
+        let t0 = Instant::now();
+        let vip = "198.51.100.100".parse().unwrap();
+        let roots = vec!["/a".into(), "/b".into(), "/c".into()];
+        let found: Vec<Vec<Process>> = (0..3).map(|i| vec![process(10 + i, 3, UID_OLD)]).collect();
+        let mut watch = RollWatch::with(t0, roots, &found, vip).unwrap();
+        // Node 1's thread waits 99 ms over two rounds at most: not starved. Node 2's waits
+        // 110 ms over the rounds to 0.4 s and 130 ms over those to 0.5 s: one stretch.
+        let rounds = [
+            (100, [0, 0, 0]),
+            (200, [50, 40, 0]),
+            (300, [99, 90, 0]),
+            (400, [99, 150, 0]),
+            (500, [99, 220, 0]),
+            (600, [99, 225, 0]),
+            (700, [99, 230, 0]),
+        ];
+        for (ms, waits) in rounds {
+            watch.starved(waited(waits), at(t0, ms));
+        }
+        let [s] = watch.starvations.as_slice() else {
+            panic!("{:?}", watch.starvations);
+        };
+        assert_eq!((s.node, s.from_s, s.to_s), (2, 0.2, 0.5), "{s:?}");
+        assert!((s.longest_wait_ms - 130.0).abs() < 1e-6, "{s:?}");
+        assert_eq!(watch.events.len(), 1, "{:?}", watch.events);
+        // A thread that was not there two reads ago (a new speaker) waited nothing yet.
+        let mut fresh = waited([99, 230, 0]);
+        fresh[0].insert((99, 99), 500_000_000);
+        watch.starved(fresh, at(t0, 800));
+        assert_eq!(watch.starvations.len(), 1);
+    }
+
+    /// Speakers that disagree for a moment right after a starvation the observer measured
+    /// are not judged (the checker's settle time runs from it); the same later are.
+    #[test]
+    fn speakers_that_disagree_after_a_measured_starvation_are_judged_only_once_settled() {
+        use crate::chaos::invariants::{
+            self, Invariant, Observations, Probe, Rule, VipObservations, VipRule,
+        };
+        let t0 = Instant::now();
+        let vip: Ipv4Addr = "198.51.100.100".parse().unwrap();
+        let roots = vec!["/a".into(), "/b".into(), "/c".into()];
+        let found: Vec<Vec<Process>> = (0..3).map(|i| vec![process(10 + i, 3, UID_OLD)]).collect();
+        let disagreeing = |watch: &mut RollWatch, ms: u64| {
+            let owners = ["node2", "node2", "node3"]
+                .map(|o| Some(Some(o.to_string())))
+                .to_vec();
+            watch.timeline.poll(at(t0, ms), at(t0, ms + 50), owners);
+        };
+        let judged = |starved: bool| {
+            let mut watch = RollWatch::with(t0, roots.clone(), &found, vip).unwrap();
+            watch.starved(waited([0, 0, 0]), at(t0, 2_900));
+            watch.starved(
+                waited([0, 0, if starved { 120 } else { 20 }]),
+                at(t0, 3_000),
+            );
+            disagreeing(&mut watch, 3_200);
+            disagreeing(&mut watch, 5_500);
+            let (world, polls) = watch.timeline.replay(3);
+            let rule = Rule {
+                vips: vec![VipRule {
+                    ip: vip,
+                    checked: false,
+                    local: false,
+                    priorities: vec![100; 3],
+                }],
+                names: (1..=3).map(|n| format!("node{n}")).collect(),
+                preempt_delay: Duration::ZERO,
+            };
+            let probes = (0..60)
+                .map(|n| Probe {
+                    sent: Duration::from_millis(100 * n),
+                    answered: true,
+                })
+                .collect();
+            let obs = Observations {
+                vips: vec![VipObservations {
+                    probes,
+                    arp: Vec::new(),
+                }],
+                polls,
+                records: Vec::new(),
+                horizon: Duration::from_secs(6),
+            };
+            invariants::evaluate(&rule, &world, &obs, true)
+                .into_iter()
+                .filter(|v| v.invariant == Invariant::Disagreement && !v.excused)
+                .map(|v| v.at)
+                .collect::<Vec<_>>()
+        };
+        let at_s = |ms: u64| Duration::from_millis(ms);
+        // One violation per run of disagreeing rounds: from the first one judged.
+        assert_eq!(judged(false), [at_s(3_200)]);
+        assert_eq!(judged(true), [at_s(5_500)]);
+    }
+
+    #[test]
+    fn the_wait_is_the_second_field_of_schedstat() {
+        assert_eq!(schedstat_wait("36094541 80730667 207\n"), Some(80_730_667));
+        assert_eq!(schedstat_wait("1\n"), None);
+        assert_eq!(schedstat_wait(""), None);
+        // This process's own threads are read.
+        assert!(!thread_waits(std::process::id()).is_empty());
     }
 
     #[test]
