@@ -934,6 +934,12 @@ fn apiserver_args(
         format!("--audit-log-path={}", d("audit.log")),
         "--audit-log-format=json".into(),
         "--profiling=false".into(),
+        // To a kubelet (`kubectl logs`, `exec`), as kubeadm sets it up: at the Node's InternalIP
+        // (the lab has no DNS for node names), with a client certificate of the cluster's CA in
+        // `system:masters` (kubeadm's `apiserver-kubelet-client` is one too).
+        "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+        format!("--kubelet-client-certificate={}", d("admin.crt")),
+        format!("--kubelet-client-key={}", d("admin.key")),
     ];
     if *network == Network::Loopback {
         // The `kubernetes` Service's endpoint may not be a loopback address; on the
