@@ -21,8 +21,8 @@
 //!   committed in `deploy/rbac/` (`SWIMLB_REGENERATE=1` rewrites them), so a new grant is a
 //!   visible change;
 //! - the real controller, run with its ServiceAccount's token through a scenario (assign,
-//!   invalid pool, release, SIGTERM), is refused nothing: no 403 in the audit log. The apply lab
-//!   (`e2e/tests/apply_lab.rs`) audits every request of the real speakers there.
+//!   invalid pool, release, SIGTERM), is refused nothing: no 403 in the audit log. The real node
+//!   test (`e2e/tests/real_node/`) audits every request of the real speakers there.
 //!
 //! Needs kubernetes-validate, checkov, kubectl (test.sh installs them) and the pinned control
 //! plane (`e2e/k8s/build.sh`), not root. A missing tool fails.
@@ -942,8 +942,8 @@ fn every_request_of_the_real_controller_is_allowed_by_its_rbac() {
 /// `kubectl apply -f docs/examples/...` line of it), then the controller with its
 /// ServiceAccount's token (the lab has no kubelet to run its Pod) gives the Service the address
 /// the README says `kubectl get service web` shows, and creates the gossip key Secret it says the
-/// controller creates. The speakers' part (who answers) is the apply lab's
-/// (`e2e/tests/apply_lab.rs`, root).
+/// controller creates. The speakers' part (who answers) is the real node
+/// test's (`e2e/tests/real_node/`, root).
 #[test]
 fn the_readmes_kubernetes_quick_start_gives_the_service_the_address_it_names() {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");

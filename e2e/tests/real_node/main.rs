@@ -11,10 +11,18 @@
 //! mounted in the container with the manifest's mode; the controller's Pod, on the Pod network,
 //! reached the API server through kube-proxy's rules for the `kubernetes` Service's ClusterIP
 //! (it made that Secret); and the node's teardown leaves no mount, cgroup, process or folder
-//! behind, and the kernel settings the kubelet changed as they were. A second test, on one node
+//! behind, and the kernel settings the kubelet changed as they were. Before the teardown the
+//! same cluster runs the install page as a user runs it ([`install`]: its commands and the
+//! columns they print, `kubectl exec` into the owner's speaker, the containers' users and
+//! tokens, the audit log of every request of the speakers and controllers) and the upgrade
+//! page's key rotation through the Secret, the real kubelet rewriting the mounted file
+//! ([`rotation`]). A second test, on one node
 //! (its speaker alone in the cluster, Ready all the same), restarts containerd and the kubelet
 //! under a running speaker (the same process goes on, no restart counted) and stops its
 //! container through the CRI, then kills its process (the kubelet restarts it each time).
+
+mod install;
+mod rotation;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -225,12 +233,15 @@ struct Cluster {
     speakers: Vec<Value>,
     /// The Nodes once Ready.
     ready: Vec<Value>,
+    /// The backend's image reference, when it was built.
+    echo: Option<String>,
 }
 
 /// `nodes` real nodes; with one, its speaker is alone in the cluster (no peer to acknowledge
 /// its gossip) and must turn Ready all the same. `run` tells the tests of this binary apart
-/// (their labs run side by side).
-fn start_cluster(started: Instant, run: u32, nodes: usize) -> Cluster {
+/// (their labs run side by side). `echo`: also build the backend's image (`swimlb-echo`) into
+/// every node, for a Service's Pods.
+fn start_cluster(started: Instant, run: u32, nodes: usize, echo: bool) -> Cluster {
     netns::require_root("real_node");
     for tool in ["buildah", "runc", "nsenter", "nft", "umount"] {
         assert!(
@@ -250,8 +261,14 @@ fn start_cluster(started: Instant, run: u32, nodes: usize) -> Cluster {
         swimlb_e2e::kubelab::start_plane(&lab, &lab.work_dir()).unwrap_or_else(|e| panic!("{e:#}"));
     let tag = format!("localhost/swimlb/swimlb:{VERSION}-real-node");
     let profile = image::profile_of_current_exe().expect("the profile");
-    let images = NodeImages::build(&programs, &lab.work_dir().join("images"), &profile, &tag)
+    let dir = lab.work_dir().join("images");
+    let mut images = NodeImages::build(&programs, &dir, &profile, &tag)
         .unwrap_or_else(|e| panic!("the images: {e:#}"));
+    if echo {
+        images = images
+            .with_echo(&dir, &format!("localhost/swimlb/echo:{VERSION}"))
+            .unwrap_or_else(|e| panic!("the backend's image: {e:#}"));
+    }
     eprintln!("images built at {:.1} s", started.elapsed().as_secs_f64());
     let real = RealCluster::start(&lab, &plane, &programs, &NodeOptions::default(), &images)
         .unwrap_or_else(|e| panic!("{e:#}"));
@@ -271,6 +288,7 @@ fn start_cluster(started: Instant, run: u32, nodes: usize) -> Cluster {
         tag,
         speakers,
         ready,
+        echo: images.echo.map(|(_, tag)| tag),
     }
 }
 
@@ -326,7 +344,7 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
     let _one = LAB.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let before = kernel_settings();
-    let cluster = start_cluster(started, 1, 2);
+    let cluster = start_cluster(started, 1, 2, true);
     for info in cluster.ready.iter().map(NodeInfo::of) {
         assert_versions(&info);
     }
@@ -362,6 +380,18 @@ fn real_nodes_run_the_manifest_with_its_probes_secret_and_service_rules() {
             node.name
         );
     }
+    eprintln!(
+        "manifest checks done at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let served = install::run_the_install_page(&cluster);
+    eprintln!(
+        "install page done at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    rotation::rotate_the_gossip_key(&cluster, &served);
+    eprintln!("key rotated at {:.1} s", started.elapsed().as_secs_f64());
+    drop(served);
     let Cluster { nodes, .. } = cluster;
     for node in nodes {
         assert_torn_down(node);
@@ -434,7 +464,7 @@ fn a_real_nodes_speaker_outlives_runtime_and_kubelet_restarts_and_is_restarted_w
     let started = Instant::now();
     // One node: its speaker, alone in the cluster, turns Ready by the manifest's probe, first
     // and after every restart (a lone Kubernetes speaker used to stay `joining` for good).
-    let mut cluster = start_cluster(started, 2, 1);
+    let mut cluster = start_cluster(started, 2, 1, false);
     let Cluster { plane, nodes, .. } = &mut cluster;
     let node = &mut nodes[0];
     let first = container_pid(node, "speaker");
