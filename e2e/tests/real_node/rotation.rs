@@ -272,6 +272,29 @@ pub(crate) fn rotate_the_gossip_key(cluster: &Cluster, served: &Served) {
         );
     }
     let (requests, answers) = (client.stop(), arp.stop());
+    check_traffic(cluster, served, start, stalls_before, &requests, &answers);
+    assert_eq!(secret_keys(cluster).trim(), new);
+    for node in &cluster.nodes {
+        let pid = container_pid(node, "speaker");
+        let keys = PathBuf::from(format!("/proc/{pid}/root/etc/swimlb/gossip/keys"));
+        let mounted = std::fs::read_to_string(&keys).expect("the mounted key file");
+        assert_eq!(mounted.trim(), new, "{}'s mounted key file", node.name);
+    }
+    let owner = kubelab::wait_for_owner(&cluster.lab, &served.ip.to_string(), STAGE, |o| {
+        o == Some(served.owner.as_str())
+    });
+    assert!(owner.is_ok(), "the owner moved: {owner:?}");
+}
+
+/// The traffic during the rotation and what it left (see the module's documentation).
+fn check_traffic(
+    cluster: &Cluster,
+    served: &Served,
+    start: Instant,
+    stalls_before: usize,
+    requests: &[Request],
+    answers: &[probe::ArpAnswers],
+) {
     let failed = requests.iter().filter(|r| !r.ok).count();
     let macs: BTreeSet<[u8; 6]> = answers
         .iter()
@@ -288,7 +311,7 @@ pub(crate) fn rotate_the_gossip_key(cluster: &Cluster, served: &Served) {
         macs.len()
     );
     if failed > 0 || macs.len() > 1 {
-        report_trouble(cluster, served, start, &requests, &answers);
+        report_trouble(cluster, served, start, requests, answers);
     }
     // The rotation's own failure is a refused datagram; a takeover by the owner watch (the
     // owner's process silent past the watch's limit: a stalled machine) is not the rotation's.
@@ -297,7 +320,7 @@ pub(crate) fn rotate_the_gossip_key(cluster: &Cluster, served: &Served) {
     // A dark owner fails every request while it lasts; one request alone failing between two
     // answered ones (a SYN lost to a stale conntrack entry of a reused port, a connect slower
     // than the client's 200 ms on a loaded machine) is not the owner.
-    let run = longest_failed_run(&requests);
+    let run = longest_failed_run(requests);
     eprintln!("the longest run of consecutive failed requests: {run}");
     if stalls == 0 {
         assert!(run <= 1, "requests to {} failed {run} in a row", served.ip);
@@ -316,15 +339,4 @@ pub(crate) fn rotate_the_gossip_key(cluster: &Cluster, served: &Served) {
         );
     }
     super::install::all_ready_without_restart(cluster);
-    assert_eq!(secret_keys(cluster).trim(), new);
-    for node in &cluster.nodes {
-        let pid = container_pid(node, "speaker");
-        let keys = PathBuf::from(format!("/proc/{pid}/root/etc/swimlb/gossip/keys"));
-        let mounted = std::fs::read_to_string(&keys).expect("the mounted key file");
-        assert_eq!(mounted.trim(), new, "{}'s mounted key file", node.name);
-    }
-    let owner = kubelab::wait_for_owner(&cluster.lab, &served.ip.to_string(), STAGE, |o| {
-        o == Some(served.owner.as_str())
-    });
-    assert!(owner.is_ok(), "the owner moved: {owner:?}");
 }
