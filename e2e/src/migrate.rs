@@ -1,21 +1,26 @@
-//! `swimlb-lab migrate`: MetalLB serving Services in the Kubernetes lab is replaced by swimlb
-//! by the book's "Switching from MetalLB" (docs/src/switching/metallb.md), command for command, while the client probes every
-//! Service IP; the report counts the IPs that changed, the owners that moved and the probes
-//! lost.
+//! `swimlb-lab migrate`: MetalLB serving Services on the lab's real nodes is replaced by swimlb
+//! by the book's "Switching from MetalLB" (docs/src/switching/metallb.md), command for command,
+//! while the client probes every Service IP; the report counts the IPs that changed, the owners
+//! that moved and the probes lost.
 //!
-//! - MetalLB runs as in [`crate::metallb`] (its manifest, its Pods run by the kubelets), with
-//!   the Service `default/web` asking for the pool's first address and `web-1`... asking for
-//!   none (MetalLB's controller picks them). The switch starts only once every Service has its
-//!   IP, every speaker sees every member, exactly the node MetalLB's order names announces each
-//!   IP, and the client's probes are answered by it.
+//! - The cluster is `failover`'s on real nodes ([`NodeCluster`] with [`Workload::Probe`]): a
+//!   real kubelet, containerd and kube-proxy in each node namespace, MetalLB installed from
+//!   its `metallb-native.yaml` (its images built from its own programs and imported into every
+//!   node, its webhook left out: [`crate::realnode::metallb`]), its pool and advertisement. The
+//!   Service `default/web` asks for the pool's first address, `web-1`... ask for none (MetalLB's
+//!   controller picks them); each is `externalTrafficPolicy: Local` without a selector, its
+//!   EndpointSlice naming each node's own address, where the lab's probe responder answers
+//!   through kube-proxy. The switch starts only once every Service has its IP, every MetalLB
+//!   speaker sees every member, exactly the node MetalLB's order names announces each IP, and
+//!   the client's probes are answered by it.
 //! - The switch is the operator's commands, run with the pinned kubectl from the client as the
 //!   administrator, and the lab binary's `controller convert-metallb` for the configuration:
 //!   nothing is converted by hand. MetalLB's speakers stop announcing (its `L2Advertisement`s
-//!   deleted, its `ServiceL2Status` records gone) before they stop: a speaker that stops while
-//!   the others announce hands its IPs to them for a moment (memberlist tells them it left).
-//! - swimlb's Pods come from `deploy/swimlb.yaml`, run by the same kubelets; the switch ends when
-//!   every swimlb speaker names, for every IP, the node MetalLB's order names, and each
-//!   Service's `ServiceL2Status` record names it.
+//!   deleted, its `ServiceL2Status` records gone) before their Pods are deleted.
+//! - swimlb's Pods come from `deploy/swimlb.yaml` with only the image replaced (the project's
+//!   image, on every node before the switch, as the book asks), run by the same kubelets; the
+//!   switch ends when every swimlb speaker names, for every IP, the node MetalLB's order names,
+//!   and each Service's `ServiceL2Status` record names it.
 
 pub mod checked;
 pub mod keepalived;
@@ -30,11 +35,14 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::kubelab::{self, APPS, SERVICE};
+use crate::kubelab::{self, APPS, Records, SERVICE};
 use crate::lab::rule;
-use crate::metallb::{self, MetallbDaemons};
+use crate::metallb;
 use crate::netns::Lab;
 use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober, Worker};
+use crate::realnode;
+use crate::service_failover::Implementation;
+use crate::service_failover::cluster::{self as nodes, NodeCluster, Workload};
 
 /// How long the lab waits for each stage (a functional bound, not a measurement).
 const STAGE: Duration = Duration::from_secs(180);
@@ -71,9 +79,24 @@ pub struct ServiceMove {
     pub owner_after: Option<String>,
     /// Every node that answered a probe during the switch (one when nothing moved).
     pub answered_by: Vec<String>,
+    /// Each node other than the rule's owner that answered during the switch: when (the probes'
+    /// send times since the switch started) and how often.
+    pub others: Vec<OtherAnswers>,
     /// Probes sent from the start of the switch to its end, and those never answered.
     pub probes_sent: usize,
     pub probes_lost: usize,
+}
+
+/// The probes of one IP answered by a node other than the rule's owner.
+#[derive(Debug, Clone, Serialize)]
+pub struct OtherAnswers {
+    /// The node that answered.
+    pub node: String,
+    /// The first and last such probe's send time, ms since the switch started.
+    pub first_ms: u64,
+    pub last_ms: u64,
+    /// How many probes it answered.
+    pub probes: usize,
 }
 
 /// One of the operator's commands.
@@ -130,6 +153,14 @@ impl Report {
                 s.probes_lost
             );
         }
+        for s in &self.services {
+            for o in &s.others {
+                out += &format!(
+                    "  {} answered by {} {} times, +{} to +{} ms\n",
+                    s.service, o.node, o.probes, o.first_ms, o.last_ms
+                );
+            }
+        }
         for step in &self.steps {
             out += &format!(
                 "  +{:>6} ms ({:>5} ms)  {}\n",
@@ -148,54 +179,100 @@ impl Report {
     }
 }
 
-/// A Service of the lab that asks for no IP: MetalLB's controller picks it.
+/// A Service of the lab that asks for no IP (MetalLB's controller picks it): UDP
+/// [`PROBE_PORT`], `externalTrafficPolicy: Local`, without a selector ([`node_slice`] is its
+/// EndpointSlice).
 fn unrequested_service(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": APPS},
-        "spec": {"type": "LoadBalancer", "selector": {"app": SERVICE},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]}})
 }
 
-/// Runs the switch in a fresh lab of `options.nodes` nodes; `program` is the lab binary.
+/// The EndpointSlice of Service `name`: each node's own address (where the lab's probe
+/// responder listens), ready, with its `nodeName`, so kube-proxy carries a probe to the
+/// responder of the node that received it.
+fn node_slice(lab: &Lab, name: &str) -> Value {
+    let endpoints: Vec<Value> = lab
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({"addresses": [n.v4.to_string()], "nodeName": n.name,
+                "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-nodes"), "namespace": APPS,
+            "labels": {"kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]})
+}
+
+/// Runs the switch on a fresh lab of `options.nodes` real nodes; `program` is the lab binary
+/// (its `controller convert-metallb`).
 pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if !(1..=MAX_SERVICES).contains(&options.services) {
         bail!("--services {}: 1 to {MAX_SERVICES}", options.services);
     }
-    let mut lab = Lab::create(options.nodes)?;
+    realnode::cleanup_stale();
+    let lab = Lab::create(options.nodes)?;
     let mut responders: Vec<Worker> = Vec::new();
     for node in &lab.nodes {
         responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
-    progress("starting the control plane and MetalLB from its manifest");
-    let metallb = MetallbDaemons::start(&mut lab, program.clone())?;
-    let api = metallb.cluster().api();
+    progress("starting the control plane, the real nodes and MetalLB from its images");
+    // Dropped before the responders and the lab (declared after them).
+    let cluster = NodeCluster::start(
+        &lab,
+        Implementation::Metallb,
+        Workload::Probe,
+        None,
+        &mut *progress,
+    )?;
+    let admin = cluster.plane.admin();
     let mut names = vec![SERVICE.to_string()];
     for i in 1..options.services {
         // One at a time, so MetalLB's controller gives `web` the address it asks for first.
         wait_ingress(
-            &metallb,
+            &cluster,
             names.last().map(String::as_str).unwrap_or(SERVICE),
         )?;
         let name = format!("{SERVICE}-{i}");
-        api.create(unrequested_service(&name))?;
+        admin.apply(unrequested_service(&name), "swimlb-lab")?;
+        admin.apply(node_slice(&lab, &name), "swimlb-lab")?;
         names.push(name);
     }
-    let before = wait_metallb_serving(&lab, &metallb, &names)?;
+    let before = wait_metallb_serving(&lab, &cluster, &names)?;
     progress("MetalLB serves every Service; probing every IP from the client");
     let probers = start_probers(&lab, &before)?;
     wait_answered(&probers, &before)?;
     let t0 = Instant::now();
-    let switch = switch(&lab, &metallb, &program, &before, t0, progress)?;
+    let switch = switch(&lab, &cluster, &program, &before, t0, progress)?;
     std::thread::sleep(TAIL);
     let end = Instant::now();
     let records: Vec<Vec<ProbeRecord>> = probers.into_iter().map(Prober::stop).collect();
-    drop(responders);
     let services = before
         .iter()
         .zip(&records)
-        .map(|(b, r)| b.judge(metallb.cluster(), r, t0, end))
+        .map(|(b, r)| b.judge(&cluster, r, t0, end))
         .collect();
+    drop(cluster);
+    drop(responders);
     Ok(report(options.nodes, services, switch))
+}
+
+/// The IPs in Service `name`'s status.
+fn ingress(cluster: &NodeCluster, name: &str) -> Vec<String> {
+    cluster
+        .plane
+        .admin()
+        .get("v1", "Service", Some(APPS), name)
+        .ok()
+        .flatten()
+        .map(|s| kubelab::ingress_ips(&s))
+        .unwrap_or_default()
 }
 
 /// A Service as MetalLB served it.
@@ -211,7 +288,7 @@ impl Before {
     /// The Service's fate in `records` (its IP's probes), from `t0` to `end`.
     fn judge(
         &self,
-        cluster: &kubelab::BareCluster,
+        cluster: &NodeCluster,
         records: &[ProbeRecord],
         t0: Instant,
         end: Instant,
@@ -226,6 +303,23 @@ impl Before {
             .collect();
         answered_by.sort();
         answered_by.dedup();
+        let others = answered_by
+            .iter()
+            .filter(|n| **n != self.rule_owner)
+            .map(|node| {
+                let sent: Vec<u64> = during
+                    .iter()
+                    .filter(|r| r.answer.as_ref().is_some_and(|(n, _)| n == node))
+                    .map(|r| r.sent.duration_since(t0).as_millis() as u64)
+                    .collect();
+                OtherAnswers {
+                    node: node.clone(),
+                    first_ms: sent.first().copied().unwrap_or_default(),
+                    last_ms: sent.last().copied().unwrap_or_default(),
+                    probes: sent.len(),
+                }
+            })
+            .collect();
         let owner_after = records
             .iter()
             .rev()
@@ -233,11 +327,12 @@ impl Before {
         ServiceMove {
             service: format!("{APPS}/{}", self.name),
             ip_before: self.ip.to_string(),
-            ip_after: cluster.ingress(APPS, &self.name).join(","),
+            ip_after: ingress(cluster, &self.name).join(","),
             rule_owner: self.rule_owner.clone(),
             owner_before: self.rule_owner.clone(),
             owner_after,
             answered_by,
+            others,
             probes_sent: during.len(),
             probes_lost: during.iter().filter(|r| r.answer.is_none()).count(),
         }
@@ -269,9 +364,9 @@ fn report(nodes: usize, services: Vec<ServiceMove>, switch: Switch) -> Report {
 }
 
 /// Waits until `name` has an IP in its status.
-fn wait_ingress(metallb: &MetallbDaemons, name: &str) -> Result<()> {
+fn wait_ingress(cluster: &NodeCluster, name: &str) -> Result<()> {
     let deadline = Instant::now() + STAGE;
-    while metallb.cluster().ingress(APPS, name).is_empty() {
+    while ingress(cluster, name).is_empty() {
         if Instant::now() > deadline {
             bail!("MetalLB's controller gave {APPS}/{name} no IP within {STAGE:?}");
         }
@@ -282,52 +377,14 @@ fn wait_ingress(metallb: &MetallbDaemons, name: &str) -> Result<()> {
 
 /// Waits until MetalLB serves every one of `names`: an IP in its status, every speaker seeing
 /// every member, and exactly the node MetalLB's order names announcing the IP.
-fn wait_metallb_serving(
-    lab: &Lab,
-    metallb: &MetallbDaemons,
-    names: &[String],
-) -> Result<Vec<Before>> {
+fn wait_metallb_serving(lab: &Lab, cluster: &NodeCluster, names: &[String]) -> Result<Vec<Before>> {
     let nodes: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
     let deadline = Instant::now() + STAGE;
     loop {
-        let served = metallb_serving(lab, metallb, names, &nodes);
-        match served {
+        match metallb_serving(lab, cluster, names, &nodes) {
             Ok(before) => return Ok(before),
             Err(why) if Instant::now() > deadline => {
-                let speakers: Vec<String> = lab
-                    .nodes
-                    .iter()
-                    .map(|n| {
-                        let log = metallb.speaker_log(&n.name);
-                        let lines: Vec<&str> = log
-                            .lines()
-                            .filter(|l| {
-                                l.contains("announc") || l.contains("web-1") || l.contains("error")
-                            })
-                            .collect();
-                        let last = &lines[lines.len().saturating_sub(30)..];
-                        let addr = SocketAddr::from((n.v4, metallb::METRICS_PORT));
-                        let metrics = crate::lab::read_each(lab, vec![addr], "/metrics", 1, |t| {
-                            Some(t.to_string())
-                        })
-                        .pop()
-                        .flatten();
-                        format!(
-                            "--- MetalLB's speaker on {} ---\n{}\n{:?}",
-                            n.name,
-                            last.join("\n"),
-                            metrics.map(|m| m
-                                .lines()
-                                .filter(|l| l.contains("announced"))
-                                .map(str::to_string)
-                                .collect::<Vec<_>>())
-                        )
-                    })
-                    .collect();
-                bail!(
-                    "MetalLB did not serve every Service within {STAGE:?}: {why}\n{}",
-                    speakers.join("\n")
-                )
+                bail!("MetalLB did not serve every Service within {STAGE:?}: {why}")
             }
             Err(_) => std::thread::sleep(Duration::from_millis(500)),
         }
@@ -337,42 +394,23 @@ fn wait_metallb_serving(
 /// The Services as MetalLB serves them now, or why not yet.
 fn metallb_serving(
     lab: &Lab,
-    metallb: &MetallbDaemons,
+    cluster: &NodeCluster,
     names: &[String],
     nodes: &[&str],
 ) -> Result<Vec<Before>, String> {
-    for node in nodes {
-        let members = metallb::members(&metallb.speaker_log(node)).len();
-        if members != nodes.len() {
-            return Err(format!("{node}'s speaker sees {members} members"));
-        }
-    }
-    let addrs: Vec<SocketAddr> = lab
-        .nodes
-        .iter()
-        .map(|n| SocketAddr::from((n.v4, metallb::METRICS_PORT)))
-        .collect();
-    let metrics = crate::lab::read_each(lab, addrs, "/metrics", 3, |t| Some(t.to_string()));
     let mut before = Vec::new();
     for name in names {
-        let ips = metallb.cluster().ingress(APPS, name);
+        let ips = ingress(cluster, name);
         let [ip] = ips.as_slice() else {
             return Err(format!("{name} has the IPs {ips:?}"));
         };
         let ip: IpAddr = ip.parse().map_err(|e| format!("{name}: {ip}: {e}"))?;
-        let announcing: Vec<&str> = nodes
-            .iter()
-            .zip(&metrics)
-            .filter(|(node, m)| {
-                m.as_deref()
-                    .is_some_and(|m| metallb::announces(m, node, ip))
-            })
-            .map(|(node, _)| *node)
-            .collect();
+        let views = realnode::metallb::speaker_view(lab, &cluster.real.nodes, ip);
         let rule_owner = rule::metallb_owner(nodes, ip).unwrap_or_default();
-        if announcing != [rule_owner.as_str()] {
+        if realnode::metallb::settled_owner(nodes, &views).as_deref() != Some(&rule_owner) {
             return Err(format!(
-                "{ip} announced by {announcing:?}, not {rule_owner}"
+                "{name} ({ip}): not {rule_owner} alone announcing with every member seen; \
+                 the speakers show {views:?}"
             ));
         }
         before.push(Before {
@@ -464,13 +502,13 @@ impl Steps {
 /// The book's "Switching from MetalLB", command for command.
 fn switch(
     lab: &Lab,
-    metallb: &MetallbDaemons,
+    cluster: &NodeCluster,
     program: &Path,
     before: &[Before],
     t0: Instant,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Switch> {
-    let plane = metallb.cluster().control_plane();
+    let plane = &cluster.plane;
     let kubectl = plane.kubectl();
     let ns = metallb::NAMESPACE;
     let mut steps = Steps {
@@ -546,11 +584,13 @@ fn switch(
             )
         },
     )?;
-    let install = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
+    // `deploy/swimlb.yaml` with only the image replaced by the project's, which every node
+    // holds (the install page's way of naming another image).
+    let install = nodes::manifest_with_image(&nodes::project_tag())?;
     steps.run(
         "kubectl apply --server-side -f deploy/swimlb.yaml",
         progress,
-        || kubectl.apply(crate::kubectl::Source::File(&install)),
+        || kubectl.apply(crate::kubectl::Source::Text(&install)),
     )?;
     steps.run(
         "kubectl wait --for condition=established crd/ipaddresspools.swimlb.io crd/l2advertisements.swimlb.io",
@@ -565,11 +605,13 @@ fn switch(
     steps.run(
         "(swimlb's speakers all name every IP's owner, its records written)",
         progress,
-        || wait_swimlb_serving(lab, metallb.cluster(), before),
+        || wait_swimlb_serving(lab, plane, before),
     )?;
     let speakerless_ms = silent_from.elapsed().as_millis() as u64;
-    let manifest =
-        metallb::lab_manifest(&std::fs::read_to_string(plane.program(metallb::MANIFEST))?)?;
+    // The manifest MetalLB was installed from (its images do not matter to a deletion).
+    let manifest = metallb::lab_manifest(&std::fs::read_to_string(
+        realnode::metallb::locate()?.join(metallb::MANIFEST),
+    )?)?;
     steps.run(
         &format!("kubectl delete -f {} --ignore-not-found", metallb::MANIFEST),
         progress,
@@ -615,9 +657,15 @@ fn convert(program: &Path, exported: &str) -> Result<(String, Vec<String>)> {
 
 /// Waits until every swimlb speaker sees every member and names each IP's rule owner, and each
 /// Service's record names it.
-fn wait_swimlb_serving(lab: &Lab, cluster: &kubelab::BareCluster, before: &[Before]) -> Result<()> {
+fn wait_swimlb_serving(
+    lab: &Lab,
+    plane: &crate::control_plane::ControlPlane,
+    before: &[Before],
+) -> Result<()> {
+    let records = Records::new(plane, "swimlb.io/v1beta1", kubelab::NAMESPACE);
     let deadline = Instant::now() + STAGE;
     loop {
+        let written = records.all();
         let pending: Vec<String> = before
             .iter()
             .filter(|b| {
@@ -628,8 +676,8 @@ fn wait_swimlb_serving(lab: &Lab, cluster: &kubelab::BareCluster, before: &[Befo
                             && v.members == lab.nodes.len()
                     })
                 });
-                !named
-                    || cluster.record_node(APPS, &b.name).as_deref() != Some(b.rule_owner.as_str())
+                let key = format!("{APPS}/{}", b.name);
+                !named || !written.iter().any(|(k, n)| *k == key && *n == b.rule_owner)
             })
             .map(|b| b.name.clone())
             .collect();
@@ -656,6 +704,7 @@ mod tests {
             owner_before: "node2".into(),
             owner_after: owner_after.map(str::to_string),
             answered_by: answered_by.iter().map(|n| n.to_string()).collect(),
+            others: Vec::new(),
             probes_sent: 100,
             probes_lost: 3,
         }

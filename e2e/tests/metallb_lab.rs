@@ -1,17 +1,16 @@
-//! MetalLB itself in the Kubernetes lab (`swimlb_e2e::metallb`): its controller and speakers from
-//! its own manifest (`kubectl apply --server-side`, webhooks off), their Pods run by the lab's
-//! kubelets on the real control plane, the same nodes, Service and probes as swimlb's trials.
+//! MetalLB in the lab.
 //!
-//! - `metallb_serves_the_vip_from_the_owner_its_rule_names_and_another_node_after_a_poweroff`:
-//!   the lab converges (every speaker's memberlist holds every node, one speaker announces, its
-//!   MAC alone answers ARP and the probes) on the node MetalLB's order names; that node's link
-//!   goes down; another node answers the probes and claims the VIP in ARP.
 //! - `the_readmes_switch_from_metallb_keeps_every_ip_and_every_owner`: `swimlb-lab migrate`'s
-//!   run with two Services: MetalLB serving, replaced by swimlb by the book's commands; every
-//!   Service keeps its IP and every probe during the switch is answered by the node MetalLB's
-//!   order names (no owner moved).
+//!   run with two Services on three real nodes (a real kubelet, containerd and kube-proxy in
+//!   each node namespace): MetalLB installed from its `metallb-native.yaml` and its own images,
+//!   serving; replaced by swimlb (`deploy/swimlb.yaml`, only the image changed) by the book's
+//!   commands; every Service keeps its IP and every probe during the switch is answered by the
+//!   node MetalLB's order names (no owner moved). MetalLB's own failover on real nodes (the
+//!   owner its order names, another node answering after a poweroff) is
+//!   `service_failover.rs`'s `metallb_from_its_own_images_...` and `failover --impl metallb`.
 //! - `measure_speaker_memory_beside_swimlb` (`#[ignore]`d measurement, run on demand): one node,
-//!   MetalLB installed as above, and swimlb's speaker beside it (`swimlb-lab speaker
+//!   MetalLB installed from its manifest with its Pods run by the lab's kubelet emulation
+//!   (`swimlb_e2e::metallb`; not yet on a real node), and swimlb's speaker beside it (`swimlb-lab speaker
 //!   kubernetes`, other ports), both watching the same real API server seeded as
 //!   `speaker/tests/kubernetes_scale.rs` seeds it: `SWIMLB_MEASURE_SERVICES` (10,000) IPv6
 //!   LoadBalancer Services in 20 namespaces (their IPs asked for with `metallb.io/loadBalancerIPs`
@@ -23,19 +22,18 @@
 //! Root only (network namespaces), `#[ignore = "needs root: ..."]`, one lab at a time as the
 //! other lab tests. Every wait is bounded; no time is asserted.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use swimlb_e2e::converge;
-use swimlb_e2e::failover::{self, Daemons as _};
+use swimlb_e2e::failover::Daemons as _;
 use swimlb_e2e::metallb::{self, MetallbDaemons};
 use swimlb_e2e::migrate;
 use swimlb_e2e::netns::{self, Lab};
-use swimlb_e2e::probe::{self, PROBE_PORT, Prober};
+use swimlb_e2e::probe;
 use tokio::time::Instant;
 
 static LAB: Mutex<()> = Mutex::new(());
@@ -48,79 +46,6 @@ fn one_lab(test: &str) -> MutexGuard<'static, ()> {
 fn program() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
 }
-
-#[test]
-#[ignore = "needs root: network namespaces, the real control plane and MetalLB's programs (e2e/k8s/build.sh)"]
-fn metallb_serves_the_vip_from_the_owner_its_rule_names_and_another_node_after_a_poweroff() {
-    let _lab = one_lab("metallb_serves_the_vip_from_the_owner_its_rule_names");
-    let make = |lab: &mut Lab| -> anyhow::Result<Box<dyn failover::Daemons>> {
-        Ok(Box::new(MetallbDaemons::start(lab, program())?))
-    };
-    let (mut lab, responders, mut daemons) =
-        failover::start_lab(3, 0, &make).unwrap_or_else(|e| panic!("{e:#}"));
-    let vip = netns::vip_v4(0);
-    let prober = Prober::start(
-        &lab.client_netns,
-        SocketAddr::from((vip, PROBE_PORT)),
-        Duration::from_millis(10),
-    )
-    .expect("prober");
-    let mut progress = |line: &str| eprintln!("{line}");
-    // settle() waits for the owner MetalLB's rule names: a lab converged elsewhere fails here.
-    let settled = failover::settle(&lab, daemons.as_mut(), &prober, &mut progress)
-        .expect("observing the lab")
-        .unwrap_or_else(|reason| panic!("MetalLB's lab did not converge: {reason}"));
-    let names: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
-    let expected = converge::metallb_owner(&names, IpAddr::V4(vip));
-    assert_eq!(Some(&settled.owner), expected.as_ref());
-    let old = lab.node(settled.index).clone();
-
-    let fault = Instant::now();
-    lab.set_link(settled.index, false).expect("link down");
-    let deadline = fault + Duration::from_secs(60);
-    let sample = loop {
-        if let Some(s) = probe::failover(&prober.snapshot(), fault, &settled.owner) {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let records = prober.stop();
-    let new = failover::first_other_answer(&records, fault, &settled.owner);
-    assert!(
-        sample.is_some() && new.is_some(),
-        "no other node answered within 60 s of {}'s poweroff",
-        settled.owner
-    );
-    let new = new.expect("a new owner");
-    assert_ne!(new, settled.owner);
-    // The new owner claims the VIP in ARP; the old one is off the bridge.
-    let claims = probe::arp_claims(&lab.client_netns, vip, None, 10, Duration::from_millis(100))
-        .expect("asking for the VIP");
-    let new_mac = lab
-        .nodes
-        .iter()
-        .find(|n| n.name == new)
-        .map(|n| n.mac)
-        .expect("a lab node");
-    assert!(
-        !claims.is_empty() && claims.iter().all(|c| c.mac == new_mac && c.mac != old.mac),
-        "ARP claims for the VIP after the poweroff: {claims:?}, expected {new}'s MAC only"
-    );
-    eprintln!(
-        "MetalLB: {} owned the VIP as its rule names; after its poweroff {new} answered ({} ms, not asserted)",
-        settled.owner,
-        sample.map(|s| s.failover_ms).unwrap_or_default()
-    );
-    drop(daemons);
-    drop(responders);
-    lab.teardown();
-}
-
-// ---------------------------------------------------------------------------------------------
-// The memory measurement.
 
 #[test]
 #[ignore = "needs root: network namespaces, the real control plane and MetalLB's programs (e2e/k8s/build.sh)"]
@@ -148,6 +73,9 @@ fn the_readmes_switch_from_metallb_keeps_every_ip_and_every_owner() {
     // Probes lost depend on the clients' neighbour timers against the switch's few seconds
     // without a speaker: printed above, measured by `swimlb-lab migrate`, not asserted.
 }
+
+// ---------------------------------------------------------------------------------------------
+// The memory measurement.
 
 /// The namespaces the Services are spread over (as kubernetes_scale.rs).
 const NAMESPACES: usize = 20;

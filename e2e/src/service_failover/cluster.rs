@@ -463,7 +463,7 @@ pub fn project_tag() -> String {
 }
 
 /// `deploy/swimlb.yaml` with `image` in place of the published image reference.
-fn manifest_with_image(image: &str) -> Result<String> {
+pub fn manifest_with_image(image: &str) -> Result<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/swimlb.yaml");
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
     let published = format!("image: localhost/swimlb/swimlb:{VERSION}");
