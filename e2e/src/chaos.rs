@@ -8,9 +8,9 @@
 //!   faults in `driver/kubernetes.rs`).
 //!
 //! The targets: swimlb standalone and keepalived-fast on the namespace lab; swimlb in
-//! Kubernetes mode and MetalLB on the Kubernetes lab (the real control plane), which also
-//! serves a `Local` Service on the second VIP and is read every 500 ms for its records and
-//! Services.
+//! Kubernetes mode and MetalLB on real nodes (the real control plane, a real kubelet,
+//! containerd and kube-proxy per node: [`RealDaemons`]), which also serve a `Local` Service on
+//! the second VIP and are read every 500 ms for their records and Services.
 //!
 //! [`run`] builds the lab (the daemons of the target on every node, a responder beside each),
 //! waits for it to converge ([`trial::settle`]), then starts the observers: a prober per VIP
@@ -51,13 +51,13 @@ use self::observe::*;
 use self::process_watch::*;
 use self::records::{ApiRead, RecordPoll, ServiceIps};
 use self::schedule::{Fault, FaultKind, Setup, Step, Target};
-use crate::daemons::{Daemons as _, KeepalivedDaemons, SwimlbDaemons};
+use crate::daemons::{self, Daemons as _, KeepalivedDaemons, SwimlbDaemons};
 use crate::keepalived::Tuning;
 use crate::kubelab;
 use crate::lab;
-use crate::metallb::MetallbDaemons;
 use crate::netns::{self, Lab};
 use crate::probe::{self, ArpAsker, PROBE_PORT, Prober, Worker};
+use crate::realnode::{self, daemons::RealDaemons};
 use crate::trial;
 
 /// The groups' preemption delay in the swimlb lab.
@@ -305,7 +305,12 @@ fn swimlb_groups(setup: Setup, dir: &std::path::Path, name: &str) -> String {
     )
 }
 
-fn make_daemons(lab: &mut Lab, options: &Options, setup: Setup) -> Result<ChaosDaemons> {
+fn make_daemons(
+    lab: &mut Lab,
+    options: &Options,
+    setup: Setup,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ChaosDaemons> {
     Ok(match options.target {
         Target::Swimlb => {
             let mut d = SwimlbDaemons::new(lab, options.program.clone())?;
@@ -319,16 +324,15 @@ fn make_daemons(lab: &mut Lab, options: &Options, setup: Setup) -> Result<ChaosD
         Target::KeepalivedFast => {
             ChaosDaemons::Keepalived(KeepalivedDaemons::new(lab, Tuning::Fast))
         }
-        Target::SwimlbKubernetes => {
-            let d = SwimlbDaemons::kubernetes(lab, options.program.clone())?;
-            let cluster = d.cluster().context("the Kubernetes lab's cluster")?;
-            driver::local_service(cluster.api(), lab)?;
-            ChaosDaemons::Kubernetes(d)
-        }
-        Target::Metallb => {
-            let d = MetallbDaemons::start(lab, options.program.clone())?;
-            driver::local_service(d.cluster().api(), lab)?;
-            ChaosDaemons::Metallb(Box::new(d))
+        // On real nodes: kubelet, containerd and kube-proxy in each node namespace.
+        Target::SwimlbKubernetes | Target::Metallb => {
+            let implementation = match options.target {
+                Target::Metallb => daemons::Implementation::Metallb,
+                _ => daemons::Implementation::SwimlbKubernetes,
+            };
+            let d = RealDaemons::start(lab, implementation, progress)?;
+            driver::local_service(d.cluster().plane.admin(), lab)?;
+            ChaosDaemons::Real(Box::new(d))
         }
     })
 }
@@ -392,12 +396,15 @@ fn start_converged(
     vip: Ipv4Addr,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Lab, Vec<Worker>, ChaosDaemons)> {
+    if options.target.capabilities().kubernetes {
+        realnode::cleanup_stale();
+    }
     let mut lab = Lab::create(options.nodes).context("building the lab")?;
     let mut responders: Vec<Worker> = Vec::new();
     for node in lab.nodes.clone() {
         responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
     }
-    let mut daemons = make_daemons(&mut lab, options, setup)?;
+    let mut daemons = make_daemons(&mut lab, options, setup, progress)?;
     for i in 1..=options.nodes {
         daemons.as_dyn().start(&mut lab, i)?;
     }
@@ -623,8 +630,10 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     ));
 
     let records = match &daemons {
-        ChaosDaemons::Kubernetes(d) => d.cluster().map(kubelab::Cluster::records),
-        ChaosDaemons::Metallb(d) => Some(d.records()),
+        ChaosDaemons::Real(d) => {
+            let (api, namespace) = d.cluster().implementation.config_api();
+            Some(kubelab::Records::new(&d.cluster().plane, api, namespace))
+        }
         _ => None,
     };
     let observers = Observers::start(&lab, &vip_list, options.duration, caps.status, records)?;
@@ -785,9 +794,9 @@ fn step_text(fault: &Fault, step: Step) -> String {
             "{}: node{node}'s speaker {}",
             fault.kind.describe(),
             if up {
-                "started (its new Pod)"
+                "started again by its kubelet"
             } else {
-                "stopped (SIGTERM, its Pod deleted)"
+                "stopped (SIGTERM, its kubelet held)"
             }
         ),
         _ => fault.kind.describe(),

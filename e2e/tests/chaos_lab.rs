@@ -1,8 +1,9 @@
 //! `swimlb-lab chaos` in the namespace lab (issue 27): a short seeded run of swimlb standalone
 //! reports no violation, and a violation made on purpose (a second node's kernel answering
 //! ARP for the VIP, its address added by hand) is caught, so the checker can fail; replays of
-//! what the long runs found; every Kubernetes fault in turn on the real control plane, for
-//! swimlb in Kubernetes mode (no violation) and for MetalLB (the run takes every fault).
+//! what the long runs found; every Kubernetes fault in turn on real nodes (the real control
+//! plane, a real kubelet, containerd and kube-proxy per node), for swimlb in Kubernetes mode (no
+//! violation) and for MetalLB (the run takes every fault).
 //!
 //! All need root (they make network namespaces): each is `#[ignore = "needs root: ..."]` and
 //! runs with `--include-ignored`; run so without root, it fails saying why. They take a lock
@@ -231,7 +232,7 @@ fn every_kubernetes_fault(target: Target) -> chaos::Report {
 /// swimlb in Kubernetes mode under every Kubernetes fault: every invariant holds, the record
 /// ones and misplaced included.
 #[test]
-#[ignore = "needs root: network namespaces and the real control plane (e2e/k8s/build.sh)"]
+#[ignore = "needs root: network namespaces, the real control plane and real nodes (e2e/k8s/build.sh, e2e/k8s/node/build.sh)"]
 fn every_kubernetes_fault_in_turn_leaves_every_invariant_holding() {
     let _one = one_lab("chaos run in Kubernetes");
     let report = every_kubernetes_fault(Target::SwimlbKubernetes);
@@ -242,7 +243,7 @@ fn every_kubernetes_fault_in_turn_leaves_every_invariant_holding() {
 /// MetalLB, the peer, under the same faults on the same lab: the run takes every fault and
 /// checks every invariant; its violations are the benchmarks page's figures, not asserted here.
 #[test]
-#[ignore = "needs root: network namespaces, the real control plane and MetalLB's programs (e2e/k8s/build.sh)"]
+#[ignore = "needs root: network namespaces, the real control plane, real nodes and MetalLB's programs (e2e/k8s/build.sh, e2e/k8s/node/build.sh)"]
 fn metallb_takes_every_kubernetes_fault_of_the_chaos_run() {
     let _one = one_lab("chaos run of MetalLB");
     let report = every_kubernetes_fault(Target::Metallb);

@@ -10,6 +10,7 @@
 //! what an interrupted one left ([`cleanup_stale_cgroups`]).
 
 mod kubernetes;
+mod real;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,8 +22,8 @@ pub use self::kubernetes::{LOCAL_SERVICE, local_service};
 use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
 use crate::daemons::{Daemons, KeepalivedDaemons, SwimlbDaemons};
 use crate::lab::GOSSIP_PORT;
-use crate::metallb::MetallbDaemons;
 use crate::netns::{self, Lab};
+use crate::realnode::daemons::RealDaemons;
 
 /// The daemons a chaos run drives: one arm per target.
 #[derive(Debug)]
@@ -31,32 +32,30 @@ pub enum ChaosDaemons {
     Swimlb(SwimlbDaemons),
     /// keepalived instances.
     Keepalived(KeepalivedDaemons),
-    /// swimlb speakers in Kubernetes mode, with the Kubernetes lab's cluster.
-    Kubernetes(SwimlbDaemons),
-    /// MetalLB, its controller and speakers run by the lab's kubelets.
-    Metallb(Box<MetallbDaemons>),
+    /// swimlb in Kubernetes mode or MetalLB on real nodes: a real kubelet, containerd and
+    /// kube-proxy per node, the implementation installed from its manifest.
+    Real(Box<RealDaemons>),
 }
 
 impl ChaosDaemons {
     /// As the lab's common daemon interface.
     pub fn as_dyn(&mut self) -> &mut dyn Daemons {
         match self {
-            ChaosDaemons::Swimlb(d) | ChaosDaemons::Kubernetes(d) => d,
+            ChaosDaemons::Swimlb(d) => d,
             ChaosDaemons::Keepalived(d) => d,
-            ChaosDaemons::Metallb(d) => d.as_mut(),
+            ChaosDaemons::Real(d) => d.as_mut(),
         }
     }
 
     /// The nftables match of the target's membership traffic.
     fn membership_match(&self) -> String {
         match self {
-            ChaosDaemons::Swimlb(_) | ChaosDaemons::Kubernetes(_) => {
-                format!("udp dport {GOSSIP_PORT}")
-            }
+            ChaosDaemons::Swimlb(_) => format!("udp dport {GOSSIP_PORT}"),
             // VRRP adverts (IP protocol 112).
             ChaosDaemons::Keepalived(_) => "ip protocol 112".to_string(),
-            // memberlist: gossip over UDP, state syncs over TCP.
-            ChaosDaemons::Metallb(_) => {
+            // memberlist: gossip over UDP, state syncs over TCP (swimlb's gossip is UDP only,
+            // on the same port).
+            ChaosDaemons::Real(_) => {
                 format!("meta l4proto {{ tcp, udp }} th dport {GOSSIP_PORT}")
             }
         }
@@ -68,6 +67,8 @@ impl ChaosDaemons {
 pub struct Starved {
     cgroup: Option<Cgroup>,
     busy: Vec<usize>,
+    /// On a real node: the speaker container's own cgroup and its CFS quota before the fault.
+    container: Option<(PathBuf, String)>,
 }
 
 impl Starved {
@@ -80,6 +81,9 @@ impl Starved {
         }
         if let Some(cg) = self.cgroup {
             cg.remove();
+        }
+        if let Some((dir, quota)) = self.container {
+            let _ = std::fs::write(dir.join("cpu.cfs_quota_us"), quota);
         }
     }
 }
@@ -202,6 +206,9 @@ pub struct Driver {
     old_key: Option<String>,
     /// Nodes whose endpoint of the `Local` Service is not ready (Kubernetes).
     not_ready: BTreeSet<usize>,
+    /// Real nodes whose kubelet is held (SIGSTOP) while their speaker is down: the kubelet's
+    /// pid and the speaker's pid it had.
+    held: BTreeMap<usize, real::Held>,
     /// Nodes whose daemon runs, as the faults left them (index 0 is node 1).
     pub running: Vec<bool>,
 }
@@ -215,6 +222,7 @@ impl Driver {
             applied: BTreeMap::new(),
             old_key: None,
             not_ready: BTreeSet::new(),
+            held: BTreeMap::new(),
             running: vec![true; nodes],
         }
     }
@@ -265,6 +273,8 @@ impl Driver {
                 errors.push(format!("undoing {}: {e:#}", f.kind.describe()));
             }
         }
+        // A kubelet held by a fault whose end failed runs again.
+        self.release_held();
         (undone, errors)
     }
 
@@ -281,27 +291,24 @@ impl Driver {
             FaultKind::PowerOff { node } if on => {
                 lab.set_link(node, false)?;
                 self.running[node - 1] = false;
-                daemons.as_dyn().signal(lab, node, "KILL")
+                self.stop_daemon(lab, daemons, node, "KILL")
             }
             FaultKind::PowerOff { node } => {
+                // What a killed keepalived left goes before the link is up.
                 daemons.as_dyn().clean_after_kill(lab, node)?;
                 lab.set_link(node, true)?;
-                daemons.as_dyn().start(lab, node)?;
-                self.running[node - 1] = true;
-                Ok(())
+                self.start_daemon(lab, daemons, node)
             }
             FaultKind::Kill { node } if on => {
                 self.running[node - 1] = false;
-                daemons.as_dyn().signal(lab, node, "KILL")
+                self.stop_daemon(lab, daemons, node, "KILL")
             }
-            FaultKind::Kill { node } => {
-                daemons.as_dyn().clean_after_kill(lab, node)?;
-                daemons.as_dyn().start(lab, node)?;
-                self.running[node - 1] = true;
-                Ok(())
-            }
+            FaultKind::Kill { node } => self.start_daemon(lab, daemons, node),
             FaultKind::Pause { node } if on => {
-                let pids = netns_pids(&lab.node(node).netns);
+                let pids = match daemons {
+                    ChaosDaemons::Real(d) => real::speaker_pids(d, node)?,
+                    _ => netns_pids(&lab.node(node).netns),
+                };
                 signal(&pids, "STOP");
                 self.paused.insert(index, pids);
                 Ok(())
@@ -332,7 +339,10 @@ impl Driver {
                 busy_loops,
                 quota_percent,
             } if on => {
-                let starved = starve(lab, index, node, busy_loops, quota_percent)?;
+                let starved = match daemons {
+                    ChaosDaemons::Real(d) => real::starve(lab, d, node, busy_loops, quota_percent)?,
+                    _ => starve(lab, index, node, busy_loops, quota_percent)?,
+                };
                 self.starved.insert(index, starved);
                 Ok(())
             }
@@ -513,7 +523,11 @@ pub fn starve(
             cg.add(pid);
         }
     }
-    Ok(Starved { cgroup, busy })
+    Ok(Starved {
+        cgroup,
+        busy,
+        container: None,
+    })
 }
 
 /// Writes a `broken` configuration for node `node`'s speaker and reloads it (SIGHUP).

@@ -17,6 +17,11 @@ pub(super) struct ProcessWatch {
     gone: BTreeSet<u32>,
     /// Nodes whose keepalived or MetalLB speaker was reported gone (until restarted).
     gone_nodes: BTreeSet<usize>,
+    /// Real nodes: per node, the speaker container's pid last seen and the node's start time
+    /// then (a new pid with no new start is a restart nobody asked for).
+    real_pids: BTreeMap<usize, (u32, Duration)>,
+    /// Real nodes: checks in a row that found no running speaker container.
+    missed: BTreeMap<usize, u32>,
     /// Per pid: node, when it started, its baseline and last resident memory (KiB).
     memory: BTreeMap<u32, (usize, Duration, Option<u64>, u64)>,
     pub(super) found: Vec<Violation>,
@@ -43,17 +48,40 @@ impl ProcessWatch {
         at: Duration,
         memory: bool,
     ) {
-        if let ChaosDaemons::Kubernetes(d) = daemons {
-            for line in self.new_lines(&d.dir().join("controller.log")) {
-                if line.contains("panicked") {
-                    self.crash(at, format!("the controller's log: {}", line.trim()));
-                }
-            }
-        }
         for n in 1..=lab.nodes.len() {
             let name = lab.node(n).name.clone();
             match daemons {
-                ChaosDaemons::Swimlb(d) | ChaosDaemons::Kubernetes(d) => {
+                ChaosDaemons::Real(d) => {
+                    if !driver.running[n - 1] {
+                        self.gone_nodes.remove(&n);
+                        continue;
+                    }
+                    let Some(pid) = d.pid(lab, n).filter(|p| *p > 0) else {
+                        // Missed twice in a row: one `crictl` call may fail on a loaded machine.
+                        let missed = self.missed.entry(n).or_insert(0);
+                        *missed += 1;
+                        if *missed >= 2
+                            && at >= started[n - 1] + Duration::from_secs(2)
+                            && self.gone_nodes.insert(n)
+                        {
+                            self.crash(at, format!("{name}'s speaker container is not running"));
+                        }
+                        continue;
+                    };
+                    self.gone_nodes.remove(&n);
+                    self.missed.remove(&n);
+                    if let Some((last, since)) = self.real_pids.insert(n, (pid, started[n - 1]))
+                        && last != pid
+                        && since == started[n - 1]
+                    {
+                        self.crash(
+                            at,
+                            format!("{name}'s speaker container restarted (pid {last}, now {pid})"),
+                        );
+                    }
+                    self.remember(pid, n, started[n - 1], at, memory);
+                }
+                ChaosDaemons::Swimlb(d) => {
                     let log = d.log_path(lab, n);
                     for line in self.new_lines(&log) {
                         if line.contains("panicked") {
@@ -73,39 +101,7 @@ impl ProcessWatch {
                         }
                         continue;
                     }
-                    if memory && let Some((_, rss)) = lab::proc_usage(pid) {
-                        let entry =
-                            self.memory
-                                .entry(pid)
-                                .or_insert((n, started[n - 1], None, rss));
-                        entry.3 = rss;
-                        if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
-                            entry.2 = Some(rss);
-                        }
-                    }
-                }
-                ChaosDaemons::Metallb(d) => {
-                    if let Some(log) = d.speaker_log_path(&name) {
-                        for line in self.new_lines(&log) {
-                            // A Go panic's first line, or a log record at level panic.
-                            if line.starts_with("panic:") || line.contains(r#""level":"panic""#) {
-                                self.crash(
-                                    at,
-                                    format!("{name}'s MetalLB speaker: {}", line.trim()),
-                                );
-                            }
-                        }
-                    }
-                    if !driver.running[n - 1] {
-                        self.gone_nodes.remove(&n);
-                        continue;
-                    }
-                    if at >= started[n - 1] + Duration::from_secs(2)
-                        && d.pid(lab, n).is_none()
-                        && self.gone_nodes.insert(n)
-                    {
-                        self.crash(at, format!("{name}'s MetalLB speaker is not running"));
-                    }
+                    self.remember(pid, n, started[n - 1], at, memory);
                 }
                 ChaosDaemons::Keepalived(_) => {
                     if !driver.running[n - 1] {
@@ -122,6 +118,18 @@ impl ProcessWatch {
                         self.crash(at, format!("{name}'s keepalived exited unexpectedly"));
                     }
                 }
+            }
+        }
+    }
+
+    /// With `memory`: reads process `pid`'s (node `n`'s daemon, started at `started`)
+    /// resident memory, its baseline once it has run [`LEAK_BASELINE_AFTER`].
+    fn remember(&mut self, pid: u32, n: usize, started: Duration, at: Duration, memory: bool) {
+        if memory && let Some((_, rss)) = lab::proc_usage(pid) {
+            let entry = self.memory.entry(pid).or_insert((n, started, None, rss));
+            entry.3 = rss;
+            if entry.2.is_none() && at >= entry.1 + LEAK_BASELINE_AFTER {
+                entry.2 = Some(rss);
             }
         }
     }

@@ -74,6 +74,11 @@ impl RealDaemons {
         &self.cluster
     }
 
+    /// The cluster, to stop and start its parts (chaos's faults).
+    pub fn cluster_mut(&mut self) -> &mut NodeCluster {
+        &mut self.cluster
+    }
+
     fn node(&self, index: usize) -> &RealNode {
         &self.cluster.real.nodes[index - 1]
     }

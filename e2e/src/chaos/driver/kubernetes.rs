@@ -1,19 +1,21 @@
 //! The Kubernetes faults of a chaos run (`--impl swimlb-kubernetes` and `metallb`): the API
 //! server stopped, etcd compacted, the controller restarted, Services churned, the `Local`
 //! Service's endpoints turning not ready, the exclude label, and a rolling update of the
-//! speakers. swimlb's lab ([`kubelab::Cluster`]) runs the control plane and the controller,
-//! and its speakers as processes; MetalLB's ([`MetallbDaemons`]) runs its controller and
-//! speakers as the lab's kubelets do. Either way a rolling update stops each speaker as a
-//! deleted Pod's is (SIGTERM) and starts it again, node by node.
+//! speakers, on real nodes ([`RealDaemons`]: the implementation installed from its manifest,
+//! run by a real kubelet and containerd per node). The controller's restart scales its
+//! Deployment to none and back; a rolling update stops each speaker as a deleted Pod's is
+//! (SIGTERM, its kubelet held: `real.rs`) and lets the kubelet start it again, node by node.
 
 use std::collections::BTreeSet;
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 
 use super::*;
 use crate::kube_client::Kube;
-use crate::kubelab::{self, APPS, Cluster};
-use crate::metallb::MetallbDaemons;
+use crate::kubelab::{self, APPS};
+use crate::service_failover::Implementation;
+use crate::service_failover::cluster::{NodeCluster, UP_LIMIT};
 
 /// The `Local` Service of the lab, on the second VIP; its EndpointSlice is the lab's.
 pub const LOCAL_SERVICE: &str = "web-local";
@@ -82,69 +84,83 @@ impl Driver {
         node: usize,
         up: bool,
     ) -> Result<()> {
-        self.running[node - 1] = up;
         if up {
-            daemons.as_dyn().start(lab, node)
+            self.start_daemon(lab, daemons, node)
         } else {
-            daemons.as_dyn().signal(lab, node, "TERM")
+            self.running[node - 1] = false;
+            self.stop_daemon(lab, daemons, node, "TERM")
         }
     }
 }
 
-/// What the Kubernetes faults act on: swimlb's cluster or MetalLB's.
-enum Plane<'a> {
-    Swimlb(&'a mut Cluster),
-    Metallb(&'a mut MetallbDaemons),
-}
+/// What the Kubernetes faults act on: the real-node cluster of swimlb or MetalLB.
+struct Plane<'a>(&'a mut NodeCluster);
 
 impl Plane<'_> {
     fn of(daemons: &mut ChaosDaemons, kind: FaultKind) -> Result<Plane<'_>> {
         match daemons {
-            ChaosDaemons::Kubernetes(d) => Ok(Plane::Swimlb(
-                d.cluster_mut()
-                    .context("the Kubernetes lab has no cluster")?,
-            )),
-            ChaosDaemons::Metallb(d) => Ok(Plane::Metallb(d)),
+            ChaosDaemons::Real(d) => Ok(Plane(d.cluster_mut())),
             _ => bail!("{} needs the Kubernetes lab", kind.as_str()),
         }
     }
 
     /// The administrator's client.
     fn api(&self) -> &Kube {
-        match self {
-            Plane::Swimlb(c) => c.api(),
-            Plane::Metallb(d) => d.cluster().api(),
-        }
+        self.0.plane.admin()
     }
 
     /// Kills the API server (`false`: a crash, not a graceful stop) or starts it again and
     /// waits until it is ready.
     fn set_reachable(&mut self, reachable: bool) -> Result<()> {
-        let plane = match self {
-            Plane::Swimlb(c) => c.control_plane_mut(),
-            Plane::Metallb(d) => d.cluster_mut().control_plane_mut(),
-        };
         if reachable {
-            plane.start_apiserver()
+            self.0.plane.start_apiserver()
         } else {
-            plane.kill_apiserver()
+            self.0.plane.kill_apiserver()
         }
     }
 
     fn compact_etcd(&self) -> Result<u64> {
-        match self {
-            Plane::Swimlb(c) => c.control_plane().compact_etcd(),
-            Plane::Metallb(d) => d.cluster().control_plane().compact_etcd(),
-        }
+        self.0.plane.compact_etcd()
     }
 
-    /// Starts (`run`) or stops the load balancer's controller.
-    fn run_controller(&mut self, lab: &mut Lab, run: bool) -> Result<()> {
-        match (self, run) {
-            (Plane::Swimlb(c), true) => c.start_controller(lab),
-            (Plane::Swimlb(c), false) => c.stop_controller(lab),
-            (Plane::Metallb(d), true) => d.start_controller(),
-            (Plane::Metallb(d), false) => d.stop_controller(),
+    /// Scales the load balancer's controller Deployment to none, or back to its manifest's
+    /// replicas (`run`) and waits (at most [`UP_LIMIT`]) until they are ready. The stop does
+    /// not wait for the Pods' graceful end (about 13 s here, under load), as `kubectl scale`
+    /// does not.
+    fn run_controller(&mut self, _lab: &mut Lab, run: bool) -> Result<()> {
+        let (name, namespace, replicas) = match self.0.implementation {
+            Implementation::Swimlb => ("swimlb-controller", kubelab::NAMESPACE, 2),
+            Implementation::Metallb => ("controller", crate::metallb::NAMESPACE, 1),
+        };
+        let wanted = if run { replicas } else { 0 };
+        let api = self.0.plane.admin();
+        api.merge_patch(
+            "apps/v1",
+            "Deployment",
+            Some(namespace),
+            name,
+            json!({"spec": {"replicas": wanted}}),
+            false,
+        )?;
+        if !run {
+            return Ok(());
+        }
+        let deadline = Instant::now() + UP_LIMIT;
+        loop {
+            let status = api
+                .get("apps/v1", "Deployment", Some(namespace), name)?
+                .map(|d| d["status"].clone())
+                .unwrap_or_default();
+            let count = |field: &str| status[field].as_u64().unwrap_or(0);
+            if count("replicas") == wanted && count("readyReplicas") == wanted {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{namespace}/{name} not at {wanted} ready replicas within {UP_LIMIT:?}: {status}"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
@@ -192,6 +208,9 @@ pub fn local_service(api: &Kube, lab: &Lab) -> Result<()> {
     write_local_slice(api, lab, &BTreeSet::new())
 }
 
+/// The `Local` Service's EndpointSlice: each node's own address (where the lab's probe
+/// responder listens; the real kube-proxy carries a probe to the node that received it), ready
+/// unless the node is in `not_ready`.
 fn local_slice(lab: &Lab, not_ready: &BTreeSet<usize>) -> Value {
     let mut slice = kubelab::endpoint_slice(
         LOCAL_SERVICE,
@@ -204,6 +223,7 @@ fn local_slice(lab: &Lab, not_ready: &BTreeSet<usize>) -> Value {
     if let Some(endpoints) = slice["endpoints"].as_array_mut() {
         for (i, e) in endpoints.iter_mut().enumerate() {
             let ready = !not_ready.contains(&(i + 1));
+            e["addresses"] = json!([lab.nodes[i].v4.to_string()]);
             e["conditions"] = json!({"ready": ready, "serving": ready, "terminating": false});
         }
     }
