@@ -147,8 +147,24 @@ pub struct Report {
     pub memory: Vec<Memory>,
     /// Steps that failed (a fault that could not be applied or undone).
     pub errors: Vec<String>,
+    /// On real nodes: the moments the machine starved a speaker (a thread waited for a CPU
+    /// as long as a watcher waits), given to the checker as `Starve` faults.
+    pub measured_starvations: Vec<MeasuredStarvation>,
     /// The command that replays the run.
     pub replay: String,
+}
+
+/// A stretch in which the machine starved a speaker on a real node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeasuredStarvation {
+    /// Node.
+    pub node: String,
+    /// From the read before the first starved round, since the start of the run.
+    pub from_s: f64,
+    /// To the read that ended the last.
+    pub to_s: f64,
+    /// The longest wait of one thread over two rounds.
+    pub longest_wait_ms: f64,
 }
 
 impl Report {
@@ -204,6 +220,13 @@ impl Report {
                 "  two MACs answered a VIP {} times, the longest for {} ms",
                 self.dual_episodes.len(),
                 longest.as_millis()
+            );
+        }
+        for m in &self.measured_starvations {
+            let _ = writeln!(
+                s,
+                "  {}'s speaker starved by the machine from {:.2} s to {:.2} s (a thread waited {:.0} ms for a CPU)",
+                m.node, m.from_s, m.to_s, m.longest_wait_ms
             );
         }
         for m in &self.memory {
@@ -453,6 +476,8 @@ struct Drive {
     executed: Vec<Executed>,
     errors: Vec<String>,
     watch: ProcessWatch,
+    /// On real nodes: the machine's starvation of the speakers.
+    starve: StarveWatch,
     /// When each node's daemon last (re)started, since the start of the run.
     started: Vec<Duration>,
     stopped_early: bool,
@@ -465,6 +490,7 @@ impl Drive {
             executed: Vec::new(),
             errors: Vec::new(),
             watch: ProcessWatch::default(),
+            starve: StarveWatch::default(),
             started: vec![Duration::ZERO; nodes],
             stopped_early: false,
         }
@@ -483,8 +509,12 @@ impl Drive {
     ) -> Duration {
         let t0 = observers.t0;
         let status = options.target.capabilities().status;
-        let (mut last_check, mut last_memory, mut last_eval) =
-            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let (mut last_check, mut last_memory, mut last_eval, mut last_starve) = (
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
         let end = options.duration;
         let mut next = plan.steps.iter().peekable();
         loop {
@@ -510,10 +540,21 @@ impl Drive {
                 self.watch
                     .check(lab, daemons, &self.driver, started, now, memory);
             }
+            if matches!(daemons, ChaosDaemons::Real(_)) && now >= last_starve + STARVE_ROUND {
+                last_starve = now;
+                for n in 1..=options.nodes {
+                    let waits = self.driver.running[n - 1]
+                        .then(|| daemons.as_dyn().pid(lab, n))
+                        .flatten()
+                        .map(crate::upgrade::watch::thread_waits);
+                    self.starve.read(n, waits, now);
+                }
+            }
             if options.until_violation && now >= last_eval + Duration::from_secs(2) {
                 last_eval = now;
                 let obs = observers.snapshot(lab, now.saturating_sub(Duration::from_secs(2)));
-                let world = World::new(&plan.faults, &self.executed, options.nodes);
+                let (faults, executed) = self.world_faults(&plan.faults);
+                let world = World::new(&faults, &executed, options.nodes);
                 let violated = invariants::evaluate(&plan.rule, &world, &obs, status)
                     .iter()
                     .chain(&self.watch.found)
@@ -586,6 +627,18 @@ impl Drive {
         }
     }
 
+    /// The plan's faults and steps with the measured starvations after them: what the checker
+    /// judges by.
+    fn world_faults(&self, planned: &[Fault]) -> (Vec<Fault>, Vec<Executed>) {
+        let (measured, steps) = self.starve.faults(planned.len());
+        let mut faults = planned.to_vec();
+        faults.extend(measured);
+        let mut executed = self.executed.clone();
+        executed.extend(steps);
+        executed.sort_by_key(|e| e.at);
+        (faults, executed)
+    }
+
     /// Undoes every fault still applied, recorded at `ran`, and checks the processes once more.
     fn finish(&mut self, lab: &mut Lab, daemons: &mut ChaosDaemons, ran: Duration) {
         let (undone, undo_errors) = self.driver.undo_all(lab, daemons);
@@ -646,7 +699,8 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
     drop(daemons);
     lab.teardown();
 
-    let world = World::new(&plan.faults, &drive.executed, options.nodes);
+    let (world_faults, world_executed) = drive.world_faults(&plan.faults);
+    let world = World::new(&world_faults, &world_executed, options.nodes);
     let mut violations = invariants::evaluate(&plan.rule, &world, &obs, caps.status);
     violations.extend(records::evaluate(
         &world,
@@ -688,6 +742,17 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         lost_probes,
         memory,
         errors: drive.errors,
+        measured_starvations: drive
+            .starve
+            .found
+            .iter()
+            .map(|(node, from, to, ms)| MeasuredStarvation {
+                node: plan.rule.names[node - 1].clone(),
+                from_s: from.as_secs_f64(),
+                to_s: to.as_secs_f64(),
+                longest_wait_ms: *ms,
+            })
+            .collect(),
         replay: plan.replay,
     })
 }

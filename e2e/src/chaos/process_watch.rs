@@ -1,7 +1,10 @@
 //! The daemons' processes over a chaos run: crashes found in their logs and exits, and their
 //! resident memory for the leak check.
 
+use std::collections::VecDeque;
+
 use super::*;
+use crate::upgrade::watch;
 
 /// A daemon's memory is compared with its level this long after it started.
 pub(super) const LEAK_BASELINE_AFTER: Duration = Duration::from_secs(60);
@@ -177,5 +180,124 @@ impl ProcessWatch {
             }
         }
         (found, memory)
+    }
+}
+
+/// The machine's starvation of the speakers on real nodes, measured as the real-node upgrade's
+/// observer measures it ([`crate::upgrade::watch`]): every [`STARVE_ROUND`] each speaker
+/// thread's time waiting for a CPU (`schedstat`); a thread that waited
+/// [`watch::STARVED`] (`M x I`, what a watcher waits) or more over the last two rounds puts a
+/// `Starve` fault (no busy loops, no quota: the machine's own load) on its node between the two
+/// reads, so the checker judges nothing settled until its settle time after it.
+#[derive(Debug, Default)]
+pub(super) struct StarveWatch {
+    /// Per node (index 0 is node 1): the last two reads, when and what.
+    waits: BTreeMap<usize, VecDeque<(Duration, watch::Waits)>>,
+    /// The stretches found: node, from, to, the longest wait (ms).
+    pub(super) found: Vec<(usize, Duration, Duration, f64)>,
+}
+
+/// How often [`StarveWatch`] reads the waits (a stall of `M x I` falls whole within two).
+pub(super) const STARVE_ROUND: Duration = Duration::from_millis(100);
+
+impl StarveWatch {
+    /// Node `node`'s speaker threads' waits read at `at` ([`watch::thread_waits`]; none: the
+    /// speaker does not run).
+    pub(super) fn read(&mut self, node: usize, waits: Option<watch::Waits>, at: Duration) {
+        let rounds = self.waits.entry(node).or_default();
+        let Some(now) = waits else {
+            rounds.clear();
+            return;
+        };
+        if let Some((before, then)) = rounds.front() {
+            let longest = now
+                .iter()
+                .filter_map(|(thread, w)| Some(w.saturating_sub(*then.get(thread)?)))
+                .max()
+                .map_or(Duration::ZERO, Duration::from_nanos);
+            if longest >= watch::STARVED {
+                let before = *before;
+                let ms = longest.as_secs_f64() * 1e3;
+                match self
+                    .found
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.0 == node && s.2 >= before)
+                {
+                    Some(open) => {
+                        open.2 = at;
+                        open.3 = open.3.max(ms);
+                    }
+                    None => self.found.push((node, before, at, ms)),
+                }
+            }
+        }
+        rounds.push_back((at, now));
+        if rounds.len() > 2 {
+            rounds.pop_front();
+        }
+    }
+
+    /// The stretches as `Starve` faults numbered from `first` and their steps, for the checker.
+    pub(super) fn faults(&self, first: usize) -> (Vec<Fault>, Vec<Executed>) {
+        let mut faults = Vec::new();
+        let mut executed = Vec::new();
+        for (i, (node, from, to, _)) in self.found.iter().enumerate() {
+            faults.push(Fault {
+                at: *from,
+                duration: to.saturating_sub(*from),
+                kind: FaultKind::Starve {
+                    node: *node,
+                    busy_loops: 0,
+                    quota_percent: 0,
+                },
+            });
+            for (at, step) in [(*from, Step::Apply), (*to, Step::Undo)] {
+                executed.push(Executed {
+                    at,
+                    began: at,
+                    done: at,
+                    fault: first + i,
+                    step,
+                });
+            }
+        }
+        (faults, executed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waits(ms: u64) -> Option<watch::Waits> {
+        Some(
+            [((7, 7), ms * 1_000_000), ((7, 8), 0)]
+                .into_iter()
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_thread_waiting_a_watchers_wait_over_two_rounds_is_a_starvation_between_the_reads() {
+        let mut w = StarveWatch::default();
+        let s = Duration::from_millis;
+        w.read(1, waits(0), s(0));
+        w.read(1, waits(40), s(100));
+        w.read(1, waits(80), s(200));
+        assert!(w.found.is_empty(), "80 ms over two rounds: {:?}", w.found);
+        w.read(1, waits(190), s(300));
+        w.read(1, waits(300), s(400));
+        // From the read two rounds before the first starved one, to the last starved read.
+        assert_eq!(w.found.len(), 1, "{:?}", w.found);
+        assert_eq!((w.found[0].1, w.found[0].2), (s(100), s(400)));
+        w.read(1, None, s(500));
+        w.read(1, waits(0), s(600));
+        w.read(1, waits(0), s(700));
+        let (faults, steps) = w.faults(5);
+        assert_eq!(faults.len(), 1);
+        assert!(matches!(faults[0].kind, FaultKind::Starve { node: 1, .. }));
+        let at: Vec<(Duration, usize)> = steps.iter().map(|e| (e.at, e.fault)).collect();
+        assert_eq!(at, vec![(s(100), 5), (s(400), 5)]);
     }
 }
