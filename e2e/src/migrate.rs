@@ -24,10 +24,12 @@
 
 pub mod checked;
 pub mod keepalived;
+pub mod starve;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -43,6 +45,7 @@ use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober, Worker};
 use crate::realnode;
 use crate::service_failover::Implementation;
 use crate::service_failover::cluster::{self as nodes, NodeCluster, Workload};
+use starve::Starvation;
 
 /// How long the lab waits for each stage (a functional bound, not a measurement).
 const STAGE: Duration = Duration::from_secs(180);
@@ -50,6 +53,10 @@ const STAGE: Duration = Duration::from_secs(180);
 const PROBE_INTERVAL: Duration = Duration::from_millis(10);
 /// Probes sent this close to the end are not judged (their answers may be on the way).
 const IN_FLIGHT: Duration = Duration::from_millis(500);
+/// How long before another node's answers began a measured starvation explains them.
+const STARVED_BEFORE: Duration = Duration::from_secs(1);
+/// Answers by one other node this far apart are two episodes, each to be explained.
+const EPISODE_GAP: Duration = Duration::from_secs(1);
 /// How long the probes go on after the switch ended.
 const TAIL: Duration = Duration::from_secs(3);
 /// The pool's addresses (`kubelab::POOL`, a /30): at most this many Services.
@@ -97,6 +104,10 @@ pub struct OtherAnswers {
     pub last_ms: u64,
     /// How many probes it answered.
     pub probes: usize,
+    /// Whether each episode of those answers (a new one after [`EPISODE_GAP`] without) began
+    /// within [`STARVED_BEFORE`] after a speaker's measured starvation or during it
+    /// ([`starve::explains`]): a starved owner taken over for a moment, not the switch.
+    pub after_starvation: bool,
 }
 
 /// One of the operator's commands.
@@ -120,6 +131,11 @@ pub struct Report {
     pub ips_changed: usize,
     /// Service IPs answered, during or after the switch, by a node other than the one before.
     pub owners_moved: usize,
+    /// Of those, the ones whose other answers no measured starvation explains, or whose last
+    /// answer came from another node.
+    pub owners_moved_unexplained: usize,
+    /// The swimlb speakers' starvations measured during the switch ([`starve`]).
+    pub starvations: Vec<Starvation>,
     /// Probes over every IP, sent during the switch, and those lost.
     pub probes_sent: usize,
     pub probes_lost: usize,
@@ -156,10 +172,25 @@ impl Report {
         for s in &self.services {
             for o in &s.others {
                 out += &format!(
-                    "  {} answered by {} {} times, +{} to +{} ms\n",
-                    s.service, o.node, o.probes, o.first_ms, o.last_ms
+                    "  {} answered by {} {} times, +{} to +{} ms{}\n",
+                    s.service,
+                    o.node,
+                    o.probes,
+                    o.first_ms,
+                    o.last_ms,
+                    if o.after_starvation {
+                        " (after a measured starvation)"
+                    } else {
+                        ""
+                    }
                 );
             }
+        }
+        for s in &self.starvations {
+            out += &format!(
+                "  {}'s speaker starved: a thread waited {} ms for a CPU, +{} to +{} ms\n",
+                s.node, s.longest_wait_ms, s.from_ms, s.to_ms
+            );
         }
         for step in &self.steps {
             out += &format!(
@@ -168,9 +199,10 @@ impl Report {
             );
         }
         out += &format!(
-            "Service IPs changed: {}, owners moved: {}, probes lost: {} of {}; no speaker for {} ms\n",
+            "Service IPs changed: {}, owners moved: {} ({} unexplained by a starvation), probes lost: {} of {}; no speaker for {} ms\n",
             self.ips_changed,
             self.owners_moved,
+            self.owners_moved_unexplained,
             self.probes_lost,
             self.probes_sent,
             self.speakerless_ms
@@ -249,18 +281,27 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
     let probers = start_probers(&lab, &before)?;
     wait_answered(&probers, &before)?;
     let t0 = Instant::now();
-    let switch = switch(&lab, &cluster, &program, &before, t0, progress)?;
-    std::thread::sleep(TAIL);
+    let stop = AtomicBool::new(false);
+    let (switch, starvations) = std::thread::scope(|s| {
+        let watch = s.spawn(|| starve::watch(&cluster.real.nodes, t0, &stop));
+        let switch = switch(&lab, &cluster, &program, &before, t0, progress);
+        if switch.is_ok() {
+            std::thread::sleep(TAIL);
+        }
+        stop.store(true, Ordering::Relaxed);
+        (switch, watch.join().unwrap_or_default())
+    });
+    let switch = switch?;
     let end = Instant::now();
     let records: Vec<Vec<ProbeRecord>> = probers.into_iter().map(Prober::stop).collect();
     let services = before
         .iter()
         .zip(&records)
-        .map(|(b, r)| b.judge(&cluster, r, t0, end))
+        .map(|(b, r)| b.judge(&cluster, r, t0, end, &starvations))
         .collect();
     drop(cluster);
     drop(responders);
-    Ok(report(options.nodes, services, switch))
+    Ok(report(options.nodes, services, switch, starvations))
 }
 
 /// The IPs in Service `name`'s status.
@@ -292,6 +333,7 @@ impl Before {
         records: &[ProbeRecord],
         t0: Instant,
         end: Instant,
+        starvations: &[Starvation],
     ) -> ServiceMove {
         let during: Vec<&ProbeRecord> = records
             .iter()
@@ -312,11 +354,18 @@ impl Before {
                     .filter(|r| r.answer.as_ref().is_some_and(|(n, _)| n == node))
                     .map(|r| r.sent.duration_since(t0).as_millis() as u64)
                     .collect();
+                let (first_ms, last_ms) = (
+                    sent.first().copied().unwrap_or_default(),
+                    sent.last().copied().unwrap_or_default(),
+                );
                 OtherAnswers {
                     node: node.clone(),
-                    first_ms: sent.first().copied().unwrap_or_default(),
-                    last_ms: sent.last().copied().unwrap_or_default(),
+                    first_ms,
+                    last_ms,
                     probes: sent.len(),
+                    after_starvation: starve::episodes(&sent, EPISODE_GAP)
+                        .into_iter()
+                        .all(|start| starve::explains(starvations, start, STARVED_BEFORE)),
                 }
             })
             .collect();
@@ -340,9 +389,25 @@ impl Before {
 }
 
 /// The report's totals over `services`.
-fn report(nodes: usize, services: Vec<ServiceMove>, switch: Switch) -> Report {
+fn report(
+    nodes: usize,
+    services: Vec<ServiceMove>,
+    switch: Switch,
+    starvations: Vec<Starvation>,
+) -> Report {
     Report {
         nodes,
+        owners_moved_unexplained: services
+            .iter()
+            .filter(|s| {
+                s.owner_after.as_deref() != Some(s.owner_before.as_str())
+                    || s.answered_by.iter().any(|n| {
+                        *n != s.owner_before
+                            && !s.others.iter().any(|o| o.node == *n && o.after_starvation)
+                    })
+            })
+            .count(),
+        starvations,
         ips_changed: services
             .iter()
             .filter(|s| s.ip_after != s.ip_before)
@@ -526,6 +591,60 @@ fn switch(
         || convert(program, &exported),
     )?;
     let silent_from = Instant::now();
+    remove_metallb_speakers(&mut steps, &kubectl, progress)?;
+    // `deploy/swimlb.yaml` with only the image replaced by the project's, which every node
+    // holds (the install page's way of naming another image).
+    let install = nodes::manifest_with_image(&nodes::project_tag())?;
+    steps.run(
+        "kubectl apply --server-side -f deploy/swimlb.yaml",
+        progress,
+        || kubectl.apply(crate::kubectl::Source::Text(&install)),
+    )?;
+    steps.run(
+        "kubectl wait --for condition=established crd/ipaddresspools.swimlb.io crd/l2advertisements.swimlb.io",
+        progress,
+        || kubectl.run(&["wait", "--for", "condition=established", "--timeout=60s", "crd/ipaddresspools.swimlb.io", "crd/l2advertisements.swimlb.io"], None),
+    )?;
+    steps.run(
+        "kubectl apply --server-side -f swimlb-config.json",
+        progress,
+        || kubectl.apply(crate::kubectl::Source::Text(&converted)),
+    )?;
+    steps.run(
+        "(swimlb's speakers all name every IP's owner, its records written)",
+        progress,
+        || wait_swimlb_serving(lab, plane, before),
+    )?;
+    let speakerless_ms = silent_from.elapsed().as_millis() as u64;
+    // The manifest MetalLB was installed from (its images do not matter to a deletion).
+    let manifest = metallb::lab_manifest(&std::fs::read_to_string(
+        realnode::metallb::locate()?.join(metallb::MANIFEST),
+    )?)?;
+    steps.run(
+        &format!("kubectl delete -f {} --ignore-not-found", metallb::MANIFEST),
+        progress,
+        || {
+            kubectl.run(
+                &["delete", "--ignore-not-found", "--timeout=180s", "-f", "-"],
+                Some(&manifest),
+            )
+        },
+    )?;
+    Ok(Switch {
+        steps: steps.list,
+        speakerless_ms,
+        skipped,
+    })
+}
+
+/// Step 2 of the book's switch: MetalLB's advertisements, then (once its speakers deleted their
+/// records) its controller and speakers, their Pods too.
+fn remove_metallb_speakers(
+    steps: &mut Steps,
+    kubectl: &crate::kubectl::Kubectl,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let ns = metallb::NAMESPACE;
     // MetalLB's speakers stop announcing first: a speaker that stops while the others still
     // announce hands its IPs to them for the moment they take to stop too (memberlist tells
     // them it left), and the clients' neighbour entries follow.
@@ -584,49 +703,7 @@ fn switch(
             )
         },
     )?;
-    // `deploy/swimlb.yaml` with only the image replaced by the project's, which every node
-    // holds (the install page's way of naming another image).
-    let install = nodes::manifest_with_image(&nodes::project_tag())?;
-    steps.run(
-        "kubectl apply --server-side -f deploy/swimlb.yaml",
-        progress,
-        || kubectl.apply(crate::kubectl::Source::Text(&install)),
-    )?;
-    steps.run(
-        "kubectl wait --for condition=established crd/ipaddresspools.swimlb.io crd/l2advertisements.swimlb.io",
-        progress,
-        || kubectl.run(&["wait", "--for", "condition=established", "--timeout=60s", "crd/ipaddresspools.swimlb.io", "crd/l2advertisements.swimlb.io"], None),
-    )?;
-    steps.run(
-        "kubectl apply --server-side -f swimlb-config.json",
-        progress,
-        || kubectl.apply(crate::kubectl::Source::Text(&converted)),
-    )?;
-    steps.run(
-        "(swimlb's speakers all name every IP's owner, its records written)",
-        progress,
-        || wait_swimlb_serving(lab, plane, before),
-    )?;
-    let speakerless_ms = silent_from.elapsed().as_millis() as u64;
-    // The manifest MetalLB was installed from (its images do not matter to a deletion).
-    let manifest = metallb::lab_manifest(&std::fs::read_to_string(
-        realnode::metallb::locate()?.join(metallb::MANIFEST),
-    )?)?;
-    steps.run(
-        &format!("kubectl delete -f {} --ignore-not-found", metallb::MANIFEST),
-        progress,
-        || {
-            kubectl.run(
-                &["delete", "--ignore-not-found", "--timeout=180s", "-f", "-"],
-                Some(&manifest),
-            )
-        },
-    )?;
-    Ok(Switch {
-        steps: steps.list,
-        speakerless_ms,
-        skipped,
-    })
+    Ok(())
 }
 
 /// `swimlb-controller convert-metallb` (the lab binary's `controller` command) on `exported`:
@@ -718,7 +795,7 @@ mod tests {
             skipped: Vec::new(),
         };
         let still = moved(Some("node2"), &["node2"], "198.51.100.100");
-        let r = report(3, vec![still.clone()], switch());
+        let r = report(3, vec![still.clone()], switch(), Vec::new());
         assert_eq!((r.ips_changed, r.owners_moved, r.probes_lost), (0, 0, 3));
         let services = vec![
             still,
@@ -726,9 +803,23 @@ mod tests {
             moved(Some("node3"), &["node3"], "198.51.100.100"),
             moved(None, &[], "198.51.100.101"),
         ];
-        let r = report(3, services, switch());
+        let r = report(3, services.clone(), switch(), Vec::new());
         assert_eq!(r.ips_changed, 1);
-        assert_eq!(r.owners_moved, 3);
+        assert_eq!((r.owners_moved, r.owners_moved_unexplained), (3, 3));
+        // node1's answers beside a measured starvation: moved, but explained.
+        let mut starved = services[1].clone();
+        starved.others = vec![OtherAnswers {
+            node: "node1".into(),
+            first_ms: 100,
+            last_ms: 200,
+            probes: 10,
+            after_starvation: true,
+        }];
+        let explained = report(3, vec![services[0].clone(), starved], switch(), Vec::new());
+        assert_eq!(
+            (explained.owners_moved, explained.owners_moved_unexplained),
+            (1, 0)
+        );
         assert_eq!((r.probes_sent, r.probes_lost), (400, 12));
         assert!(r.table().contains("owners moved: 3"), "{}", r.table());
     }

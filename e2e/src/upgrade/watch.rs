@@ -562,7 +562,7 @@ pub fn processes(roots: &[String]) -> Vec<Vec<Process>> {
 
 /// Each thread of process `pid` and its time spent waiting for a CPU
 /// (`/proc/PID/task/TID/schedstat`: time on the CPU, time waiting, timeslices; nanoseconds).
-fn thread_waits(pid: u32) -> Waits {
+pub fn thread_waits(pid: u32) -> Waits {
     let mut waits = Waits::new();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return waits;
