@@ -27,6 +27,10 @@
 //!   the API server reaches the kubelet (logs, exec) with its client certificate; no other
 //!   client is on the lab's network.
 //! - `failSwapOn: false`: a developer's machine may have swap; the lab's Pods do not care.
+//! - `syncFrequency: 10s` (default 1 minute): the kubelet rewrites a mounted Secret only at its
+//!   next sync of the Pod, so the gossip key rotation's three steps waited 66-88 s each with the
+//!   default, 3-4 minutes of every CI run. Nothing else the lab tests depends on it (probes,
+//!   status and the Pod lifecycle are not on this timer).
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -163,6 +167,7 @@ resolvConf: {resolv}
 podLogsDir: {logs}
 volumePluginDir: {plugins}
 failSwapOn: false
+syncFrequency: 10s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
