@@ -10,9 +10,9 @@
 //!   taken over and refuted for a moment, seen when the machine's load is above about 14). MetalLB's own failover on real nodes (the
 //!   owner its order names, another node answering after a poweroff) is
 //!   `service_failover.rs`'s `metallb_from_its_own_images_...` and `failover --impl metallb`.
-//! - `measure_speaker_memory_beside_swimlb` (`#[ignore]`d measurement, run on demand): one node,
-//!   MetalLB installed from its manifest with its Pods run by the lab's kubelet emulation
-//!   (`swimlb_e2e::metallb`; not yet on a real node), and swimlb's speaker beside it (`swimlb-lab speaker
+//! - `measure_speaker_memory_beside_swimlb` (`#[ignore]`d measurement, run on demand): one real
+//!   node, MetalLB installed from its images and manifest as above (its speaker's process found
+//!   through `crictl`), and swimlb's speaker beside it (`swimlb-lab speaker
 //!   kubernetes`, other ports), both watching the same real API server seeded as
 //!   `speaker/tests/kubernetes_scale.rs` seeds it: `SWIMLB_MEASURE_SERVICES` (10,000) IPv6
 //!   LoadBalancer Services in 20 namespaces (their IPs asked for with `metallb.io/loadBalancerIPs`
@@ -31,11 +31,13 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use swimlb_e2e::failover::Daemons as _;
-use swimlb_e2e::metallb::{self, MetallbDaemons};
+use swimlb_e2e::metallb;
 use swimlb_e2e::migrate;
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe;
+use swimlb_e2e::realnode::{self, daemons::container_pid};
+use swimlb_e2e::service_failover::Implementation;
+use swimlb_e2e::service_failover::cluster::{NodeCluster, Workload};
 use tokio::time::Instant;
 
 static LAB: Mutex<()> = Mutex::new(());
@@ -248,16 +250,23 @@ fn measure_speaker_memory_beside_swimlb() {
         .unwrap_or(10_000);
     assert!(count <= 0x1_0000, "the pool is a /112");
     let nodes = 100;
-    let mut lab = Lab::create(1).expect("building the lab");
-    let mut daemons =
-        MetallbDaemons::start(&mut lab, program()).unwrap_or_else(|e| panic!("{e:#}"));
-    daemons
-        .start(&mut lab, 1)
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let metallb_pid = daemons.pid(&mut lab, 1).expect("MetalLB's speaker runs");
-    let cluster = daemons.cluster();
-    let plane = cluster.control_plane();
-    let api = cluster.api();
+    realnode::cleanup_stale();
+    let lab = Lab::create(1).expect("building the lab");
+    // Dropped before the lab (declared after it).
+    let cluster = NodeCluster::start(
+        &lab,
+        Implementation::Metallb,
+        Workload::Probe,
+        None,
+        &mut |line| eprintln!("{line}"),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let real = &cluster.real.nodes[0];
+    let metallb_pid = container_pid(real)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .expect("MetalLB's speaker runs");
+    let plane = &cluster.plane;
+    let api = plane.admin();
     plane.install_crds().expect("swimlb's CRDs");
 
     let seeding = Instant::now();
@@ -284,7 +293,7 @@ fn measure_speaker_memory_beside_swimlb() {
     }
     let seeded = seeding.elapsed();
 
-    let dir = daemons.dir().to_path_buf();
+    let dir = lab.work_dir().to_path_buf();
     let mut swimlb = start_swimlb_speaker(
         &lab,
         &plane.admin_kubeconfig(),
@@ -370,14 +379,13 @@ fn measure_speaker_memory_beside_swimlb() {
     assert!(
         metallb_n >= count && swimlb_n >= count,
         "not every IP announced: MetalLB {metallb_n}, swimlb {swimlb_n} of {count}\n{}",
-        daemons
-            .speaker_log(&node.name)
+        realnode::metallb::container_log(real, metallb::NAMESPACE, "speaker-", "speaker")
             .lines()
             .rev()
             .take(40)
             .collect::<Vec<_>>()
             .join("\n")
     );
-    drop(daemons);
-    lab.teardown();
+    drop(cluster);
+    drop(lab);
 }
