@@ -23,6 +23,10 @@
 //!   and its log (memberlist's node events, [`members`]).
 //!
 //! [`lab_manifest`], [`members`] and [`announces`] are pure; [`MetallbDaemons`] is the I/O.
+//!
+//! The pure part serves MetalLB on real nodes too ([`crate::realnode::metallb`]: `failover`,
+//! `soak`, `chaos`, `service-failover`, `migrate`, `metallb_lab.rs`). [`MetallbDaemons`] (the
+//! played kubelets) is left to `demo --kubernetes` alone.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
