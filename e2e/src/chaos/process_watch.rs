@@ -199,6 +199,8 @@ pub(super) struct StarveWatch {
 
 /// How often [`StarveWatch`] reads the waits (a stall of `M x I` falls whole within two).
 pub(super) const STARVE_ROUND: Duration = Duration::from_millis(100);
+/// Two reads further apart than this are not judged.
+const STARVE_SPAN: Duration = Duration::from_secs(1);
 
 impl StarveWatch {
     /// Node `node`'s speaker threads' waits read at `at` ([`watch::thread_waits`]; none: the
@@ -209,7 +211,12 @@ impl StarveWatch {
             rounds.clear();
             return;
         };
-        if let Some((before, then)) = rounds.front() {
+        // Reads further apart (the run was busy with a long step) sum a thread's waits over too
+        // long a time to tell a stall: not judged.
+        if let Some((before, then)) = rounds
+            .front()
+            .filter(|(b, _)| at.saturating_sub(*b) <= STARVE_SPAN)
+        {
             let longest = now
                 .iter()
                 .filter_map(|(thread, w)| Some(w.saturating_sub(*then.get(thread)?)))
@@ -294,6 +301,10 @@ mod tests {
         w.read(1, None, s(500));
         w.read(1, waits(0), s(600));
         w.read(1, waits(0), s(700));
+        // Reads 5 s apart (a long step between them): 400 ms of waits in them is no stall.
+        w.read(1, waits(0), s(5700));
+        w.read(1, waits(400), s(10_700));
+        assert_eq!(w.found.len(), 1, "{:?}", w.found);
         let (faults, steps) = w.faults(5);
         assert_eq!(faults.len(), 1);
         assert!(matches!(faults[0].kind, FaultKind::Starve { node: 1, .. }));
