@@ -215,12 +215,27 @@ fn two_kubernetes_speakers_elect_metallbs_owner_record_it_and_fail_over_without_
             .flat_map(|(version, kind)| api.admin().list(version, kind, None).unwrap_or_default())
             .filter(|e| e["reason"] == "nodeAssigned")
             .filter_map(|e| {
-                e["note"]
-                    .as_str()
-                    .or(e["message"].as_str())
-                    .map(str::to_string)
+                // The Service's uid: `kubectl describe service` selects its Events by it.
+                let about = if e["regarding"].is_null() {
+                    &e["involvedObject"]
+                } else {
+                    &e["regarding"]
+                };
+                let note = e["note"].as_str().or(e["message"].as_str())?;
+                Some(format!(
+                    "{note} (uid {})",
+                    about["uid"].as_str().unwrap_or("none")
+                ))
             })
             .collect();
+        let web_uid = api
+            .admin()
+            .list("v1", "Service", Some("default"))
+            .unwrap_or_default()
+            .into_iter()
+            .find(|s| s["metadata"]["name"] == "web")
+            .and_then(|s| s["metadata"]["uid"].as_str().map(str::to_string))
+            .expect("the Service web has a uid");
         // The owner drains while the API server is away: the other takes over from gossip.
         api.stop_apiserver().expect("stopping the API server");
         let _ = stops.remove(&expected).unwrap().send(());
@@ -258,14 +273,14 @@ fn two_kubernetes_speakers_elect_metallbs_owner_record_it_and_fail_over_without_
         (
             named,
             (first, views),
-            events,
+            (events, web_uid),
             drained.is_ok(),
             took_over,
             answered,
             corrected,
         )
     });
-    let (named, first, events, drained, took_over, answered, corrected) = report;
+    let (named, first, (events, web_uid), drained, took_over, answered, corrected) = report;
     assert!(
         named,
         "the record never named {owner} (MetalLB's owner): {first:?}"
@@ -273,6 +288,12 @@ fn two_kubernetes_speakers_elect_metallbs_owner_record_it_and_fail_over_without_
     assert!(
         events.iter().any(|n| n.contains("announcing from node")),
         "no nodeAssigned event: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|n| n.ends_with(&format!("(uid {web_uid})"))),
+        "a nodeAssigned Event without the Service's uid {web_uid}: {events:?}"
     );
     assert!(drained, "the draining speaker did not stop");
     assert!(

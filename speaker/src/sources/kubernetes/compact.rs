@@ -117,9 +117,68 @@ fn meta(key: &ServiceKey, labels: &Pairs, annotations: &Pairs) -> ObjectMeta {
     }
 }
 
+/// A Service's uid: the 16 bytes of the UUID the API server gives every object, or (a uid in
+/// another form, which the API allows) its text. 24 bytes in a [`CompactService`] (120 to 144),
+/// nothing on the heap for a UUID; a `SmolStr` would add a 64-byte allocation (36 characters do
+/// not fit inline).
+#[derive(Debug, Clone, PartialEq)]
+enum Uid {
+    Uuid([u8; 16]),
+    Other(Box<str>),
+}
+
+/// Where a UUID's text has its hyphens.
+const UUID_HYPHENS: [usize; 4] = [8, 13, 18, 23];
+
+impl Uid {
+    /// `text` kept so that [`Uid::text`] gives it back exactly (only a lowercase UUID is packed).
+    fn new(text: &str) -> Uid {
+        Uid::parse(text).map_or_else(|| Uid::Other(text.into()), Uid::Uuid)
+    }
+
+    fn parse(text: &str) -> Option<[u8; 16]> {
+        let text = text.as_bytes();
+        if text.len() != 36 || UUID_HYPHENS.iter().any(|&i| text[i] != b'-') {
+            return None;
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut digits = text.iter().filter(|&&c| c != b'-');
+        let mut bytes = [0u8; 16];
+        for byte in &mut bytes {
+            let (hi, lo) = (*digits.next()?, *digits.next()?);
+            *byte = nibble(hi)? << 4 | nibble(lo)?;
+        }
+        Some(bytes)
+    }
+
+    fn text(&self) -> String {
+        match self {
+            Uid::Uuid(bytes) => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut text = String::with_capacity(36);
+                for byte in bytes {
+                    if UUID_HYPHENS.contains(&text.len()) {
+                        text.push('-');
+                    }
+                    text.push(char::from(HEX[usize::from(byte >> 4)]));
+                    text.push(char::from(HEX[usize::from(byte & 0xf)]));
+                }
+                text
+            }
+            Uid::Other(text) => text.to_string(),
+        }
+    }
+}
+
 /// A Service as the speaker keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactService {
+    /// `metadata.uid`, for the Events about the Service.
+    uid: Option<Uid>,
     labels: Pairs,
     annotations: Pairs,
     spec: Option<CompactSpec>,
@@ -157,6 +216,7 @@ impl Compact for CompactService {
             external_traffic_policy: text(spec.external_traffic_policy),
         });
         CompactService {
+            uid: view.metadata.uid.as_deref().map(Uid::new),
             labels: pairs(view.metadata.labels, names),
             annotations: pairs(view.metadata.annotations, names),
             spec,
@@ -166,7 +226,10 @@ impl Compact for CompactService {
 
     fn view(&self, key: &ServiceKey) -> ServiceView {
         ServiceView {
-            metadata: meta(key, &self.labels, &self.annotations),
+            metadata: ObjectMeta {
+                uid: self.uid(),
+                ..meta(key, &self.labels, &self.annotations)
+            },
             spec: self.spec.as_ref().map(|spec| ServiceSpecView {
                 type_: spec.type_.as_ref().map(SmolStr::to_string),
                 load_balancer_class: spec.load_balancer_class.as_ref().map(SmolStr::to_string),
@@ -188,6 +251,13 @@ impl Compact for CompactService {
                 }),
             }),
         }
+    }
+}
+
+impl CompactService {
+    /// The Service's `metadata.uid`.
+    pub fn uid(&self) -> Option<String> {
+        self.uid.as_ref().map(Uid::text)
     }
 }
 
@@ -447,12 +517,17 @@ mod tests {
         let mut names = Interner::default();
         for value in [
             json!({"metadata": {"name": "web", "namespace": "shop",
+                    "uid": "0f9c2b7e-4d1a-4e8b-9a3c-5b6d7e8f9a0b",
                     "labels": {"app": "web", "tier": "front"},
                     "annotations": {"metallb.io/allow-shared-ip": "k"}},
                 "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
                     "loadBalancerClass": "swimlb.io/l2"},
                 "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}, {"hostname": "h"}]}}}),
             json!({"metadata": {"name": "bare", "namespace": "shop"}}),
+            // A uid that is not a lowercase UUID is kept as it came.
+            json!({"metadata": {"name": "upper", "namespace": "shop",
+                "uid": "0F9C2B7E-4D1A-4E8B-9A3C-5B6D7E8F9A0B"}}),
+            json!({"metadata": {"name": "other", "namespace": "shop", "uid": "u-1"}}),
             json!({"metadata": {"name": "empty", "namespace": "shop", "labels": {}},
                 "spec": {"type": "ClusterIP"}, "status": {"loadBalancer": {"ingress": []}}}),
         ] {
@@ -462,6 +537,10 @@ mod tests {
             let compact = CompactService::compact(view.clone(), &mut names);
             let back = compact.view(&key);
             assert_eq!(back.metadata, view.metadata);
+            assert_eq!(compact.uid(), view.metadata.uid, "{key}");
+            if key.name == "web" {
+                assert!(matches!(compact.uid, Some(Uid::Uuid(_))), "packed");
+            }
             assert_eq!(back.spec, view.spec);
             // A status without ingress entries reads as none at all, as the snapshot reads it.
             let ingress = |v: &ServiceView| {
@@ -471,6 +550,25 @@ mod tests {
                     .and_then(|lb| lb.ingress.clone())
             };
             assert_eq!(ingress(&back), ingress(&view), "{key}");
+        }
+    }
+
+    #[test]
+    fn a_services_uid_costs_24_bytes_at_most_and_nothing_on_the_heap_for_a_uuid() {
+        assert!(
+            size_of::<Option<Uid>>() <= 24,
+            "{}",
+            size_of::<Option<Uid>>()
+        );
+        let uuid = "0f9c2b7e-4d1a-4e8b-9a3c-5b6d7e8f9a0b";
+        assert_eq!(Uid::new(uuid), Uid::Uuid(Uid::parse(uuid).expect("a UUID")));
+        assert_eq!(Uid::new(uuid).text(), uuid);
+        for other in [
+            "",
+            "0f9c2b7e4d1a4e8b9a3c5b6d7e8f9a0b",
+            "0f9c2b7e-4d1a-4e8b-9a3c-5b6d7e8f9a0g",
+        ] {
+            assert_eq!(Uid::new(other), Uid::Other(other.into()), "{other:?}");
         }
     }
 

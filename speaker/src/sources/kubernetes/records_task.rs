@@ -23,6 +23,7 @@ use swimlb_config::service::ServiceKey;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::compact::{CompactService, CompactStore};
 use super::events::{EventType, EventWriter, Note, Reason};
 use super::metrics::{KubeMetrics, Resource};
 use super::records::{NODE_LABEL, RecordWriter, SERVICE_NAME_LABEL, SERVICE_NAMESPACE_LABEL};
@@ -180,8 +181,11 @@ impl Book {
 
     /// The next round of Events, at most [`EVENTS_PER_ROUND`], warnings first, so that records
     /// keep being written while thousands of Events go out (a cold start, a node taking over
-    /// many Services).
-    pub(super) fn event_round(&mut self) -> Vec<(ObjectReference, Note)> {
+    /// many Services). `uid` gives a Service's uid, when the cache still has the Service.
+    pub(super) fn event_round(
+        &mut self,
+        mut uid: impl FnMut(&ServiceKey) -> Option<String>,
+    ) -> Vec<(ObjectReference, Note)> {
         let warnings = self.warnings.len().min(EVENTS_PER_ROUND);
         let mut round: Vec<(ObjectReference, Note)> = self.warnings.drain(..warnings).collect();
         let room = (EVENTS_PER_ROUND - round.len()).min(self.assigned_to.len());
@@ -189,7 +193,7 @@ impl Book {
         round.extend(
             self.assigned_to
                 .drain(..room)
-                .map(|service| (service_ref(&service), assigned.clone())),
+                .map(|service| (service_ref(&service, uid(&service)), assigned.clone())),
         );
         // A cold start queued 10,000 (half a megabyte): not kept once written.
         if self.assigned_to.is_empty() && self.assigned_to.capacity() > EVENTS_PER_ROUND {
@@ -304,6 +308,7 @@ pub(super) async fn run(
     client: Client,
     namespace: String,
     node: String,
+    services: CompactStore<CompactService>,
     mut told: mpsc::UnboundedReceiver<ToWrite>,
     seen_back: mpsc::UnboundedSender<SeenRecord>,
     metrics: KubeMetrics,
@@ -339,7 +344,13 @@ pub(super) async fn run(
             tracing::warn!(error = %e, "ServiceL2Status write failed; retrying");
         }
         metrics.records_swept(writer.take_swept());
-        for (object, event) in book.event_round() {
+        // The uids as the cache holds them now (a Service deleted meanwhile: none, and the
+        // Event goes out without it).
+        let round = {
+            let services = services.lock();
+            book.event_round(|key| services.get(key).and_then(CompactService::uid))
+        };
+        for (object, event) in round {
             if let Err(e) = recorder.publish(&object, &event).await {
                 metrics.write_error(Resource::Events);
                 tracing::warn!(
@@ -429,11 +440,13 @@ fn assigned(node: &str) -> Note {
     }
 }
 
-/// An object reference to the Service `key`.
-pub(super) fn service_ref(key: &ServiceKey) -> ObjectReference {
+/// An object reference to the Service `key` whose uid is `uid`: `kubectl describe service`
+/// selects the Events by the uid too, and lists none without it.
+pub(super) fn service_ref(key: &ServiceKey, uid: Option<String>) -> ObjectReference {
     let mut service = Service::default();
     service.metadata.name = Some(key.name.to_string());
     service.metadata.namespace = Some(key.namespace.to_string());
+    service.metadata.uid = uid;
     service.object_ref(&())
 }
 
@@ -441,10 +454,20 @@ pub(super) fn service_ref(key: &ServiceKey) -> ObjectReference {
 mod tests {
     use super::*;
 
+    /// A client pointing nowhere.
+    fn client() -> Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        Client::try_from(config).expect("client")
+    }
+
     /// A writer whose client points nowhere: the book only uses its bookkeeping.
     fn writer() -> RecordWriter {
-        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
-        RecordWriter::new(Client::try_from(config).expect("client"), "swimlb-system")
+        RecordWriter::new(client(), "swimlb-system")
+    }
+
+    /// A cache without the Services.
+    fn no_uid(_: &ServiceKey) -> Option<String> {
+        None
     }
 
     fn key(name: &str) -> ServiceKey {
@@ -486,7 +509,7 @@ mod tests {
         // The eth0 list is no record's any more: dropped when a new list comes.
         book.told(record(&key("c"), "node1", "eth2"), &mut writer);
         assert_eq!(book.interface_lists.len(), 2);
-        let round = book.event_round();
+        let round = book.event_round(no_uid);
         let names: Vec<_> = round.iter().filter_map(|(o, _)| o.name.clone()).collect();
         assert_eq!(names, ["a", "b", "c"]);
         assert!(round.iter().all(|(_, n)| n.reason == Reason::NodeAssigned));
@@ -494,7 +517,48 @@ mod tests {
         // Given up, then taken again before the record was written: a new Event.
         book.told(given_up(&key("a")), &mut writer);
         book.told(record(&key("a"), "node1", "eth1"), &mut writer);
-        assert_eq!(book.event_round().len(), 1);
+        assert_eq!(book.event_round(no_uid).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_node_assigned_event_names_the_services_uid_as_the_cache_holds_it() {
+        use super::super::compact::{Compact as _, Interner};
+        use super::super::views::{ServiceView, trim_service};
+        // The Service as the API server sends it, trimmed and compacted as the cache keeps it.
+        let uid = "6f1d0c9a-2b3e-4f50-8a7b-9c0d1e2f3a4b";
+        let mut view: ServiceView = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "uid": uid,
+                "resourceVersion": "7", "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"type": "LoadBalancer"}
+        }))
+        .expect("a Service");
+        trim_service(&mut view);
+        let cached: HashMap<ServiceKey, CompactService> = [(
+            key("web"),
+            CompactService::compact(view, &mut Interner::default()),
+        )]
+        .into();
+        let (mut book, mut writer) = (Book::new("node1"), writer());
+        // "gone" was deleted before its Event went out: the Event still goes, without a uid.
+        for name in ["web", "gone"] {
+            book.told(record(&key(name), "node1", "eth0"), &mut writer);
+        }
+        let round = book.event_round(|k| cached.get(k).and_then(CompactService::uid));
+        let refs: Vec<_> = round
+            .iter()
+            .map(|(o, _)| (o.name.as_deref(), o.uid.as_deref()))
+            .collect();
+        assert_eq!(refs, [(Some("web"), Some(uid)), (Some("gone"), None)]);
+        let (object, note) = &round[0];
+        assert_eq!(object.kind.as_deref(), Some("Service"));
+        let event = EventWriter::new(client(), "swimlb-speaker", "node1").event(
+            object,
+            note,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let regarding = event.regarding.expect("regarding");
+        assert_eq!(regarding.uid.as_deref(), Some(uid));
+        assert_eq!(regarding.namespace.as_deref(), Some("default"));
     }
 
     #[tokio::test]
@@ -505,21 +569,21 @@ mod tests {
         }
         book.told(
             ToWrite::Warning {
-                object: service_ref(&key("bad")),
+                object: service_ref(&key("bad"), None),
                 reason: Reason::InvalidConfiguration,
                 note: "no".into(),
             },
             &mut writer,
         );
-        let first = book.event_round();
+        let first = book.event_round(no_uid);
         assert_eq!(first.len(), EVENTS_PER_ROUND);
         assert_eq!(first[0].1.reason, Reason::InvalidConfiguration);
         assert_eq!(first[0].1.type_, EventType::Warning);
         assert!(book.more_events());
-        let second = book.event_round();
+        let second = book.event_round(no_uid);
         assert_eq!(second.len(), 41 - EVENTS_PER_ROUND);
         assert!(!book.more_events());
-        assert!(book.event_round().is_empty());
+        assert!(book.event_round(no_uid).is_empty());
     }
 
     #[tokio::test]
@@ -563,7 +627,7 @@ mod tests {
             book.told(record(service, "node1", "eth0"), &mut writer);
             writer.assume_written(service, &status("node1", service, "eth0"));
         }
-        assert_eq!(book.event_round().len(), 2, "taken: one Event each");
+        assert_eq!(book.event_round(no_uid).len(), 2, "taken: one Event each");
         // Held for a moment after a pause: this node answers nothing, nobody takes over, the
         // API still holds its records.
         book.told(given_up(&a), &mut writer);
@@ -577,7 +641,10 @@ mod tests {
             !writer.is_pending(),
             "the API holds it still: nothing to write"
         );
-        assert!(book.event_round().is_empty(), "and no Event: nothing moved");
+        assert!(
+            book.event_round(no_uid).is_empty(),
+            "and no Event: nothing moved"
+        );
         // b's new owner wrote its record: the watch shows it, and this node forgets it wrote b
         // without writing anything; taking b back now writes it.
         let t0 = Instant::now();
@@ -586,7 +653,11 @@ mod tests {
         assert!(!writer.is_pending());
         book.told(record(&b, "node1", "eth0"), &mut writer);
         assert!(writer.is_pending(), "b is written again");
-        assert_eq!(book.event_round().len(), 1, "b changed hands: an Event");
+        assert_eq!(
+            book.event_round(no_uid).len(),
+            1,
+            "b changed hands: an Event"
+        );
     }
 
     #[tokio::test]
@@ -595,7 +666,7 @@ mod tests {
         let a = key("a");
         book.told(record(&a, "node1", "eth0"), &mut writer);
         writer.assume_written(&a, &status("node1", &a, "eth0"));
-        book.event_round();
+        book.event_round(no_uid);
         book.told(given_up(&a), &mut writer);
         // Its new owner wrote it; the watch showed it a moment ago (not settled yet), and the
         // Service comes back to this node (the API moved it back).
@@ -604,7 +675,11 @@ mod tests {
         book.told(record(&a, "node1", "eth0"), &mut writer);
         assert!(writer.is_pending(), "written at once");
         assert_eq!(book.next_look(), None, "nothing left to look at");
-        assert_eq!(book.event_round().len(), 1, "it changed hands: an Event");
+        assert_eq!(
+            book.event_round(no_uid).len(),
+            1,
+            "it changed hands: an Event"
+        );
     }
 
     #[test]

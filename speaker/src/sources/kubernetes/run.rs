@@ -333,6 +333,7 @@ impl Source {
             client,
             settings.namespace.clone(),
             settings.node.clone(),
+            stores.services(),
             to_write_rx,
             seen_tx,
             metrics.clone(),

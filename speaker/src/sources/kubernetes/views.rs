@@ -4,7 +4,7 @@
 //!
 //! A full `k8s_openapi` Service is 824 bytes before its strings and an EndpointSlice endpoint
 //! 352; at 10,000 Services with 10,000 EndpointSlices of 3 endpoints that is most of a
-//! speaker's memory. [`ServiceView`] keeps the Service's name, namespace, labels (for
+//! speaker's memory. [`ServiceView`] keeps the Service's name, namespace, uid, labels (for
 //! `serviceSelectors`), the `allow-shared-ip` annotations, type, class, traffic policy and
 //! ingress IPs; [`SliceView`] the slice's name, namespace, Service (its
 //! `kubernetes.io/service-name` label, moved into [`SliceView::service`] by [`trim_slice`]) and
@@ -19,7 +19,7 @@ use super::snapshot::{ALLOW_SHARED_IP, SERVICE_NAME_LABEL};
 /// A Service as the speaker caches it.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct ServiceView {
-    /// Name, namespace, labels and the `allow-shared-ip` annotations.
+    /// Name, namespace, uid, labels and the `allow-shared-ip` annotations.
     #[serde(default)]
     pub metadata: ObjectMeta,
     /// What the snapshot reads of `spec`.
@@ -189,9 +189,12 @@ pub fn trim_cached_meta(meta: &mut ObjectMeta) {
 }
 
 /// Trims a cached Service: only the `allow-shared-ip` annotations stay (labels stay for
-/// `serviceSelectors`). Idempotent; the snapshot reads the same before and after.
+/// `serviceSelectors`; the uid for the Events about the Service, which `kubectl describe`
+/// selects by it). Idempotent; the snapshot reads the same before and after.
 pub fn trim_service(svc: &mut ServiceView) {
+    let uid = svc.metadata.uid.take();
     trim_cached_meta(&mut svc.metadata);
+    svc.metadata.uid = uid;
     if let Some(annotations) = svc.metadata.annotations.as_mut() {
         annotations.retain(|k, _| ALLOW_SHARED_IP.contains(&k.as_str()));
         if annotations.is_empty() {
@@ -251,7 +254,8 @@ mod tests {
         }))
         .unwrap();
         trim_service(&mut svc);
-        assert_eq!(svc.metadata.uid, None);
+        assert_eq!(svc.metadata.uid.as_deref(), Some("u"), "for the Events");
+        assert_eq!(svc.metadata.resource_version, None);
         assert_eq!(svc.metadata.managed_fields, None);
         assert_eq!(
             svc.metadata

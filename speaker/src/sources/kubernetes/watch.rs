@@ -280,6 +280,11 @@ impl Stores {
         speaker_nodes(&self.pods.state())
     }
 
+    /// The Services' store (the records task reads their uids from it).
+    pub fn services(&self) -> CompactStore<CompactService> {
+        self.services.clone()
+    }
+
     /// The `L2Advertisement`s of the speaker's namespace.
     pub fn advertisements(&self) -> Vec<Arc<L2Advertisement>> {
         self.advertisements.state()
