@@ -269,15 +269,15 @@ fn first_service(cluster: &Cluster, pool_first: Ipv4Addr) -> Ipv4Addr {
     ip
 }
 
-/// "Which node answers for an IP": every speaker names one owner; `describe` lists its
-/// `nodeAssigned` (`kubectl get events`); `servicel2statuses` names it under the page's columns, in the record the page
+/// "Which node answers for an IP": every speaker names one owner; `kubectl get events` and
+/// `describe` list its `nodeAssigned`; `servicel2statuses` names it under the page's columns, in the record the page
 /// names; the client's request to the IP is answered by a `web` Pod, its ARP entry the owner's.
 fn which_node_answers(cluster: &Cluster, ip: Ipv4Addr) -> String {
     let owner = kubelab::wait_for_owner(&cluster.lab, &ip.to_string(), STAGE, |o| o.is_some())
         .unwrap_or_else(|views| panic!("the speakers never agreed on an owner of {ip}: {views:?}"))
         .expect("an owner");
-    // The speaker's Event names the Service without its uid, so `kubectl describe` (which
-    // selects the Events by uid too) does not list it; `kubectl get events` does.
+    // `kubectl describe` selects the Events by the Service's uid too: the speaker's Event must
+    // name it.
     let assigned = format!("announcing from node \"{owner}\" with protocol \"layer2\"");
     let events = [
         "get",
@@ -289,10 +289,11 @@ fn which_node_answers(cluster: &Cluster, ip: Ipv4Addr) -> String {
         kubectl(cluster, &events).contains(&assigned).then_some(())
     });
     shown(cluster, &events);
+    // The same Event, already stored: `describe` lists it at once.
     let described = shown(cluster, &["describe", "service", "web"]);
-    eprintln!(
-        "`kubectl describe service web` lists nodeAssigned: {}",
-        described.contains("nodeAssigned")
+    assert!(
+        described.contains("nodeAssigned") && described.contains(&assigned),
+        "`kubectl describe service web` does not list the speaker's Event `{assigned}`: {described}"
     );
     let digest = Sha256::digest(b"default/web");
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
