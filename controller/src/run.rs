@@ -221,17 +221,21 @@ pub async fn run(
     })?;
     tracing::info!(listen = %bound, identity = %settings.identity, "serving /metrics /healthz /readyz");
 
-    let lease = lease_manager(&client, &settings).await?;
-    tracing::debug!("lease manager built");
-    let (mut leader, lease_task) = lease.watch().await;
-    health_tx.send_modify(|h| h.ready = true);
-
     let (stop_tx, stop_rx) = watch::channel(None::<Stop>);
     let signal_stop = stop_tx.clone();
     tokio::spawn(async move {
         shutdown.await;
         let _ = signal_stop.send(Some(Stop::Signal));
     });
+
+    let Some(lease) = lease_manager_retrying(&client, &settings, stop_rx.clone()).await else {
+        // Stopped before the API server first answered: nothing to drain or release.
+        http_task.abort();
+        return Ok(());
+    };
+    tracing::debug!("lease manager built");
+    let (mut leader, lease_task) = lease.watch().await;
+    health_tx.send_modify(|h| h.ready = true);
 
     let became_leader = wait_for_lease(&mut leader, stop_rx.clone(), &settings.lease_name).await;
 
@@ -290,6 +294,37 @@ pub async fn run(
     }
     http_task.abort();
     outcome
+}
+
+/// How long the first attempts to build the lease manager wait between them (doubling up to
+/// [`LEASE_RETRY_MAX`]).
+const LEASE_RETRY_MIN: Duration = Duration::from_millis(500);
+/// The longest wait between two attempts to build the lease manager.
+const LEASE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// The lease manager, built as soon as the API server answers: a Pod started before its node's
+/// service rules (the API server's ClusterIP) or before the API server itself waits for them,
+/// with a warning per failed attempt, instead of exiting into the kubelet's restart backoff.
+/// `None` when `stop` fired first.
+async fn lease_manager_retrying(
+    client: &Client,
+    settings: &Settings,
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> Option<kube_lease_manager::LeaseManager> {
+    let mut wait = LEASE_RETRY_MIN;
+    loop {
+        match lease_manager(client, settings).await {
+            Ok(lease) => return Some(lease),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "cannot start the lease manager yet")
+            }
+        }
+        tokio::select! {
+            _ = stop.wait_for(Option::is_some) => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(LEASE_RETRY_MAX);
+    }
 }
 
 /// The lease manager of `settings`' lease.

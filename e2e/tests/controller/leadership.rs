@@ -194,3 +194,44 @@ async fn a_service_gets_an_address_once_its_namespace_gets_the_label_a_pool_sele
     assert!(got[0].starts_with("192.0.2.11"), "{got:?} outside the pool");
     assert_eq!(ctl.terminate().await, Some(0));
 }
+
+/// A controller started while the API server is down (a Pod started before its node's service
+/// rules, or during an outage) waits for it, saying so, and leads once it answers: it does not
+/// exit into the kubelet's restart backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_started_while_the_api_server_is_down_waits_and_then_leads() {
+    let (mut api, client) = lab().await;
+    create_pool(&client, "lab", json!({"addresses": ["192.0.2.104/30"]})).await;
+    let kubeconfig = api
+        .user_kubeconfig("early")
+        .expect("a kubeconfig for the replica");
+    tokio::task::block_in_place(|| api.stop_apiserver()).expect("the API server stops");
+    let mut early = Controller::start_with_kubeconfig(&kubeconfig, "early");
+    eventually(
+        "the controller's warning that the API server does not answer",
+        || {
+            let warned = early
+                .log_text()
+                .contains("cannot start the lease manager yet");
+            std::future::ready(warned.then_some(()))
+        },
+    )
+    .await;
+    assert!(
+        early.child.try_wait().expect("try_wait").is_none(),
+        "the controller exited while the API server was down: {}",
+        early.log_text()
+    );
+    tokio::task::block_in_place(|| api.start_apiserver()).expect("the API server starts");
+    eventually("the early replica to hold the lease", || async {
+        (lease_holder(&client).await.as_deref() == Some("early")).then_some(())
+    })
+    .await;
+    create_service(&client, &service("after-outage", json!({}), json!({}))).await;
+    wait_assigned(&client, "after-outage").await;
+    assert_eq!(
+        early.terminate().await,
+        Some(0),
+        "a clean stop after leading"
+    );
+}
