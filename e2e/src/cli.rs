@@ -64,12 +64,13 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct DemoArgs {
-    /// The Kubernetes lab: the real control plane, the controller and speakers in Kubernetes mode;
-    /// the timeline adds the moment the ServiceL2Status record named the new owner.
+    /// On real nodes: the real control plane, a real kubelet, containerd and kube-proxy in each
+    /// node's namespace, swimlb from deploy/swimlb.yaml; the timeline adds the moment the
+    /// ServiceL2Status record named the new owner.
     #[arg(long)]
     kubernetes: bool,
-    /// With --kubernetes: swimlb, or metallb (MetalLB's controller and speakers from its own
-    /// manifest, in the same lab).
+    /// With --kubernetes: swimlb, or metallb (MetalLB from its own images and manifest, on the
+    /// same real nodes).
     #[arg(long = "impl", default_value = "swimlb")]
     implementation: String,
 }

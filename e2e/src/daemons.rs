@@ -24,7 +24,7 @@ pub enum Implementation {
     /// swimlb's speaker in Kubernetes mode, in the Kubernetes lab ([`crate::kubelab`]).
     SwimlbKubernetes,
     /// MetalLB's controller and speakers from MetalLB's manifest, in the Kubernetes lab
-    /// ([`crate::metallb`]).
+    /// ([`crate::realnode::metallb`]).
     Metallb,
 }
 

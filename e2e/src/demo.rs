@@ -7,6 +7,9 @@
 //!   unsolicited neighbor advertisement for the VIP;
 //! - a membership watcher that polls every survivor's `/status` and records when the old owner
 //!   left its member list (the gossip's detection).
+//!
+//! With `--kubernetes` the daemons run on real nodes ([`RealDaemons`]: swimlb from its manifest,
+//! or MetalLB from its images, by a real kubelet and containerd, the probes through kube-proxy).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -22,6 +25,8 @@ use crate::lab::HTTP_PORT;
 pub use crate::lab::{Announcement, AnnouncementWatcher, http_get};
 use crate::netns::{self, Lab, Node};
 use crate::probe::{self, PROBE_PORT, Prober, enter_netns};
+use crate::realnode::daemons::RealDaemons;
+use crate::realnode::metallb;
 use crate::trial;
 
 /// Polls `/status` of `nodes` from `netns` until each has dropped `gone` from its members;
@@ -60,9 +65,9 @@ pub fn watch_member_gone(
     })
 }
 
-/// Polls the logs of MetalLB's speakers on `nodes` (node, log file) until each one's
-/// memberlist has dropped `gone` ([`crate::metallb::members`]); returns when each did (or `None`
-/// within `limit`).
+/// Polls the logs of MetalLB's speakers on `nodes` (node, its kubelet's Pod log folder) until
+/// each one's memberlist has dropped `gone` ([`metallb::members`]); returns when each did (or
+/// `None` within `limit`).
 fn watch_metallb_member_gone(
     nodes: Vec<(String, PathBuf)>,
     gone: String,
@@ -73,11 +78,9 @@ fn watch_metallb_member_gone(
         let mut result: Vec<(String, Option<Instant>)> =
             nodes.iter().map(|(n, _)| (n.clone(), None)).collect();
         while Instant::now() < deadline && result.iter().any(|(_, t)| t.is_none()) {
-            for (i, (_, log)) in nodes.iter().enumerate() {
-                if result[i].1.is_none()
-                    && let Ok(text) = std::fs::read_to_string(log)
-                    && !crate::metallb::members(&text).contains(&gone)
-                {
+            for (i, (_, pod_logs)) in nodes.iter().enumerate() {
+                let log = || metallb::pod_log(pod_logs, metallb::NAMESPACE, "speaker-", "speaker");
+                if result[i].1.is_none() && !metallb::members(&log()).contains(&gone) {
                     result[i].1 = Some(Instant::now());
                 }
             }
@@ -92,9 +95,12 @@ fn watch_metallb_member_gone(
 pub enum DemoLab {
     /// swimlb's standalone speakers.
     Standalone,
-    /// The Kubernetes lab (see [`crate::kubelab`]) with swimlb's controller and speakers.
+    /// swimlb's controller and speakers from `deploy/swimlb.yaml` on real nodes (the real
+    /// control plane; a real kubelet, containerd and kube-proxy in each node namespace:
+    /// [`RealDaemons`]).
     Kubernetes,
-    /// The Kubernetes lab with MetalLB from its own manifest (see [`crate::metallb`]).
+    /// MetalLB from its own images and manifest on the same real nodes
+    /// ([`crate::realnode::metallb`]).
     Metallb,
 }
 
@@ -103,10 +109,59 @@ struct Started {
     daemons: Box<dyn daemons::Daemons>,
     /// Where their logs go.
     dir: PathBuf,
-    /// Whether they run in the Kubernetes lab.
+    /// Whether they run on the real nodes.
     kubernetes: bool,
-    /// MetalLB's speakers tell their memberlist only in their logs: (node, log file).
+    /// MetalLB's speakers tell their memberlist only in their logs: (node, its Pod log folder).
     metallb_logs: Option<Vec<(String, PathBuf)>>,
+}
+
+/// Starts the real-node cluster of `which` on `lab` and says what it runs: the API server's
+/// version, and each node's kubelet and container runtime as its Node's `nodeInfo` reports them.
+fn start_real(lab: &mut Lab, which: DemoLab, out: &mut dyn FnMut(&str)) -> Result<Started> {
+    let implementation = match which {
+        DemoLab::Metallb => daemons::Implementation::Metallb,
+        _ => daemons::Implementation::SwimlbKubernetes,
+    };
+    let daemons = RealDaemons::start(lab, implementation, &mut |line| out(line))?;
+    let cluster = daemons.cluster();
+    let server = daemons.server_version().unwrap_or_else(|| "?".into());
+    out(&format!(
+        "Kubernetes on real nodes: kube-apiserver {server} with etcd, kube-controller-manager and kube-scheduler on {}",
+        cluster.plane.api_addr
+    ));
+    for info in daemons.node_info() {
+        out(&format!(
+            "  {}: kubelet {}, {}, kube-proxy, each in the node's namespace",
+            info.node, info.kubelet_version, info.container_runtime
+        ));
+    }
+    let metallb_logs = if which == DemoLab::Metallb {
+        let dir = metallb::locate()?;
+        let version =
+            metallb::manifest_version(&std::fs::read_to_string(dir.join(metallb::MANIFEST))?)?;
+        out(&format!(
+            "MetalLB {version} from its {} (kubectl apply --server-side, its images built from its programs and imported into every node's containerd, webhook off), its controller assigning the Service default/web 198.51.100.100; kube-proxy carries the probes to each node's responder",
+            metallb::MANIFEST
+        ));
+        let logs = cluster
+            .real
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.dir().join("pod-logs")));
+        Some(logs.collect())
+    } else {
+        out(
+            "swimlb from deploy/swimlb.yaml (kubectl apply --server-side, the project's image imported into every node's containerd), the controller assigning the Service default/web 198.51.100.100, a speaker Pod on every node; kube-proxy carries the probes to each node's responder",
+        );
+        None
+    };
+    let dir = lab.work_dir().to_path_buf();
+    Ok(Started {
+        daemons: Box::new(daemons),
+        dir,
+        kubernetes: true,
+        metallb_logs,
+    })
 }
 
 /// Starts `which` lab's daemons on the three nodes, saying what the lab is.
@@ -116,48 +171,23 @@ fn start_daemons(
     which: DemoLab,
     out: &mut dyn FnMut(&str),
 ) -> Result<Started> {
-    let mut metallb_logs = None;
-    let (mut daemons, dir, kubernetes): (Box<dyn daemons::Daemons>, PathBuf, bool) = match which {
-        DemoLab::Kubernetes => {
-            out(
-                "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443, the controller assigning the Service default/web 198.51.100.100, a speaker in Kubernetes mode on every node, kube-proxy's DNAT",
-            );
-            let daemons = SwimlbDaemons::kubernetes(lab, program)?;
-            let dir = daemons.dir().to_path_buf();
-            (Box::new(daemons), dir, true)
-        }
-        DemoLab::Metallb => {
-            out(
-                "Kubernetes lab: kube-apiserver v1.37.2 with etcd, kube-controller-manager and kube-scheduler on 198.51.100.2:6443; MetalLB v0.15.2 from its metallb-native.yaml (kubectl apply --server-side, webhooks off), its Pods run by the lab's kubelets, its controller assigning the Service default/web 198.51.100.100; kube-proxy's DNAT",
-            );
-            let mut daemons = crate::metallb::MetallbDaemons::start(lab, program)?;
-            for i in 1..=3 {
-                daemons.start(lab, i)?;
-            }
-            metallb_logs = Some(
-                lab.nodes
-                    .iter()
-                    .filter_map(|n| Some((n.name.clone(), daemons.speaker_log_path(&n.name)?)))
-                    .collect(),
-            );
-            let dir = daemons.dir().to_path_buf();
-            (Box::new(daemons), dir, true)
-        }
+    let mut started = match which {
+        DemoLab::Kubernetes | DemoLab::Metallb => start_real(lab, which, out)?,
         DemoLab::Standalone => {
             let daemons = SwimlbDaemons::new(lab, program)?;
             let dir = daemons.dir().to_path_buf();
-            (Box::new(daemons), dir, false)
+            Started {
+                daemons: Box::new(daemons),
+                dir,
+                kubernetes: false,
+                metallb_logs: None,
+            }
         }
     };
     for i in 1..=3 {
-        daemons.start(lab, i)?;
+        started.daemons.start(lab, i)?;
     }
-    Ok(Started {
-        daemons,
-        dir,
-        kubernetes,
-        metallb_logs,
-    })
+    Ok(started)
 }
 
 /// The owner to fault, from a converged lab, and the watch of its status record (Kubernetes
@@ -302,6 +332,9 @@ pub fn run(program: PathBuf, which: DemoLab, out: &mut dyn FnMut(&str)) -> Resul
     out(&format!(
         "{product} demo: 3 nodes in network namespaces, one VIP (198.51.100.100), a client probing it every 10 ms"
     ));
+    if which != DemoLab::Standalone {
+        crate::realnode::cleanup_stale();
+    }
     let mut lab = Lab::create(3).context("building the lab (needs root)")?;
     let mut workers = Vec::new();
     for node in lab.nodes.clone() {

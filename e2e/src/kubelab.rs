@@ -383,8 +383,8 @@ fn record_node_of(kube: &Kube, namespace: &str, service: &str) -> Option<String>
     .map(str::to_string)
 }
 
-/// The control plane in the client's namespace (on [`API_ADDR`]), for [`Cluster`] and
-/// [`BareCluster`] and the real nodes' tests.
+/// The control plane in the client's namespace (on [`API_ADDR`]), for [`Cluster`] and the
+/// real nodes' tests.
 pub fn start_plane(lab: &Lab, dir: &Path) -> Result<ControlPlane> {
     let options = control_plane::Options {
         nodes: lab.nodes.iter().map(|n| n.name.clone()).collect(),
@@ -407,72 +407,6 @@ fn register_nodes(plane: &ControlPlane, nodes: &[Node]) -> Result<Vec<(String, K
         kubelets.push((node.name.clone(), kubelet));
     }
     Ok(kubelets)
-}
-
-/// The apply lab's cluster: the real control plane with the lab's Nodes registered (their
-/// heartbeats renewed) and kube-proxy's DNAT of the pool on every node, and nothing of swimlb:
-/// `kubectl apply` installs it and [`crate::kubelet`] runs its Pods.
-#[derive(Debug)]
-pub struct BareCluster {
-    /// First, so it stops (on drop) before the control plane it talks to.
-    _heartbeats: Heartbeats,
-    plane: ControlPlane,
-}
-
-impl BareCluster {
-    /// Starts the control plane in the client's namespace (its files under `dir`), registers
-    /// the nodes and installs kube-proxy's DNAT on every node.
-    pub fn start(lab: &Lab, dir: &Path) -> Result<BareCluster> {
-        let plane = start_plane(lab, dir)?;
-        let kubelets = Arc::new(register_nodes(&plane, &lab.nodes)?);
-        for node in &lab.nodes {
-            install_dnat(node)?;
-        }
-        Ok(BareCluster {
-            _heartbeats: Heartbeats::start(kubelets),
-            plane,
-        })
-    }
-
-    /// The administrator's client of the API server.
-    pub fn api(&self) -> &Kube {
-        self.plane.admin()
-    }
-
-    /// The control plane.
-    pub fn control_plane(&self) -> &ControlPlane {
-        &self.plane
-    }
-
-    /// The IPs the controller wrote into `namespace/service`'s status.
-    pub fn ingress(&self, namespace: &str, service: &str) -> Vec<String> {
-        ingress(self.api(), namespace, service)
-    }
-
-    /// The node the `ServiceL2Status` record of `namespace/service` names, if there is one.
-    pub fn record_node(&self, namespace: &str, service: &str) -> Option<String> {
-        record_node_of(self.api(), namespace, service)
-    }
-
-    /// Every record as (`namespace/service`, node), sorted.
-    pub fn records(&self) -> Vec<(String, String)> {
-        let records = self
-            .api()
-            .list(RECORDS_API, "ServiceL2Status", Some(NAMESPACE))
-            .unwrap_or_default();
-        record_pairs(&records)
-    }
-
-    /// The `ServiceL2Status` records of `api_version` in `namespace` (swimlb's or MetalLB's),
-    /// for another thread.
-    pub fn records_of(&self, api_version: &'static str, namespace: &'static str) -> Records {
-        Records::new(&self.plane, api_version, namespace)
-    }
-
-    /// The control plane, to stop and start its parts.
-    pub fn control_plane_mut(&mut self) -> &mut ControlPlane {
-        &mut self.plane
-    }
 }
 
 /// The IPs the controller wrote into `namespace/service`'s status, as `api` reads them now.

@@ -19,8 +19,8 @@
 //! - [`netns`]: the lab's network of namespaces, bridge and veths, torn down on every exit.
 //! - [`probe`]: UDP responders, the client's prober and ARP asker; failover time from records.
 //! - [`rest`]: a daemon's threads over a run, from `/proc`: CPU, wake-ups, syscalls.
-//! - [`kubelet`]: the apply lab's kubelets, running the Pods the control plane binds to nodes.
-//! - [`realnode`]: real nodes: containerd, the kubelet and kube-proxy in a node's namespace.
+//! - [`realnode`]: real nodes: containerd, the kubelet and kube-proxy in a node's namespace;
+//!   MetalLB from its own images on them.
 //! - [`service_failover`]: failover as a client of a LoadBalancer Service sees it, on real nodes.
 //!
 //! The lab's shared layer (imports no scenario):
@@ -35,13 +35,12 @@
 //! - [`prometheus_lab`]: a real Prometheus server scraping the lab.
 //!
 //! Scenarios (each imports the layers above, not another scenario, except as noted):
-//! - [`metallb`]: MetalLB beside swimlb in the Kubernetes lab, its Pods run by the kubelets.
 //! - [`failover`]: `swimlb-lab failover`, repeated trials and their JSON report.
 //! - [`pause`]: the pause scenarios of `swimlb-lab failover` (uses its options).
 //! - [`soak`]: `swimlb-lab soak`, no fault: false failovers and the speakers' cost at rest.
-//! - [`demo`]: `swimlb-lab demo`, one failover with its timeline (runs the MetalLB lab too).
-//! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the book's commands
-//!   (uses [`metallb`]'s lab).
+//! - [`demo`]: `swimlb-lab demo`, one failover with its timeline (standalone, or on real nodes
+//!   with swimlb or MetalLB).
+//! - [`migrate`]: `swimlb-lab migrate`, MetalLB replaced by swimlb by the book's commands.
 //! - [`chaos`]: `swimlb-lab chaos`, seeded random faults with the invariants checked throughout.
 //! - [`upgrade`]: a rolling upgrade across an envelope version, the speakers of the previous
 //!   wire behaviour beside the current one, under the chaos checker (uses [`chaos`]).
@@ -69,11 +68,9 @@ pub mod flood;
 pub mod handover;
 pub mod keepalived;
 pub mod kubelab;
-pub mod kubelet;
 pub mod lab;
 pub mod manifest_tools;
 pub mod manifests;
-pub mod metallb;
 pub mod metrics_doc;
 pub mod migrate;
 pub mod netns;

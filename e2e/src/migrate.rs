@@ -39,10 +39,10 @@ use tokio::time::Instant;
 
 use crate::kubelab::{self, APPS, Records, SERVICE};
 use crate::lab::rule;
-use crate::metallb;
 use crate::netns::Lab;
 use crate::probe::{self, PROBE_PORT, ProbeRecord, Prober, Worker};
 use crate::realnode;
+use crate::realnode::metallb;
 use crate::service_failover::Implementation;
 use crate::service_failover::cluster::{self as nodes, NodeCluster, Workload};
 use starve::Starvation;

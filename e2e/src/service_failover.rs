@@ -76,7 +76,7 @@ impl Implementation {
     pub const fn config_api(self) -> (&'static str, &'static str) {
         match self {
             Implementation::Swimlb => ("swimlb.io/v1beta1", kubelab::NAMESPACE),
-            Implementation::Metallb => ("metallb.io/v1beta1", crate::metallb::NAMESPACE),
+            Implementation::Metallb => ("metallb.io/v1beta1", metallb::NAMESPACE),
         }
     }
 }

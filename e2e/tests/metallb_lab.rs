@@ -31,10 +31,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use swimlb_e2e::metallb;
 use swimlb_e2e::migrate;
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe;
+use swimlb_e2e::realnode::metallb;
 use swimlb_e2e::realnode::{self, daemons::container_pid};
 use swimlb_e2e::service_failover::Implementation;
 use swimlb_e2e::service_failover::cluster::{NodeCluster, Workload};

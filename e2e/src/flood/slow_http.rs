@@ -257,9 +257,13 @@ mod tests {
         assert_eq!(all.last(), Some(&Ipv4Addr::new(198, 51, 100, 199)));
         assert_eq!(source(usize::from(SOURCES)), all[0], "they wrap around");
         let last_node = netns::MAX_NODES as u8 + 10;
+        // The real nodes' Pods: a /24 of their own.
+        let (pods, bits) = crate::realnode::POD_RANGE.split_once('/').unwrap();
+        let pods: Ipv4Addr = pods.parse().unwrap();
+        assert_eq!(bits, "24");
         for a in &all {
             assert!(a.octets()[3] > last_node && *a != netns::CLIENT_V4);
-            assert!(a.octets()[3] < crate::kubelet::POD_IPS.0, "{a} is a Pod's");
+            assert_ne!(a.octets()[..3], pods.octets()[..3], "{a} is a Pod's");
         }
     }
 

@@ -130,7 +130,7 @@ impl Plane<'_> {
     fn run_controller(&mut self, _lab: &mut Lab, run: bool) -> Result<()> {
         let (name, namespace, replicas) = match self.0.implementation {
             Implementation::Swimlb => ("swimlb-controller", kubelab::NAMESPACE, 2),
-            Implementation::Metallb => ("controller", crate::metallb::NAMESPACE, 1),
+            Implementation::Metallb => ("controller", crate::realnode::metallb::NAMESPACE, 1),
         };
         let wanted = if run { replicas } else { 0 };
         let api = self.0.plane.admin();
