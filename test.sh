@@ -69,8 +69,8 @@ if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-vali
 fi
 
 # The real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl) and MetalLB, built from the Go modules pinned in e2e/k8s/ into a
-# cache outside the repository: about 13 minutes on a fresh machine, nothing the second time.
+# kube-scheduler, kubectl) and MetalLB's manifest, built from the Go modules pinned in e2e/k8s/
+# into a cache outside the repository: about 11 minutes on a fresh machine, nothing the second time.
 if ! command -v go >/dev/null 2>&1; then
   echo "test.sh: no Go toolchain: the Kubernetes tests (e2e/tests/control_plane.rs) will fail" >&2
 elif SWIMLB_K8S_BIN=$(e2e/k8s/build.sh); then

@@ -78,8 +78,8 @@ struct DemoArgs {
 #[derive(Debug, clap::Args)]
 struct SoakArgs {
     /// Which load balancer: swimlb, keepalived, keepalived-fast, swimlb-kubernetes or metallb
-    /// (MetalLB from its own manifest in the Kubernetes lab); a comma list runs each in turn,
-    /// each in a fresh lab.
+    /// (both on real nodes: a real kubelet, containerd and kube-proxy per node, MetalLB from its
+    /// own images and manifest); a comma list runs each in turn, each in a fresh lab.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,
     /// Nodes in the lab.
@@ -105,7 +105,7 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct MigrateArgs {
-    /// What swimlb replaces: `metallb` (the Kubernetes lab) or `keepalived-fast` (three
+    /// What swimlb replaces: `metallb` (on real nodes) or `keepalived-fast` (three
     /// keepalived routers, VRRPv3 and `advert_int 0.1`, switched node by node).
     #[arg(long, default_value = "metallb", value_parser = ["metallb", "keepalived-fast"])]
     from: String,
@@ -201,9 +201,9 @@ struct ChaosArgs {
 #[derive(Debug, clap::Args)]
 struct FailoverArgs {
     /// Which load balancer: swimlb, keepalived (Debian's defaults), keepalived-fast (VRRPv3,
-    /// advert_int 0.1), swimlb-kubernetes (the Kubernetes lab: real control plane, controller,
-    /// speakers in Kubernetes mode) or metallb (MetalLB's controller and speakers from its own
-    /// manifest, in the same Kubernetes lab); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
+    /// advert_int 0.1), swimlb-kubernetes (`deploy/swimlb.yaml` on real nodes: the real control
+    /// plane, a real kubelet, containerd and kube-proxy per node) or metallb (MetalLB's own images
+    /// and manifest on the same kind of real nodes); a comma list (`swimlb,keepalived,keepalived-fast`) runs each in turn,
     /// each in a fresh lab, and prints them side by side.
     #[arg(long = "impl", value_delimiter = ',', default_value = "swimlb")]
     implementation: Vec<String>,

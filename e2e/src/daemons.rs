@@ -21,9 +21,11 @@ pub enum Implementation {
     Keepalived,
     /// keepalived tuned for speed: VRRPv3, `advert_int 0.1`, everything else default.
     KeepalivedFast,
-    /// swimlb's speaker in Kubernetes mode, in the Kubernetes lab ([`crate::kubelab`]).
+    /// swimlb's speaker in Kubernetes mode: on real nodes for `failover`, `soak`, `chaos` and
+    /// `demo` ([`crate::realnode::daemons`]), as lab processes for `handover`
+    /// ([`crate::kubelab`]).
     SwimlbKubernetes,
-    /// MetalLB's controller and speakers from MetalLB's manifest, in the Kubernetes lab
+    /// MetalLB's controller and speakers from its own images and manifest, on real nodes
     /// ([`crate::realnode::metallb`]).
     Metallb,
 }

@@ -42,7 +42,7 @@ pub const READY_LIMIT: Duration = Duration::from_secs(90);
 const ALREADY_COMPACTED: &str = "required revision has been compacted";
 
 /// The folder of the built programs (`etcd`, `kube-apiserver`, `kube-controller-manager`,
-/// `kube-scheduler`, `kubectl`, `metallb-controller`, `metallb-speaker`).
+/// `kube-scheduler`, `kubectl`) and MetalLB's `metallb-native.yaml`.
 #[derive(Debug, Clone)]
 pub struct Programs {
     dir: PathBuf,
@@ -310,7 +310,7 @@ impl ControlPlane {
         self.dir.join("ca.crt")
     }
 
-    /// The path of a built program (`kubectl`, `metallb-speaker`, ...).
+    /// The path of a built program (`kubectl`, `kube-apiserver`, ...) or `metallb-native.yaml`.
     pub fn program(&self, name: &str) -> PathBuf {
         self.programs.path(name)
     }
