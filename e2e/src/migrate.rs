@@ -212,34 +212,13 @@ impl Report {
 }
 
 /// A Service of the lab that asks for no IP (MetalLB's controller picks it): UDP
-/// [`PROBE_PORT`], `externalTrafficPolicy: Local`, without a selector ([`node_slice`] is its
+/// [`PROBE_PORT`], `externalTrafficPolicy: Local`, without a selector ([`nodes::probe_slice`] is its
 /// EndpointSlice).
 fn unrequested_service(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": name, "namespace": APPS},
         "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
             "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]}})
-}
-
-/// The EndpointSlice of Service `name`: each node's own address (where the lab's probe
-/// responder listens), ready, with its `nodeName`, so kube-proxy carries a probe to the
-/// responder of the node that received it.
-fn node_slice(lab: &Lab, name: &str) -> Value {
-    let endpoints: Vec<Value> = lab
-        .nodes
-        .iter()
-        .map(|n| {
-            json!({"addresses": [n.v4.to_string()], "nodeName": n.name,
-                "conditions": {"ready": true, "serving": true, "terminating": false}})
-        })
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{name}-nodes"), "namespace": APPS,
-            "labels": {"kubernetes.io/service-name": name,
-                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [{"name": "probe", "port": PROBE_PORT, "protocol": "UDP"}]})
 }
 
 /// Runs the switch on a fresh lab of `options.nodes` real nodes; `program` is the lab binary
@@ -273,7 +252,7 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
         )?;
         let name = format!("{SERVICE}-{i}");
         admin.apply(unrequested_service(&name), "swimlb-lab")?;
-        admin.apply(node_slice(&lab, &name), "swimlb-lab")?;
+        admin.apply(nodes::probe_slice(&lab, &name), "swimlb-lab")?;
         names.push(name);
     }
     let before = wait_metallb_serving(&lab, &cluster, &names)?;

@@ -242,9 +242,12 @@ fn every_kubernetes_fault_in_turn_leaves_every_invariant_holding() {
 
 /// MetalLB, the peer, under the same faults on the same lab: the run takes every fault and
 /// checks every invariant; its violations are the benchmarks page's figures, not asserted here.
+/// A measurement run on demand (`measure_`: CI skips it): on real nodes MetalLB's speaker,
+/// killed while the API server is away, went into the kubelet's restart backoff, and the run's
+/// later roll found no speaker container on that node to stop (the lab's open problems).
 #[test]
 #[ignore = "needs root: network namespaces, the real control plane, real nodes and MetalLB's programs (e2e/k8s/build.sh, e2e/k8s/node/build.sh)"]
-fn metallb_takes_every_kubernetes_fault_of_the_chaos_run() {
+fn measure_metallb_takes_every_kubernetes_fault_of_the_chaos_run() {
     let _one = one_lab("chaos run of MetalLB");
     let report = every_kubernetes_fault(Target::Metallb);
     assert!(report.probes > 1000, "probed: {}", report.probes);

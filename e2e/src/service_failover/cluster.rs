@@ -237,7 +237,7 @@ impl NodeCluster {
             }
             Workload::Probe => {
                 admin.apply(probe_service(), "swimlb-lab")?;
-                admin.apply(probe_slice(lab), "swimlb-lab")?;
+                admin.apply(probe_slice(lab, SERVICE), "swimlb-lab")?;
             }
         }
         Ok(())
@@ -502,9 +502,11 @@ fn probe_service() -> Value {
     svc
 }
 
-/// The EndpointSlice of `failover`'s Service: each node's own address (where the lab's probe
-/// responder listens on [`PROBE_PORT`]), ready, with its `nodeName`.
-fn probe_slice(lab: &Lab) -> Value {
+/// The EndpointSlice `<name>-nodes` of the selector-less Service `name` (`failover`'s, and
+/// `migrate`'s): each node's own address (where the lab's probe responder listens on
+/// [`PROBE_PORT`]), ready, with its `nodeName`, so kube-proxy carries a probe to the responder of
+/// the node that received it.
+pub fn probe_slice(lab: &Lab, name: &str) -> Value {
     let endpoints: Vec<Value> = lab
         .nodes
         .iter()
@@ -514,8 +516,8 @@ fn probe_slice(lab: &Lab) -> Value {
         })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{SERVICE}-nodes"), "namespace": APPS,
-            "labels": {"kubernetes.io/service-name": SERVICE,
+        "metadata": {"name": format!("{name}-nodes"), "namespace": APPS,
+            "labels": {"kubernetes.io/service-name": name,
                 "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
         "addressType": "IPv4",
         "endpoints": endpoints,
