@@ -368,35 +368,22 @@ mod tests {
 
     #[test]
     fn an_error_is_named_by_whether_the_connection_was_established() {
-        let e = |k| Error::from(k);
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::ConnectionRefused), false),
-            Outcome::Refused
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::HostUnreachable), false),
-            Outcome::Unreachable
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::ConnectionReset), true),
-            Outcome::Reset
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::TimedOut), false),
-            Outcome::ConnectTimeout
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::TimedOut), true),
-            Outcome::AnswerTimeout
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::UnexpectedEof), true),
-            Outcome::Closed
-        );
-        assert_eq!(
-            Outcome::of_error(&e(ErrorKind::InvalidData), true),
-            Outcome::Other
-        );
+        let cases = [
+            (ErrorKind::ConnectionRefused, false, Outcome::Refused),
+            (ErrorKind::HostUnreachable, false, Outcome::Unreachable),
+            (ErrorKind::ConnectionReset, true, Outcome::Reset),
+            (ErrorKind::TimedOut, false, Outcome::ConnectTimeout),
+            (ErrorKind::TimedOut, true, Outcome::AnswerTimeout),
+            (ErrorKind::UnexpectedEof, true, Outcome::Closed),
+            (ErrorKind::InvalidData, true, Outcome::Other),
+        ];
+        for (kind, established, outcome) in cases {
+            assert_eq!(
+                Outcome::of_error(&Error::from(kind), established),
+                outcome,
+                "{kind:?}, established: {established}"
+            );
+        }
     }
 
     #[test]
