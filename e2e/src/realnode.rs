@@ -216,6 +216,7 @@ impl RealNode {
         options: &NodeOptions,
         images: &[&Path],
     ) -> Result<RealNode> {
+        ensure_inotify_instances();
         let id = format!("{NODE_PREFIX}{}-{}", std::process::id(), node.netns);
         let mut real = RealNode {
             name: node.name.clone(),
@@ -568,6 +569,39 @@ pub fn node_ready(node: &Value) -> bool {
         cs.iter()
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
     })
+}
+
+/// The inotify instances a user may hold, at least: a 3-node cluster's kubelets, containerds
+/// and the controller manager hold about 30, and several clusters at once (other runs, other
+/// tests) passed the kernel's default of 128 (`inotify_init: too many open files` from a
+/// kubelet). kind's known issues ask for 512 too.
+const INOTIFY_INSTANCES: u64 = 512;
+
+/// Raises `fs.inotify.max_user_instances` to [`INOTIFY_INSTANCES`] when it is lower, once per
+/// process, and says so. Not put back: a limit is no state of the lab's, and another run's
+/// clusters may need it still.
+fn ensure_inotify_instances() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let path = "/proc/sys/fs/inotify/max_user_instances";
+        let Some(now) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        else {
+            return;
+        };
+        if now >= INOTIFY_INSTANCES {
+            return;
+        }
+        match std::fs::write(path, INOTIFY_INSTANCES.to_string()) {
+            Ok(()) => eprintln!(
+                "real nodes: fs.inotify.max_user_instances raised from {now} to {INOTIFY_INSTANCES} (each node's kubelet and containerd hold several)"
+            ),
+            Err(e) => eprintln!(
+                "real nodes: fs.inotify.max_user_instances is {now} and could not be raised to {INOTIFY_INSTANCES} ({e}): several clusters at once may fail with `too many open files`"
+            ),
+        }
+    });
 }
 
 /// The kernel settings the kubelet changes, as they were before this process started its
