@@ -40,7 +40,10 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v lintian >/dev/null 2>&1 || need+=(lintian)
 command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
 # The PyPI tools below need a python3 that can make a virtual environment.
-tools_venv=/opt/swimlb-tools
+# SWIMLB_TOOLS_VENV moves the tools folder (the tests read the same variable), e.g. to time a
+# first install without touching the machine's.
+tools_venv="${SWIMLB_TOOLS_VENV:-/opt/swimlb-tools}"
+export SWIMLB_TOOLS_VENV="$tools_venv"
 if [ ! -x "$tools_venv/bin/checkov" ] || [ ! -x "$tools_venv/bin/kubernetes-validate" ]; then
   python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 fi
