@@ -2,12 +2,34 @@
 
 use std::process::Command;
 
-fn write_temp(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("swimlb-check-config-{}", std::process::id()));
+/// A file in a folder of its own, removed with it when dropped (the tests run side by side).
+struct TempFile {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl std::ops::Deref for TempFile {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write_temp(name: &str, text: &str) -> TempFile {
+    let dir = std::env::temp_dir().join(format!(
+        "swimlb-check-config-{}-{name}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
-    path
+    TempFile { dir, path }
 }
 
 fn check_config(path: &std::path::Path) -> (Option<i32>, String, String) {

@@ -79,7 +79,9 @@ fn check_config(name: &str, yaml: &str) -> Output {
     assert!(yaml.contains(&keys.display().to_string()), "{yaml}");
     let file = dir.join("speaker.yaml");
     std::fs::write(&file, yaml).unwrap();
-    speaker(&dir, &["check-config".into(), file.display().to_string()])
+    let out = speaker(&dir, &["check-config".into(), file.display().to_string()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 fn convert(name: &str) -> Output {
