@@ -22,10 +22,8 @@ impl Drop for TempFile {
 }
 
 fn write_temp(name: &str, text: &str) -> TempFile {
-    let dir = std::env::temp_dir().join(format!(
-        "swimlb-check-config-{}-{name}",
-        std::process::id()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("swimlb-check-config-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
