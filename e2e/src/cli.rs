@@ -50,8 +50,9 @@ enum Command {
     /// MetalLB serving Services, replaced by swimlb by the book's "Switching from MetalLB":
     /// Service IPs changed, owners moved, probes lost.
     Migrate(MigrateArgs),
-    /// Moves decided by the Kubernetes API (an endpoint moved to another node), each measured
-    /// from the client: dual and dark answers, and when the new owner alone answered.
+    /// Moves decided by the Kubernetes API (an endpoint moved to another node), on real nodes
+    /// (kubelet, containerd, kube-proxy), each measured from the client: dual and dark answers,
+    /// and when the new owner alone answered.
     Handover(HandoverArgs),
     /// Failover as a client of a LoadBalancer Service sees it, on real nodes (kubelet,
     /// containerd, kube-proxy): new connections and long-lived ones, Local and Cluster.
@@ -134,13 +135,13 @@ struct HandoverArgs {
     /// Busy loops (`while :; do :; done`) on the machine throughout.
     #[arg(long, default_value_t = 0)]
     busy: usize,
-    /// Starve one node's speaker throughout: `NODE:PERCENT` (`2:10`: node2's namespace gets 10 %
-    /// of a core, with a busy loop in it).
+    /// Starve one node's speaker throughout: `NODE:PERCENT` (`2:10`: node2's speaker container's
+    /// cgroup gets 10 % of a core, with a busy loop in it).
     #[arg(long, value_parser = parse_starve)]
     starve: Option<(usize, u8)>,
     /// Cut one node from the API server at every move: `NODE:MS` (`2:1000`: node2's traffic
-    /// with the API server is dropped from just before the patch to 1,000 ms after it), so its
-    /// watch sees the move late.
+    /// with the API server, its kubelet's and kube-proxy's too, is dropped from just before the
+    /// patch to 1,000 ms after it), so its watch sees the move late.
     #[arg(long, value_parser = parse_api_lag)]
     api_lag: Option<(usize, std::time::Duration)>,
     /// Write the report as JSON.
@@ -490,8 +491,7 @@ fn run_handover(args: HandoverArgs) -> anyhow::Result<()> {
         starve: args.starve,
         api_lag: args.api_lag,
     };
-    let report =
-        crate::handover::run(speaker_program()?, &options, &mut |line| println!("{line}"))?;
+    let report = crate::handover::run(&options, &mut |line| println!("{line}"))?;
     print!("{}", report.table());
     if let Some(path) = &args.json {
         write_reports(path, std::slice::from_ref(&report))?;

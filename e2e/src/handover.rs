@@ -1,32 +1,44 @@
-//! `swimlb-lab handover`: moves decided by the Kubernetes API, measured from the client.
+//! `swimlb-lab handover`: moves decided by the Kubernetes API, measured from the client, on real
+//! nodes.
 //!
-//! A Service of `externalTrafficPolicy: Local` has its one ready endpoint on one node, so that
-//! node owns its IP. Each trial moves the endpoint to the next node (a merge patch of the
-//! EndpointSlice, as the endpoint slice controller writes when a Pod moves) while the client asks
-//! "who has" the IP by ARP every 10 ms. Each speaker sees the change through its own API watch;
-//! what the client saw in between is the trial's sample: how long two MACs answered (dual), how
-//! long none did (dark), and when the new owner alone answered. `--busy N` runs N busy loops on
-//! the machine throughout (the load under which the lab tests saw dual and dark answers);
-//! `--starve NODE:PERCENT` puts one node's speaker in a cgroup limited to PERCENT of a core,
-//! with a busy loop beside it, so that it sees every change late. A
-//! trial is measured only when, before the patch, the old owner alone answered and every
-//! speaker named it; after it every speaker must name the new owner within 10 s.
+//! The cluster is `failover --impl swimlb-kubernetes`'s ([`RealDaemons`]): a real kubelet,
+//! containerd and kube-proxy in each node namespace, swimlb from `deploy/swimlb.yaml` (only the
+//! image changed). Beside its Service `web`, the lab adds the Service `handover` on
+//! `vip_v4(1)`: `externalTrafficPolicy: Local`, without a selector (so the endpoint slice
+//! controller leaves it alone), its one EndpointSlice written by the lab with one ready endpoint,
+//! the address of the node it is on. That node owns the IP. Each trial moves the endpoint to the
+//! next node (one merge patch of the EndpointSlice's endpoints: the address and `nodeName`
+//! change, as when a Pod moves) while the client asks "who has" the IP by ARP every 10 ms. Each
+//! speaker sees the change through its own API watch; what the client saw in between is the
+//! trial's sample: how long two MACs answered (dual), how long none did (dark), and when the new
+//! owner alone answered.
+//!
+//! `--busy N` runs N busy loops on the machine throughout; `--starve NODE:PERCENT` caps that
+//! node's speaker container's own cgroup at PERCENT of a core with a busy loop in it (as a chaos
+//! starvation on real nodes), so that it sees every change late; `--api-lag NODE:MS` drops that
+//! node namespace's TCP traffic with the API server from just before each patch to MS after it:
+//! the speaker's watch delivers the move late, and so do the node's kubelet and kube-proxy,
+//! which share the namespace (the Node stays Ready: its Lease lasts 40 s; kube-proxy programs the
+//! moved endpoint late, which ARP does not see). A trial is measured only when, before the patch,
+//! the cluster was fully up, every speaker named the old owner and it alone answered (and a
+//! starved speaker is still the container starved); after it every speaker must name the new
+//! owner within 10 s.
 
-use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::chaos::driver::starve;
-use crate::daemons::{Daemons, SwimlbDaemons};
+use crate::chaos::driver::{Starved, starve_speaker};
+use crate::daemons::{Daemons as _, Implementation};
 use crate::kubelab::{self, APPS, Policy};
-use crate::netns::{self, Lab};
-use crate::probe::{self, ArpAnswers, ArpAsker, Worker};
+use crate::netns::{self, Lab, Node};
+use crate::probe::{ArpAnswers, ArpAsker};
+use crate::realnode::{self, cluster::NodeInfo, daemons::RealDaemons, daemons::container_pid};
 use crate::trial::Percentiles;
 
 /// The client's ARP interval.
@@ -35,10 +47,17 @@ pub const ARP_INTERVAL: Duration = Duration::from_millis(10);
 const BEFORE: Duration = Duration::from_millis(500);
 /// Asked after the patch.
 const AFTER: Duration = Duration::from_secs(3);
-/// How long every speaker has to name the new owner.
+/// How long every speaker has to name the new owner (and, before a move, the old one).
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+/// How long the first owner may take to be named once the Service exists.
+const FIRST_OWNER_LIMIT: Duration = Duration::from_secs(60);
 /// The Service moved.
 const SERVICE: &str = "handover";
+/// Its EndpointSlice (the lab's).
+const SLICE: &str = "handover-endpoint";
+/// The API server of the real nodes' control plane: in the client's namespace, on the client's
+/// address, port 6443.
+const API_SERVER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(netns::CLIENT_V4), 6443);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -50,7 +69,7 @@ pub struct Options {
     /// Busy loops on the machine throughout.
     pub busy: usize,
     /// One node's speaker starved throughout: the node, and the share of a core (percent) its
-    /// namespace's processes get, with one busy loop among them.
+    /// container's cgroup gets, with one busy loop in it.
     pub starve: Option<(usize, u8)>,
     /// One node's traffic with the API server dropped around every move: the node, and for
     /// how long after the patch, so its watch delivers the move late.
@@ -77,11 +96,15 @@ pub struct Sample {
 /// The run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    /// Always `swimlb-kubernetes`.
+    /// Always `swimlb-kubernetes` (on real nodes).
     #[serde(rename = "impl")]
     pub implementation: &'static str,
     /// Nodes.
     pub nodes: usize,
+    /// The API server's version.
+    pub server_version: Option<String>,
+    /// Each Node's kubelet and container runtime, as its `status.nodeInfo` reports them.
+    pub node_info: Vec<NodeInfo>,
     /// Busy loops.
     pub busy: usize,
     /// The node starved, with its share of a core in percent.
@@ -110,7 +133,9 @@ impl Report {
     pub fn table(&self) -> String {
         let starved = self
             .starved
-            .map(|(node, percent)| format!(", node{node} starved to {percent}% of a core"))
+            .map(|(node, percent)| {
+                format!(", node{node}'s speaker starved to {percent}% of a core")
+            })
             .unwrap_or_default()
             + &self
                 .api_lag
@@ -118,8 +143,13 @@ impl Report {
                     format!(", node{node} cut from the API server for {ms} ms at each move")
                 })
                 .unwrap_or_default();
+        let kubelet = self
+            .node_info
+            .first()
+            .map(|n| format!(" (kubelet {}, {})", n.kubelet_version, n.container_runtime))
+            .unwrap_or_default();
         let mut s = format!(
-            "handover ({}): {} nodes, {} busy loops{starved}, ARP every {} ms: {} of {} moves measured\n",
+            "handover ({}): {} real nodes{kubelet}, {} busy loops{starved}, ARP every {} ms: {} of {} moves measured\n",
             self.implementation,
             self.nodes,
             self.busy,
@@ -219,7 +249,9 @@ impl Drop for Busy {
     }
 }
 
-/// Drops (`true`) or passes again node `node`'s TCP traffic with the API server, both ways.
+/// Drops (`true`) or passes again the TCP traffic of node `node`'s namespace with the API
+/// server, both ways: the speaker's (through the `kubernetes` Service, its destination already
+/// the API server's when the filter hook sees it), the kubelet's and kube-proxy's.
 fn cut_api(lab: &Lab, node: usize, cut: bool) -> Result<()> {
     let netns = &lab.node(node).netns;
     let _ = lab.run_in(
@@ -230,70 +262,113 @@ fn cut_api(lab: &Lab, node: usize, cut: bool) -> Result<()> {
     if !cut {
         return Ok(());
     }
-    let (ip, port) = (kubelab::API_ADDR.ip(), kubelab::API_ADDR.port());
+    let (ip, port) = (API_SERVER.ip(), API_SERVER.port());
     let rules = format!(
         "table inet swimlb_lab_api_lag {{\n  chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n  chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n}}\n"
     );
     netns::nft_apply(netns, &rules)
 }
 
-fn move_endpoint(daemons: &SwimlbDaemons, node: &str) -> Result<()> {
-    let cluster = daemons.cluster().context("Kubernetes mode")?;
-    let slice = json!({"endpoints": [{"addresses": ["203.0.113.30"], "nodeName": node,
-        "conditions": {"ready": true, "serving": true, "terminating": false}}]});
-    cluster.api().merge_patch(
-        "discovery.k8s.io/v1",
-        "EndpointSlice",
-        Some(APPS),
-        &format!("{SERVICE}-0"),
-        slice,
-        false,
-    )?;
-    Ok(())
+/// The Service moved: `Local`, on `ip`, without a selector (the lab writes its endpoints).
+fn service(ip: Ipv4Addr) -> Value {
+    let mut svc = kubelab::service(SERVICE, &ip.to_string(), Policy::Local, None);
+    if let Some(spec) = svc["spec"].as_object_mut() {
+        spec.remove("selector");
+    }
+    svc
 }
 
-/// The Kubernetes lab with the Service's one endpoint on node1, node1 owning its IP.
+/// The Service's endpoints: one, ready, on `node` at its own address.
+fn endpoints(node: &Node) -> Value {
+    json!([{"addresses": [node.v4.to_string()], "nodeName": node.name,
+        "conditions": {"ready": true, "serving": true, "terminating": false}}])
+}
+
+/// The Service's EndpointSlice with its one endpoint on `node`.
+fn slice(node: &Node) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": SLICE, "namespace": APPS,
+            "labels": {"kubernetes.io/service-name": SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "swimlb-lab"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints(node),
+        "ports": [{"name": "probe", "port": crate::probe::PROBE_PORT, "protocol": "UDP"}]})
+}
+
+/// The real-node cluster with the Service's one endpoint on node1, node1 owning its IP.
+/// Fields drop in order: the cluster before the lab.
 struct MoveLab {
+    daemons: RealDaemons,
     lab: Lab,
-    _responders: Vec<Worker>,
-    daemons: SwimlbDaemons,
     ip: Ipv4Addr,
-    names: Vec<String>,
+    /// With `--starve`: the node, and its speaker container's pid when it was starved.
+    starved_pid: Option<(usize, Option<u32>)>,
 }
 
 impl MoveLab {
-    fn start(program: PathBuf, nodes: usize, progress: &mut dyn FnMut(&str)) -> Result<MoveLab> {
+    fn start(nodes: usize, progress: &mut dyn FnMut(&str)) -> Result<MoveLab> {
+        realnode::cleanup_stale();
         let mut lab = Lab::create(nodes)?;
-        let mut responders: Vec<Worker> = Vec::new();
-        for node in &lab.nodes {
-            responders.extend(probe::spawn_responder(&node.netns, &node.name)?);
-        }
-        progress("starting the control plane, the controller and the speakers");
-        let mut daemons = SwimlbDaemons::kubernetes(&mut lab, program)?;
-        for i in 1..=lab.nodes.len() {
-            daemons.start(&mut lab, i)?;
-        }
+        progress("starting the control plane, the real nodes and swimlb from its manifest");
+        let daemons = RealDaemons::start(&mut lab, Implementation::SwimlbKubernetes, progress)?;
         let ip: Ipv4Addr = netns::vip_v4(1);
-        let api = daemons.cluster().context("Kubernetes mode")?.api();
-        api.create(kubelab::service(
-            SERVICE,
-            &ip.to_string(),
-            Policy::Local,
-            None,
-        ))?;
-        api.create(kubelab::endpoint_slice(SERVICE, 0, &["node1"]))?;
-        kubelab::wait_for_owner(&lab, &ip.to_string(), Duration::from_secs(60), |o| {
+        let admin = daemons.cluster().plane.admin();
+        admin.apply(service(ip), "swimlb-lab")?;
+        admin.apply(slice(lab.node(1)), "swimlb-lab")?;
+        kubelab::wait_for_owner(&lab, &ip.to_string(), FIRST_OWNER_LIMIT, |o| {
             o == Some("node1")
         })
         .map_err(|views| anyhow::anyhow!("node1 never owned {ip}: {views:?}"))?;
-        let names = lab.nodes.iter().map(|n| n.name.clone()).collect();
         Ok(MoveLab {
-            lab,
-            _responders: responders,
             daemons,
+            lab,
             ip,
-            names,
+            starved_pid: None,
         })
+    }
+
+    fn name(&self, index: usize) -> &str {
+        &self.lab.nodes[index].name
+    }
+
+    /// Patches the EndpointSlice: its one endpoint now on node `to` (0-based).
+    fn move_endpoint(&self, to: usize) -> Result<()> {
+        self.daemons.cluster().plane.admin().merge_patch(
+            "discovery.k8s.io/v1",
+            "EndpointSlice",
+            Some(APPS),
+            SLICE,
+            json!({ "endpoints": endpoints(&self.lab.nodes[to]) }),
+            false,
+        )?;
+        Ok(())
+    }
+
+    /// Why a move from node `from` (0-based) cannot be measured now, if it cannot: the cluster
+    /// not fully up, a speaker not naming `from`, the starved speaker replaced.
+    fn not_settled(&self, from: usize) -> Result<Option<String>> {
+        if let Some(why) = self.daemons.cluster().not_up(self.lab.nodes.len())? {
+            return Ok(Some(format!("the cluster is not fully up: {why}")));
+        }
+        let name = self.name(from);
+        if let Err(views) =
+            kubelab::wait_for_owner(&self.lab, &self.ip.to_string(), SETTLE_LIMIT, |o| {
+                o == Some(name)
+            })
+        {
+            return Ok(Some(format!(
+                "before the move, the speakers did not all name {name}: {views:?}"
+            )));
+        }
+        if let Some((node, pid)) = self.starved_pid {
+            let now = container_pid(&self.daemons.cluster().real.nodes[node - 1])?;
+            if now != pid {
+                return Ok(Some(format!(
+                    "node{node}'s starved speaker (pid {pid:?}) was replaced (pid {now:?})"
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// Moves the endpoint from node `from` to node `to` (0-based) as the client watches;
@@ -304,6 +379,9 @@ impl MoveLab {
         from: usize,
         to: usize,
     ) -> Result<Result<Sample, String>> {
+        if let Some(why) = self.not_settled(from)? {
+            return Ok(Err(why));
+        }
         let (lab, ip) = (&self.lab, self.ip);
         let requests = ((BEFORE + AFTER).as_millis() / ARP_INTERVAL.as_millis()) as usize;
         let started = Instant::now();
@@ -313,18 +391,19 @@ impl MoveLab {
             cut_api(lab, node, true)?;
         }
         let patch = started.elapsed();
-        move_endpoint(&self.daemons, &self.names[to])?;
+        let moved = self.move_endpoint(to);
         let lag = api_lag.map_or(Duration::ZERO, |(_, lag)| lag.min(AFTER));
         std::thread::sleep(lag);
         if let Some((node, _)) = api_lag {
             cut_api(lab, node, false)?;
         }
+        moved?;
         std::thread::sleep(AFTER - lag);
         let answers = asker.stop();
-        let name = &self.names[to];
-        if let Err(views) = kubelab::wait_for_owner(lab, &ip.to_string(), SETTLE_LIMIT, |o| {
-            o == Some(name.as_str())
-        }) {
+        let name = self.name(to);
+        if let Err(views) =
+            kubelab::wait_for_owner(lab, &ip.to_string(), SETTLE_LIMIT, |o| o == Some(name))
+        {
             return Ok(Err(format!(
                 "the speakers did not name {name} within {SETTLE_LIMIT:?}: {views:?}"
             )));
@@ -332,8 +411,8 @@ impl MoveLab {
         let (from_mac, to_mac) = (lab.nodes[from].mac, lab.nodes[to].mac);
         Ok(sample(&answers, patch, from_mac, to_mac, ARP_INTERVAL).map(
             |(handover_ms, dual_ms, dark_ms)| Sample {
-                from: self.names[from].clone(),
-                to: name.clone(),
+                from: self.name(from).to_string(),
+                to: name.to_string(),
                 handover_ms,
                 dual_ms,
                 dark_ms,
@@ -342,8 +421,8 @@ impl MoveLab {
     }
 }
 
-/// Runs the trials on a fresh Kubernetes lab.
-pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+/// Checks the options against the lab's size.
+fn check(options: &Options) -> Result<()> {
     if options.nodes < 2 {
         bail!("--nodes {}: a move needs two nodes", options.nodes);
     }
@@ -356,14 +435,30 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
             bail!("{flag} node{node}: the lab has {} nodes", options.nodes);
         }
     }
-    let mut moves = MoveLab::start(program, options.nodes, progress)?;
+    Ok(())
+}
+
+/// Runs the trials on a fresh lab of real nodes.
+pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    check(options)?;
+    let mut moves = MoveLab::start(options.nodes, progress)?;
     progress(&format!(
         "{} owned by node1; {} busy loops; {} moves",
         moves.ip, options.busy, options.trials
     ));
     let busy = Busy::start(options.busy)?;
-    let starved = match options.starve {
-        Some((node, percent)) => Some(starve(&mut moves.lab, 0, node, 1, percent)?),
+    let starved: Option<Starved> = match options.starve {
+        Some((node, percent)) => {
+            let pid = container_pid(&moves.daemons.cluster().real.nodes[node - 1])?;
+            moves.starved_pid = Some((node, pid));
+            Some(starve_speaker(
+                &mut moves.lab,
+                &moves.daemons,
+                node,
+                1,
+                percent,
+            )?)
+        }
         None => None,
     };
     let mut samples = Vec::new();
@@ -378,22 +473,23 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
                 ));
                 samples.push(s);
             }
-            Err(why) => not_measured.push(format!("move {trial} to {}: {why}", moves.names[to])),
+            Err(why) => {
+                progress(&format!("move {trial}: not measured: {why}"));
+                not_measured.push(format!("move {trial} to {}: {why}", moves.name(to)));
+            }
         }
     }
     drop(busy);
     if let Some(starved) = starved {
         starved.stop(&mut moves.lab);
     }
+    let server_version = moves.daemons.server_version();
+    let node_info = moves.daemons.node_info();
     let MoveLab {
-        mut lab,
-        _responders,
-        daemons,
-        ..
+        daemons, mut lab, ..
     } = moves;
-    // The daemons stop before their namespaces go.
+    // The real nodes stop before their namespaces go.
     drop(daemons);
-    drop(_responders);
     lab.teardown();
     let of = |f: fn(&Sample) -> f64| {
         let values: Vec<f64> = samples.iter().map(f).collect();
@@ -402,6 +498,8 @@ pub fn run(program: PathBuf, options: &Options, progress: &mut dyn FnMut(&str)) 
     Ok(Report {
         implementation: "swimlb-kubernetes",
         nodes: options.nodes,
+        server_version,
+        node_info,
         busy: options.busy,
         starved: options.starve,
         api_lag: options
@@ -448,6 +546,66 @@ mod tests {
         let seq = answers(&[&[A], &[A], &[], &[A], &[], &[], &[], &[B], &[B]]);
         let (handover, dual, dark) = sample(&seq, MS * 2, A, B, MS).unwrap();
         assert_eq!((handover, dual, dark), (50.0, 0.0, 30.0));
+    }
+
+    fn node(index: usize) -> Node {
+        Node {
+            index,
+            name: format!("node{index}"),
+            netns: format!("swl-test-n{index}"),
+            v4: Ipv4Addr::new(198, 51, 100, 10 + index as u8),
+            v6: "2001:db8::1".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, index as u8],
+        }
+    }
+
+    #[test]
+    fn the_service_is_local_without_a_selector_and_the_patch_moves_only_its_one_endpoint() {
+        let svc = service(netns::vip_v4(1));
+        assert_eq!(svc["spec"]["externalTrafficPolicy"], "Local");
+        assert!(svc["spec"].get("selector").is_none(), "{svc}");
+        let before = slice(&node(1));
+        assert_eq!(
+            before["metadata"]["labels"]["kubernetes.io/service-name"],
+            SERVICE
+        );
+        let after = endpoints(&node(2));
+        assert_eq!(after.as_array().map(Vec::len), Some(1));
+        assert_eq!(after[0]["nodeName"], "node2");
+        assert_eq!(after[0]["addresses"], json!(["198.51.100.12"]));
+        assert_eq!(after[0]["conditions"], before["endpoints"][0]["conditions"]);
+        assert_ne!(after, before["endpoints"]);
+    }
+
+    #[test]
+    fn options_that_name_a_node_outside_the_lab_or_one_node_are_refused() {
+        let options = Options {
+            nodes: 3,
+            trials: 1,
+            busy: 0,
+            starve: None,
+            api_lag: None,
+        };
+        assert!(check(&options).is_ok());
+        let err = check(&Options {
+            starve: Some((4, 10)),
+            ..options.clone()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--starve node4"), "{err}");
+        let err = check(&Options {
+            api_lag: Some((0, Duration::from_millis(100))),
+            ..options.clone()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--api-lag node0"), "{err}");
+        assert!(
+            check(&Options {
+                nodes: 1,
+                ..options
+            })
+            .is_err()
+        );
     }
 
     #[test]

@@ -43,13 +43,14 @@ fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_exclud
     eprintln!("{owner} let go of the VIP; its watches met 410 Gone: {relisted}");
 }
 
-/// `swimlb-lab handover` for three moves of a Local-policy Service's endpoint (node1 -> node2 ->
-/// node3 -> node1): each move is measured, that is, before it the old owner alone answered ARP
-/// and every speaker named it, and after it the new owner alone answered for good and every
-/// speaker named it. The dual and dark figures are printed, not asserted (docs/src/development/chaos-history.md, "Moves
-/// decided by the API").
+/// `swimlb-lab handover` on real nodes (a real kubelet, containerd and kube-proxy per node) for
+/// three moves of a Local-policy Service's endpoint (node1 -> node2 -> node3 -> node1): each
+/// move is measured, that is, before it the cluster was fully up, every speaker named the old
+/// owner and it alone answered ARP, and after it the new owner alone answered for good and every
+/// speaker named it. The dual and dark figures are printed, not asserted
+/// (docs/src/development/lab.md, "`swimlb-lab handover`").
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn endpoint_moves_decided_by_the_api_are_handed_over_between_speakers() {
     let _one = one_lab("kubernetes handover");
     let options = swimlb_e2e::handover::Options {
@@ -59,7 +60,7 @@ fn endpoint_moves_decided_by_the_api_are_handed_over_between_speakers() {
         starve: None,
         api_lag: None,
     };
-    let report = swimlb_e2e::handover::run(program(), &options, &mut |line| eprintln!("{line}"))
+    let report = swimlb_e2e::handover::run(&options, &mut |line| eprintln!("{line}"))
         .expect("the handover run");
     eprint!("{}", report.table());
     assert!(
@@ -70,4 +71,5 @@ fn endpoint_moves_decided_by_the_api_are_handed_over_between_speakers() {
     assert_eq!(report.samples.len(), 3);
     let path: Vec<&str> = report.samples.iter().map(|s| s.to.as_str()).collect();
     assert_eq!(path, ["node2", "node3", "node1"]);
+    assert_eq!(report.node_info.len(), 3, "every Node's kubelet reported");
 }
