@@ -41,7 +41,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use self::driver::{ChaosDaemons, Driver};
+use self::driver::{ChaosDaemons, Driver, Stepped};
 use self::invariants::{
     ArpSample, DualEpisode, Executed, Invariant, Observations, Poll, Probe, Rule, Violation,
     VipObservations, VipRule, World,
@@ -147,11 +147,30 @@ pub struct Report {
     pub memory: Vec<Memory>,
     /// Steps that failed (a fault that could not be applied or undone).
     pub errors: Vec<String>,
+    /// Faults (and a rolling update's steps) skipped: they act on a speaker that did not run
+    /// then (a real node's kubelet had not started it again yet).
+    pub skipped: Vec<String>,
+    /// On real nodes: the speakers' starts whose restart the kubelet held longer than the driver
+    /// waits (its restart back-off); the run went on without them.
+    pub late_restarts: Vec<LateRestart>,
     /// On real nodes: the moments the machine starved a speaker (a thread waited for a CPU
     /// as long as a watcher waits), given to the checker as `Starve` faults.
     pub measured_starvations: Vec<MeasuredStarvation>,
     /// The command that replays the run.
     pub replay: String,
+}
+
+/// A speaker started again on a real node (a kill's end, a roll's step) whose restart the
+/// kubelet held (its restart back-off).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LateRestart {
+    /// Node.
+    pub node: String,
+    /// When the kubelet was continued (a kill's or power-off's end, a roll's start again), since
+    /// the start of the run.
+    pub asked_s: f64,
+    /// When the run saw the speaker running again; `None`: not within the run.
+    pub running_s: Option<f64>,
 }
 
 /// A stretch in which the machine starved a speaker on a real node.
@@ -228,6 +247,25 @@ impl Report {
                 "  {}'s speaker starved by the machine from {:.2} s to {:.2} s (a thread waited {:.0} ms for a CPU)",
                 m.node, m.from_s, m.to_s, m.longest_wait_ms
             );
+        }
+        for l in &self.late_restarts {
+            let _ = match l.running_s {
+                Some(t) => writeln!(
+                    s,
+                    "  {}'s kubelet started the speaker again {:.1} s after it was continued at {:.2} s (its restart back-off)",
+                    l.node,
+                    t - l.asked_s,
+                    l.asked_s
+                ),
+                None => writeln!(
+                    s,
+                    "  {}'s kubelet had not started the speaker again at the run's end (asked at {:.2} s)",
+                    l.node, l.asked_s
+                ),
+            };
+        }
+        for k in &self.skipped {
+            let _ = writeln!(s, "  skipped: {k}");
         }
         for m in &self.memory {
             let _ = writeln!(
@@ -475,6 +513,12 @@ struct Drive {
     driver: Driver,
     executed: Vec<Executed>,
     errors: Vec<String>,
+    /// Faults and roll steps skipped, with why.
+    skipped: Vec<String>,
+    /// Late restarts: the node, the kill's end step (recorded once the speaker runs) and when
+    /// it was asked.
+    late: BTreeMap<usize, (Executed, Duration)>,
+    late_restarts: Vec<(usize, Duration, Option<Duration>)>,
     watch: ProcessWatch,
     /// On real nodes: the machine's starvation of the speakers.
     starve: StarveWatch,
@@ -489,6 +533,9 @@ impl Drive {
             driver: Driver::new(nodes),
             executed: Vec::new(),
             errors: Vec::new(),
+            skipped: Vec::new(),
+            late: BTreeMap::new(),
+            late_restarts: Vec::new(),
             watch: ProcessWatch::default(),
             starve: StarveWatch::default(),
             started: vec![Duration::ZERO; nodes],
@@ -532,6 +579,7 @@ impl Drive {
             }
             if now >= last_check + Duration::from_secs(1) {
                 last_check = now;
+                self.poll_late(daemons, t0, progress);
                 let memory = now >= last_memory + Duration::from_secs(5);
                 if memory {
                     last_memory = now;
@@ -597,33 +645,79 @@ impl Drive {
             Step::Undo | Step::Roll { up: true, .. } => done,
             Step::Apply | Step::Rotate { .. } | Step::Roll { up: false, .. } => began,
         };
-        self.executed.push(Executed {
+        let executed = Executed {
             at,
             began,
             done,
             fault: action.fault,
             step: action.step,
-        });
-        if action.step == Step::Undo
-            && let FaultKind::Kill { node } | FaultKind::PowerOff { node } = fault.kind
-        {
-            self.started[node - 1] = at;
-        }
-        if let Step::Roll { node, up: true } = action.step {
-            self.started[node - 1] = at;
-        }
+        };
+        let text = format!("{} ({:?})", fault.kind.describe(), action.step);
+        let line =
+            |word: &str, what: &str| format!("{:>9.3} s  {word:<6} {what}", at.as_secs_f64());
         match outcome {
-            Ok(()) => progress(&format!(
-                "{:>9.3} s  {:<6} {}",
-                at.as_secs_f64(),
-                step_word(action.step),
-                step_text(&fault, action.step)
-            )),
+            Ok(Stepped::Done) => {
+                self.executed.push(executed);
+                if let Some(node) = started_node(fault.kind, action.step) {
+                    self.started[node - 1] = at;
+                }
+                progress(&line(
+                    step_word(action.step),
+                    &step_text(&fault, action.step),
+                ));
+            }
+            Ok(Stepped::Skipped(why)) => {
+                progress(&line("skip", &format!("{text}: {why}")));
+                self.skipped
+                    .push(format!("{:.3} s: {text}: {why}", at.as_secs_f64()));
+            }
+            Ok(Stepped::SkippedEnd) => {
+                progress(&line("skip", &format!("{text}: its start was skipped")))
+            }
+            Ok(Stepped::Late(node)) => {
+                progress(&line(
+                    "late",
+                    &format!(
+                        "{text}: node{node}'s kubelet has not started the speaker again within {:?} (its restart back-off); the run goes on",
+                        driver::RESTART_WAIT
+                    ),
+                ));
+                self.late.insert(node, (executed, done));
+            }
             Err(e) => {
-                let text = format!("{} ({:?}): {e:#}", fault.kind.describe(), action.step);
-                progress(&format!("{:>9.3} s  error  {text}", at.as_secs_f64()));
+                // A failed step counts as done in the checker's world (its error is reported).
+                self.executed.push(executed);
+                if let Some(node) = started_node(fault.kind, action.step) {
+                    self.started[node - 1] = at;
+                }
+                let text = format!("{text}: {e:#}");
+                progress(&line("error", &text));
                 self.errors.push(text);
             }
+        }
+    }
+
+    /// The late restarts the kubelets have done since the last round: each kill's end is
+    /// recorded now, when the speaker runs.
+    fn poll_late(&mut self, daemons: &ChaosDaemons, t0: Instant, progress: &mut dyn FnMut(&str)) {
+        if self.late.is_empty() {
+            return;
+        }
+        for node in self.driver.poll_late(daemons) {
+            let now = t0.elapsed();
+            let Some((mut executed, asked)) = self.late.remove(&node) else {
+                continue;
+            };
+            executed.at = now;
+            executed.done = now;
+            self.executed.push(executed);
+            self.started[node - 1] = now;
+            self.late_restarts.push((node, asked, Some(now)));
+            progress(&format!(
+                "{:>9.3} s  late   node{node}'s speaker started again by its kubelet, {:.1} s after it was continued",
+                now.as_secs_f64(),
+                (now - asked).as_secs_f64()
+            ));
         }
     }
 
@@ -652,6 +746,9 @@ impl Drive {
             });
         }
         self.errors.extend(undo_errors);
+        for (node, (_, asked)) in std::mem::take(&mut self.late) {
+            self.late_restarts.push((node, asked, None));
+        }
         self.watch
             .check(lab, daemons, &self.driver, &self.started, ran, true);
     }
@@ -742,6 +839,16 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report> 
         lost_probes,
         memory,
         errors: drive.errors,
+        skipped: drive.skipped,
+        late_restarts: drive
+            .late_restarts
+            .iter()
+            .map(|(node, asked, running)| LateRestart {
+                node: plan.rule.names[node - 1].clone(),
+                asked_s: asked.as_secs_f64(),
+                running_s: running.map(|t| t.as_secs_f64()),
+            })
+            .collect(),
         measured_starvations: drive
             .starve
             .found
@@ -833,6 +940,15 @@ fn per_kind(faults: &[Fault], executed: &[Executed]) -> BTreeMap<&'static str, u
         *per_kind.entry(faults[*i].kind.as_str()).or_insert(0) += 1;
     }
     per_kind
+}
+
+/// The node whose daemon a step started: a kill's or power-off's end, a roll's start.
+fn started_node(kind: FaultKind, step: Step) -> Option<usize> {
+    match (kind, step) {
+        (FaultKind::Kill { node } | FaultKind::PowerOff { node }, Step::Undo) => Some(node),
+        (_, Step::Roll { node, up: true }) => Some(node),
+        _ => None,
+    }
 }
 
 fn step_word(step: Step) -> &'static str {

@@ -544,6 +544,8 @@ impl RealNode {
         }
         restore_sysctls(&self.sysctls);
         if std::env::var_os("SWIMLB_LAB_KEEP").is_some() {
+            // The marker keeps it from a later run's sweep ([`cleanup_stale`]), as the lab's.
+            let _ = std::fs::write(self.dir.join("KEPT"), "");
             eprintln!("SWIMLB_LAB_KEEP: kept {}", self.dir.display());
         } else if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             problems.push(format!("removing {}: {e}", self.dir.display()));
@@ -655,10 +657,13 @@ pub fn cleanup_stale() {
             continue;
         };
         let pid = rest.split(['-', 'x']).next().unwrap_or("");
-        if pid.is_empty() || Path::new(&format!("/proc/{pid}")).exists() {
+        let dir = entry.path();
+        if pid.is_empty()
+            || Path::new(&format!("/proc/{pid}")).exists()
+            || dir.join("KEPT").exists()
+        {
             continue;
         }
-        let dir = entry.path();
         let root = format!("/{name}");
         cleanup::kill_pids(&cleanup::pids_with_argument(&dir.display().to_string()));
         let _ = cleanup::kill_cgroup_tree(&root);

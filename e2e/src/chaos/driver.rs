@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 pub use self::kubernetes::{LOCAL_SERVICE, local_service};
+pub use self::real::RESTART_WAIT;
 use super::schedule::{Broken, Fault, FaultKind, Step, Traffic};
 use crate::daemons::{Daemons, KeepalivedDaemons, SwimlbDaemons};
 use crate::lab::GOSSIP_PORT;
@@ -196,6 +197,22 @@ fn signal(pids: &[u32], signal: &str) {
         .status();
 }
 
+/// What a step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stepped {
+    /// Done.
+    Done,
+    /// Not done, and why: the fault acts on a speaker that does not run (a real node's
+    /// kubelet has not started it again yet). Its end is skipped too.
+    Skipped(String),
+    /// The end of a skipped fault or roll step: nothing to do.
+    SkippedEnd,
+    /// A kill's end whose restart the node's kubelet holds longer than
+    /// [`real::RESTART_WAIT`]: the run goes on, and the speaker counts as started when
+    /// [`Driver::poll_late`] sees it running.
+    Late(usize),
+}
+
 /// Applies and undoes faults in one lab.
 #[derive(Debug)]
 pub struct Driver {
@@ -209,6 +226,13 @@ pub struct Driver {
     /// Real nodes whose kubelet is held (SIGSTOP) while their speaker is down: the kubelet's
     /// pid and the speaker's pid it had.
     held: BTreeMap<usize, real::Held>,
+    /// Real nodes whose kubelet was continued at a kill's end and has not started the speaker
+    /// again within [`real::RESTART_WAIT`] (its restart back-off): the speaker's old pid.
+    late: BTreeMap<usize, Option<u32>>,
+    /// Faults whose start was skipped (their end is skipped too).
+    skipped: BTreeSet<usize>,
+    /// A rolling update's (fault, node) whose stop was skipped (its start is skipped too).
+    skipped_rolls: BTreeSet<(usize, usize)>,
     /// Nodes whose daemon runs, as the faults left them (index 0 is node 1).
     pub running: Vec<bool>,
 }
@@ -223,6 +247,9 @@ impl Driver {
             old_key: None,
             not_ready: BTreeSet::new(),
             held: BTreeMap::new(),
+            late: BTreeMap::new(),
+            skipped: BTreeSet::new(),
+            skipped_rolls: BTreeSet::new(),
             running: vec![true; nodes],
         }
     }
@@ -230,6 +257,11 @@ impl Driver {
     /// Faults applied and not yet undone.
     pub fn applied(&self) -> impl Iterator<Item = (&usize, &Fault)> {
         self.applied.iter()
+    }
+
+    /// Whether node `node`'s speaker waits for its kubelet's restart (see [`Driver::poll_late`]).
+    pub fn is_late(&self, node: usize) -> bool {
+        self.late.contains_key(&node)
     }
 
     /// Performs `step` of fault number `index`.
@@ -240,20 +272,68 @@ impl Driver {
         index: usize,
         fault: &Fault,
         step: Step,
-    ) -> Result<()> {
+    ) -> Result<Stepped> {
         match step {
             Step::Apply => {
+                if let Some(why) = self.cannot_apply(daemons, fault.kind) {
+                    self.skipped.insert(index);
+                    return Ok(Stepped::Skipped(why));
+                }
                 self.applied.insert(index, *fault);
-                self.set(lab, daemons, index, fault.kind, true)
+                self.set(lab, daemons, index, fault.kind, true)?;
+                Ok(Stepped::Done)
             }
             Step::Undo => {
-                if self.applied.remove(&index).is_none() {
-                    return Ok(());
+                if self.skipped.remove(&index) {
+                    return Ok(Stepped::SkippedEnd);
                 }
-                self.set(lab, daemons, index, fault.kind, false)
+                if self.applied.remove(&index).is_none() {
+                    return Ok(Stepped::Done);
+                }
+                self.set(lab, daemons, index, fault.kind, false)?;
+                Ok(match fault.kind {
+                    FaultKind::Kill { node } | FaultKind::PowerOff { node }
+                        if self.is_late(node) =>
+                    {
+                        Stepped::Late(node)
+                    }
+                    _ => Stepped::Done,
+                })
             }
-            Step::Rotate { phase, node } => self.rotate(lab, daemons, fault.kind, phase, node),
-            Step::Roll { node, up } => self.roll(lab, daemons, node, up),
+            Step::Rotate { phase, node } => {
+                self.rotate(lab, daemons, fault.kind, phase, node)?;
+                Ok(Stepped::Done)
+            }
+            Step::Roll { node, up: false } => {
+                if let Some(why) = self.no_speaker(daemons, node) {
+                    self.skipped_rolls.insert((index, node));
+                    return Ok(Stepped::Skipped(why));
+                }
+                self.roll(lab, daemons, node, false)?;
+                Ok(Stepped::Done)
+            }
+            Step::Roll { node, up: true } => {
+                if self.skipped_rolls.remove(&(index, node)) {
+                    return Ok(Stepped::SkippedEnd);
+                }
+                self.roll(lab, daemons, node, true)?;
+                Ok(match self.is_late(node) {
+                    true => Stepped::Late(node),
+                    false => Stepped::Done,
+                })
+            }
+        }
+    }
+
+    /// Why fault `kind` cannot be put on now: it acts on a speaker container that does not
+    /// run (on real nodes).
+    fn cannot_apply(&self, daemons: &ChaosDaemons, kind: FaultKind) -> Option<String> {
+        match kind {
+            FaultKind::Kill { node }
+            | FaultKind::PowerOff { node }
+            | FaultKind::Pause { node }
+            | FaultKind::Starve { node, .. } => self.no_speaker(daemons, node),
+            _ => None,
         }
     }
 

@@ -35,8 +35,9 @@ impl Driver {
     ) -> Result<()> {
         if kind == FaultKind::RollingUpdate {
             // At its end every speaker the roll stopped runs again (a step missed by an early
-            // stop); its start does nothing (the steps do).
-            let stopped = (1..=lab.nodes.len()).filter(|n| !on && !self.running[n - 1]);
+            // stop); its start does nothing (the steps do). A late one is the kubelet's.
+            let stopped =
+                (1..=lab.nodes.len()).filter(|n| !on && !self.running[n - 1] && !self.is_late(*n));
             for node in stopped.collect::<Vec<_>>() {
                 self.roll(lab, daemons, node, true)?;
             }
