@@ -1,5 +1,6 @@
-//! The daemons a lab runs on its nodes, behind one trait: swimlb's speakers (standalone or in
-//! the Kubernetes lab) and keepalived. Each starts, signals and restarts its node's daemon and
+//! The daemons a lab runs on its nodes, behind one trait: swimlb's standalone speakers and
+//! keepalived as the lab's processes, swimlb in Kubernetes mode and MetalLB on real nodes
+//! ([`crate::realnode::daemons`]). Each starts, signals and restarts its node's daemon and
 //! reports what the daemons say about the VIP.
 
 use std::path::PathBuf;
@@ -21,9 +22,7 @@ pub enum Implementation {
     Keepalived,
     /// keepalived tuned for speed: VRRPv3, `advert_int 0.1`, everything else default.
     KeepalivedFast,
-    /// swimlb's speaker in Kubernetes mode: on real nodes for `failover`, `soak`, `chaos` and
-    /// `demo` ([`crate::realnode::daemons`]), as lab processes for `handover`
-    /// ([`crate::kubelab`]).
+    /// swimlb's speaker in Kubernetes mode, on real nodes ([`crate::realnode::daemons`]).
     SwimlbKubernetes,
     /// MetalLB's controller and speakers from its own images and manifest, on real nodes
     /// ([`crate::realnode::metallb`]).
@@ -228,8 +227,6 @@ pub struct SwimlbDaemons {
     /// Extra YAML lines for node `index`'s group, each indented by 4 spaces (checks, priority,
     /// `preemptDelay`, `notify`): lets tests give nodes different group settings.
     pub group_extra: std::collections::BTreeMap<usize, String>,
-    /// The Kubernetes lab's cluster: speakers run in Kubernetes mode against it.
-    cluster: Option<Box<kubelab::Cluster>>,
 }
 
 impl SwimlbDaemons {
@@ -256,30 +253,7 @@ impl SwimlbDaemons {
                 .map(|gossip| format!("gossip: {gossip}\n"))
                 .unwrap_or_default(),
             group_extra: std::collections::BTreeMap::new(),
-            cluster: None,
         })
-    }
-
-    /// Speakers in Kubernetes mode (`program speaker kubernetes`), with the cluster of the
-    /// Kubernetes lab (API server, controller, objects) started in `lab` first.
-    pub fn kubernetes(lab: &mut Lab, program: PathBuf) -> Result<SwimlbDaemons> {
-        let mut daemons = SwimlbDaemons::new(lab, program.clone())?;
-        daemons.cluster = Some(Box::new(kubelab::Cluster::start(
-            lab,
-            program,
-            daemons.dir.clone(),
-        )?));
-        Ok(daemons)
-    }
-
-    /// The Kubernetes lab's cluster, in Kubernetes mode.
-    pub fn cluster(&self) -> Option<&kubelab::Cluster> {
-        self.cluster.as_deref()
-    }
-
-    /// The Kubernetes lab's cluster, in Kubernetes mode.
-    pub fn cluster_mut(&mut self) -> Option<&mut kubelab::Cluster> {
-        self.cluster.as_deref_mut()
     }
 
     /// The configuration file of node `index`.
@@ -339,17 +313,11 @@ impl Daemons for SwimlbDaemons {
             .create(true)
             .append(true)
             .open(self.log_path(lab, index))?;
-        let mut cmd = match &self.cluster {
-            Some(cluster) => cluster.speaker_command(lab, lab.node(index), &self.dir.join("keys")),
-            None => {
-                let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
-                std::fs::write(&path, self.config(lab, index))?;
-                let program = self.program.to_string_lossy().into_owned();
-                let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
-                cmd.args(["speaker", "standalone", "--config"]).arg(&path);
-                cmd
-            }
-        };
+        let path = self.dir.join(format!("{}.yaml", lab.node(index).name));
+        std::fs::write(&path, self.config(lab, index))?;
+        let program = self.program.to_string_lossy().into_owned();
+        let mut cmd = Lab::command_in(&lab.node(index).netns, &program);
+        cmd.args(["speaker", "standalone", "--config"]).arg(&path);
         cmd.stdout(std::process::Stdio::null()).stderr(log);
         self.children[index] = Some(lab.spawn(cmd)?);
         Ok(())
@@ -377,54 +345,13 @@ impl Daemons for SwimlbDaemons {
         SwimlbDaemons::pid(self, lab, index)
     }
 
-    fn server_version(&self) -> Option<String> {
-        self.cluster
-            .as_ref()
-            .and_then(|c| c.control_plane().server_version().ok())
-    }
-
-    /// MetalLB's order over every node, in both modes: equal priorities, no checks, every node
-    /// eligible. A test that gives nodes their own group settings checks its own placement.
+    /// MetalLB's order over every node: equal priorities, no checks, every node eligible. A test that gives nodes their own group settings checks its own placement.
     fn expected_owner(&self, lab: &Lab) -> Option<String> {
         if !self.group_extra.is_empty() {
             return None;
         }
         let names: Vec<&str> = lab.nodes.iter().map(|n| n.name.as_str()).collect();
         rule::metallb_owner(&names, std::net::IpAddr::V4(netns::vip_v4(0)))
-    }
-
-    fn before_fault(
-        &mut self,
-        owner: &str,
-        api_down: bool,
-    ) -> Result<Result<Option<kubelab::RecordChange>, String>> {
-        let Some(cluster) = &mut self.cluster else {
-            return Ok(Ok(None));
-        };
-        // The record must name the owner before the fault, or status_ms measures nothing.
-        if cluster
-            .wait_record(kubelab::APPS, kubelab::SERVICE, RECORD_LIMIT, |n| {
-                n == owner
-            })
-            .is_none()
-        {
-            return Ok(Err(format!(
-                "the ServiceL2Status record does not name {owner} (it names {:?})",
-                cluster.record_node(kubelab::APPS, kubelab::SERVICE)
-            )));
-        }
-        let change = cluster.records().watch_change(owner, RECORD_LIMIT)?;
-        if api_down {
-            cluster.set_reachable(false)?;
-        }
-        Ok(Ok(Some(change)))
-    }
-
-    fn after_fault(&mut self) -> Result<()> {
-        match &mut self.cluster {
-            Some(cluster) => cluster.set_reachable(true),
-            None => Ok(()),
-        }
     }
 }
 

@@ -33,18 +33,20 @@ impl NodeImages {
     /// Builds both images into `dir` with buildah: the project's from the binaries of cargo's
     /// profile `profile` (built first), tagged `tag`; or, when `$SWIMLB_IMAGE_BIN` names a
     /// folder, from the `swimlb-speaker` and `swimlb-controller` already there (a measurement
-    /// of a committed tree built apart from a working tree that others edit).
+    /// of a committed tree built apart from a working tree that others edit). A process that
+    /// built them once links (or copies) the archives it kept ([`BUILT`]) instead.
     pub fn build(
         programs: &NodePrograms,
         dir: &Path,
         profile: &str,
         tag: &str,
     ) -> Result<NodeImages> {
-        let bin_dir = match std::env::var_os("SWIMLB_IMAGE_BIN") {
-            Some(dir) => PathBuf::from(dir),
-            None => image::cargo_build(profile)?,
-        };
-        let builder = image::Builder::new(&dir.join("buildah"))?;
+        let key = format!(
+            "{profile} {tag} {} {:?}",
+            programs.pause_tag(),
+            std::env::var_os("SWIMLB_IMAGE_BIN")
+        );
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
         let images = NodeImages {
             pause: dir.join("pause.tar"),
             project: dir.join("swimlb.tar"),
@@ -53,6 +55,16 @@ impl NodeImages {
             metallb: None,
             layers: Vec::new(),
         };
+        if let Some((_, cache)) = built.as_ref().filter(|(k, _)| *k == key)
+            && reuse(cache, &images).is_ok()
+        {
+            return Ok(images);
+        }
+        let bin_dir = match std::env::var_os("SWIMLB_IMAGE_BIN") {
+            Some(dir) => PathBuf::from(dir),
+            None => image::cargo_build(profile)?,
+        };
+        let builder = image::Builder::new(&dir.join("buildah"))?;
         builder
             .pause_image(
                 &programs.path("pause"),
@@ -63,6 +75,15 @@ impl NodeImages {
         builder
             .project_image(&bin_dir, tag, &images.project)
             .context("the project's image")?;
+        // Kept for this process's next cluster (a test binary starts one per test).
+        let cache = std::env::temp_dir().join(format!("swimlb-node-{}-images", std::process::id()));
+        let kept = std::fs::create_dir_all(&cache).and_then(|()| {
+            link_or_copy(&images.pause, &cache.join("pause.tar"))?;
+            link_or_copy(&images.project, &cache.join("swimlb.tar"))
+        });
+        if kept.is_ok() {
+            *built = Some((key, cache));
+        }
         Ok(images)
     }
 
@@ -113,6 +134,27 @@ impl NodeImages {
         }
         archives
     }
+}
+
+/// The pause and project archives this process built, for its next cluster (a test binary
+/// starts one per test): what they were built for (profile, tag, pause tag, `$SWIMLB_IMAGE_BIN`)
+/// and their folder, `swimlb-node-<pid>-images` in the temporary folder
+/// ([`super::cleanup_stale`] deletes it once the process is gone).
+static BUILT: std::sync::Mutex<Option<(String, PathBuf)>> = std::sync::Mutex::new(None);
+
+/// `images`' pause and project archives from the folder `cache` ([`BUILT`]).
+fn reuse(cache: &Path, images: &NodeImages) -> std::io::Result<()> {
+    if let Some(dir) = images.pause.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    link_or_copy(&cache.join("pause.tar"), &images.pause)?;
+    link_or_copy(&cache.join("swimlb.tar"), &images.project)
+}
+
+/// A hard link of `from` at `to` (replacing it), or a copy where no link can be made.
+fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(to);
+    std::fs::hard_link(from, to).or_else(|_| std::fs::copy(from, to).map(|_| ()))
 }
 
 /// What a Node's `status.nodeInfo` says of its kubelet and runtime.

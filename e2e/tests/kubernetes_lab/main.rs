@@ -1,42 +1,54 @@
-//! The Kubernetes mode end to end in the Kubernetes lab (issue 13; see `swimlb_e2e::kubelab`):
-//! the real control plane in the client's namespace (kube-apiserver on the lab bridge), the real
-//! controller, a speaker in Kubernetes mode in every node namespace, EndpointSlices from the
-//! real EndpointSlice controller, kube-proxy's DNAT on every node.
+//! The Kubernetes mode end to end on real nodes (`real::Running` over
+//! `swimlb_e2e::realnode::daemons::RealDaemons`): the real control plane in the client's
+//! namespace, a real kubelet, containerd and kube-proxy in every node namespace, the project's
+//! image, `deploy/swimlb.yaml` applied as a user does (only the image changed), the selector-less
+//! Service `default/web` on `vip_v4(0)` whose EndpointSlice names every node. Nothing of the
+//! cluster is played: the faults are a real node's (its link down, the speaker container's
+//! process signalled or stopped, its kubelet held, the gossip or the API server's port cut by
+//! nftables in its namespace, the API server stopped, a Pod deleted, the DaemonSet rolled).
 //!
 //! - Cluster policy: the owner is the node MetalLB's order names; power it off and another node
 //!   answers, the client's neighbour entry moves by gratuitous ARP, the record names it.
-//! - Local policy: the IP follows the nodes with ready endpoints; with none nobody answers, and
-//!   `/status` says why.
+//! - Local policy: the IP follows the nodes with ready endpoints (a selector-less Service's
+//!   EndpointSlice, written as its user would); with none nobody answers, and `/status` says why.
 //! - API server down, then the owner powered off: the IP still moves; the record is corrected
-//!   once the API server is back, and no stale record remains.
-//! - A rolling restart of every speaker (SIGTERM, start, next) loses no probe; a successor
-//!   paused while the owner's speaker is replaced answers again before the new one joins.
+//!   once the API server is back, and no stale record remains. A record write the RBAC denies is
+//!   counted and retried.
+//! - `kubectl rollout restart` of the speakers loses no probe; a successor paused while the
+//!   owner's speaker is replaced (its kubelet held, its Pod deleted, the DaemonSet's new one
+//!   created) answers again before the new one can start.
 //! - An owner taken out (powered off, or its gossip port cut) long enough to be declared down
-//!   gets its IP back when it returns, after its preemption delay and not before.
+//!   gets its IP back when it returns, after its preemption delay (the DaemonSet's args
+//!   patched) and not before.
 //! - `nodeSelectors` and the exclude label place the IP; two Services sharing an IP have one
-//!   announcer; a controller restart moves no IP.
+//!   announcer; a restart of the controller's Pods moves no IP; an owner cut off from the API
+//!   server across an etcd compaction lets go of an excluded IP.
+//! - A real Prometheus scraping the speakers and the controller's Pods answers every dashboard
+//!   query through a failover.
 //! - Endpoint moves decided by the API are handed over: the old owner alone answers before,
 //!   the new one alone after (`swimlb-lab handover`).
 //!
-//! Every test needs root (network namespaces): each is `#[ignore = "needs root: ..."]` and runs
-//! with `--include-ignored` (as `sudo ./test.sh` does). The tests take a lock and run one at a
-//! time, as the other lab tests do. No time is asserted beyond generous functional bounds.
+//! Every test needs root (network namespaces, real nodes): each is `#[ignore = "needs root:
+//! ..."]` and runs with `--include-ignored` (as `sudo ./test.sh` does). Each test starts its own
+//! cluster (the images built once per process); the tests take a lock and run one at a time, as
+//! the other lab tests do. No time is asserted beyond generous functional bounds.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::json;
 use swimlb_e2e::converge;
 use swimlb_e2e::demo::AnnouncementWatcher;
-use swimlb_e2e::failover::{self, Daemons as _, SwimlbDaemons};
+use swimlb_e2e::failover::{self, Daemons as _};
 use swimlb_e2e::kubelab::{self, APPS, NAMESPACE, Policy, SERVICE};
 use swimlb_e2e::netns::{self, Lab};
 use swimlb_e2e::probe::{self, PROBE_PORT, Prober, Worker};
 use swimlb_proto::ethernet::MacAddr;
 use tokio::time::Instant;
+
+use real::Running;
 
 static LAB: Mutex<()> = Mutex::new(());
 
@@ -49,58 +61,14 @@ fn one_lab(test: &str) -> MutexGuard<'static, ()> {
     LAB.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn program() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_swimlb-lab"))
-}
-
-/// A Kubernetes lab of three nodes with a responder on each. Fields drop in order: responders,
-/// daemons (the API server thread), then the lab (processes and namespaces).
-struct Running {
-    /// When the speakers were started.
-    started: Instant,
-    _responders: Vec<Worker>,
-    daemons: SwimlbDaemons,
-    lab: Lab,
-}
-
+/// What the tests read and do on the lab, from its namespaces and the API server.
 impl Running {
-    fn start(n: u32) -> Running {
-        Running::start_with(n, &[])
-    }
-
-    /// A lab whose speakers get `speaker_args` besides the lab's own flags.
-    fn start_with(n: u32, speaker_args: &[&str]) -> Running {
-        let id = format!("{}x{n}", std::process::id());
-        let mut lab = Lab::create_with_id(3, &id).expect("building the lab");
-        let mut responders = Vec::new();
-        for node in lab.nodes.clone() {
-            responders.extend(probe::spawn_responder(&node.netns, &node.name).expect("responder"));
-        }
-        let mut daemons =
-            SwimlbDaemons::kubernetes(&mut lab, program()).expect("the Kubernetes lab's cluster");
-        daemons.cluster_mut().expect("Kubernetes mode").speaker_args =
-            speaker_args.iter().map(|a| a.to_string()).collect();
-        for i in 1..=lab.nodes.len() {
-            daemons.start(&mut lab, i).expect("starting a speaker");
-        }
-        Running {
-            started: Instant::now(),
-            _responders: responders,
-            daemons,
-            lab,
-        }
-    }
-
-    fn cluster(&self) -> &kubelab::Cluster {
-        self.daemons.cluster().expect("Kubernetes mode")
-    }
-
     fn node_names(&self) -> Vec<String> {
-        self.lab.nodes.iter().map(|n| n.name.clone()).collect()
+        self.lab().nodes.iter().map(|n| n.name.clone()).collect()
     }
 
     fn index_of(&self, name: &str) -> usize {
-        self.lab
+        self.lab()
             .nodes
             .iter()
             .find(|n| n.name == name)
@@ -109,44 +77,12 @@ impl Running {
     }
 
     fn mac_of(&self, name: &str) -> String {
-        netns::mac_text(self.lab.node(self.index_of(name)).mac)
-    }
-
-    /// Every speaker's log and the controller's, for failure messages.
-    fn logs(&self) -> String {
-        let mut all = String::new();
-        for i in 1..=self.lab.nodes.len() {
-            let path = self.daemons.log_path(&self.lab, i);
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            all.push_str(&format!("--- {} ---\n{text}", path.display()));
-        }
-        let controller = self.daemons.dir().join("controller.log");
-        all.push_str(&format!(
-            "--- controller ---\n{}",
-            std::fs::read_to_string(controller).unwrap_or_default()
-        ));
-        all
-    }
-
-    /// Probes the VIP and waits for the lab to converge (the trials' own check); the owner.
-    fn settle(&mut self) -> (Prober, String) {
-        let prober = Prober::start(
-            &self.lab.client_netns,
-            SocketAddr::from((netns::vip_v4(0), PROBE_PORT)),
-            Duration::from_millis(10),
-        )
-        .expect("prober");
-        let settled = failover::settle(&self.lab, &mut self.daemons, &prober, &mut |line| {
-            eprintln!("{line}")
-        })
-        .expect("observing the lab")
-        .unwrap_or_else(|reason| panic!("the lab did not converge: {reason}\n{}", self.logs()));
-        (prober, settled.owner)
+        netns::mac_text(self.lab().node(self.index_of(name)).mac)
     }
 
     /// The single owner every speaker names for `ip` once `wanted` accepts it.
     fn owner_of(&self, ip: &str, wanted: impl Fn(Option<&str>) -> bool) -> Option<String> {
-        kubelab::wait_for_owner(&self.lab, ip, PLACED, wanted).unwrap_or_else(|views| {
+        kubelab::wait_for_owner(self.lab(), ip, PLACED, wanted).unwrap_or_else(|views| {
             panic!(
                 "the speakers never agreed on an acceptable owner of {ip}: {views:?}\n{}",
                 self.logs()
@@ -157,7 +93,7 @@ impl Running {
     /// The MACs that answer 3 ARP requests for `ip` from the client.
     fn arp_answerers(&self, ip: Ipv4Addr) -> Vec<String> {
         let mut macs: Vec<String> = probe::arp_claims(
-            &self.lab.client_netns,
+            &self.lab().client_netns,
             ip,
             None,
             3,
@@ -192,9 +128,6 @@ impl Running {
         }
         answerers
     }
-}
-
-impl Running {
     /// Waits (at most `limit`) until `owner` holds the VIP in every way a user could look:
     /// every speaker's `/status` names it, it alone answers ARP, and the `ServiceL2Status`
     /// record names it. How long that took; `Err` with what was last seen.
@@ -203,7 +136,7 @@ impl Running {
         let vip = netns::vip_v4(0);
         let mac = vec![self.mac_of(owner)];
         loop {
-            let views = kubelab::address_views(&self.lab, &vip.to_string());
+            let views = kubelab::address_views(self.lab(), &vip.to_string());
             let status = views.iter().all(|v| {
                 v.as_ref()
                     .is_some_and(|v| v.owner.as_deref() == Some(owner))
@@ -213,7 +146,7 @@ impl Running {
             } else {
                 vec![]
             };
-            let record = self.cluster().record_node(APPS, SERVICE);
+            let record = self.record();
             if status && answerers == mac && record.as_deref() == Some(owner) {
                 return Ok(since.elapsed());
             }
@@ -229,12 +162,12 @@ impl Running {
     /// Waits until every speaker but `owner`'s names one node other than `owner` for the VIP
     /// and sees `owner` gone: it was declared down and the IP moved. That node.
     fn moved_away_from(&self, owner: &str) -> String {
-        let others = self.lab.nodes.len() - 1;
+        let others = self.lab().nodes.len() - 1;
         let deadline = Instant::now() + PLACED;
         loop {
-            let views = kubelab::address_views(&self.lab, &netns::vip_v4(0).to_string());
+            let views = kubelab::address_views(self.lab(), &netns::vip_v4(0).to_string());
             let named: BTreeSet<Option<String>> = self
-                .lab
+                .lab()
                 .nodes
                 .iter()
                 .zip(&views)
@@ -274,8 +207,7 @@ impl Running {
     fn set_excluded(&self, name: &str, excluded: bool) {
         let label = "node.kubernetes.io/exclude-from-external-load-balancers";
         let value = if excluded { json!("") } else { json!(null) };
-        self.cluster()
-            .api()
+        self.api()
             .merge_patch(
                 "v1",
                 "Node",
@@ -299,14 +231,14 @@ impl Running {
 
     /// Installs nftables table `table` with `chains` on node `index`, or deletes it (`None`).
     fn firewall(&self, index: usize, table: &str, chains: Option<&str>) {
-        let netns = &self.lab.node(index).netns;
+        let netns = &self.lab().node(index).netns;
         match chains {
             Some(chains) => {
                 netns::nft_apply(netns, &format!("table inet {table} {{\n  {chains}\n}}\n"))
                     .unwrap_or_else(|e| panic!("nftables table {table}: {e:#}"))
             }
             None => {
-                self.lab
+                self.lab()
                     .run_in(netns, "nft", &["delete", "table", "inet", table])
                     .unwrap_or_else(|e| panic!("deleting nftables table {table}: {e:#}"));
             }
@@ -318,14 +250,14 @@ impl Running {
     fn out_and_back(&self, owner: &str, fault: Fault, out: Duration) -> Instant {
         let index = self.index_of(owner);
         match fault {
-            Fault::PowerOff => self.lab.set_link(index, false).unwrap(),
+            Fault::PowerOff => self.lab().set_link(index, false).unwrap(),
             Fault::GossipCut => self.cut_gossip(index, true),
         }
         let taker = self.moved_away_from(owner);
         eprintln!("{owner} out ({fault:?}): {taker} took the VIP over");
         std::thread::sleep(out);
         match fault {
-            Fault::PowerOff => self.lab.set_link(index, true).unwrap(),
+            Fault::PowerOff => self.lab().set_link(index, true).unwrap(),
             Fault::GossipCut => self.cut_gossip(index, false),
         }
         Instant::now()
@@ -389,6 +321,7 @@ fn answerers(records: &[probe::ProbeRecord]) -> Vec<(u64, String, usize)> {
 mod moves;
 mod observability;
 mod pause_hold;
+mod real;
 mod records;
 mod selectors;
 mod takeovers;

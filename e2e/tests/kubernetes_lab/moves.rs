@@ -3,7 +3,7 @@
 use super::*;
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_excluded_ip() {
     let _one = one_lab("kubernetes watches after etcd compaction");
     let mut run = Running::start(11);
@@ -18,9 +18,8 @@ fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_exclud
     // cache starts after it: the owner's watches resume into 410 Gone.
     let revision = run.cluster().control_plane().compact_etcd().unwrap();
     eprintln!("etcd compacted at revision {revision}");
-    let cluster = run.daemons.cluster_mut().unwrap();
-    cluster.set_reachable(false).unwrap();
-    cluster.set_reachable(true).unwrap();
+    run.set_api_server(false);
+    run.set_api_server(true);
     run.cut_api(index, false);
     // It relists, sees its node excluded and lets go: one owner, named by everyone.
     let moved = run
@@ -36,7 +35,7 @@ fn an_owner_cut_off_from_the_api_server_across_a_compaction_lets_go_of_an_exclud
     }
     // Whether the owner learnt of its exclusion by relisting after 410 Gone, or from the event
     // itself when it arrived before its connection was reset (both happen), is reported.
-    let log = std::fs::read_to_string(run.daemons.log_path(&run.lab, index)).unwrap_or_default();
+    let log = run.speaker_log(index);
     let relisted = ["410", "Expired", "too old"]
         .iter()
         .any(|w| log.contains(w));

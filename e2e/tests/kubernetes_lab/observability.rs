@@ -10,7 +10,7 @@ const NO_DATA_IN_THE_KUBERNETES_LAB: &[(&str, &str)] = &[(
 )];
 
 #[test]
-#[ignore = "needs root: network namespaces and a Prometheus server"]
+#[ignore = "needs root: network namespaces, real nodes and a Prometheus server"]
 fn a_real_prometheus_scraping_the_kubernetes_lab_answers_every_dashboard_query_through_a_failover()
 {
     use swimlb_e2e::dashboard;
@@ -58,9 +58,9 @@ fn a_real_prometheus_scraping_the_kubernetes_lab_answers_every_dashboard_query_t
             None,
         ))
         .unwrap();
-    let controller = SocketAddr::from((netns::CLIENT_V4, kubelab::CONTROLLER_PORT));
-    let prometheus = LabPrometheus::start(&run.lab, &[controller]);
-    let targets = 2 * (run.lab.nodes.len() + 1);
+    let controllers = run.controller_metrics();
+    let prometheus = LabPrometheus::start(&run.lab, &controllers);
+    let targets = 2 * (run.lab.nodes.len() + controllers.len());
     let deadline = Instant::now() + Duration::from_secs(30);
     while prometheus.targets_up() < targets {
         assert!(

@@ -11,16 +11,15 @@
 use super::*;
 use swimlb_e2e::pause;
 
-/// How long after the successor is continued the owner's new speaker starts (1-2 s on the real
-/// nodes; less than the hold's 3 s grace, so a hold that waits for it is seen).
+/// How long after the successor is continued the owner's new speaker may start at the
+/// earliest (its node's kubelet is held until then; 1-2 s on a loaded machine's real nodes, less
+/// than the hold's 3 s grace, so a hold that waits for it is seen).
 const REPLACED_AFTER: Duration = Duration::from_millis(2000);
 
-/// The length of each speaker's log now.
+/// The length of each speaker's logs now.
 fn log_lengths(run: &Running) -> Vec<usize> {
     (1..=run.lab.nodes.len())
-        .map(|i| {
-            std::fs::metadata(run.daemons.log_path(&run.lab, i)).map_or(0, |m| m.len() as usize)
-        })
+        .map(|i| run.speaker_log(i).len())
         .collect()
 }
 
@@ -28,9 +27,12 @@ fn log_lengths(run: &Running) -> Vec<usize> {
 fn wait_for_log(run: &Running, index: usize, lengths: &[usize], text: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
     loop {
-        let log = std::fs::read(run.daemons.log_path(&run.lab, index)).unwrap_or_default();
+        let log = run.speaker_log(index);
         let from = lengths[index - 1].min(log.len());
-        if String::from_utf8_lossy(&log[from..]).contains(text) {
+        if log.as_bytes()[from..]
+            .windows(text.len())
+            .any(|w| w == text.as_bytes())
+        {
             return;
         }
         assert!(
@@ -42,44 +44,58 @@ fn wait_for_log(run: &Running, index: usize, lengths: &[usize], text: &str, limi
     }
 }
 
-/// The rollout's Pod changes on `node`: the old speaker Pod terminating (a graceful delete:
-/// no kubelet finishes it here) and its replacement created and running.
-fn replace_pod(run: &Running, node: &str, ip: &str, phase: &str) {
-    let api = run.cluster().api();
-    let old = format!("speaker-{node}");
-    let new = format!("speaker-{node}-next");
-    match phase {
-        "terminating" => {
-            api.delete("v1", "Pod", Some(NAMESPACE), &old)
-                .expect("deleting the old speaker Pod");
-        }
-        _ => {
-            let labels = api
-                .get("v1", "Pod", Some(NAMESPACE), &old)
-                .expect("reading the old speaker Pod")
-                .and_then(|pod| pod["metadata"]["labels"].as_object().cloned())
-                .expect("the old speaker Pod's labels");
-            api.create(json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": new, "namespace": NAMESPACE, "labels": labels},
-                "spec": {"nodeName": node, "hostNetwork": true,
-                    "serviceAccountName": "swimlb-speaker",
-                    "containers": [{"name": "speaker", "image": "swimlb"}]}}))
-                .expect("creating the new speaker Pod");
-            run.cluster()
-                .pod_running(node, NAMESPACE, &new, ip)
-                .expect("the new speaker Pod running");
-        }
+/// The pid of the kubelet in `netns`.
+fn kubelet_pid(netns: &str) -> u32 {
+    swimlb_e2e::chaos::driver::netns_pids(netns)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "kubelet")
+        })
+        .unwrap_or_else(|| panic!("no kubelet runs in {netns}"))
+}
+
+/// A process stopped with SIGSTOP, continued when dropped (also when the test fails).
+struct Held(u32);
+
+impl Held {
+    fn stop(pid: u32) -> Held {
+        pause::signal(pid, "STOP").expect("kill(1)");
+        Held(pid)
     }
 }
 
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = pause::signal(self.0, "CONT");
+    }
+}
+
+/// The speaker Pod on `node` that is not being deleted: its name and uid.
+fn speaker_pod(run: &Running, node: &str) -> Option<(String, String)> {
+    let pods = run.daemons.cluster().speaker_pods().unwrap_or_default();
+    pods.into_iter()
+        .find(|p| p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+            (s(&p["metadata"]["name"]), s(&p["metadata"]["uid"]))
+        })
+}
+
+/// A rolling update's moment on real nodes: the owner's node's kubelet held (so the
+/// replacement cannot start before the test lets it), the owner's speaker stopped with SIGTERM
+/// as the kubelet stops it, its Pod deleted (terminating) while the successor and the third
+/// speaker pause, then removed and the DaemonSet's new Pod created (seen by the successor's
+/// hold) while ARP asks for the VIP; then the kubelet continues and starts the new speaker.
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn a_successor_paused_while_the_owners_speaker_is_replaced_answers_before_the_new_one_joins() {
     let _one = one_lab("kubernetes pause in a rollout");
     let mut run = Running::start(12);
     let (prober, owner) = run.settle();
     let o = run.index_of(&owner);
-    let owner_ip = run.lab.node(o).v4.to_string();
+    let (old, old_uid) = speaker_pod(&run, &owner).expect("the owner's speaker Pod");
+    let kubelet = Held::stop(kubelet_pid(&run.lab.node(o).netns));
     // The owner's speaker drains and leaves (SIGTERM, as the kubelet stops it); its successor
     // answers.
     let left = Instant::now();
@@ -103,18 +119,30 @@ fn a_successor_paused_while_the_owners_speaker_is_replaced_answers_before_the_ne
     // else its watch would find the successor silent and take the VIP (it does when only the
     // successor stops), and comes back forgetting what it watched.
     let stopped = Instant::now();
+    let api = run.cluster().api();
     pause::signal(other, "STOP").expect("kill(1)");
     pause::signal(pid, "STOP").expect("kill(1)");
-    replace_pod(&run, &owner, &owner_ip, "terminating");
+    api.delete("v1", "Pod", Some(NAMESPACE), &old)
+        .expect("deleting the old speaker Pod");
     std::thread::sleep(Duration::from_millis(200));
     pause::signal(pid, "CONT").expect("kill(1)");
     pause::signal(other, "CONT").expect("kill(1)");
     let resumed = Instant::now();
     let paused = "paused longer than a watcher waits";
     wait_for_log(&run, s, &before, paused, Duration::from_secs(2));
-    // The new Pod appears in the successor's hold; ARP asks for the VIP every 20 ms until the
-    // owner's new speaker starts.
-    replace_pod(&run, &owner, &owner_ip, "created");
+    // The old Pod removed (as its kubelet would once the container stopped): the DaemonSet
+    // creates the new one, which appears in the successor's hold; ARP asks for the VIP every
+    // 20 ms until the owner's kubelet may start it.
+    api.delete_pod_now(NAMESPACE, &old, &old_uid)
+        .expect("removing the old speaker Pod");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while speaker_pod(&run, &owner).is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the DaemonSet made no new speaker Pod on {owner}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let asked = Instant::now();
     let requests = REPLACED_AFTER.saturating_sub(resumed.elapsed()).as_millis() / 20;
     let vip = netns::vip_v4(0);
@@ -123,6 +151,7 @@ fn a_successor_paused_while_the_owners_speaker_is_replaced_answers_before_the_ne
     let claims = probe::arp_claims(&client, vip, None, requests as usize, interval)
         .expect("ARP requests from the client");
     let replaced = Instant::now();
+    drop(kubelet);
     run.daemons.start(&mut run.lab, o).expect("the new speaker");
     run.owner_of(&vip.to_string(), |n| n.is_some());
     let first = claims.iter().find(|c| c.reply).map(|c| {
@@ -132,7 +161,7 @@ fn a_successor_paused_while_the_owners_speaker_is_replaced_answers_before_the_ne
     });
     eprintln!(
         "{owner}'s speaker left, {successor} paused 200 ms: the first ARP answer for the VIP \
-         {:?} after the pause began, the new speaker started {:?} after it",
+         {:?} after the pause began, the owner's kubelet continued {:?} after it",
         first,
         replaced.duration_since(stopped)
     );
@@ -141,6 +170,6 @@ fn a_successor_paused_while_the_owners_speaker_is_replaced_answers_before_the_ne
     assert!(
         first.is_some(),
         "nobody answered ARP for the VIP after {successor}'s pause before {owner}'s new \
-         speaker started\n{logs}"
+         speaker could start\n{logs}"
     );
 }

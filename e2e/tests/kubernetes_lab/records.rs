@@ -17,7 +17,7 @@ fn record_write_errors(run: &Running, node: &str) -> Option<f64> {
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn a_record_write_the_rbac_denies_is_counted_and_retried_and_the_failover_still_happens() {
     let _one = one_lab("kubernetes RBAC denial");
     let mut run = Running::start(10);
@@ -67,8 +67,7 @@ fn a_record_write_the_rbac_denies_is_counted_and_retried_and_the_failover_still_
         Some(owner.as_str()),
         "the refused write changed nothing"
     );
-    let log = std::fs::read_to_string(run.daemons.log_path(&run.lab, run.index_of(&taker)))
-        .unwrap_or_default();
+    let log = run.speaker_log(run.index_of(&taker));
     assert!(
         log.lines()
             .any(|l| l.contains("ServiceL2Status write failed") && l.contains("forbidden")),
@@ -92,11 +91,10 @@ fn a_record_write_the_rbac_denies_is_counted_and_retried_and_the_failover_still_
         run.logs()
     );
     drop(prober);
-    run.lab.teardown();
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_status_says_why() {
     let _one = one_lab("kubernetes local policy");
     let run = Running::start(2);
@@ -165,7 +163,7 @@ fn local_policy_follows_the_ready_endpoints_and_without_one_nobody_answers_and_s
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn with_the_api_server_down_a_powered_off_owner_still_moves_and_the_record_is_corrected_after() {
     let _one = one_lab("kubernetes API server outage");
     let mut run = Running::start(3);
@@ -175,11 +173,7 @@ fn with_the_api_server_down_a_powered_off_owner_still_moves_and_the_record_is_co
         .before_fault(&owner, false)
         .unwrap()
         .unwrap_or_else(|reason| panic!("{reason}\n{}", run.logs()));
-    run.daemons
-        .cluster_mut()
-        .expect("Kubernetes mode")
-        .set_reachable(false)
-        .expect("stopping the API server");
+    run.set_api_server(false);
     let fault = Instant::now();
     run.lab.set_link(run.index_of(&owner), false).unwrap();
     let new_owner = wait_for_failover(&run, &prober, fault, &owner);
@@ -188,11 +182,7 @@ fn with_the_api_server_down_a_powered_off_owner_still_moves_and_the_record_is_co
         run.cluster().api().raw_text("/readyz").is_err(),
         "the API server is away: nothing can be written"
     );
-    run.daemons
-        .cluster_mut()
-        .expect("Kubernetes mode")
-        .set_reachable(true)
-        .expect("starting the API server");
+    run.set_api_server(true);
     let corrected = run
         .cluster()
         .wait_record(APPS, SERVICE, Duration::from_secs(30), |n| n == new_owner);
@@ -226,25 +216,18 @@ fn with_the_api_server_down_a_powered_off_owner_still_moves_and_the_record_is_co
     drop(prober);
 }
 
+/// `kubectl rollout restart` of the speakers' DaemonSet: the DaemonSet controller replaces one
+/// speaker Pod at a time (the kubelet stops the old container with SIGTERM, the next node's
+/// only once the new Pod is Ready).
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn a_rolling_restart_of_every_speaker_loses_no_probe() {
     let _one = one_lab("kubernetes rolling restart");
     let mut run = Running::start(4);
     let (prober, _) = run.settle();
     let start = Instant::now();
-    for i in 1..=run.lab.nodes.len() {
-        run.daemons.signal(&mut run.lab, i, "TERM").unwrap();
-        assert!(
-            run.daemons.exit_status(i).is_some_and(|s| s.success()),
-            "node{i}'s speaker exited cleanly after SIGTERM\n{}",
-            run.logs()
-        );
-        run.daemons.start(&mut run.lab, i).unwrap();
-        // As a DaemonSet update waits for the new Pod to be ready: every speaker sees every
-        // member and they agree on the owner.
-        run.owner_of(&netns::vip_v4(0).to_string(), |o| o.is_some());
-    }
+    run.rollout_restart();
+    run.owner_of(&netns::vip_v4(0).to_string(), |o| o.is_some());
     std::thread::sleep(Duration::from_secs(1));
     let records = prober.stop();
     // The last probes' answers may still be in flight.

@@ -3,7 +3,7 @@
 use super::*;
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_and_the_record() {
     let _one = one_lab("kubernetes cluster policy");
     let mut run = Running::start(1);
@@ -18,7 +18,7 @@ fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_an
         "MetalLB's order names the owner"
     );
     assert_eq!(
-        run.cluster().ingress(APPS, SERVICE),
+        run.ingress(APPS, SERVICE),
         vec![vip.to_string()],
         "the controller assigned the VIP"
     );
@@ -54,7 +54,6 @@ fn cluster_policy_metallbs_owner_powered_off_moves_the_ip_the_neighbour_entry_an
         .join()
         .unwrap_or_else(|| panic!("the record never changed\n{}", run.logs()));
     assert_eq!(named, new_owner, "the record names the node that answers");
-    run.lab.teardown();
 }
 
 /// The owner of a settled lab (MetalLB's, [`Running::settle`] checks) is taken out by `fault`
@@ -92,11 +91,10 @@ fn the_owner_gets_its_ip_back_after(run: &mut Running, fault: Fault, preempt: Du
         back.elapsed()
     );
     drop(prober);
-    run.lab.teardown();
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn a_powered_off_owner_that_comes_back_gets_its_ip_back() {
     let _one = one_lab("kubernetes owner back after a poweroff");
     let mut run = Running::start(7);
@@ -104,7 +102,7 @@ fn a_powered_off_owner_that_comes_back_gets_its_ip_back() {
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn a_returning_owner_waits_for_its_preempt_delay_before_taking_its_ip_back() {
     let _one = one_lab("kubernetes owner back after its preempt delay");
     let mut run = Running::start_with(8, &["--preempt-delay", "30s"]);
@@ -112,7 +110,7 @@ fn a_returning_owner_waits_for_its_preempt_delay_before_taking_its_ip_back() {
 }
 
 #[test]
-#[ignore = "needs root: network namespaces"]
+#[ignore = "needs root: network namespaces, real nodes"]
 fn an_owner_cut_off_from_the_gossip_gets_its_ip_back_when_the_cut_heals() {
     let _one = one_lab("kubernetes owner back after a gossip cut");
     let mut run = Running::start(9);
