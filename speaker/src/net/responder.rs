@@ -527,7 +527,7 @@ pub struct Conflict {
 }
 
 mod thread;
-pub use thread::{IDLE_TURN, PAUSE_FUSE, PauseFuse, QUARANTINE, Responder};
+pub use thread::{Deferred, IDLE_TURN, PAUSE_FUSE, PauseFuse, QUARANTINE, Responder};
 
 #[cfg(test)]
 mod tests;

@@ -31,6 +31,49 @@ fn a_pause_quarantines_until_the_owned_set_is_renewed_or_the_quarantine_ends() {
     assert!(!fuse.quarantined(again + QUARANTINE));
     assert!(!fuse.quarantined(again + QUARANTINE + Duration::from_millis(1)));
 }
+
+/// An owner starved, taken over and refuting it re-announces inside its quarantine: the
+/// announcement is held, not dropped, and goes out once the quarantine ends (renewed or run
+/// out) for an IP still owned then, once; one no longer owned then is not announced.
+#[test]
+fn an_announcement_asked_during_a_quarantine_goes_out_when_it_ends() {
+    let t0 = Instant::now();
+    let mut fuse = PauseFuse::new(t0);
+    let paused = t0 + Duration::from_millis(211);
+    assert!(fuse.turn(paused));
+    let both = Owned::new([IpAddr::V4(VIP), IpAddr::V4(OTHER)]);
+    let mut deferred = Deferred::default();
+    for _ in 0..3 {
+        deferred.defer(IpAddr::V4(VIP), &both);
+    }
+    deferred.defer(IpAddr::V4(OTHER), &both);
+    // Not owned when asked: never held.
+    deferred.defer(IpAddr::V4(CLIENT), &both);
+    let asked = paused + Duration::from_millis(25);
+    assert!(deferred.due(fuse.quarantined(asked), &both).is_empty());
+    // The quarantine runs out with the same set: both go out, each once.
+    let over = paused + QUARANTINE;
+    assert_eq!(
+        deferred.due(fuse.quarantined(over), &both),
+        vec![IpAddr::V4(VIP), IpAddr::V4(OTHER)]
+    );
+    assert!(deferred.due(false, &both).is_empty());
+    // Another pause; renewed with OTHER gone meanwhile: only VIP goes out.
+    let again = over + Duration::from_secs(1);
+    assert!(fuse.turn(again));
+    deferred.defer(IpAddr::V4(VIP), &both);
+    deferred.defer(IpAddr::V4(OTHER), &both);
+    assert!(deferred.due(fuse.quarantined(again), &both).is_empty());
+    fuse.renewed();
+    let renewed = Owned::new([IpAddr::V4(VIP)]);
+    assert_eq!(
+        deferred.due(
+            fuse.quarantined(again + Duration::from_millis(30)),
+            &renewed
+        ),
+        vec![IpAddr::V4(VIP)]
+    );
+}
 use swimlb_proto::ethernet::{EtherType, EthernetRepr, ZERO};
 use swimlb_proto::ndp::{NdpRepr, NeighborFlags};
 
