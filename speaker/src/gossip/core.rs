@@ -15,7 +15,10 @@
 //!   [`ReplayGuard`] before anything reads it (see [`super::replay`]).
 //! - A member is in the [`LiveSet`] from foca's `MemberUp` until its `MemberDown`: suspicion is
 //!   not death. The local node is always in its own `LiveSet`.
-//! - Timers fire in deadline order (ties in the order they were set).
+//! - Timers fire in deadline order (ties in the order they were set). Two wait outside the
+//!   order while they have nothing to do (see [`timers`]): foca's indirect-probe timer of a
+//!   probe already answered, handed to foca just before its next probe timer, and the suspect
+//!   sweep while no member is suspect.
 //! - The node keeps announcing to its seeds until foca reports `Active`, and again after `Idle`.
 //!   A member that announces to us, or probes or gossips to us, while we hold it as down is told
 //!   so (foca's `TurnUndead`), so it renews its identity: both sides of a healed partition merge
@@ -204,70 +207,6 @@ impl Phase {
     }
 }
 
-#[derive(Debug)]
-enum Task {
-    Foca(Timer<NodeIdentity>),
-    JoinRetry,
-    MetaRefresh,
-    Housekeeping,
-    SuspectSweep,
-    Sync,
-    /// A suspicion this node holds may be due (see [`Core::suspicion_due`]).
-    Suspicion(SocketAddr),
-    /// The next ping of an inquiry this node serves (by nonce).
-    Relay(u64),
-}
-
-#[derive(Debug)]
-struct Scheduled {
-    at: Duration,
-    seq: u64,
-    task: Task,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at && self.seq == other.seq
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    // Reversed: BinaryHeap is a max-heap, the earliest deadline (then the first set) must pop.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
-    }
-}
-
-#[derive(Debug, Default)]
-struct TimerHeap {
-    heap: BinaryHeap<Scheduled>,
-    seq: u64,
-}
-
-impl TimerHeap {
-    fn push(&mut self, at: Duration, task: Task) {
-        self.seq += 1;
-        self.heap.push(Scheduled {
-            at,
-            seq: self.seq,
-            task,
-        });
-    }
-
-    fn pop_due(&mut self, now: Duration) -> Option<(Duration, Task)> {
-        if self.heap.peek().is_some_and(|s| s.at <= now) {
-            self.heap.pop().map(|s| (s.at, s.task))
-        } else {
-            None
-        }
-    }
-}
-
 /// One datagram in this many to a peer that seals with another key than our sealing key also
 /// goes out sealed with ours (see [`Wire::seal`]).
 const OFFER_EVERY: u8 = 4;
@@ -305,6 +244,11 @@ struct Wire {
     incarnation: u16,
     /// foca's `ChangeSuspectToDown` timers, taken over by the core: (member, incarnation, event).
     accusations: Vec<(NodeIdentity, u16, Timer<NodeIdentity>)>,
+    /// foca's probe under way, as its notifications show it (see [`timers::ProbeSeen`]).
+    probe: timers::ProbeSeen,
+    /// `SendIndirectProbe` timers whose probe was answered: held out of the heap and handed to
+    /// foca just before its next `ProbeRandomMember` (see [`Core::hold_answered_probe`]).
+    held: Vec<Timer<NodeIdentity>>,
 }
 
 impl Wire {
@@ -327,6 +271,8 @@ impl Wire {
             probe_failed: false,
             incarnation: 0,
             accusations: Vec::new(),
+            probe: timers::ProbeSeen::default(),
+            held: Vec::new(),
         }
     }
 
@@ -424,16 +370,22 @@ impl foca::Runtime<NodeIdentity> for CallIo<'_> {
             // Per-packet notifications are read in place (copying them would allocate per
             // packet): a ping starts a probe, and a raised incarnation is a refutation of ours.
             foca::Notification::DataSent(header) => {
-                if matches!(header.message, Message::Ping(_)) {
+                if let Message::Ping(number) = header.message {
                     self.wire.probe_started = true;
+                    self.wire.probe.pinged(&header.dst, number);
                 }
                 if header.src_incarnation > self.wire.incarnation {
                     self.wire.health(1);
                 }
                 self.wire.incarnation = header.src_incarnation;
             }
-            foca::Notification::DataReceived(_) => {}
+            foca::Notification::DataReceived(header) => {
+                if let Message::Ack(number) = header.message {
+                    self.wire.probe.ack_received(&header.src, number);
+                }
+            }
             other => {
+                self.wire.probe.note(&other);
                 if matches!(other, foca::Notification::ProbeFailed(..)) {
                     self.wire.probe_failed = true;
                 }
@@ -508,6 +460,10 @@ pub struct Core {
     /// every `gossip_period` to send nothing): when it was due, and the timer. It is handed
     /// to foca as soon as there is something to gossip ([`Core::next_deadline`] says it is due).
     gossip_parked: Option<(Duration, Timer<NodeIdentity>)>,
+    /// The suspect sweep, held back while no member is suspect (it would find nothing every
+    /// `suspect_to_down_after`): when it would be due next on its grid (see
+    /// [`Core::wake_sweep`]).
+    sweep_parked: Option<Duration>,
     /// The (suspicion, transmissions) foca currently runs with.
     scaled: (Duration, u8),
     /// Seed of foca's random choices (mixed with the bump when foca is recreated).
@@ -644,6 +600,7 @@ impl Core {
             phase: Phase::Joining,
             join_retry_pending: false,
             gossip_parked: None,
+            sweep_parked: None,
             scaled: (Duration::ZERO, 0),
             suspects: FastMap::default(),
             sync_rng: StdRng::seed_from_u64(settings.rng_seed ^ 0x5359_4e43),
@@ -917,7 +874,11 @@ impl Core {
             }
         }
         let mut io = self.wire.at(now);
-        match self.foca.handle_data(body, &mut io) {
+        let handled = self.foca.handle_data(body, &mut io);
+        if self.wire.probe.take_answered(handled.is_ok()) {
+            self.hold_answered_probe();
+        }
+        match handled {
             Ok(()) => {}
             Err(foca::Error::DataFromOurselves) => {
                 self.wire.metrics.rejected(RejectReason::FromSelf)
@@ -1001,6 +962,9 @@ mod suspicion;
 #[cfg(test)]
 pub(crate) use suspicion::WATCH_EVIDENCE_MAX;
 mod timers;
+use timers::{Task, TimerHeap};
+#[cfg(test)]
+mod timer_tests;
 mod updates;
 mod watch;
 pub use watch::WatchRelayed;

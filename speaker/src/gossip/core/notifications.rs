@@ -95,6 +95,7 @@ impl Core {
             self.apply_record(&node);
         }
         self.rescale();
+        self.wake_sweep(now, false);
     }
 
     /// Re-applies the size-dependent timings when the member count moved them.
@@ -337,6 +338,8 @@ impl Core {
         self.suspects.clear();
         self.suspicions.clear();
         self.wire.accusations.clear();
+        self.wire.held.clear();
+        self.wire.probe = super::timers::ProbeSeen::default();
         self.wire.incarnation = 0;
         let held = std::mem::take(&mut self.wire.notes);
         if let Err(err) = self

@@ -1,7 +1,145 @@
 //! The core's timers (see the parent module's docs): foca's, the join retries to the seeds, and
 //! housekeeping.
+//!
+//! Two timers would wake the core to find nothing to do, and wait outside the heap instead:
+//!
+//! - foca's `SendIndirectProbe`, due `probe_rtt` after every probe, though the member answered
+//!   within a millisecond. foca, handed it, checks its timer token, marks the probe's indirect
+//!   stage reached, and returns at once if the probe succeeded (`Foca::handle_timer`). That mark
+//!   is read only by the next `ProbeRandomMember` (`Probe::validate`: a probe that never
+//!   reached the stage is an `IncompleteProbeCycle`), and a probe's success is cleared only
+//!   when the next probe starts. So once the core knows the probe was answered ([`ProbeSeen`])
+//!   the timer is taken out of the heap and handed to foca just before the next
+//!   `ProbeRandomMember`, with the same effect as on time. Dropping it instead would make foca
+//!   report the cycle incomplete (`timer_tests.rs` shows both).
+//! - The suspect sweep, every `suspect_to_down_after`, with no member suspect: parked on its
+//!   grid while no member is suspect and no suspicion is timed, and set again (at its next
+//!   grid point) as soon as one may be: foca queues every member it turns suspect as an update
+//!   (`updates_backlog`), a suspicion of ours is timed, and housekeeping's count of suspects
+//!   (every second) catches anything else.
 
 use super::*;
+
+#[derive(Debug)]
+pub(super) enum Task {
+    Foca(Timer<NodeIdentity>),
+    JoinRetry,
+    MetaRefresh,
+    Housekeeping,
+    SuspectSweep,
+    Sync,
+    /// A suspicion this node holds may be due (see [`Core::suspicion_due`]).
+    Suspicion(SocketAddr),
+    /// The next ping of an inquiry this node serves (by nonce).
+    Relay(u64),
+}
+
+#[derive(Debug)]
+pub(super) struct Scheduled {
+    pub(super) at: Duration,
+    seq: u64,
+    pub(super) task: Task,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at && self.seq == other.seq
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    // Reversed: BinaryHeap is a max-heap, the earliest deadline (then the first set) must pop.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.at.cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct TimerHeap {
+    pub(super) heap: BinaryHeap<Scheduled>,
+    seq: u64,
+}
+
+impl TimerHeap {
+    pub(super) fn push(&mut self, at: Duration, task: Task) {
+        self.seq += 1;
+        self.heap.push(Scheduled {
+            at,
+            seq: self.seq,
+            task,
+        });
+    }
+
+    pub(super) fn pop_due(&mut self, now: Duration) -> Option<(Duration, Task)> {
+        if self.heap.peek().is_some_and(|s| s.at <= now) {
+            self.heap.pop().map(|s| (s.at, s.task))
+        } else {
+            None
+        }
+    }
+}
+
+/// foca's probe under way, as its notifications show it: the `Ping` it sent, and whether the
+/// `Ack` that makes the probe succeed came in.
+#[derive(Debug, Default)]
+pub(super) struct ProbeSeen {
+    /// The member the last `Ping` went to, and its probe number.
+    target: Option<(NodeIdentity, foca::ProbeNumber)>,
+    /// An `Ack` from the target with that number came in the call under way.
+    acked: bool,
+    /// The target went down or was renamed since the ping: foca may have refused its `Ack`
+    /// (an inactive sender's message is not read), so its probe is never taken as answered.
+    spoiled: bool,
+}
+
+impl ProbeSeen {
+    /// foca pinged `to` with probe `number` (it starts a probe).
+    pub(super) fn pinged(&mut self, to: &NodeIdentity, number: foca::ProbeNumber) {
+        self.target = Some((to.clone(), number));
+        self.acked = false;
+        self.spoiled = false;
+    }
+
+    /// An `Ack` from `from` with `number` is being handed to foca.
+    pub(super) fn ack_received(&mut self, from: &NodeIdentity, number: foca::ProbeNumber) {
+        self.acked |= self
+            .target
+            .as_ref()
+            .is_some_and(|(id, n)| id == from && *n == number);
+    }
+
+    /// A notification foca sent during a call.
+    pub(super) fn note(&mut self, note: &foca::Notification<'_, NodeIdentity>) {
+        let gone = match note {
+            foca::Notification::MemberDown(id) | foca::Notification::Rename(id, _) => *id,
+            _ => return,
+        };
+        self.spoiled |= self.target.as_ref().is_some_and(|(id, _)| id == gone);
+    }
+
+    /// Whether the call that just ended (`ok`: foca returned no error) made the probe succeed:
+    /// foca read the target's `Ack` ([`ProbeSeen::ack_received`]), the target active. An `Ack`
+    /// foca may not have read (an error, the target gone) counts as none: its indirect probe
+    /// stays due on time.
+    pub(super) fn take_answered(&mut self, ok: bool) -> bool {
+        let answered = std::mem::take(&mut self.acked) && ok && !self.spoiled;
+        if answered {
+            // One hold per probe.
+            self.spoiled = true;
+        }
+        answered
+    }
+
+    /// The member being probed.
+    fn target(&self) -> Option<&NodeIdentity> {
+        self.target.as_ref().map(|(id, _)| id)
+    }
+}
 
 impl Core {
     /// When [`Core::handle_due_timers`] should be called next.
@@ -49,24 +187,12 @@ impl Core {
                     self.gossip_parked = Some((at, timer));
                 }
                 Task::Foca(timer) => {
-                    let probe = matches!(timer, Timer::ProbeRandomMember(_));
-                    let started = std::mem::take(&mut self.wire.probe_started);
-                    self.wire.probe_failed = false;
-                    let mut io = self.wire.at(now);
-                    if let Err(err) = self.foca.handle_timer(timer, &mut io) {
-                        tracing::debug!(error = %err, "foca timer");
+                    if matches!(timer, Timer::ProbeRandomMember(_)) {
+                        for held in std::mem::take(&mut self.wire.held) {
+                            self.run_foca_timer(now, held);
+                        }
                     }
-                    // The suspicion a failed probe starts is timed with the health from before
-                    // that failure counts.
-                    if !self.wire.accusations.is_empty() {
-                        self.take_accusations(now);
-                    }
-                    if probe && self.wire.probe_failed {
-                        self.wire.health(1);
-                    } else if probe && started {
-                        self.wire.health(-1);
-                    }
-                    self.wire.probe_started |= started && !probe;
+                    self.run_foca_timer(now, timer);
                 }
                 Task::Suspicion(addr) => self.suspicion_due(now, addr),
                 Task::Relay(nonce) => self.relay_ping(now, nonce),
@@ -91,9 +217,12 @@ impl Core {
                 }
                 Task::SuspectSweep => {
                     self.sweep_suspects(now);
-                    self.wire
-                        .timers
-                        .push(now + self.timing.suspect_to_down_after, Task::SuspectSweep);
+                    let next = now + self.timing.suspect_to_down_after;
+                    if self.suspects.is_empty() && self.suspicions.is_empty() {
+                        self.sweep_parked = Some(next);
+                    } else {
+                        self.wire.timers.push(next, Task::SuspectSweep);
+                    }
                 }
                 Task::Sync => {
                     self.start_sync();
@@ -104,6 +233,73 @@ impl Core {
             }
             self.settle(now);
         }
+    }
+
+    /// Hands one of foca's timers to foca, with Lifeguard's bookkeeping around it.
+    fn run_foca_timer(&mut self, now: Duration, timer: Timer<NodeIdentity>) {
+        let probe = matches!(timer, Timer::ProbeRandomMember(_));
+        let started = std::mem::take(&mut self.wire.probe_started);
+        self.wire.probe_failed = false;
+        let mut io = self.wire.at(now);
+        if let Err(err) = self.foca.handle_timer(timer, &mut io) {
+            tracing::debug!(error = %err, "foca timer");
+        }
+        // The suspicion a failed probe starts is timed with the health from before that
+        // failure counts.
+        if !self.wire.accusations.is_empty() {
+            self.take_accusations(now);
+        }
+        if probe && self.wire.probe_failed {
+            self.wire.health(1);
+        } else if probe && started {
+            self.wire.health(-1);
+        }
+        self.wire.probe_started |= started && !probe;
+    }
+
+    /// foca's probe was answered: its indirect-probe timer leaves the heap, to be handed over
+    /// just before the next probe timer (see the module docs). The heap holds a few dozen
+    /// timers at most; this runs once per answered probe.
+    pub(super) fn hold_answered_probe(&mut self) {
+        let Some(target) = self.wire.probe.target() else {
+            return;
+        };
+        let answered = |s: &Scheduled| matches!(&s.task, Task::Foca(Timer::SendIndirectProbe { probed_id, .. }) if probed_id == target);
+        if !self.wire.timers.heap.iter().any(answered) {
+            return;
+        }
+        let (held, kept): (Vec<Scheduled>, Vec<Scheduled>) =
+            std::mem::take(&mut self.wire.timers.heap)
+                .into_vec()
+                .into_iter()
+                .partition(answered);
+        self.wire.timers.heap = kept.into();
+        for s in held {
+            if let Task::Foca(timer) = s.task {
+                self.wire.held.push(timer);
+            }
+        }
+    }
+
+    /// Sets the parked suspect sweep again, at its next grid point from `now`, when a member
+    /// may be suspect: foca has updates queued (every member it turns suspect is one), a
+    /// suspicion is timed, or `suspect` says so (housekeeping counted one).
+    pub(super) fn wake_sweep(&mut self, now: Duration, suspect: bool) {
+        let Some(at) = self.sweep_parked else {
+            return;
+        };
+        if !suspect && self.foca.updates_backlog() == 0 && self.suspicions.is_empty() {
+            return;
+        }
+        self.sweep_parked = None;
+        let period = self
+            .timing
+            .suspect_to_down_after
+            .max(Duration::from_millis(1));
+        let behind = now.saturating_sub(at).as_nanos();
+        let periods = u32::try_from(behind.div_ceil(period.as_nanos())).unwrap_or(u32::MAX);
+        let due = at.saturating_add(period.saturating_mul(periods));
+        self.wire.timers.push(due, Task::SuspectSweep);
     }
 
     pub(super) fn schedule_join_retry(&mut self, at: Duration) {
@@ -133,6 +329,7 @@ impl Core {
             }
         }
         self.wire.metrics.set_members(alive, suspect, down);
+        self.wake_sweep(now, suspect > 0);
         let foca = &self.foca;
         self.told_down.retain(|_, told| {
             foca.iter_membership_state()
