@@ -64,8 +64,11 @@ done
   k8s.io/kubernetes/cmd/kubectl)
 # etcd's main package is the module root `server`.
 mv "$tmp/server" "$tmp/etcd"
-# MetalLB's manifests and CRDs, from the same pinned module.
+# MetalLB's manifests and CRDs, from the same pinned module. Nothing above builds from it, so
+# download it first: `go list -m` names no folder (and exits 0) for a module not yet downloaded.
+(cd "$here/metallb" && go mod download go.universe.tf/metallb)
 mlb=$(cd "$here/metallb" && go list -mod=readonly -m -f '{{.Dir}}' go.universe.tf/metallb)
+[ -n "$mlb" ] || { echo "e2e/k8s/build.sh: no folder for go.universe.tf/metallb" >&2; exit 1; }
 cp "$mlb/config/manifests/metallb-native.yaml" "$tmp/metallb-native.yaml"
 mkdir -p "$out"
 for p in "${programs[@]}" metallb-native.yaml; do
