@@ -74,8 +74,10 @@ mkdir -p "$out"
 for p in "${programs[@]}" metallb-native.yaml; do
   mv "$tmp/$p" "$out/$p"
 done
-# Builds of older pins are not used again: 500 MB each.
+# Builds of older pins are not used again: 500 MB each. Only folders named like this script's
+# (16 hex digits): helm/build.sh keeps its builds in helm/ of the same cache.
 for old in "$cache"/*; do
+  [[ ${old##*/} =~ ^[0-9a-f]{16}$ ]] || continue
   [ "$old" = "$out" ] || [ ! -d "$old" ] || rm -rf "$old"
 done
 echo "e2e/k8s/build.sh: built in $(($(date +%s) - started)) s" >&2
