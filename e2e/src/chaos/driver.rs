@@ -610,18 +610,8 @@ pub fn starve(
     })
 }
 
-/// On a real node: caps node `node`'s speaker container's own cgroup at `quota_percent` of a
-/// core with `busy_loops` loops in it, as a chaos starvation on real nodes does (`handover
-/// --starve`).
-pub fn starve_speaker(
-    lab: &mut Lab,
-    d: &RealDaemons,
-    node: usize,
-    busy_loops: u8,
-    quota_percent: u8,
-) -> Result<Starved> {
-    real::starve(lab, d, node, busy_loops, quota_percent)
-}
+/// On a real node: a chaos starvation of one speaker container (`handover --starve`).
+pub use real::starve as starve_speaker;
 
 /// Writes a `broken` configuration for node `node`'s speaker and reloads it (SIGHUP).
 fn broken_reload(d: &SwimlbDaemons, lab: &mut Lab, node: usize, broken: Broken) -> Result<()> {

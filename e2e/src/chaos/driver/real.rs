@@ -101,7 +101,7 @@ fn container_cgroup(pid: u32) -> Option<PathBuf> {
 
 /// Caps the speaker container of node `node` at `quota_percent` of a core and runs
 /// `busy_loops` loops in its cgroup.
-pub(super) fn starve(
+pub fn starve(
     lab: &mut Lab,
     d: &RealDaemons,
     node: usize,
